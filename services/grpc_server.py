@@ -1,0 +1,172 @@
+"""gRPC plumbing shared by every service: the server factory, error translation, shutdown.
+
+* :func:`create_server` builds a ``grpc.aio`` server with health checking and reflection, binds
+  an address (port 0 in tests) and returns the server with the port actually bound, as gRPC's own
+  examples do (``create_server(addr) -> (server, port)``).
+* :func:`translate_errors` wraps a servicer method so domain code raises the taxonomy from
+  ``services.errors`` and the client sees the right status + ``ErrorInfo``; anything unexpected
+  is logged with its traceback and answered as ``UNKNOWN_SERVER_ERROR`` instead of a bare
+  gRPC "Exception calling application".
+* :func:`run_until_signalled` serves until SIGTERM/SIGINT, flips health to NOT_SERVING, lets
+  in-flight calls finish within a grace period, then runs the service's own cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services import errors
+
+log = logging.getLogger(__name__)
+
+#: Message size limits: record batches may be up to tens of MiB (max.message.bytes and fetch
+#: max_bytes), far above gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 128 * 1024 * 1024
+DEFAULT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+)
+
+
+@dataclass
+class ServiceRegistration:
+    """One servicer to host: the generated ``add_*_to_server`` function, the servicer, its name."""
+
+    add_to_server: Callable[[object, grpc.aio.Server], None]
+    servicer: object
+    service_name: str
+
+
+@dataclass
+class GrpcServer:
+    """A started server, the port it bound, and its health servicer."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+    service_names: list[str] = field(default_factory=list)
+
+    def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            self.health.set(name, status)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Stop accepting calls; give in-flight ones ``grace`` seconds."""
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+
+
+async def create_server(
+    address: str,
+    registrations: Iterable[ServiceRegistration],
+    *,
+    interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    options: Iterable[tuple[str, int]] = DEFAULT_OPTIONS,
+) -> GrpcServer:
+    """Build, bind and start a server; ``address`` may use port 0 (the bound port is returned).
+
+    Registers grpc.health.v1 (every service SERVING once started) and server reflection.
+    """
+    server = grpc.aio.server(interceptors=list(interceptors), options=list(options))
+    registrations = list(registrations)
+    names = []
+    for reg in registrations:
+        reg.add_to_server(reg.servicer, server)
+        names.append(reg.service_name)
+    health_servicer = health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+        server,
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind gRPC server to {address}")
+    await server.start()
+    hosted = GrpcServer(server=server, port=port, health=health_servicer, service_names=names)
+    hosted.set_serving(True)
+    return hosted
+
+
+def _unexpected(method_name: str, exc: BaseException) -> errors.TributaryError:
+    log.exception("unexpected error in %s", method_name, exc_info=exc)
+    return errors.TributaryError(f"{type(exc).__name__}: {exc}")
+
+
+def translate_errors(method):
+    """Decorate an async servicer method (unary or streaming) to map errors once, at the edge."""
+    name = method.__qualname__
+
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream_wrapper(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except errors.TributaryError as exc:
+                await errors.abort_with_error(context, exc)
+            except (grpc.aio.AbortError, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
+                await errors.abort_with_error(context, _unexpected(name, exc))
+
+        return stream_wrapper
+
+    @functools.wraps(method)
+    async def unary_wrapper(self, request, context):
+        try:
+            return await method(self, request, context)
+        except errors.TributaryError as exc:
+            await errors.abort_with_error(context, exc)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
+            await errors.abort_with_error(context, _unexpected(name, exc))
+
+    return unary_wrapper
+
+
+async def run_until_signalled(
+    server: GrpcServer,
+    cleanup: Callable[[], Awaitable[None]] | None = None,
+    *,
+    grace: float = 5.0,
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or ``stop_event``), then shut down gracefully.
+
+    Order matters: health goes NOT_SERVING first (load balancers stop routing), in-flight calls
+    get ``grace`` seconds, then the service's cleanup (flush logs, revoke leases) runs.
+    """
+    stop = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    terminated = asyncio.ensure_future(server.server.wait_for_termination())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({terminated, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("shutting down")
+    await server.stop(grace)
+    stopper.cancel()
+    terminated.cancel()
+    if cleanup is not None:
+        await cleanup()
+

@@ -1,0 +1,46 @@
+"""Settings of one storage node process (file, ``TRIBUTARY_STORAGE_*`` environment, flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "TRIBUTARY_STORAGE"
+
+
+@dataclass
+class StorageNodeConfig:
+    #: Stable id of this node (Kafka's node.id / broker.id); unique among live nodes.
+    node_id: int = 0
+    #: Address clients use to reach this node; also the bind address.
+    host: str = "127.0.0.1"
+    #: gRPC port of the StorageNode service (0 = any free port).
+    port: int = 0
+    #: Raw TCP fetch port (0 = any free port).
+    fetch_port: int = 0
+    #: Data directories (Kafka's log.dirs); new partitions go to the least-loaded one.
+    log_dirs: list[Path] = field(default_factory=lambda: [Path("data/storage-0")])
+    #: etcd endpoints, host:port, comma-separated.
+    etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
+    #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
+    cluster: str = "local"
+    #: Rack id for rack-aware placement (Kafka's broker.rack).
+    rack: str = ""
+    #: TTL of the registration lease: a dead node's partitions go offline this long after it dies.
+    session_timeout_s: int = 6
+    #: fsync before acknowledging acks>=1 appends (group commit keeps it fast).
+    flush_before_ack: bool = False
+    #: Serve fetches with os.sendfile (true) or read+send (false, for comparison benchmarks).
+    fetch_zero_copy: bool = True
+    #: Period of background work: flush.ms, retention, segment.ms.
+    maintenance_interval_ms: int = 1000
+    #: Open segment file handles kept beyond the active segments (bounded file descriptors).
+    max_open_segments: int = 1024
+    #: Topic config defaults for partitions created here (Kafka names: retention.ms=...).
+    default_topic_configs: dict[str, str] = field(default_factory=dict)
+    #: Start without etcd (tests and benchmarks of the node alone).
+    standalone: bool = False
+    #: When set, a JSON file with the bound ports is written here once the node serves.
+    ready_file: Path | None = None
+    log_level: str = "INFO"
+    log_file: Path | None = None

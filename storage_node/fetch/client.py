@@ -1,0 +1,100 @@
+"""An asyncio client for a storage node's fetch port (used by the gateway, tools and tests).
+
+One request is in flight per connection (the server answers in order); a :class:`FetchClient`
+keeps a small pool of connections to one node so concurrent fetches run in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass
+
+from services import errors
+from storage_node.fetch import protocol
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    header: protocol.FetchResponseHeader
+    records: bytes
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def round_trip(self, request: protocol.FetchRequest) -> FetchResult:
+        self.writer.write(protocol.encode_request(request))
+        await self.writer.drain()
+        (size,) = protocol.SIZE.unpack(await self.reader.readexactly(4))
+        if size < protocol.RESPONSE_FIXED_SIZE + 4 or size > protocol.MAX_RESPONSE_FRAME:
+            raise errors.CorruptRecordError(f"fetch response frame size {size} is out of range")
+        fixed = await self.reader.readexactly(protocol.RESPONSE_FIXED_SIZE)
+        prefix_length = protocol.response_prefix_length(fixed)
+        rest = await self.reader.readexactly(prefix_length - protocol.RESPONSE_FIXED_SIZE)
+        header = protocol.decode_response_header(fixed + rest, size)
+        records = await self.reader.readexactly(header.records_length) if header.records_length else b""
+        if header.correlation_id not in (request.correlation_id, -1):
+            raise errors.CorruptRecordError(
+                f"fetch response for correlation id {header.correlation_id}, expected {request.correlation_id}"
+            )
+        return FetchResult(header, records)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class FetchClient:
+    """Fetches from one storage node's fetch port over up to ``max_connections`` connections."""
+
+    def __init__(self, host: str, port: int, *, max_connections: int = 4, connect_timeout: float = 5.0) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[_Connection] = []
+        self._slots = asyncio.Semaphore(max_connections)
+        self._correlation = itertools.count(1)
+        self._connect_timeout = connect_timeout
+
+    async def _connect(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=1 << 20), self._connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            raise errors.BrokerNotAvailableError(f"cannot reach fetch port {self.host}:{self.port}: {exc}") from exc
+        return _Connection(reader, writer)
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        min_bytes: int = 1,
+        max_wait_ms: int = 0,
+    ) -> FetchResult:
+        """One fetch. Server-side errors are returned in ``result.header`` (see ``.error()``);
+        connection failures raise BrokerNotAvailableError / NetworkError."""
+        request = protocol.FetchRequest(
+            next(self._correlation), topic, partition, offset, max_bytes, min_bytes, max_wait_ms
+        )
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                result = await conn.round_trip(request)
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                conn.close()
+                raise errors.NetworkError(f"fetch from {self.host}:{self.port} failed: {exc!r}") from exc
+            except BaseException:
+                conn.close()
+                raise
+            self._idle.append(conn)
+            return result
+
+    async def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+        self._idle.clear()

@@ -1,0 +1,143 @@
+"""The StorageNode gRPC servicer: translation between protobuf and :mod:`storage_node.handlers`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services import errors
+from services.grpc_server import translate_errors
+from services.proto import pb, storage_grpc
+from services.serde import error_to_proto
+from storage_node.handlers import EARLIEST, LATEST, AppendResult, OffsetResult, StorageNodeHandlers
+
+
+def _append_result_to_proto(result: AppendResult):
+    return pb.PartitionAppendResult(
+        topic=result.topic,
+        partition=result.partition,
+        error=error_to_proto(result.error) if result.error else None,
+        base_offset=result.base_offset,
+        last_offset=result.last_offset,
+        log_append_time=result.log_append_time,
+        log_start_offset=result.log_start_offset,
+        record_count=result.record_count,
+    )
+
+
+def _offset_result_to_proto(result: OffsetResult):
+    return pb.PartitionOffsetResult(
+        topic=result.topic,
+        partition=result.partition,
+        offset=result.offset,
+        timestamp=result.timestamp,
+        error=error_to_proto(result.error) if result.error else None,
+    )
+
+
+def spec_to_timestamp(spec) -> int:
+    """OffsetSpec -> Kafka's ListOffsets timestamp convention (-2 earliest, -1 latest, else ms)."""
+    which = spec.WhichOneof("spec")
+    if which == "earliest":
+        return EARLIEST
+    if which == "latest":
+        return LATEST
+    if which == "timestamp":
+        if spec.timestamp < 0:
+            raise errors.InvalidRequestError(f"timestamp {spec.timestamp} is negative")
+        return spec.timestamp
+    raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")
+
+
+def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = ""):
+    return pb.PartitionLogInfo(
+        topic=topic,
+        partition=partition,
+        size_bytes=partition_log.size_in_bytes,
+        log_start_offset=partition_log.log_start_offset,
+        log_end_offset=partition_log.log_end_offset,
+        high_watermark=partition_log.high_watermark,
+        segment_count=partition_log.segment_count,
+        log_dir=log_dir,
+        recovery_point=partition_log.recovery_point,
+    )
+
+
+class StorageNodeServicer(storage_grpc.StorageNodeServicer):
+    def __init__(self, handlers: StorageNodeHandlers, node_id: int) -> None:
+        self._handlers = handlers
+        self._node_id = node_id
+
+    @translate_errors
+    async def Append(self, request, context):
+        if request.acks not in (pb.ACKS_UNSPECIFIED, pb.ACKS_NONE, pb.ACKS_LEADER, pb.ACKS_ALL):
+            raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+        acks_none = request.acks == pb.ACKS_NONE
+        results = await asyncio.gather(
+            *(
+                self._handlers.append(p.topic, p.partition, p.record_batches, acks_none=acks_none)
+                for p in request.partitions
+            )
+        )
+        return pb.AppendResponse(partitions=[_append_result_to_proto(r) for r in results])
+
+    @translate_errors
+    async def ListPartitionOffsets(self, request, context):
+        results = []
+        for query in request.partitions:
+            try:
+                timestamp = spec_to_timestamp(query.spec)
+            except errors.TributaryError as exc:
+                results.append(OffsetResult(query.topic, query.partition, error=exc))
+                continue
+            results.append(self._handlers.list_offset(query.topic, query.partition, timestamp=timestamp))
+        return pb.ListPartitionOffsetsResponse(partitions=[_offset_result_to_proto(r) for r in results])
+
+    @translate_errors
+    async def CreatePartition(self, request, context):
+        if not request.topic or request.partition < 0:
+            raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
+        partition_log = self._handlers.create_partition(request.topic, request.partition, dict(request.configs))
+        return pb.CreatePartitionResponse(
+            log_dir=str(getattr(partition_log, "dir", "")), log_end_offset=partition_log.log_end_offset
+        )
+
+    @translate_errors
+    async def DeletePartition(self, request, context):
+        self._handlers.delete_partition(request.topic, request.partition)
+        return pb.DeletePartitionResponse()
+
+    @translate_errors
+    async def DeleteRecords(self, request, context):
+        start = self._handlers.delete_records(request.topic, request.partition, request.before_offset)
+        return pb.DeleteRecordsResponse(log_start_offset=start)
+
+    @translate_errors
+    async def DescribeLogDirs(self, request, context):
+        dirs = []
+        for info in self._handlers.logs.describe_log_dirs():
+            dirs.append(
+                pb.LogDirInfo(
+                    path=str(info.path),
+                    total_bytes=info.total_bytes,
+                    free_bytes=info.free_bytes,
+                    partitions=[
+                        _partition_info_to_proto(p.topic, p.partition, p, str(info.path)) for p in info.partitions
+                    ],
+                )
+            )
+        return pb.DescribeLogDirsResponse(node_id=self._node_id, log_dirs=dirs)
+
+    @translate_errors
+    async def DescribePartitions(self, request, context):
+        wanted = {(tp.topic, tp.partition) for tp in request.partitions}
+        infos = []
+        for partition_log in self._handlers.logs.partitions():
+            key = (partition_log.topic, partition_log.partition)
+            if wanted and key not in wanted:
+                continue
+            infos.append(_partition_info_to_proto(*key, partition_log, str(getattr(partition_log, "dir", ""))))
+        missing = wanted - {(i.topic, i.partition) for i in infos}
+        if missing:
+            topic, partition = sorted(missing)[0]
+            raise errors.UnknownTopicOrPartitionError(f"{topic}-{partition} is not on node {self._node_id}")
+        return pb.DescribePartitionsResponse(node_id=self._node_id, partitions=infos)
