@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services import errors
-from storage_node.fetch import protocol
+from services.fetchport import protocol
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)

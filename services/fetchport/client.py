@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass
 
 from services import errors
-from storage_node.fetch import protocol
+from services.fetchport import protocol
 
 
 @dataclass(frozen=True, slots=True)

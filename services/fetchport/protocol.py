@@ -1,4 +1,4 @@
-"""The fetch port's wire format: pure encoding and decoding, no sockets (see README.md here).
+"""The fetch port's wire format: pure encoding and decoding, no sockets (documented here in full).
 
 Every integer is big-endian, as in Kafka's protocol. Each frame starts with an int32 size that
 counts the bytes after it.
