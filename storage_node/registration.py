@@ -1,0 +1,131 @@
+"""A storage node's membership: ``brokers/<id>`` in etcd, attached to a lease it keeps alive.
+
+This is ZooKeeper's ephemeral broker node: while the key exists the node is live; when the
+process dies its lease expires and the controller marks its partitions offline. The key is
+created with one create-if-absent transaction, so a second node with a live id cannot steal
+it -- it refuses to start instead. If the lease is lost while the process lives (etcd
+unreachable for longer than the TTL), the node registers again with a fresh lease as soon as
+etcd answers, as a Kafka broker re-creates its ephemeral node after a session expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from services.etcd.client import EtcdClient
+from services.etcd.exceptions import EtcdError
+
+log = logging.getLogger(__name__)
+
+
+class NodeIdInUseError(RuntimeError):
+    """Another live storage node holds this node id."""
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """The value stored at ``brokers/<id>`` (JSON)."""
+
+    node_id: int
+    host: str
+    grpc_port: int
+    fetch_port: int
+    rack: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+def cluster_prefix(cluster: str) -> str:
+    """The etcd key prefix of a cluster: ``/tributary/<cluster>/``."""
+    return f"/tributary/{cluster}/"
+
+
+def broker_key(node_id: int) -> str:
+    return f"brokers/{node_id}"
+
+
+class BrokerRegistration:
+    """Registers one node and keeps the registration alive until :meth:`deregister`."""
+
+    def __init__(self, client: EtcdClient, info: BrokerInfo, ttl: int, *, start_timeout: float = 30.0) -> None:
+        self.client = client
+        self.info = info
+        self.ttl = ttl
+        self.start_timeout = start_timeout
+        self.lease = None
+        self._keep_alive = None
+        self._watchdog: asyncio.Task | None = None
+        self.registrations = 0
+
+    @classmethod
+    def from_config(cls, config, *, grpc_port: int, fetch_port: int) -> BrokerRegistration:
+        client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster))
+        info = BrokerInfo(config.node_id, config.host, grpc_port, fetch_port, config.rack)
+        return cls(client, info, config.session_timeout_s)
+
+    async def register(self) -> None:
+        """Create the key under a fresh lease; retry while etcd is unreachable (up to the timeout).
+
+        Raises NodeIdInUseError when another live node holds the id.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout
+        while True:
+            try:
+                await self._try_register()
+                break
+            except EtcdError as exc:
+                if loop.time() > deadline:
+                    raise
+                log.warning("etcd not reachable for registration (%s); retrying", exc)
+                await asyncio.sleep(0.5)
+        self._watchdog = asyncio.create_task(self._lease_watchdog_routine(), name="registration-watchdog")
+
+    async def _try_register(self) -> None:
+        lease = await self.client.grant_lease(self.ttl)
+        key = broker_key(self.info.node_id)
+        if not await self.client.create_if_absent(key, self.info.to_json(), lease):
+            await lease.revoke()
+            holder = await self.client.get(key)
+            detail = holder.value.decode(errors="replace") if holder else "(gone meanwhile)"
+            raise NodeIdInUseError(
+                f"node id {self.info.node_id} is already registered by a live node: {detail}; "
+                f"stop that node or choose another --node-id"
+            )
+        self.lease = lease
+        self._keep_alive = self.client.keep_alive(lease).start()
+        self.registrations += 1
+        log.info("registered as %s (lease %x, ttl %ds)", key, lease.id, self.ttl)
+
+    async def _lease_watchdog_routine(self) -> None:
+        while True:
+            reason = await self._keep_alive.wait_lost()
+            log.error("registration lease lost (%s); registering again", reason)
+            while True:
+                try:
+                    await self._try_register()
+                    break
+                except NodeIdInUseError as exc:
+                    log.error("%s", exc)
+                    await asyncio.sleep(self.ttl)
+                except EtcdError as exc:
+                    log.warning("etcd not reachable to re-register (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+
+    async def deregister(self) -> None:
+        """Stop keeping the lease alive and revoke it, so the node leaves at once (not after TTL)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._keep_alive is not None:
+            await self._keep_alive.stop()
+        if self.lease is not None:
+            try:
+                await self.lease.revoke()
+            except EtcdError as exc:
+                log.warning("could not revoke the registration lease (%s); it expires in %ds", exc, self.ttl)
+        await self.client.close()

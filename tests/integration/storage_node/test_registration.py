@@ -1,0 +1,75 @@
+"""Storage node membership in a real etcd: register, refuse a duplicate id, leave on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import pytest
+
+from deploy.processes import ServiceStartError, start_service
+from services.etcd.client import EtcdClient
+
+
+def _broker(etcd, cluster, node_id):
+    async def get():
+        async with EtcdClient(etcd.endpoint, prefix=f"/tributary/{cluster}/") as client:
+            kv = await client.get(f"brokers/{node_id}")
+            return json.loads(kv.value) if kv else None
+
+    return asyncio.run(get())
+
+
+def _start(tmp_path, etcd, cluster, name, node_id=1, ttl=2):
+    return start_service(
+        name,
+        "storage_node.main",
+        ["--node-id", str(node_id), "--log-dirs", str(tmp_path / name), "--etcd-endpoints", etcd.endpoint,
+         "--cluster", cluster, "--session-timeout-s", str(ttl), "--rack", "r1"],
+        tmp_path / "run",
+    )
+
+
+def _wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_register_refuse_duplicate_and_leave_on_sigterm(tmp_path, etcd):
+    cluster = f"reg-{uuid.uuid4().hex[:8]}"
+    first = _start(tmp_path, etcd, cluster, "first")
+    try:
+        info = _broker(etcd, cluster, 1)
+        assert info == {"node_id": 1, "host": "127.0.0.1", "grpc_port": first.info["grpc_port"],
+                        "fetch_port": first.info["fetch_port"], "rack": "r1"}
+        with pytest.raises(ServiceStartError) as refused:
+            _start(tmp_path, etcd, cluster, "second")
+        assert "already registered" in str(refused.value)
+        # The first node's registration is untouched by the refused one.
+        assert _broker(etcd, cluster, 1)["grpc_port"] == first.info["grpc_port"]
+    finally:
+        assert first.stop() == 0
+    # SIGTERM revokes the lease: the key is gone at once, not after the TTL.
+    assert _broker(etcd, cluster, 1) is None
+
+
+def test_kill_9_registration_expires_with_the_lease(tmp_path, etcd):
+    cluster = f"reg-{uuid.uuid4().hex[:8]}"
+    node = _start(tmp_path, etcd, cluster, "killed", node_id=2, ttl=2)
+    assert _broker(etcd, cluster, 2) is not None
+    killed_at = time.monotonic()
+    node.kill()
+    assert _wait_for(lambda: _broker(etcd, cluster, 2) is None, timeout=6)
+    assert time.monotonic() - killed_at < 5
+    # The id is free again: a new node takes it.
+    again = _start(tmp_path, etcd, cluster, "again", node_id=2)
+    try:
+        assert _broker(etcd, cluster, 2)["grpc_port"] == again.info["grpc_port"]
+    finally:
+        again.stop()

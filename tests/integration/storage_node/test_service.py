@@ -1,0 +1,218 @@
+"""The StorageNode gRPC service and fetch port against a real node process (no etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+
+import grpc
+import pytest
+
+from services import errors
+from services.fetchport import protocol
+from services.fetchport.client import FetchClient
+from services.proto import pb
+from services.records import Compression, iter_batches
+
+from .conftest import make_batch
+
+
+def _values(batch_bytes):
+    return [r.value for b in iter_batches(batch_bytes) for r in b.records()]
+
+
+def test_append_then_fetch_round_trip(node):
+    node.create("events")
+    first = node.append("events", 0, make_batch([b"a", b"b", b"c"]))
+    second = node.append("events", 0, make_batch([b"d", b"e"], compression=Compression.SNAPPY))
+    assert not first.HasField("error") and not second.HasField("error")
+    assert (first.base_offset, first.last_offset) == (0, 2)
+    assert (second.base_offset, second.last_offset) == (3, 4)
+    result = node.fetch("events", 0, 0, max_bytes=1 << 20)
+    assert result.header.error() is None
+    assert result.header.high_watermark == 5 and result.header.log_start_offset == 0
+    assert _values(result.records) == [b"a", b"b", b"c", b"d", b"e"]
+    offsets = [r.offset for b in iter_batches(result.records) for r in b.records()]
+    assert offsets == [0, 1, 2, 3, 4]
+    # From the middle of the second batch: whole batches only, so it starts at the batch.
+    tail = node.fetch("events", 0, 4)
+    assert [r.offset for b in iter_batches(tail.records) for r in b.records()] == [3, 4]
+
+
+def test_first_batch_is_returned_whole_even_above_max_bytes(node):
+    node.create("big")
+    node.append("big", 0, make_batch([b"x" * 5000]))
+    node.append("big", 0, make_batch([b"y" * 10]))
+    result = node.fetch("big", 0, 0, max_bytes=100)
+    batches = list(iter_batches(result.records))
+    assert len(batches) == 1 and batches[0].record_count == 1
+    assert len(result.records) > 5000
+
+
+def test_list_offsets_and_describe(node):
+    node.create("t")
+    node.append("t", 0, make_batch([b"1", b"2"], timestamp=1000))
+    node.append("t", 0, make_batch([b"3"], timestamp=5000))
+    queries = [pb.PartitionOffsetQuery(topic="t", partition=0, spec=spec) for spec in (
+        pb.OffsetSpec(earliest=True), pb.OffsetSpec(latest=True), pb.OffsetSpec(timestamp=1001),
+        pb.OffsetSpec(timestamp=4000), pb.OffsetSpec(timestamp=99999))]
+    got = node.stub.ListPartitionOffsets(pb.ListPartitionOffsetsRequest(partitions=queries)).partitions
+    assert [r.offset for r in got] == [0, 3, 1, 2, -1]
+    assert got[3].timestamp == 5000
+    info = node.describe("t")
+    assert (info.log_start_offset, info.log_end_offset, info.high_watermark) == (0, 3, 3)
+    assert info.size_bytes > 0 and info.segment_count == 1
+
+
+@pytest.mark.parametrize("mutate, reason", [
+    (lambda b: b[:-3], "CORRUPT_MESSAGE"),  # truncated
+    (lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:], "CORRUPT_MESSAGE"),  # CRC-covered byte flipped
+    (lambda b: b[:16] + b"\x01" + b[17:], "CORRUPT_MESSAGE"),  # wrong magic
+    (lambda b: b"", None),  # empty
+    (lambda b: b"garbage!" * 10, "CORRUPT_MESSAGE"),
+])
+def test_bad_batches_are_refused_and_nothing_is_written(node, mutate, reason):
+    node.create("safe")
+    node.append("safe", 0, make_batch([b"keep-1", b"keep-2"]))
+    before = node.fetch("safe", 0, 0).records
+    result = node.append("safe", 0, mutate(make_batch([b"bad"])))
+    assert result.HasField("error")
+    if reason:
+        assert result.error.reason == reason
+    assert node.describe("safe").log_end_offset == 2
+    assert node.fetch("safe", 0, 0).records == before
+
+
+def test_record_count_disagreeing_with_bytes_is_corrupt(node):
+    import crc32c
+
+    node.create("count")
+    batch = bytearray(make_batch([b"a", b"b"]))
+    struct.pack_into(">i", batch, 57, 3)  # recordCount says 3, the bytes hold 2
+    struct.pack_into(">I", batch, 17, crc32c.crc32c(bytes(batch[21:])))  # valid CRC over the lie
+    result = node.append("count", 0, bytes(batch))
+    assert result.error.reason == "CORRUPT_MESSAGE"
+    assert node.describe("count").log_end_offset == 0
+
+
+def test_oversized_batch_is_record_too_large(node):
+    node.create("small", **{"max.message.bytes": "1000"})
+    result = node.append("small", 0, make_batch([b"z" * 5000]))
+    assert result.error.reason == "RECORD_TOO_LARGE"
+    assert node.describe("small").log_end_offset == 0
+
+
+def test_unknown_partition_and_bad_acks(node):
+    result = node.append("nope", 3, make_batch([b"a"]))
+    assert result.error.reason == "UNKNOWN_TOPIC_OR_PARTITION"
+    with pytest.raises(grpc.RpcError) as info:
+        node.stub.Append(pb.AppendRequest(acks=17))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(errors.error_from_rpc(info.value), errors.InvalidRequiredAcksError)
+    fetched = node.fetch("nope", 3, 0)
+    assert isinstance(fetched.header.error(), errors.UnknownTopicOrPartitionError)
+
+
+def test_offset_out_of_range_on_fetch(node):
+    node.create("range")
+    node.append("range", 0, make_batch([b"a", b"b"]))
+    assert isinstance(node.fetch("range", 0, 3).header.error(), errors.OffsetOutOfRangeError)
+    assert isinstance(node.fetch("range", 0, -1).header.error(), errors.OffsetOutOfRangeError)
+    at_end = node.fetch("range", 0, 2)
+    assert at_end.header.error() is None and at_end.records == b""
+
+
+def test_delete_records_advances_log_start(node):
+    node.create("dr", **{"segment.bytes": "200"})
+    for i in range(10):
+        node.append("dr", 0, make_batch([b"v%d" % i]))
+    response = node.stub.DeleteRecords(pb.DeleteRecordsRequest(topic="dr", partition=0, before_offset=6))
+    assert response.log_start_offset == 6
+    assert isinstance(node.fetch("dr", 0, 2).header.error(), errors.OffsetOutOfRangeError)
+    assert _values(node.fetch("dr", 0, 6).records)[0] == b"v6"
+
+
+def test_long_poll_is_woken_by_an_append(node):
+    node.create("poll")
+
+    async def scenario():
+        client = FetchClient("127.0.0.1", node.fetch_port)
+        started = time.monotonic()
+        waiter = asyncio.create_task(client.fetch("poll", 0, 0, min_bytes=1, max_wait_ms=5000))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(node.append, "poll", 0, make_batch([b"wake"]))
+        result = await waiter
+        elapsed = time.monotonic() - started
+        empty_started = time.monotonic()
+        empty = await client.fetch("poll", 0, 1, min_bytes=1, max_wait_ms=400)
+        empty_elapsed = time.monotonic() - empty_started
+        await client.close()
+        return result, elapsed, empty, empty_elapsed
+
+    result, elapsed, empty, empty_elapsed = asyncio.run(scenario())
+    assert _values(result.records) == [b"wake"]
+    assert elapsed < 3.0
+    assert empty.records == b"" and 0.35 <= empty_elapsed < 3.0
+
+
+def _raw_connect(port):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return sock
+
+
+def _read_response(sock):
+    size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+    body = b""
+    while len(body) < size:
+        chunk = sock.recv(size - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return protocol.decode_response_header(body[:protocol.response_prefix_length(body)], size)
+
+
+def test_bad_fetch_clients_do_not_disturb_others(node):
+    node.create("shared")
+    node.append("shared", 0, make_batch([b"ok"]))
+    # 1. garbage: an absurd frame size -> INVALID_REQUEST answer, then the connection closes
+    garbage = _raw_connect(node.fetch_port)
+    garbage.sendall(b"\x7f\xff\xff\xffGARBAGE")
+    header = _read_response(garbage)
+    assert header.error_code == errors.InvalidRequestError.kafka_code
+    assert garbage.recv(1) == b""
+    # 2. a truncated frame followed by a close
+    truncated = _raw_connect(node.fetch_port)
+    frame = protocol.encode_request(protocol.FetchRequest(1, "shared", 0, 0, 1000))
+    truncated.sendall(frame[:10])
+    truncated.close()
+    # 3. a staller: half a frame, then nothing
+    staller = _raw_connect(node.fetch_port)
+    staller.sendall(frame[:7])
+    # 4. a well-formed body with inconsistent topic length
+    liar = _raw_connect(node.fetch_port)
+    body = bytearray(frame[4:])
+    struct.pack_into(">h", body, 30, 200)
+    liar.sendall(frame[:4] + bytes(body))
+    assert _read_response(liar).error_code == errors.InvalidRequestError.kafka_code
+    # a good client is served meanwhile, and the stored data is intact
+    assert _values(node.fetch("shared", 0, 0).records) == [b"ok"]
+    assert node.describe("shared").log_end_offset == 1
+    staller.close()
+    liar.close()
+    garbage.close()
+
+
+def test_many_concurrent_fetch_connections(node):
+    node.create("fan")
+    node.append("fan", 0, make_batch([b"r%d" % i for i in range(100)]))
+
+    async def scenario():
+        clients = [FetchClient("127.0.0.1", node.fetch_port, max_connections=1) for _ in range(200)]
+        results = await asyncio.gather(*(c.fetch("fan", 0, 0) for c in clients))
+        await asyncio.gather(*(c.close() for c in clients))
+        return results
+
+    results = asyncio.run(scenario())
+    assert all(len(_values(r.records)) == 100 for r in results)
