@@ -54,8 +54,8 @@ class ServiceProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_file, "ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_file),
-                 "--log-file", str(self.log_file)],
+                # The service logs to stderr, which lands in log_file: one copy of every line.
+                [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_file)],
                 stdout=subprocess.DEVNULL,
                 stderr=log,
                 env=env,

@@ -89,17 +89,34 @@ class BrokerRegistration:
         lease = await self.client.grant_lease(self.ttl)
         key = broker_key(self.info.node_id)
         if not await self.client.create_if_absent(key, self.info.to_json(), lease):
-            await lease.revoke()
-            holder = await self.client.get(key)
-            detail = holder.value.decode(errors="replace") if holder else "(gone meanwhile)"
-            raise NodeIdInUseError(
-                f"node id {self.info.node_id} is already registered by a live node: {detail}; "
-                f"stop that node or choose another --node-id"
-            )
+            # A node restarted right after a crash finds its own previous registration, whose
+            # lease has not expired yet: wait out one TTL before calling the id taken.
+            if not await self._wait_until_free(key, self.ttl + 2):
+                await lease.revoke()
+                holder = await self.client.get(key)
+                detail = holder.value.decode(errors="replace") if holder else "(gone meanwhile)"
+                raise NodeIdInUseError(
+                    f"node id {self.info.node_id} is already registered by a live node: {detail}; "
+                    f"stop that node or choose another --node-id"
+                )
+            if not await self.client.create_if_absent(key, self.info.to_json(), lease):
+                await lease.revoke()
+                raise NodeIdInUseError(f"node id {self.info.node_id} was taken by another node meanwhile")
         self.lease = lease
         self._keep_alive = self.client.keep_alive(lease).start()
         self.registrations += 1
         log.info("registered as %s (lease %x, ttl %ds)", key, lease.id, self.ttl)
+
+    async def _wait_until_free(self, key: str, timeout: float) -> bool:
+        """Poll until ``key`` is gone (True) or ``timeout`` seconds pass (False)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log.warning("%s is held (a previous run of this node?); waiting up to %.0fs for it to expire", key, timeout)
+        while loop.time() < deadline:
+            if await self.client.get(key) is None:
+                return True
+            await asyncio.sleep(0.2)
+        return False
 
     async def _lease_watchdog_routine(self) -> None:
         while True:

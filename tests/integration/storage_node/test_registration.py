@@ -67,8 +67,13 @@ def test_kill_9_registration_expires_with_the_lease(tmp_path, etcd):
     node.kill()
     assert _wait_for(lambda: _broker(etcd, cluster, 2) is None, timeout=6)
     assert time.monotonic() - killed_at < 5
-    # The id is free again: a new node takes it.
+    node = _start(tmp_path, etcd, cluster, "killed-again", node_id=2, ttl=2)
+    node.kill()
+    # Restarted at once, the node waits out its previous registration's lease instead of
+    # refusing to start, then registers afresh.
+    restarted_at = time.monotonic()
     again = _start(tmp_path, etcd, cluster, "again", node_id=2)
+    assert time.monotonic() - restarted_at < 8
     try:
         assert _broker(etcd, cluster, 2)["grpc_port"] == again.info["grpc_port"]
     finally:
