@@ -1,0 +1,36 @@
+"""Settings of one gateway process (file, ``TRIBUTARY_GATEWAY_*`` environment, flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "TRIBUTARY_GATEWAY"
+
+
+@dataclass
+class GatewayConfig:
+    #: Bind address of the public Gateway gRPC service; also written to the ready file.
+    host: str = "127.0.0.1"
+    #: gRPC port (0 = any free port).
+    port: int = 0
+    #: Coordinator gRPC addresses, host:port, comma-separated. Any of them serves metadata; the
+    #: gateway fails over between them and follows NOT_CONTROLLER redirects for admin calls.
+    coordinators: list[str] = field(default_factory=lambda: ["127.0.0.1:9093"])
+    #: Deadline of a produce (and of retries after metadata refreshes) when the request gives none.
+    default_timeout_ms: int = 30_000
+    #: Deadline of forwarded admin / group / metadata calls and of ListOffsets.
+    admin_timeout_ms: int = 30_000
+    #: Used only when the coordinator does not implement WatchMetadata: poll GetMetadata this often.
+    metadata_poll_interval_ms: int = 1_000
+    #: Open fetch-port connections per storage node (one long poll holds one connection).
+    fetch_connections_per_node: int = 64
+    #: Produce records into batches of at most this many bytes per partition (and never above the
+    #: topic's max.message.bytes when it is set on the topic).
+    max_batch_bytes: int = 1_048_576
+    #: acks=none appends still running in the background before new acks=none requests wait.
+    max_unacked_appends: int = 1_000
+    #: When set, a JSON file with pid, host and the bound port is written here once serving.
+    ready_file: Path | None = None
+    log_level: str = "INFO"
+    log_file: Path | None = None

@@ -1,0 +1,299 @@
+"""Fetch: read partitions from their leaders' fetch ports, as one Kafka-style long poll.
+
+One request is served in two phases:
+
+1. every partition is read once, concurrently, without waiting (``max_wait_ms=0`` on the node);
+   the answers are applied in request order, so which partition may exceed the response's
+   ``max_bytes`` with its first batch does not depend on timing;
+2. unless that already satisfies the request -- at least ``min_bytes`` gathered, an error to
+   report, or nothing left to read -- each partition with room left long-polls its node
+   (``min_bytes=1``, ``max_wait_ms`` = time left) and is re-polled from its new offset each
+   time it brings data, until the gathered total reaches ``min_bytes`` or the time is up. Polls
+   still open then are cancelled (their connections are closed, not reused).
+
+A partition whose read fails with a retriable error (its node is gone, NOT_LEADER_OR_FOLLOWER)
+is retried at once only when a metadata refresh names a different leader address (or once on a
+fresh connection when a pooled one turned out dead); otherwise the error is reported for that
+partition, as a Kafka broker does, and the client retries. An error
+on any partition ends the long poll early (Kafka answers errors at once).
+
+The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
+unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from gateway.fetch_assembly import PartitionData, TypedBatch, decode_typed, take_batches
+from gateway.metadata import NodeAddress
+from gateway.routing import Router
+from services import errors
+from services.fetchport.protocol import FetchResponseHeader
+
+log = logging.getLogger(__name__)
+
+#: Kafka's consumer defaults (max.partition.fetch.bytes, fetch.max.bytes).
+DEFAULT_PARTITION_MAX_BYTES = 1 << 20
+DEFAULT_TOTAL_MAX_BYTES = 50 << 20
+#: Cap on a long poll, so a typo cannot park a connection for days.
+MAX_WAIT_CAP_MS = 300_000
+#: How long past the deadline to wait for polls the nodes are about to answer (their own
+#: max_wait ends at the same moment), so that idle long polls finish instead of being cancelled.
+_DEADLINE_GRACE_S = 0.1
+_MAX_LEADER_CHASES = 3
+#: Time kept back from the call's deadline to build and send the answer.
+_ANSWER_MARGIN_S = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFetch:
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int = DEFAULT_PARTITION_MAX_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class FetchCommand:
+    partitions: tuple[PartitionFetch, ...]
+    min_bytes: int = 0
+    max_wait_ms: int = 0
+    max_bytes: int = DEFAULT_TOTAL_MAX_BYTES
+    raw_batches: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    topic: str
+    partition: int
+    error: errors.TributaryError | None
+    high_watermark: int
+    log_start_offset: int
+    next_offset: int
+    #: Typed results (``raw_batches`` false): records per batch, with the batch's timestamp type.
+    batches: list[TypedBatch]
+    #: Raw results (``raw_batches`` true): the batches as the node sent them.
+    raw: bytes = b""
+
+
+def ensure_valid_fetch(command: FetchCommand) -> None:
+    """Raise INVALID_REQUEST for requests that cannot be served at all."""
+    if command.min_bytes < 0 or command.max_wait_ms < 0 or command.max_bytes < 0:
+        raise errors.InvalidRequestError("min_bytes, max_wait_ms and max_bytes must not be negative")
+    seen: set[tuple[str, int]] = set()
+    for p in command.partitions:
+        if p.partition < 0 or p.max_bytes < 0:
+            raise errors.InvalidRequestError(
+                f"{p.topic}-{p.partition}: partition and max_bytes must not be negative"
+            )
+        if (p.topic, p.partition) in seen:
+            raise errors.InvalidRequestError(f"{p.topic}-{p.partition} appears twice in the fetch request")
+        seen.add((p.topic, p.partition))
+
+
+@dataclass(frozen=True, slots=True)
+class _Poll:
+    header: FetchResponseHeader | None = None
+    records: bytes = b""
+    error: errors.TributaryError | None = None
+
+
+class FetchHandler:
+    """Serves fetch requests through the router's fetch-port clients."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    async def fetch(
+        self, command: FetchCommand, *, rpc_remaining_s: float | None = None
+    ) -> list[FetchedPartition]:
+        """One result per requested partition, in request order.
+
+        The long poll ends a little before the call's own deadline, if it has a shorter one, so
+        the client gets what was gathered instead of DEADLINE_EXCEEDED.
+        """
+        ensure_valid_fetch(command)
+        wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0
+        if rpc_remaining_s is not None:
+            wait_s = max(0.0, min(wait_s, rpc_remaining_s - _ANSWER_MARGIN_S))
+        session = _FetchSession(self._router, command, asyncio.get_running_loop().time() + wait_s)
+        await session.run()
+        return [session.finish(p) for p in session.parts]
+
+
+class _FetchSession:
+    """The state of one fetch request while it is being served."""
+
+    def __init__(self, router: Router, command: FetchCommand, deadline: float) -> None:
+        self._router = router
+        self._command = command
+        self._deadline = deadline
+        self.parts = [PartitionData(p.topic, p.partition, p.offset, p.max_bytes) for p in command.partitions]
+        self._exhausted: set[int] = set()
+        self._total = 0
+
+    @property
+    def _total_room(self) -> int:
+        return self._command.max_bytes - self._total
+
+    async def run(self) -> None:
+        polls = await asyncio.gather(*(self._poll(i, long_poll=False) for i in range(len(self.parts))))
+        for index, poll in enumerate(polls):
+            self._apply(index, poll)
+        if not self._satisfied():
+            await self._long_poll()
+
+    def _can_poll(self, index: int) -> bool:
+        part = self.parts[index]
+        return part.error is None and index not in self._exhausted and part.room > 0 and self._total_room > 0
+
+    def _satisfied(self) -> bool:
+        if any(p.error is not None for p in self.parts):
+            return True
+        if self._total >= self._command.min_bytes:
+            return True
+        return not any(self._can_poll(i) for i in range(len(self.parts)))
+
+    def _apply(self, index: int, poll: _Poll) -> int:
+        """Add a poll's bytes to the partition; returns the bytes kept."""
+        part = self.parts[index]
+        if poll.error is not None:
+            if part.size:
+                # Deliver what was read; the error shows on the next fetch from the new offset.
+                self._exhausted.add(index)
+            else:
+                part.error = poll.error
+            return 0
+        header = poll.header
+        part.high_watermark = header.high_watermark
+        part.log_start_offset = header.log_start_offset
+        taken = take_batches(
+            poll.records,
+            fetch_offset=part.next_offset,
+            high_watermark=header.high_watermark,
+            partition_room=part.room,
+            total_room=self._total_room,
+            partition_empty=part.size == 0,
+            response_empty=self._total == 0,
+        )
+        if taken.error is not None and part.size == 0:
+            part.error = taken.error
+        part.add(poll.records, taken)
+        self._total += taken.length
+        if taken.length < len(poll.records):
+            # Trimmed (budget full, high watermark, corrupt tail): polling again within this
+            # request would only bring the same bytes back.
+            self._exhausted.add(index)
+        return taken.length
+
+    async def _long_poll(self) -> None:
+        tasks: dict[asyncio.Future, int] = {}
+        self._launch(tasks, range(len(self.parts)))
+        try:
+            while tasks:
+                timeout = self._deadline + _DEADLINE_GRACE_S - asyncio.get_running_loop().time()
+                done, _ = await asyncio.wait(
+                    tasks, timeout=max(timeout, 0), return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:
+                    break
+                # Only a poll that brought data is renewed: an empty early answer (the node's own
+                # wait ended) would otherwise turn into a busy loop.
+                renew = [index for index, kept in self._apply_done(tasks, done) if kept]
+                if self._satisfied():
+                    break
+                self._launch(tasks, renew)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _launch(self, tasks: dict[asyncio.Future, int], indexes) -> None:
+        """Start a long poll for each partition that can still bring data before the deadline."""
+        if self._deadline - asyncio.get_running_loop().time() <= 0.001:
+            return
+        for index in indexes:
+            if self._can_poll(index):
+                tasks[asyncio.ensure_future(self._poll(index, long_poll=True))] = index
+
+    def _apply_done(self, tasks: dict[asyncio.Future, int], done) -> list[tuple[int, int]]:
+        """Apply finished polls; (partition index, bytes kept) for each."""
+        applied = []
+        for task in done:
+            index = tasks.pop(task)
+            applied.append((index, self._apply(index, task.result())))
+        return applied
+
+    async def _poll(self, index: int, *, long_poll: bool) -> _Poll:
+        part = self.parts[index]
+        node: NodeAddress | None = None
+        reconnected = False
+        for _ in range(_MAX_LEADER_CHASES):
+            try:
+                node = await self._leader(part.topic, part.partition)
+                wait_ms = (
+                    max(0, int((self._deadline - asyncio.get_running_loop().time()) * 1000))
+                    if long_poll
+                    else 0
+                )
+                result = await self._router.clients.fetcher(node).fetch(
+                    part.topic,
+                    part.partition,
+                    part.next_offset,
+                    max_bytes=max(1, min(part.room, self._total_room)),
+                    min_bytes=1,
+                    max_wait_ms=wait_ms,
+                )
+                error = result.header.error()
+                if error is None:
+                    return _Poll(result.header, result.records)
+            except errors.NetworkError as exc:
+                # A pooled connection the node dropped (it restarted on the same address): the
+                # client has closed it, so one more try goes out on a fresh connection.
+                error = exc
+                if not reconnected:
+                    reconnected = True
+                    continue
+            except errors.TributaryError as exc:
+                error = exc
+            if not error.retriable or not await self._leader_changed(part.topic, part.partition, node):
+                return _Poll(error=error)
+        return _Poll(error=error)
+
+    async def _leader(self, topic: str, partition: int) -> NodeAddress:
+        await self._router.topic(topic)  # refreshes once for a topic the cache does not know
+        return self._router.snapshot.ensure_leader(topic, partition)
+
+    async def _leader_changed(self, topic: str, partition: int, node: NodeAddress | None) -> bool:
+        """Refresh the metadata; True when it now names another (reachable) leader address."""
+        snapshot = await self._router.refresh()
+        try:
+            return snapshot.ensure_leader(topic, partition) != node
+        except errors.TributaryError:
+            return False
+
+    def finish(self, part: PartitionData) -> FetchedPartition:
+        """The partition's result: raw bytes as fetched, or decoded records."""
+        raw, batches, error = b"", [], part.error
+        if self._command.raw_batches:
+            raw = part.raw()
+        elif part.chunks:
+            try:
+                batches = decode_typed(part.chunks, part.fetch_offset)
+            except errors.CorruptRecordError as exc:
+                log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, exc)
+                error, batches = exc, []
+        next_offset = part.fetch_offset if error is not None and not raw and not batches else part.next_offset
+        return FetchedPartition(
+            part.topic,
+            part.partition,
+            error,
+            part.high_watermark,
+            part.log_start_offset,
+            next_offset,
+            batches,
+            raw,
+        )

@@ -1,0 +1,125 @@
+"""An immutable routing snapshot of cluster metadata, and leader lookup over it (pure, no I/O).
+
+A :class:`ClusterSnapshot` is built from one ``GetMetadataResponse`` (what ``WatchMetadata``
+streams); the gateway swaps whole snapshots, never mutates one, so a request that read a snapshot
+sees one consistent view. Lookups raise the taxonomy's retriable, ``invalid_metadata`` errors
+(``UNKNOWN_TOPIC_OR_PARTITION``, ``LEADER_NOT_AVAILABLE``, ``BROKER_NOT_AVAILABLE``) so callers
+know to refresh and retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from services import errors
+from services.proto import pb
+from services.serde import error_from_proto
+
+#: Kafka's default ``max.message.bytes`` (1 MiB + the 12-byte log overhead).
+DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddress:
+    """Where a storage node serves gRPC and its fetch port."""
+
+    node_id: int
+    host: str
+    grpc_port: int
+    fetch_port: int
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRoute:
+    partition: int
+    leader: int
+    leader_epoch: int
+    #: Set when the partition is not usable (offline, no leader).
+    error: errors.TributaryError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    name: str
+    partitions: tuple[PartitionRoute, ...]
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.partitions)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The topic's ``max.message.bytes`` when set on it, else Kafka's default."""
+        try:
+            return int(self.configs.get("max.message.bytes", DEFAULT_MAX_MESSAGE_BYTES))
+        except ValueError:
+            return DEFAULT_MAX_MESSAGE_BYTES
+
+    def ensure_partition(self, partition: int) -> PartitionRoute:
+        """The route of ``partition``, or UNKNOWN_TOPIC_OR_PARTITION when out of range."""
+        if not 0 <= partition < len(self.partitions):
+            raise errors.UnknownTopicOrPartitionError(
+                f"topic {self.name!r} has {len(self.partitions)} partitions; "
+                f"partition {partition} does not exist"
+            )
+        return self.partitions[partition]
+
+
+def _partition_from_proto(message) -> PartitionRoute:
+    error = error_from_proto(message.error) if message.HasField("error") else None
+    if error is None and (message.leader < 0 or message.state == pb.PARTITION_STATE_OFFLINE):
+        error = errors.LeaderNotAvailableError(f"partition {message.partition} has no live leader")
+    return PartitionRoute(message.partition, message.leader, message.leader_epoch, error)
+
+
+def _topic_from_proto(message) -> TopicRoute:
+    partitions = sorted((_partition_from_proto(p) for p in message.partitions), key=lambda p: p.partition)
+    return TopicRoute(message.name, tuple(partitions), MappingProxyType(dict(message.configs)))
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """One consistent view of brokers and topics at an etcd ``revision``."""
+
+    revision: int
+    nodes: Mapping[int, NodeAddress]
+    topics: Mapping[str, TopicRoute]
+    #: The response the snapshot was built from (served as is by GetMetadata fallbacks).
+    source: object = None
+
+    @classmethod
+    def empty(cls) -> ClusterSnapshot:
+        return cls(revision=-1, nodes={}, topics={}, source=pb.GetMetadataResponse())
+
+    @classmethod
+    def from_proto(cls, response) -> ClusterSnapshot:
+        nodes = {
+            b.node_id: NodeAddress(b.node_id, b.host, b.grpc_port, b.fetch_port) for b in response.brokers
+        }
+        topics = {t.name: _topic_from_proto(t) for t in response.topics if not t.HasField("error")}
+        return cls(response.revision, MappingProxyType(nodes), MappingProxyType(topics), response)
+
+    def ensure_topic(self, topic: str) -> TopicRoute:
+        route = self.topics.get(topic)
+        if route is None:
+            raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return route
+
+    def ensure_leader(self, topic: str, partition: int) -> NodeAddress:
+        """The leader's address, or a retriable error naming why there is none."""
+        route = self.ensure_topic(topic).ensure_partition(partition)
+        if route.error is not None:
+            raise route.error
+        node = self.nodes.get(route.leader)
+        if node is None:
+            raise errors.BrokerNotAvailableError(
+                f"leader {route.leader} of {topic}-{partition} is not a live storage node"
+            )
+        return node

@@ -1,0 +1,322 @@
+"""Produce: plan the partitions' batches, append them on the leaders, answer per record.
+
+Behaviour, as a Kafka user expects it:
+
+* Request-level problems raise (the servicer turns them into a status): an empty topic, records
+  and batches both set, a negative partition (INVALID_ARGUMENT), a topic the cluster does not
+  have even after a metadata refresh (UNKNOWN_TOPIC_OR_PARTITION).
+* Everything else is per partition: a partition beyond the topic's count answers
+  UNKNOWN_TOPIC_OR_PARTITION, RECORD_TOO_LARGE / CORRUPT_MESSAGE come back from the storage node,
+  and the other partitions are written anyway.
+* Retriable failures (no leader, NOT_LEADER_OR_FOLLOWER, a dead or restarted node, a partition not
+  created yet) are retried after a metadata refresh until the request's deadline (``timeout_ms``,
+  default 30 s). As with Kafka's non-idempotent producer, a node that dies after writing but
+  before answering can make a retry write the records twice (at-least-once).
+* ProduceStream keeps each partition's appends in request order: requests are planned one after
+  another as they arrive and queued per partition on the stream's ``AppendQueues``, which keep
+  one append in flight per partition and merge what queued up behind it
+  (``gateway/append_queue.py``). Concurrent unary Produce calls are not ordered among
+  themselves (a client that needs order waits for each answer, or uses the stream).
+* acks=NONE: the appends are started and the answer goes back at once, with offsets -1. They
+  still run to completion (with retries) in the background. Back-pressure, not loss, bounds
+  them: at most ``max_unacked`` unary requests' appends at a time (a new one waits for a slot),
+  and per stream at most 64 MiB queued (the stream stops reading requests until it drains).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import Awaitable
+from dataclasses import dataclass
+
+from gateway import storage_calls
+from gateway.append_queue import AppendQueues, AppendResult
+from gateway.batching import (
+    Acks,
+    PartitionPayload,
+    ProduceCommand,
+    ensure_valid_command,
+    plan_raw,
+    plan_typed,
+)
+from gateway.metadata import TopicRoute
+from gateway.partitioner import StickyPartitioner
+from gateway.retry import retry_partitions
+from gateway.routing import Router
+from services import errors
+from services.clock import SYSTEM_CLOCK, Clock
+from services.proto import pb
+
+log = logging.getLogger(__name__)
+
+_ACKS_TO_PROTO = {Acks.NONE: pb.ACKS_NONE, Acks.LEADER: pb.ACKS_LEADER, Acks.ALL: pb.ACKS_ALL}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's answer to a produce (``error`` unset on success; offsets -1 when unknown)."""
+
+    partition: int
+    base_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    record_count: int = 0
+    error: errors.TributaryError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProducePlan:
+    """A validated request with its batches built, ready to send."""
+
+    command: ProduceCommand
+    #: Each typed record's partition, in request order (empty for pre-encoded batches).
+    assignment: list[int]
+    payloads: dict[int, PartitionPayload]
+    #: Partitions that failed before sending (beyond the topic's partition count).
+    failed: dict[int, PartitionResult]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceOutcome:
+    """The answer to one produce request."""
+
+    topic: str
+    #: (partition, offset) per typed record, in request order; offset -1 when not known.
+    records: list[tuple[int, int]]
+    #: One per partition the request named, ascending.
+    partitions: list[PartitionResult]
+    correlation_id: int = 0
+
+
+def _record_offsets(
+    assignment: list[int], payloads: dict[int, PartitionPayload], results: dict[int, PartitionResult]
+) -> list[tuple[int, int]]:
+    offsets = [-1] * len(assignment)
+    for partition, payload in payloads.items():
+        result = results[partition]
+        if result.error is None and result.base_offset >= 0:
+            for position, index in enumerate(payload.record_indexes):
+                offsets[index] = result.base_offset + position
+    return list(zip(assignment, offsets, strict=True))
+
+
+def _unacked_results(plan: ProducePlan) -> dict[int, PartitionResult]:
+    """acks=none: no offsets are known when the answer goes back."""
+    return {
+        p: PartitionResult(p, record_count=len(payload.record_indexes))
+        for p, payload in plan.payloads.items()
+    }
+
+
+def _outcome(plan: ProducePlan, sent: dict[int, PartitionResult]) -> ProduceOutcome:
+    results = {**plan.failed, **sent}
+    command = plan.command
+    return ProduceOutcome(
+        command.topic,
+        _record_offsets(plan.assignment, plan.payloads, results),
+        [results[p] for p in sorted(results)],
+        command.correlation_id,
+    )
+
+
+def _unknown_partition(topic: TopicRoute, partition: int) -> PartitionResult:
+    return PartitionResult(
+        partition,
+        error=errors.UnknownTopicOrPartitionError(
+            f"topic {topic.name!r} has {topic.partition_count} partitions; "
+            f"partition {partition} does not exist"
+        ),
+    )
+
+
+class ProduceHandler:
+    """Serves produce requests for one gateway (shared sticky partitioner, background appends)."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        default_timeout_ms: int = 30_000,
+        max_batch_bytes: int = 1_048_576,
+        max_unacked: int = 1_000,
+    ) -> None:
+        self._router = router
+        self._clock = clock
+        self._default_timeout_ms = default_timeout_ms
+        self._max_batch_bytes = max_batch_bytes
+        self._sticky = StickyPartitioner()
+        self._unacked = asyncio.Semaphore(max_unacked)
+        self._background: set[asyncio.Task] = set()
+        # Streams' queues, so that shutdown lets their acks=none appends finish too.
+        self._stream_queues: weakref.WeakSet[AppendQueues] = weakref.WeakSet()
+
+    def deadline_for(self, command: ProduceCommand, rpc_remaining_s: float | None) -> float:
+        """The loop-clock deadline: ``timeout_ms`` (or the default), capped by the RPC's own."""
+        timeout_s = (command.timeout_ms or self._default_timeout_ms) / 1000.0
+        if rpc_remaining_s is not None:
+            timeout_s = min(timeout_s, rpc_remaining_s)
+        return asyncio.get_running_loop().time() + timeout_s
+
+    async def produce(self, command: ProduceCommand, *, deadline: float) -> ProduceOutcome:
+        """Plan and send one request (unary Produce)."""
+        return await self.execute(await self.plan(command), deadline=deadline)
+
+    async def plan(self, command: ProduceCommand) -> ProducePlan:
+        """Validate, look the topic up and build each partition's batches (no appends yet).
+
+        Raises the request-level errors (invalid request, unknown topic).
+        """
+        ensure_valid_command(command)
+        if not command.records and not command.batches:
+            return ProducePlan(command, [], {}, {})
+        topic = await self._router.topic(command.topic)
+        if topic.partition_count < 1:  # never published so by the coordinator; keeps % safe
+            raise errors.LeaderNotAvailableError(f"topic {topic.name!r} has no partitions yet")
+        if command.records:
+            assignment, payloads, unknown = plan_typed(
+                command,
+                topic.partition_count,
+                self._sticky,
+                now_ms=self._clock.time_ms(),
+                max_batch_bytes=min(self._max_batch_bytes, topic.max_message_bytes),
+            )
+        else:
+            assignment = []
+            payloads, unknown = plan_raw(command, topic.partition_count)
+        return ProducePlan(command, assignment, payloads, {p: _unknown_partition(topic, p) for p in unknown})
+
+    async def execute(self, plan: ProducePlan, *, deadline: float) -> ProduceOutcome:
+        """Append the plan's payloads, one Append per leader node (unary Produce)."""
+        return _outcome(plan, await self._send(plan, deadline))
+
+    def enqueue(
+        self, plan: ProducePlan, *, deadline: float, queues: AppendQueues
+    ) -> Awaitable[ProduceOutcome]:
+        """Queue the plan's appends on a stream's queues now; await the result for the outcome.
+
+        Queuing is synchronous, so requests enqueued in arrival order are appended in that order.
+        """
+        command = plan.command
+        futures = {
+            p: queues.submit(command.topic, p, payload.data, command.acks, deadline)
+            for p, payload in plan.payloads.items()
+        }
+        return self._outcome_when_appended(plan, futures)
+
+    def stream_queues(self) -> AppendQueues:
+        """Fresh per-stream append queues (see ``gateway/append_queue.py``)."""
+        queues = AppendQueues(self.append_partition)
+        self._stream_queues.add(queues)
+        return queues
+
+    async def append_partition(
+        self, topic: str, partition: int, data: bytes, acks: Acks, deadline: float
+    ) -> AppendResult:
+        """One partition's append with retries: the stream queues' appender."""
+        result = (await self._append_with_retries(topic, {partition: data}, acks, deadline))[partition]
+        return AppendResult(
+            result.base_offset,
+            result.log_append_time,
+            result.log_start_offset,
+            result.record_count,
+            result.error,
+        )
+
+    async def _outcome_when_appended(
+        self, plan: ProducePlan, futures: dict[int, asyncio.Future]
+    ) -> ProduceOutcome:
+        if plan.command.acks == Acks.NONE:
+            return _outcome(plan, _unacked_results(plan))
+        shares = await asyncio.gather(*futures.values())
+        return _outcome(
+            plan,
+            {
+                p: PartitionResult(
+                    p, s.base_offset, s.log_append_time, s.log_start_offset, s.record_count, s.error
+                )
+                for p, s in zip(futures, shares, strict=True)
+            },
+        )
+
+    async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, PartitionResult]:
+        command = plan.command
+        if not plan.payloads:
+            return {}
+        data = {p: payload.data for p, payload in plan.payloads.items()}
+        if command.acks != Acks.NONE:
+            return await self._append_with_retries(command.topic, data, command.acks, deadline)
+        await self._unacked.acquire()
+        task = asyncio.create_task(self._append_with_retries(command.topic, data, command.acks, deadline))
+        self._background.add(task)
+        task.add_done_callback(self._background_done)
+        return _unacked_results(plan)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        self._unacked.release()
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.warning("acks=none append failed: %r", task.exception())
+            return
+        for result in task.result().values():
+            if result.error is not None:
+                log.info("acks=none append to partition %d failed: %s", result.partition, result.error)
+
+    async def _append_with_retries(
+        self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
+    ) -> dict[int, PartitionResult]:
+        async def attempt(partitions: list[int], deadline: float) -> dict[int, PartitionResult]:
+            return await self._do_append_round(topic, {p: data[p] for p in partitions}, acks, deadline)
+
+        return await retry_partitions(data, attempt, refresh=self._router.refresh, deadline=deadline)
+
+    async def _do_append_round(
+        self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
+    ) -> dict[int, PartitionResult]:
+        """One Append per leader node, concurrently; a partition without a leader fails this round."""
+        snapshot = self._router.snapshot
+        results: dict[int, PartitionResult] = {}
+        by_node: dict = {}
+        for partition, payload in data.items():
+            try:
+                node = snapshot.ensure_leader(topic, partition)
+            except errors.TributaryError as exc:
+                results[partition] = PartitionResult(partition, error=exc)
+                continue
+            by_node.setdefault(node, {})[partition] = payload
+        timeout_s = deadline - asyncio.get_running_loop().time()
+        answers = await asyncio.gather(
+            *(
+                storage_calls.append(
+                    self._router.clients.storage(node),
+                    topic,
+                    payloads,
+                    acks=_ACKS_TO_PROTO[acks],
+                    timeout_s=timeout_s,
+                )
+                for node, payloads in by_node.items()
+            )
+        )
+        for answer in answers:
+            for partition, outcome in answer.items():
+                results[partition] = PartitionResult(
+                    partition,
+                    outcome.base_offset,
+                    outcome.log_append_time,
+                    outcome.log_start_offset,
+                    outcome.record_count,
+                    outcome.error,
+                )
+        return results
+
+    async def close(self) -> None:
+        """Let background (acks=none) appends finish, within their own deadlines."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.gather(
+            *(queues.close() for queues in list(self._stream_queues)), return_exceptions=True
+        )

@@ -1,0 +1,211 @@
+"""``*_from_proto`` / ``*_to_proto`` for the Gateway's data-plane messages.
+
+Decoding checks what protobuf cannot: enum values outside the known set (proto3 keeps unknown
+numbers) become the Kafka-named INVALID_ARGUMENT errors.
+"""
+
+from __future__ import annotations
+
+from gateway.batching import Acks, ProduceCommand, RecordIn
+from gateway.fetch import (
+    DEFAULT_PARTITION_MAX_BYTES,
+    DEFAULT_TOTAL_MAX_BYTES,
+    FetchCommand,
+    FetchedPartition,
+    PartitionFetch,
+)
+from gateway.offsets import EARLIEST, LATEST, OffsetQuery
+from gateway.produce import PartitionResult, ProduceOutcome
+from gateway.storage_calls import OffsetOutcome
+from services import errors
+from services.proto import pb
+from services.records import Compression, TimestampType
+from services.serde import error_to_proto
+
+_ACKS = {
+    pb.ACKS_UNSPECIFIED: Acks.ALL,
+    pb.ACKS_NONE: Acks.NONE,
+    pb.ACKS_LEADER: Acks.LEADER,
+    pb.ACKS_ALL: Acks.ALL,
+}
+_COMPRESSION = {
+    pb.COMPRESSION_UNSPECIFIED: Compression.NONE,
+    pb.COMPRESSION_NONE: Compression.NONE,
+    pb.COMPRESSION_GZIP: Compression.GZIP,
+    pb.COMPRESSION_SNAPPY: Compression.SNAPPY,
+    pb.COMPRESSION_LZ4: Compression.LZ4,
+    pb.COMPRESSION_ZSTD: Compression.ZSTD,
+}
+_TIMESTAMP_TYPE = {
+    TimestampType.CREATE_TIME: pb.TIMESTAMP_TYPE_CREATE_TIME,
+    TimestampType.LOG_APPEND_TIME: pb.TIMESTAMP_TYPE_LOG_APPEND_TIME,
+}
+
+
+# ---- produce --------------------------------------------------------------------------------
+
+
+def _record_from_proto(record) -> RecordIn:
+    has = record.HasField
+    headers = tuple((h.key, h.value if h.HasField("value") else None) for h in record.headers)
+    return RecordIn(
+        record.key if has("key") else None,
+        record.value if has("value") else None,
+        headers,
+        record.timestamp if has("timestamp") else None,
+        record.partition if has("partition") else None,
+    )
+
+
+def produce_command_from_proto(request) -> ProduceCommand:
+    acks = _ACKS.get(request.acks)
+    if acks is None:
+        raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+    compression = _COMPRESSION.get(request.compression)
+    if compression is None:
+        raise errors.InvalidRequestError(f"unknown compression {request.compression}")
+    return ProduceCommand(
+        topic=request.topic,
+        records=[_record_from_proto(r) for r in request.records],
+        batches=[(b.partition, b.record_batches) for b in request.batches],
+        acks=acks,
+        timeout_ms=request.timeout_ms,
+        compression=compression,
+        correlation_id=request.correlation_id,
+    )
+
+
+def _partition_result_to_proto(result: PartitionResult):
+    return pb.PartitionProduceResult(
+        partition=result.partition,
+        base_offset=result.base_offset,
+        log_append_time=result.log_append_time,
+        log_start_offset=result.log_start_offset,
+        error=error_to_proto(result.error) if result.error is not None else None,
+        record_count=result.record_count,
+    )
+
+
+def produce_outcome_to_proto(outcome: ProduceOutcome):
+    response = pb.ProduceResponse(
+        topic=outcome.topic,
+        partitions=[_partition_result_to_proto(r) for r in outcome.partitions],
+        correlation_id=outcome.correlation_id,
+    )
+    add = response.records.add  # in place: no copy per record (see _add_consumed_records)
+    for partition, offset in outcome.records:
+        add(partition=partition, offset=offset)
+    return response
+
+
+def produce_error_to_proto(request, error: errors.TributaryError):
+    """A ProduceStream answer for a request that failed as a whole (the stream goes on).
+
+    The error is reported on partition -1, and every record of the request on partition -1 with
+    offset -1, so a client that matches records to partition results finds the error.
+    """
+    return pb.ProduceResponse(
+        topic=request.topic,
+        records=[pb.RecordResult(partition=-1, offset=-1)] * len(request.records),
+        partitions=[
+            pb.PartitionProduceResult(
+                partition=-1,
+                base_offset=-1,
+                log_append_time=-1,
+                log_start_offset=-1,
+                error=error_to_proto(error),
+            )
+        ],
+        correlation_id=request.correlation_id,
+    )
+
+
+# ---- fetch ----------------------------------------------------------------------------------
+
+
+def fetch_command_from_proto(request) -> FetchCommand:
+    return FetchCommand(
+        partitions=tuple(
+            PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)
+            for p in request.partitions
+        ),
+        min_bytes=request.min_bytes,
+        max_wait_ms=request.max_wait_ms,
+        max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
+        raw_batches=request.raw_batches,
+    )
+
+
+def _add_consumed_records(target, batches) -> None:
+    """Append the records to the repeated field ``target`` in place.
+
+    NOTE: building messages in place with ``add()`` matters here: constructing each
+    ConsumedRecord separately and passing the list to a constructor copies every record once
+    more, which measured about twice as slow for 40k-record responses.
+    """
+    add = target.add
+    for timestamp_type, records in batches:
+        ts_type = _TIMESTAMP_TYPE[timestamp_type]
+        for r in records:
+            consumed = add(
+                offset=r.offset, timestamp=r.timestamp, timestamp_type=ts_type, key=r.key, value=r.value
+            )
+            if r.headers:
+                add_header = consumed.headers.add
+                for key, value in r.headers:
+                    add_header(key=key, value=value)
+
+
+def _fill_fetch_result(message, result: FetchedPartition) -> None:
+    message.topic = result.topic
+    message.partition = result.partition
+    if result.error is not None:
+        message.error.CopyFrom(error_to_proto(result.error))
+    message.high_watermark = result.high_watermark
+    message.log_start_offset = result.log_start_offset
+    message.next_offset = result.next_offset
+    if result.raw:
+        message.record_batches = result.raw
+    if result.batches:
+        _add_consumed_records(message.records, result.batches)
+
+
+def fetch_response_to_proto(results: list[FetchedPartition]):
+    response = pb.FetchResponse()
+    add = response.partitions.add
+    for result in results:
+        _fill_fetch_result(add(), result)
+    return response
+
+
+# ---- list offsets ---------------------------------------------------------------------------
+
+
+def _spec_to_timestamp(spec) -> int | None:
+    which = spec.WhichOneof("spec")
+    if which == "earliest":
+        return EARLIEST
+    if which == "latest":
+        return LATEST
+    if which == "timestamp" and spec.timestamp >= 0:
+        return spec.timestamp
+    return None
+
+
+def offset_queries_from_proto(request) -> list[OffsetQuery]:
+    return [OffsetQuery(p.topic, p.partition, _spec_to_timestamp(p.spec)) for p in request.partitions]
+
+
+def offsets_to_proto(outcomes: list[OffsetOutcome]):
+    return pb.ListOffsetsResponse(
+        partitions=[
+            pb.ListOffsetsPartitionResult(
+                topic=o.topic,
+                partition=o.partition,
+                offset=o.offset,
+                timestamp=o.timestamp,
+                error=error_to_proto(o.error) if o.error is not None else None,
+            )
+            for o in outcomes
+        ]
+    )

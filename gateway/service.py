@@ -1,0 +1,107 @@
+"""One gateway process: the metadata cache, the handlers, the gRPC server.
+
+Start order: start the metadata watch, then serve (a request that arrives before the first
+snapshot refreshes the metadata itself), then write the ready file. Stop order (SIGTERM): health
+NOT_SERVING, finish in-flight calls, let background acks=none appends end, close the watch and
+every channel. The gateway keeps no state of its own, so nothing needs saving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from gateway.admin import Forwarder
+from gateway.config import GatewayConfig
+from gateway.coordinators import CoordinatorPool
+from gateway.fetch import FetchHandler
+from gateway.offsets import OffsetsHandler
+from gateway.produce import ProduceHandler
+from gateway.routing import MetadataCache, NodeClients, Router
+from gateway.servicer import GatewayServicer
+from services.clock import SYSTEM_CLOCK, Clock
+from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.proto import GATEWAY_SERVICE, gateway_grpc
+
+log = logging.getLogger(__name__)
+
+
+class GatewayService:
+    """Owns every part of a running gateway; ``start()`` then ``stop()`` (or ``run()``)."""
+
+    def __init__(self, config: GatewayConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.grpc: GrpcServer | None = None
+        self.coordinators: CoordinatorPool | None = None
+        self.router: Router | None = None
+        self.produce: ProduceHandler | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        self.coordinators = CoordinatorPool(config.coordinators)
+        cache = MetadataCache(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
+        self.router = Router(cache, NodeClients(fetch_connections=config.fetch_connections_per_node))
+        self.router.start()
+        self.produce = ProduceHandler(
+            self.router,
+            clock=self.clock,
+            default_timeout_ms=config.default_timeout_ms,
+            max_batch_bytes=config.max_batch_bytes,
+            max_unacked=config.max_unacked_appends,
+        )
+        servicer = GatewayServicer(
+            self.produce,
+            FetchHandler(self.router),
+            OffsetsHandler(self.router),
+            Forwarder(self.coordinators, cache, timeout_s=config.admin_timeout_ms / 1000.0),
+            default_timeout_ms=config.default_timeout_ms,
+        )
+        self.grpc = await create_server(
+            f"{config.host}:{config.port}",
+            [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, servicer, GATEWAY_SERVICE)],
+        )
+        self._write_ready_file()
+        log.info(
+            "gateway serving on %s:%d (coordinators %s)",
+            config.host,
+            self.grpc.port,
+            ",".join(config.coordinators),
+        )
+
+    @property
+    def port(self) -> int:
+        assert self.grpc is not None, "start() first"
+        return self.grpc.port
+
+    def _write_ready_file(self) -> None:
+        if self.config.ready_file is None:
+            return
+        info = {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port}
+        tmp = Path(f"{self.config.ready_file}.tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(self.config.ready_file)
+
+    async def stop(self) -> None:
+        """Release everything after the server stopped (``run`` calls it after the grace period)."""
+        if self.produce is not None:
+            await self.produce.close()
+        if self.router is not None:
+            await self.router.close()
+        if self.coordinators is not None:
+            await self.coordinators.close()
+        log.info("gateway stopped")
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop serving and release everything (for callers that do not use ``run``)."""
+        if self.grpc is not None:
+            await self.grpc.stop(grace)
+        await self.stop()
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM/SIGINT, stop gracefully."""
+        await self.start()
+        assert self.grpc is not None
+        await run_until_signalled(self.grpc, self.stop)

@@ -1,0 +1,148 @@
+"""The public Gateway gRPC servicer: protobuf in, one handler call, protobuf out.
+
+Each data-plane RPC decodes with :mod:`gateway.serde`, calls one handler and encodes the answer;
+errors raised as the taxonomy become a status with the Kafka reason (``translate_errors``).
+Admin, metadata and group RPCs carry the coordinator's own messages and are forwarded as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway import serde
+from gateway.admin import Forwarder
+from gateway.fetch import FetchHandler
+from gateway.offsets import OffsetsHandler
+from gateway.produce import ProduceHandler
+from services import errors
+from services.grpc_server import translate_errors
+from services.proto import gateway_grpc
+
+log = logging.getLogger(__name__)
+
+#: ProduceStream requests being served at once per stream; the stream stops reading beyond it.
+MAX_STREAM_IN_FLIGHT = 1_000
+
+
+async def _encode_outcome(outcome):
+    return serde.produce_outcome_to_proto(await outcome)
+
+
+def _forward(method: str):
+    """A servicer method that forwards ``method`` to a coordinator unchanged."""
+
+    async def forward(self, request, context):
+        return await self._forwarder.forward(method, request, rpc_remaining_s=context.time_remaining())
+
+    forward.__name__ = method
+    forward.__qualname__ = f"GatewayServicer.{method}"
+    return translate_errors(forward)
+
+
+class GatewayServicer(gateway_grpc.GatewayServicer):
+    """``tributary.v1.Gateway``: the behaviour of each RPC is documented in gateway.proto and in
+    the handler modules; ProduceStream's in-band errors in ``serde.produce_error_to_proto``."""
+
+    def __init__(
+        self,
+        produce: ProduceHandler,
+        fetch: FetchHandler,
+        offsets: OffsetsHandler,
+        forwarder: Forwarder,
+        *,
+        default_timeout_ms: int = 30_000,
+    ) -> None:
+        self._produce = produce
+        self._fetch = fetch
+        self._offsets = offsets
+        self._forwarder = forwarder
+        self._default_timeout_s = default_timeout_ms / 1000.0
+
+    # ---- data plane ------------------------------------------------------------------------
+
+    @translate_errors
+    async def Produce(self, request, context):
+        command = serde.produce_command_from_proto(request)
+        deadline = self._produce.deadline_for(command, context.time_remaining())
+        outcome = await self._produce.produce(command, deadline=deadline)
+        return serde.produce_outcome_to_proto(outcome)
+
+    @translate_errors
+    async def ProduceStream(self, request_iterator, context):
+        in_flight: asyncio.Queue = asyncio.Queue(MAX_STREAM_IN_FLIGHT)
+        reader = asyncio.create_task(self._read_stream(request_iterator, context, in_flight))
+        try:
+            while (task := await in_flight.get()) is not None:
+                yield await task
+            await reader  # re-raises a failure to read the stream
+        finally:
+            reader.cancel()
+            while not in_flight.empty():
+                task = in_flight.get_nowait()
+                if task is not None:
+                    task.cancel()
+
+    async def _read_stream(self, request_iterator, context, in_flight: asyncio.Queue) -> None:
+        """Plan and queue each request as it arrives, in order; appends run while more come in."""
+        queues = self._produce.stream_queues()
+        try:
+            async for request in request_iterator:
+                await in_flight.put(await self._start_in_stream(request, context, queues))
+                await queues.wait_for_room()
+        finally:
+            await in_flight.put(None)
+
+    async def _start_in_stream(self, request, context, queues) -> asyncio.Future:
+        """A future of the request's answer; a request that fails as a whole is answered in-band."""
+        try:
+            command = serde.produce_command_from_proto(request)
+            plan = await self._produce.plan(command)
+        except errors.TributaryError as exc:
+            answer = asyncio.get_running_loop().create_future()
+            answer.set_result(serde.produce_error_to_proto(request, exc))
+            return answer
+        deadline = self._produce.deadline_for(command, context.time_remaining())
+        outcome = self._produce.enqueue(plan, deadline=deadline, queues=queues)
+        return asyncio.ensure_future(_encode_outcome(outcome))
+
+    @translate_errors
+    async def Fetch(self, request, context):
+        command = serde.fetch_command_from_proto(request)
+        results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
+        return serde.fetch_response_to_proto(results)
+
+    @translate_errors
+    async def ListOffsets(self, request, context):
+        remaining = context.time_remaining()
+        timeout = self._default_timeout_s if remaining is None else min(self._default_timeout_s, remaining)
+        deadline = asyncio.get_running_loop().time() + timeout
+        outcomes = await self._offsets.list_offsets(
+            serde.offset_queries_from_proto(request), deadline=deadline
+        )
+        return serde.offsets_to_proto(outcomes)
+
+    # ---- metadata and admin (forwarded) ------------------------------------------------------
+
+    @translate_errors
+    async def GetMetadata(self, request, context):
+        return await self._forwarder.get_metadata(request, rpc_remaining_s=context.time_remaining())
+
+    CreateTopic = _forward("CreateTopic")
+    DeleteTopic = _forward("DeleteTopic")
+    DescribeTopics = _forward("DescribeTopics")
+    ListTopics = _forward("ListTopics")
+    CreatePartitions = _forward("CreatePartitions")
+    AlterTopicConfigs = _forward("AlterTopicConfigs")
+
+    # ---- consumer groups (forwarded to the controller) ---------------------------------------
+
+    JoinGroup = _forward("JoinGroup")
+    Heartbeat = _forward("Heartbeat")
+    LeaveGroup = _forward("LeaveGroup")
+    CommitOffsets = _forward("CommitOffsets")
+    FetchCommittedOffsets = _forward("FetchCommittedOffsets")
+    ListGroups = _forward("ListGroups")
+    DescribeGroup = _forward("DescribeGroup")
+    ResetGroupOffsets = _forward("ResetGroupOffsets")
+    DeleteGroup = _forward("DeleteGroup")

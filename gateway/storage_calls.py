@@ -1,0 +1,122 @@
+"""The gateway's calls to one storage node's gRPC service, in domain values.
+
+This is the client edge towards storage nodes: protobuf is built and read here, and a failed call
+(``RpcError``) becomes a per-partition error for every partition it carried, so the retry loop
+can treat "the node said NOT_LEADER" and "the node is gone" alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from services import errors
+from services.proto import pb, storage_grpc
+from services.serde import error_from_proto
+
+#: Kafka's ListOffsets timestamps: -2 = earliest, -1 = latest.
+EARLIEST = -2
+LATEST = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOutcome:
+    """One partition's answer to an append (``error`` unset on success)."""
+
+    partition: int
+    base_offset: int = -1
+    last_offset: int = -1
+    log_append_time: int = -1
+    log_start_offset: int = -1
+    record_count: int = 0
+    error: errors.TributaryError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetOutcome:
+    """One partition's answer to an offset lookup (offset -1 = no record at/after the timestamp)."""
+
+    topic: str
+    partition: int
+    offset: int = -1
+    timestamp: int = -1
+    error: errors.TributaryError | None = None
+
+
+def _failed_call(exc: grpc.RpcError) -> errors.TributaryError:
+    return errors.error_from_rpc(exc)
+
+
+def _append_outcome_from_proto(result) -> AppendOutcome:
+    return AppendOutcome(
+        partition=result.partition,
+        base_offset=result.base_offset,
+        last_offset=result.last_offset,
+        log_append_time=result.log_append_time,
+        log_start_offset=result.log_start_offset,
+        record_count=result.record_count,
+        error=error_from_proto(result.error) if result.HasField("error") else None,
+    )
+
+
+async def append(
+    stub: storage_grpc.StorageNodeStub,
+    topic: str,
+    payloads: dict[int, bytes],
+    *,
+    acks: int,
+    timeout_s: float,
+) -> dict[int, AppendOutcome]:
+    """Append each partition's batches (``payloads``: partition -> bytes) on one node."""
+    request = pb.AppendRequest(acks=acks, timeout_ms=max(1, int(timeout_s * 1000)))
+    add = request.partitions.add  # in place: the batch bytes are copied into the message once
+    for partition, data in payloads.items():
+        add(topic=topic, partition=partition, record_batches=data)
+    try:
+        response = await stub.Append(request, timeout=max(timeout_s, 0.001))
+    except grpc.RpcError as exc:
+        error = _failed_call(exc)
+        return {p: AppendOutcome(p, error=error) for p in payloads}
+    outcomes = {r.partition: _append_outcome_from_proto(r) for r in response.partitions if r.topic == topic}
+    missing = errors.UnknownServerError("the storage node did not answer for this partition")
+    return {p: outcomes.get(p) or AppendOutcome(p, error=missing) for p in payloads}
+
+
+def _offset_spec(timestamp: int):
+    if timestamp == EARLIEST:
+        return pb.OffsetSpec(earliest=True)
+    if timestamp == LATEST:
+        return pb.OffsetSpec(latest=True)
+    return pb.OffsetSpec(timestamp=timestamp)
+
+
+async def list_offsets(
+    stub: storage_grpc.StorageNodeStub,
+    queries: list[tuple[str, int, int]],
+    *,
+    timeout_s: float,
+) -> dict[tuple[str, int], OffsetOutcome]:
+    """Look up offsets on one node; ``queries`` are (topic, partition, Kafka-style timestamp)."""
+    request = pb.ListPartitionOffsetsRequest(
+        partitions=[
+            pb.PartitionOffsetQuery(topic=t, partition=p, spec=_offset_spec(ts)) for t, p, ts in queries
+        ]
+    )
+    try:
+        response = await stub.ListPartitionOffsets(request, timeout=max(timeout_s, 0.001))
+    except grpc.RpcError as exc:
+        error = _failed_call(exc)
+        return {(t, p): OffsetOutcome(t, p, error=error) for t, p, _ in queries}
+    outcomes = {
+        (r.topic, r.partition): OffsetOutcome(
+            r.topic,
+            r.partition,
+            r.offset,
+            r.timestamp,
+            error_from_proto(r.error) if r.HasField("error") else None,
+        )
+        for r in response.partitions
+    }
+    missing = errors.UnknownServerError("the storage node did not answer for this partition")
+    return {(t, p): outcomes.get((t, p)) or OffsetOutcome(t, p, error=missing) for t, p, _ in queries}

@@ -1,0 +1,162 @@
+import asyncio
+
+from gateway.append_queue import AppendQueues, AppendResult, count_offsets
+from gateway.batching import Acks
+from services import errors
+from services.records import RecordBatchBuilder, iter_batches
+
+FAR = 1e12  # a deadline nobody reaches
+
+
+def batch(*values: bytes) -> bytes:
+    builder = RecordBatchBuilder()
+    for v in values:
+        builder.append(v, timestamp=1)
+    return builder.build()
+
+
+class FakeLog:
+    """An appender over one partition per key: validates, assigns offsets, records each call."""
+
+    def __init__(self, delay: float = 0.01) -> None:
+        self.delay = delay
+        self.calls: list[tuple[int, bytes]] = []
+        self.next_offset: dict[int, int] = {}
+        self.values: dict[int, list[bytes]] = {}
+
+    async def append(
+        self, topic: str, partition: int, data: bytes, acks: Acks, deadline: float
+    ) -> AppendResult:
+        self.calls.append((partition, data))
+        await asyncio.sleep(self.delay)
+        try:
+            batches = list(iter_batches(data))
+            for b in batches:
+                b.validate()
+        except errors.CorruptRecordError as exc:
+            return AppendResult(error=exc)
+        base = self.next_offset.get(partition, 0)
+        for b in batches:
+            self.values.setdefault(partition, []).extend(r.value for r in b.records())
+            self.next_offset[partition] = self.next_offset.get(partition, 0) + b.last_offset_delta + 1
+        return AppendResult(base_offset=base, record_count=sum(b.record_count for b in batches))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_count_offsets():
+    assert count_offsets(batch(b"a", b"b") + batch(b"c")) == (3, 3)
+    assert count_offsets(b"garbage") is None
+    assert count_offsets(b"") is None
+
+
+def test_requests_queued_behind_an_append_go_out_merged_and_in_order():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        futures = [queues.submit("t", 0, batch(b"0a", b"0b"), Acks.ALL, FAR)]
+        await asyncio.sleep(0.001)  # the first append is in flight now
+        futures += [
+            queues.submit("t", 0, batch(f"{i}a".encode(), f"{i}b".encode()), Acks.ALL, FAR)
+            for i in range(1, 10)
+        ]
+        results = await asyncio.gather(*futures)
+        await queues.close()
+        return log, results
+
+    log, results = run(scenario())
+    assert [r.base_offset for r in results] == list(range(0, 20, 2))
+    assert all(r.record_count == 2 and r.error is None for r in results)
+    assert len(log.calls) == 2  # the first alone, the nine queued behind it merged
+    assert log.values[0] == [f"{i}{s}".encode() for i in range(10) for s in "ab"]
+
+
+def test_partitions_are_independent():
+    async def scenario():
+        log = FakeLog(delay=0.05)
+        queues = AppendQueues(log.append)
+        a = queues.submit("t", 0, batch(b"a"), Acks.ALL, FAR)
+        b = queues.submit("t", 1, batch(b"b"), Acks.ALL, FAR)
+        start = asyncio.get_running_loop().time()
+        await asyncio.gather(a, b)
+        return asyncio.get_running_loop().time() - start
+
+    assert run(scenario()) < 0.09  # in parallel, not one after the other
+
+
+def test_a_failed_merged_append_is_resent_one_by_one():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        corrupt = bytearray(batch(b"bad"))
+        corrupt[-1] ^= 1
+        first = queues.submit("t", 0, batch(b"first"), Acks.ALL, FAR)
+        rest = [
+            queues.submit("t", 0, data, Acks.ALL, FAR) for data in (batch(b"x"), bytes(corrupt), batch(b"y"))
+        ]
+        return log, await first, await asyncio.gather(*rest)
+
+    log, first, rest = run(scenario())
+    assert first.base_offset == 0
+    assert [(r.base_offset, type(r.error)) for r in rest] == [
+        (1, type(None)),
+        (-1, errors.CorruptRecordError),
+        (2, type(None)),
+    ]
+    assert log.values[0] == [b"first", b"x", b"y"]
+
+
+def test_unreadable_bytes_and_different_acks_are_not_merged():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        futures = [
+            queues.submit("t", 0, batch(b"0"), Acks.ALL, FAR),
+            queues.submit("t", 0, batch(b"1"), Acks.ALL, FAR),
+            queues.submit("t", 0, b"junk", Acks.ALL, FAR),
+            queues.submit("t", 0, batch(b"3"), Acks.ALL, FAR),
+            queues.submit("t", 0, batch(b"4"), Acks.LEADER, FAR),
+        ]
+        results = await asyncio.gather(*futures)
+        return log, results
+
+    log, results = run(scenario())
+    # 0 and 1 merge; the junk goes alone; 3 and 4 differ in acks.
+    assert [len(list(iter_batches(data, allow_partial_tail=True))) for _, data in log.calls] == [2, 0, 1, 1]
+    assert [r.base_offset for r in results] == [0, 1, -1, 2, 3]
+
+
+def test_a_retriable_failure_fails_the_whole_group_with_it():
+    async def scenario():
+        calls = []
+
+        async def appender(topic, partition, data, acks, deadline):
+            calls.append(data)
+            await asyncio.sleep(0.01)
+            return AppendResult(error=errors.LeaderNotAvailableError("no leader"))
+
+        queues = AppendQueues(appender)
+        results = await asyncio.gather(*(queues.submit("t", 0, batch(b"v"), Acks.ALL, FAR) for _ in range(4)))
+        return calls, results
+
+    calls, results = run(scenario())
+    assert len(calls) == 1  # merged, and no one-by-one resend: retrying was the appender's job
+    assert all(isinstance(r.error, errors.LeaderNotAvailableError) for r in results)
+
+
+def test_back_pressure_when_too_much_is_queued():
+    async def scenario():
+        log = FakeLog(delay=0.05)
+        queues = AppendQueues(log.append, max_queued_bytes=200)
+        queues.submit("t", 0, batch(bytes(150)), Acks.NONE, FAR)
+        queues.submit("t", 0, batch(bytes(150)), Acks.NONE, FAR)
+        waiter = asyncio.ensure_future(queues.wait_for_room())
+        await asyncio.sleep(0.02)
+        blocked = not waiter.done()
+        await asyncio.wait_for(waiter, 1)
+        await queues.close()
+        return blocked
+
+    assert run(scenario())

@@ -1,0 +1,73 @@
+import pytest
+
+from gateway.admin import cached_metadata
+from gateway.metadata import DEFAULT_MAX_MESSAGE_BYTES, ClusterSnapshot, NodeAddress
+from services import errors
+from services.proto import pb
+from services.serde import error_to_proto
+
+
+def metadata(revision=5):
+    return pb.GetMetadataResponse(
+        revision=revision,
+        brokers=[
+            pb.BrokerInfo(node_id=0, host="h0", grpc_port=100, fetch_port=200),
+            pb.BrokerInfo(node_id=1, host="h1", grpc_port=101, fetch_port=201),
+        ],
+        topics=[
+            pb.TopicMetadata(
+                name="t",
+                configs={"max.message.bytes": "2000"},
+                partitions=[
+                    pb.PartitionMetadata(partition=1, leader=1, state=pb.PARTITION_STATE_ONLINE),
+                    pb.PartitionMetadata(partition=0, leader=0, state=pb.PARTITION_STATE_ONLINE),
+                    pb.PartitionMetadata(partition=2, leader=-1, state=pb.PARTITION_STATE_PENDING),
+                    pb.PartitionMetadata(partition=3, leader=7, state=pb.PARTITION_STATE_ONLINE),
+                    pb.PartitionMetadata(partition=4, leader=0, state=pb.PARTITION_STATE_OFFLINE),
+                ],
+            ),
+            pb.TopicMetadata(name="plain", partitions=[pb.PartitionMetadata(partition=0, leader=1)]),
+            pb.TopicMetadata(name="gone", error=error_to_proto(errors.UnknownTopicOrPartitionError("x"))),
+        ],
+    )
+
+
+def test_leader_lookup():
+    snapshot = ClusterSnapshot.from_proto(metadata())
+    assert snapshot.revision == 5
+    assert snapshot.ensure_leader("t", 0) == NodeAddress(0, "h0", 100, 200)
+    assert snapshot.ensure_leader("t", 1).grpc_target == "h1:101"
+    assert snapshot.topics["t"].partition_count == 5
+
+
+@pytest.mark.parametrize(
+    "topic, partition, error",
+    [
+        ("nope", 0, errors.UnknownTopicOrPartitionError),
+        ("gone", 0, errors.UnknownTopicOrPartitionError),
+        ("t", 5, errors.UnknownTopicOrPartitionError),
+        ("t", 2, errors.LeaderNotAvailableError),  # pending: no leader yet
+        ("t", 3, errors.BrokerNotAvailableError),  # leader is not a live node
+        ("t", 4, errors.LeaderNotAvailableError),  # offline
+    ],
+)
+def test_lookup_errors_are_retriable_metadata_errors(topic, partition, error):
+    snapshot = ClusterSnapshot.from_proto(metadata())
+    with pytest.raises(error) as info:
+        snapshot.ensure_leader(topic, partition)
+    assert info.value.retriable and info.value.invalid_metadata
+
+
+def test_max_message_bytes_from_topic_configs():
+    snapshot = ClusterSnapshot.from_proto(metadata())
+    assert snapshot.topics["t"].max_message_bytes == 2000
+    assert snapshot.topics["plain"].max_message_bytes == DEFAULT_MAX_MESSAGE_BYTES
+
+
+def test_cached_metadata_filters_and_flags_unknown_topics():
+    source = metadata()
+    assert cached_metadata(source, []) is source
+    answer = cached_metadata(source, ["plain", "missing"])
+    assert [t.name for t in answer.topics] == ["plain", "missing"]
+    assert answer.topics[1].error.reason == "UNKNOWN_TOPIC_OR_PARTITION"
+    assert len(answer.brokers) == 2 and answer.revision == 5
