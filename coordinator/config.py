@@ -1,0 +1,48 @@
+"""Settings of one coordinator process (file, ``TRIBUTARY_COORDINATOR_*`` environment, flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_PREFIX = "TRIBUTARY_COORDINATOR"
+
+
+@dataclass
+class CoordinatorConfig:
+    #: Stable id of this coordinator; empty = "<hostname>-<port>" once the port is bound.
+    coordinator_id: str = ""
+    #: Address other coordinators and gateways use to reach this one; also the bind address.
+    host: str = "127.0.0.1"
+    #: gRPC port of the Coordinator service (0 = any free port).
+    port: int = 0
+    #: etcd endpoints, host:port (or http(s)://host:port), comma-separated.
+    etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
+    #: Deadline of each etcd call, seconds.
+    etcd_timeout_s: float = 5.0
+    #: TLS to etcd: CA bundle, client certificate and key (all optional).
+    etcd_ca_file: Path | None = None
+    etcd_cert_file: Path | None = None
+    etcd_key_file: Path | None = None
+    #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
+    cluster: str = "local"
+    #: TTL of the election and registration leases: a crashed controller is replaced this long
+    #: (plus up to ~1 s) after it dies.
+    session_timeout_s: int = 6
+    #: Controller: reconcile pass period without changes (retries of failed storage-node calls).
+    reconcile_interval_s: float = 1.0
+    #: Controller: how long admin calls wait for partitions to come online / data to be deleted.
+    admin_wait_s: float = 10.0
+    #: Controller: storage-node RPCs in flight at once, and the deadline of each.
+    max_parallel_rpcs: int = 64
+    storage_rpc_timeout_s: float = 5.0
+    #: Replication factor of topics created without one (Kafka's default.replication.factor).
+    default_replication_factor: int = 1
+    #: Deadline when a standby forwards an admin call to the active controller.
+    forward_timeout_s: float = 10.0
+    #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
+    health_interval_s: float = 0.5
+    #: When set, a JSON file with the pid and bound port is written here once the service serves.
+    ready_file: Path | None = None
+    log_level: str = "INFO"
+    log_file: Path | None = None

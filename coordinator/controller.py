@@ -1,0 +1,515 @@
+"""The active controller: one term (one controller epoch) of topic admin and partition upkeep.
+
+A :class:`Controller` exists only while its coordinator holds the controller seat. It does two
+things:
+
+* **admin operations** (create / delete topics, add partitions, alter configs): validate against
+  the metadata cache, place replicas (:mod:`coordinator.placement`), write the topic key;
+* **reconciliation** (:meth:`Controller.reconcile_routine`): one task that repeatedly compares the
+  metadata with what should be (:mod:`coordinator.partition_state`) and closes the gap -- pushes
+  CreatePartition to leaders and only then marks partitions ONLINE, marks partitions of lost
+  nodes OFFLINE and brings them back when the node returns, deletes the data of deleted topics.
+  Passes run one at a time. Beside them, one background task per (re)registered storage node
+  re-pushes its partitions and removes its orphans (a node back with an empty disk may need
+  thousands of partitions re-created; that must not hold up elections or new topics). Admin
+  calls only write etcd and wait; they never call storage nodes themselves.
+
+**Fencing.** Every etcd write is a transaction guarded by "``controller_epoch`` still holds my
+epoch" and "the ``controller`` key is still the one my election created". A deposed controller
+(paused past its lease, cut off from etcd) cannot write anything: its first write fails, it marks
+itself deposed -- which ends its term -- and the caller gets NOT_CONTROLLER naming whoever is
+active now (so the servicer forwards the call there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from coordinator import keys, topic_rules
+from coordinator.metadata import MetadataCache, MetadataState
+from coordinator.model import (
+    NO_LEADER,
+    BrokerInfo,
+    PartitionStatus,
+    PartitionView,
+    TopicRecord,
+    TopicSpec,
+    TopicView,
+)
+from coordinator.partition_state import Transition, deleting_topics, plan_node_sync, plan_partitions
+from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
+from coordinator.redirect import ControllerMovedError
+from coordinator.storage_client import StorageNodes
+from services import errors
+from services.etcd.election import epoch_guard
+from services.etcd.exceptions import EtcdError, EtcdGuardFailedError, NotLeaderError
+from services.etcd.txn import Compare, Op, TxnResult
+from services.topic_config import TOPIC_CONFIGS, format_topic_config, validate_topic_configs
+
+log = logging.getLogger(__name__)
+
+#: Partition-state writes per transaction: etcd allows 128 compares and 128 ops per txn.
+WRITE_BATCH = 100
+#: Attempts of an admin write that lost a compare-and-swap race with the reconcile loop.
+_CAS_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerSettings:
+    """Tuning of the active controller (from :class:`coordinator.config.CoordinatorConfig`)."""
+
+    #: Passes also run this often without any change, to retry failed storage-node calls.
+    reconcile_interval_s: float = 1.0
+    #: How long admin calls wait for their effect (partitions online, data deleted).
+    admin_wait_s: float = 10.0
+    #: Storage-node RPCs in flight at once during a pass.
+    max_parallel_rpcs: int = 64
+    #: Replication factor of a CreateTopic that leaves it 0.
+    default_replication_factor: int = 1
+
+
+class Controller:
+    """The duties of the active controller for one epoch. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        client,
+        cache: MetadataCache,
+        storage: StorageNodes,
+        epoch: int,
+        election_guard: Callable[[], Compare],
+        settings: ControllerSettings = ControllerSettings(),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.cache = cache
+        self.storage = storage
+        self.epoch = epoch
+        self.settings = settings
+        self.deposed = asyncio.Event()
+        self.deposed_reason = ""
+        self._election_guard = election_guard
+        self._rng = rng or random.Random()
+        self._wake = asyncio.Event()
+        self._last_write_revision = 0
+        self._synced_incarnations: dict[int, int] = {}
+        self._syncs: dict[int, asyncio.Task] = {}
+        self._configs_to_push: set[str] = set()
+        self._rpc_slots = asyncio.Semaphore(settings.max_parallel_rpcs)
+        # Node syncs get their own, smaller share, so a big one never starves the passes.
+        self._sync_slots = asyncio.Semaphore(max(1, settings.max_parallel_rpcs // 4))
+        cache.add_listener(self.kick)
+
+    # -- term -------------------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Ask for a reconcile pass soon (called on every metadata change)."""
+        self._wake.set()
+
+    def depose(self, reason: str) -> None:
+        """End this term: no more writes, the reconcile routine stops."""
+        if not self.deposed.is_set():
+            self.deposed_reason = reason
+            log.warning("controller epoch %d stepping down: %s", self.epoch, reason)
+            self.deposed.set()
+            self._cancel_node_syncs()
+            self.cache.remove_listener(self.kick)
+            self.kick()
+
+    def ensure_current(self) -> None:
+        """Raise NOT_CONTROLLER once deposed, naming the active controller if the cache knows it."""
+        if self.deposed.is_set():
+            raise self._moved()
+
+    def _moved(self) -> ControllerMovedError:
+        active = self.cache.state.controller
+        if active is None or active.epoch == self.epoch:
+            return ControllerMovedError(f"controller epoch {self.epoch} was deposed; no new controller yet")
+        return ControllerMovedError(
+            f"controller epoch {self.epoch} was deposed; the active controller is {active.coordinator_id} "
+            f"at {active.address} (epoch {active.epoch})",
+            active_id=active.coordinator_id, active_address=active.address,
+        )
+
+    # -- fenced writes ----------------------------------------------------------------------------
+
+    def _guards(self) -> list[Compare]:
+        try:
+            return [epoch_guard(keys.CONTROLLER_EPOCH, self.epoch), self._election_guard()]
+        except NotLeaderError as exc:
+            self.depose(f"lost the election: {exc}")
+            raise self._moved() from exc
+
+    async def _write(self, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> TxnResult:
+        """One fenced transaction; ``succeeded`` says whether ``compares`` held."""
+        self.ensure_current()
+        try:
+            result = await self.client.txn(compares, ops, guard=self._guards())
+        except EtcdGuardFailedError as exc:
+            log.error("write rejected, controller epoch %d is stale (%s)", self.epoch, exc)
+            self.depose("a write was rejected: stale controller epoch")
+            raise self._moved() from exc
+        except EtcdError as exc:
+            if not exc.retriable:
+                raise  # a request etcd refuses outright is a bug here: UNKNOWN_SERVER_ERROR
+            raise errors.CoordinatorNotAvailableError(f"etcd is unavailable: {exc.message}") from exc
+        self._last_write_revision = max(self._last_write_revision, result.revision)
+        return result
+
+    async def _await_own_writes(self) -> None:
+        """Let the cache catch up with this controller's writes (read-your-writes)."""
+        if not await self.cache.wait_for_revision(self._last_write_revision, self.settings.admin_wait_s):
+            raise errors.CoordinatorNotAvailableError("metadata cache is not catching up with etcd")
+
+    # -- admin: create ------------------------------------------------------------------------------
+
+    async def create_topic(self, spec: TopicSpec) -> TopicView:
+        """Validate, place and store a new topic; return it once its partitions are online
+        (or after ``admin_wait_s`` with those still pending)."""
+        self.ensure_current()
+        await self._await_own_writes()
+        record = self._plan_topic(self.cache.state, spec)
+        if spec.validate_only:
+            return _pending_view(record)
+        key = keys.topic_key(spec.name)
+        result = await self._write([Op.put(key, keys.encode_topic(record))], [Compare.absent(key)])
+        if not result.succeeded:
+            raise errors.TopicAlreadyExistsError(f"Topic '{spec.name}' already exists.")
+        log.info("created topic %s: %d partitions, replication factor %d, configs %s", spec.name,
+                 record.partition_count, record.replication_factor, dict(record.configs))
+        return await self._wait_online(spec.name, range(record.partition_count))
+
+    def _plan_topic(self, state: MetadataState, spec: TopicSpec) -> TopicRecord:
+        topic_rules.ensure_valid_topic_name(spec.name)
+        topic_rules.ensure_valid_partition_count(spec.partitions)
+        configs = canonical_configs(spec.configs)
+        ensure_no_collision(state, spec.name)
+        racks = state.live_racks()
+        factor = topic_rules.resolve_replication_factor(
+            spec.replication_factor, len(racks), default=self.settings.default_replication_factor)
+        start = least_loaded_start(racks, state.leader_counts(), self._rng)
+        assignment = assign_replicas(racks, spec.partitions, factor, start_index=start, rng=self._rng)
+        return TopicRecord(spec.name, uuid.uuid4().hex, factor, configs, tuple(tuple(r) for r in assignment))
+
+    async def _wait_online(self, name: str, partitions: Iterable[int]) -> TopicView:
+        """Kick a pass and wait until none of ``partitions`` is PENDING; the topic as it is then."""
+        wanted = list(partitions)
+        self.kick()
+
+        def settled(state: MetadataState) -> bool:
+            topic = state.live_topic(name)
+            return topic is None or all(
+                state.partition_view(topic, p).status is not PartitionStatus.PENDING for p in wanted)
+
+        await self._await_own_writes()
+        await self.cache.wait_for(settled, self.settings.admin_wait_s)
+        view = self.cache.state.topic_view(name)
+        if view is None:
+            raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' was deleted meanwhile")
+        return view
+
+    # -- admin: delete -------------------------------------------------------------------------------
+
+    async def delete_topic(self, name: str) -> None:
+        """Mark ``name`` for deletion; return once its data is gone from every live replica and its
+        keys are removed (or after ``admin_wait_s``, the deletion continuing in the background)."""
+        self.ensure_current()
+        await self._await_own_writes()
+
+        async def mark(topic: TopicRecord) -> TopicRecord | None:
+            return None if topic.deleting else dataclasses.replace(topic, deleting=True)
+
+        await self._update_topic(name, mark, allow_deleting=True)
+        log.info("topic %s marked for deletion", name)
+        self.kick()
+        await self.cache.wait_for(lambda state: name not in state.topics, self.settings.admin_wait_s)
+
+    async def _update_topic(
+        self, name: str, change: Callable[[TopicRecord], Awaitable[TopicRecord | None]], *,
+        allow_deleting: bool = False,
+    ) -> TopicRecord:
+        """Compare-and-swap the topic key with ``change(current)`` (None: leave it); retried on races."""
+        key = keys.topic_key(name)
+        for _ in range(_CAS_ATTEMPTS):
+            topic = self.cache.state.topics.get(name)
+            if topic is None or (topic.deleting and not allow_deleting):
+                raise errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist")
+            updated = await change(topic)
+            if updated is None:
+                return topic
+            result = await self._write([Op.put(key, keys.encode_topic(updated))],
+                                       [Compare.mod_revision(key, topic.mod_revision)])
+            if result.succeeded:
+                await self._await_own_writes()
+                return updated
+            await self.cache.wait_for_revision(result.revision, self.settings.admin_wait_s)
+        raise errors.CoordinatorNotAvailableError(f"topic '{name}' kept changing; try again")
+
+    # -- admin: partitions and configs ---------------------------------------------------------------
+
+    async def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> TopicView:
+        """Grow ``name`` to ``total`` partitions, placed like Kafka's add-partitions."""
+        self.ensure_current()
+        await self._await_own_writes()
+        planned: list[TopicRecord] = []
+        current_counts: list[int] = []
+
+        async def grow(topic: TopicRecord) -> TopicRecord | None:
+            current_counts.append(topic.partition_count)
+            topic_rules.ensure_valid_new_partition_count(name, topic.partition_count, total)
+            racks = self.cache.state.live_racks()
+            topic_rules.resolve_replication_factor(topic.replication_factor, len(racks))
+            added = assign_added_partitions(racks, topic.assignment, total, rng=self._rng)
+            grown = dataclasses.replace(topic, assignment=topic.assignment + tuple(tuple(r) for r in added))
+            planned.append(grown)
+            return None if validate_only else grown
+
+        await self._update_topic(name, grow)
+        if validate_only:
+            return _pending_view(planned[-1], stored=self.cache.state)
+        log.info("topic %s grown from %d to %d partitions", name, current_counts[-1], total)
+        return await self._wait_online(name, range(current_counts[-1], total))
+
+    async def alter_topic_configs(
+        self, name: str, set_configs: Mapping[str, str], delete: Sequence[str], *, validate_only: bool = False,
+    ) -> TopicRecord:
+        """Set and reset topic configs (validated as a whole); storage nodes get them next pass."""
+        self.ensure_current()
+        await self._await_own_writes()
+        both = set(set_configs) & set(delete)
+        if both:
+            raise errors.InvalidRequestError(f"configs both set and deleted: {', '.join(sorted(both))}")
+        for config_name in delete:
+            if config_name not in TOPIC_CONFIGS:
+                raise errors.InvalidConfigError(f"Unknown topic config name: {config_name}")
+        planned: list[TopicRecord] = []
+
+        async def alter(topic: TopicRecord) -> TopicRecord | None:
+            merged = {k: v for k, v in topic.configs.items() if k not in delete}
+            merged.update(set_configs)
+            altered = dataclasses.replace(topic, configs=canonical_configs(merged))
+            planned.append(altered)
+            return None if validate_only or altered.configs == topic.configs else altered
+
+        await self._update_topic(name, alter)
+        if not validate_only:
+            self._configs_to_push.add(name)
+            self.kick()
+        return planned[-1]
+
+    # -- reconciliation ----------------------------------------------------------------------------
+
+    async def reconcile_routine(self) -> None:
+        """Run passes until deposed: after every metadata change, and every reconcile interval."""
+        while not self.deposed.is_set():
+            self._wake.clear()
+            try:
+                await self._do_pass()
+            except errors.NotControllerError:
+                return
+            except (errors.CoordinatorNotAvailableError, EtcdError) as exc:
+                log.warning("reconcile pass interrupted, retrying: %s", exc)
+            except Exception:  # noqa: BLE001 -- the controller must outlive one bad pass
+                log.exception("reconcile pass failed, retrying")
+            await self._sleep_until_kicked(self.settings.reconcile_interval_s)
+
+    async def _sleep_until_kicked(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
+
+    async def _do_pass(self) -> None:
+        await self._await_own_writes()
+        await self._apply_transitions(plan_partitions(self.cache.state))
+        await self._finish_deletions(deleting_topics(self.cache.state))
+        await self._push_altered_configs()
+        self._start_node_syncs()
+
+    async def _limited(self, call: Awaitable[None], slots: asyncio.Semaphore | None = None) -> bool:
+        """Run one storage-node call within the parallelism limit; True if it succeeded."""
+        async with slots or self._rpc_slots:
+            try:
+                await call
+                return True
+            except errors.TributaryError as exc:
+                log.warning("storage node call failed (will retry): %s", exc)
+                return False
+
+    def _broker(self, node_id: int) -> BrokerInfo | None:
+        return self.cache.state.brokers.get(node_id)
+
+    def _create_on(self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int) -> Awaitable[None]:
+        broker = self._broker(node_id)
+        if broker is None:
+            return _failed(errors.BrokerNotAvailableError(f"node {node_id} is not live"))
+        return self.storage.create_partition(
+            broker, topic.name, partition, configs=topic.configs, leader_epoch=leader_epoch,
+            replicas=topic.assignment[partition])
+
+    # -- partition transitions -------------------------------------------------------------------
+
+    async def _apply_transitions(self, transitions: list[Transition]) -> None:
+        """Push to the nodes that must hold each partition first, then write the new states."""
+        if not transitions:
+            return
+        ready = [t for t, ok in zip(transitions, await asyncio.gather(*map(self._push, transitions))) if ok]
+        for start in range(0, len(ready), WRITE_BATCH):
+            await self._write_states(ready[start:start + WRITE_BATCH])
+
+    async def _push(self, transition: Transition) -> bool:
+        topic = self.cache.state.topics.get(transition.topic)
+        if topic is None:
+            return False
+        calls = {node: self._limited(self._create_on(node, topic, transition.partition,
+                                                     transition.record.leader_epoch))
+                 for node in transition.push_to}
+        results = dict(zip(calls, await asyncio.gather(*calls.values())))
+        return transition.required is None or results.get(transition.required, False)
+
+    async def _write_states(self, batch: list[Transition]) -> None:
+        ops = [Op.put(keys.partition_key(t.topic, t.partition), keys.encode_partition(t.record)) for t in batch]
+        compares = [Compare.mod_revision(keys.partition_key(t.topic, t.partition), t.expected_mod_revision)
+                    for t in batch]
+        result = await self._write(ops, compares)
+        if not result.succeeded:
+            log.info("partition states changed during the pass; recomputing")
+            self.kick()
+            return
+        created = sum(1 for t in batch if t.expected_mod_revision == 0)
+        if created:
+            log.info("%d new partitions online", created)
+        for t in batch:
+            # New partitions are summarised above; leadership changes are worth a line each.
+            level = logging.DEBUG if t.expected_mod_revision == 0 else logging.INFO
+            log.log(level, "partition %s-%d: %s, leader %d, leader epoch %d", t.topic, t.partition,
+                    t.record.status.value, t.record.leader, t.record.leader_epoch)
+
+    # -- topic deletion ---------------------------------------------------------------------------
+
+    async def _finish_deletions(self, topics: list[TopicRecord]) -> None:
+        for topic in topics:
+            if any(node in self._syncs for replicas in topic.assignment for node in replicas):
+                continue  # a node sync could re-create what we delete; retried once it is done
+            calls = [
+                self._limited(self.storage.delete_partition(broker, topic.name, partition))
+                for partition, replicas in enumerate(topic.assignment)
+                for broker in map(self._broker, replicas)
+                if broker is not None  # offline replicas drop theirs when they return (node sync)
+            ]
+            if not all(await asyncio.gather(*calls)):
+                continue
+            key = keys.topic_key(topic.name)
+            result = await self._write([Op.delete(key), Op.delete_prefix(keys.partitions_prefix(topic.name))],
+                                       [Compare.mod_revision(key, topic.mod_revision)])
+            if result.succeeded:
+                log.info("topic %s deleted", topic.name)
+
+    # -- configs ------------------------------------------------------------------------------------
+
+    async def _push_altered_configs(self) -> None:
+        """Re-send CreatePartition (idempotent) with the topic's new configs to its live replicas."""
+        for name in list(self._configs_to_push):
+            topic = self.cache.state.live_topic(name)
+            calls = [] if topic is None else [
+                self._limited(self._create_on(node, topic, partition, self._leader_epoch(topic, partition)))
+                for partition, replicas in enumerate(topic.assignment)
+                for node in replicas if self._broker(node) is not None
+            ]
+            if all(await asyncio.gather(*calls)):
+                self._configs_to_push.discard(name)
+
+    def _leader_epoch(self, topic: TopicRecord, partition: int) -> int:
+        record = self.cache.state.partition_record(topic.name, partition)
+        return record.leader_epoch if record is not None else 0
+
+    # -- nodes that (re)joined ---------------------------------------------------------------------
+
+    def _start_node_syncs(self) -> None:
+        """Start a background sync of every node this term has not synced since it registered.
+
+        Syncs run beside the passes, not in them: a node that rejoins with an empty disk may need
+        thousands of partitions re-created, and that must not delay elections or new topics.
+        """
+        for broker in self.cache.state.brokers.values():
+            running = self._syncs.get(broker.node_id)
+            if self._synced_incarnations.get(broker.node_id) == broker.incarnation or running is not None:
+                continue
+            task = asyncio.create_task(self._sync_node(broker), name=f"controller-sync-node-{broker.node_id}")
+            self._syncs[broker.node_id] = task
+            task.add_done_callback(lambda _, node_id=broker.node_id: self._sync_done(node_id))
+
+    def _sync_done(self, node_id: int) -> None:
+        self._syncs.pop(node_id, None)
+        self.kick()  # deletions wait for syncs; failed syncs are retried by the next pass
+
+    def _cancel_node_syncs(self) -> None:
+        for task in self._syncs.values():
+            task.cancel()
+
+    async def _sync_node(self, broker: BrokerInfo) -> None:
+        """Give ``broker`` everything assigned to it, and drop what it holds but should not
+        (partitions of topics deleted while it was away)."""
+        try:
+            local = await self.storage.local_partitions(broker)
+        except errors.TributaryError as exc:
+            log.warning("cannot list the partitions of node %d (will retry): %s", broker.node_id, exc)
+            return
+        plan = plan_node_sync(self.cache.state, broker.node_id, local)  # state read after the listing
+        slots = self._sync_slots
+        calls = [self._limited(self.storage.delete_partition(broker, t, p), slots) for t, p in plan.delete]
+        calls += [self._limited(self._maybe_create_assigned(broker.node_id, t, p), slots) for t, p in plan.create]
+        if all(await asyncio.gather(*calls)):
+            self._synced_incarnations[broker.node_id] = broker.incarnation
+            log.info("node %d synced: %d partitions confirmed, orphans removed: %s", broker.node_id,
+                     len(plan.create), list(plan.delete) or "none")
+
+    async def _maybe_create_assigned(self, node_id: int, topic_name: str, partition: int) -> None:
+        """Create one partition on a node, unless its topic was deleted since the sync began."""
+        topic = self.cache.state.live_topic(topic_name)
+        if topic is None or partition >= topic.partition_count:
+            return
+        await self._create_on(node_id, topic, partition, self._leader_epoch(topic, partition))
+
+
+async def _failed(error: Exception) -> None:
+    raise error
+
+
+def canonical_configs(configs: Mapping[str, str]) -> dict[str, str]:
+    """Validated topic configs in their canonical string form (InvalidConfigError if not valid)."""
+    typed = validate_topic_configs(dict(configs))
+    return {name: format_topic_config(name, value) for name, value in sorted(typed.items())}
+
+
+def ensure_no_collision(state: MetadataState, name: str) -> None:
+    """TopicAlreadyExists for an existing name; InvalidTopic for one that differs only by '.'
+    versus '_' (Kafka forbids those: they collide in metric names)."""
+    existing = state.topics.get(name)
+    if existing is not None:
+        suffix = " and is marked for deletion" if existing.deleting else ""
+        raise errors.TopicAlreadyExistsError(f"Topic '{name}' already exists{suffix}.")
+    normalized = name.replace(".", "_")
+    for other in state.topics:
+        if other.replace(".", "_") == normalized:
+            raise errors.InvalidTopicError(
+                f"Topic '{name}' collides with existing topic: {other} (a '.' and a '_' are the same in metric names)")
+
+
+def _pending_view(record: TopicRecord, *, stored: MetadataState | None = None) -> TopicView:
+    """How a planned (validate-only) topic would look: partitions already stored as they are,
+    the planned ones PENDING."""
+    existing = stored.live_topic(record.name) if stored is not None else None
+    count = existing.partition_count if existing is not None else 0
+    partitions = [stored.partition_view(existing, p) for p in range(count)] if existing is not None else []
+    partitions += [PartitionView(record.name, p, tuple(record.assignment[p]), NO_LEADER, 0, (), PartitionStatus.PENDING)
+                   for p in range(count, record.partition_count)]
+    return TopicView(record.name, record.topic_id, record.replication_factor, dict(record.configs), tuple(partitions))

@@ -1,0 +1,151 @@
+"""What the Coordinator RPCs do, as plain methods over domain values (no gRPC in here).
+
+Reads (metadata, describe, list, controller info) are answered by any coordinator from its own
+watch-fed cache, stamped with the etcd revision it reflects. Admin operations need the active
+controller: on a standby they raise :class:`~coordinator.redirect.ControllerMovedError` naming
+the active one, which the servicer turns into a forwarded call. While etcd is unreachable every
+call fails with COORDINATOR_NOT_AVAILABLE (UNAVAILABLE, retriable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from coordinator import topic_rules
+from coordinator.controller import Controller
+from coordinator.health import EtcdHealth
+from coordinator.leadership import Leadership
+from coordinator.metadata import MetadataCache, MetadataState
+from coordinator.model import (
+    ClusterMetadata,
+    ConfigValue,
+    ControllerStatus,
+    TopicLookup,
+    TopicSpec,
+    TopicView,
+)
+from coordinator.redirect import ControllerMovedError
+from services import errors
+from services.topic_config import TOPIC_CONFIGS, format_topic_config
+
+
+class CoordinatorHandlers:
+    """The Coordinator service's operations over this process's cache and leadership."""
+
+    def __init__(self, *, coordinator_id: str, cache: MetadataCache, leadership: Leadership,
+                 health: EtcdHealth) -> None:
+        self.coordinator_id = coordinator_id
+        self.cache = cache
+        self.leadership = leadership
+        self.health = health
+
+    def _state(self) -> MetadataState:
+        """The cache's state, if it can be trusted now (synced, etcd reachable)."""
+        self.health.ensure_available()
+        if not self.cache.synced:
+            raise errors.CoordinatorNotAvailableError("metadata is not loaded from etcd yet")
+        return self.cache.state
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    def metadata_revision(self) -> int:
+        """The etcd revision metadata would be served at now (raises when it cannot be served).
+
+        Everything GetMetadata answers is a function of the cache state, which changes only with
+        the revision, so callers may reuse an answer built at the same revision.
+        """
+        return self._state().revision
+
+    async def wait_for_metadata_after(self, revision: int, timeout: float) -> None:
+        """Return once the cache is past ``revision`` or ``timeout`` seconds passed."""
+        await self.cache.wait_for_revision(revision + 1, timeout)
+
+    def get_metadata(self, topics: Sequence[str]) -> ClusterMetadata:
+        """Live storage nodes and the requested topics (all when empty), with per-topic errors."""
+        state = self._state()
+        names = list(topics) or state.topic_names()
+        return ClusterMetadata(
+            brokers=tuple(sorted(state.brokers.values(), key=lambda b: b.node_id)),
+            topics=tuple(_lookup(state, name) for name in names),
+            controller=state.controller,
+            revision=state.revision,
+            cluster_id=state.cluster_id,
+        )
+
+    def controller_status(self) -> ControllerStatus:
+        """This coordinator's role, and the active controller as etcd last said."""
+        state = self._state()
+        return ControllerStatus(self.coordinator_id, self.leadership.is_active, state.controller)
+
+    def describe_topics(self, names: Sequence[str], *, include_defaults: bool) -> list[TopicLookup]:
+        """Topics with their configs (all topics when ``names`` is empty); per-topic errors."""
+        state = self._state()
+        lookups = [_lookup(state, name) for name in (list(names) or state.topic_names())]
+        return [
+            lookup if lookup.view is None else
+            TopicLookup(lookup.name, lookup.view, configs=describe_configs(lookup.view.configs, include_defaults))
+            for lookup in lookups
+        ]
+
+    def list_topics(self) -> list[str]:
+        return self._state().topic_names()
+
+    # -- admin (active controller only) ----------------------------------------------------------
+
+    def _controller(self) -> Controller:
+        self._state()
+        controller = self.leadership.controller
+        if controller is None or controller.deposed.is_set():
+            raise self._moved()
+        return controller
+
+    def _moved(self) -> ControllerMovedError:
+        active = self.cache.state.controller
+        if active is None or active.coordinator_id == self.coordinator_id:
+            return ControllerMovedError(
+                f"coordinator {self.coordinator_id} is not the active controller and none is elected now")
+        return ControllerMovedError(
+            f"coordinator {self.coordinator_id} is not the active controller; the active controller is "
+            f"{active.coordinator_id} at {active.address} (epoch {active.epoch})",
+            active_id=active.coordinator_id, active_address=active.address,
+        )
+
+    async def create_topic(self, spec: TopicSpec) -> TopicView:
+        return await self._controller().create_topic(spec)
+
+    async def delete_topic(self, name: str) -> None:
+        await self._controller().delete_topic(name)
+
+    async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
+        return await self._controller().create_partitions(topic, total, validate_only=validate_only)
+
+    async def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str], delete: Sequence[str], *,
+                                  validate_only: bool) -> TopicLookup:
+        """Alter configs; the topic with every config (defaults included) as it is afterwards."""
+        record = await self._controller().alter_topic_configs(topic, set_configs, delete, validate_only=validate_only)
+        view = self.cache.state.topic_view(topic)
+        if view is None:
+            raise errors.UnknownTopicOrPartitionError(f"Topic '{topic}' was deleted meanwhile")
+        return TopicLookup(topic, view, configs=describe_configs(record.configs, True))
+
+
+def _lookup(state: MetadataState, name: str) -> TopicLookup:
+    try:
+        topic_rules.ensure_valid_topic_name(name)
+    except errors.InvalidTopicError as exc:
+        return TopicLookup(name, error=exc)
+    view = state.topic_view(name)
+    if view is None:
+        return TopicLookup(name, error=errors.UnknownTopicOrPartitionError(f"Topic '{name}' does not exist"))
+    return TopicLookup(name, view)
+
+
+def describe_configs(configs: Mapping[str, str], include_defaults: bool) -> tuple[ConfigValue, ...]:
+    """The configs set on a topic, plus (``include_defaults``) every other one at its default."""
+    described = []
+    for name, definition in sorted(TOPIC_CONFIGS.items()):
+        if name in configs:
+            described.append(ConfigValue(name, configs[name], False, definition.doc))
+        elif include_defaults:
+            described.append(ConfigValue(name, format_topic_config(name, definition.default), True, definition.doc))
+    return tuple(described)

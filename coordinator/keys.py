@@ -1,0 +1,238 @@
+"""The coordinator's etcd key layout and the JSON value of each key. Pure: no I/O.
+
+Every key is relative to the cluster prefix ``/tributary/<cluster>/``:
+
+==================================  ==========================================  ===================
+key                                 value (JSON unless noted)                   lifetime
+==================================  ==========================================  ===================
+``brokers/<node_id>``               node_id, host, grpc_port, fetch_port, rack  storage node lease
+``coordinators/<coordinator_id>``   coordinator_id, host, grpc_port             coordinator lease
+``controller``                      coordinator_id, address, epoch              active's lease
+``controller_epoch``                decimal integer (text)                      persistent
+``cluster_id``                      text (a uuid4 hex)                          persistent
+``topics/<topic>``                  topic_id, partitions, replication_factor,   persistent
+                                    configs, assignment, deleting
+``topics/<topic>/partitions/<p>``   replicas, leader, leader_epoch, isr, state  persistent
+==================================  ==========================================  ===================
+
+``topics/<topic>`` carries the replica assignment decided at create / add-partitions time (one
+key, so creating a topic of any size is one atomic write, as Kafka's ``/brokers/topics/<t>``
+znode). ``topics/<topic>/partitions/<p>`` is the partition's state, written by the controller
+once the partition's leader has it (Kafka's ``.../partitions/<p>/state``); a partition without
+that key is still PENDING.
+
+Topic names cannot contain ``/`` (see :mod:`coordinator.topic_rules`), so key paths split
+unambiguously. Decoders raise :class:`BadValueError` for values that are not what this module
+writes; the cache logs and skips such keys rather than failing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.model import (
+    BrokerInfo,
+    ControllerInfo,
+    CoordinatorInfo,
+    PartitionRecord,
+    PartitionStatus,
+    TopicRecord,
+)
+
+BROKERS = "brokers/"
+COORDINATORS = "coordinators/"
+CONTROLLER = "controller"
+CONTROLLER_EPOCH = "controller_epoch"
+CLUSTER_ID = "cluster_id"
+TOPICS = "topics/"
+_PARTITIONS = "partitions"
+
+
+class BadValueError(ValueError):
+    """A key's value is not in the format this module writes."""
+
+
+def broker_key(node_id: int) -> str:
+    return f"{BROKERS}{node_id}"
+
+
+def coordinator_key(coordinator_id: str) -> str:
+    return f"{COORDINATORS}{coordinator_id}"
+
+
+def topic_key(topic: str) -> str:
+    return f"{TOPICS}{topic}"
+
+
+def partitions_prefix(topic: str) -> str:
+    """Prefix of every partition-state key of ``topic`` (with the trailing slash: exact topic)."""
+    return f"{TOPICS}{topic}/{_PARTITIONS}/"
+
+
+def partition_key(topic: str, partition: int) -> str:
+    return f"{partitions_prefix(topic)}{partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedKey:
+    """What a key names: ``kind`` is broker, coordinator, controller, controller_epoch,
+    cluster_id, topic, partition or other; ``name`` the id/topic; ``partition`` for partitions."""
+
+    kind: str
+    name: str = ""
+    partition: int = -1
+
+
+def parse_key(key: str) -> ParsedKey:
+    """Classify a relative key; unknown shapes are ``other`` (ignored by the cache)."""
+    if key in (CONTROLLER, CONTROLLER_EPOCH, CLUSTER_ID):
+        return ParsedKey(key)
+    if key.startswith(BROKERS):
+        return ParsedKey("broker", key[len(BROKERS):])
+    if key.startswith(COORDINATORS):
+        return ParsedKey("coordinator", key[len(COORDINATORS):])
+    if key.startswith(TOPICS):
+        parts = key[len(TOPICS):].split("/")
+        if len(parts) == 1 and parts[0]:
+            return ParsedKey("topic", parts[0])
+        if len(parts) == 3 and parts[1] == _PARTITIONS and parts[2].isdigit():
+            return ParsedKey("partition", parts[0], int(parts[2]))
+    return ParsedKey("other")
+
+
+# ---------------------------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------------------------
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadValueError("expected a JSON object")
+    return value
+
+
+def _dump(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _int(value: dict[str, Any], name: str, default: int | None = None) -> int:
+    item = value.get(name, default)
+    if isinstance(item, bool) or not isinstance(item, int):
+        raise BadValueError(f"field {name!r} must be an integer, got {item!r}")
+    return item
+
+
+def _int_list(value: dict[str, Any], name: str) -> tuple[int, ...]:
+    items = value.get(name, [])
+    if not isinstance(items, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in items):
+        raise BadValueError(f"field {name!r} must be a list of integers, got {items!r}")
+    return tuple(items)
+
+
+def decode_broker(raw: bytes, *, incarnation: int) -> BrokerInfo:
+    """A storage node's registration (``incarnation``: the key's create revision)."""
+    value = _load(raw)
+    return BrokerInfo(
+        node_id=_int(value, "node_id"),
+        host=str(value.get("host", "")),
+        grpc_port=_int(value, "grpc_port", 0),
+        fetch_port=_int(value, "fetch_port", 0),
+        rack=str(value.get("rack") or ""),
+        incarnation=incarnation,
+    )
+
+
+def encode_coordinator(info: CoordinatorInfo) -> bytes:
+    return _dump({"coordinator_id": info.coordinator_id, "host": info.host, "grpc_port": info.grpc_port})
+
+
+def decode_coordinator(raw: bytes) -> CoordinatorInfo:
+    value = _load(raw)
+    return CoordinatorInfo(str(value.get("coordinator_id", "")), str(value.get("host", "")),
+                           _int(value, "grpc_port", 0))
+
+
+def encode_controller(info: ControllerInfo) -> bytes:
+    return _dump({"coordinator_id": info.coordinator_id, "address": info.address, "epoch": info.epoch})
+
+
+def decode_controller(raw: bytes) -> ControllerInfo:
+    value = _load(raw)
+    return ControllerInfo(str(value.get("coordinator_id", "")), str(value.get("address", "")),
+                          _int(value, "epoch"))
+
+
+def encode_epoch(epoch: int) -> bytes:
+    return str(epoch).encode()
+
+
+def decode_epoch(raw: bytes) -> int:
+    text = raw.decode(errors="replace").strip()
+    if not text.isdigit():
+        raise BadValueError(f"controller epoch must be a decimal integer, got {text!r}")
+    return int(text)
+
+
+def encode_topic(topic: TopicRecord) -> bytes:
+    return _dump({
+        "topic_id": topic.topic_id,
+        "partitions": len(topic.assignment),
+        "replication_factor": topic.replication_factor,
+        "configs": dict(topic.configs),
+        "assignment": [list(r) for r in topic.assignment],
+        "deleting": topic.deleting,
+    })
+
+
+def decode_topic(name: str, raw: bytes, *, mod_revision: int = 0) -> TopicRecord:
+    value = _load(raw)
+    assignment = value.get("assignment")
+    if not isinstance(assignment, list) or not assignment:
+        raise BadValueError("field 'assignment' must be a non-empty list of replica lists")
+    replicas = tuple(_int_list({"r": r}, "r") for r in assignment)
+    if _int(value, "partitions", len(replicas)) != len(replicas):
+        raise BadValueError("field 'partitions' does not match the assignment")
+    configs = value.get("configs", {})
+    if not isinstance(configs, dict):
+        raise BadValueError("field 'configs' must be an object")
+    return TopicRecord(
+        name=name,
+        topic_id=str(value.get("topic_id", "")),
+        replication_factor=_int(value, "replication_factor", len(replicas[0])),
+        configs={str(k): str(v) for k, v in configs.items()},
+        assignment=replicas,
+        deleting=bool(value.get("deleting", False)),
+        mod_revision=mod_revision,
+    )
+
+
+def encode_partition(record: PartitionRecord) -> bytes:
+    return _dump({
+        "replicas": list(record.replicas),
+        "leader": record.leader,
+        "leader_epoch": record.leader_epoch,
+        "isr": list(record.isr),
+        "state": record.status.value,
+    })
+
+
+def decode_partition(raw: bytes, *, mod_revision: int = 0) -> PartitionRecord:
+    value = _load(raw)
+    try:
+        status = PartitionStatus(value.get("state"))
+    except ValueError:
+        raise BadValueError(f"unknown partition state {value.get('state')!r}") from None
+    return PartitionRecord(
+        replicas=_int_list(value, "replicas"),
+        leader=_int(value, "leader"),
+        leader_epoch=_int(value, "leader_epoch"),
+        isr=_int_list(value, "isr"),
+        status=status,
+        mod_revision=mod_revision,
+    )

@@ -1,0 +1,230 @@
+"""Cluster metadata: the pure state built from etcd keys, and the watch-fed cache around it.
+
+:class:`MetadataState` is a plain object that applies etcd snapshots and events (no I/O, unit
+tested) and answers queries: live storage nodes, topics, partitions as served (see
+:class:`~coordinator.model.PartitionView`), who the controller is, and the etcd revision it
+reflects.
+
+:class:`MetadataCache` feeds a state from one watch over the whole cluster prefix (one snapshot,
+then every event in revision order, a whole etcd response -- one txn -- at a time, so readers never
+see half a write) and lets callers wait for a revision or a condition. Every coordinator, active or
+standby, serves metadata from its own cache. Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from coordinator import keys
+from coordinator.model import (
+    NO_LEADER,
+    BrokerInfo,
+    ControllerInfo,
+    CoordinatorInfo,
+    PartitionRecord,
+    PartitionStatus,
+    PartitionView,
+    TopicRecord,
+    TopicView,
+)
+from services.etcd.values import EventType, KeyValue, WatchEvent, WatchResync
+
+log = logging.getLogger(__name__)
+
+
+class MetadataState:
+    """Everything the coordinator knows from etcd, as of :attr:`revision`."""
+
+    def __init__(self) -> None:
+        self.revision = 0
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.coordinators: dict[str, CoordinatorInfo] = {}
+        self.controller: ControllerInfo | None = None
+        self.controller_epoch = 0
+        self.cluster_id = ""
+        self.topics: dict[str, TopicRecord] = {}
+        self.partitions: dict[str, dict[int, PartitionRecord]] = {}
+
+    # -- applying etcd data ---------------------------------------------------------------------
+
+    def apply_resync(self, resync: WatchResync) -> None:
+        """Replace everything with the snapshot in ``resync``."""
+        self.__init__()  # type: ignore[misc]  # reset every field in one place
+        for kv in resync.kvs:
+            self._put(kv)
+        self.revision = resync.revision
+
+    def apply_events(self, events: Iterable[WatchEvent]) -> None:
+        """Apply events in order (a DELETE of a leased key is how a lease expiry shows up)."""
+        for event in events:
+            if event.type is EventType.PUT:
+                self._put(event.kv)
+            else:
+                self._delete(event.kv.key)
+            self.revision = max(self.revision, event.revision)
+
+    def _put(self, kv: KeyValue) -> None:
+        parsed = keys.parse_key(kv.key)
+        try:
+            self._put_parsed(parsed, kv)
+        except keys.BadValueError as exc:
+            # One corrupt key must not take the cache down; it is ignored until rewritten.
+            log.error("ignoring etcd key %r with a bad value: %s", kv.key, exc)
+            self._delete(kv.key)
+
+    def _put_parsed(self, parsed: keys.ParsedKey, kv: KeyValue) -> None:
+        kind = parsed.kind
+        if kind == "broker":
+            broker = keys.decode_broker(kv.value, incarnation=kv.create_revision)
+            self.brokers[broker.node_id] = broker
+        elif kind == "coordinator":
+            self.coordinators[parsed.name] = keys.decode_coordinator(kv.value)
+        elif kind == keys.CONTROLLER:
+            self.controller = keys.decode_controller(kv.value)
+        elif kind == keys.CONTROLLER_EPOCH:
+            self.controller_epoch = keys.decode_epoch(kv.value)
+        elif kind == keys.CLUSTER_ID:
+            self.cluster_id = kv.value.decode(errors="replace")
+        elif kind == "topic":
+            self.topics[parsed.name] = keys.decode_topic(parsed.name, kv.value, mod_revision=kv.mod_revision)
+        elif kind == "partition":
+            record = keys.decode_partition(kv.value, mod_revision=kv.mod_revision)
+            self.partitions.setdefault(parsed.name, {})[parsed.partition] = record
+
+    def _delete(self, key: str) -> None:
+        parsed = keys.parse_key(key)
+        kind = parsed.kind
+        if kind == "broker":
+            self.brokers = {i: b for i, b in self.brokers.items() if str(i) != parsed.name}
+        elif kind == "coordinator":
+            self.coordinators.pop(parsed.name, None)
+        elif kind == keys.CONTROLLER:
+            self.controller = None
+        elif kind == keys.CONTROLLER_EPOCH:
+            self.controller_epoch = 0
+        elif kind == keys.CLUSTER_ID:
+            self.cluster_id = ""
+        elif kind == "topic":
+            self.topics.pop(parsed.name, None)
+        elif kind == "partition":
+            self.partitions.get(parsed.name, {}).pop(parsed.partition, None)
+            if not self.partitions.get(parsed.name, True):
+                del self.partitions[parsed.name]
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def live_topic(self, name: str) -> TopicRecord | None:
+        """The topic, unless it does not exist or is being deleted."""
+        topic = self.topics.get(name)
+        return None if topic is None or topic.deleting else topic
+
+    def topic_names(self) -> list[str]:
+        """Names of the topics that exist and are not being deleted, sorted."""
+        return sorted(name for name, topic in self.topics.items() if not topic.deleting)
+
+    def partition_record(self, topic: str, partition: int) -> PartitionRecord | None:
+        """The stored state of a partition; None while it is still PENDING."""
+        return self.partitions.get(topic, {}).get(partition)
+
+    def partition_view(self, topic: TopicRecord, partition: int) -> PartitionView:
+        """A partition as served: its stored state seen against the live storage nodes."""
+        record = self.partition_record(topic.name, partition)
+        if record is None:
+            return PartitionView(topic.name, partition, tuple(topic.assignment[partition]), NO_LEADER, 0, (),
+                                 PartitionStatus.PENDING)
+        status = record.status
+        leader = record.leader
+        if status is PartitionStatus.ONLINE and leader not in self.brokers:
+            status, leader = PartitionStatus.OFFLINE, NO_LEADER
+        if status is not PartitionStatus.ONLINE:
+            leader = NO_LEADER
+        return PartitionView(topic.name, partition, record.replicas, leader, record.leader_epoch, record.isr, status)
+
+    def topic_view(self, name: str) -> TopicView | None:
+        """A topic with every partition as served, or None if it does not exist."""
+        topic = self.live_topic(name)
+        if topic is None:
+            return None
+        partitions = tuple(self.partition_view(topic, p) for p in range(topic.partition_count))
+        return TopicView(topic.name, topic.topic_id, topic.replication_factor, dict(topic.configs), partitions)
+
+    def leader_counts(self) -> dict[int, int]:
+        """Partitions each node leads or is the preferred leader of (placement spreads leaders)."""
+        counts: dict[int, int] = {}
+        for topic in self.topics.values():
+            for replicas in topic.assignment:
+                counts[replicas[0]] = counts.get(replicas[0], 0) + 1
+        return counts
+
+    def live_racks(self) -> dict[int, str]:
+        """Live storage node ids and their racks: the input of placement."""
+        return {node_id: broker.rack for node_id, broker in self.brokers.items()}
+
+
+class MetadataCache:
+    """A :class:`MetadataState` kept current by a watch, with ways to wait for it.
+
+    ``synced`` turns true at the first snapshot. :meth:`watch_routine` is the long-lived task;
+    listeners registered with :meth:`add_listener` are called (synchronously) after every applied
+    change, e.g. to wake the controller's reconcile loop.
+    """
+
+    def __init__(self) -> None:
+        self.state = MetadataState()
+        self.synced = False
+        self._changed = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def revision(self) -> int:
+        return self.state.revision
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def apply(self, batch: list[WatchEvent] | WatchResync) -> None:
+        """Apply one watch response (all events of one etcd response) or a resync, then notify."""
+        if isinstance(batch, WatchResync):
+            self.state.apply_resync(batch)
+            self.synced = True
+        else:
+            self.state.apply_events(batch)
+        self._notify()
+
+    async def watch_routine(self, client: Any) -> None:
+        """Follow the cluster prefix forever: a snapshot first, then every change.
+
+        The etcd layer's watch reconnects by itself and turns compaction into a resync, so this
+        only has to apply what it yields.
+        """
+        watch = await client.watch_prefix_with_snapshot("")
+        async with watch:
+            async for batch in watch.batches():
+                self.apply(batch)
+
+    def _notify(self) -> None:
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+        for listener in self._listeners:
+            listener()
+
+    async def wait_for(self, predicate: Callable[[MetadataState], bool], timeout: float) -> bool:
+        """Wait until ``predicate(state)`` holds; return False if ``timeout`` seconds pass first."""
+        try:
+            async with asyncio.timeout(timeout):
+                while not (self.synced and predicate(self.state)):
+                    await self._changed.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_for_revision(self, revision: int, timeout: float) -> bool:
+        """Wait until the cache reflects etcd revision ``revision`` (read-your-writes)."""
+        return await self.wait_for(lambda state: state.revision >= revision, timeout)

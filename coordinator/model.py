@@ -1,0 +1,176 @@
+"""The coordinator's domain values: storage nodes, coordinators, topics and partitions. Pure.
+
+These are what :mod:`coordinator.keys` decodes etcd values into, what the metadata cache holds
+and what handlers return; the servicer turns them into protobuf. All are immutable.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Kafka's "no leader" node id.
+NO_LEADER = -1
+
+
+class PartitionStatus(enum.Enum):
+    """Availability of a partition, as stored and as served.
+
+    PENDING: placed, but its leader has not confirmed it holds the partition yet.
+    ONLINE: the leader has it and is live.
+    OFFLINE: no live in-sync replica can lead it.
+    """
+
+    PENDING = "PENDING"
+    ONLINE = "ONLINE"
+    OFFLINE = "OFFLINE"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    """A live storage node. ``incarnation`` is the create revision of its registration key: a
+    node that restarted (re-registered) has a new one, so the controller knows to re-push its
+    partitions."""
+
+    node_id: int
+    host: str
+    grpc_port: int
+    fetch_port: int
+    rack: str = ""
+    incarnation: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorInfo:
+    """A running coordinator process (active or standby)."""
+
+    coordinator_id: str
+    host: str
+    grpc_port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerInfo:
+    """Who is the active controller, where to reach it, and the epoch it was elected with."""
+
+    coordinator_id: str
+    address: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic as stored in ``topics/<name>``: the replica assignment is the placement decided at
+    create / add-partitions time (leader-first replica lists, one per partition)."""
+
+    name: str
+    topic_id: str
+    replication_factor: int
+    configs: Mapping[str, str]
+    assignment: tuple[tuple[int, ...], ...]
+    deleting: bool = False
+    mod_revision: int = 0
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.assignment)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """A partition's state as stored in ``topics/<t>/partitions/<p>`` (written by the controller)."""
+
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    status: PartitionStatus
+    mod_revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionView:
+    """A partition as served in metadata: the stored state seen against the live nodes.
+
+    A stored ONLINE partition whose leader's lease has expired is served OFFLINE at once, before
+    the controller has rewritten it, so every coordinator reports lost nodes within the lease TTL.
+    """
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    status: PartitionStatus
+
+
+@dataclass(frozen=True, slots=True)
+class TopicView:
+    """A topic with its partitions as served in metadata."""
+
+    name: str
+    topic_id: str
+    replication_factor: int
+    configs: Mapping[str, str]
+    partitions: tuple[PartitionView, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    """What a CreateTopic request asks for (validated by the controller)."""
+
+    name: str
+    partitions: int
+    replication_factor: int = 0
+    configs: Mapping[str, str] = field(default_factory=dict)
+    validate_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigValue:
+    """One topic config as described to users: set on the topic, or its default."""
+
+    name: str
+    value: str
+    is_default: bool
+    documentation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicLookup:
+    """The answer for one requested topic: its view, or why there is none (per-topic errors)."""
+
+    name: str
+    view: TopicView | None = None
+    error: Exception | None = None
+    configs: tuple[ConfigValue, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterMetadata:
+    """What GetMetadata answers: live nodes, the requested topics, the controller, the revision."""
+
+    brokers: tuple[BrokerInfo, ...]
+    topics: tuple[TopicLookup, ...]
+    controller: ControllerInfo | None
+    revision: int
+    cluster_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerStatus:
+    """This coordinator's role and who the active controller is."""
+
+    coordinator_id: str
+    is_active: bool
+    active: ControllerInfo | None

@@ -1,0 +1,163 @@
+"""One coordinator process: etcd client, metadata cache, election, gRPC service, registration.
+
+Start order: bind and serve gRPC (answers UNAVAILABLE until metadata is loaded), follow etcd
+with the metadata cache and the health probe, register ``coordinators/<id>`` under a lease,
+campaign for the controller seat, and write the ready file once the cache holds a snapshot. Stop
+order (SIGTERM): health NOT_SERVING, in-flight calls finish, resign the controller seat (deleting
+the key, so a standby takes over at once instead of after the TTL), revoke the registration
+lease, close connections.
+
+Nothing here exits because etcd is unreachable: every routine retries, and calls answer
+COORDINATOR_NOT_AVAILABLE meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from coordinator import keys
+from coordinator.config import CoordinatorConfig
+from coordinator.controller import ControllerSettings
+from coordinator.handlers import CoordinatorHandlers
+from coordinator.health import EtcdHealth
+from coordinator.leadership import Leadership
+from coordinator.metadata import MetadataCache
+from coordinator.model import CoordinatorInfo
+from coordinator.redirect import Forwarder
+from coordinator.servicer import CoordinatorServicer
+from coordinator.storage_client import StorageNodes
+from services.etcd.client import EtcdClient
+from services.etcd.connection import Backoff, TlsConfig
+from services.etcd.exceptions import EtcdError
+from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.proto import COORDINATOR_SERVICE, coordinator_grpc
+
+log = logging.getLogger(__name__)
+
+
+def cluster_prefix(cluster: str) -> str:
+    """The etcd key prefix of a cluster: ``/tributary/<cluster>/``."""
+    return f"/tributary/{cluster}/"
+
+
+def _etcd_tls(config: CoordinatorConfig) -> TlsConfig | None:
+    if not (config.etcd_ca_file or config.etcd_cert_file or config.etcd_key_file):
+        return None
+    return TlsConfig(ca_file=config.etcd_ca_file, cert_file=config.etcd_cert_file, key_file=config.etcd_key_file)
+
+
+class CoordinatorService:
+    """Owns every part of a running coordinator; ``start()`` then ``stop()``."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.coordinator_id = config.coordinator_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
+                                 tls=_etcd_tls(config), timeout=config.etcd_timeout_s)
+        self.cache = MetadataCache()
+        self.health = EtcdHealth(self.client, interval=config.health_interval_s,
+                                 timeout=min(1.0, config.etcd_timeout_s))
+        self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s)
+        self.leadership = Leadership(
+            client=self.client, cache=self.cache, storage=self.storage,
+            identity=CoordinatorInfo(self.coordinator_id, config.host, 0), ttl=config.session_timeout_s,
+            settings=ControllerSettings(
+                reconcile_interval_s=config.reconcile_interval_s, admin_wait_s=config.admin_wait_s,
+                max_parallel_rpcs=config.max_parallel_rpcs,
+                default_replication_factor=config.default_replication_factor),
+        )
+        self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
+        self.handlers = CoordinatorHandlers(coordinator_id=self.coordinator_id, cache=self.cache,
+                                            leadership=self.leadership, health=self.health)
+        self.grpc: GrpcServer | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def identity(self) -> CoordinatorInfo:
+        return self.leadership.identity
+
+    async def start(self) -> None:
+        servicer = CoordinatorServicer(self.handlers, self.forwarder)
+        self.grpc = await create_server(
+            f"{self.config.host}:{self.config.port}",
+            [ServiceRegistration(coordinator_grpc.add_CoordinatorServicer_to_server, servicer, COORDINATOR_SERVICE)],
+        )
+        # The address in etcd must carry the port actually bound (port 0 = any free port).
+        self.leadership.identity = CoordinatorInfo(self.coordinator_id, self.config.host, self.grpc.port)
+        self._spawn(self.health.probe_routine(), "etcd-health")
+        self._spawn(self._cache_routine(), "metadata-cache")
+        self._spawn(self._registration_routine(), "coordinator-registration")
+        await self.cache.wait_for(lambda state: True, timeout=float("inf"))
+        self._spawn(self.leadership.campaign_routine(), "controller-election")
+        self._write_ready_file()
+        log.info("coordinator %s serving on %s (cluster %s, etcd %s)", self.coordinator_id,
+                 self.identity.address, self.config.cluster, ",".join(self.config.etcd_endpoints))
+
+    def _spawn(self, routine, name: str) -> None:
+        self._tasks.append(asyncio.create_task(routine, name=name))
+
+    async def _cache_routine(self) -> None:
+        """Follow etcd; opening the watch is retried while etcd is unreachable."""
+        backoff = Backoff(initial=0.1, maximum=2.0)
+        while True:
+            try:
+                await self.cache.watch_routine(self.client)
+                return
+            except EtcdError as exc:
+                log.warning("cannot follow etcd metadata (%s); retrying", exc)
+                await asyncio.sleep(backoff.next_delay())
+
+    async def _registration_routine(self) -> None:
+        """Keep ``coordinators/<id>`` alive under a lease; register again after losing it."""
+        backoff = Backoff(initial=0.1, maximum=2.0)
+        value = keys.encode_coordinator(self.identity)
+        while True:
+            try:
+                lease = await self.client.grant_lease(self.config.session_timeout_s)
+                try:
+                    await self.client.put(keys.coordinator_key(self.coordinator_id), value, lease)
+                    backoff.reset()
+                    async with self.client.keep_alive(lease) as keep_alive:
+                        await keep_alive.wait_lost()
+                finally:
+                    await _revoke_quietly(lease)
+            except EtcdError as exc:
+                log.warning("coordinator registration failed (%s); retrying", exc)
+                await asyncio.sleep(backoff.next_delay())
+
+    def _write_ready_file(self) -> None:
+        if self.config.ready_file is None:
+            return
+        info = {"coordinator_id": self.coordinator_id, "pid": os.getpid(), "host": self.config.host,
+                "grpc_port": self.identity.grpc_port}
+        tmp = Path(f"{self.config.ready_file}.tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(self.config.ready_file)
+
+    async def stop(self) -> None:
+        # Reverse start order: the election first, so the seat is handed over promptly.
+        for task in reversed(self._tasks):
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.forwarder.close()
+        await self.storage.close()
+        await self.client.close()
+        log.info("coordinator %s stopped", self.coordinator_id)
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM/SIGINT, stop gracefully."""
+        await self.start()
+        assert self.grpc is not None
+        await run_until_signalled(self.grpc, self.stop)
+
+
+async def _revoke_quietly(lease) -> None:
+    try:
+        await asyncio.shield(lease.revoke())
+    except (EtcdError, asyncio.CancelledError):
+        pass

@@ -1,0 +1,76 @@
+"""The controller's calls to storage nodes: create, delete and list partitions over gRPC.
+
+One ``grpc.aio`` channel per node address, opened on first use and kept. Every call has a
+deadline, so a paused or partitioned node stalls a reconcile pass for at most that long, and
+failures come back as the taxonomy (:func:`services.errors.error_from_rpc`), never as raw gRPC
+errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import grpc
+import grpc.aio
+
+from coordinator.model import BrokerInfo
+from services import errors
+from services.grpc_server import DEFAULT_OPTIONS
+from services.proto import pb, storage_grpc
+
+log = logging.getLogger(__name__)
+
+
+class StorageNodes:
+    """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.BrokerInfo`."""
+
+    def __init__(self, *, timeout: float = 5.0) -> None:
+        self.timeout = timeout
+        self._stubs: dict[str, tuple[grpc.aio.Channel, storage_grpc.StorageNodeStub]] = {}
+
+    def _stub(self, broker: BrokerInfo) -> storage_grpc.StorageNodeStub:
+        entry = self._stubs.get(broker.address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(broker.address, options=list(DEFAULT_OPTIONS))
+            entry = (channel, storage_grpc.StorageNodeStub(channel))
+            self._stubs[broker.address] = entry
+        return entry[1]
+
+    async def create_partition(
+        self,
+        broker: BrokerInfo,
+        topic: str,
+        partition: int,
+        *,
+        configs: Mapping[str, str],
+        leader_epoch: int,
+        replicas: Sequence[int],
+    ) -> None:
+        """Ask ``broker`` to create (or confirm it has) a partition; idempotent on the node."""
+        request = pb.CreatePartitionRequest(
+            topic=topic, partition=partition, configs=dict(configs), leader_epoch=leader_epoch,
+            replicas=list(replicas),
+        )
+        await self._call(broker, "CreatePartition", request)
+
+    async def delete_partition(self, broker: BrokerInfo, topic: str, partition: int) -> None:
+        """Ask ``broker`` to delete a partition and its data; idempotent on the node."""
+        await self._call(broker, "DeletePartition", pb.DeletePartitionRequest(topic=topic, partition=partition))
+
+    async def local_partitions(self, broker: BrokerInfo) -> list[tuple[str, int]]:
+        """Every partition ``broker`` holds on disk."""
+        response = await self._call(broker, "DescribePartitions", pb.DescribePartitionsRequest())
+        return [(p.topic, p.partition) for p in response.partitions]
+
+    async def _call(self, broker: BrokerInfo, method: str, request):
+        rpc = getattr(self._stub(broker), method)
+        try:
+            return await rpc(request, timeout=self.timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise errors.error_from_rpc(exc) from exc
+
+    async def close(self) -> None:
+        entries, self._stubs = list(self._stubs.values()), {}
+        for channel, _ in entries:
+            await channel.close()

@@ -1,0 +1,106 @@
+"""The controller's pure decisions: leader election, transitions, node sync."""
+
+from coordinator.metadata import MetadataState
+from coordinator.model import NO_LEADER, PartitionRecord, PartitionStatus, TopicRecord
+from coordinator.partition_state import (
+    elect_leader,
+    plan_node_sync,
+    plan_partition,
+    plan_partitions,
+)
+
+ONLINE, OFFLINE = PartitionStatus.ONLINE, PartitionStatus.OFFLINE
+
+
+def topic(assignment, name="t", **configs):
+    return TopicRecord(name, "id", len(assignment[0]), configs, tuple(tuple(r) for r in assignment))
+
+
+def record(replicas, leader, epoch, isr, status, mod=7):
+    return PartitionRecord(tuple(replicas), leader, epoch, tuple(isr), status, mod)
+
+
+def test_elect_prefers_assignment_order_among_live_in_sync():
+    assert elect_leader([3, 1, 2], isr={1, 2, 3}, live={1, 2}) == 1
+    assert elect_leader([3, 1, 2], isr={3}, live={1, 2}) is None
+    assert elect_leader([3, 1, 2], isr={3}, live={1, 2}, unclean=True) == 1
+    assert elect_leader([3, 1, 2], isr=(), live={2}) == 2  # never led: any live replica
+
+
+def test_new_partition_pushes_to_live_replicas_leader_first():
+    t = topic([[2, 1, 3]])
+    transition = plan_partition(t, 0, None, live={1, 2, 3})
+    assert transition.push_to == (2, 1, 3) and transition.required == 2
+    assert transition.expected_mod_revision == 0
+    assert transition.record == PartitionRecord((2, 1, 3), 2, 0, (2,), ONLINE)
+
+
+def test_new_partition_with_preferred_leader_down_takes_the_next():
+    transition = plan_partition(topic([[2, 1]]), 0, None, live={1})
+    assert transition.required == 1 and transition.record.leader == 1
+
+
+def test_new_partition_without_live_replica_stays_pending():
+    assert plan_partition(topic([[2]]), 0, None, live={1}) is None
+
+
+def test_online_with_live_leader_needs_nothing():
+    assert plan_partition(topic([[1]]), 0, record([1], 1, 0, [1], ONLINE), live={1}) is None
+
+
+def test_leader_lost_without_other_in_sync_replica_goes_offline_with_bumped_epoch():
+    current = record([1, 2], 1, 4, [1], ONLINE)
+    transition = plan_partition(topic([[1, 2]]), 0, current, live={2})
+    assert transition.push_to == () and transition.required is None
+    assert transition.expected_mod_revision == 7
+    assert transition.record == PartitionRecord((1, 2), NO_LEADER, 5, (1,), OFFLINE)
+
+
+def test_leader_lost_moves_to_in_sync_replica_and_shrinks_isr():
+    current = record([1, 2, 3], 1, 4, [1, 2, 3], ONLINE)
+    transition = plan_partition(topic([[1, 2, 3]]), 0, current, live={2, 3})
+    assert transition.required == 2 and transition.push_to == (2,)
+    assert transition.record == PartitionRecord((1, 2, 3), 2, 5, (2, 3), ONLINE)
+
+
+def test_offline_comes_back_when_in_sync_replica_returns():
+    current = record([1, 2], NO_LEADER, 5, [1], OFFLINE)
+    assert plan_partition(topic([[1, 2]]), 0, current, live={2}) is None
+    transition = plan_partition(topic([[1, 2]]), 0, current, live={1, 2})
+    assert transition.required == 1
+    assert transition.record == PartitionRecord((1, 2), 1, 6, (1,), ONLINE)
+
+
+def test_unclean_election_config_allows_an_out_of_sync_leader():
+    current = record([1, 2], 1, 0, [1], ONLINE)
+    t = topic([[1, 2]], **{"unclean.leader.election.enable": "true"})
+    assert plan_partition(t, 0, current, live={2}).record.leader == 2
+
+
+def state_with(topics, partitions=(), brokers=()):
+    state = MetadataState()
+    state.topics = {t.name: t for t in topics}
+    for name, p, rec in partitions:
+        state.partitions.setdefault(name, {})[p] = rec
+    from coordinator.model import BrokerInfo
+    state.brokers = {b: BrokerInfo(b, "h", 1, 2) for b in brokers}
+    return state
+
+
+def test_plan_partitions_skips_topics_being_deleted():
+    keep = topic([[1], [2]], name="keep")
+    gone = TopicRecord("gone", "id", 1, {}, ((1,),), deleting=True)
+    transitions = plan_partitions(state_with([keep, gone], brokers=[1, 2]))
+    assert sorted((t.topic, t.partition) for t in transitions) == [("keep", 0), ("keep", 1)]
+
+
+def test_node_sync_creates_assigned_and_deletes_orphans():
+    a = topic([[1, 2], [2, 3]], name="a")
+    gone = TopicRecord("gone", "id", 1, {}, ((1,),), deleting=True)
+    state = state_with([a, gone], brokers=[1, 2, 3])
+    local = [("a", 0), ("a", 1), ("gone", 0), ("unknown", 4), ("a", 9)]
+    plan = plan_node_sync(state, 2, local)
+    assert plan.create == (("a", 0), ("a", 1))
+    assert plan.delete == (("a", 9), ("gone", 0), ("unknown", 4))
+    plan1 = plan_node_sync(state, 1, local)
+    assert plan1.create == (("a", 0),) and ("a", 1) in plan1.delete
