@@ -1,0 +1,244 @@
+"""One decoded record, and the loop that decodes a batch's record bytes into them.
+
+:func:`decode_records` is the consumer hot path, written as one flat loop on purpose. Measured
+with ``bench/codec.py`` (CPython 3.11): the per-record cost is ~0.35 us of unavoidable work (two
+slices and the ``Record`` tuple) plus ~0.5 us of varint parsing and checks. So the loop calls no
+function per record except to build the ``Record``; one- and two-byte varints (nearly every
+length, offset delta and timestamp delta) are decoded inline with table lookups, and only longer
+ones and headers go through the checked helpers. Binding tables and constructors to locals, the
+two-byte lookup tables (tuple indexing is specialised by CPython 3.11, shifts are not) and
+``records.append`` took the loop from ~0.88 M to ~1.2 M records/s on 1000-record batches.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from services.errors import CorruptRecordError
+from services.records.format import MIN_RECORD_SIZE
+from services.records.varint import ZIGZAG_1, decode_varint, decode_varlong
+
+Header = tuple[str, "bytes | None"]
+
+
+class Record(NamedTuple):
+    """A record as a consumer sees it: absolute offset and timestamp, key, value, headers.
+
+    ``key`` and ``value`` are ``None`` when null (a null value is a tombstone); header values may
+    be ``None`` too. For a ``LOG_APPEND_TIME`` batch ``timestamp`` is the batch's append time.
+    """
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+_new_record = tuple.__new__  # skips NamedTuple's Python-level __new__ (one call per record)
+_NO_HEADERS: tuple = ()
+
+# Two-byte varint fast paths: for a first byte ``b >= 0x80`` and second byte ``c < 0x80`` the
+# zigzag value is ``low[b] + sign[b] * (c << 6)``. Lengths and offset deltas are never negative
+# in a valid batch, so their table maps a negative encoding (odd ``b``) to a huge negative number
+# that the existing "negative length" / "not increasing" checks reject, saving the sign multiply.
+# (So a two-byte, non-canonical encoding of a null value length, -1, is rejected; the canonical
+# one-byte form is what every Kafka writer produces.)
+_SIGNED_LOW = tuple(((b & 0x7F) >> 1) ^ -(b & 1) for b in range(0x100))
+_SIGNED_SIGN = tuple(-1 if b & 1 else 1 for b in range(0x100))
+# ``c << 6`` as a lookup: tuple indexing is specialised by CPython 3.11, shifts are not.
+_HIGH = tuple(c << 6 for c in range(0x80))
+_UNSIGNED_LOW = tuple(-(1 << 62) if b & 1 else (b & 0x7F) >> 1 for b in range(0x100))
+
+
+def decode_records(
+    data: bytes,
+    count: int,
+    base_offset: int,
+    base_timestamp: int,
+    log_append_time: int | None,
+    last_offset_delta: int,
+) -> list[Record]:
+    """Decode exactly ``count`` records that must fill ``data`` exactly.
+
+    ``log_append_time`` replaces every record's timestamp when not ``None``. Raises
+    :class:`CorruptRecordError` if a length runs past its record or the data, a varint is
+    malformed, offset deltas are not strictly increasing or exceed ``last_offset_delta``, a header
+    key is not UTF-8, or bytes are left over. Work is bounded by ``len(data)``.
+    """
+    end = len(data)
+    if count * MIN_RECORD_SIZE > end:
+        raise CorruptRecordError(f"record count {count} cannot fit in {end} bytes of records")
+    records: list[Record] = []
+    # NOTE: locals, not globals, inside the loop: each global lookup is a measurable cost here.
+    # (``records.append(...)`` stays a method call: CPython 3.11 specialises exactly that form.)
+    new_record = _new_record
+    record_type = Record
+    no_headers = _NO_HEADERS
+    zigzag = ZIGZAG_1
+    unsigned_low = _UNSIGNED_LOW
+    signed_low = _SIGNED_LOW
+    signed_sign = _SIGNED_SIGN
+    high = _HIGH
+    create_time = log_append_time is None
+    previous_delta = -1
+    pos = 0
+    try:
+        for _ in range(count):
+            # length: varint
+            b = data[pos]
+            if b < 0x80:
+                length = zigzag[b]
+                pos += 1
+            elif (c := data[pos + 1]) < 0x80:
+                length = unsigned_low[b] + high[c]
+                pos += 2
+            else:
+                length, pos = decode_varint(data, pos, end)
+            # A length that is too small, too large or negative is caught by the end-of-record
+            # check below (or an IndexError), so it is not checked here.
+            record_end = pos + length
+            # attributes: int8, unused; timestampDelta: varlong (may be negative)
+            b = data[pos + 1]
+            if b < 0x80:
+                timestamp_delta = zigzag[b]
+                pos += 2
+            elif (c := data[pos + 2]) < 0x80:
+                timestamp_delta = signed_low[b] + signed_sign[b] * high[c]
+                pos += 3
+            else:
+                timestamp_delta, pos = decode_varlong(data, pos + 1, record_end)
+            # offsetDelta: varint
+            b = data[pos]
+            if b < 0x80:
+                offset_delta = zigzag[b]
+                pos += 1
+            elif (c := data[pos + 1]) < 0x80:
+                offset_delta = unsigned_low[b] + high[c]
+                pos += 2
+            else:
+                offset_delta, pos = decode_varint(data, pos, record_end)
+            if offset_delta <= previous_delta:
+                raise CorruptRecordError(
+                    f"offset delta {offset_delta} does not increase (previous {previous_delta})"
+                )
+            previous_delta = offset_delta
+            # key: varint length (-1 = null), bytes
+            b = data[pos]
+            if b < 0x80:
+                size = zigzag[b]
+                pos += 1
+            else:
+                size, pos = decode_varint(data, pos, record_end)
+            if size >= 0:
+                key = data[pos : pos + size]
+                pos += size
+            elif size == -1:
+                key = None
+            else:
+                raise CorruptRecordError(f"negative key length {size}")
+            # value: varint length (-1 = null), bytes
+            b = data[pos]
+            if b < 0x80:
+                size = zigzag[b]
+                pos += 1
+            elif (c := data[pos + 1]) < 0x80:
+                size = unsigned_low[b] + high[c]
+                pos += 2
+            else:
+                size, pos = decode_varint(data, pos, record_end)
+            if size >= 0:
+                value = data[pos : pos + size]
+                pos += size
+            elif size == -1:
+                value = None
+            else:
+                raise CorruptRecordError(f"negative value length {size}")
+            # headers: varint count, then pairs
+            if not data[pos]:
+                headers = no_headers
+                pos += 1
+            else:
+                headers, pos = _decode_headers(data, pos, record_end)
+            # Slices above do not fail when a length overshoots; this check catches every case.
+            if pos != record_end:
+                raise CorruptRecordError(
+                    f"record body is {length} bytes but its fields take {length + pos - record_end}"
+                )
+            records.append(
+                new_record(
+                    record_type,
+                    (
+                        base_offset + offset_delta,
+                        base_timestamp + timestamp_delta if create_time else log_append_time,
+                        key,
+                        value,
+                        headers,
+                    ),
+                )
+            )
+    except IndexError:
+        raise CorruptRecordError("record runs past the end of the batch") from None
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes left after {count} records")
+    if previous_delta > last_offset_delta:
+        raise CorruptRecordError(
+            f"offset delta {previous_delta} exceeds lastOffsetDelta {last_offset_delta}"
+        )
+    return records
+
+
+def _decode_headers(data: bytes, pos: int, record_end: int) -> tuple[tuple[Header, ...], int]:
+    count, pos = decode_varint(data, pos, record_end)
+    # Each header takes at least two bytes (two zero lengths).
+    if count < 0 or 2 * count > record_end - pos:
+        raise CorruptRecordError(f"header count {count} out of bounds")
+    headers: list[Header] = []
+    for _ in range(count):
+        size, pos = decode_varint(data, pos, record_end)
+        if size < 0 or size > record_end - pos:
+            raise CorruptRecordError(f"header key length {size} out of bounds")
+        try:
+            key = data[pos : pos + size].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptRecordError(f"header key is not UTF-8: {exc}") from None
+        pos += size
+        size, pos = decode_varint(data, pos, record_end)
+        if size >= 0:
+            if size > record_end - pos:
+                raise CorruptRecordError(f"header value length {size} out of bounds")
+            value = data[pos : pos + size]
+            pos += size
+        elif size == -1:
+            value = None
+        else:
+            raise CorruptRecordError(f"negative header value length {size}")
+        headers.append((key, value))
+    return tuple(headers), pos
+
+
+def count_framed_records(data, end: int | None = None) -> int:
+    """How many length-prefixed records fill ``data[:end]`` exactly, reading only the prefixes.
+
+    The broker's check that a batch's records and its record count agree: each record is a
+    varint length and that many bytes, so walking the lengths proves the framing without
+    decoding keys, values or headers (measured: ~15x cheaper than :func:`decode_records` on
+    200-byte records). Raises CorruptRecordError when a length is impossible or the last record
+    overruns or underruns the payload.
+    """
+    end = len(data) if end is None else end
+    min_body = MIN_RECORD_SIZE - 1  # the size of a record without its own length prefix
+    pos = 0
+    count = 0
+    while pos < end:
+        b = data[pos]
+        if b < 0x80:
+            length = ZIGZAG_1[b]
+            pos += 1
+        else:
+            length, pos = decode_varint(data, pos, end)
+        if length < min_body or pos + length > end:
+            raise CorruptRecordError(f"record {count} has length {length} with {end - pos} bytes left")
+        pos += length
+        count += 1
+    return count
