@@ -98,7 +98,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
         partition_log = self._handlers.create_partition(request.topic, request.partition, dict(request.configs))
         return pb.CreatePartitionResponse(
-            log_dir=str(getattr(partition_log, "dir", "")), log_end_offset=partition_log.log_end_offset
+            log_dir=str(partition_log.directory.parent), log_end_offset=partition_log.log_end_offset
         )
 
     @translate_errors
@@ -135,7 +135,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             key = (partition_log.topic, partition_log.partition)
             if wanted and key not in wanted:
                 continue
-            infos.append(_partition_info_to_proto(*key, partition_log, str(getattr(partition_log, "dir", ""))))
+            infos.append(_partition_info_to_proto(*key, partition_log, str(partition_log.directory.parent)))
         missing = wanted - {(i.topic, i.partition) for i in infos}
         if missing:
             topic, partition = sorted(missing)[0]

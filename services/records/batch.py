@@ -241,7 +241,9 @@ class RecordBatchView:
         header = self._header
         codec = header.attributes & COMPRESSION_CODEC_MASK
         payload = self._view[RECORDS_OFFSET:]
-        data = decompress(codec, payload, MAX_DECOMPRESSED_SIZE) if codec else payload
+        # bytes, not the memoryview: indexing bytes is ~2x faster in the length walk, and
+        # copying 16 KiB costs far less than that.
+        data = decompress(codec, payload, MAX_DECOMPRESSED_SIZE) if codec else payload.tobytes()
         found = count_framed_records(data)
         if found != header.record_count:
             raise CorruptRecordError(

@@ -235,6 +235,11 @@ def count_framed_records(data, end: int | None = None) -> int:
         if b < 0x80:
             length = ZIGZAG_1[b]
             pos += 1
+        elif pos + 1 < end and data[pos + 1] < 0x80:
+            # NOTE: two-byte lengths (64..8191) are the common case for real records; inlined.
+            raw = (b & 0x7F) | (data[pos + 1] << 7)
+            length = (raw >> 1) ^ -(raw & 1)
+            pos += 2
         else:
             length, pos = decode_varint(data, pos, end)
         if length < min_body or pos + length > end:

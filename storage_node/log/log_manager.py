@@ -1,0 +1,275 @@
+"""``LogManager``: every partition log of one storage node, across its data directories."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.clock import Clock
+from services.errors import KafkaStorageError, UnknownTopicOrPartitionError
+from storage_node.log import files
+from storage_node.log.config import LogConfig
+from storage_node.log.file_records import FileHandleCache
+from storage_node.log.partition_log import PartitionLog
+
+log = logging.getLogger(__name__)
+
+#: Default bound on open segment (``.log``) handles; Kafka keeps every segment open and asks
+#: operators to raise ``ulimit -n`` instead.
+DEFAULT_MAX_OPEN_SEGMENTS = 1024
+_DELETE_DIR_SUFFIX = "-delete"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionDirInfo:
+    """A snapshot of one partition's log, as DescribeLogDirs reports it."""
+
+    topic: str
+    partition: int
+    size_in_bytes: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    segment_count: int
+    recovery_point: int
+
+    @classmethod
+    def of(cls, partition_log: PartitionLog) -> PartitionDirInfo:
+        return cls(partition_log.topic, partition_log.partition, partition_log.size_in_bytes,
+                   partition_log.log_start_offset, partition_log.log_end_offset,
+                   partition_log.high_watermark, partition_log.segment_count,
+                   partition_log.recovery_point)
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """One data directory, as DescribeLogDirs reports it."""
+
+    path: Path
+    partitions: tuple[PartitionDirInfo, ...]
+    total_bytes: int  # bytes of segment data of the partitions here (not the disk's size)
+    free_bytes: int  # free space on the file system holding it
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """What one :meth:`LogManager.tick` did."""
+
+    rolled: int
+    flushed: int
+    deleted_segments: int
+    failed: int
+
+
+class LogManager:
+    """Owns the partition logs of one storage node, spread over several data dirs (``log.dirs``).
+
+    Layout: each partition is a directory ``<log dir>/<topic>-<partition>/`` in exactly one of
+    the log dirs; a new partition goes to the dir holding the fewest partitions (Kafka's rule,
+    which fills a newly added disk first). A partition being deleted is first renamed to
+    ``<topic>-<partition>.<id>-delete``; :meth:`load` removes such leftovers.
+
+    Open files: ``.log`` handles go through one :class:`FileHandleCache` of ``max_open_segments``;
+    index files are read into memory at open and only the active segment keeps index handles.
+
+    Topic configs: ``default_config`` (broker-level defaults, Kafka names) overlaid by each
+    topic's overrides as given to :meth:`create_partition`, :meth:`load` or
+    :meth:`update_topic_config` -- the coordinator owns them; nothing is persisted here.
+
+    Thread safety: the partition map is guarded by a lock; each PartitionLog is thread-safe as
+    documented there. :meth:`tick` is meant to be called from one periodic task.
+    """
+
+    def __init__(self, log_dirs: list[Path], clock: Clock, default_config: Mapping[str, Any] | None = None,
+                 *, max_open_segments: int = DEFAULT_MAX_OPEN_SEGMENTS) -> None:
+        if not log_dirs:
+            raise ValueError("at least one log dir is needed")
+        if len({Path(d).resolve() for d in log_dirs}) != len(log_dirs):
+            raise ValueError(f"log dirs must be distinct: {log_dirs}")
+        self.log_dirs = [Path(d) for d in log_dirs]
+        self._clock = clock
+        self._default_config = dict(default_config or {})
+        LogConfig.from_dict(self._default_config)  # fail now on a bad default, not at first use
+        self._topic_overrides: dict[str, dict[str, Any]] = {}
+        self.handle_cache = FileHandleCache(max_open_segments)
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._lock = threading.Lock()
+
+    def _config_for(self, topic: str) -> LogConfig:
+        return LogConfig.from_dict(self._default_config, self._topic_overrides.get(topic, {}))
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def load(self, topic_configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[tuple[str, int]]:
+        """Open and recover every partition found in every log dir; returns them.
+
+        ``topic_configs`` maps topic -> config overrides for topics known at startup. Raises
+        KafkaStorageError if one partition is found in two log dirs.
+        """
+        for topic, overrides in (topic_configs or {}).items():
+            self._topic_overrides[topic] = dict(overrides)
+            self._config_for(topic)  # validate
+        found: dict[tuple[str, int], Path] = {}
+        for log_dir in self.log_dirs:
+            log_dir.mkdir(parents=True, exist_ok=True)
+            for child in sorted(log_dir.iterdir()):
+                key = self._partition_dir_key(child)
+                if key is None:
+                    continue
+                if key in found or key in self._logs:
+                    raise KafkaStorageError(
+                        f"partition {files.partition_dir_name(*key)} found in two log dirs: "
+                        f"{found.get(key) or self._logs[key].directory} and {child}")
+                found[key] = child
+        for (topic, partition), path in found.items():
+            partition_log = PartitionLog.open(path, topic, partition, self._config_for(topic), self._clock,
+                                              handle_cache=self.handle_cache)
+            with self._lock:
+                self._logs[(topic, partition)] = partition_log
+        return sorted(found)
+
+    @staticmethod
+    def _partition_dir_key(path: Path) -> tuple[str, int] | None:
+        if not path.is_dir():
+            return None
+        if path.name.endswith(_DELETE_DIR_SUFFIX):
+            log.info("Finishing the deletion of %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+            return None
+        return files.parse_partition_dir_name(path.name)
+
+    # ---- partitions ----------------------------------------------------------------------------
+
+    def create_partition(self, topic: str, partition: int,
+                         configs: Mapping[str, Any] | None = None) -> PartitionLog:
+        """The partition's log, created in the log dir with the fewest partitions if new.
+
+        Idempotent: for an existing partition, applies ``configs`` (when given) and returns it.
+        InvalidConfigError for bad configs, ValueError for an illegal topic name.
+        """
+        name = files.partition_dir_name(topic, partition)
+        with self._lock:
+            if configs is not None:
+                previous = self._topic_overrides.get(topic)
+                self._topic_overrides[topic] = dict(configs)
+                try:
+                    config = self._config_for(topic)
+                except Exception:
+                    self._restore_overrides(topic, previous)
+                    raise
+            else:
+                config = self._config_for(topic)
+            existing = self._logs.get((topic, partition))
+            if existing is not None:
+                if configs is not None:
+                    existing.update_config(config)
+                return existing
+            log_dir = self._least_loaded_dir()
+            partition_log = PartitionLog.open(log_dir / name, topic, partition, config, self._clock,
+                                              handle_cache=self.handle_cache)
+            self._logs[(topic, partition)] = partition_log
+            log.info("Created partition %s in %s", name, log_dir)
+            return partition_log
+
+    def _restore_overrides(self, topic: str, previous: dict[str, Any] | None) -> None:
+        if previous is None:
+            self._topic_overrides.pop(topic, None)
+        else:
+            self._topic_overrides[topic] = previous
+
+    def _least_loaded_dir(self) -> Path:
+        counts = {d: 0 for d in self.log_dirs}
+        for partition_log in self._logs.values():
+            parent = partition_log.directory.parent
+            if parent in counts:
+                counts[parent] += 1
+        return min(self.log_dirs, key=lambda d: counts[d])  # ties: first listed
+
+    def update_topic_config(self, topic: str, configs: Mapping[str, Any]) -> None:
+        """Replace a topic's overrides and apply them to its partitions here."""
+        with self._lock:
+            previous = self._topic_overrides.get(topic)
+            self._topic_overrides[topic] = dict(configs)
+            try:
+                config = self._config_for(topic)
+            except Exception:
+                self._restore_overrides(topic, previous)
+                raise
+            for (log_topic, _), partition_log in self._logs.items():
+                if log_topic == topic:
+                    partition_log.update_config(config)
+
+    def get(self, topic: str, partition: int) -> PartitionLog:
+        """The partition's log; UnknownTopicOrPartitionError if this node does not host it."""
+        partition_log = self._logs.get((topic, partition))
+        if partition_log is None:
+            raise UnknownTopicOrPartitionError(
+                f"this storage node does not host partition {topic}-{partition}")
+        return partition_log
+
+    def delete_partition(self, topic: str, partition: int) -> None:
+        """Close and delete the partition's directory; UnknownTopicOrPartitionError if absent."""
+        with self._lock:
+            partition_log = self._logs.pop((topic, partition), None)
+        if partition_log is None:
+            raise UnknownTopicOrPartitionError(
+                f"this storage node does not host partition {topic}-{partition}")
+        partition_log.delete()
+        log.info("Deleted partition %s-%d", topic, partition)
+
+    def partitions(self) -> list[PartitionLog]:
+        """Every hosted partition's log, sorted by (topic, partition)."""
+        logs = dict(self._logs)
+        return [logs[key] for key in sorted(logs)]
+
+    def describe_log_dirs(self) -> list[LogDirDescription]:
+        logs = list(self._logs.values())
+        descriptions = []
+        for log_dir in self.log_dirs:
+            infos = tuple(sorted(
+                (PartitionDirInfo.of(pl) for pl in logs if pl.directory.parent == log_dir),
+                key=lambda info: (info.topic, info.partition)))
+            descriptions.append(LogDirDescription(log_dir, infos, sum(i.size_in_bytes for i in infos),
+                                                  shutil.disk_usage(log_dir).free))
+        return descriptions
+
+    # ---- periodic work -------------------------------------------------------------------------
+
+    def tick(self) -> TickResult:
+        """One round of periodic work for every partition: roll idle segments past
+        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``.
+
+        A partition whose disk fails is logged and skipped; the others still get their turn.
+        """
+        rolled = flushed = deleted = failed = 0
+        for partition_log in list(self._logs.values()):
+            if partition_log.closed:
+                continue
+            try:
+                rolled += partition_log.maybe_roll()
+                deleted += partition_log.delete_old_segments()
+                flushed += partition_log.maybe_flush()
+            except (KafkaStorageError, OSError):
+                failed += 1
+                log.exception("Periodic work failed for %s", partition_log.name)
+        return TickResult(rolled, flushed, deleted, failed)
+
+    def close(self) -> None:
+        """Close every partition cleanly (each leaves its clean-shutdown marker)."""
+        with self._lock:
+            logs = list(self._logs.values())
+            self._logs.clear()
+        errors = []
+        for partition_log in logs:
+            try:
+                partition_log.close()
+            except (KafkaStorageError, OSError) as exc:
+                errors.append(exc)
+                log.exception("Closing %s failed", partition_log.name)
+        if errors:
+            raise KafkaStorageError(f"{len(errors)} partition logs failed to close: {errors[0]}")

@@ -1,0 +1,627 @@
+"""``PartitionLog``: one partition's log on local disk -- append, read, list offsets, flush,
+retention, recovery at open."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, TypeVar
+
+from services.clock import Clock
+from services.errors import KafkaStorageError, OffsetOutOfRangeError
+from services.records import set_base_offset, set_log_append_time, set_partition_leader_epoch
+from services.records.format import INT32_MAX, INT32_MIN
+from storage_node.log import checkpoint, files, loader, retention
+from storage_node.log.config import LogConfig
+from storage_node.log.file_records import FileHandleCache, FileSlice, SegmentFileGoneError
+from storage_node.log.segment import Segment
+from storage_node.log.segments import Segments
+from storage_node.log.validation import ValidatedBatch, validate_producer_batches
+
+log = logging.getLogger(__name__)
+
+#: How many times a read retries when retention deleted the segment it was reading.
+_READ_RETRIES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """The result of one append: the offsets assigned and the log's start after it."""
+
+    first_offset: int
+    last_offset: int
+    log_append_time: int  # the broker timestamp stamped on the batches, -1 for CreateTime topics
+    record_count: int
+    log_start_offset: int
+    batch_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class FetchInfo:
+    """The result of one read: whole batches (or None if there is nothing yet) and the bounds."""
+
+    slice: FileSlice | None
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+
+AppendListener = Callable[["PartitionLog", int], None]
+_T = TypeVar("_T")
+
+
+def _disk_errors_as_storage_errors(method: Callable[..., _T]) -> Callable[..., _T]:
+    """Public methods raise the taxonomy: an OSError from the disk becomes KafkaStorageError
+    (the cause chained), so callers never see a bare OSError (Kafka's KafkaStorageException)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as exc:
+            raise KafkaStorageError(f"{self.name}: {method.__name__} failed: {exc}") from exc
+
+    return wrapper
+
+
+class _LogEnd(NamedTuple):
+    """The log end offset with where it is on disk (Kafka's LogOffsetMetadata): a read bounded
+    by ``position`` in segment ``segment_base_offset`` sees exactly the offsets below ``offset``,
+    even while an append is half-way through updating the segment."""
+
+    offset: int
+    segment_base_offset: int
+    position: int
+
+
+class PartitionLog:
+    """The log of one partition in ``<log dir>/<topic>-<partition>/``.
+
+    Layout and format: segment files named by base offset (see ``files.py``, ``Segment``), plus
+    ``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint`` and, only between a
+    clean close and the next open, the ``.clean-shutdown`` marker.
+
+    Offsets: dense from ``log_start_offset`` to ``log_end_offset - 1``. ``high_watermark`` is what
+    consumers may read up to; with one replica every append is committed, so it follows the log
+    end, but it is kept as its own field for replication to move (:meth:`update_high_watermark`).
+
+    Durability and crash behaviour: an append is in the page cache when ``append`` returns and on
+    disk after :meth:`flush` (by the ``flush.messages``/``flush.ms`` policy in
+    :meth:`maybe_flush`, or on demand through ``GroupCommit``). ``recovery_point`` is the first
+    offset not known to be on disk; it only moves at a flush and is checkpointed then. At open,
+    the loader recovers every segment from the recovery point on, unless the previous close was
+    clean; a torn or corrupt tail is truncated at the last whole valid batch.
+
+    Thread safety: appends, rolls, truncation, retention and config changes take the partition
+    lock, so there is one writer at a time. Reads take no lock: the segment list is copy-on-write,
+    files only grow under a reader, and offsets are read once per call, so a read concurrent with
+    an append sees a consistent prefix (its slice is bounded by the size at read time). ``flush``
+    may run on another thread (``GroupCommit`` does) while appends continue; it takes the lock
+    only to snapshot and to publish the new recovery point, never across an fsync.
+    """
+
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock,
+                 loaded: loader.LoadedLog, handle_cache: FileHandleCache | None = None) -> None:
+        """Visible for tests; use :meth:`open`."""
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self._config = config
+        self._clock = clock
+        self._handle_cache = handle_cache
+        self._segments = Segments(loaded.segments)
+        for segment in loaded.segments[:-1]:
+            segment.close_index_handles()  # recovery may have rewritten their indexes
+        self._log_start_offset = loaded.log_start_offset
+        active = loaded.segments[-1]
+        self._end = _LogEnd(loaded.next_offset, active.base_offset, active.size)
+        self._high_watermark = loaded.next_offset
+        self._recovery_point = loaded.recovery_point
+        self._last_flush_ms = clock.time_ms()
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self._dir_needs_fsync = False
+        self._listeners: list[AppendListener] = []
+        self._closed = False
+        self._failure: BaseException | None = None
+
+    @classmethod
+    def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock, *,
+             handle_cache: FileHandleCache | None = None) -> PartitionLog:
+        """Open (creating if needed) and recover the partition directory ``directory``."""
+        if not directory.exists():
+            directory.mkdir(parents=True)
+            checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
+        loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
+        partition_log = cls(directory, topic, partition, config, clock, loaded, handle_cache)
+        partition_log._checkpoint_log_start_offset()
+        checkpoint.write_offset_checkpoint(directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
+                                           topic, partition, loaded.recovery_point)
+        # From here on a crash must be treated as unclean.
+        loader.remove_clean_shutdown_marker(directory)
+        log.info("Loaded %s: log start %d, log end %d, recovery point %d, %d segments%s",
+                 partition_log.name, loaded.log_start_offset, loaded.next_offset,
+                 loaded.recovery_point, len(loaded.segments),
+                 " (clean shutdown)" if loaded.had_clean_shutdown else
+                 f" (recovered, {loaded.truncated_bytes} bytes truncated)")
+        return partition_log
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    @property
+    def _next_offset(self) -> int:
+        return self._end.offset
+
+    def _set_log_end(self, offset: int, segment: Segment) -> None:
+        # One assignment, so a lock-free reader sees offset and byte position that agree.
+        self._end = _LogEnd(offset, segment.base_offset, segment.size)
+
+    @property
+    def name(self) -> str:
+        return files.partition_dir_name(self.topic, self.partition)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._next_offset
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @property
+    def recovery_point(self) -> int:
+        """Every offset below this is on disk (fsynced)."""
+        return self._recovery_point
+
+    @property
+    def size_in_bytes(self) -> int:
+        return self._segments.size_in_bytes
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The segments as of now, oldest first (for tools and tests)."""
+        return self._segments.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _ensure_usable(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"partition log {self.name} is closed")
+        if self._failure is not None:
+            raise KafkaStorageError(f"partition log {self.name} failed: {self._failure}")
+
+    def update_config(self, config: LogConfig) -> None:
+        """Apply new topic configs; they take effect from the next append, roll or retention pass."""
+        with self._lock:
+            self._config = config
+            for segment in self._segments:
+                segment.update_config(config)
+
+    def update_high_watermark(self, offset: int) -> None:
+        """Move the high watermark (replication's job), clamped to [log start, log end]."""
+        with self._lock:
+            self._high_watermark = max(self._log_start_offset, min(offset, self._next_offset))
+
+    # ---- listeners -----------------------------------------------------------------------------
+
+    def add_append_listener(self, listener: AppendListener) -> None:
+        """Call ``listener(log, log_end_offset)`` after every append, on the appending thread
+        (from another thread, hop to the event loop with ``loop.call_soon_threadsafe``)."""
+        self._listeners.append(listener)
+
+    def remove_append_listener(self, listener: AppendListener) -> None:
+        self._listeners.remove(listener)
+
+    def _notify_listeners(self, log_end_offset: int) -> None:
+        for listener in tuple(self._listeners):
+            try:
+                listener(self, log_end_offset)
+            except Exception:  # a listener's bug must not fail an append that is already written
+                log.exception("append listener %r failed for %s", listener, self.name)
+
+    # ---- append --------------------------------------------------------------------------------
+
+    @_disk_errors_as_storage_errors
+    def append(self, data: bytes | bytearray | memoryview, *, leader_epoch: int = 0) -> AppendInfo:
+        """Validate, assign offsets to, and append a producer's batches.
+
+        Every batch is validated (structure, CRC, records vs count, sizes) before any byte is
+        written; on any error nothing is written. Offsets and the leader epoch (and, for
+        LogAppendTime topics, the timestamp) are rewritten in place in one copy of ``data``;
+        batches are never re-encoded. Rolls a new segment first when the active one is full or
+        too old. Raises the taxonomy's errors (see ``validate_producer_batches``), and
+        KafkaStorageError if the disk fails.
+        """
+        if not INT32_MIN <= leader_epoch <= INT32_MAX:
+            raise ValueError(f"leader epoch {leader_epoch} does not fit int32")
+        config = self._config
+        batches = validate_producer_batches(data, max_message_bytes=config.max_message_bytes,
+                                            segment_bytes=config.segment_bytes)
+        payload = bytearray(data)
+        with self._lock:
+            self._ensure_usable()
+            now = self._clock.time_ms()
+            log_append_time = now if config.log_append_time else -1
+            first_offset = self._next_offset
+            self._stamp_batches(payload, batches, first_offset, leader_epoch, log_append_time)
+            self._write_batches(payload, batches, first_offset, log_append_time, now)
+            last_offset = self._next_offset - 1
+            self._high_watermark = self._next_offset  # one replica: every append is committed
+            info = AppendInfo(first_offset, last_offset, log_append_time,
+                              sum(b.record_count for b in batches), self._log_start_offset, len(batches))
+        self._notify_listeners(info.last_offset + 1)
+        self.maybe_flush()
+        return info
+
+    @staticmethod
+    def _stamp_batches(payload: bytearray, batches: list[ValidatedBatch], first_offset: int,
+                       leader_epoch: int, log_append_time: int) -> None:
+        view = memoryview(payload)
+        offset = first_offset
+        for batch in batches:
+            buf = view[batch.position:batch.position + batch.size]
+            set_base_offset(buf, offset)
+            set_partition_leader_epoch(buf, leader_epoch)
+            if log_append_time >= 0:
+                set_log_append_time(buf, log_append_time)
+            offset += batch.last_offset_delta + 1
+
+    def _write_batches(self, payload: bytearray, batches: list[ValidatedBatch], first_offset: int,
+                       log_append_time: int, now: int) -> None:
+        view = memoryview(payload)
+        segments_before = self._segments.snapshot()
+        offset = first_offset
+        try:
+            for batch in batches:
+                last_offset = offset + batch.last_offset_delta
+                max_timestamp = log_append_time if log_append_time >= 0 else batch.max_timestamp
+                segment = self._maybe_roll(batch.size, last_offset, max_timestamp, now)
+                segment.append(view[batch.position:batch.position + batch.size], offset,
+                               last_offset, max_timestamp)
+                offset = last_offset + 1
+                self._set_log_end(offset, segment)
+        except OSError as exc:
+            self._roll_back_failed_append(first_offset, segments_before, exc)
+            raise KafkaStorageError(f"append to {self.name} failed: {exc}") from exc
+
+    def _roll_back_failed_append(self, first_offset: int, segments_before: tuple[Segment, ...],
+                                 cause: OSError) -> None:
+        """Undo a partly written append so the log holds none of it; if even that fails, the
+        log refuses further work (as Kafka takes a failed log dir offline)."""
+        log.error("Append to %s failed at offset %d, rolling back: %s", self.name, self._next_offset, cause)
+        try:
+            for segment in self._segments.snapshot():
+                if segment not in segments_before:
+                    self._segments.remove(segment)
+                    segment.delete()
+            self._segments.active.truncate_to(first_offset)
+            self._set_log_end(first_offset, self._segments.active)
+        except OSError as exc:
+            self._failure = exc
+            log.exception("Rolling back the failed append to %s failed; the log is now offline", self.name)
+
+    # ---- roll ----------------------------------------------------------------------------------
+
+    def _maybe_roll(self, batch_size: int, last_offset: int, max_timestamp: int, now: int) -> Segment:
+        """The segment to append a batch to, rolling a new one first if the active one is full
+        (segment.bytes, an index, or relative offsets) or too old (segment.ms).
+
+        An empty segment is never rolled: its successor would have the same base offset.
+        """
+        active = self._segments.active
+        if not active.size:
+            return active
+        config = self._config
+        if active.size + batch_size > config.segment_bytes:
+            reason = f"segment.bytes {config.segment_bytes} reached"
+        elif active.time_waited_for_roll(now, max_timestamp) > config.segment_ms:
+            reason = f"segment.ms {config.segment_ms} reached"
+        elif active.indexes_full:
+            reason = "index full"
+        elif not active.can_hold(last_offset):
+            reason = "relative offset overflow"
+        else:
+            return active
+        return self._roll(reason)
+
+    @_disk_errors_as_storage_errors
+    def maybe_roll(self) -> bool:
+        """Roll a non-empty active segment that is older than ``segment.ms`` by the clock (the
+        periodic tick's check, so an idle partition's last segment can eventually expire)."""
+        with self._lock:
+            self._ensure_usable()
+            active = self._segments.active
+            if active.size and self._clock.time_ms() - active.created_ms > self._config.segment_ms:
+                self._roll(f"segment.ms {self._config.segment_ms} reached while idle")
+                return True
+        return False
+
+    @_disk_errors_as_storage_errors
+    def roll(self) -> Segment:
+        """Start a new active segment at the log end (no-op if the active one is empty)."""
+        with self._lock:
+            self._ensure_usable()
+            if not self._segments.active.size:
+                return self._segments.active
+            return self._roll("requested")
+
+    def _roll(self, reason: str) -> Segment:
+        old = self._segments.active
+        base_offset = self._next_offset
+        if self._segments.contains(base_offset):
+            raise KafkaStorageError(f"{self.name}: a segment with base offset {base_offset} already exists")
+        if files.log_file(self.directory, base_offset).exists():
+            # Left by something the loader did not know about; appending into it could interleave
+            # foreign bytes with ours.
+            raise KafkaStorageError(
+                f"{self.name}: {files.log_file(self.directory, base_offset)} already exists")
+        old.on_become_inactive()
+        segment = Segment.open(self.directory, base_offset, self._config, self._clock,
+                               handle_cache=self._handle_cache)
+        self._segments.add(segment)
+        self._dir_needs_fsync = True
+        log.info("Rolled %s to a new segment at offset %d (%s)", self.name, base_offset, reason)
+        return segment
+
+    # ---- read ----------------------------------------------------------------------------------
+
+    @_disk_errors_as_storage_errors
+    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> FetchInfo:
+        """Whole batches starting with the one holding ``offset``, about ``max_bytes`` in all
+        (the first batch whole even if larger), below ``max_offset`` if given.
+
+        ``offset == log_end_offset`` -> a FetchInfo with ``slice=None`` (nothing yet);
+        ``offset`` below the log start or above the log end -> OffsetOutOfRangeError.
+        """
+        for _ in range(_READ_RETRIES):
+            if self._closed:
+                raise KafkaStorageError(f"partition log {self.name} is closed")
+            high_watermark = self._high_watermark
+            end = self._end
+            log_start = self._log_start_offset
+            self._ensure_offset_in_range(offset, log_start, end.offset)
+            try:
+                file_slice = self._read_segments(offset, max_bytes, end, max_offset)
+            except SegmentFileGoneError:
+                continue  # retention deleted the segment under us: re-check the bounds
+            return FetchInfo(file_slice, log_start, end.offset, high_watermark)
+        raise KafkaStorageError(f"{self.name}: segments kept disappearing while reading offset {offset}")
+
+    def _ensure_offset_in_range(self, offset: int, log_start: int, log_end: int) -> None:
+        if offset < log_start or offset > log_end:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for partition {self.name}: "
+                f"log start offset {log_start}, log end offset {log_end}")
+
+    def _read_segments(self, offset: int, max_bytes: int, end: _LogEnd,
+                       max_offset: int | None) -> FileSlice | None:
+        upper = end.offset if max_offset is None else min(max_offset, end.offset)
+        if offset >= upper:
+            return None
+        for segment in self._segments.from_offset(offset):
+            if segment.base_offset >= upper:
+                break
+            max_position = end.position if segment.base_offset == end.segment_base_offset else None
+            if upper < end.offset:
+                bound = segment.translate_offset(upper, max_position)
+                if bound is not None:
+                    max_position = bound.position
+            file_slice = segment.read(offset, max_bytes, max_position)
+            if file_slice is not None and file_slice.length:
+                return file_slice
+        return None
+
+    # ---- list offsets --------------------------------------------------------------------------
+
+    def list_offset_earliest(self) -> int:
+        """The first readable offset (ListOffsets EARLIEST)."""
+        return self._log_start_offset
+
+    def list_offset_latest(self) -> int:
+        """The offset the next committed record will get (ListOffsets LATEST): the high
+        watermark, which equals the log end offset with one replica."""
+        return self._high_watermark
+
+    @_disk_errors_as_storage_errors
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """``(offset, timestamp)`` of the first record with timestamp >= ``timestamp``, among the
+        readable records (log start .. high watermark); None if there is none."""
+        for _ in range(_READ_RETRIES):
+            try:
+                return self._find_offset_for_timestamp(timestamp)
+            except SegmentFileGoneError:
+                continue  # retention deleted a segment under us: look again
+        raise KafkaStorageError(f"{self.name}: segments kept disappearing while searching by time")
+
+    def _find_offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        log_start, high_watermark = self._log_start_offset, self._high_watermark
+        segments = self._segments.snapshot()
+        for i, segment in enumerate(segments):
+            if i + 1 < len(segments) and segments[i + 1].base_offset <= log_start:
+                continue
+            if segment.max_timestamp_so_far < timestamp:
+                continue
+            found = segment.find_offset_for_timestamp(timestamp, max(log_start, segment.base_offset))
+            if found is not None:
+                return found if found[0] < high_watermark else None
+        return None
+
+    # ---- flush ---------------------------------------------------------------------------------
+
+    def maybe_flush(self) -> bool:
+        """Flush if ``flush.messages`` records are unflushed or the last flush is ``flush.ms``
+        old (the paper's M messages or T ms). Returns whether it flushed."""
+        unflushed = self._next_offset - self._recovery_point
+        if unflushed <= 0 or self._closed:
+            return False
+        config = self._config
+        flush_due = self._clock.time_ms() - self._last_flush_ms >= config.flush_ms
+        if unflushed >= config.flush_messages or flush_due:
+            self.flush()
+            return True
+        return False
+
+    @_disk_errors_as_storage_errors
+    def flush(self) -> None:
+        """fsync every segment holding offsets at or above the recovery point, then move the
+        recovery point to the log end as of the start of the flush and checkpoint it.
+
+        Safe to call from a worker thread while appends continue; concurrent flushes queue.
+        """
+        with self._flush_lock:
+            with self._lock:
+                self._ensure_usable()
+                end = self._next_offset
+                segments = self._segments.from_offset(self._recovery_point)
+                dir_needs_fsync, self._dir_needs_fsync = self._dir_needs_fsync, False
+            try:
+                for segment in segments:
+                    segment.flush()
+                if dir_needs_fsync:
+                    checkpoint.fsync_dir(self.directory)  # new segment files must survive too
+            except OSError as exc:
+                raise KafkaStorageError(f"flush of {self.name} failed: {exc}") from exc
+            with self._lock:
+                if end > self._recovery_point:
+                    self._recovery_point = end
+                self._last_flush_ms = self._clock.time_ms()
+            checkpoint.write_offset_checkpoint(self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
+                                               self.topic, self.partition, end)
+
+    # ---- retention -----------------------------------------------------------------------------
+
+    @_disk_errors_as_storage_errors
+    def delete_old_segments(self) -> int:
+        """Apply retention: segments below the log start offset, then (when ``cleanup.policy``
+        includes ``delete``) over ``retention.bytes``, then older than ``retention.ms``. Never
+        the active segment. Returns how many segments were deleted."""
+        with self._lock:
+            self._ensure_usable()
+            deleted = self._delete_segments(
+                retention.log_start_offset_breached(self._log_start_offset), "log start offset")
+            if self._config.delete_enabled:
+                deleted += self._delete_segments(
+                    retention.retention_size_breached(self.size_in_bytes, self._config.retention_bytes),
+                    f"retention.bytes {self._config.retention_bytes}")
+                deleted += self._delete_segments(
+                    retention.retention_ms_breached(self._clock.time_ms(), self._config.retention_ms),
+                    f"retention.ms {self._config.retention_ms}")
+            return deleted
+
+    @_disk_errors_as_storage_errors
+    def delete_records_before(self, offset: int) -> int:
+        """Make ``offset`` the new log start (Kafka's DeleteRecords): reads below it fail with
+        OffsetOutOfRangeError and segments entirely below it are deleted. Returns the log start.
+
+        OffsetOutOfRangeError if ``offset`` is above the high watermark.
+        """
+        with self._lock:
+            self._ensure_usable()
+            if offset > self._high_watermark:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records before {offset} in {self.name}: above the high "
+                    f"watermark {self._high_watermark}")
+            if offset > self._log_start_offset:
+                self._log_start_offset = offset
+                self._checkpoint_log_start_offset()
+                log.info("Log start offset of %s moved to %d by a delete-records request", self.name, offset)
+                self._delete_segments(retention.log_start_offset_breached(offset), "delete records")
+            return self._log_start_offset
+
+    def _delete_segments(self, should_delete: retention.ShouldDelete, reason: str) -> int:
+        doomed = retention.deletable_segments(self._segments.snapshot(), should_delete,
+                                              high_watermark=self._high_watermark)
+        if not doomed:
+            return 0
+        for segment in doomed:
+            self._segments.remove(segment)  # first: new reads no longer find it
+        new_start = max(self._log_start_offset, self._segments.first.base_offset)
+        if new_start != self._log_start_offset:
+            self._log_start_offset = new_start
+            self._checkpoint_log_start_offset()
+        for segment in doomed:
+            log.info("Deleting segment %s of %s (%s)", segment.base_offset, self.name, reason)
+            segment.delete()
+        return len(doomed)
+
+    def _checkpoint_log_start_offset(self) -> None:
+        checkpoint.write_offset_checkpoint(self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE,
+                                           self.topic, self.partition, self._log_start_offset)
+
+    # ---- truncation (for replicas) -------------------------------------------------------------
+
+    @_disk_errors_as_storage_errors
+    def truncate_to(self, offset: int) -> None:
+        """Remove every offset >= ``offset`` (a follower diverging from its leader). Offsets
+        below the log start cannot be truncated to; ``offset`` >= log end is a no-op."""
+        with self._lock:
+            self._ensure_usable()
+            if offset >= self._next_offset:
+                return
+            if offset < self._log_start_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot truncate {self.name} to {offset}, "
+                    f"below the log start offset {self._log_start_offset}")
+            for segment in reversed(self._segments.snapshot()):
+                if segment.base_offset > offset and len(self._segments) > 1:
+                    self._segments.remove(segment)
+                    segment.delete()
+            self._segments.active.truncate_to(offset)
+            self._set_log_end(self._segments.active.next_offset, self._segments.active)
+            self._high_watermark = min(self._high_watermark, self._next_offset)
+            self._recovery_point = min(self._recovery_point, self._next_offset)
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    @_disk_errors_as_storage_errors
+    def close(self) -> None:
+        """Flush everything, checkpoint, close the files and leave the clean-shutdown marker so
+        the next open skips recovery. Idempotent."""
+        if self._closed:
+            return
+        if self._failure is None:
+            self.flush()
+        with self._flush_lock, self._lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+            if self._failure is None:
+                self._checkpoint_log_start_offset()
+                loader.write_clean_shutdown_marker(self.directory)
+
+    @_disk_errors_as_storage_errors
+    def delete(self) -> None:
+        """Delete the partition: rename the directory to ``<name>.<id>-delete`` (the commit
+        point; the log manager finishes such leftovers at load), then remove it."""
+        with self._flush_lock, self._lock:
+            self._closed = True
+            for segment in self._segments:
+                segment.close()
+            doomed = self.directory.with_name(f"{self.directory.name}.{uuid.uuid4().hex}-delete")
+            os.replace(self.directory, doomed)
+            checkpoint.fsync_dir(doomed.parent)
+            shutil.rmtree(doomed, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (f"PartitionLog({self.name}, log_start={self._log_start_offset}, "
+                f"log_end={self._next_offset}, segments={len(self._segments)})")

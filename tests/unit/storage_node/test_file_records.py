@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+from log_testkit import make_batch
+
+from services.errors import CorruptRecordError, KafkaStorageError
+from services.records import RecordBatchView
+from storage_node.log.file_records import FileHandleCache, FileRecords, FileSlice, SegmentFileGoneError
+
+
+def test_append_returns_positions_and_slice_is_bounded_by_size(tmp_path):
+    records = FileRecords.open(tmp_path / "0.log")
+    assert records.append(b"abc") == 0
+    assert records.append(memoryview(b"defgh")) == 3
+    assert records.size == 8
+    file_slice = records.slice(2, 100)
+    assert isinstance(file_slice, FileSlice)
+    assert (file_slice.position, file_slice.length) == (2, 6)
+    assert file_slice.read_bytes() == b"cdefgh"
+    assert records.read(1, 3) == b"bcd"
+    buffer = bytearray(4)
+    assert records.read_into(4, buffer) == 4 and bytes(buffer) == b"efgh"
+    with pytest.raises(ValueError):
+        records.slice(9, 1)
+
+
+def test_slice_is_frozen_and_sendfile_ready(tmp_path):
+    records = FileRecords.open(tmp_path / "0.log")
+    records.append(b"0123456789")
+    file_slice = records.slice(3, 4)
+    with pytest.raises(AttributeError):
+        file_slice.length = 1  # type: ignore[misc]
+    read_fd, write_fd = os.pipe()
+    try:
+        sent = os.sendfile(write_fd, file_slice.fileno(), file_slice.position, file_slice.length)
+        assert sent == 4 and os.read(read_fd, 10) == b"3456"
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_reading_a_slice_of_a_shrunken_file_fails_loudly(tmp_path):
+    records = FileRecords.open(tmp_path / "0.log")
+    records.append(b"x" * 100)
+    file_slice = records.slice(50, 50)
+    assert records.truncate_to(60) == 40
+    with pytest.raises(KafkaStorageError, match="shrank"):
+        file_slice.read_bytes()
+
+
+def test_truncate_to_rejects_growing(tmp_path):
+    records = FileRecords.open(tmp_path / "0.log")
+    records.append(b"x" * 10)
+    with pytest.raises(ValueError):
+        records.truncate_to(11)
+    assert records.truncate_to(0) == 10 and records.size == 0 and (tmp_path / "0.log").stat().st_size == 0
+
+
+def test_batches_stops_at_a_partial_tail_and_raises_on_an_impossible_length(tmp_path):
+    batch = make_batch(3)
+    records = FileRecords.open(tmp_path / "0.log")
+    records.append(batch)
+    records.append(batch)
+    records.append(batch[:30])  # torn write
+    found = [(position, RecordBatchView(data).size_in_bytes) for position, data in records.batches()]
+    assert found == [(0, len(batch)), (len(batch), len(batch))]
+    assert [p for p, _ in records.batch_headers()] == [0, len(batch)]
+    bad = bytearray(batch)
+    bad[8:12] = (5).to_bytes(4, "big")
+    other = FileRecords.open(tmp_path / "1.log")
+    other.append(batch)
+    other.append(bad)
+    with pytest.raises(CorruptRecordError):
+        list(other.batches())
+
+
+def test_slices_outlive_deletion_and_handle_eviction(tmp_path):
+    records = FileRecords.open(tmp_path / "0.log")
+    records.append(b"payload")
+    file_slice = records.slice(0, 7)
+    records.delete_file()
+    assert not (tmp_path / "0.log").exists()
+    assert file_slice.read_bytes() == b"payload"  # the open file keeps the inode alive
+    with pytest.raises(SegmentFileGoneError):
+        records.slice(0, 1)
+
+
+def test_handle_cache_bounds_open_handles_and_reopens_lazily(tmp_path):
+    cache = FileHandleCache(max_open=2)
+    all_records = [FileRecords.open(tmp_path / f"{i}.log", handle_cache=cache) for i in range(5)]
+    for i, records in enumerate(all_records):
+        records.append(b"data%d" % i)
+    gc.collect()
+    assert sum(r.has_open_handle for r in all_records) == 2
+    assert cache.evictions >= 3
+    assert all_records[0].slice(0, 5).read_bytes() == b"data0"  # reopened on use
+    assert sum(r.has_open_handle for r in all_records) == 2
+    assert all_records[0].has_open_handle

@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+import pytest
+from log_testkit import make_batch, offsets_in, read_all
+
+from services.errors import InvalidConfigError, KafkaStorageError, UnknownTopicOrPartitionError
+from storage_node.log import files
+from storage_node.log.log_manager import LogManager
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return [tmp_path / "d0", tmp_path / "d1", tmp_path / "d2"]
+
+
+def _manager(dirs, clock, **kwargs):
+    manager = LogManager(dirs, clock, {"segment.bytes": "2000"}, **kwargs)
+    manager.load()
+    return manager
+
+
+def test_new_partitions_go_to_the_dir_with_fewest_partitions(dirs, clock):
+    manager = _manager(dirs, clock)
+    placed = [manager.create_partition("orders", p).directory.parent for p in range(7)]
+    assert placed == [dirs[0], dirs[1], dirs[2], dirs[0], dirs[1], dirs[2], dirs[0]]
+    manager.delete_partition("orders", 1)
+    assert manager.create_partition("audit", 0).directory.parent == dirs[1]
+    manager.get("orders", 0).append(make_batch(2))
+    described = manager.describe_log_dirs()
+    assert [len(d.partitions) for d in described] == [3, 2, 2]
+    assert all(d.free_bytes > 0 for d in described)
+    orders_0 = described[0].partitions[0]
+    assert (orders_0.topic, orders_0.partition, orders_0.log_end_offset) == ("orders", 0, 2)
+    assert orders_0.size_in_bytes == described[0].total_bytes == len(make_batch(2))
+    manager.close()
+
+
+def test_create_is_idempotent_and_applies_new_configs(dirs, clock):
+    manager = _manager(dirs, clock)
+    first = manager.create_partition("t", 0, {"retention.ms": "1000"})
+    again = manager.create_partition("t", 0, {"retention.ms": "5000"})
+    assert again is first and first.config.retention_ms == 5000 and first.config.segment_bytes == 2000
+    with pytest.raises(InvalidConfigError, match="retention.ms"):
+        manager.create_partition("t", 1, {"retention.ms": "soon"})
+    assert manager.get("t", 0).config.retention_ms == 5000  # a rejected config changes nothing
+    manager.update_topic_config("t", {"retention.ms": "7"})
+    assert first.config.retention_ms == 7
+    manager.close()
+
+
+def test_unknown_partitions_are_reported(dirs, clock):
+    manager = _manager(dirs, clock)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        manager.get("nope", 0)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        manager.delete_partition("nope", 0)
+    with pytest.raises(InvalidConfigError):
+        LogManager(dirs, clock, {"segment.bytes": "1"})
+
+
+def test_reload_finds_every_partition_in_every_dir(dirs, clock):
+    manager = _manager(dirs, clock)
+    for p in range(5):
+        partition_log = manager.create_partition("orders", p)
+        for _ in range(p + 1):
+            partition_log.append(make_batch(2))
+    manager.create_partition("my-topic", 12)
+    where = {(pl.topic, pl.partition): pl.directory for pl in manager.partitions()}
+    manager.delete_partition("orders", 4)
+    manager.close()
+
+    reloaded = LogManager(dirs, clock, {"segment.bytes": "2000"})
+    assert reloaded.load() == [("my-topic", 12), ("orders", 0), ("orders", 1), ("orders", 2), ("orders", 3)]
+    for partition_log in reloaded.partitions():
+        assert partition_log.directory == where[(partition_log.topic, partition_log.partition)]
+    for p in range(4):
+        assert offsets_in(read_all(reloaded.get("orders", p))) == list(range(2 * (p + 1)))
+    reloaded.close()
+
+
+def test_load_finishes_interrupted_partition_deletes_and_rejects_duplicates(dirs, clock):
+    manager = _manager(dirs, clock)
+    manager.create_partition("t", 0).append(make_batch(1))
+    manager.close()
+    (dirs[1] / "t-5.0123abcd-delete").mkdir()
+    (dirs[1] / "t-5.0123abcd-delete" / "00000000000000000000.log").write_bytes(b"x")
+    reloaded = LogManager(dirs, clock)
+    assert reloaded.load() == [("t", 0)]
+    assert not (dirs[1] / "t-5.0123abcd-delete").exists()
+    reloaded.close()
+    (dirs[2] / "t-0").mkdir()
+    with pytest.raises(KafkaStorageError, match="two log dirs"):
+        LogManager(dirs, clock).load()
+
+
+def test_tick_rolls_idle_segments_applies_retention_and_flushes(dirs, clock):
+    manager = _manager(dirs, clock)
+    partition_log = manager.create_partition("t", 0, {"segment.ms": "1000", "retention.ms": "5000",
+                                                      "flush.ms": "500"})
+    partition_log.append(make_batch(3, timestamp=clock.time_ms()))
+    assert manager.tick().rolled == 0
+    clock.advance(1001)
+    result = manager.tick()
+    assert (result.rolled, result.flushed, result.deleted_segments) == (1, 1, 0)
+    assert partition_log.recovery_point == 3
+    clock.advance(5000)
+    assert manager.tick().deleted_segments == 1
+    assert partition_log.log_start_offset == 3 == partition_log.log_end_offset
+    manager.close()
+
+
+def test_open_file_handles_are_bounded(dirs, clock):
+    manager = _manager(dirs, clock, max_open_segments=3)
+    batch = make_batch(2, value_size=200)
+    partition_log = manager.create_partition("t", 0, {"segment.bytes": str(len(batch))})
+    for _ in range(10):
+        partition_log.append(batch)
+    assert partition_log.segment_count == 10
+    assert sum(s.log.has_open_handle for s in partition_log.segments) <= 3
+    assert offsets_in(read_all(partition_log)) == list(range(20))  # evicted handles reopen
+    assert sum(s.log.has_open_handle for s in partition_log.segments) <= 3
+    manager.close()
+
+
+def test_delete_partition_removes_its_directory(dirs, clock):
+    manager = _manager(dirs, clock)
+    partition_log = manager.create_partition("t", 0)
+    partition_log.append(make_batch(1))
+    directory = partition_log.directory
+    manager.delete_partition("t", 0)
+    assert not directory.exists()
+    assert manager.partitions() == []
+    assert files.parse_partition_dir_name(directory.name) == ("t", 0)
+    manager.close()
