@@ -1,0 +1,70 @@
+"""Tributary's Python client SDK, shaped like kafka-python / aiokafka.
+
+* :class:`Producer` / :class:`AsyncProducer` -- ``send(topic, value, key=None, headers=None,
+  partition=None, timestamp=None)`` returning a future of :class:`RecordMetadata`; batches are
+  built and compressed client-side as Kafka RecordBatch v2.
+* :class:`Consumer` / :class:`AsyncConsumer` -- ``assign``, ``poll``, iteration, ``seek*``,
+  ``position``, ``offsets_for_times``, ``pause``/``resume``; batches decoded client-side.
+* :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets.
+
+The thread-based clients run their I/O on a background thread with an asyncio loop; the asyncio
+clients run on yours. Both share one core. Every client takes ``servers="host:port,..."``
+(gateway addresses), defaulting to ``$TRIBUTARY_GATEWAY``, then the local cluster's
+``cluster.json`` (``$TRIBUTARY_DATA_DIR`` or ``./.tributary``).
+
+Errors are :class:`TributaryError` subclasses with ``reason`` (Kafka's error name) and
+``retriable``; see :mod:`gateway.client.errors`.
+"""
+
+from gateway.client.admin import Admin, AsyncAdmin
+from gateway.client.consumer import AsyncConsumer, Consumer
+from gateway.client.errors import IllegalStateError, NoServersError, TributaryError
+from gateway.client.futures import FutureRecordMetadata
+from gateway.client.producer import AsyncProducer, Producer
+from gateway.client.serialization import (
+    json_deserializer,
+    json_serializer,
+    string_deserializer,
+    string_serializer,
+)
+from gateway.client.structs import (
+    BrokerMetadata,
+    ClusterDescription,
+    ConsumerRecord,
+    NewPartitions,
+    NewTopic,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    PartitionMetadata,
+    RecordMetadata,
+    TopicDescription,
+    TopicPartition,
+)
+
+__all__ = [
+    "Admin",
+    "AsyncAdmin",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "BrokerMetadata",
+    "ClusterDescription",
+    "Consumer",
+    "ConsumerRecord",
+    "FutureRecordMetadata",
+    "IllegalStateError",
+    "NewPartitions",
+    "NewTopic",
+    "NoServersError",
+    "OffsetAndMetadata",
+    "OffsetAndTimestamp",
+    "PartitionMetadata",
+    "Producer",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicPartition",
+    "TributaryError",
+    "json_deserializer",
+    "json_serializer",
+    "string_deserializer",
+    "string_serializer",
+]

@@ -1,0 +1,1 @@
+"""The ``tributary`` command line (entry point ``gateway.cli.main:main``)."""

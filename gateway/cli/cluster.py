@@ -1,0 +1,89 @@
+"""``tributary cluster up | down | status``: the local cluster, detached, in a data directory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from deploy.local_cluster import (
+    LocalClusterSpec,
+    cluster_down,
+    cluster_status,
+    cluster_up,
+    read_cluster_file,
+    read_launch_file,
+)
+from deploy.processes import ServiceStartError
+from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
+from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, table
+from gateway.client import Admin
+from gateway.client.servers import START_HINT
+
+
+def _spec(args):
+    """The spec to run: the data dir's previous one, overridden by the flags given."""
+    previous = (read_launch_file(data_dir_of(args)) or {}).get("spec")
+    spec = LocalClusterSpec(**previous) if previous else LocalClusterSpec()
+    overrides = {name: getattr(args, name) for name in ("storage_nodes", "coordinators", "gateways")
+                 if getattr(args, name, None) is not None}
+    for name, value in overrides.items():
+        if value < 1:
+            raise CliError(f"--{name.replace('_', '-')} must be at least 1", 2)
+    return dataclasses.replace(spec, **overrides)
+
+
+def up(args) -> int:
+    data_dir = data_dir_of(args)
+    progress = Progress()
+    progress.step(f"bringing up the local cluster in {data_dir}")
+    try:
+        cluster, actions = cluster_up(data_dir, _spec(args), progress=progress.step)
+    except (ServiceStartError, RuntimeError, OSError) as exc:
+        raise CliError(f"could not start the cluster: {exc}") from None
+    started = [name for name, action in actions.items() if action == "started"]
+    if started:
+        progress.step(f"started {', '.join(started)}")
+    else:
+        progress.step("everything was already running")
+    print(table(("PROCESS", "PID", "ADDRESS", "STATE", "LOG"), _status_rows(cluster.status())))
+    print(f"\ngateway: {cluster.servers}   (export TRIBUTARY_GATEWAY={cluster.servers}, "
+          f"or run commands from this directory)")
+    return 0
+
+
+def down(args) -> int:
+    data_dir = data_dir_of(args)
+    if read_cluster_file(data_dir) is None:
+        print(f"no cluster is running in {data_dir}")
+        return 0
+    progress = Progress()
+    stopped = cluster_down(data_dir, progress=progress.step)
+    print(f"stopped {len(stopped)} processes; data kept in {data_dir}")
+    return 0
+
+
+def _status_rows(statuses) -> list[list[object]]:
+    return [[s.name, s.pid or "-", s.address, "alive" if s.alive else "dead", s.log] for s in statuses]
+
+
+def status(args) -> int:
+    """Each process alive or dead, then the storage nodes and partitions the cluster reports."""
+    data_dir = data_dir_of(args)
+    statuses = cluster_status(data_dir)
+    if statuses is None or read_cluster_file(data_dir) is None:
+        raise CliError(f"no cluster is running in {data_dir}; {START_HINT}")
+    print(table(("PROCESS", "PID", "ADDRESS", "STATE", "LOG"), _status_rows(statuses)))
+    gateways = [s.address for s in statuses if s.name.startswith("gateway") and s.alive]
+    all_alive = all(s.alive for s in statuses)
+    if not gateways:
+        print(f"\nno gateway is alive; run `tributary cluster up --data-dir {data_dir}` to restart what is down")
+        return 1
+    ensure_reachable(gateways)
+    with Admin(servers=",".join(gateways), request_timeout_ms=10_000) as admin:
+        cluster, topics = admin.metadata()
+    print(f"\ncluster {cluster.cluster_id or '-'}  controller {cluster.controller_id or 'none'}")
+    print(table(("NODE", "HOST", "PORT", "FETCH PORT"),
+                [[b.node_id, b.host, b.port, b.fetch_port] for b in cluster.brokers]))
+    print()
+    rows = [row for topic in topics for row in partition_rows(topic.partitions)]
+    print(table(PARTITION_HEADERS, rows) if rows else "no topics")
+    return 0 if all_alive else 1

@@ -1,0 +1,194 @@
+"""``tributary``: the command line, in the spirit of Kafka's shell tools.
+
+::
+
+    tributary cluster up [--data-dir DIR] [--storage-nodes N] [--coordinators N] [--gateways N]
+    tributary cluster status | down
+    tributary topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
+    tributary topics list | describe [NAME] | delete NAME | alter NAME --config k=v
+    tributary produce TOPIC [--key-separator SEP] [--header k=v ...]
+    tributary consume TOPIC [--from-beginning | --offset N --partition P | --from-timestamp MS]
+                            [--max-messages N] [--format text|json]
+    tributary offsets TOPIC [--time MS]
+    tributary demo [--records N]
+
+Every command but ``cluster`` finds the gateways through ``--gateway HOST:PORT[,HOST:PORT]``,
+then ``$TRIBUTARY_GATEWAY``, then ``DIR/cluster.json`` (``--data-dir``, ``$TRIBUTARY_DATA_DIR``,
+``./.tributary``). Failures print one line to stderr and exit non-zero; results go to stdout,
+progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gateway.cli import cluster, console, demo, topics
+from gateway.cli.connect import CliError
+from gateway.client.errors import NoServersError, TributaryError
+from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
+
+PROG = "tributary"
+
+
+def _common(parser: argparse.ArgumentParser, *, gateway: bool = True) -> None:
+    if gateway:
+        parser.add_argument("--gateway", metavar="HOST:PORT[,HOST:PORT]",
+                            help=f"gateway address(es); default ${GATEWAY_ENV}, then the local cluster's cluster.json")
+    parser.add_argument("--data-dir", metavar="DIR",
+                        help=f"local cluster directory (default ${DATA_DIR_ENV} or ./.tributary)")
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _add_cluster(commands) -> None:
+    parser = commands.add_parser("cluster", help="run a local cluster (etcd, coordinators, storage nodes, gateway)")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = actions.add_parser("up", help="start the cluster detached, or restart what is not running")
+    _common(up, gateway=False)
+    up.add_argument("--storage-nodes", type=int, help="storage nodes (default 1, or the data dir's previous count)")
+    up.add_argument("--coordinators", type=int, help="coordinators (default 1)")
+    up.add_argument("--gateways", type=int, help="gateways (default 1)")
+    up.set_defaults(func=cluster.up)
+    down = actions.add_parser("down", help="stop every process of the cluster (data is kept)")
+    _common(down, gateway=False)
+    down.set_defaults(func=cluster.down)
+    status = actions.add_parser("status", help="each process alive or dead, and partitions with their leaders")
+    _common(status, gateway=False)
+    status.set_defaults(func=cluster.status)
+
+
+def _add_topics(commands) -> None:
+    parser = commands.add_parser("topics", help="create, list, describe, alter and delete topics")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=_positive, required=True)
+    create.add_argument("--replication-factor", type=_positive, default=1)
+    create.add_argument("--config", action="append", default=[], metavar="K=V",
+                        help="topic config by Kafka name, e.g. retention.ms=3600000 (repeatable)")
+    create.set_defaults(func=topics.create)
+    listing = actions.add_parser("list", help="topic names")
+    listing.set_defaults(func=topics.list_topics)
+    describe = actions.add_parser("describe", help="partitions, leaders, replicas and configs")
+    describe.add_argument("name", nargs="?", help="one topic (default: all)")
+    describe.set_defaults(func=topics.describe)
+    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("name")
+    delete.set_defaults(func=topics.delete)
+    alter = actions.add_parser("alter", help="set or reset topic configs")
+    alter.add_argument("name")
+    alter.add_argument("--config", action="append", default=[], metavar="K=V", help="config to set (repeatable)")
+    alter.add_argument("--delete-config", action="append", default=[], metavar="K",
+                       help="config to reset to its default (repeatable)")
+    alter.set_defaults(func=topics.alter)
+    for sub in (create, listing, describe, delete, alter):
+        _common(sub)
+
+
+def _add_produce(commands) -> None:
+    produce = commands.add_parser("produce", help="send one record per stdin line")
+    produce.add_argument("topic")
+    produce.add_argument("--key-separator", metavar="SEP",
+                         help="split each line at the first SEP into key and value (default: no key)")
+    produce.add_argument("--header", action="append", default=[], metavar="K=V", help="header on every record (repeatable)")
+    produce.add_argument("--partition", type=_non_negative, help="send everything to this partition")
+    produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
+    produce.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    produce.add_argument("--linger-ms", type=_non_negative, default=5)
+    produce.add_argument("--skip-empty", action="store_true", help="ignore empty lines")
+    _common(produce)
+    produce.set_defaults(func=console.produce)
+
+
+def _add_consume(commands) -> None:
+    consume = commands.add_parser("consume", help="print records as they arrive")
+    consume.add_argument("topic")
+    consume.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    consume.add_argument("--offset", metavar="N|earliest|latest", help="start at this offset (needs --partition)")
+    consume.add_argument("--partition", type=_non_negative, help="only this partition")
+    consume.add_argument("--from-timestamp", type=_non_negative, metavar="MS",
+                         help="start at the first record at or after this time (ms since the epoch)")
+    consume.add_argument("--max-messages", type=_positive, metavar="N", help="exit after N records")
+    consume.add_argument("--timeout-ms", type=_non_negative, metavar="MS", help="exit after MS without a record")
+    consume.add_argument("--format", choices=["text", "json"], default="text",
+                         help="text: the value (and key with --print-key); json: one object per line")
+    consume.add_argument("--print-key", action="store_true", help="text format: print key<TAB>value")
+    _common(consume)
+    consume.set_defaults(func=console.consume)
+
+
+def _add_offsets(commands) -> None:
+    offsets = commands.add_parser("offsets", help="earliest and latest offset of each partition")
+    offsets.add_argument("topic")
+    offsets.add_argument("--time", type=_non_negative, metavar="MS",
+                         help="also the first offset at or after this timestamp (ms)")
+    _common(offsets)
+    offsets.set_defaults(func=topics.offsets)
+
+
+def _add_demo(commands) -> None:
+    parser = commands.add_parser("demo", help="produce activity events to a topic and consume them back, checked")
+    parser.add_argument("--records", type=int, default=10_000, metavar="N", help="events to produce (default 10000)")
+    parser.add_argument("--topic", default="activity")
+    parser.add_argument("--partitions", type=_positive, default=8, help="partitions if the topic is created")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the event generator")
+    _common(parser)
+    parser.set_defaults(func=demo.demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Tributary: a distributed commit log. Run a local cluster, manage topics, "
+        "produce and consume from the shell.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_cluster, _add_topics, _add_produce, _add_consume, _add_offsets, _add_demo):
+        add(commands)
+    return parser
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def run(args) -> int:
+    """Run a parsed command; every expected failure becomes one line on stderr and an exit code."""
+    try:
+        return args.func(args) or 0
+    except CliError as exc:
+        return _fail(str(exc), exc.code)
+    except NoServersError as exc:
+        return _fail(str(exc), 1)
+    except TributaryError as exc:
+        return _fail(str(exc), 1)
+    except NotImplementedError as exc:
+        return _fail(str(exc), 2)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `tributary consume ... | head`: the reader left; do not print a traceback at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

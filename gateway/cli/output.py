@@ -1,0 +1,148 @@
+"""How the CLI prints things: tables, records, topic descriptions, progress. Pure functions
+(except :class:`Progress`, which writes to stderr), so the formats are unit-tested."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import TextIO
+
+from gateway.client.structs import ConsumerRecord, PartitionMetadata, TopicDescription
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces, with a header line."""
+    rows = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def text_of(data: bytes | None) -> str | None:
+    """Bytes as text for display: UTF-8, undecodable bytes as backslash escapes."""
+    return None if data is None else data.decode("utf-8", errors="backslashreplace")
+
+
+def json_bytes(data: bytes | None):
+    """A key/value/header value for JSON: a string when it is UTF-8, else ``{"base64": ...}``."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def record_json(record: ConsumerRecord) -> str:
+    """One consumed record as one JSON line (topic, partition, offset, timestamp, key, value, headers)."""
+    return json.dumps({
+        "topic": record.topic,
+        "partition": record.partition,
+        "offset": record.offset,
+        "timestamp": record.timestamp,
+        "key": json_bytes(record.key),
+        "value": json_bytes(record.value),
+        "headers": [[k, json_bytes(v)] for k, v in record.headers],
+    }, ensure_ascii=False)
+
+
+def record_text(record: ConsumerRecord, *, print_key: bool = False, key_separator: str = "\t") -> str:
+    """The record's value (Kafka's console consumer default), or ``key<sep>value``."""
+    value = text_of(record.value)
+    value = "null" if value is None else value
+    if not print_key:
+        return value
+    key = text_of(record.key)
+    return f"{'null' if key is None else key}{key_separator}{value}"
+
+
+def parse_line(line: str, key_separator: str | None) -> tuple[bytes | None, bytes]:
+    """A stdin line as (key, value): split at the first ``key_separator`` when one is given.
+
+    Raises ValueError when a separator is expected but missing (as Kafka's console producer does).
+    """
+    line = line.rstrip("\r\n")
+    if key_separator is None:
+        return None, line.encode("utf-8")
+    key, sep, value = line.partition(key_separator)
+    if not sep:
+        raise ValueError(f"no key separator {key_separator!r} in line {line!r}")
+    return key.encode("utf-8"), value.encode("utf-8")
+
+
+def parse_pairs(items: Iterable[str], what: str) -> list[tuple[str, str]]:
+    """``["k=v", ...]`` -> ``[("k", "v"), ...]``; ValueError naming ``what`` for a bad item."""
+    pairs = []
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{what} must be key=value, not {item!r}")
+        pairs.append((key, value))
+    return pairs
+
+
+def partition_rows(partitions: Iterable[PartitionMetadata]) -> list[list[object]]:
+    return [[p.topic, p.partition, p.leader if p.leader >= 0 else "none", ",".join(map(str, p.replicas)),
+             ",".join(map(str, p.isr)), p.state + (f" ({p.error})" if p.error else "")] for p in partitions]
+
+
+PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "STATE")
+
+
+def describe_topic(description: TopicDescription) -> str:
+    """``kafka-topics --describe`` style: a summary line, configs, then one row per partition."""
+    configs = ",".join(f"{k}={v}" for k, v in sorted(description.configs.items()))
+    header = (f"Topic: {description.name}\tPartitionCount: {len(description.partitions)}\t"
+              f"ReplicationFactor: {description.replication_factor}\tConfigs: {configs}")
+    return header + "\n" + table(PARTITION_HEADERS, partition_rows(description.partitions))
+
+
+def offsets_table(topic: str, earliest: dict[int, int], latest: dict[int, int]) -> str:
+    rows = [[topic, p, earliest.get(p, -1), latest.get(p, -1), max(0, latest.get(p, 0) - earliest.get(p, 0))]
+            for p in sorted(set(earliest) | set(latest))]
+    return table(("TOPIC", "PARTITION", "EARLIEST", "LATEST", "RECORDS"), rows)
+
+
+class Progress:
+    """Progress on stderr: rewritten in place on a terminal, one line at a time otherwise (at most
+    every ``interval`` seconds), so logs and pipes are not flooded."""
+
+    def __init__(self, stream: TextIO | None = None, *, interval: float = 2.0) -> None:
+        self.stream = stream or sys.stderr
+        self.interval = interval
+        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._last = time.monotonic()
+        self._pending_newline = False
+
+    def step(self, message: str) -> None:
+        """A milestone: always printed on its own line."""
+        self._end_line()
+        print(message, file=self.stream, flush=True)
+
+    def update(self, message: str, *, force: bool = False) -> None:
+        """A running count: printed when ``interval`` has passed (or always with ``force``)."""
+        now = time.monotonic()
+        if not force and now - self._last < (0.1 if self._tty else self.interval):
+            return
+        self._last = now
+        if self._tty:
+            self.stream.write("\r\033[K" + message)
+            self.stream.flush()
+            self._pending_newline = True
+        else:
+            print(message, file=self.stream, flush=True)
+
+    def done(self, message: str) -> None:
+        self._end_line()
+        print(message, file=self.stream, flush=True)
+
+    def _end_line(self) -> None:
+        if self._pending_newline:
+            self.stream.write("\n")
+            self._pending_newline = False

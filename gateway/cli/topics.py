@@ -1,0 +1,79 @@
+"""``tributary topics ...`` and ``tributary offsets``: administration through the SDK's Admin."""
+
+from __future__ import annotations
+
+from gateway.cli.connect import CliError, connect
+from gateway.cli.output import describe_topic, offsets_table, parse_pairs
+from gateway.client import Admin, NewTopic, TopicPartition
+
+CLI_REQUEST_TIMEOUT_MS = 15_000
+
+
+def _admin(args) -> Admin:
+    return Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
+
+
+def _configs(args) -> dict[str, str]:
+    try:
+        return dict(parse_pairs(args.config, "--config"))
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+
+
+def create(args) -> int:
+    configs = _configs(args)
+    with _admin(args) as admin:
+        admin.create_topics([NewTopic(args.name, args.partitions, args.replication_factor, configs)])
+    print(f"Created topic {args.name}.")
+    return 0
+
+
+def list_topics(args) -> int:
+    with _admin(args) as admin:
+        for name in admin.list_topics():
+            print(name)
+    return 0
+
+
+def describe(args) -> int:
+    with _admin(args) as admin:
+        descriptions = admin.describe_topics([args.name] if args.name else [])
+    print("\n\n".join(describe_topic(d) for d in descriptions))
+    return 0
+
+
+def delete(args) -> int:
+    with _admin(args) as admin:
+        admin.delete_topics([args.name])
+    print(f"Deleted topic {args.name}.")
+    return 0
+
+
+def alter(args) -> int:
+    configs = _configs(args)
+    if not configs and not args.delete_config:
+        raise CliError("nothing to alter: give --config k=v and/or --delete-config k", 2)
+    with _admin(args) as admin:
+        description = admin.alter_topic_configs(args.name, configs, args.delete_config or ())
+    print(f"Updated configs of topic {args.name}.")
+    print(describe_topic(description))
+    return 0
+
+
+def offsets(args) -> int:
+    """Earliest and latest offset of every partition (``kafka-get-offsets``), and with ``--time``
+    the first offset at or after that timestamp."""
+    with _admin(args) as admin:
+        count = len(admin.describe_topics([args.topic])[0].partitions)
+        tps = [TopicPartition(args.topic, p) for p in range(count)]
+        earliest = admin.list_offsets({tp: "earliest" for tp in tps})
+        latest = admin.list_offsets({tp: "latest" for tp in tps})
+        at_time = admin.list_offsets({tp: args.time for tp in tps}) if args.time is not None else None
+    print(offsets_table(args.topic, {tp.partition: r.offset for tp, r in earliest.items()},
+                        {tp.partition: r.offset for tp, r in latest.items()}))
+    if at_time is not None:
+        print()
+        for tp in tps:
+            offset = at_time[tp].offset
+            print(f"{args.topic}:{tp.partition}:{offset if offset >= 0 else 'none'}")
+    return 0

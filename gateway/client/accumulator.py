@@ -1,0 +1,404 @@
+"""The producer's record accumulator: per-partition batches, linger, drain, and buffer memory.
+
+Pure state, no I/O (aiokafka's ``MessageAccumulator``; Kafka's ``RecordAccumulator``). The
+application threads append; the sender routine asks which partitions are ready, drains their
+batches into requests, and puts failed batches back at the front for a retry. Time is passed in
+(``now_ms``), so the rules are tested with a hand-moved clock.
+
+Rules:
+
+* Records go to the last batch of their partition's queue until it would exceed ``batch_size``
+  (a record bigger than that gets a batch of its own). Each batch is a client-side
+  RecordBatch v2 builder, so compression happens here, once, for the whole path to the consumer.
+* A partition is *ready* when its first batch is full, has waited ``linger_ms``, a flush is in
+  progress, or the accumulator is closing -- unless the first batch is a retry still backing
+  off, or the partition is *muted* (it has a request in flight: that is how per-partition order
+  survives retries).
+* A drain takes, per ready partition, the first batch and the complete ones behind it, up to
+  ``max_request_size`` per request, and rotates where it starts so no partition starves.
+* Buffer memory is reserved per record before it is appended and released when its batch
+  completes (acknowledged or failed for good); :class:`BufferPool` blocks the appender, or makes
+  it wait asynchronously, while the buffer is full.
+
+Thread-safety: every public method takes the accumulator's lock; only ``append`` and the pool's
+``allocate`` are called off the I/O thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gateway.client.errors import IllegalStateError, RecordTooLargeError, RequestTimedOutError
+from gateway.client.futures import FutureRecordMetadata, ProduceResult
+from gateway.client.structs import TopicPartition
+from services.records import RecordBatchBuilder, read_batch_header
+from services.records.format import Compression
+
+#: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
+#: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
+RECORD_OVERHEAD = 16
+
+
+def estimate_record_size(key, value, headers_bytes: int) -> int:
+    return RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0) + headers_bytes
+
+
+class BufferPool:
+    """``buffer_memory`` bytes shared by every queued record; full means the appender waits."""
+
+    def __init__(self, total_bytes: int) -> None:
+        self.total_bytes = total_bytes
+        self._available = total_bytes
+        self._cond = threading.Condition()
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    @property
+    def available(self) -> int:
+        return self._available
+
+    def try_allocate(self, size: int) -> bool:
+        with self._cond:
+            if self._available >= size:
+                self._available -= size
+                return True
+            return False
+
+    def allocate(self, size: int, timeout_s: float) -> None:
+        """Reserve ``size`` bytes, blocking up to ``timeout_s``; then RequestTimedOutError."""
+        self._ensure_fits(size)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._available < size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timeout(size, timeout_s)
+                self._cond.wait(remaining)
+            self._available -= size
+
+    async def allocate_async(self, size: int, timeout_s: float) -> None:
+        """``allocate`` for coroutines: waits without blocking the event loop."""
+        self._ensure_fits(size)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.try_allocate(size):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise self._timeout(size, timeout_s)
+            waiter = loop.create_future()
+            with self._cond:
+                self._async_waiters.append((loop, waiter))
+            try:
+                await asyncio.wait_for(asyncio.shield(waiter), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    def deallocate(self, size: int) -> None:
+        with self._cond:
+            self._available = min(self.total_bytes, self._available + size)
+            self._cond.notify_all()
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, waiter in waiters:
+            loop.call_soon_threadsafe(_resolve, waiter)
+
+    def _ensure_fits(self, size: int) -> None:
+        if size > self.total_bytes:
+            raise RecordTooLargeError(
+                f"the record is {size} bytes when serialized, larger than buffer_memory ({self.total_bytes})")
+
+    def _timeout(self, size: int, timeout_s: float) -> RequestTimedOutError:
+        return RequestTimedOutError(
+            f"failed to allocate {size} bytes of buffer_memory within max_block_ms ({timeout_s * 1000:.0f} ms); "
+            f"{self._available} of {self.total_bytes} free")
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class ProducerBatch:
+    """One batch on its way: its builder (or bytes once closed), its shared result, retry state."""
+
+    __slots__ = ("topic_partition", "result", "created_ms", "attempts", "retry_at_ms", "reserved_bytes",
+                 "record_count", "last_error", "_builder", "_batch_size", "_data", "_full")
+
+    def __init__(self, topic_partition: TopicPartition, builder: RecordBatchBuilder | None, created_ms: int,
+                 batch_size: int, data: bytes | None = None, record_count: int = 0) -> None:
+        self.topic_partition = topic_partition
+        self.result = ProduceResult(topic_partition)
+        self.created_ms = created_ms
+        self.attempts = 0
+        self.retry_at_ms = 0
+        self.reserved_bytes = 0
+        self.record_count = record_count
+        #: Why the last attempt failed (reported if the batch then expires while waiting to retry).
+        self.last_error: BaseException | None = None
+        self._builder = builder
+        self._batch_size = batch_size
+        self._data = data
+        self._full = False
+
+    def try_append(self, timestamp: int, key, value, headers: tuple, size: int) -> int | None:
+        """Append and return the record's offset delta, or None when the batch is full/closed."""
+        builder = self._builder
+        if builder is None or self._full:
+            return None
+        if self.record_count and builder.size_in_bytes() + size > self._batch_size:
+            self._full = True  # the next record did not fit: this batch is done, send it
+            return None
+        delta = builder.append(value, timestamp=timestamp, key=key, headers=headers)
+        self.record_count += 1
+        self.reserved_bytes += size
+        return delta
+
+    @property
+    def is_full(self) -> bool:
+        """No more records fit (or the batch is pre-built bytes)."""
+        return self._full or self._builder is None or self._builder.size_in_bytes() >= self._batch_size
+
+    @property
+    def estimated_size(self) -> int:
+        return len(self._data) if self._data is not None else self._builder.size_in_bytes()
+
+    def close(self) -> bytes:
+        """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
+        if self._data is None:
+            self._data = self._builder.build()
+            self._builder = None
+        return self._data
+
+    def __repr__(self) -> str:
+        return f"<ProducerBatch {self.topic_partition} records={self.record_count} attempts={self.attempts}>"
+
+
+@dataclass(frozen=True)
+class ReadyCheck:
+    """Partitions whose batches may be sent now, and when to look again (None: nothing queued)."""
+
+    ready: list[TopicPartition]
+    next_check_ms: int | None
+
+
+#: A drained request: the topic and, per partition, the batches to send in order.
+RequestPlan = tuple[str, dict[int, list[ProducerBatch]]]
+
+
+class RecordAccumulator:
+    """Per-partition queues of :class:`ProducerBatch`. See the module docstring for the rules."""
+
+    def __init__(self, *, batch_size: int = 16384, linger_ms: int = 5,
+                 compression: Compression = Compression.NONE, pool: BufferPool | None = None) -> None:
+        self.batch_size = max(1, batch_size)
+        self.linger_ms = max(0, linger_ms)
+        self.compression = Compression(compression)
+        self.pool = pool or BufferPool(32 * 1024 * 1024)
+        self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._incomplete: set[ProducerBatch] = set()
+        self._lock = threading.Lock()
+        self._flushes = 0
+        self._closed = False
+        self._drain_start = 0
+
+    # -- appending (application threads) ---------------------------------------------------
+
+    def append(self, tp: TopicPartition, timestamp: int, key, value, headers: tuple, size: int,
+               now_ms: int, *, abort_on_new_batch: bool = False) -> tuple[FutureRecordMetadata | None, bool, bool]:
+        """Queue one record whose ``size`` bytes are already reserved in the pool.
+
+        Returns ``(future, batch_is_full, new_batch_created)``; the caller wakes the sender when
+        either flag is set (a full batch is sendable; a new batch starts a linger timer). With
+        ``abort_on_new_batch`` a record that would open a new batch is not queued (the future is
+        None): the sticky partitioner moves on first, as Kafka's does (KIP-480).
+        """
+        with self._lock:
+            if self._closed:
+                raise IllegalStateError("cannot send after the producer is closed")
+            queue = self._queues.get(tp)
+            if queue is None:
+                queue = self._queues[tp] = deque()
+            new_batch = False
+            batch = queue[-1] if queue else None
+            delta = batch.try_append(timestamp, key, value, headers, size) if batch is not None else None
+            if delta is None:
+                if abort_on_new_batch and batch is not None:
+                    return None, True, False
+                batch = self._new_batch(tp, now_ms)
+                queue.append(batch)
+                delta = batch.try_append(timestamp, key, value, headers, size)
+                new_batch = True
+            full = len(queue) > 1 or batch.is_full
+            return FutureRecordMetadata(batch.result, delta, timestamp), full, new_batch
+
+    def _new_batch(self, tp: TopicPartition, now_ms: int) -> ProducerBatch:
+        batch = ProducerBatch(tp, RecordBatchBuilder(compression=self.compression), now_ms, self.batch_size)
+        self._incomplete.add(batch)
+        return batch
+
+    def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:
+        """Queue pre-encoded RecordBatch v2 bytes as one sealed batch (already reserved)."""
+        try:
+            # The offsets the batch will take, which is what the next batch's offset follows from.
+            record_count = read_batch_header(data).last_offset_delta + 1
+        except Exception:  # noqa: BLE001 -- malformed bytes are the broker's to reject
+            record_count = 1
+        with self._lock:
+            batch = ProducerBatch(tp, None, now_ms, self.batch_size, data=bytes(data), record_count=record_count)
+            batch.reserved_bytes = len(data)
+            self._incomplete.add(batch)
+            self._queues.setdefault(tp, deque()).append(batch)
+            return batch.result
+
+    # -- the sender's side -----------------------------------------------------------------
+
+    def ready(self, now_ms: int, muted: set[TopicPartition] | frozenset = frozenset()) -> ReadyCheck:
+        """Which partitions can send now, and how long until another one might."""
+        ready: list[TopicPartition] = []
+        next_check: int | None = None
+        with self._lock:
+            sending_all = self._flushes > 0 or self._closed
+            for tp, queue in self._queues.items():
+                if not queue or tp in muted:
+                    continue
+                head = queue[0]
+                wait_ms = self._wait_ms(head, len(queue) > 1, sending_all, now_ms)
+                if wait_ms <= 0:
+                    ready.append(tp)
+                elif next_check is None or wait_ms < next_check:
+                    next_check = wait_ms
+        return ReadyCheck(ready, next_check)
+
+    def _wait_ms(self, head: ProducerBatch, more_behind: bool, sending_all: bool, now_ms: int) -> int:
+        if head.retry_at_ms > now_ms:
+            return head.retry_at_ms - now_ms
+        if more_behind or sending_all or head.is_full:
+            return 0
+        return head.created_ms + self.linger_ms - now_ms
+
+    def drain(self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int,
+              max_requests: int) -> list[RequestPlan]:
+        """Pop the sendable batches of ``ready`` partitions into at most ``max_requests`` requests.
+
+        One request holds one topic (the Produce API's shape) and at most ``max_request_size``
+        bytes (but always at least one batch, however large). Nothing is popped that does not
+        make it into a returned request.
+        """
+        by_topic: dict[str, list[TopicPartition]] = {}
+        for tp in self._rotate(list(ready)):
+            by_topic.setdefault(tp.topic, []).append(tp)
+        plans: list[RequestPlan] = []
+        with self._lock:
+            sending_all = self._flushes > 0 or self._closed
+            for topic, tps in by_topic.items():
+                if not self._plan_topic(plans, topic, tps, now_ms, max_request_size, max_requests, sending_all):
+                    break
+        return plans
+
+    def _rotate(self, ready: list[TopicPartition]) -> list[TopicPartition]:
+        if not ready:
+            return ready
+        self._drain_start = (self._drain_start + 1) % len(ready)
+        return ready[self._drain_start:] + ready[:self._drain_start]
+
+    def _plan_topic(self, plans: list[RequestPlan], topic: str, tps: list[TopicPartition], now_ms: int,
+                    max_request_size: int, max_requests: int, sending_all: bool) -> bool:
+        """Add ``topic``'s requests to ``plans``; False once ``max_requests`` is reached."""
+        current: dict[int, list[ProducerBatch]] = {}
+        size = 0
+        for tp in tps:
+            queue = self._queues.get(tp)
+            if not queue:
+                continue
+            if current and size + queue[0].estimated_size > max_request_size:
+                plans.append((topic, current))
+                current, size = {}, 0
+            if not current and len(plans) >= max_requests:
+                return False
+            batches = self._take(tp, now_ms, max_request_size - size, sending_all)
+            current[tp.partition] = batches
+            size += sum(b.estimated_size for b in batches)
+        if current:
+            plans.append((topic, current))
+        return len(plans) < max_requests
+
+    def _take(self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool) -> list[ProducerBatch]:
+        """Pop the first batch of ``tp`` and the complete ones behind it, up to ``max_bytes``."""
+        queue = self._queues.get(tp)
+        taken: list[ProducerBatch] = []
+        size = 0
+        while queue:
+            batch = queue[0]
+            if taken:
+                last = len(queue) == 1
+                complete = batch.is_full or not last or sending_all or now_ms - batch.created_ms >= self.linger_ms
+                if not complete or batch.retry_at_ms > now_ms or size + batch.estimated_size > max_bytes:
+                    break
+            queue.popleft()
+            taken.append(batch)
+            size += batch.estimated_size
+        return taken
+
+    def reenqueue(self, batches: list[ProducerBatch], retry_at_ms: int) -> None:
+        """Put failed batches back at the *front* of their queues, in their original order."""
+        with self._lock:
+            for batch in reversed(batches):
+                batch.retry_at_ms = retry_at_ms
+                self._queues.setdefault(batch.topic_partition, deque()).appendleft(batch)
+
+    def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
+        """Remove and return queued batches older than ``delivery_timeout_ms`` (the caller fails them)."""
+        expired: list[ProducerBatch] = []
+        with self._lock:
+            for queue in self._queues.values():
+                while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
+                    expired.append(queue.popleft())
+        return expired
+
+    def complete(self, batch: ProducerBatch) -> None:
+        """Forget a finished batch and release its buffer memory (the caller resolves its result)."""
+        with self._lock:
+            if batch not in self._incomplete:
+                return
+            self._incomplete.discard(batch)
+        self.pool.deallocate(batch.reserved_bytes)
+
+    # -- flush, close, abort ---------------------------------------------------------------
+
+    def begin_flush(self) -> list[ProduceResult]:
+        """Make every queued batch sendable now; returns the results to wait for."""
+        with self._lock:
+            self._flushes += 1
+            return [batch.result for batch in self._incomplete]
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self._flushes = max(0, self._flushes - 1)
+
+    def close(self) -> None:
+        """Refuse new records; everything queued becomes sendable."""
+        with self._lock:
+            self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def has_incomplete(self) -> bool:
+        with self._lock:
+            return bool(self._incomplete)
+
+    def has_queued(self) -> bool:
+        with self._lock:
+            return any(self._queues.values())
+
+    def abort_queued(self) -> list[ProducerBatch]:
+        """Remove and return every queued (not in-flight) batch; the caller fails them."""
+        with self._lock:
+            aborted = [batch for queue in self._queues.values() for batch in queue]
+            for queue in self._queues.values():
+                queue.clear()
+        return aborted

@@ -1,0 +1,210 @@
+"""Administration: topics (create, delete, describe, list, add partitions, alter configs),
+cluster metadata and offsets. ``AsyncAdmin`` for asyncio, ``Admin`` for threads (same methods).
+
+Every failure raises the typed error the gateway reported, e.g. ``TopicAlreadyExistsError``
+(``TOPIC_ALREADY_EXISTS``), ``InvalidPartitionsError``, ``InvalidConfigError``,
+``UnknownTopicOrPartitionError``::
+
+    with Admin(servers="127.0.0.1:9092") as admin:
+        admin.create_topics([NewTopic("activity", num_partitions=8)])
+        print(admin.describe_topics(["activity"])[0].partitions)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.errors import TributaryError
+from gateway.client.io_thread import IOThread
+from gateway.client.metadata import cluster_from_proto, topic_from_proto
+from gateway.client.structs import (
+    ClusterDescription,
+    NewPartitions,
+    NewTopic,
+    OffsetAndTimestamp,
+    TopicDescription,
+    TopicPartition,
+)
+from services.clock import SYSTEM_CLOCK, Clock
+from services.proto import pb
+from services.serde import error_from_proto
+
+
+def _configs(configs: Mapping[str, Any] | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (configs or {}).items()}
+
+
+class AsyncAdmin:
+    """Topic and cluster administration on the running event loop."""
+
+    def __init__(self, *, servers: str | Sequence[str] | None = None, request_timeout_ms: int = 30_000,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self._client = GatewayClient(servers, request_timeout_ms=request_timeout_ms, clock=clock)
+
+    @property
+    def addresses(self) -> list[str]:
+        return list(self._client.addresses)
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._client.close()
+
+    # -- topics ----------------------------------------------------------------------------
+
+    async def create_topics(self, new_topics: Iterable[NewTopic], *, validate_only: bool = False) -> list[TopicDescription]:
+        """Create each topic; raises the first failure (topics before it are created)."""
+        created = []
+        for topic in new_topics:
+            response = await self._client.call("CreateTopic", pb.CreateTopicRequest(
+                name=topic.name, partitions=topic.num_partitions, replication_factor=topic.replication_factor,
+                configs=_configs(topic.topic_configs), validate_only=validate_only))
+            created.append(topic_from_proto(response.topic))
+        return created
+
+    async def create_topic(self, name: str, num_partitions: int = 1, replication_factor: int = 1,
+                           configs: Mapping[str, Any] | None = None) -> TopicDescription:
+        """Create one topic (shorthand for ``create_topics([NewTopic(...)])``)."""
+        return (await self.create_topics([NewTopic(name, num_partitions, replication_factor, dict(configs or {}))]))[0]
+
+    async def delete_topics(self, names: Iterable[str]) -> None:
+        """Delete each topic and its data."""
+        for name in names:
+            await self._client.call("DeleteTopic", pb.DeleteTopicRequest(name=name))
+            self._client.metadata.invalidate(name)
+
+    async def list_topics(self) -> list[str]:
+        """Every topic name, sorted."""
+        response = await self._client.call("ListTopics", pb.ListTopicsRequest())
+        return sorted(response.names)
+
+    async def describe_topics(self, names: Iterable[str] = (), *, include_defaults: bool = False) -> list[TopicDescription]:
+        """Partitions, leaders, replicas and configs (every config with ``include_defaults``).
+
+        Raises ``UnknownTopicOrPartitionError`` if a named topic does not exist.
+        """
+        response = await self._client.call("DescribeTopics", pb.DescribeTopicsRequest(
+            names=list(names), include_defaults=include_defaults))
+        descriptions = []
+        for topic in response.topics:
+            error = error_from_proto(topic.metadata.error) if topic.metadata.HasField("error") else None
+            if error is not None:
+                raise error
+            configs = {e.name: e.value for e in topic.configs} if topic.configs else None
+            descriptions.append(topic_from_proto(topic.metadata, configs))
+        return descriptions
+
+    async def create_partitions(self, new_partitions: Mapping[str, NewPartitions | int], *,
+                                validate_only: bool = False) -> list[TopicDescription]:
+        """Raise each topic's partition count to the given total (Kafka never shrinks a topic)."""
+        results = []
+        for topic, total in new_partitions.items():
+            count = total.total_count if isinstance(total, NewPartitions) else int(total)
+            response = await self._client.call("CreatePartitions", pb.CreatePartitionsRequest(
+                topic=topic, total_count=count, validate_only=validate_only))
+            self._client.metadata.invalidate(topic)
+            results.append(topic_from_proto(response.topic))
+        return results
+
+    async def alter_topic_configs(self, topic: str, set: Mapping[str, Any] | None = None,  # noqa: A002 -- the proto's name
+                                  delete: Iterable[str] = (), *, validate_only: bool = False) -> TopicDescription:
+        """Set configs (Kafka names, e.g. ``{"retention.ms": 3600000}``) and reset others to default."""
+        response = await self._client.call("AlterTopicConfigs", pb.AlterTopicConfigsRequest(
+            topic=topic, set=_configs(set), delete=list(delete), validate_only=validate_only))
+        description = response.topic
+        configs = {e.name: e.value for e in description.configs} if description.configs else None
+        return topic_from_proto(description.metadata, configs)
+
+    # -- cluster and offsets ---------------------------------------------------------------
+
+    async def describe_cluster(self) -> ClusterDescription:
+        """Cluster id, active controller and storage nodes."""
+        return cluster_from_proto(await self._client.refresh_metadata())
+
+    async def metadata(self, topics: Sequence[str] = ()) -> tuple[ClusterDescription, list[TopicDescription]]:
+        """The cluster and its topics (all topics when none are named), from one GetMetadata."""
+        response = await self._client.refresh_metadata(list(topics))
+        described = [topic_from_proto(t) for t in sorted(response.topics, key=lambda t: t.name)
+                     if not (t.HasField("error") and t.error.reason)]
+        return cluster_from_proto(response), described
+
+    async def list_offsets(self, specs: Mapping[TopicPartition, Any]) -> dict[TopicPartition, OffsetAndTimestamp]:
+        """``{tp: "earliest" | "latest" | timestamp_ms}`` -> ``{tp: OffsetAndTimestamp}``.
+
+        A timestamp with no record at or after it gives offset -1. Raises the first
+        per-partition error (e.g. ``UnknownTopicOrPartitionError``).
+        """
+        results = await list_offsets(self._client, {TopicPartition(*tp): spec for tp, spec in specs.items()})
+        for result in results.values():
+            if isinstance(result, TributaryError):
+                raise result
+        return results
+
+
+def _sync(name: str):
+    """A blocking twin of ``AsyncAdmin.<name>`` that runs it on the I/O thread."""
+    async_method = getattr(AsyncAdmin, name)
+
+    def method(self, *args, **kwargs):
+        return self._io.run(getattr(self._core, name)(*args, **kwargs))
+
+    method.__name__ = name
+    method.__qualname__ = f"Admin.{name}"
+    method.__doc__ = async_method.__doc__
+    return method
+
+
+class Admin:
+    """Thread-based administration client; the same methods as :class:`AsyncAdmin`, blocking."""
+
+    def __init__(self, *, servers: str | Sequence[str] | None = None, request_timeout_ms: int = 30_000,
+                 clock: Clock = SYSTEM_CLOCK) -> None:
+        self._io = IOThread("tributary-admin")
+
+        async def create() -> AsyncAdmin:
+            return AsyncAdmin(servers=servers, request_timeout_ms=request_timeout_ms, clock=clock)
+
+        try:
+            self._core = self._io.run(create())
+        except BaseException:
+            self._io.stop()
+            raise
+        self._closed = False
+
+    @property
+    def addresses(self) -> list[str]:
+        return self._core.addresses
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    create_topics = _sync("create_topics")
+    create_topic = _sync("create_topic")
+    delete_topics = _sync("delete_topics")
+    list_topics = _sync("list_topics")
+    describe_topics = _sync("describe_topics")
+    create_partitions = _sync("create_partitions")
+    alter_topic_configs = _sync("alter_topic_configs")
+    describe_cluster = _sync("describe_cluster")
+    metadata = _sync("metadata")
+    list_offsets = _sync("list_offsets")
+
+    def close(self) -> None:
+        """Close the connections and stop the I/O thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._io.run(self._core.close())
+        finally:
+            self._io.stop()

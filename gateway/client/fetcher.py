@@ -1,0 +1,482 @@
+"""The consumer's fetcher: a routine that keeps raw batches ready, and the lazy decoder of them.
+
+* The *fetch routine* asks the gateway (``Fetch`` with ``raw_batches=true``) for every
+  fetchable partition that has fewer than :data:`PREFETCH_DEPTH` chunks buffered, so the next
+  chunk is on its way while the application processes the current one. Long poll:
+  ``fetch_min_bytes`` / ``fetch_max_wait_ms``; size bounds ``max_partition_fetch_bytes`` and
+  ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up first (ListOffsets).
+* A fetched chunk stays the bytes the storage node wrote (compressed once by the producer);
+  :class:`PartitionRecords` walks its batches, checks their CRCs, and decodes records only as
+  ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time.
+* A result is used only if it is still wanted: the partition is assigned and the offset it was
+  fetched for is still where the consumer would fetch next; a ``seek`` discards what was
+  buffered for that partition and cancels the fetch in flight, so it takes effect at once.
+
+Errors found for a partition (out of range with ``auto_offset_reset='none'``, unknown topic or
+partition, a corrupt batch) are kept and raised by the next ``poll`` that has no records to
+return, as Kafka's consumer raises them from ``poll``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.errors import (
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+    TributaryError,
+    UnknownTopicOrPartitionError,
+)
+from gateway.client.structs import ConsumerRecord, TopicPartition
+from gateway.client.subscription import SubscriptionState
+from services.proto import pb
+from services.records import RecordBatchView, iter_batches
+from services.serde import error_from_proto
+
+log = logging.getLogger(__name__)
+
+#: Chunks buffered per partition: the one being consumed and the next one, prefetched.
+PREFETCH_DEPTH = 2
+_ISOLATION = {"read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
+              "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED}
+_new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
+
+
+def to_consumer_records(records: list, topic: str, partition: int, timestamp_type: int,
+                        key_deserializer: Callable | None, value_deserializer: Callable | None) -> list[ConsumerRecord]:
+    """Decoded ``Record`` tuples as ``ConsumerRecord``s, deserializing non-null keys and values."""
+    if key_deserializer is None and value_deserializer is None:
+        return [_new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
+                for r in records]
+    kd = key_deserializer or (lambda data: data)
+    vd = value_deserializer or (lambda data: data)
+    return [_new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type,
+                                        None if r[2] is None else kd(r[2]),
+                                        None if r[3] is None else vd(r[3]), r[4]))
+            for r in records]
+
+
+class PartitionRecords:
+    """One partition's fetched chunk of raw batches, decoded batch by batch as records are taken.
+
+    Construction walks only batch headers (and CRCs with ``check_crcs``): that gives
+    ``next_fetch_offset`` -- where the next fetch starts -- without decoding a record. A corrupt
+    batch ends the chunk there; its error is raised once the records before it are consumed.
+    """
+
+    __slots__ = ("topic_partition", "fetch_offset", "next_fetch_offset", "error", "_batches", "_batch_index",
+                 "_decoded", "_index", "_timestamp_type")
+
+    def __init__(self, tp: TopicPartition, fetch_offset: int, raw, *, check_crcs: bool = True) -> None:
+        self.topic_partition = tp
+        self.fetch_offset = fetch_offset
+        self.next_fetch_offset = fetch_offset
+        self.error: TributaryError | None = None
+        self._batches: list[RecordBatchView] = []
+        self._batch_index = 0
+        self._decoded: list = []
+        self._index = 0
+        self._timestamp_type = 0
+        try:
+            for view in iter_batches(raw, allow_partial_tail=True):
+                if view.next_offset <= fetch_offset:
+                    continue  # wholly before the position (the first batch may start earlier)
+                if check_crcs:
+                    view.validate()
+                self._batches.append(view)
+                self.next_fetch_offset = view.next_offset
+        except CorruptRecordError as exc:
+            self.error = self._corrupt(exc)
+
+    def _corrupt(self, exc: CorruptRecordError) -> CorruptRecordError:
+        error = CorruptRecordError(f"record batch for partition {self.topic_partition} at offset "
+                                   f"{self.next_fetch_offset} is invalid: {exc.message}")
+        error.__cause__ = exc
+        return error
+
+    @property
+    def has_records(self) -> bool:
+        return self._batch_index < len(self._batches) or self._index < len(self._decoded)
+
+    @property
+    def exhausted(self) -> bool:
+        """Every record handed out (an error may still be pending)."""
+        return not self.has_records
+
+    def take(self, max_records: int, position: int, key_deserializer=None,
+             value_deserializer=None) -> list[ConsumerRecord]:
+        """Up to ``max_records`` records at or after ``position``, in offset order."""
+        tp = self.topic_partition
+        out: list[ConsumerRecord] = []
+        while len(out) < max_records:
+            if self._index >= len(self._decoded) and not self._decode_next(position):
+                break
+            end = min(len(self._decoded), self._index + max_records - len(out))
+            chunk = self._decoded[self._index:end]
+            self._index = end
+            out.extend(to_consumer_records(chunk, tp.topic, tp.partition, self._timestamp_type,
+                                           key_deserializer, value_deserializer))
+            if chunk:
+                position = chunk[-1][0] + 1
+        return out
+
+    def _decode_next(self, position: int) -> bool:
+        """Decode the next data batch, skipping records before ``position``; False at the end."""
+        while self._batch_index < len(self._batches):
+            view = self._batches[self._batch_index]
+            self._batch_index += 1
+            if view.is_control:
+                continue
+            try:
+                records = list(view.records())
+            except CorruptRecordError as exc:
+                self.error = self._corrupt(exc)
+                self._batches = self._batches[:self._batch_index - 1]
+                self.next_fetch_offset = view.base_offset
+                return False
+            start = 0
+            while start < len(records) and records[start][0] < position:
+                start += 1
+            self._decoded, self._index = records, start
+            self._timestamp_type = int(view.timestamp_type)
+            if start < len(records):
+                return True
+        self._decoded, self._index = [], 0
+        return False
+
+
+class Fetcher:
+    """Keeps fetched chunks ready for ``poll``; run :meth:`run` as the consumer's fetch routine."""
+
+    def __init__(self, client: GatewayClient, subscription: SubscriptionState, *, fetch_min_bytes: int = 1,
+                 fetch_max_wait_ms: int = 500, fetch_max_bytes: int = 52_428_800,
+                 max_partition_fetch_bytes: int = 1_048_576, check_crcs: bool = True,
+                 isolation_level: str = "read_uncommitted", retry_backoff_ms: int = 100,
+                 key_deserializer: Callable | None = None, value_deserializer: Callable | None = None) -> None:
+        if isolation_level not in _ISOLATION:
+            raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
+        self.client = client
+        self.subscription = subscription
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.check_crcs = check_crcs
+        self.isolation_level = _ISOLATION[isolation_level]
+        self.retry_backoff_ms = retry_backoff_ms
+        self.key_deserializer = key_deserializer
+        self.value_deserializer = value_deserializer
+        self._buffers: dict[TopicPartition, deque[PartitionRecords]] = {}
+        self._errors: dict[TopicPartition, TributaryError] = {}
+        self._backoff_until: dict[TopicPartition, float] = {}
+        self._data_ready = asyncio.Event()
+        self._waiter: asyncio.Future | None = None
+        self._fetch_task: asyncio.Task | None = None
+        self._closed = False
+        self._drain_start = 0
+        self._confirming: set[TopicPartition] = set()
+        self._background: set[asyncio.Task] = set()
+
+    # -- what to fetch ---------------------------------------------------------------------
+
+    def next_fetch_offset(self, tp: TopicPartition) -> int | None:
+        """Where the next fetch of ``tp`` starts: after the last buffered chunk, else the position."""
+        chunks = self._buffers.get(tp)
+        if chunks:
+            return chunks[-1].next_fetch_offset
+        return self.subscription.position(tp)
+
+    def fetch_candidates(self, now: float) -> dict[TopicPartition, int]:
+        """``{tp: offset}`` for partitions worth fetching now."""
+        candidates = {}
+        for tp in self.subscription.fetchable_partitions():
+            chunks = self._buffers.get(tp)
+            if chunks and (len(chunks) >= PREFETCH_DEPTH or chunks[-1].error is not None):
+                continue
+            if tp in self._errors or self._backoff_until.get(tp, 0.0) > now:
+                continue
+            candidates[tp] = self.next_fetch_offset(tp)
+        return candidates
+
+    # -- the routine -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The fetch routine: reset offsets, fetch, buffer; until :meth:`close`."""
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            self._waiter = loop.create_future()
+            await self._maybe_reset_offsets()
+            now = self.client.clock.monotonic()
+            offsets = self.fetch_candidates(now)
+            if not offsets:
+                await self._sleep(loop, self._next_backoff_delay(now))
+                continue
+            self._fetch_task = loop.create_task(self._do_fetch(offsets))
+            await asyncio.wait({self._fetch_task})  # never raises: a cancelled fetch is just dropped
+            self._fetch_task = None
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None) -> None:
+        waiter = self._waiter
+        timer = loop.call_later(delay, _resolve, waiter) if delay is not None else None
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _next_backoff_delay(self, now: float) -> float | None:
+        pending = [until - now for until in self._backoff_until.values() if until > now]
+        return min(pending) if pending else None
+
+    def wakeup(self, *, restart_fetch: bool = False) -> None:
+        """Look again now; with ``restart_fetch`` also abandon the fetch in flight (after a seek,
+        an assignment change or a resume, so the change takes effect without a long-poll wait)."""
+        if self._waiter is not None:
+            _resolve(self._waiter)
+        if restart_fetch and self._fetch_task is not None:
+            self._fetch_task.cancel()
+
+    async def _do_fetch(self, offsets: dict[TopicPartition, int]) -> None:
+        handler = FetchHandler(self, offsets)
+        timeout_ms = self.client.request_timeout_ms + self.fetch_max_wait_ms
+        try:
+            response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)
+        except TributaryError as exc:
+            handler.handle_error(exc)
+        else:
+            handler.handle_response(response)
+
+    def handle_partition_result(self, tp: TopicPartition, fetch_offset: int, result) -> None:
+        """Buffer one partition's fetched batches, or act on its error."""
+        if not self.subscription.is_assigned(tp) or self.next_fetch_offset(tp) != fetch_offset:
+            return  # the application moved on (seek, reassignment): this data is stale
+        error = error_from_proto(result.error) if result.HasField("error") else None
+        if error is not None:
+            self.handle_partition_error(tp, fetch_offset, error)
+            return
+        self.subscription.update_watermarks(tp, result.high_watermark, result.log_start_offset)
+        if not result.record_batches:
+            return
+        chunk = PartitionRecords(tp, fetch_offset, result.record_batches, check_crcs=self.check_crcs)
+        if chunk.has_records or chunk.error is not None:
+            self._buffers.setdefault(tp, deque()).append(chunk)
+            self._data_ready.set()
+
+    def handle_partition_error(self, tp: TopicPartition, fetch_offset: int, error: TributaryError) -> None:
+        """Reset, back off, or keep the error for ``poll``, depending on what failed."""
+        if isinstance(error, OffsetOutOfRangeError):
+            if self.subscription.default_reset in ("earliest", "latest"):
+                log.info("offset %d out of range for %s; resetting to %s", fetch_offset, tp,
+                         self.subscription.default_reset)
+                self.subscription.request_reset(tp)
+                return
+            error = OffsetOutOfRangeError(f"fetch offset {fetch_offset} is out of range for partition {tp} "
+                                          f"and auto_offset_reset is 'none': {error.message}")
+        if error.invalid_metadata:
+            self.client.metadata.mark_stale(tp.topic)
+        if isinstance(error, UnknownTopicOrPartitionError):
+            self._backoff([tp])
+            self._maybe_confirm_unknown(tp, error)
+        elif error.retriable:
+            # Leader moves, a node restarting, the gateway's own retries running out: the
+            # application cannot act on these; fetch again after a backoff, as Kafka does.
+            log.debug("fetch of %s failed (%s); retrying in %d ms", tp, error, self.retry_backoff_ms)
+            self._backoff([tp])
+        else:
+            self._set_error(tp, error)
+
+    def _maybe_confirm_unknown(self, tp: TopicPartition, error: TributaryError) -> None:
+        """Raise UNKNOWN_TOPIC_OR_PARTITION to the application only if metadata agrees.
+
+        A partition being created answers it for a moment too; only a topic or partition that
+        the cluster metadata does not have is the application's mistake.
+        """
+        if tp in self._confirming:
+            return
+        self._confirming.add(tp)
+
+        async def confirm() -> None:
+            try:
+                await self.client.refresh_metadata([tp.topic])
+                count = self.client.metadata.partition_count(tp.topic)
+                if (count is None or tp.partition >= count) and self.subscription.is_assigned(tp):
+                    self._set_error(tp, error)
+            except TributaryError as exc:
+                log.debug("metadata check for %s failed: %s", tp, exc)
+            finally:
+                self._confirming.discard(tp)
+
+        task = asyncio.get_running_loop().create_task(confirm())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _backoff(self, tps: list[TopicPartition]) -> None:
+        until = self.client.clock.monotonic() + self.retry_backoff_ms / 1000.0
+        for tp in tps:
+            self._backoff_until[tp] = until
+
+    def _set_error(self, tp: TopicPartition, error: TributaryError) -> None:
+        self._errors[tp] = error
+        self._data_ready.set()
+
+    # -- offset resets ---------------------------------------------------------------------
+
+    async def _maybe_reset_offsets(self) -> None:
+        awaiting = {tp: se for tp, se in self.subscription.partitions_awaiting_reset().items()
+                    if tp not in self._errors}
+        if awaiting:
+            await self.reset_offsets(awaiting)
+
+    async def reset_offsets(self, awaiting: dict[TopicPartition, tuple[str, int]]) -> None:
+        """Look up and apply ``{tp: (strategy, epoch)}``; 'none' and lookup failures become errors."""
+        for tp, (strategy, _) in list(awaiting.items()):
+            if strategy == "none":
+                del awaiting[tp]
+                self._set_error(tp, OffsetOutOfRangeError(
+                    f"no offset for partition {tp} and auto_offset_reset is 'none'; seek first"))
+        try:
+            results = await list_offsets(self.client, {tp: s for tp, (s, _) in awaiting.items()})
+        except TributaryError as exc:
+            for tp in awaiting:
+                self.handle_partition_error(tp, -1, exc)
+            return
+        for tp, result in results.items():
+            if isinstance(result, TributaryError):
+                self.handle_partition_error(tp, -1, result)
+            elif tp in awaiting:
+                self.subscription.complete_reset(tp, awaiting[tp][1], max(result.offset, 0))
+
+    # -- handing records out ---------------------------------------------------------------
+
+    def discard(self, tp: TopicPartition) -> None:
+        """Drop what is buffered or failed for ``tp`` (after a seek or an unassignment)."""
+        self._buffers.pop(tp, None)
+        self._errors.pop(tp, None)
+        self._backoff_until.pop(tp, None)
+
+    def has_data(self) -> bool:
+        return any(self._buffers.values()) or bool(self._errors)
+
+    def drain(self, max_records: int, only: set[TopicPartition] | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Up to ``max_records`` buffered records by partition (of ``only``, if given), advancing positions.
+
+        If nothing can be returned and a partition has a pending error, that error is raised
+        (once; the partition is fetched again afterwards).
+        """
+        drained: dict[TopicPartition, list[ConsumerRecord]] = {}
+        remaining = max_records
+        for tp in self._rotated(list(self._buffers)):
+            if remaining <= 0:
+                break
+            if self.subscription.is_paused(tp) or (only is not None and tp not in only):
+                continue
+            taken = self._drain_partition(tp, remaining)
+            if taken:
+                drained[tp] = taken
+                remaining -= len(taken)
+        if not drained:
+            self._maybe_raise(only)
+        if not self.has_data():
+            self._data_ready.clear()
+        return drained
+
+    def _rotated(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        # Start each drain at a different partition so one busy partition cannot starve the rest.
+        if not tps:
+            return tps
+        self._drain_start = (self._drain_start + 1) % len(tps)
+        return tps[self._drain_start:] + tps[:self._drain_start]
+
+    def _drain_partition(self, tp: TopicPartition, max_records: int) -> list[ConsumerRecord]:
+        chunks = self._buffers.get(tp)
+        taken: list[ConsumerRecord] = []
+        while chunks and len(taken) < max_records:
+            chunk = chunks[0]
+            position = self.subscription.position(tp)
+            if position is None:
+                break
+            records = chunk.take(max_records - len(taken), position, self.key_deserializer, self.value_deserializer)
+            if records:
+                taken.extend(records)
+                self.subscription.advance(tp, records[-1].offset + 1)
+            if not chunk.exhausted:
+                break
+            if chunk.error is not None:
+                chunks.popleft()
+                self._errors[tp] = chunk.error
+                break
+            chunks.popleft()
+            self.subscription.advance(tp, chunk.next_fetch_offset)
+            self.wakeup()  # room for another chunk of tp
+        if not chunks:
+            self._buffers.pop(tp, None)
+        return taken
+
+    def raise_error(self, tp: TopicPartition) -> None:
+        """Raise (and clear) ``tp``'s pending error, if it has one."""
+        error = self._errors.pop(tp, None)
+        if error is not None:
+            self.wakeup()
+            raise error
+
+    def _maybe_raise(self, only: set[TopicPartition] | None = None) -> None:
+        for tp, error in list(self._errors.items()):
+            if not self.subscription.is_paused(tp) and (only is None or tp in only):
+                del self._errors[tp]
+                self.wakeup()
+                raise error
+
+    async def wait_for_data(self, timeout: float) -> None:
+        """Wait until something is buffered (or failed), at most ``timeout`` seconds."""
+        try:
+            await asyncio.wait_for(self._data_ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def close(self) -> None:
+        self._closed = True
+        self.wakeup(restart_fetch=True)
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+
+class FetchHandler:
+    """One Fetch request: ``create_request`` / ``handle_response`` / ``handle_error``.
+
+    It remembers the offset it asked for per partition; the fetcher decides whether the answer
+    is still wanted when it arrives.
+    """
+
+    def __init__(self, fetcher: Fetcher, offsets: dict[TopicPartition, int]) -> None:
+        self.fetcher = fetcher
+        self.offsets = offsets
+
+    def create_request(self):
+        f = self.fetcher
+        return pb.FetchRequest(
+            partitions=[pb.FetchPartition(topic=tp.topic, partition=tp.partition, offset=offset,
+                                          max_bytes=f.max_partition_fetch_bytes)
+                        for tp, offset in self.offsets.items()],
+            min_bytes=f.fetch_min_bytes, max_wait_ms=f.fetch_max_wait_ms, max_bytes=f.fetch_max_bytes,
+            isolation_level=f.isolation_level, raw_batches=True)
+
+    def handle_response(self, response) -> None:
+        for result in response.partitions:
+            tp = TopicPartition(result.topic, result.partition)
+            if tp in self.offsets:
+                self.fetcher.handle_partition_result(tp, self.offsets[tp], result)
+
+    def handle_error(self, error: TributaryError) -> None:
+        """The whole call failed (gateway unreachable, request rejected): as if each partition had."""
+        for tp in self.offsets:
+            self.fetcher.handle_partition_error(tp, -1, error)
+
+
+def _resolve(waiter: asyncio.Future | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)

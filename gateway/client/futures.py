@@ -1,0 +1,205 @@
+"""Futures of produced records: one shared result per batch, one light future per record.
+
+A batch resolves once (its base offset or its error) through :class:`ProduceResult`; each record's
+:class:`FutureRecordMetadata` only remembers its batch and its position in it, and computes its
+``RecordMetadata`` on demand. Completing a batch of 500 records therefore costs one event, not
+500 (kafka-python's ``FutureProduceResult`` / ``FutureRecordMetadata`` split).
+
+A record future works from both worlds: threads call ``get(timeout)``; coroutines ``await`` it.
+Callbacks run on the thread that completes the batch (the client's I/O thread), as in
+kafka-python; keep them short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from gateway.client.errors import RequestTimedOutError, TributaryError
+from gateway.client.structs import RecordMetadata, TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class ProduceResult:
+    """The outcome of one produced batch, shared by the futures of its records. Thread-safe."""
+
+    __slots__ = ("topic_partition", "base_offset", "log_append_time", "log_start_offset", "error",
+                 "_event", "_listeners", "_lock")
+
+    def __init__(self, topic_partition: TopicPartition) -> None:
+        self.topic_partition = topic_partition
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.log_start_offset = -1
+        self.error: BaseException | None = None
+        self._event = threading.Event()
+        self._listeners: list[Callable[[ProduceResult], None]] | None = []
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def complete(self, base_offset: int = -1, log_append_time: int = -1, log_start_offset: int = -1,
+                 error: BaseException | None = None) -> None:
+        """Resolve the batch (only the first call counts) and run the listeners."""
+        with self._lock:
+            if self._listeners is None:
+                return
+            self.base_offset, self.log_append_time = base_offset, log_append_time
+            self.log_start_offset, self.error = log_start_offset, error
+            listeners, self._listeners = self._listeners, None
+            self._event.set()
+        for listener in listeners:
+            try:
+                listener(self)
+            except Exception:  # noqa: BLE001 -- one bad callback must not starve the others
+                log.exception("error in a produce callback for %s", self.topic_partition)
+
+    def add_listener(self, listener: Callable[[ProduceResult], None]) -> None:
+        """Call ``listener(self)`` when done (at once, in this thread, if already done)."""
+        with self._lock:
+            if self._listeners is not None:
+                self._listeners.append(listener)
+                return
+        listener(self)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+
+async def wait_for_result(result: ProduceResult) -> None:
+    """Wait (in a coroutine) until ``result`` is done, without raising its error."""
+    if result.done:
+        return
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    result.add_listener(lambda done: _wake_waiter(loop, waiter, done))
+    await waiter
+
+
+def _wake_waiter(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future, _result: ProduceResult) -> None:
+    if asyncio._get_running_loop() is loop:
+        if not waiter.done():
+            waiter.set_result(None)
+        return
+    loop.call_soon_threadsafe(_set_if_pending, waiter)
+
+
+def _set_if_pending(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class FutureRecordMetadata:
+    """The future of one produced record; resolves to :class:`RecordMetadata` or raises.
+
+    kafka-python's shape: ``get(timeout)``, ``is_done``, ``succeeded()``, ``failed()``,
+    ``value``, ``exception``, ``add_callback(fn, *args)`` (called as ``fn(*args, metadata)``),
+    ``add_errback(fn, *args)`` (``fn(*args, exception)``), ``add_both``. Also awaitable.
+    """
+
+    __slots__ = ("_result", "_relative_offset", "_timestamp")
+
+    def __init__(self, result: ProduceResult, relative_offset: int, timestamp: int) -> None:
+        self._result = result
+        self._relative_offset = relative_offset
+        self._timestamp = timestamp
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def is_done(self) -> bool:
+        return self._result.done
+
+    def done(self) -> bool:
+        return self._result.done
+
+    def succeeded(self) -> bool:
+        return self._result.done and self._result.error is None
+
+    def failed(self) -> bool:
+        return self._result.done and self._result.error is not None
+
+    @property
+    def exception(self) -> BaseException | None:
+        return self._result.error if self._result.done else None
+
+    @property
+    def value(self) -> RecordMetadata | None:
+        return self._metadata() if self.succeeded() else None
+
+    def _metadata(self) -> RecordMetadata:
+        result = self._result
+        offset = result.base_offset + self._relative_offset if result.base_offset >= 0 else -1
+        timestamp = result.log_append_time if result.log_append_time >= 0 else self._timestamp
+        tp = result.topic_partition
+        return RecordMetadata(tp.topic, tp.partition, offset, timestamp, result.log_start_offset)
+
+    def _metadata_or_raise(self) -> RecordMetadata:
+        if self._result.error is not None:
+            raise self._result.error
+        return self._metadata()
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Block until the record is acknowledged; raise its error, or RequestTimedOutError."""
+        if not self._result.wait(timeout):
+            raise RequestTimedOutError(f"record not acknowledged within {timeout}s")
+        return self._metadata_or_raise()
+
+    def __await__(self):
+        if not self._result.done:
+            yield from wait_for_result(self._result).__await__()
+        return self._metadata_or_raise()
+
+    # -- callbacks -------------------------------------------------------------------------
+
+    def add_callback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """On success call ``fn(*args, metadata, **kwargs)``."""
+        def listener(result: ProduceResult) -> None:
+            if result.error is None:
+                fn(*args, self._metadata(), **kwargs)
+
+        self._result.add_listener(listener)
+        return self
+
+    def add_errback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """On failure call ``fn(*args, exception, **kwargs)``."""
+        def listener(result: ProduceResult) -> None:
+            if result.error is not None:
+                fn(*args, result.error, **kwargs)
+
+        self._result.add_listener(listener)
+        return self
+
+    def add_both(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
+        """Call ``fn(*args, metadata_or_exception, **kwargs)`` either way."""
+        self.add_callback(fn, *args, **kwargs)
+        return self.add_errback(fn, *args, **kwargs)
+
+    def add_delivery_callback(self, on_delivery: Callable[[BaseException | None, RecordMetadata | None], Any]) -> None:
+        """confluent-kafka's ``on_delivery(err, metadata)``: exactly one of them is None."""
+        def listener(result: ProduceResult) -> None:
+            if result.error is None:
+                on_delivery(None, self._metadata())
+            else:
+                on_delivery(result.error, None)
+
+        self._result.add_listener(listener)
+
+    def __repr__(self) -> str:
+        state = "pending" if not self.is_done else ("failed" if self.failed() else "done")
+        return f"<FutureRecordMetadata {self._result.topic_partition} #{self._relative_offset} {state}>"
+
+
+def failed_future(topic_partition: TopicPartition, error: TributaryError, timestamp: int = -1) -> FutureRecordMetadata:
+    """A record future that has already failed (a record rejected before it was queued)."""
+    result = ProduceResult(topic_partition)
+    result.complete(error=error)
+    return FutureRecordMetadata(result, 0, timestamp)

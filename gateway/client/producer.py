@@ -1,0 +1,500 @@
+"""The producer: ``Producer`` (threads) and ``AsyncProducer`` (asyncio) over one shared core.
+
+Usage, kafka-python style::
+
+    with Producer(servers="127.0.0.1:9092", linger_ms=5, compression="zstd") as producer:
+        future = producer.send("activity", b'{"page": "/"}', key=b"user-1")
+        metadata = future.get(timeout=10)      # RecordMetadata(topic, partition, offset, timestamp)
+
+and aiokafka style::
+
+    async with AsyncProducer(servers=...) as producer:
+        metadata = await producer.send_and_wait("activity", b"...", key=b"user-1")
+
+What happens to a record: it is serialized and partitioned in the caller's thread (explicit
+``partition``; else Kafka's murmur2 of the key modulo the partition count, so keys land where a
+Kafka client would put them; else a sticky partition per batch for null keys), buffer memory is
+reserved (waiting up to ``max_block_ms`` when ``buffer_memory`` is full), and it is appended to
+its partition's RecordBatch v2 builder in the accumulator. The sender routine on the I/O loop
+ships batches once full or after ``linger_ms``, compressed client-side, and retries retriable
+failures with backoff for up to ``delivery_timeout_ms``, keeping per-partition order.
+
+Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
+
+=====================  =========  =========================================================
+``acks``               ``"all"``  0 (handed over; no retries), 1 (leader wrote it), "all"/-1
+``compression``        "none"     none, gzip, snappy, lz4, zstd (``compression_type`` alias)
+``batch_size``         16384      bytes per partition batch before it is sent
+``linger_ms``          5          wait this long for a batch to fill
+``buffer_memory``      32 MiB     bytes of records waiting to be sent
+``max_block_ms``       60000      how long ``send`` may block (metadata, full buffer)
+``max_request_size``   1 MiB      largest record, and the most bytes in one request
+``retries``            2**31-1    retries of a retriable failure (bounded by the timeout)
+``retry_backoff_ms``   100        first retry wait; doubles up to ``retry_backoff_max_ms``
+``delivery_timeout_ms`` 120000    upper bound from send() to success or failure
+``request_timeout_ms`` 30000      how long one request may take
+``max_in_flight``      5          requests outstanding at once (never two per partition)
+=====================  =========  =========================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.client.accumulator import BufferPool, RecordAccumulator, estimate_record_size
+from gateway.client.client import GatewayClient
+from gateway.client.errors import (
+    IllegalStateError,
+    RecordTooLargeError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
+from gateway.client.futures import FutureRecordMetadata, wait_for_result
+from gateway.client.io_thread import IOThread
+from gateway.client.retry import RetryPolicy
+from gateway.client.sender import Sender, acks_to_proto
+from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
+from gateway.client.structs import RecordMetadata, TopicPartition
+from gateway.client.transport import StreamTransport, UnaryTransport
+from gateway.partitioner import StickyPartitioner, partition_for_key
+from services.clock import SYSTEM_CLOCK, Clock
+from services.records import Compression
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProducerConfig:
+    """Every producer setting; see the module docstring for what each means."""
+
+    servers: str | Sequence[str] | None = None
+    client_id: str = "tributary-producer"
+    acks: int | str = "all"
+    compression: str = "none"
+    batch_size: int = 16384
+    linger_ms: int = 5
+    buffer_memory: int = 32 * 1024 * 1024
+    max_block_ms: int = 60_000
+    max_request_size: int = 1024 * 1024
+    retries: int = 2**31 - 1
+    retry_backoff_ms: int = 100
+    retry_backoff_max_ms: int = 1000
+    delivery_timeout_ms: int = 120_000
+    request_timeout_ms: int = 30_000
+    max_in_flight: int = 5
+    metadata_max_age_ms: int = 300_000
+    key_serializer: Serializer | None = None
+    value_serializer: Serializer | None = None
+    #: "stream" pipelines requests on ProduceStream; "unary" makes one Produce call per request.
+    transport: str = "stream"
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
+        """Build from keyword arguments, accepting Kafka's longer names as aliases."""
+        aliases = {"bootstrap_servers": "servers", "compression_type": "compression",
+                   "max_in_flight_requests_per_connection": "max_in_flight"}
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {}
+        for key, value in kwargs.items():
+            name = aliases.get(key, key)
+            if name not in names:
+                raise TypeError(f"unknown producer setting {key!r}")
+            values[name] = value
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        acks_to_proto(self.acks)
+        Compression.from_name(self.compression)
+        if self.transport not in ("stream", "unary"):
+            raise ValueError("transport must be 'stream' or 'unary'")
+        for name in ("batch_size", "buffer_memory", "max_request_size", "max_in_flight", "delivery_timeout_ms",
+                     "request_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """A record serialized and sized, ready for a partition and buffer memory."""
+
+    key: Any
+    value: Any
+    headers: tuple
+    timestamp: int
+    size: int
+
+
+class ProducerCore:
+    """Everything both producers share. Runs on one event loop; ``prepare``/``append`` are safe
+    from any thread."""
+
+    def __init__(self, config: ProducerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.client = GatewayClient(config.servers, request_timeout_ms=config.request_timeout_ms,
+                                    metadata_max_age_ms=config.metadata_max_age_ms,
+                                    retry_backoff_ms=config.retry_backoff_ms, clock=clock)
+        self.pool = BufferPool(config.buffer_memory)
+        self.accumulator = RecordAccumulator(batch_size=config.batch_size, linger_ms=config.linger_ms,
+                                             compression=Compression.from_name(config.compression), pool=self.pool)
+        self.sticky = StickyPartitioner()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sender: Sender | None = None
+        self._sender_task: asyncio.Task | None = None
+        self._wakeup_pending = False
+        self._refreshing: set[str] = set()
+        self._background: set[asyncio.Task] = set()
+
+    # -- lifecycle (on the loop) -----------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.loop is not None:
+            return
+        self.loop = asyncio.get_running_loop()
+        # acks=0: the client learns of no failure worth retrying (Kafka ignores retries there too).
+        retries = 0 if acks_to_proto(self.config.acks) == acks_to_proto(0) else self.config.retries
+        policy = RetryPolicy(retries=retries, retry_backoff_ms=self.config.retry_backoff_ms,
+                             retry_backoff_max_ms=self.config.retry_backoff_max_ms,
+                             delivery_timeout_ms=self.config.delivery_timeout_ms)
+        transport = StreamTransport(self.client) if self.config.transport == "stream" else UnaryTransport(self.client)
+        self.sender = Sender(client=self.client, accumulator=self.accumulator, policy=policy, transport=transport,
+                             acks=self.config.acks, max_in_flight=self.config.max_in_flight,
+                             max_request_size=self.config.max_request_size,
+                             request_timeout_ms=self.config.request_timeout_ms)
+        self._sender_task = self.loop.create_task(self.sender.run(), name="tributary-sender")
+
+    async def close(self, timeout_s: float | None) -> None:
+        """Send what is queued (up to ``timeout_s``), then fail the rest and release everything."""
+        self.accumulator.close()
+        if self.sender is None:
+            await self.client.close()
+            return
+        self.sender.stop()
+        done, _ = await asyncio.wait({self._sender_task}, timeout=timeout_s)
+        if not done:
+            log.warning("producer closing with unsent records after %.1fs; failing them", timeout_s)
+            await self.sender.abort(IllegalStateError("the producer was closed before the record was sent"))
+            await self._sender_task
+        await self.sender.transport.close()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.client.close()
+
+    # -- sending (any thread) --------------------------------------------------------------
+
+    def prepare(self, value, key, headers, timestamp: int | None) -> _Prepared:
+        """Serialize and size one record; raises RecordTooLargeError / TypeError up front."""
+        key_bytes = serialize(key, self.config.key_serializer, "key")
+        value_bytes = serialize(value, self.config.value_serializer, "value")
+        header_tuple = normalize_headers(headers)
+        size = estimate_record_size(key_bytes, value_bytes, headers_size(header_tuple) if header_tuple else 0)
+        if size > self.config.max_request_size:
+            raise RecordTooLargeError(f"the record is {size} bytes when serialized, larger than max_request_size "
+                                      f"({self.config.max_request_size})")
+        if timestamp is None:
+            timestamp = self.clock.time_ms()
+        return _Prepared(key_bytes, value_bytes, header_tuple, timestamp, size)
+
+    def choose_partition(self, topic: str, record: _Prepared, partition: int | None, count: int) -> int:
+        """Explicit partition, else murmur2(key) % count, else the sticky partition."""
+        if partition is not None:
+            if not isinstance(partition, int) or partition < 0:
+                raise ValueError(f"partition must be a non-negative int, not {partition!r}")
+            if partition >= count:
+                raise UnknownTopicOrPartitionError(
+                    f"partition {partition} of topic {topic!r} does not exist ({count} partitions)")
+            return partition
+        if record.key is not None:
+            return partition_for_key(bytes(record.key), count)
+        return self.sticky.partition(topic, count)
+
+    def cached_partition_count(self, topic: str) -> int | None:
+        """The partition count if cached (refreshing it in the background when stale)."""
+        count = self.client.metadata.partition_count(topic)
+        if count is not None and self.client.metadata.is_stale(topic, self.clock.time_ms()):
+            self._schedule(self._refresh_in_background, topic)
+        return count
+
+    def needs_metadata(self, topic: str, partition: int | None, count: int | None) -> bool:
+        """True when the cache cannot place the record: unknown topic or a partition past the count."""
+        return count is None or (partition is not None and isinstance(partition, int) and partition >= count)
+
+    async def fetch_partition_count(self, topic: str) -> int:
+        """Fetch the topic's metadata now (waiting up to ``max_block_ms`` for an unknown topic)."""
+        self.client.metadata.mark_stale(topic)
+        description = await self.client.ensure_topic(topic, max_wait_ms=self.config.max_block_ms)
+        return len(description.partitions)
+
+    def append(self, topic: str, partition: int, record: _Prepared, *, sticky: bool = False) -> FutureRecordMetadata:
+        """Queue a record whose buffer memory is reserved; wakes the sender when it matters.
+
+        ``sticky``: the partition came from the sticky partitioner, so when its batch is full the
+        record moves to the next sticky partition instead of opening a new batch here.
+        """
+        try:
+            future, full, new_batch = self._append_to(topic, partition, record, sticky)
+            if future is None:
+                count = self.client.metadata.partition_count(topic) or partition + 1
+                self.sticky.on_new_batch(topic, count, partition)
+                future, full, new_batch = self._append_to(topic, self.sticky.partition(topic, count), record, False)
+        except BaseException:
+            self.pool.deallocate(record.size)
+            raise
+        if full or new_batch:
+            self.wakeup_sender()
+        return future
+
+    def _append_to(self, topic: str, partition: int, record: _Prepared, abort_on_new_batch: bool):
+        return self.accumulator.append(TopicPartition(topic, partition), record.timestamp, record.key, record.value,
+                                       record.headers, record.size, self.clock.time_ms(),
+                                       abort_on_new_batch=abort_on_new_batch)
+
+    def append_batch(self, topic: str, partition: int, data: bytes) -> FutureRecordMetadata:
+        """Queue pre-encoded batch bytes (already reserved) as one sealed batch."""
+        result = self.accumulator.append_batch(TopicPartition(topic, partition), data, self.clock.time_ms())
+        self.wakeup_sender()
+        return FutureRecordMetadata(result, 0, -1)
+
+    def wakeup_sender(self) -> None:
+        """Wake the sender routine from any thread; at most one wakeup is in the loop's queue."""
+        if self.loop is None or self._wakeup_pending:
+            return
+        self._wakeup_pending = True
+        self._schedule(self._do_wakeup)
+
+    def _do_wakeup(self) -> None:
+        self._wakeup_pending = False
+        if self.sender is not None:
+            self.sender.wakeup()
+
+    def _schedule(self, fn: Callable, *args) -> None:
+        if self.loop is None or self.loop.is_closed():
+            return
+        if asyncio._get_running_loop() is self.loop:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    def _refresh_in_background(self, topic: str) -> None:
+        if topic in self._refreshing:
+            return
+        self._refreshing.add(topic)
+
+        async def refresh() -> None:
+            try:
+                await self.client.refresh_metadata([topic])
+            except Exception as exc:  # noqa: BLE001 -- the cached entry stays usable
+                log.debug("background metadata refresh of %s failed: %s", topic, exc)
+            finally:
+                self._refreshing.discard(topic)
+
+        task = self.loop.create_task(refresh())
+        self._background.add(task)  # a task nobody references may be collected before it ends
+        task.add_done_callback(self._background.discard)
+
+    def ensure_open(self) -> None:
+        if self.accumulator.closed:
+            raise IllegalStateError("cannot send after the producer is closed")
+
+
+def _attach_delivery(future: FutureRecordMetadata, on_delivery) -> FutureRecordMetadata:
+    if on_delivery is not None:
+        future.add_delivery_callback(on_delivery)
+    return future
+
+
+class AsyncProducer:
+    """The asyncio producer (aiokafka's shape). Create it inside a running loop; ``start()`` (or
+    ``async with``, or the first ``send``) connects, ``stop()``/``close()`` flushes and closes."""
+
+    def __init__(self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 **settings: Any) -> None:
+        self.config = ProducerConfig.from_kwargs({"servers": servers, **settings})
+        self._core = ProducerCore(self.config, clock=clock)
+
+    async def start(self) -> None:
+        """Start the sender routine on the running loop (connections open on first use)."""
+        await self._core.start()
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop()
+
+    async def send(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
+                   timestamp: int | None = None, on_delivery=None) -> FutureRecordMetadata:
+        """Queue a record; returns an awaitable :class:`FutureRecordMetadata` once it is queued.
+
+        Waits (asynchronously) for metadata of a new topic and for buffer space, up to
+        ``max_block_ms``. ``on_delivery(error, metadata)`` is called when the record settles.
+        """
+        core = self._core
+        core.ensure_open()
+        await core.start()
+        record = core.prepare(value, key, headers, timestamp)
+        count = core.cached_partition_count(topic)
+        if core.needs_metadata(topic, partition, count):
+            count = await core.fetch_partition_count(topic)
+        chosen = core.choose_partition(topic, record, partition, count)
+        await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
+        sticky = partition is None and record.key is None
+        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+
+    async def send_and_wait(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
+                            timestamp: int | None = None) -> RecordMetadata:
+        """``send`` and wait for the acknowledgement."""
+        future = await self.send(topic, value, key, headers, partition, timestamp)
+        return await future
+
+    async def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
+        """Queue pre-encoded RecordBatch v2 bytes for one partition, as they are (mirroring tools).
+
+        The future resolves to the metadata of the batch's first record. Malformed bytes fail
+        the future with ``CorruptRecordError`` (reason ``CORRUPT_MESSAGE``), as the broker judges them.
+        """
+        core = self._core
+        core.ensure_open()
+        await core.start()
+        await core.pool.allocate_async(len(record_batches), self.config.max_block_ms / 1000.0)
+        return core.append_batch(topic, partition, record_batches)
+
+    async def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until every record so far has settled."""
+        core = self._core
+        results = core.accumulator.begin_flush()
+        core.wakeup_sender()
+        try:
+            if results:
+                await asyncio.wait_for(asyncio.gather(*(wait_for_result(r) for r in results)), timeout)
+        except asyncio.TimeoutError:
+            raise RequestTimedOutError(f"flush did not complete within {timeout}s") from None
+        finally:
+            core.accumulator.end_flush()
+
+    def metrics(self) -> dict[str, int]:
+        """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
+        return dict(self._core.sender.metrics) if self._core.sender is not None else {}
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        """The topic's partition numbers (fetching metadata if needed)."""
+        await self._core.start()
+        return set(range(await self._core.fetch_partition_count(topic)))
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Flush, then close (records still unsent after ``timeout`` seconds fail)."""
+        await self._core.close(timeout)
+
+    close = stop
+
+
+class Producer:
+    """The thread-based producer (kafka-python's shape); its I/O runs on a background thread.
+
+    Thread-safe: any number of threads may ``send`` concurrently.
+    """
+
+    def __init__(self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
+                 **settings: Any) -> None:
+        self.config = ProducerConfig.from_kwargs({"servers": servers, **settings})
+        self._core = ProducerCore(self.config, clock=clock)
+        self._io = IOThread("tributary-producer")
+        self._closed = False
+        try:
+            self._io.run(self._core.start())
+        except BaseException:
+            self._io.stop()
+            raise
+        # Like kafka-python: a producer still open when the interpreter exits sends what it holds
+        # (its I/O thread is a daemon and would otherwise die with records unsent).
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def send(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
+             timestamp: int | None = None, on_delivery=None) -> FutureRecordMetadata:
+        """Queue a record and return its future (``get(timeout)``, ``add_callback``, ...).
+
+        Blocks only to fetch metadata of a topic not seen before, or while ``buffer_memory`` is
+        full, each up to ``max_block_ms``. ``on_delivery(error, metadata)`` is called (on the
+        I/O thread) when the record settles.
+        """
+        core = self._core
+        core.ensure_open()
+        record = core.prepare(value, key, headers, timestamp)
+        count = core.cached_partition_count(topic)
+        if core.needs_metadata(topic, partition, count):
+            count = self._io.run(core.fetch_partition_count(topic))
+        chosen = core.choose_partition(topic, record, partition, count)
+        core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
+        sticky = partition is None and record.key is None
+        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+
+    def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
+        """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""
+        core = self._core
+        core.ensure_open()
+        core.pool.allocate(len(record_batches), self.config.max_block_ms / 1000.0)
+        return core.append_batch(topic, partition, record_batches)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and block until every record so far has settled.
+
+        Raises RequestTimedOutError if that takes longer than ``timeout`` seconds.
+        """
+        core = self._core
+        results = core.accumulator.begin_flush()
+        core.wakeup_sender()
+        try:
+            deadline = None if timeout is None else core.clock.monotonic() + timeout
+            for result in results:
+                remaining = None if deadline is None else max(0.0, deadline - core.clock.monotonic())
+                if not result.wait(remaining):
+                    raise RequestTimedOutError(f"flush did not complete within {timeout}s")
+        finally:
+            core.accumulator.end_flush()
+
+    def partitions_for(self, topic: str) -> set[int]:
+        """The topic's partition numbers (fetching metadata if needed)."""
+        return set(range(self._io.run(self._core.fetch_partition_count(topic))))
+
+    def metrics(self) -> dict[str, int]:
+        """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
+        return self._io.call(lambda: dict(self._core.sender.metrics))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued (waiting up to ``timeout`` seconds), then release everything."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._at_exit)
+        try:
+            self._io.run(self._core.close(timeout))
+        finally:
+            self._io.stop()
+
+
+def _close_at_exit(ref: weakref.ref, timeout: float = 30.0) -> None:
+    producer = ref()
+    if producer is not None:
+        producer.close(timeout)

@@ -1,0 +1,267 @@
+"""The producer's sender: the routine that drains the accumulator into Produce requests.
+
+I/O lives here and only here; the decisions are the accumulator's (what is ready, what to drain)
+and the retry policy's (retry or fail). Each request is one :class:`SendProduceHandler` with
+``create_request`` / ``handle_response`` / ``handle_error``, as aiokafka's sender does it.
+
+Per-partition order: a partition with a request in flight is *muted* -- the accumulator does not
+drain it -- until that request is answered. A failed batch goes back to the front of its queue,
+so a retry can never overtake the batches behind it. Up to ``max_in_flight`` requests (on
+different partitions) are outstanding at once.
+
+With ``acks=0`` there are no retries (as in Kafka: the client does not learn of failures), so
+nothing can overtake anything; partitions are then not muted and a transport that keeps request
+order (the ProduceStream) pipelines up to ``max_in_flight`` requests for the same partition --
+the fire-and-forget producer of the 2011 paper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+from gateway.client.accumulator import ProducerBatch, RecordAccumulator
+from gateway.client.client import GatewayClient
+from gateway.client.errors import IllegalStateError, RequestTimedOutError, TributaryError
+from gateway.client.retry import RetryPolicy
+from gateway.client.structs import TopicPartition
+from services.proto import pb
+from services.serde import error_from_proto
+
+log = logging.getLogger(__name__)
+
+ACKS = {0: pb.ACKS_NONE, 1: pb.ACKS_LEADER, -1: pb.ACKS_ALL, "all": pb.ACKS_ALL,
+        "0": pb.ACKS_NONE, "1": pb.ACKS_LEADER, "-1": pb.ACKS_ALL}
+
+_correlation_ids = itertools.count(1)
+
+
+def acks_to_proto(acks) -> int:
+    try:
+        return ACKS[acks]
+    except (KeyError, TypeError):
+        raise ValueError(f"acks must be 0, 1 or 'all' (-1), not {acks!r}") from None
+
+
+class SendProduceHandler:
+    """One Produce request: a topic and, per partition, the batches sent in it (in order)."""
+
+    def __init__(self, sender: Sender, topic: str, partitions: dict[int, list[ProducerBatch]]) -> None:
+        self.sender = sender
+        self.topic = topic
+        self.partitions = partitions
+
+    @property
+    def topic_partitions(self) -> list[TopicPartition]:
+        return [TopicPartition(self.topic, p) for p in self.partitions]
+
+    def create_request(self):
+        # NOTE: batches of one partition are concatenated into one PartitionBatches entry; the
+        # storage node appends them in order, as one unit.
+        return pb.ProduceRequest(
+            topic=self.topic,
+            batches=[pb.PartitionBatches(partition=p, record_batches=b"".join(b.close() for b in batches))
+                     for p, batches in self.partitions.items()],
+            acks=self.sender.acks,
+            timeout_ms=self.sender.request_timeout_ms,
+        )
+
+    def handle_response(self, response) -> None:
+        results = {result.partition: result for result in response.partitions}
+        # A ProduceStream request that failed as a whole is answered in-band on partition -1.
+        whole = results.get(-1)
+        for partition, batches in self.partitions.items():
+            result = results.get(partition, whole)
+            if result is None:
+                self.sender.fail_or_retry(batches, RequestTimedOutError(
+                    f"the gateway's answer has no result for {self.topic}-{partition}"))
+                continue
+            error = error_from_proto(result.error) if result.HasField("error") else None
+            if error is not None:
+                self.sender.fail_or_retry(batches, error)
+            else:
+                self.sender.complete(batches, result.base_offset, result.log_append_time, result.log_start_offset)
+
+    def handle_error(self, error: TributaryError) -> None:
+        for batches in self.partitions.values():
+            self.sender.fail_or_retry(batches, error)
+
+
+class Sender:
+    """Drains ready batches into requests and settles their outcome; run with :meth:`run`."""
+
+    def __init__(self, *, client: GatewayClient, accumulator: RecordAccumulator, policy: RetryPolicy,
+                 transport, acks=-1, max_in_flight: int = 5, max_request_size: int = 1048576,
+                 request_timeout_ms: int = 30_000) -> None:
+        self.client = client
+        self.accumulator = accumulator
+        self.policy = policy
+        self.transport = transport
+        self.acks = acks_to_proto(acks)
+        self.max_in_flight = max(1, max_in_flight)
+        self.max_request_size = max_request_size
+        self.request_timeout_ms = request_timeout_ms
+        self._muted: set[TopicPartition] = set()
+        # Without retries, order needs no muting if the transport delivers requests in order.
+        self._pipeline = self.acks == pb.ACKS_NONE and getattr(transport, "preserves_order", False)
+        self._in_flight: set[asyncio.Task] = set()
+        self._waiter: asyncio.Future | None = None
+        self._stopping = False
+        #: Counters for ``Producer.metrics()``: requests sent, batches retried / failed / acknowledged.
+        self.metrics = {"requests": 0, "batches-retried": 0, "batches-failed": 0, "batches-acknowledged": 0,
+                        "records-acknowledged": 0}
+
+    # -- the routine -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The sender routine: until stopped and everything queued has completed."""
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
+        while True:
+            now_ms = self.client.clock.time_ms()
+            self._fail_expired(now_ms)
+            if self._stopping and not self.accumulator.has_incomplete():
+                return
+            delay_ms = self._send_ready(now_ms)
+            await self._sleep(loop, delay_ms)
+
+    def _send_ready(self, now_ms: int) -> int | None:
+        """Start requests for ready partitions; return ms until the next check (None: on wakeup)."""
+        slots = self.max_in_flight - len(self._in_flight)
+        if slots <= 0:
+            return None
+        check = self.accumulator.ready(now_ms, self._muted)
+        if not check.ready:
+            return check.next_check_ms
+        plans = self.accumulator.drain(check.ready, now_ms, max_request_size=self.max_request_size,
+                                       max_requests=slots)
+        for topic, partitions in plans:
+            self._start(SendProduceHandler(self, topic, partitions))
+        return 0 if plans and len(self._in_flight) < self.max_in_flight else check.next_check_ms
+
+    async def _sleep(self, loop: asyncio.AbstractEventLoop, delay_ms: int | None) -> None:
+        if delay_ms is not None and delay_ms <= 0:
+            await asyncio.sleep(0)
+            return
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(delay_ms / 1000.0, _resolve, waiter) if delay_ms is not None else None
+        try:
+            await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def wakeup(self) -> None:
+        """Make the routine look again now (call on the loop thread)."""
+        if self._waiter is not None:
+            _resolve(self._waiter)
+
+    # -- one request -----------------------------------------------------------------------
+
+    def _start(self, handler: SendProduceHandler) -> None:
+        if not self._pipeline:
+            self._muted.update(handler.topic_partitions)
+        task = asyncio.get_running_loop().create_task(self._do_produce(handler))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _do_produce(self, handler: SendProduceHandler) -> None:
+        for batches in handler.partitions.values():
+            for batch in batches:
+                batch.attempts += 1
+        self.metrics["requests"] += 1
+        try:
+            request = handler.create_request()
+            response = await self.transport.send(request, self.request_timeout_ms / 1000.0 + 5.0)
+        except TributaryError as exc:
+            handler.handle_error(exc)
+        except asyncio.CancelledError:
+            handler.handle_error(IllegalStateError("the producer was closed before the request was answered"))
+            raise
+        except Exception as exc:  # noqa: BLE001 -- a bug must fail the batches, not hang them
+            log.exception("unexpected error sending to %s", handler.topic)
+            handler.handle_error(TributaryError(f"{type(exc).__name__}: {exc}"))
+        else:
+            handler.handle_response(response)
+        finally:
+            if not self._pipeline:
+                self._muted.difference_update(handler.topic_partitions)
+            self.wakeup()
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def complete(self, batches: list[ProducerBatch], base_offset: int, log_append_time: int,
+                 log_start_offset: int) -> None:
+        """Acknowledge the batches of one partition, sent together starting at ``base_offset``."""
+        offset = base_offset
+        self.metrics["batches-acknowledged"] += len(batches)
+        self.metrics["records-acknowledged"] += sum(batch.record_count for batch in batches)
+        for batch in batches:
+            self.accumulator.complete(batch)
+            batch.result.complete(offset, log_append_time, log_start_offset)
+            if offset >= 0:
+                offset += batch.record_count
+
+    def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError) -> None:
+        """Re-queue the batches (in order, after a backoff) if the policy allows, else fail them."""
+        now_ms = self.client.clock.time_ms()
+        if getattr(error, "invalid_metadata", False) and batches:
+            self.client.metadata.mark_stale(batches[0].topic_partition.topic)
+        retry = [b for b in batches if self.policy.can_retry(error, b.attempts, b.created_ms, now_ms)]
+        for batch in batches:
+            if batch not in retry:
+                self.fail(batch, self._final_error(batch, error, now_ms))
+        if retry:
+            self.metrics["batches-retried"] += len(retry)
+            for batch in retry:
+                batch.last_error = error
+            backoff = self.policy.backoff_ms(retry[0].attempts)
+            log.debug("retrying %d batch(es) of %s in %d ms after %s", len(retry), retry[0].topic_partition,
+                      backoff, error)
+            self.accumulator.reenqueue(retry, now_ms + backoff)
+
+    def _final_error(self, batch: ProducerBatch, error: TributaryError, now_ms: int) -> BaseException:
+        if getattr(error, "retriable", False) and self.policy.is_expired(batch.created_ms, now_ms):
+            timeout = RequestTimedOutError(
+                f"expiring {batch.record_count} record(s) for {batch.topic_partition}: "
+                f"{now_ms - batch.created_ms} ms has passed since batch creation; last error: {error}")
+            timeout.__cause__ = error
+            return timeout
+        return error
+
+    def fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        self.metrics["batches-failed"] += 1
+        self.accumulator.complete(batch)
+        batch.result.complete(error=error)
+
+    def _fail_expired(self, now_ms: int) -> None:
+        for batch in self.accumulator.expire(now_ms, self.policy.delivery_timeout_ms):
+            last = f"; last error: {batch.last_error}" if batch.last_error is not None else ""
+            error = RequestTimedOutError(f"expiring {batch.record_count} record(s) for {batch.topic_partition}: "
+                                         f"{now_ms - batch.created_ms} ms has passed since batch creation{last}")
+            error.__cause__ = batch.last_error
+            self.fail(batch, error)
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish what is queued, then end the routine."""
+        self._stopping = True
+        self.wakeup()
+
+    async def abort(self, error: BaseException) -> None:
+        """Fail everything queued, cancel what is in flight (their batches fail too)."""
+        for batch in self.accumulator.abort_queued():
+            self.fail(batch, error)
+        tasks = list(self._in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._stopping = True
+        self.wakeup()
+
+
+def _resolve(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

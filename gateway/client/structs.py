@@ -1,0 +1,139 @@
+"""Public value types of the client SDK, shaped like aiokafka's and kafka-python's ``structs``.
+
+All are NamedTuples: immutable, cheap, hashable (``TopicPartition`` is a dict key everywhere) and
+unpackable, so code written against kafka-python or aiokafka reads the same fields by the same
+names.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+#: A record header: a string key and a bytes value (``None`` = null), as in Kafka.
+Header = tuple[str, "bytes | None"]
+
+#: ``ConsumerRecord.timestamp_type`` values (Kafka's ``TimestampType`` ids).
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+
+class TopicPartition(NamedTuple):
+    """A topic and a partition number."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class RecordMetadata(NamedTuple):
+    """Where a produced record landed, as its future resolves.
+
+    ``offset`` is -1 when the producer sent with ``acks=0`` (nobody waited for the log).
+    ``timestamp`` is the record's create time, or the broker's append time when the topic uses
+    ``message.timestamp.type=LogAppendTime``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    log_start_offset: int = -1
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class ConsumerRecord(NamedTuple):
+    """One consumed record: its position, timestamp, deserialized key and value, and headers.
+
+    ``key``/``value`` are ``None`` for a null key / a tombstone (deserializers are not called on
+    ``None``). ``headers`` is a tuple of ``(str, bytes | None)`` pairs in the order they were sent.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: object
+    value: object
+    headers: tuple[Header, ...] = ()
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """An offset with the timestamp of its record (``offsets_for_times`` results)."""
+
+    offset: int
+    timestamp: int
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset with its metadata string (consumer groups; used from the next release)."""
+
+    offset: int
+    metadata: str = ""
+
+
+class BrokerMetadata(NamedTuple):
+    """A storage node as cluster metadata describes it."""
+
+    node_id: int
+    host: str
+    port: int
+    fetch_port: int
+    rack: str | None = None
+
+
+class PartitionMetadata(NamedTuple):
+    """One partition of a topic: its leader (-1 when offline), replicas and in-sync replicas.
+
+    ``error`` is the reason the partition is unusable (``LEADER_NOT_AVAILABLE`` ...) or ``None``.
+    """
+
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    state: str
+    error: str | None = None
+
+
+class TopicDescription(NamedTuple):
+    """A topic: partitions, replication factor and its configs by Kafka name."""
+
+    name: str
+    partitions: tuple[PartitionMetadata, ...]
+    replication_factor: int
+    configs: dict[str, str]
+
+
+class ClusterDescription(NamedTuple):
+    """What ``GetMetadata`` says about the cluster itself."""
+
+    cluster_id: str
+    controller_id: str
+    brokers: tuple[BrokerMetadata, ...]
+
+
+class NewTopic(NamedTuple):
+    """A topic to create (kafka-python's ``NewTopic``): name, partitions, replication, configs."""
+
+    name: str
+    num_partitions: int
+    replication_factor: int = 1
+    topic_configs: dict[str, str] | None = None
+
+
+class NewPartitions(NamedTuple):
+    """The new total partition count of a topic (Kafka never shrinks a topic)."""
+
+    total_count: int

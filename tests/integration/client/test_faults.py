@@ -1,0 +1,118 @@
+"""Gateways going away under a running client: retries keep what was acknowledged, failover
+keeps the client going. These tests break their own cluster, so they do not share one."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+
+import pytest
+
+from deploy.local_cluster import LocalCluster, LocalClusterSpec
+from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = LocalClusterSpec(storage_nodes=1, coordinators=1, gateways=2, session_timeout_s=2,
+                            cluster=f"faults-{uuid.uuid4().hex[:8]}")
+    local = LocalCluster(tmp_path_factory.mktemp("faults-cluster"), spec)
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+def new_topic(servers: str) -> str:
+    name = f"faults-{uuid.uuid4().hex[:8]}"
+    with Admin(servers=servers) as admin:
+        admin.create_topics([NewTopic(name, PARTITIONS)])
+    return name
+
+
+def read_everything(servers: str, topic: str, at_least: int) -> dict[int, list[bytes]]:
+    got: dict[int, list[bytes]] = defaultdict(list)
+    with Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < at_least and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                got[tp.partition].extend(r.value for r in records)
+        for _ in range(3):  # and whatever duplicates follow
+            for tp, records in consumer.poll(timeout_ms=300).items():
+                got[tp.partition].extend(r.value for r in records)
+    return got
+
+
+def test_gateway_restart_during_a_produce_loop_loses_nothing_acknowledged(cluster):
+    topic = new_topic(cluster.gateway)
+    total = 20_000
+    restarted = threading.Event()
+
+    def restart_soon():
+        time.sleep(0.3)
+        cluster.restart_gateway(0, kill=True)
+        restarted.set()
+
+    with Producer(servers=cluster.gateway, acks=1, linger_ms=2, batch_size=4096,
+                  delivery_timeout_ms=60_000, retry_backoff_ms=50) as producer:
+        restarter = threading.Thread(target=restart_soon)
+        futures = []
+        restarter.start()
+        for i in range(total):
+            value = b"seq-%06d" % i
+            key = b"k%d" % (i % 50)
+            futures.append(producer.send(topic, value, key=key))
+            if i % 500 == 0:
+                time.sleep(0.02)  # keep the loop running across the restart
+        restarter.join()
+        producer.flush(timeout=90)
+        metrics = producer.metrics()
+    assert restarted.is_set()
+    for future in futures:
+        future.get(0)  # raises if any record was not acknowledged
+    assert metrics["batches-retried"] > 0, f"the restart should have made the producer retry: {metrics}"
+
+    got = read_everything(cluster.gateway, topic, total)
+    values = [v for vs in got.values() for v in vs]
+    counts = Counter(values)
+    assert set(counts) == {b"seq-%06d" % i for i in range(total)}, "every acknowledged record is there"
+    duplicates = sum(c - 1 for c in counts.values())
+    print(f"\nrestart under load: {total} records, {duplicates} duplicates, producer {metrics}")
+    for partition, partition_values in got.items():
+        first_seen = list(dict.fromkeys(partition_values))
+        assert first_seen == sorted(first_seen), f"partition {partition}: order kept (first occurrences)"
+
+
+def test_two_gateways_one_killed_the_client_keeps_going(cluster):
+    servers = cluster.servers
+    assert len(servers.split(",")) == 2
+    topic = new_topic(servers)
+    with Producer(servers=servers, linger_ms=2, retry_backoff_ms=50) as producer, \
+            Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        before = [producer.send(topic, b"before-%d" % i, key=b"%d" % i) for i in range(1000)]
+        producer.flush(timeout=30)
+        seen = Counter()
+        deadline = time.monotonic() + 30
+        while sum(seen.values()) < 1000 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen.update(r.value for r in records)
+
+        cluster.gateways[0].kill()  # the gateway both clients were using
+        after = [producer.send(topic, b"after-%d" % i, key=b"%d" % i) for i in range(1000)]
+        producer.flush(timeout=60)
+        deadline = time.monotonic() + 60
+        while sum(seen.values()) < 2000 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen.update(r.value for r in records)
+    assert all(f.succeeded() for f in before + after)
+    expected = {b"before-%d" % i for i in range(1000)} | {b"after-%d" % i for i in range(1000)}
+    assert set(seen) == expected

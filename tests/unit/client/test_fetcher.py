@@ -1,0 +1,248 @@
+"""The consumer's fetch buffer and poll shaping: lazy decoding, positions, errors, stale results."""
+
+import json
+
+import pytest
+
+from gateway.client.errors import CorruptRecordError, OffsetOutOfRangeError
+from gateway.client.fetcher import PREFETCH_DEPTH, Fetcher, FetchHandler, PartitionRecords
+from gateway.client.metadata import MetadataCache
+from gateway.client.structs import ConsumerRecord, TopicPartition
+from gateway.client.subscription import SubscriptionState
+from services.clock import ManualClock
+from services.proto import pb
+from services.records import Compression, RecordBatchBuilder, set_base_offset
+from services.serde import error_to_proto
+
+T = 1_700_000_000_000
+TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
+
+
+def batch(base_offset: int, count: int, *, compression=Compression.NONE, prefix=b"v", headers=()):
+    builder = RecordBatchBuilder(compression=compression)
+    for i in range(count):
+        builder.append(prefix + str(base_offset + i).encode(), timestamp=T + base_offset + i,
+                       key=b"k%d" % (base_offset + i), headers=headers)
+    data = bytearray(builder.build())
+    set_base_offset(data, base_offset)
+    return bytes(data)
+
+
+def offsets(records):
+    return [r.offset for r in records]
+
+
+# ---- PartitionRecords ---------------------------------------------------------------------------
+
+
+def test_records_before_the_fetch_offset_are_skipped():
+    raw = batch(0, 5) + batch(5, 5)
+    chunk = PartitionRecords(TP0, 3, raw)
+    assert chunk.next_fetch_offset == 10
+    assert offsets(chunk.take(100, 3)) == [3, 4, 5, 6, 7, 8, 9]
+    assert chunk.exhausted
+
+
+def test_batches_wholly_before_the_offset_are_dropped_without_decoding():
+    chunk = PartitionRecords(TP0, 5, batch(0, 5) + batch(5, 2))
+    assert offsets(chunk.take(10, 5)) == [5, 6]
+
+
+def test_take_stops_at_max_records_and_resumes():
+    chunk = PartitionRecords(TP0, 0, batch(0, 4, compression=Compression.GZIP) + batch(4, 4))
+    first = chunk.take(3, 0)
+    second = chunk.take(3, 3)
+    third = chunk.take(3, 6)
+    assert [offsets(first), offsets(second), offsets(third)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert chunk.exhausted
+
+
+def test_consumer_records_carry_every_field():
+    chunk = PartitionRecords(TP0, 0, batch(0, 1, headers=[("h", b"1"), ("n", None)]))
+    (record,) = chunk.take(1, 0)
+    assert isinstance(record, ConsumerRecord)
+    assert record == ConsumerRecord("t", 0, 0, T, 0, b"k0", b"v0", (("h", b"1"), ("n", None)))
+    assert record.topic_partition == TP0
+
+
+def test_deserializers_apply_to_non_null_keys_and_values():
+    builder = RecordBatchBuilder()
+    builder.append(json.dumps({"a": 1}).encode(), timestamp=T, key=b"key")
+    builder.append(None, timestamp=T, key=None)
+    chunk = PartitionRecords(TP0, 0, builder.build())
+    records = chunk.take(10, 0, key_deserializer=bytes.decode, value_deserializer=json.loads)
+    assert [(r.key, r.value) for r in records] == [("key", {"a": 1}), (None, None)]
+
+
+def test_a_partial_tail_is_left_for_the_next_fetch():
+    raw = batch(0, 3) + batch(3, 3)[:-10]
+    chunk = PartitionRecords(TP0, 0, raw)
+    assert chunk.next_fetch_offset == 3
+    assert offsets(chunk.take(10, 0)) == [0, 1, 2]
+
+
+def test_a_corrupt_batch_ends_the_chunk_after_the_good_records():
+    bad = bytearray(batch(3, 3))
+    bad[-1] ^= 0xFF
+    chunk = PartitionRecords(TP0, 0, batch(0, 3) + bytes(bad))
+    assert chunk.next_fetch_offset == 3
+    assert offsets(chunk.take(10, 0)) == [0, 1, 2]
+    assert isinstance(chunk.error, CorruptRecordError)
+    assert chunk.error.reason == "CORRUPT_MESSAGE"
+
+
+def test_crc_check_can_be_turned_off():
+    bad = bytearray(batch(0, 3))
+    bad[-2] ^= 0x01  # the last value's last byte: "v2" becomes "v3"; the structure stays valid
+    chunk = PartitionRecords(TP0, 0, bytes(bad), check_crcs=False)
+    assert chunk.error is None
+    assert [r.value for r in chunk.take(10, 0)] == [b"v0", b"v1", b"v3"]
+    assert isinstance(PartitionRecords(TP0, 0, bytes(bad)).error, CorruptRecordError)
+
+
+# ---- Fetcher: buffering and poll shaping ----------------------------------------------------------
+
+
+class _Client:
+    """What the fetcher uses of GatewayClient when no I/O happens."""
+
+    def __init__(self):
+        self.clock = ManualClock()
+        self.metadata = MetadataCache()
+        self.request_timeout_ms = 30_000
+
+
+def fetcher(reset="earliest", positions=None):
+    subscription = SubscriptionState(reset)
+    subscription.assign_from_user(list(positions or {TP0: 0, TP1: 0}))
+    for tp, position in (positions or {TP0: 0, TP1: 0}).items():
+        if position is not None:
+            subscription.seek(tp, position)
+    return Fetcher(_Client(), subscription), subscription
+
+
+def result(tp, raw=b"", *, error=None, high_watermark=100):
+    message = pb.FetchPartitionResult(topic=tp.topic, partition=tp.partition, record_batches=raw,
+                                      high_watermark=high_watermark, log_start_offset=0)
+    if error is not None:
+        message.error.CopyFrom(error_to_proto(error))
+    return message
+
+
+def answer(f, tp, offset, partition_result):
+    """The fetcher gets ``partition_result`` as the answer to a fetch of ``tp`` from ``offset``."""
+    handler = FetchHandler(f, {tp: offset})
+    request = handler.create_request()
+    assert request.raw_batches and request.partitions[0].offset == offset
+    handler.handle_response(pb.FetchResponse(partitions=[partition_result]))
+
+
+def test_drain_shapes_records_by_partition_and_advances_positions():
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 3)))
+    answer(f, TP1, 0, result(TP1, batch(0, 2)))
+    polled = f.drain(100)
+    assert set(polled) == {TP0, TP1}
+    assert offsets(polled[TP0]) == [0, 1, 2] and offsets(polled[TP1]) == [0, 1]
+    assert sub.position(TP0) == 3 and sub.position(TP1) == 2
+    assert sub.high_watermark(TP0) == 100
+    assert f.drain(100) == {}
+
+
+def test_max_records_spans_partitions_and_the_rest_stays_buffered():
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 4)))
+    answer(f, TP1, 0, result(TP1, batch(0, 4)))
+    first = f.drain(5)
+    assert sum(len(r) for r in first.values()) == 5
+    second = f.drain(5)
+    assert sum(len(r) for r in second.values()) == 3
+    for tp in (TP0, TP1):
+        got = offsets(first.get(tp, [])) + offsets(second.get(tp, []))
+        assert got == [0, 1, 2, 3], "per-partition order across polls"
+
+
+def test_the_next_fetch_starts_after_buffered_chunks_up_to_the_prefetch_depth():
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 3)))
+    assert f.next_fetch_offset(TP0) == 3, "the next chunk is fetched while this one is consumed"
+    assert TP0 in f.fetch_candidates(now=0)
+    for n in range(1, PREFETCH_DEPTH):
+        answer(f, TP0, 3 * n, result(TP0, batch(3 * n, 3)))
+    assert TP0 not in f.fetch_candidates(now=0)
+    f.drain(3)
+    assert TP0 in f.fetch_candidates(now=0)
+
+
+def test_results_for_an_old_position_are_dropped():
+    f, sub = fetcher()
+    sub.seek(TP0, 50)  # the application seeked while a fetch from 0 was in flight
+    answer(f, TP0, 0, result(TP0, batch(0, 3)))
+    assert f.drain(10) == {}
+    answer(f, TP0, 50, result(TP0, batch(50, 2)))
+    assert offsets(f.drain(10)[TP0]) == [50, 51]
+
+
+def test_paused_partitions_keep_their_records_until_resumed():
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 2)))
+    sub.pause(TP0)
+    assert f.drain(10) == {}
+    assert TP0 not in f.fetch_candidates(now=0)
+    sub.resume(TP0)
+    assert offsets(f.drain(10)[TP0]) == [0, 1]
+
+
+def test_out_of_range_with_reset_none_is_raised_from_poll():
+    f, sub = fetcher(reset="none")
+    answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError("log starts at 10")))
+    with pytest.raises(OffsetOutOfRangeError, match="auto_offset_reset is 'none'"):
+        f.drain(10)
+    assert f.drain(10) == {}, "raised once; the partition is fetched again afterwards"
+
+
+def test_out_of_range_with_reset_earliest_resets_quietly():
+    f, sub = fetcher(reset="earliest")
+    answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError()))
+    assert f.drain(10) == {}
+    assert sub.partitions_awaiting_reset() == {TP0: ("earliest", 2)}
+
+
+def test_records_come_before_a_pending_error():
+    f, sub = fetcher(reset="none")
+    answer(f, TP1, 0, result(TP1, batch(0, 2)))
+    answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError()))
+    assert offsets(f.drain(10)[TP1]) == [0, 1]
+    with pytest.raises(OffsetOutOfRangeError):
+        f.drain(10)
+
+
+def test_a_corrupt_batch_is_raised_after_the_records_before_it():
+    bad = bytearray(batch(2, 2))
+    bad[-1] ^= 0xFF
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 2) + bytes(bad)))
+    assert offsets(f.drain(10)[TP0]) == [0, 1]
+    with pytest.raises(CorruptRecordError):
+        f.drain(10)
+    assert sub.position(TP0) == 2, "the consumer stays at the corrupt batch until it seeks past it"
+
+
+def test_a_failed_fetch_call_backs_off_quietly():
+    from gateway.client.errors import NetworkError
+
+    f, sub = fetcher()
+    FetchHandler(f, {TP0: 0, TP1: 0}).handle_error(NetworkError("gateway gone"))
+    assert f.drain(10) == {}, "retriable: not the application's problem"
+    assert f.fetch_candidates(now=f.client.clock.monotonic()) == {}
+    f.client.clock.advance(f.retry_backoff_ms)
+    assert f.fetch_candidates(now=f.client.clock.monotonic()) == {TP0: 0, TP1: 0}
+
+
+def test_a_rejected_fetch_is_raised():
+    from gateway.client.errors import InvalidRequestError
+
+    f, sub = fetcher()
+    FetchHandler(f, {TP0: 0}).handle_error(InvalidRequestError("bad request"))
+    with pytest.raises(InvalidRequestError):
+        f.drain(10)
