@@ -42,7 +42,22 @@ class CoordinatorConfig:
     forward_timeout_s: float = 10.0
     #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
     health_interval_s: float = 0.5
+    #: Consumer groups: accepted session timeouts (Kafka's group.min/max.session.timeout.ms).
+    group_min_session_timeout_ms: int = 6_000
+    group_max_session_timeout_ms: int = 1_800_000
+    #: Committed offsets of a group without members expire this long after it emptied (Kafka's
+    #: offsets.retention.minutes, 7 days), checked this often (offsets.retention.check.interval.ms).
+    offsets_retention_minutes: int = 10_080
+    offsets_retention_check_interval_s: float = 600.0
+    #: Longest metadata string a commit may store per partition (offset.metadata.max.bytes).
+    offset_metadata_max_bytes: int = 4_096
     #: When set, a JSON file with the pid and bound port is written here once the service serves.
     ready_file: Path | None = None
+    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
+    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
+    telemetry_exporter: str = ""
+    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
+    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
+    metrics_address: str = ""
     log_level: str = "INFO"
     log_file: Path | None = None

@@ -147,11 +147,18 @@ class Controller:
             self.depose(f"lost the election: {exc}")
             raise self._moved() from exc
 
-    async def _write(self, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> TxnResult:
-        """One fenced transaction; ``succeeded`` says whether ``compares`` held."""
+    async def fenced_txn(self, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> TxnResult:
+        """One transaction fenced by this term; ``succeeded`` says whether ``compares`` held.
+
+        Every write of the active controller goes through here -- topic metadata and consumer
+        groups alike -- so a deposed controller can write nothing: a stale epoch deposes this
+        term and raises NOT_CONTROLLER naming the new controller; an unreachable etcd raises
+        COORDINATOR_NOT_AVAILABLE. Requests etcd refuses outright (e.g. a lease that expired)
+        are raised as the etcd error, for the caller to interpret.
+        """
         self.ensure_current()
         try:
-            result = await self.client.txn(compares, ops, guard=self._guards())
+            return await self.client.txn(compares, ops, guard=self._guards())
         except EtcdGuardFailedError as exc:
             log.error("write rejected, controller epoch %d is stale (%s)", self.epoch, exc)
             self.depose("a write was rejected: stale controller epoch")
@@ -160,6 +167,10 @@ class Controller:
             if not exc.retriable:
                 raise  # a request etcd refuses outright is a bug here: UNKNOWN_SERVER_ERROR
             raise errors.CoordinatorNotAvailableError(f"etcd is unavailable: {exc.message}") from exc
+
+    async def _write(self, ops: Sequence[Op], compares: Sequence[Compare] = ()) -> TxnResult:
+        """A fenced metadata write, remembered so admin calls can wait to see their own writes."""
+        result = await self.fenced_txn(ops, compares)
         self._last_write_revision = max(self._last_write_revision, result.revision)
         return result
 

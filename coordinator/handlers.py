@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from coordinator import topic_rules
 from coordinator.controller import Controller
+from coordinator.groups.manager import GroupManager
 from coordinator.health import EtcdHealth
 from coordinator.leadership import Leadership
 from coordinator.metadata import MetadataCache, MetadataState
@@ -51,14 +52,15 @@ class CoordinatorHandlers:
     def metadata_revision(self) -> int:
         """The etcd revision metadata would be served at now (raises when it cannot be served).
 
-        Everything GetMetadata answers is a function of the cache state, which changes only with
-        the revision, so callers may reuse an answer built at the same revision.
+        Everything GetMetadata answers is a function of the cache's metadata, which changes only
+        with this revision (consumer-group writes do not move it), so callers may reuse an answer
+        built at the same revision.
         """
-        return self._state().revision
+        return self._state().metadata_revision
 
     async def wait_for_metadata_after(self, revision: int, timeout: float) -> None:
-        """Return once the cache is past ``revision`` or ``timeout`` seconds passed."""
-        await self.cache.wait_for_revision(revision + 1, timeout)
+        """Return once metadata changed after ``revision`` or ``timeout`` seconds passed."""
+        await self.cache.wait_for_metadata_after(revision, timeout)
 
     def get_metadata(self, topics: Sequence[str]) -> ClusterMetadata:
         """Live storage nodes and the requested topics (all when empty), with per-topic errors."""
@@ -68,7 +70,7 @@ class CoordinatorHandlers:
             brokers=tuple(sorted(state.brokers.values(), key=lambda b: b.node_id)),
             topics=tuple(_lookup(state, name) for name in names),
             controller=state.controller,
-            revision=state.revision,
+            revision=state.metadata_revision,
             cluster_id=state.cluster_id,
         )
 
@@ -109,6 +111,14 @@ class CoordinatorHandlers:
             f"{active.coordinator_id} at {active.address} (epoch {active.epoch})",
             active_id=active.coordinator_id, active_address=active.address,
         )
+
+    def group_manager(self) -> GroupManager:
+        """This term's consumer groups: the active controller's only (NOT_CONTROLLER elsewhere)."""
+        self._controller()
+        groups = self.leadership.groups
+        if groups is None:
+            raise self._moved()
+        return groups
 
     async def create_topic(self, spec: TopicSpec) -> TopicView:
         return await self._controller().create_topic(spec)

@@ -15,6 +15,10 @@ key                                 value (JSON unless noted)                   
 ``topics/<topic>/partitions/<p>``   replicas, leader, leader_epoch, isr, state  persistent
 ==================================  ==========================================  ===================
 
+Consumer groups live under ``groups/`` (members, generation and target, the ownership registry,
+committed offsets); their layout is in :mod:`coordinator.groups.keys`, and the metadata state
+ignores those keys (:func:`parse_key` calls them ``other``).
+
 ``topics/<topic>`` carries the replica assignment decided at create / add-partitions time (one
 key, so creating a topic of any size is one atomic write, as Kafka's ``/brokers/topics/<t>``
 znode). ``topics/<topic>/partitions/<p>`` is the partition's state, written by the controller

@@ -8,7 +8,8 @@ key under the candidate's lease only if it is absent). The winner then
 2. proclaims ``{coordinator_id, address, epoch}`` in the ``controller`` key, so standbys can
    name and forward to it,
 3. waits until its own cache shows that epoch, and runs a :class:`~coordinator.controller.Controller`
-   (its reconcile routine) until the term ends.
+   (its reconcile routine) and a :class:`~coordinator.groups.manager.GroupManager` (consumer
+   groups, loaded from etcd at the start of every term) until the term ends.
 
 A term ends when the election lease is lost (etcd said it expired, or no keep-alive succeeded
 within the TTL -- e.g. after a SIGSTOP or an etcd outage), when the election key is taken over,
@@ -27,6 +28,7 @@ import uuid
 
 from coordinator import keys
 from coordinator.controller import Controller, ControllerSettings
+from coordinator.groups.manager import GroupManager, GroupSettings
 from coordinator.metadata import MetadataCache
 from coordinator.model import ControllerInfo, CoordinatorInfo
 from coordinator.storage_client import StorageNodes
@@ -49,6 +51,7 @@ class Leadership:
         identity: CoordinatorInfo,
         ttl: int,
         settings: ControllerSettings = ControllerSettings(),
+        group_settings: GroupSettings = GroupSettings(),
         rng: random.Random | None = None,
     ) -> None:
         self.client = client
@@ -57,9 +60,12 @@ class Leadership:
         self.identity = identity
         self.ttl = ttl
         self.settings = settings
+        self.group_settings = group_settings
         self._rng = rng
         #: The controller of the current term, while this coordinator is the active one.
         self.controller: Controller | None = None
+        #: The consumer groups of the current term, while this coordinator is the active one.
+        self.groups: GroupManager | None = None
         self._election: Election | None = None
 
     @property
@@ -103,20 +109,23 @@ class Leadership:
             lambda s: s.controller is not None and s.controller.epoch == epoch, self.settings.admin_wait_s)
         if not seen:
             raise NotLeaderError(f"the cache did not show controller epoch {epoch} in time")
-        self.controller = controller
+        groups = GroupManager(client=self.client, cache=self.cache, storage=self.storage, controller=controller,
+                              settings=self.group_settings)
+        self.controller, self.groups = controller, groups
         reconcile = asyncio.create_task(controller.reconcile_routine(), name="controller-reconcile")
+        group_routine = asyncio.create_task(groups.run(), name="consumer-groups")
         lost = asyncio.create_task(election.lost.wait(), name="controller-lease")
         deposed = asyncio.create_task(controller.deposed.wait(), name="controller-deposed")
         try:
             await asyncio.wait({reconcile, lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
             controller.depose(election.loss_reason or controller.deposed_reason or "term ended")
         finally:
-            for task in (reconcile, lost, deposed):
+            for task in (reconcile, group_routine, lost, deposed):
                 task.cancel()
-            await asyncio.gather(reconcile, lost, deposed, return_exceptions=True)
+            await asyncio.gather(reconcile, group_routine, lost, deposed, return_exceptions=True)
 
     async def _resign(self) -> None:
-        controller, self.controller = self.controller, None
+        controller, self.controller, self.groups = self.controller, None, None
         if controller is not None:
             controller.depose("resigning")
         election, self._election = self._election, None

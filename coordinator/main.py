@@ -1,4 +1,4 @@
-"""``tributary-coordinator``: run one coordinator (metadata, topic admin, controller election)."""
+"""``tributary-coordinator``: run one coordinator (metadata, topic admin, consumer groups, election)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from services.log_setup import configure_logging
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tributary-coordinator",
-        description="Run a Tributary coordinator: cluster metadata and topic admin over etcd. Run several; "
+        description="Run a Tributary coordinator: cluster metadata, topic admin and consumer groups over etcd. "
+        "Run several; "
         "one is elected the active controller, the others stand by. "
         f"Settings: flags > {ENV_PREFIX}_* environment > --config file.",
     )

@@ -9,6 +9,14 @@ reflects.
 then every event in revision order, a whole etcd response -- one txn -- at a time, so readers never
 see half a write) and lets callers wait for a revision or a condition. Every coordinator, active or
 standby, serves metadata from its own cache. Not thread-safe: one event loop.
+
+The watch also sees consumer-group keys (``groups/...``), which change far more often than
+metadata (a committing group writes every few milliseconds). Those advance :attr:`revision`
+(read-your-writes waits need it) but not :attr:`metadata_revision`, and do not call the change
+listeners: the controller's reconcile loop and the gateways' WatchMetadata streams only wake for
+metadata. Batch listeners (:meth:`MetadataCache.add_batch_listener`) get every watch response as
+it is, so the consumer-group manager follows ``groups/`` on this same watch instead of a second
+one that would deliver every commit again.
 """
 
 from __future__ import annotations
@@ -39,7 +47,10 @@ class MetadataState:
     """Everything the coordinator knows from etcd, as of :attr:`revision`."""
 
     def __init__(self) -> None:
+        #: The etcd revision this state has caught up with (every key under the prefix).
         self.revision = 0
+        #: The revision of the last change to metadata (group keys excluded); what clients see.
+        self.metadata_revision = 0
         self.brokers: dict[int, BrokerInfo] = {}
         self.coordinators: dict[str, CoordinatorInfo] = {}
         self.controller: ControllerInfo | None = None
@@ -55,16 +66,23 @@ class MetadataState:
         self.__init__()  # type: ignore[misc]  # reset every field in one place
         for kv in resync.kvs:
             self._put(kv)
-        self.revision = resync.revision
+        self.revision = self.metadata_revision = resync.revision
 
-    def apply_events(self, events: Iterable[WatchEvent]) -> None:
-        """Apply events in order (a DELETE of a leased key is how a lease expiry shows up)."""
+    def apply_events(self, events: Iterable[WatchEvent]) -> bool:
+        """Apply events in order (a DELETE of a leased key is how a lease expiry shows up);
+        return whether any of them was about metadata (not a key this state ignores)."""
+        changed = False
         for event in events:
+            if keys.parse_key(event.kv.key).kind == "other":
+                self.revision = max(self.revision, event.revision)
+                continue
             if event.type is EventType.PUT:
                 self._put(event.kv)
             else:
                 self._delete(event.kv.key)
-            self.revision = max(self.revision, event.revision)
+            self.revision = self.metadata_revision = max(self.revision, event.revision)
+            changed = True
+        return changed
 
     def _put(self, kv: KeyValue) -> None:
         parsed = keys.parse_key(kv.key)
@@ -177,6 +195,7 @@ class MetadataCache:
         self.synced = False
         self._changed = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._batch_listeners: list[Callable[[list[WatchEvent] | WatchResync], None]] = []
 
     @property
     def revision(self) -> int:
@@ -189,14 +208,26 @@ class MetadataCache:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    def add_batch_listener(self, listener: Callable[[list[WatchEvent] | WatchResync], None]) -> None:
+        """Call ``listener`` (synchronously) with every watch response or resync, once applied."""
+        self._batch_listeners.append(listener)
+
+    def remove_batch_listener(self, listener: Callable[[list[WatchEvent] | WatchResync], None]) -> None:
+        if listener in self._batch_listeners:
+            self._batch_listeners.remove(listener)
+
     def apply(self, batch: list[WatchEvent] | WatchResync) -> None:
-        """Apply one watch response (all events of one etcd response) or a resync, then notify."""
+        """Apply one watch response (all events of one etcd response) or a resync, then notify
+        waiters -- and listeners too if metadata changed."""
         if isinstance(batch, WatchResync):
             self.state.apply_resync(batch)
             self.synced = True
+            changed = True
         else:
-            self.state.apply_events(batch)
-        self._notify()
+            changed = self.state.apply_events(batch)
+        self._notify(listeners=changed)
+        for listener in list(self._batch_listeners):
+            listener(batch)
 
     async def watch_routine(self, client: Any) -> None:
         """Follow the cluster prefix forever: a snapshot first, then every change.
@@ -209,11 +240,12 @@ class MetadataCache:
             async for batch in watch.batches():
                 self.apply(batch)
 
-    def _notify(self) -> None:
+    def _notify(self, *, listeners: bool = True) -> None:
         event, self._changed = self._changed, asyncio.Event()
         event.set()
-        for listener in self._listeners:
-            listener()
+        if listeners:
+            for listener in self._listeners:
+                listener()
 
     async def wait_for(self, predicate: Callable[[MetadataState], bool], timeout: float) -> bool:
         """Wait until ``predicate(state)`` holds; return False if ``timeout`` seconds pass first."""
@@ -228,3 +260,7 @@ class MetadataCache:
     async def wait_for_revision(self, revision: int, timeout: float) -> bool:
         """Wait until the cache reflects etcd revision ``revision`` (read-your-writes)."""
         return await self.wait_for(lambda state: state.revision >= revision, timeout)
+
+    async def wait_for_metadata_after(self, revision: int, timeout: float) -> bool:
+        """Wait until metadata changed after ``revision`` (group keys do not count)."""
+        return await self.wait_for(lambda state: state.metadata_revision > revision, timeout)

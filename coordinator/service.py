@@ -23,11 +23,13 @@ from pathlib import Path
 from coordinator import keys
 from coordinator.config import CoordinatorConfig
 from coordinator.controller import ControllerSettings
+from coordinator.groups.handlers import GroupHandlers
+from coordinator.groups.manager import GroupSettings
 from coordinator.handlers import CoordinatorHandlers
 from coordinator.health import EtcdHealth
 from coordinator.leadership import Leadership
 from coordinator.metadata import MetadataCache
-from coordinator.model import CoordinatorInfo
+from coordinator.model import CoordinatorInfo, PartitionStatus
 from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
@@ -36,6 +38,7 @@ from services.etcd.connection import Backoff, TlsConfig
 from services.etcd.exceptions import EtcdError
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
+from services.telemetry import ClusterHealth, CoordinatorInstruments, Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +57,14 @@ def _etcd_tls(config: CoordinatorConfig) -> TlsConfig | None:
 class CoordinatorService:
     """Owns every part of a running coordinator; ``start()`` then ``stop()``."""
 
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, *, telemetry: Telemetry | None = None) -> None:
         self.config = config
         self.coordinator_id = config.coordinator_id or f"{socket.gethostname()}-{os.getpid()}"
+        #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
+        self._owns_telemetry = telemetry is None
+        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
+            "tributary-coordinator", exporter=config.telemetry_exporter,
+            metrics_address=config.metrics_address, default_host=config.host, instance_id=self.coordinator_id)
         self.client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
                                  tls=_etcd_tls(config), timeout=config.etcd_timeout_s)
         self.cache = MetadataCache()
@@ -70,22 +78,28 @@ class CoordinatorService:
                 reconcile_interval_s=config.reconcile_interval_s, admin_wait_s=config.admin_wait_s,
                 max_parallel_rpcs=config.max_parallel_rpcs,
                 default_replication_factor=config.default_replication_factor),
+            group_settings=group_settings(config),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
         self.handlers = CoordinatorHandlers(coordinator_id=self.coordinator_id, cache=self.cache,
                                             leadership=self.leadership, health=self.health)
         self.grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task] = []
+        if self.telemetry.enabled:
+            CoordinatorInstruments(self.telemetry, coordinator_id=self.coordinator_id,
+                                   is_active=lambda: self.leadership.is_active,
+                                   cluster_health=lambda: cluster_health(self.cache.state))
 
     @property
     def identity(self) -> CoordinatorInfo:
         return self.leadership.identity
 
     async def start(self) -> None:
-        servicer = CoordinatorServicer(self.handlers, self.forwarder)
+        servicer = CoordinatorServicer(self.handlers, self.forwarder, GroupHandlers(self.handlers.group_manager))
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(coordinator_grpc.add_CoordinatorServicer_to_server, servicer, COORDINATOR_SERVICE)],
+            interceptors=self.telemetry.server_interceptors(),
         )
         # The address in etcd must carry the port actually bound (port 0 = any free port).
         self.leadership.identity = CoordinatorInfo(self.coordinator_id, self.config.host, self.grpc.port)
@@ -147,6 +161,8 @@ class CoordinatorService:
         await self.forwarder.close()
         await self.storage.close()
         await self.client.close()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()  # flushes the last spans and metrics
         log.info("coordinator %s stopped", self.coordinator_id)
 
     async def run(self) -> None:
@@ -154,6 +170,35 @@ class CoordinatorService:
         await self.start()
         assert self.grpc is not None
         await run_until_signalled(self.grpc, self.stop)
+
+
+def group_settings(config: CoordinatorConfig) -> GroupSettings:
+    return GroupSettings(
+        min_session_timeout_ms=config.group_min_session_timeout_ms,
+        max_session_timeout_ms=config.group_max_session_timeout_ms,
+        offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+        offsets_retention_check_interval_s=config.offsets_retention_check_interval_s,
+        offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+        load_wait_s=config.admin_wait_s,
+    )
+
+
+def cluster_health(state) -> ClusterHealth:
+    """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
+    thread: it only reads (copies the topic map first)."""
+    counts = {"online": 0, "offline": 0, "pending": 0}
+    under_replicated = 0
+    for topic in list(state.topics.values()):
+        if topic.deleting:
+            continue
+        for partition in range(topic.partition_count):
+            view = state.partition_view(topic, partition)
+            counts[view.status.value.lower()] += 1
+            if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
+                under_replicated += 1
+    epoch = state.controller.epoch if state.controller is not None else state.controller_epoch
+    return ClusterHealth(controller_epoch=epoch, live_brokers=len(state.brokers), partitions=counts,
+                         under_replicated=under_replicated)
 
 
 async def _revoke_quietly(lease) -> None:

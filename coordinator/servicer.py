@@ -1,9 +1,9 @@
 """The Coordinator gRPC servicer: translation between protobuf and :mod:`coordinator.handlers`.
 
 Each RPC decodes, calls one handler, encodes; errors are mapped once by ``translate_errors``.
-Admin RPCs additionally forward to the active controller when this coordinator is a standby
-(:mod:`coordinator.redirect`). Group RPCs are not implemented yet: the generated base class
-answers UNIMPLEMENTED.
+Admin and group RPCs additionally forward to the active controller when this coordinator is a
+standby (:mod:`coordinator.redirect`): consumer groups live in the active controller
+(:mod:`coordinator.groups`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 
 from coordinator import serde
+from coordinator.groups import serde as group_serde
+from coordinator.groups.handlers import GroupHandlers
 from coordinator.handlers import CoordinatorHandlers
 from coordinator.redirect import ControllerMovedError, Forwarder
 from services.grpc_server import translate_errors
@@ -59,9 +61,10 @@ def _admin(method):
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
-    def __init__(self, handlers: CoordinatorHandlers, forwarder: Forwarder) -> None:
+    def __init__(self, handlers: CoordinatorHandlers, forwarder: Forwarder, groups: GroupHandlers) -> None:
         self._handlers = handlers
         self._forwarder = forwarder
+        self._groups = groups
         self._metadata_memo = _RevisionMemo()
 
     @translate_errors
@@ -121,3 +124,61 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
         lookup = await self._handlers.alter_topic_configs(
             request.topic, dict(request.set), list(request.delete), validate_only=request.validate_only)
         return pb.AlterTopicConfigsResponse(topic=serde.description_to_proto(lookup))
+
+    # ---- consumer groups (active controller; standbys forward) ----------------------------------
+
+    @_admin
+    async def JoinGroup(self, request, context):
+        answer = await self._groups.join(group_serde.join_from_proto(request, _peer_host(context)))
+        return group_serde.join_to_proto(answer)
+
+    @_admin
+    async def Heartbeat(self, request, context):
+        answer = await self._groups.heartbeat(group_serde.heartbeat_from_proto(request))
+        return group_serde.heartbeat_to_proto(answer)
+
+    @_admin
+    async def LeaveGroup(self, request, context):
+        await self._groups.leave(request.group_id, request.member_id, request.group_instance_id)
+        return pb.LeaveGroupResponse()
+
+    @_admin
+    async def CommitOffsets(self, request, context):
+        results = await self._groups.commit(group_serde.commit_from_proto(request))
+        return group_serde.commit_results_to_proto(results)
+
+    @_admin
+    async def FetchCommittedOffsets(self, request, context):
+        offsets = await self._groups.fetch_offsets(request.group_id, group_serde.tps_from_proto(request.partitions))
+        return pb.FetchCommittedOffsetsResponse(offsets=[group_serde.committed_to_proto(o) for o in offsets])
+
+    @_admin
+    async def ListGroups(self, request, context):
+        listings = await self._groups.list_groups()
+        return pb.ListGroupsResponse(groups=[group_serde.listing_to_proto(g) for g in listings])
+
+    @_admin
+    async def DescribeGroup(self, request, context):
+        return group_serde.description_to_proto(await self._groups.describe(request.group_id))
+
+    @_admin
+    async def ResetGroupOffsets(self, request, context):
+        offsets = await self._groups.reset_offsets(
+            request.group_id, list(request.topics), group_serde.reset_spec_from_proto(request), dry_run=request.dry_run)
+        return pb.ResetGroupOffsetsResponse(offsets=[group_serde.committed_to_proto(o) for o in offsets])
+
+    @_admin
+    async def DeleteGroup(self, request, context):
+        await self._groups.delete_group(request.group_id)
+        return pb.DeleteGroupResponse()
+
+
+def _peer_host(context) -> str:
+    """The caller's host as gRPC names it (``ipv4:127.0.0.1:5555`` -> ``127.0.0.1``): the
+    gateway's or forwarding coordinator's address when the call came through one."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host, _, _port = rest.rpartition(":")
+        return host.strip("[]") or rest
+    return peer

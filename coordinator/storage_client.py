@@ -1,4 +1,4 @@
-"""The controller's calls to storage nodes: create, delete and list partitions over gRPC.
+"""The controller's calls to storage nodes: create, delete and list partitions, list offsets.
 
 One ``grpc.aio`` channel per node address, opened on first use and kept. Every call has a
 deadline, so a paused or partitioned node stalls a reconcile pass for at most that long, and
@@ -18,6 +18,7 @@ from coordinator.model import BrokerInfo
 from services import errors
 from services.grpc_server import DEFAULT_OPTIONS
 from services.proto import pb, storage_grpc
+from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,18 @@ class StorageNodes:
         response = await self._call(broker, "DescribePartitions", pb.DescribePartitionsRequest())
         return [(p.topic, p.partition) for p in response.partitions]
 
+    async def list_offsets(self, broker: BrokerInfo, queries: Sequence[tuple[str, int, int]],
+                           ) -> list[tuple[str, int, int, errors.TributaryError | None]]:
+        """Offsets of partitions ``broker`` leads: each query is (topic, partition, timestamp) with
+        Kafka's convention (-2 earliest, -1 latest / high watermark, else the first offset at or
+        after that timestamp, -1 when there is none). Per-partition errors are returned, not raised."""
+        request = pb.ListPartitionOffsetsRequest(partitions=[
+            pb.PartitionOffsetQuery(topic=topic, partition=partition, spec=_offset_spec(timestamp))
+            for topic, partition, timestamp in queries])
+        response = await self._call(broker, "ListPartitionOffsets", request)
+        return [(r.topic, r.partition, r.offset, error_from_proto(r.error) if r.HasField("error") else None)
+                for r in response.partitions]
+
     async def _call(self, broker: BrokerInfo, method: str, request):
         rpc = getattr(self._stub(broker), method)
         try:
@@ -74,3 +87,11 @@ class StorageNodes:
         entries, self._stubs = list(self._stubs.values()), {}
         for channel, _ in entries:
             await channel.close()
+
+
+def _offset_spec(timestamp: int):
+    if timestamp == -2:
+        return pb.OffsetSpec(earliest=True)
+    if timestamp == -1:
+        return pb.OffsetSpec(latest=True)
+    return pb.OffsetSpec(timestamp=timestamp)

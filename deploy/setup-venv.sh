@@ -1,5 +1,5 @@
 # Sourced by deploy/*.sh: create .venv (fresh when $1 is 1) and install the project with its
-# dev and spark extras. Installing also generates the gRPC code from protos/.
+# dev, spark and telemetry extras. Installing also generates the gRPC code from protos/.
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
@@ -11,6 +11,6 @@ stamp=.venv/.installed
 if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ -n "$(find protos -newer "$stamp" -name '*.proto' 2>/dev/null)" ]; then
   "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip setuptools wheel
-  .venv/bin/python -m pip install --quiet -e '.[dev,spark]'
+  .venv/bin/python -m pip install --quiet -e '.[dev,spark,telemetry]'
   touch "$stamp"
 fi

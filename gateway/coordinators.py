@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -47,12 +48,14 @@ class CoordinatorPool:
     Must be used from one event loop.
     """
 
-    def __init__(self, addresses: list[str]) -> None:
+    def __init__(self, addresses: list[str], *, interceptors: Callable[[str], list] | None = None) -> None:
         if not addresses:
             raise ValueError("at least one coordinator address is needed")
         self._addresses = list(addresses)
         self._current = 0
         self._channels: dict[str, grpc.aio.Channel] = {}
+        #: target -> client interceptors for its channel (telemetry), or None.
+        self._interceptors = interceptors
 
     @property
     def current_address(self) -> str:
@@ -62,7 +65,10 @@ class CoordinatorPool:
         address = address or self.current_address
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            interceptors = self._interceptors(address) if self._interceptors is not None else None
+            channel = grpc.aio.insecure_channel(
+                address, options=CHANNEL_OPTIONS, interceptors=interceptors or None
+            )
             self._channels[address] = channel
         return coordinator_grpc.CoordinatorStub(channel)
 

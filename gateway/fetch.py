@@ -104,8 +104,10 @@ class _Poll:
 class FetchHandler:
     """Serves fetch requests through the router's fetch-port clients."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, *, telemetry=None) -> None:
         self._router = router
+        #: GatewayInstruments when telemetry is on (bytes and records out, fetch-port spans).
+        self._telemetry = telemetry
 
     async def fetch(
         self, command: FetchCommand, *, rpc_remaining_s: float | None = None
@@ -119,16 +121,22 @@ class FetchHandler:
         wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0
         if rpc_remaining_s is not None:
             wait_s = max(0.0, min(wait_s, rpc_remaining_s - _ANSWER_MARGIN_S))
-        session = _FetchSession(self._router, command, asyncio.get_running_loop().time() + wait_s)
+        session = _FetchSession(self._router, command, asyncio.get_running_loop().time() + wait_s,
+                                telemetry=self._telemetry)
         await session.run()
-        return [session.finish(p) for p in session.parts]
+        results = [session.finish(p) for p in session.parts]
+        if self._telemetry is not None:
+            for part, result in zip(session.parts, results, strict=True):
+                self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
+        return results
 
 
 class _FetchSession:
     """The state of one fetch request while it is being served."""
 
-    def __init__(self, router: Router, command: FetchCommand, deadline: float) -> None:
+    def __init__(self, router: Router, command: FetchCommand, deadline: float, *, telemetry=None) -> None:
         self._router = router
+        self._telemetry = telemetry
         self._command = command
         self._deadline = deadline
         self.parts = [PartitionData(p.topic, p.partition, p.offset, p.max_bytes) for p in command.partitions]
@@ -239,14 +247,7 @@ class _FetchSession:
                     if long_poll
                     else 0
                 )
-                result = await self._router.clients.fetcher(node).fetch(
-                    part.topic,
-                    part.partition,
-                    part.next_offset,
-                    max_bytes=max(1, min(part.room, self._total_room)),
-                    min_bytes=1,
-                    max_wait_ms=wait_ms,
-                )
+                result = await self._read(node, part, wait_ms)
                 error = result.header.error()
                 if error is None:
                     return _Poll(result.header, result.records)
@@ -262,6 +263,27 @@ class _FetchSession:
             if not error.retriable or not await self._leader_changed(part.topic, part.partition, node):
                 return _Poll(error=error)
         return _Poll(error=error)
+
+    async def _read(self, node: NodeAddress, part: PartitionData, wait_ms: int):
+        """One fetch-port request for ``part`` (inside a CLIENT span when tracing)."""
+        read = self._router.clients.fetcher(node).fetch(
+            part.topic,
+            part.partition,
+            part.next_offset,
+            max_bytes=max(1, min(part.room, self._total_room)),
+            min_bytes=1,
+            max_wait_ms=wait_ms,
+        )
+        if self._telemetry is None:
+            return await read
+        span = self._telemetry.start_fetch_port_read(part.topic, part.partition, node.host, node.fetch_port)
+        try:
+            result = await read
+        except BaseException as exc:
+            self._telemetry.end_fetch_port_read(span, 0, exc)
+            raise
+        self._telemetry.end_fetch_port_read(span, len(result.records), result.header.error())
+        return result
 
     async def _leader(self, topic: str, partition: int) -> NodeAddress:
         await self._router.topic(topic)  # refreshes once for a topic the cache does not know

@@ -36,7 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("gateway", config.log_level, config.log_file)
     from gateway.service import GatewayService
 
-    asyncio.run(GatewayService(config).run())
+    try:
+        asyncio.run(GatewayService(config).run())
+    except ConfigError as exc:  # e.g. an unknown telemetry exporter, a missing optional package
+        print(f"tributary-gateway: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -142,8 +142,11 @@ class ProduceHandler:
         default_timeout_ms: int = 30_000,
         max_batch_bytes: int = 1_048_576,
         max_unacked: int = 1_000,
+        telemetry=None,
     ) -> None:
         self._router = router
+        #: GatewayInstruments when telemetry is on (batch sizes, span attributes), else None.
+        self._telemetry = telemetry
         self._clock = clock
         self._default_timeout_ms = default_timeout_ms
         self._max_batch_bytes = max_batch_bytes
@@ -186,6 +189,8 @@ class ProduceHandler:
         else:
             assignment = []
             payloads, unknown = plan_raw(command, topic.partition_count)
+        if self._telemetry is not None:
+            self._telemetry.produce_planned(command.topic, payloads.values())
         return ProducePlan(command, assignment, payloads, {p: _unknown_partition(topic, p) for p in unknown})
 
     async def execute(self, plan: ProducePlan, *, deadline: float) -> ProduceOutcome:

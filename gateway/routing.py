@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -166,16 +167,24 @@ class MetadataCache:
 class NodeClients:
     """A gRPC channel and a fetch-port client per storage node address."""
 
-    def __init__(self, *, fetch_connections: int = 64) -> None:
+    def __init__(
+        self, *, fetch_connections: int = 64, interceptors: Callable[[str], list] | None = None
+    ) -> None:
         self._fetch_connections = fetch_connections
+        #: target -> client interceptors for its channel (telemetry), or None.
+        self._interceptors = interceptors
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._fetchers: dict[tuple[str, int], FetchClient] = {}
 
     def storage(self, node: NodeAddress) -> storage_grpc.StorageNodeStub:
         channel = self._channels.get(node.grpc_target)
         if channel is None:
-            channel = grpc.aio.insecure_channel(node.grpc_target, options=CHANNEL_OPTIONS)
-            self._channels[node.grpc_target] = channel
+            target = node.grpc_target
+            interceptors = self._interceptors(target) if self._interceptors is not None else None
+            channel = grpc.aio.insecure_channel(
+                target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
+            )
+            self._channels[target] = channel
         return storage_grpc.StorageNodeStub(channel)
 
     def fetcher(self, node: NodeAddress) -> FetchClient:

@@ -24,6 +24,7 @@ from gateway.servicer import GatewayServicer
 from services.clock import SYSTEM_CLOCK, Clock
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
+from services.telemetry import GatewayInstruments, Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,17 @@ log = logging.getLogger(__name__)
 class GatewayService:
     """Owns every part of a running gateway; ``start()`` then ``stop()`` (or ``run()``)."""
 
-    def __init__(self, config: GatewayConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: GatewayConfig, *, clock: Clock = SYSTEM_CLOCK, telemetry: Telemetry | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
+        #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
+        self._owns_telemetry = telemetry is None
+        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
+            "tributary-gateway", exporter=config.telemetry_exporter, metrics_address=config.metrics_address,
+            default_host=config.host)
+        self.instruments = GatewayInstruments(self.telemetry) if self.telemetry.enabled else None
         self.grpc: GrpcServer | None = None
         self.coordinators: CoordinatorPool | None = None
         self.router: Router | None = None
@@ -41,9 +50,12 @@ class GatewayService:
 
     async def start(self) -> None:
         config = self.config
-        self.coordinators = CoordinatorPool(config.coordinators)
+        interceptors = self.telemetry.client_interceptors if self.telemetry.enabled else None
+        self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
         cache = MetadataCache(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
-        self.router = Router(cache, NodeClients(fetch_connections=config.fetch_connections_per_node))
+        self.router = Router(
+            cache, NodeClients(fetch_connections=config.fetch_connections_per_node, interceptors=interceptors)
+        )
         self.router.start()
         self.produce = ProduceHandler(
             self.router,
@@ -51,10 +63,11 @@ class GatewayService:
             default_timeout_ms=config.default_timeout_ms,
             max_batch_bytes=config.max_batch_bytes,
             max_unacked=config.max_unacked_appends,
+            telemetry=self.instruments,
         )
         servicer = GatewayServicer(
             self.produce,
-            FetchHandler(self.router),
+            FetchHandler(self.router, telemetry=self.instruments),
             OffsetsHandler(self.router),
             Forwarder(self.coordinators, cache, timeout_s=config.admin_timeout_ms / 1000.0),
             default_timeout_ms=config.default_timeout_ms,
@@ -62,6 +75,7 @@ class GatewayService:
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
             [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, servicer, GATEWAY_SERVICE)],
+            interceptors=self.telemetry.server_interceptors(),
         )
         self._write_ready_file()
         log.info(
@@ -92,6 +106,8 @@ class GatewayService:
             await self.router.close()
         if self.coordinators is not None:
             await self.coordinators.close()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()  # flushes the last spans and metrics
         log.info("gateway stopped")
 
     async def shutdown(self, grace: float = 5.0) -> None:

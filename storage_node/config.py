@@ -42,5 +42,11 @@ class StorageNodeConfig:
     standalone: bool = False
     #: When set, a JSON file with the bound ports is written here once the node serves.
     ready_file: Path | None = None
+    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
+    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
+    telemetry_exporter: str = ""
+    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
+    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
+    metrics_address: str = ""
     log_level: str = "INFO"
     log_file: Path | None = None

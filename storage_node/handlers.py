@@ -44,11 +44,32 @@ class OffsetResult:
 class StorageNodeHandlers:
     """Domain operations of one storage node over its LogManager."""
 
-    def __init__(self, logs, notifier: AppendNotifier, *, flush_before_ack: bool = False) -> None:
+    def __init__(self, logs, notifier: AppendNotifier, *, flush_before_ack: bool = False,
+                 telemetry=None) -> None:
         self.logs = logs
         self.notifier = notifier
         self.flush_before_ack = flush_before_ack
         self.group_commit = GroupCommit()
+        #: StorageNodeInstruments when telemetry is on, else None. Fixed at construction: with
+        #: telemetry on, ``append`` is rebound to the observed variant, so with it off appends
+        #: run exactly the uninstrumented code (not even an ``is None`` test).
+        self.telemetry = telemetry
+        if telemetry is not None:
+            self.append = self._observed_append
+
+    async def _observed_append(self, topic: str, partition: int, data: bytes, *,
+                               acks_none: bool) -> AppendResult:
+        """``append`` inside a span, counted (telemetry on)."""
+        telemetry = self.telemetry
+        span = telemetry.start_append(topic, partition, len(data))
+        try:
+            result = await StorageNodeHandlers.append(self, topic, partition, data, acks_none=acks_none)
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        telemetry.end_append(span, topic, len(data), result)
+        return result
 
     async def append(self, topic: str, partition: int, data: bytes, *, acks_none: bool) -> AppendResult:
         """Validate and append one partition's batches; wait for fsync when configured."""

@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     except NodeIdInUseError as exc:
         print(f"tributary-storage-node: {exc}", file=sys.stderr)
         return 3
+    except ConfigError as exc:  # e.g. an unknown telemetry exporter, a missing optional package
+        print(f"tributary-storage-node: {exc}", file=sys.stderr)
+        return 2
     except TributaryError as exc:
         print(f"tributary-storage-node: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from pathlib import Path
 from services.clock import SYSTEM_CLOCK
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import STORAGE_SERVICE, storage_grpc
+from services.telemetry import StorageNodeInstruments, Telemetry, setup_telemetry
 from storage_node.config import StorageNodeConfig
 from storage_node.fetch.server import FetchServer
 from storage_node.handlers import StorageNodeHandlers
@@ -30,9 +31,16 @@ log = logging.getLogger(__name__)
 class StorageNode:
     """Owns every part of a running node; ``start()`` then ``stop()``."""
 
-    def __init__(self, config: StorageNodeConfig, *, clock=SYSTEM_CLOCK) -> None:
+    def __init__(self, config: StorageNodeConfig, *, clock=SYSTEM_CLOCK,
+                 telemetry: Telemetry | None = None) -> None:
         self.config = config
         self.clock = clock
+        #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
+        self._owns_telemetry = telemetry is None
+        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
+            "tributary-storage-node", exporter=config.telemetry_exporter,
+            metrics_address=config.metrics_address, default_host=config.host,
+            instance_id=f"storage-{config.node_id}")
         self.logs = LogManager(
             [Path(d) for d in config.log_dirs],
             clock,
@@ -40,9 +48,17 @@ class StorageNode:
             max_open_segments=config.max_open_segments,
         )
         self.notifier = AppendNotifier()
-        self.handlers = StorageNodeHandlers(self.logs, self.notifier, flush_before_ack=config.flush_before_ack)
+        self.instruments = None
+        if self.telemetry.enabled:
+            self.instruments = StorageNodeInstruments(
+                self.telemetry, logs=self.logs, fetch_stats=lambda: self.fetch_server.stats
+            )
+        self.handlers = StorageNodeHandlers(
+            self.logs, self.notifier, flush_before_ack=config.flush_before_ack, telemetry=self.instruments
+        )
         self.fetch_server = FetchServer(
-            self.logs.get, self.notifier, host=config.host, port=config.fetch_port, zero_copy=config.fetch_zero_copy
+            self.logs.get, self.notifier, host=config.host, port=config.fetch_port,
+            zero_copy=config.fetch_zero_copy, telemetry=self.instruments,
         )
         self.grpc: GrpcServer | None = None
         self.registration = None
@@ -55,6 +71,7 @@ class StorageNode:
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(storage_grpc.add_StorageNodeServicer_to_server, servicer, STORAGE_SERVICE)],
+            interceptors=self.telemetry.server_interceptors(),
         )
         await self.fetch_server.start()
         self._maintenance = asyncio.create_task(self._maintenance_routine(), name="log-maintenance")
@@ -97,6 +114,8 @@ class StorageNode:
         self.logs.close()
         if self.registration is not None:
             await self.registration.deregister()
+        if self._owns_telemetry:
+            self.telemetry.shutdown()  # flushes the last spans and metrics
         log.info("storage node %d stopped cleanly", self.config.node_id)
 
     async def run(self) -> None:

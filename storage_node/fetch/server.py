@@ -135,6 +135,7 @@ class FetchServer:
         zero_copy: bool = True,
         idle_timeout: float = 600.0,
         frame_timeout: float = 30.0,
+        telemetry=None,
     ) -> None:
         self._get_log = get_log
         self._notifier = notifier
@@ -147,6 +148,8 @@ class FetchServer:
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
         self.stats = FetchStats()
+        #: StorageNodeInstruments when telemetry is on (bytes out per topic), else None.
+        self._telemetry = telemetry
 
     @property
     def port(self) -> int:
@@ -239,9 +242,12 @@ class FetchServer:
             if available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
             await self._notifier.wait(key, remaining)
-        await self._send_slice(loop, sock, request.correlation_id, info)
+        sent = await self._send_slice(loop, sock, request.correlation_id, info)
+        if self._telemetry is not None:
+            self._telemetry.fetched(request.topic, sent)
 
-    async def _send_slice(self, loop, sock, correlation_id: int, info) -> None:
+    async def _send_slice(self, loop, sock, correlation_id: int, info) -> int:
+        """Send the header and the slice's bytes; returns the record bytes sent."""
         file_slice = info.slice
         length = file_slice.length if file_slice is not None else 0
         fd = None
@@ -271,3 +277,4 @@ class FetchServer:
         finally:
             if fd is not None:
                 os.close(fd)
+        return length

@@ -120,6 +120,7 @@ def test_sigstop_active_coordinator_past_its_lease_is_fenced_and_steps_down(make
 
 def test_killed_storage_node_goes_offline_within_ttl_and_comes_back(make_cluster):
     cluster = make_cluster().start(["c1"], [1, 2, 3])
+    cluster.wait_active()
     stub = cluster.stub("c1")
     name = unique("victim")
     topic = call(stub.CreateTopic, pb.CreateTopicRequest(name=name, partitions=6, replication_factor=2)).topic

@@ -1,0 +1,142 @@
+"""Every metric, span and attribute name Tributary emits, in one place.
+
+Names follow the OpenTelemetry semantic conventions where one exists (checked against
+``opentelemetry-semantic-conventions`` 0.66b2, the RPC conventions at "release candidate"):
+
+* RPC: spans named ``<package.Service>/<Method>`` with ``rpc.system.name`` = ``grpc``, the
+  fully-qualified ``rpc.method``, ``rpc.response.status_code`` (the status name, ``"OK"``),
+  ``server.address``/``server.port`` on the client side and ``error.type`` on failures; the
+  ``rpc.server.call.duration`` / ``rpc.client.call.duration`` histograms in seconds.
+  ``OTEL_SEMCONV_STABILITY_OPT_IN=rpc/dup`` additionally emits the pre-1.38 experimental names
+  (``rpc.system``, ``rpc.service``, short ``rpc.method``, integer ``rpc.grpc.status_code``, and
+  the ``rpc.server.duration`` / ``rpc.client.duration`` histograms in milliseconds) for
+  dashboards built on them.
+* Messaging attributes on our own spans and metrics: ``messaging.system``,
+  ``messaging.destination.name`` (the topic), ``messaging.destination.partition.id`` (the
+  partition, a string), ``messaging.consumer.group.name``, ``messaging.operation.type`` /
+  ``.name``, ``messaging.batch.message_count``; the SDK's ``messaging.client.sent.messages``,
+  ``messaging.client.consumed.messages`` and ``messaging.client.operation.duration``.
+
+Everything without a convention is ours, under ``tributary.``. Counters are named
+``<thing>.<what>.<unit-noun>`` (``tributary.storage.appended.bytes``) the way the messaging
+conventions name theirs (``messaging.client.sent.messages``), so the Prometheus exporter turns
+them into the familiar ``tributary_storage_appended_bytes_total``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ---- resource and scope ---------------------------------------------------------------------
+
+SCOPE: Final = "tributary"
+SERVICE_NAMESPACE: Final = "tributary"
+#: ``messaging.system`` value for Tributary (not one of the convention's well-known values).
+MESSAGING_SYSTEM_VALUE: Final = "tributary"
+
+# ---- attributes (semantic conventions) ------------------------------------------------------
+
+SERVICE_NAME: Final = "service.name"
+SERVICE_NAMESPACE_ATTR: Final = "service.namespace"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
+SERVICE_VERSION: Final = "service.version"
+
+RPC_SYSTEM_NAME: Final = "rpc.system.name"
+RPC_METHOD: Final = "rpc.method"
+RPC_RESPONSE_STATUS_CODE: Final = "rpc.response.status_code"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+ERROR_TYPE: Final = "error.type"
+#: Pre-1.38 experimental RPC attributes (emitted only with ``rpc/dup``).
+OLD_RPC_SYSTEM: Final = "rpc.system"
+OLD_RPC_SERVICE: Final = "rpc.service"
+OLD_RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
+
+MESSAGING_SYSTEM: Final = "messaging.system"
+MESSAGING_DESTINATION_NAME: Final = "messaging.destination.name"
+MESSAGING_DESTINATION_PARTITION_ID: Final = "messaging.destination.partition.id"
+MESSAGING_CONSUMER_GROUP_NAME: Final = "messaging.consumer.group.name"
+MESSAGING_OPERATION_TYPE: Final = "messaging.operation.type"
+MESSAGING_OPERATION_NAME: Final = "messaging.operation.name"
+MESSAGING_BATCH_MESSAGE_COUNT: Final = "messaging.batch.message_count"
+
+# ---- attributes (ours) ----------------------------------------------------------------------
+
+#: Bytes of record batches in one append / fetch (span attribute).
+ATTR_BATCH_BYTES: Final = "tributary.batch.bytes"
+#: First and last offset an append was given (span attributes).
+ATTR_BASE_OFFSET: Final = "tributary.base_offset"
+ATTR_LAST_OFFSET: Final = "tributary.last_offset"
+#: The Kafka-named reason of a failed operation (``NOT_LEADER_OR_FOLLOWER``).
+ATTR_ERROR_REASON: Final = "tributary.error.reason"
+#: Partition state in coordinator gauges: ``online``, ``offline``, ``pending``.
+ATTR_PARTITION_STATE: Final = "tributary.partition.state"
+#: Which coordinator reports a gauge.
+ATTR_COORDINATOR_ID: Final = "tributary.coordinator.id"
+
+# ---- RPC metrics (semantic conventions) -----------------------------------------------------
+
+RPC_SERVER_CALL_DURATION: Final = "rpc.server.call.duration"  # histogram, s
+RPC_CLIENT_CALL_DURATION: Final = "rpc.client.call.duration"  # histogram, s
+OLD_RPC_SERVER_DURATION: Final = "rpc.server.duration"  # histogram, ms (rpc/dup only)
+OLD_RPC_CLIENT_DURATION: Final = "rpc.client.duration"  # histogram, ms (rpc/dup only)
+
+# ---- messaging client metrics (semantic conventions; for the SDK) ---------------------------
+
+MESSAGING_CLIENT_SENT_MESSAGES: Final = "messaging.client.sent.messages"  # counter, {message}
+MESSAGING_CLIENT_CONSUMED_MESSAGES: Final = "messaging.client.consumed.messages"  # counter, {message}
+MESSAGING_CLIENT_OPERATION_DURATION: Final = "messaging.client.operation.duration"  # histogram, s
+
+# ---- storage node metrics -------------------------------------------------------------------
+
+#: Records and bytes appended, per topic (counted once per append of a partition's batches).
+STORAGE_APPENDED_RECORDS: Final = "tributary.storage.appended.records"  # counter, {record}
+STORAGE_APPENDED_BYTES: Final = "tributary.storage.appended.bytes"  # counter, By
+#: Appends (one partition's batches each) that failed, per topic and reason.
+STORAGE_APPEND_ERRORS: Final = "tributary.storage.append.errors"  # counter, {append}
+#: Bytes sent by the fetch port, per topic (sendfile and copy alike).
+STORAGE_FETCHED_BYTES: Final = "tributary.storage.fetched.bytes"  # counter, By
+#: Fetch-port totals from FetchStats: bytes sent zero-copy (os.sendfile) and through read+send.
+STORAGE_FETCH_SENDFILE_BYTES: Final = "tributary.storage.fetch.sendfile.bytes"  # obs. counter, By
+STORAGE_FETCH_COPIED_BYTES: Final = "tributary.storage.fetch.copied.bytes"  # obs. counter, By
+STORAGE_FETCH_REQUESTS: Final = "tributary.storage.fetch.requests"  # obs. counter, {request}
+STORAGE_FETCH_ERRORS: Final = "tributary.storage.fetch.errors"  # obs. counter, {request}
+STORAGE_FETCH_CONNECTIONS: Final = "tributary.storage.fetch.connections"  # obs. up-down, {connection}
+#: Per hosted partition (observed from the LogManager at collection time).
+STORAGE_LOG_END_OFFSET: Final = "tributary.storage.log.end_offset"  # gauge, {offset}
+STORAGE_LOG_START_OFFSET: Final = "tributary.storage.log.start_offset"  # gauge, {offset}
+STORAGE_LOG_SIZE: Final = "tributary.storage.log.size"  # gauge, By
+STORAGE_LOG_SEGMENTS: Final = "tributary.storage.log.segments"  # gauge, {segment}
+
+# ---- gateway metrics ------------------------------------------------------------------------
+
+#: One observation per partition batch a produce sends, per topic.
+GATEWAY_PRODUCE_BATCH_RECORDS: Final = "tributary.gateway.produce.batch.records"  # histogram, {record}
+GATEWAY_PRODUCE_BATCH_SIZE: Final = "tributary.gateway.produce.batch.size"  # histogram, By
+#: What Fetch returned to clients, per topic (records = offsets the answer advanced).
+GATEWAY_FETCHED_RECORDS: Final = "tributary.gateway.fetched.records"  # counter, {record}
+GATEWAY_FETCHED_BYTES: Final = "tributary.gateway.fetched.bytes"  # counter, By
+
+# ---- coordinator metrics --------------------------------------------------------------------
+
+#: 1 on the coordinator that is the active controller, 0 on standbys (sum over all = 1).
+COORDINATOR_CONTROLLER_ACTIVE: Final = "tributary.coordinator.controller.active"  # gauge, {controller}
+COORDINATOR_CONTROLLER_EPOCH: Final = "tributary.coordinator.controller.epoch"  # gauge, {epoch}
+COORDINATOR_PARTITIONS: Final = "tributary.coordinator.partitions"  # gauge by state, {partition}
+COORDINATOR_PARTITIONS_OFFLINE: Final = "tributary.coordinator.partitions.offline"  # gauge, {partition}
+COORDINATOR_PARTITIONS_UNDER_REPLICATED: Final = (
+    "tributary.coordinator.partitions.under_replicated"  # gauge, {partition}
+)
+COORDINATOR_BROKERS_LIVE: Final = "tributary.coordinator.brokers.live"  # gauge, {node}
+
+# ---- consumer groups ------------------------------------------------------------------------
+
+#: Log end offset minus committed offset, per group, topic and partition.
+CONSUMER_LAG: Final = "tributary.consumer.lag"  # gauge, {record}
+
+# ---- spans (ours; RPC spans are named after the method) -------------------------------------
+
+#: The storage node's append of one partition's batches: ``append <topic>``.
+SPAN_STORAGE_APPEND: Final = "append"
+#: The gateway's read of one partition from a node's fetch port: ``fetch <topic>``.
+SPAN_FETCH_PORT: Final = "fetch"

@@ -1,0 +1,292 @@
+"""Service instruments against in-memory readers, with fake inputs; the consumer-lag registry."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from services.records import RecordBatchBuilder
+from services.telemetry import (
+    ClusterHealth,
+    ConsumerLagRegistry,
+    CoordinatorInstruments,
+    GatewayInstruments,
+    Telemetry,
+    names,
+    telemetry_settings,
+)
+from services.telemetry.instruments import count_records
+
+
+def make(*, traces: bool = True, metrics: bool = True):
+    spans, reader = InMemorySpanExporter(), InMemoryMetricReader()
+    telemetry = Telemetry.create(
+        telemetry_settings("unit", env={}),
+        span_processors=[SimpleSpanProcessor(spans)] if traces else [],
+        metric_readers=[reader] if metrics else [],
+    )
+    return telemetry, spans, reader
+
+
+def metrics_of(reader) -> dict:
+    data = reader.get_metrics_data()
+    if data is None:
+        return {}
+    return {
+        m.name: m.data.data_points
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+
+
+def batch(count: int) -> bytes:
+    builder = RecordBatchBuilder()
+    for i in range(count):
+        builder.append(b"v%d" % i, timestamp=1_700_000_000_000)
+    return builder.build()
+
+
+def test_count_records_reads_headers_only_and_stops_at_garbage():
+    data = batch(3) + batch(1) + batch(12)
+    assert count_records(data) == 16
+    assert count_records(b"") == 0
+    assert count_records(data + b"\x00" * 70) == 16  # a zero-length header ends the walk
+    assert count_records(data[:-5]) == 16  # a truncated last batch still has its header
+
+
+@dataclass
+class Payload:
+    data: bytes
+    record_indexes: list
+
+
+def test_gateway_batch_histograms_typed_and_raw():
+    telemetry, _, reader = make()
+    gateway = GatewayInstruments(telemetry)
+    with telemetry.tracer.start_as_current_span("tributary.v1.Gateway/Produce") as server:
+        gateway.produce_planned("orders", [Payload(batch(4), [0, 1, 2, 3]), Payload(batch(2), [])])
+    (records,) = metrics_of(reader)[names.GATEWAY_PRODUCE_BATCH_RECORDS]
+    assert (records.count, records.sum, dict(records.attributes)) == (
+        2,
+        6,
+        {names.MESSAGING_DESTINATION_NAME: "orders"},
+    )
+    (size,) = metrics_of(reader)[names.GATEWAY_PRODUCE_BATCH_SIZE]
+    assert size.sum == len(batch(4)) + len(batch(2))
+    assert server.attributes[names.MESSAGING_BATCH_MESSAGE_COUNT] == 6
+    assert server.attributes[names.MESSAGING_OPERATION_TYPE] == "send"
+    gateway.fetched("orders", 0, 0)  # an empty answer adds no series
+    assert names.GATEWAY_FETCHED_RECORDS not in metrics_of(reader)
+    gateway.fetched("orders", 6, 500)
+    assert metrics_of(reader)[names.GATEWAY_FETCHED_RECORDS][0].value == 6
+
+
+def test_gateway_instruments_with_tracing_only_record_no_metrics():
+    telemetry, spans, reader = make(metrics=False)
+    gateway = GatewayInstruments(telemetry)
+    gateway.produce_planned("orders", [Payload(batch(1), [0])])
+    gateway.fetched("orders", 1, 10)
+    assert metrics_of(reader) == {}
+    span = gateway.start_fetch_port_read("orders", 2, "10.0.0.1", 9093)
+    gateway.end_fetch_port_read(span, 0, ConnectionError("reset"))
+    (read,) = spans.get_finished_spans()
+    assert read.name == "fetch orders" and read.attributes[names.ERROR_TYPE] == "ConnectionError"
+
+
+class FakeLog:
+    def __init__(self, topic, partition, end, closed=False):
+        self.topic, self.partition, self.closed = topic, partition, closed
+        self.log_end_offset, self.log_start_offset, self.size_in_bytes, self.segment_count = (
+            end,
+            0,
+            end * 10,
+            1,
+        )
+
+
+class FakeLogs:
+    def __init__(self, logs):
+        self.logs = logs
+
+    def partitions(self):
+        return self.logs
+
+
+def test_storage_gauges_observe_the_log_manager_at_collection_time():
+    from services.telemetry import StorageNodeInstruments
+
+    telemetry, _, reader = make(traces=False)
+
+    @dataclass
+    class Stats:
+        sendfile_bytes: int = 0
+        copied_bytes: int = 0
+        requests: int = 0
+        errors: int = 0
+        connections: int = 0
+
+    stats = Stats()
+    logs = FakeLogs([FakeLog("a", 0, 5), FakeLog("a", 1, 7), FakeLog("gone", 0, 3, closed=True)])
+    StorageNodeInstruments(telemetry, logs=logs, fetch_stats=lambda: stats)
+    end = {
+        (
+            p.attributes[names.MESSAGING_DESTINATION_NAME],
+            p.attributes[names.MESSAGING_DESTINATION_PARTITION_ID],
+        ): p.value
+        for p in metrics_of(reader)[names.STORAGE_LOG_END_OFFSET]
+    }
+    assert end == {("a", "0"): 5, ("a", "1"): 7}
+    logs.logs[0].log_end_offset = 9
+    stats.sendfile_bytes, stats.connections = 4096, 2
+    collected = metrics_of(reader)
+    assert {p.value for p in collected[names.STORAGE_LOG_END_OFFSET]} == {9, 7}
+    assert collected[names.STORAGE_FETCH_SENDFILE_BYTES][0].value == 4096
+    assert collected[names.STORAGE_FETCH_CONNECTIONS][0].value == 2
+
+
+def test_coordinator_gauges_and_lag_from_their_sources():
+    telemetry, _, reader = make(traces=False)
+    active = {"value": False}
+    calls = []
+
+    def health():
+        calls.append(1)
+        return ClusterHealth(
+            controller_epoch=4, live_brokers=2, partitions={"online": 5, "offline": 1}, under_replicated=1
+        )
+
+    lag = ConsumerLagRegistry()
+    CoordinatorInstruments(
+        telemetry,
+        coordinator_id="c9",
+        is_active=lambda: active["value"],
+        cluster_health=health,
+        consumer_lag=lag,
+    )
+    collected = metrics_of(reader)
+    assert len(calls) == 1  # one computation serves every gauge of a collection
+    assert [(p.value, dict(p.attributes)) for p in collected[names.COORDINATOR_CONTROLLER_ACTIVE]] == [
+        (0, {names.ATTR_COORDINATOR_ID: "c9"})
+    ]
+    assert collected[names.COORDINATOR_CONTROLLER_EPOCH][0].value == 4
+    assert collected[names.COORDINATOR_BROKERS_LIVE][0].value == 2
+    assert collected[names.COORDINATOR_PARTITIONS_OFFLINE][0].value == 1
+    assert collected[names.COORDINATOR_PARTITIONS_UNDER_REPLICATED][0].value == 1
+    assert {
+        p.attributes[names.ATTR_PARTITION_STATE]: p.value for p in collected[names.COORDINATOR_PARTITIONS]
+    } == {"online": 5, "offline": 1, "pending": 0}
+    assert names.CONSUMER_LAG not in collected
+    active["value"] = True
+    lag.record("g1", "t", 0, 12)
+    collected = metrics_of(reader)
+    assert collected[names.COORDINATOR_CONTROLLER_ACTIVE][0].value == 1
+    (point,) = collected[names.CONSUMER_LAG]
+    assert (point.value, dict(point.attributes)) == (
+        12,
+        {
+            names.MESSAGING_CONSUMER_GROUP_NAME: "g1",
+            names.MESSAGING_DESTINATION_NAME: "t",
+            names.MESSAGING_DESTINATION_PARTITION_ID: "0",
+        },
+    )
+
+
+# ---- consumer lag registry ---------------------------------------------------------------------
+
+
+def test_lag_registry_push_forget_and_pull_sources():
+    lag = ConsumerLagRegistry()
+    lag.record("g1", "t", 0, 5)
+    lag.record("g1", "t", 1, 6)
+    lag.record("g1", "u", 0, 7)
+    lag.record("g2", "t", 0, 8)
+    lag.record("g1", "t", 0, 4)  # latest wins
+    assert sorted(lag.samples()) == [
+        ("g1", "t", 0, 4),
+        ("g1", "t", 1, 6),
+        ("g1", "u", 0, 7),
+        ("g2", "t", 0, 8),
+    ]
+    lag.forget("g1", "t", 1)
+    assert ("g1", "t", 1, 6) not in lag.samples()
+    lag.forget("g1", "u")
+    assert sorted(lag.samples()) == [("g1", "t", 0, 4), ("g2", "t", 0, 8)]
+    lag.forget("g1")
+    assert lag.samples() == [("g2", "t", 0, 8)]
+
+    remove = lag.add_source(lambda: [("g3", "t", 2, 99)])
+    assert lag.samples() == [("g2", "t", 0, 8), ("g3", "t", 2, 99)]
+    remove()
+    remove()  # twice is harmless
+    assert lag.samples() == [("g2", "t", 0, 8)]
+
+
+def test_a_failing_lag_source_does_not_blank_the_others(caplog):
+    lag = ConsumerLagRegistry()
+    lag.record("g", "t", 0, 1)
+
+    def broken():
+        raise KeyError("group vanished")
+
+    lag.add_source(broken)
+    lag.add_source(lambda: [("h", "t", 0, 2)])
+    assert lag.samples() == [("g", "t", 0, 1), ("h", "t", 0, 2)]
+    assert "consumer lag source" in caplog.text
+
+
+def test_lag_registry_is_safe_to_feed_while_collecting():
+    lag = ConsumerLagRegistry()
+    stop = threading.Event()
+
+    def feed():
+        i = 0
+        while not stop.is_set():
+            lag.record(f"g{i % 50}", "t", i % 7, i)
+            if i % 3 == 0:
+                lag.forget(f"g{(i + 25) % 50}")
+            i += 1
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    try:
+        for _ in range(300):
+            assert all(len(sample) == 4 for sample in lag.samples())
+    finally:
+        stop.set()
+        feeder.join()
+
+
+def test_module_level_hooks_feed_the_process_registry():
+    from services.telemetry import (
+        CONSUMER_LAG,
+        forget_consumer_lag,
+        record_consumer_lag,
+        register_consumer_lag_source,
+    )
+
+    try:
+        record_consumer_lag("grp", "t", 3, 10)
+        remove = register_consumer_lag_source(lambda: [("src", "t", 0, 1)])
+        assert sorted(CONSUMER_LAG.samples()) == [("grp", "t", 3, 10), ("src", "t", 0, 1)]
+        remove()
+        forget_consumer_lag("grp")
+        assert CONSUMER_LAG.samples() == []
+    finally:
+        CONSUMER_LAG.clear()
+
+
+@pytest.mark.parametrize("with_metrics", [True, False])
+def test_instruments_tolerate_a_signal_being_off(with_metrics):
+    telemetry, _, _ = make(traces=not with_metrics, metrics=with_metrics)
+    CoordinatorInstruments(
+        telemetry, coordinator_id="c", is_active=lambda: True, cluster_health=ClusterHealth
+    )
+    gateway = GatewayInstruments(telemetry)
+    gateway.produce_planned("t", [Payload(batch(1), [0])])
+    assert (telemetry.meter is not None) == with_metrics
