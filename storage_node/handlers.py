@@ -50,6 +50,10 @@ class StorageNodeHandlers:
         self.notifier = notifier
         self.flush_before_ack = flush_before_ack
         self.group_commit = GroupCommit()
+        #: Totals since start for DescribeLogDirs' traffic (plain ints: free on the hot path).
+        self.bytes_in = 0
+        self.records_in = 0
+        self.append_requests = 0
         #: StorageNodeInstruments when telemetry is on, else None. Fixed at construction: with
         #: telemetry on, ``append`` is rebound to the observed variant, so with it off appends
         #: run exactly the uninstrumented code (not even an ``is None`` test).
@@ -82,6 +86,9 @@ class StorageNodeHandlers:
             log.error("append to %s-%d failed: %s", topic, partition, exc)
             return AppendResult(topic, partition, error=errors.KafkaStorageError(str(exc)))
         self.notifier.notify((topic, partition))
+        self.bytes_in += len(data)
+        self.records_in += info.record_count
+        self.append_requests += 1
         if self.flush_before_ack and not acks_none:
             await self.group_commit.wait_durable(partition_log, info.last_offset)
         return AppendResult(

@@ -67,7 +67,7 @@ class StorageNode:
     async def start(self) -> None:
         self.logs.load()
         log.info("loaded %d partitions from %s", len(list(self.logs.partitions())), self.config.log_dirs)
-        servicer = StorageNodeServicer(self.handlers, self.config.node_id)
+        servicer = StorageNodeServicer(self.handlers, self.config.node_id, fetch_stats=lambda: self.fetch_server.stats)
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(storage_grpc.add_StorageNodeServicer_to_server, servicer, STORAGE_SERVICE)],

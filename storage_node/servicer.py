@@ -63,9 +63,10 @@ def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir:
 
 
 class StorageNodeServicer(storage_grpc.StorageNodeServicer):
-    def __init__(self, handlers: StorageNodeHandlers, node_id: int) -> None:
+    def __init__(self, handlers: StorageNodeHandlers, node_id: int, *, fetch_stats=None) -> None:
         self._handlers = handlers
         self._node_id = node_id
+        self._fetch_stats = fetch_stats
 
     @translate_errors
     async def Append(self, request, context):
@@ -125,7 +126,18 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                     ],
                 )
             )
-        return pb.DescribeLogDirsResponse(node_id=self._node_id, log_dirs=dirs)
+        return pb.DescribeLogDirsResponse(node_id=self._node_id, log_dirs=dirs, traffic=self._traffic())
+
+    def _traffic(self):
+        handlers = self._handlers
+        stats = self._fetch_stats() if self._fetch_stats else None
+        return pb.NodeTraffic(
+            bytes_in=handlers.bytes_in,
+            records_in=handlers.records_in,
+            append_requests=handlers.append_requests,
+            bytes_out=(stats.sendfile_bytes + stats.copied_bytes) if stats else 0,
+            fetch_requests=stats.requests if stats else 0,
+        )
 
     @translate_errors
     async def DescribePartitions(self, request, context):

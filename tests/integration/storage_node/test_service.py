@@ -223,3 +223,16 @@ def test_many_concurrent_fetch_connections(node):
 
     results = asyncio.run(scenario())
     assert all(len(_values(r.records)) == 100 for r in results)
+
+
+def test_describe_log_dirs_reports_traffic_totals(node):
+    node.create("traffic")
+    batch = make_batch([b"a" * 100, b"b" * 100])
+    node.append("traffic", 0, batch)
+    served = node.fetch("traffic", 0, 0).records
+    response = node.stub.DescribeLogDirs(pb.DescribeLogDirsRequest())
+    traffic = response.traffic
+    assert (traffic.bytes_in, traffic.records_in, traffic.append_requests) == (len(batch), 2, 1)
+    assert traffic.bytes_out == len(served) and traffic.fetch_requests == 1
+    partitions = [p for d in response.log_dirs for p in d.partitions]
+    assert [(p.topic, p.log_end_offset) for p in partitions] == [("traffic", 2)]

@@ -1,0 +1,174 @@
+"""``tributary top``: a live view of the cluster, refreshed in place like ``top``.
+
+Per storage node: partitions led, log size, and bytes/records in and bytes out per second (rates
+from the nodes' traffic totals between two refreshes); per consumer group: state, members and
+lag. Snapshots are collected over gRPC (the gateway for metadata and groups, each storage node's
+DescribeLogDirs for sizes and traffic); :func:`render` is pure so it is tested without a cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.cli.connect import connect
+from gateway.cli.output import table
+from services.proto import gateway_grpc, pb, storage_grpc
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+CALL_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    node_id: int
+    address: str
+    leaders: int
+    log_bytes: int
+    bytes_in: int
+    records_in: int
+    bytes_out: int
+    reachable: bool = True
+
+
+@dataclass(frozen=True)
+class GroupSample:
+    group_id: str
+    state: str
+    members: int
+    total_lag: int
+    max_lag: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    taken_at: float
+    nodes: dict[int, NodeSample] = field(default_factory=dict)
+    groups: list[GroupSample] = field(default_factory=list)
+    topics: int = 0
+    partitions: int = 0
+    offline: int = 0
+
+
+def _rate(now: int, before: int | None, seconds: float) -> float | None:
+    if before is None or seconds <= 0 or now < before:
+        return None  # first sample, or the node restarted (its totals began again)
+    return (now - before) / seconds
+
+
+def _fmt_rate(value: float | None, unit: str, scale: float = 1.0) -> str:
+    return "-" if value is None else f"{value / scale:,.1f} {unit}"
+
+
+def render(current: Snapshot, previous: Snapshot | None = None) -> str:
+    """The screen for ``current``; rates need ``previous`` (else shown as ``-``)."""
+    seconds = current.taken_at - previous.taken_at if previous else 0.0
+    rows = []
+    for node_id in sorted(current.nodes):
+        node = current.nodes[node_id]
+        before = previous.nodes.get(node_id) if previous else None
+        if not node.reachable:
+            rows.append([node_id, node.address, node.leaders, "-", "unreachable", "", ""])
+            continue
+        rows.append([
+            node_id, node.address, node.leaders, f"{node.log_bytes / 1e6:,.1f} MB",
+            _fmt_rate(_rate(node.bytes_in, before and before.bytes_in, seconds), "MB/s", 1e6),
+            _fmt_rate(_rate(node.records_in, before and before.records_in, seconds), "rec/s"),
+            _fmt_rate(_rate(node.bytes_out, before and before.bytes_out, seconds), "MB/s", 1e6),
+        ])
+    lines = [
+        f"tributary top  {time.strftime('%H:%M:%S', time.localtime(current.taken_at))}   "
+        f"topics {current.topics}  partitions {current.partitions}  offline {current.offline}",
+        "",
+        table(["NODE", "ADDRESS", "LEADERS", "LOG SIZE", "IN", "IN RECORDS", "OUT"], rows),
+        "",
+    ]
+    if current.groups:
+        lines.append(table(["GROUP", "STATE", "MEMBERS", "LAG", "MAX PARTITION LAG"],
+                           [[g.group_id, g.state, g.members, f"{g.total_lag:,}", f"{g.max_lag:,}"]
+                            for g in current.groups]))
+    else:
+        lines.append("no consumer groups")
+    return "\n".join(lines)
+
+
+def _node_sample(broker, leaders: int) -> NodeSample:
+    address = f"{broker.host}:{broker.grpc_port}"
+    try:
+        with grpc.insecure_channel(address) as channel:
+            response = storage_grpc.StorageNodeStub(channel).DescribeLogDirs(
+                pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError:
+        return NodeSample(broker.node_id, address, leaders, 0, 0, 0, 0, reachable=False)
+    traffic = response.traffic
+    log_bytes = sum(p.size_bytes for d in response.log_dirs for p in d.partitions)
+    return NodeSample(broker.node_id, address, leaders, log_bytes, traffic.bytes_in, traffic.records_in,
+                      traffic.bytes_out)
+
+
+def _group_samples(stub) -> list[GroupSample]:
+    samples = []
+    try:
+        listing = stub.ListGroups(pb.ListGroupsRequest(), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError:
+        return samples
+    for group in listing.groups:
+        try:
+            described = stub.DescribeGroup(pb.DescribeGroupRequest(group_id=group.group_id), timeout=CALL_TIMEOUT_S)
+        except grpc.RpcError:
+            continue
+        lags = [max(p.lag, 0) for p in described.partitions]
+        samples.append(GroupSample(group.group_id, described.state, len(described.members), sum(lags),
+                                   max(lags, default=0)))
+    return samples
+
+
+def collect(gateway: str) -> Snapshot:
+    """One snapshot of the cluster behind ``gateway`` (host:port)."""
+    with grpc.insecure_channel(gateway) as channel:
+        stub = gateway_grpc.GatewayStub(channel)
+        metadata = stub.GetMetadata(pb.GetMetadataRequest(), timeout=CALL_TIMEOUT_S)
+        groups = _group_samples(stub)
+    leaders: dict[int, int] = {}
+    partitions = offline = 0
+    for topic in metadata.topics:
+        for partition in topic.partitions:
+            partitions += 1
+            if partition.leader < 0:
+                offline += 1
+            else:
+                leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
+    nodes = {b.node_id: _node_sample(b, leaders.get(b.node_id, 0)) for b in metadata.brokers}
+    return Snapshot(time.time(), nodes, groups, len(metadata.topics), partitions, offline)
+
+
+def run(args) -> int:
+    """``tributary top [--interval S] [--iterations N]``: refresh until Ctrl-C or N screens."""
+    gateway = connect(args).split(",")[0]
+    interactive = sys.stdout.isatty()
+    previous = None
+    shown = 0
+    try:
+        while args.iterations is None or shown < args.iterations:
+            current = collect(gateway)
+            screen = render(current, previous)
+            sys.stdout.write((CLEAR_SCREEN if interactive else ("\n" if shown else "")) + screen + "\n")
+            sys.stdout.flush()
+            previous, shown = current, shown + 1
+            if args.iterations is None or shown < args.iterations:
+                time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def add_parser(commands, common) -> None:
+    """Register ``top`` on the CLI's subcommands (``common`` adds --gateway/--data-dir)."""
+    parser = commands.add_parser("top", help="live view: per node partitions and traffic, per group lag")
+    common(parser)
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    parser.add_argument("--iterations", type=int, default=None, help="stop after N screens (default: until Ctrl-C)")
+    parser.set_defaults(func=run)
