@@ -1,4 +1,9 @@
-"""``tributary produce`` and ``tributary consume``: Kafka's console producer and consumer."""
+"""``tributary produce`` and ``tributary consume``: Kafka's console producer and consumer.
+
+``consume --group G`` subscribes as a member of group G (the group assigns the partitions; a new
+group starts at the latest offsets, or the earliest with ``--from-beginning``) and commits what it
+printed as it goes (auto-commit) and when it exits.
+"""
 
 from __future__ import annotations
 
@@ -74,6 +79,10 @@ def _start_positions(consumer: Consumer, args, tps: list[TopicPartition]) -> Non
 
 
 def _validate_consume_args(args) -> None:
+    if args.group is not None and (args.partition is not None or args.offset is not None
+                                   or args.from_timestamp is not None):
+        raise CliError("--group decides the partitions and starts at the group's committed offsets: "
+                       "it does not go with --partition, --offset or --from-timestamp", 2)
     if args.offset is not None and args.partition is None:
         raise CliError("--offset needs --partition (as in Kafka's console consumer)", 2)
     if args.offset not in (None, "earliest", "latest") and not str(args.offset).isdigit():
@@ -86,19 +95,23 @@ def _validate_consume_args(args) -> None:
 def consume(args) -> int:
     """Print records as they arrive until ``--max-messages``, ``--timeout-ms`` idle, or Ctrl-C."""
     _validate_consume_args(args)
+    group = {"group_id": args.group, "client_id": "tributary-console-consumer"} if args.group else {}
     consumer = Consumer(servers=connect(args), auto_offset_reset="earliest" if args.from_beginning else "latest",
-                        request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
+                        request_timeout_ms=CLI_REQUEST_TIMEOUT_MS, **group)
     count = 0
     finished = False
     try:
         partitions = sorted(consumer.partitions_for_topic(args.topic))
-        if args.partition is not None and args.partition not in partitions:
-            raise CliError(f"topic {args.topic} has no partition {args.partition} "
-                           f"(partitions: {len(partitions)})")
-        chosen = [args.partition] if args.partition is not None else partitions
-        tps = [TopicPartition(args.topic, p) for p in chosen]
-        consumer.assign(tps)
-        _start_positions(consumer, args, tps)
+        if args.group:
+            consumer.subscribe([args.topic])
+        else:
+            if args.partition is not None and args.partition not in partitions:
+                raise CliError(f"topic {args.topic} has no partition {args.partition} "
+                               f"(partitions: {len(partitions)})")
+            chosen = [args.partition] if args.partition is not None else partitions
+            tps = [TopicPartition(args.topic, p) for p in chosen]
+            consumer.assign(tps)
+            _start_positions(consumer, args, tps)
         count = _print_records(consumer, args)
         finished = True
     except KeyboardInterrupt:
@@ -111,6 +124,16 @@ def consume(args) -> int:
 
 
 def _print_records(consumer: Consumer, args) -> int:
+    """Print until the limit, the idle timeout or Ctrl-C; returns how many records were printed."""
+    printed = [0]
+    try:
+        _print_loop(consumer, args, printed)
+    except KeyboardInterrupt:
+        pass
+    return printed[0]
+
+
+def _print_loop(consumer: Consumer, args, printed: list[int]) -> None:
     count = 0
     limit = args.max_messages
     idle_deadline = None if args.timeout_ms is None else time.monotonic() + args.timeout_ms / 1000.0
@@ -129,7 +152,7 @@ def _print_records(consumer: Consumer, args) -> int:
             out.write("\n".join(lines) + "\n")
             out.flush()
             count += len(lines)
+            printed[0] = count
             if args.timeout_ms is not None:
                 idle_deadline = time.monotonic() + args.timeout_ms / 1000.0
-    return count
 

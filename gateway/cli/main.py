@@ -8,8 +8,13 @@
     tributary topics list | describe [NAME] | delete NAME | alter NAME --config k=v
     tributary produce TOPIC [--key-separator SEP] [--header k=v ...]
     tributary consume TOPIC [--from-beginning | --offset N --partition P | --from-timestamp MS]
-                            [--max-messages N] [--format text|json]
+                            [--group GROUP] [--max-messages N] [--format text|json]
     tributary offsets TOPIC [--time MS]
+    tributary groups list | describe GROUP [--format text|json] | delete GROUP
+    tributary groups reset-offsets GROUP --topic T (--to-earliest | --to-latest | --to-timestamp MS
+                                                    | --to-offset N) [--dry-run]
+    tributary groups list | describe G | reset-offsets G --topic T --to-... | delete G
+    tributary top [--interval S] [--iterations N]
     tributary demo [--records N]
 
 Every command but ``cluster`` finds the gateways through ``--gateway HOST:PORT[,HOST:PORT]``,
@@ -24,7 +29,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import cluster, console, demo, topics
+from gateway.cli import cluster, console, demo, groups, top, topics
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -127,6 +132,9 @@ def _add_consume(commands) -> None:
     consume.add_argument("--format", choices=["text", "json"], default="text",
                          help="text: the value (and key with --print-key); json: one object per line")
     consume.add_argument("--print-key", action="store_true", help="text format: print key<TAB>value")
+    consume.add_argument("--group", metavar="GROUP",
+                         help="consume as a member of this consumer group: the group assigns partitions and the "
+                              "consumer commits as it goes (starting at the group's committed offsets)")
     _common(consume)
     consume.set_defaults(func=console.consume)
 
@@ -138,6 +146,39 @@ def _add_offsets(commands) -> None:
                          help="also the first offset at or after this timestamp (ms)")
     _common(offsets)
     offsets.set_defaults(func=topics.offsets)
+
+
+def _add_groups(commands) -> None:
+    parser = commands.add_parser("groups", help="list, describe (with lag), reset and delete consumer groups")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="consumer groups with their state and member count")
+    listing.add_argument("--format", choices=["text", "json"], default="text")
+    listing.set_defaults(func=groups.list_groups)
+    describe = actions.add_parser("describe", help="members, assignment, committed offset, log end and lag")
+    describe.add_argument("group")
+    describe.add_argument("--format", choices=["text", "json"], default="text")
+    describe.set_defaults(func=groups.describe)
+    reset = actions.add_parser("reset-offsets", help="move the group's committed offsets (group without members)")
+    reset.add_argument("group")
+    reset.add_argument("--topic", action="append", default=[], metavar="T", help="topic to reset (repeatable)")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="the log start of each partition")
+    to.add_argument("--to-latest", action="store_true", help="the log end of each partition")
+    to.add_argument("--to-timestamp", type=_non_negative, metavar="MS",
+                    help="the first offset at or after this time (ms since the epoch)")
+    to.add_argument("--to-offset", type=_non_negative, metavar="N",
+                    help="this offset in every partition (kept within the log's range)")
+    reset.add_argument("--dry-run", action="store_true", help="show the new offsets without committing them")
+    reset.set_defaults(func=groups.reset_offsets)
+    delete = actions.add_parser("delete", help="delete a group without members, with its committed offsets")
+    delete.add_argument("group")
+    delete.set_defaults(func=groups.delete)
+    for sub in (listing, describe, reset, delete):
+        _common(sub)
+
+
+def _add_top(commands) -> None:
+    top.add_parser(commands, _common)
 
 
 def _add_demo(commands) -> None:
@@ -155,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Tributary: a distributed commit log. Run a local cluster, manage topics, "
         "produce and consume from the shell.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_cluster, _add_topics, _add_produce, _add_consume, _add_offsets, _add_demo):
+    for add in (_add_cluster, _add_topics, _add_produce, _add_consume, _add_offsets, _add_groups, _add_top, _add_demo):
         add(commands)
     return parser
 

@@ -10,7 +10,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TextIO
 
-from gateway.client.structs import ConsumerRecord, PartitionMetadata, TopicDescription
+from gateway.client.structs import (
+    ConsumerRecord,
+    GroupDescription,
+    GroupListing,
+    OffsetAndMetadata,
+    PartitionMetadata,
+    TopicDescription,
+    TopicPartition,
+)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -107,6 +115,74 @@ def offsets_table(topic: str, earliest: dict[int, int], latest: dict[int, int]) 
     rows = [[topic, p, earliest.get(p, -1), latest.get(p, -1), max(0, latest.get(p, 0) - earliest.get(p, 0))]
             for p in sorted(set(earliest) | set(latest))]
     return table(("TOPIC", "PARTITION", "EARLIEST", "LATEST", "RECORDS"), rows)
+
+
+# ---- consumer groups ------------------------------------------------------------------------------
+
+
+def _dash(value) -> object:
+    return "-" if value is None or value == "" else value
+
+
+def _partitions_text(partitions) -> str:
+    return ",".join(str(tp) for tp in partitions) or "-"
+
+
+def groups_table(listings: Iterable[GroupListing]) -> str:
+    return table(("GROUP", "STATE", "MEMBERS"), [[g.group_id, g.state, g.member_count] for g in listings])
+
+
+def groups_json(listings: Iterable[GroupListing]) -> str:
+    return json.dumps([g._asdict() for g in listings])
+
+
+MEMBER_HEADERS = ("MEMBER-ID", "INSTANCE-ID", "CLIENT-ID", "HOST", "ASSIGNMENT", "OWNED")
+LAG_HEADERS = ("TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID")
+
+
+def describe_group(description: GroupDescription) -> str:
+    """``kafka-consumer-groups --describe`` style: a summary line, the members, then per partition
+    the committed offset, log end offset, lag and the member consuming it (``-`` for none)."""
+    d = description
+    lines = [f"Group: {d.group_id}\tState: {d.state}\tGeneration: {d.generation}\t"
+             f"Assignor: {d.assignor or '-'}\tMembers: {len(d.members)}", ""]
+    if d.members:
+        lines.append(table(MEMBER_HEADERS, [
+            [m.member_id, _dash(m.group_instance_id), m.client_id, m.host, _partitions_text(m.assignment),
+             _partitions_text(m.owned)] for m in d.members]))
+    else:
+        lines.append(f"Consumer group '{d.group_id}' has no active members.")
+    lines.append("")
+    lines.append(table(LAG_HEADERS, [
+        [p.topic, p.partition, _dash(p.committed_offset), _dash(p.log_end_offset) if p.error is None else p.error,
+         _dash(p.lag), _dash(p.owner)] for p in d.partitions]))
+    return "\n".join(lines)
+
+
+def _tp_json(tp: TopicPartition) -> dict:
+    return {"topic": tp.topic, "partition": tp.partition}
+
+
+def group_json(description: GroupDescription) -> str:
+    d = description
+    return json.dumps({
+        "group_id": d.group_id, "state": d.state, "generation": d.generation, "assignor": d.assignor,
+        "members": [{**m._asdict(), "topics": list(m.topics), "assignment": [_tp_json(tp) for tp in m.assignment],
+                     "owned": [_tp_json(tp) for tp in m.owned]} for m in d.members],
+        "partitions": [p._asdict() for p in d.partitions],
+    })
+
+
+def reset_table(group: str, offsets: dict[TopicPartition, OffsetAndMetadata]) -> str:
+    return table(("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"),
+                 [[group, tp.topic, tp.partition, om.offset] for tp, om in sorted(offsets.items())])
+
+
+def clamp_offsets(offset: int, earliest: dict[TopicPartition, int],
+                  latest: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """``--to-offset N`` for every partition, moved into [earliest, latest] where it is outside
+    (as Kafka's reset tool does: an offset out of range would only be reset again by consumers)."""
+    return {tp: min(max(offset, earliest[tp]), latest[tp]) for tp in sorted(latest)}
 
 
 class Progress:

@@ -3,9 +3,11 @@
 * :class:`Producer` / :class:`AsyncProducer` -- ``send(topic, value, key=None, headers=None,
   partition=None, timestamp=None)`` returning a future of :class:`RecordMetadata`; batches are
   built and compressed client-side as Kafka RecordBatch v2.
-* :class:`Consumer` / :class:`AsyncConsumer` -- ``assign``, ``poll``, iteration, ``seek*``,
-  ``position``, ``offsets_for_times``, ``pause``/``resume``; batches decoded client-side.
-* :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets.
+* :class:`Consumer` / :class:`AsyncConsumer` -- consumer groups (``group_id``, ``subscribe``
+  with a :class:`ConsumerRebalanceListener`, ``commit``/``commit_async``/``committed``,
+  auto-commit, static membership) or ``assign``; ``poll``, iteration, ``seek*``, ``position``,
+  ``offsets_for_times``, ``pause``/``resume``, ``wakeup``; batches decoded client-side.
+* :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets, consumer groups.
 
 The thread-based clients run their I/O on a background thread with an asyncio loop; the asyncio
 clients run on yours. Both share one core. Every client takes ``servers="host:port,..."``
@@ -18,8 +20,9 @@ Errors are :class:`TributaryError` subclasses with ``reason`` (Kafka's error nam
 
 from gateway.client.admin import Admin, AsyncAdmin
 from gateway.client.consumer import AsyncConsumer, Consumer
-from gateway.client.errors import IllegalStateError, NoServersError, TributaryError
+from gateway.client.errors import IllegalStateError, NoServersError, TributaryError, WakeupError
 from gateway.client.futures import FutureRecordMetadata
+from gateway.client.listener import ConsumerRebalanceListener
 from gateway.client.producer import AsyncProducer, Producer
 from gateway.client.serialization import (
     json_deserializer,
@@ -31,10 +34,14 @@ from gateway.client.structs import (
     BrokerMetadata,
     ClusterDescription,
     ConsumerRecord,
+    GroupDescription,
+    GroupListing,
+    MemberDescription,
     NewPartitions,
     NewTopic,
     OffsetAndMetadata,
     OffsetAndTimestamp,
+    PartitionLag,
     PartitionMetadata,
     RecordMetadata,
     TopicDescription,
@@ -49,20 +56,26 @@ __all__ = [
     "BrokerMetadata",
     "ClusterDescription",
     "Consumer",
+    "ConsumerRebalanceListener",
     "ConsumerRecord",
     "FutureRecordMetadata",
+    "GroupDescription",
+    "GroupListing",
     "IllegalStateError",
+    "MemberDescription",
     "NewPartitions",
     "NewTopic",
     "NoServersError",
     "OffsetAndMetadata",
     "OffsetAndTimestamp",
+    "PartitionLag",
     "PartitionMetadata",
     "Producer",
     "RecordMetadata",
     "TopicDescription",
     "TopicPartition",
     "TributaryError",
+    "WakeupError",
     "json_deserializer",
     "json_serializer",
     "string_deserializer",

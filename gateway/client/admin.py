@@ -1,5 +1,6 @@
 """Administration: topics (create, delete, describe, list, add partitions, alter configs),
-cluster metadata and offsets. ``AsyncAdmin`` for asyncio, ``Admin`` for threads (same methods).
+cluster metadata, offsets, and consumer groups (list, describe with lag, committed offsets,
+reset, delete). ``AsyncAdmin`` for asyncio, ``Admin`` for threads (same methods).
 
 Every failure raises the typed error the gateway reported, e.g. ``TopicAlreadyExistsError``
 (``TOPIC_ALREADY_EXISTS``), ``InvalidPartitionsError``, ``InvalidConfigError``,
@@ -8,6 +9,11 @@ Every failure raises the typed error the gateway reported, e.g. ``TopicAlreadyEx
     with Admin(servers="127.0.0.1:9092") as admin:
         admin.create_topics([NewTopic("activity", num_partitions=8)])
         print(admin.describe_topics(["activity"])[0].partitions)
+        for p in admin.describe_consumer_group("loader").partitions:
+            print(p.topic, p.partition, p.committed_offset, p.log_end_offset, p.lag)
+
+Group resets and deletes need a group without members (``NonEmptyGroupError`` otherwise), as in
+Kafka: running consumers would overwrite a reset with their next commit.
 """
 
 from __future__ import annotations
@@ -15,14 +21,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.client import GatewayClient, list_offsets, offset_spec
 from gateway.client.errors import TributaryError
+from gateway.client.group_serde import (
+    committed_from_proto,
+    description_from_proto,
+    listing_from_proto,
+    tps_to_proto,
+)
 from gateway.client.io_thread import IOThread
 from gateway.client.metadata import cluster_from_proto, topic_from_proto
 from gateway.client.structs import (
     ClusterDescription,
+    GroupDescription,
+    GroupListing,
     NewPartitions,
     NewTopic,
+    OffsetAndMetadata,
     OffsetAndTimestamp,
     TopicDescription,
     TopicPartition,
@@ -147,6 +162,61 @@ class AsyncAdmin:
                 raise result
         return results
 
+    # -- consumer groups -------------------------------------------------------------------
+
+    async def list_consumer_groups(self) -> list[GroupListing]:
+        """Every consumer group: id, state (Empty, Stable, PreparingRebalance), member count."""
+        response = await self._client.call("ListGroups", pb.ListGroupsRequest())
+        return sorted((listing_from_proto(g) for g in response.groups), key=lambda g: g.group_id)
+
+    async def describe_consumer_group(self, group_id: str) -> GroupDescription:
+        """Members with their assignment, and per partition the committed offset, log end offset,
+        lag and owner. ``GroupIdNotFoundError`` if the group does not exist."""
+        response = await self._client.call("DescribeGroup", pb.DescribeGroupRequest(group_id=group_id))
+        return description_from_proto(response)
+
+    async def list_consumer_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
+                                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets (of ``partitions``, or all it has); partitions without
+        one are left out."""
+        request = pb.FetchCommittedOffsetsRequest(group_id=group_id, partitions=tps_to_proto(
+            [TopicPartition(*tp) for tp in partitions or ()]))
+        response = await self._client.call("FetchCommittedOffsets", request)
+        return _committed_offsets(response.offsets)
+
+    async def reset_consumer_group_offsets(self, group_id: str, topics: Iterable[str] = (),
+                                           to: str | int | Mapping[TopicPartition, int] = "earliest", *,
+                                           dry_run: bool = False) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Move the committed offsets of every partition of ``topics`` to ``"earliest"``,
+        ``"latest"`` or the first offset at or after a timestamp (an int, ms; the log end when no
+        record is that recent) -- or, with a ``{TopicPartition: offset}`` mapping, to exactly
+        those offsets (``topics`` is then ignored). Returns the new offsets; ``dry_run`` only
+        computes them. ``NonEmptyGroupError`` while the group has members."""
+        request = pb.ResetGroupOffsetsRequest(group_id=group_id, topics=list(topics), dry_run=dry_run)
+        if isinstance(to, Mapping):
+            request.explicit.extend(pb.OffsetCommit(topic=tp[0], partition=tp[1], offset=int(offset))
+                                    for tp, offset in sorted(to.items()))
+        else:
+            request.spec.CopyFrom(offset_spec(to))
+        response = await self._client.call("ResetGroupOffsets", request)
+        return _committed_offsets(response.offsets)
+
+    async def delete_consumer_group(self, group_id: str) -> None:
+        """Delete a group without members, with its committed offsets."""
+        await self._client.call("DeleteGroup", pb.DeleteGroupRequest(group_id=group_id))
+
+
+def _committed_offsets(messages) -> dict[TopicPartition, OffsetAndMetadata]:
+    """``CommittedOffset`` messages as ``{tp: OffsetAndMetadata}``; raises the first per-partition error."""
+    result = {}
+    for message in messages:
+        tp, committed, error = committed_from_proto(message)
+        if error is not None:
+            raise error
+        if committed is not None:
+            result[tp] = committed
+    return result
+
 
 def _sync(name: str):
     """A blocking twin of ``AsyncAdmin.<name>`` that runs it on the I/O thread."""
@@ -198,6 +268,11 @@ class Admin:
     describe_cluster = _sync("describe_cluster")
     metadata = _sync("metadata")
     list_offsets = _sync("list_offsets")
+    list_consumer_groups = _sync("list_consumer_groups")
+    describe_consumer_group = _sync("describe_consumer_group")
+    list_consumer_group_offsets = _sync("list_consumer_group_offsets")
+    reset_consumer_group_offsets = _sync("reset_consumer_group_offsets")
+    delete_consumer_group = _sync("delete_consumer_group")
 
     def close(self) -> None:
         """Close the connections and stop the I/O thread."""

@@ -1,23 +1,44 @@
 """The consumer: ``AsyncConsumer`` (asyncio) and ``Consumer`` (threads) over one core.
 
-Usage, kafka-python style::
+Usage, kafka-python style -- in a consumer group::
 
-    consumer = Consumer(servers="127.0.0.1:9092", auto_offset_reset="earliest")
-    consumer.assign([TopicPartition("activity", 0), TopicPartition("activity", 1)])
-    for tp, records in consumer.poll(timeout_ms=1000).items():
-        for record in records:
-            print(record.offset, record.key, record.value)
-    consumer.close()
+    consumer = Consumer(servers="127.0.0.1:9092", group_id="loader", auto_offset_reset="earliest")
+    consumer.subscribe(["activity"], listener=MyRebalanceListener())
+    try:
+        while True:
+            for tp, records in consumer.poll(timeout_ms=1000).items():
+                for record in records:
+                    print(record.offset, record.key, record.value)
+    except WakeupError:        # consumer.wakeup() from another thread
+        pass
+    finally:
+        consumer.close()       # commits, and leaves the group at once
 
-and aiokafka style (``async for record in consumer``, ``await consumer.getmany(...)``).
+or with partitions chosen by hand (``consumer.assign([TopicPartition("activity", 0)])``), and
+aiokafka style (``async for record in consumer``, ``await consumer.getmany(...)``).
 
 Records are fetched as raw RecordBatch v2 bytes and decoded here, in the client: compression is
 end to end. A background fetch routine keeps the next chunk of every partition on its way while
 the application processes the current one (see :mod:`gateway.client.fetcher`).
 
-Partitions are assigned manually for now (``assign``); consumer groups (``group_id``,
-``subscribe``, ``commit``) arrive with the group coordinator, and the subscription state already
-distinguishes manual from group-managed assignment for them.
+**Consumer groups** (``group_id`` + ``subscribe``): the coordinator assigns partitions
+(server-side assignors); the consumer joins, heartbeats from its I/O routine -- so a slow
+application keeps its membership as long as it calls ``poll`` within ``max_poll_interval_ms`` --
+and commits (see :mod:`gateway.client.group_coordinator`). Partition changes are applied inside
+``poll``, where the :class:`~gateway.client.listener.ConsumerRebalanceListener` runs (on the
+application's thread for ``Consumer``; awaited for ``AsyncConsumer``). A new partition starts at
+the group's committed offset, else at ``auto_offset_reset``. With ``enable_auto_commit`` (the
+default), ``poll`` commits what earlier polls returned every ``auto_commit_interval_ms``, and the
+consumer commits before giving partitions up and on ``close``: at-least-once delivery as long as
+records are processed before the next ``poll``. Otherwise commit with ``commit()`` (everything
+returned so far), ``commit(offsets)`` (next offset to consume, per partition) or
+``commit_async(callback=...)``. A consumer with a ``group_id`` and hand-assigned partitions
+(``assign``) starts them at the group's committed offsets and commits as a standalone consumer
+(accepted while the group has no members).
+
+``close()`` leaves the group at once (LeaveGroup), so its partitions move without waiting for the
+session timeout -- except for a static member (``group_instance_id``), which keeps its partitions
+through a restart within ``session_timeout_ms``, as in Kafka.
 
 Settings (Kafka's consumer configs, Python-cased; defaults are Kafka's):
 
@@ -31,6 +52,18 @@ Settings (Kafka's consumer configs, Python-cased; defaults are Kafka's):
 ``max_poll_records``          500          default ``max_records`` of ``poll``
 ``check_crcs``                True         verify every batch's CRC-32C
 ``consumer_timeout_ms``       forever      iteration stops after this long without records
+``group_id``                  None         the consumer group (needed by subscribe/commit)
+``group_instance_id``         None         static membership: a restart within the session
+                                           keeps the partitions, without a rebalance
+``session_timeout_ms``        45000        no heartbeat for this long ends the membership
+                                           (the coordinator accepts 6000 .. 1800000)
+``heartbeat_interval_ms``     3000         heartbeat period (the coordinator may ask for
+                                           a shorter one: session timeout / 3)
+``max_poll_interval_ms``      300000       no poll() for this long ends the membership
+``partition_assignment_strategy``          cooperative-sticky, range, roundrobin or sticky
+                              "cooperative-sticky"
+``enable_auto_commit``        True         commit in poll, before revocation, on close
+``auto_commit_interval_ms``   5000         how often poll commits
 ============================= ============ ===============================================
 """
 
@@ -39,21 +72,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import re
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.client.client import GatewayClient, list_offsets
-from gateway.client.errors import IllegalStateError, TributaryError
+from gateway.client.errors import IllegalStateError, InvalidGroupIdError, TributaryError, WakeupError
 from gateway.client.fetcher import Fetcher
-from gateway.client.io_thread import IOThread
+from gateway.client.group_coordinator import CommitCallback, GroupCoordinator, GroupSettings
+from gateway.client.group_serde import as_offset_and_metadata, assignor_to_proto
+from gateway.client.io_thread import IOThread, call_directly
 from gateway.client.serialization import Deserializer
-from gateway.client.structs import ConsumerRecord, OffsetAndTimestamp, TopicPartition
-from gateway.client.subscription import SubscriptionState, validate_reset_strategy
+from gateway.client.structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
 from services.clock import SYSTEM_CLOCK, Clock
-
-GROUPS_NOT_YET = "consumer groups (group_id/subscribe/commit) arrive with the group coordinator; use assign()"
 
 
 @dataclass
@@ -77,6 +111,13 @@ class ConsumerConfig:
     retry_backoff_ms: int = 100
     metadata_max_age_ms: int = 300_000
     consumer_timeout_ms: float = math.inf
+    group_instance_id: str | None = None
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_interval_ms: int = 300_000
+    partition_assignment_strategy: str | Sequence[str] | None = "cooperative-sticky"
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5_000
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ConsumerConfig:
@@ -92,7 +133,36 @@ class ConsumerConfig:
         validate_reset_strategy(config.auto_offset_reset)
         if config.max_poll_records <= 0:
             raise ValueError("max_poll_records must be positive")
+        config.validate_group_settings()
         return config
+
+    @property
+    def assignor(self) -> str | None:
+        """The one assignor asked for (Kafka takes a preference list; the first is used)."""
+        strategy = self.partition_assignment_strategy
+        if strategy is None or isinstance(strategy, str):
+            return strategy
+        return next(iter(strategy), None)
+
+    def validate_group_settings(self) -> None:
+        if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
+            raise ValueError(f"group_id must be a non-empty string, not {self.group_id!r}")
+        for name in ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
+                     "auto_commit_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("heartbeat_interval_ms must be lower than session_timeout_ms")
+        assignor_to_proto(self.assignor)  # ValueError for an unknown name
+
+    def group_settings(self) -> GroupSettings:
+        assert self.group_id is not None
+        return GroupSettings(
+            group_id=self.group_id, group_instance_id=self.group_instance_id or None, client_id=self.client_id,
+            session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
+            max_poll_interval_ms=self.max_poll_interval_ms, assignor=self.assignor,
+            enable_auto_commit=self.enable_auto_commit, auto_commit_interval_ms=self.auto_commit_interval_ms,
+            request_timeout_ms=self.request_timeout_ms, retry_backoff_ms=self.retry_backoff_ms)
 
 
 def _as_partitions(partitions: Iterable) -> list[TopicPartition]:
@@ -104,17 +174,50 @@ def _as_partitions(partitions: Iterable) -> list[TopicPartition]:
     return result
 
 
+def _first_offsets(records: Iterable[ConsumerRecord]) -> dict[TopicPartition, int]:
+    """The first offset of each partition among ``records`` (in order)."""
+    first: dict[TopicPartition, int] = {}
+    for record in records:
+        first.setdefault(TopicPartition(record.topic, record.partition), record.offset)
+    return first
+
+
+def _as_topics(topics) -> list[str]:
+    """``subscribe``'s topics: a list of names (a single name is taken as one topic)."""
+    return [topics] if isinstance(topics, str) else list(topics or ())
+
+
+def _as_pattern(pattern) -> str | None:
+    """A regular expression (string or compiled), matched in full against topic names."""
+    if pattern is None:
+        return None
+    text = pattern.pattern if isinstance(pattern, re.Pattern) else pattern
+    if not isinstance(text, str) or not text:
+        raise TypeError(f"pattern must be a non-empty regular expression, not {pattern!r}")
+    re.compile(text)  # re.error now rather than INVALID_REQUEST from the coordinator later
+    return text
+
+
+async def _wait_any(events: Iterable[asyncio.Event], timeout: float) -> None:
+    """Wait until one of ``events`` is set, at most ``timeout`` seconds."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 class AsyncConsumer:
     """The asyncio consumer (aiokafka's shape) -- and the core the thread-based one runs.
 
     Create it inside a running loop; ``start()`` (or ``async with``) connects; ``stop()`` closes.
     Not safe to share between tasks that change its assignment concurrently, like Kafka's.
+    Topics given to the constructor are subscribed to (a ``group_id`` is needed then).
     """
 
     def __init__(self, *topics: str, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 **settings: Any) -> None:
-        if topics:
-            raise NotImplementedError(GROUPS_NOT_YET)
+                 _call_back: Callable | None = None, **settings: Any) -> None:
         self.config = ConsumerConfig.from_kwargs({"servers": servers, **settings})
         self._client = GatewayClient(self.config.servers, request_timeout_ms=self.config.request_timeout_ms,
                                      metadata_max_age_ms=self.config.metadata_max_age_ms,
@@ -129,15 +232,33 @@ class AsyncConsumer:
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
         self._iter_buffer: deque[ConsumerRecord] = deque()
+        #: Set when poll has more to do than return records (a rebalance, a wakeup).
+        self._attention = asyncio.Event()
+        self._wakeup_requested = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Records handed to the application's iterator buffers but not yet to the application
+        #: itself: ``{tp: first such offset}``, so a commit never covers them.
+        self._unconsumed_sources: list[Callable[[], dict[TopicPartition, int]]] = [self._iter_unconsumed]
+        self._coordinator: GroupCoordinator | None = None
+        if c.group_id is not None:
+            self._coordinator = GroupCoordinator(
+                self._client, self._subscription, self._fetcher, c.group_settings(), attention=self._attention,
+                call_back=_call_back or call_directly, consumed_offsets=self._consumed_offsets)
+        if topics:
+            self.subscribe(list(topics))
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the fetch routine on the running loop (connections open on first use)."""
+        """Start the fetch routine on the running loop (connections open on first use), and
+        the group's heartbeat routine if subscribed."""
         if self._closed:
             raise IllegalStateError("the consumer is closed")
         if self._fetch_task is None:
-            self._fetch_task = asyncio.get_running_loop().create_task(self._fetcher.run(), name="tributary-fetcher")
+            self._loop = asyncio.get_running_loop()
+            self._fetch_task = self._loop.create_task(self._fetcher.run(), name="tributary-fetcher")
+        if self._coordinator is not None:
+            self._coordinator.ensure_routine()
 
     async def __aenter__(self) -> AsyncConsumer:
         await self.start()
@@ -147,45 +268,137 @@ class AsyncConsumer:
         await self.stop()
 
     async def stop(self) -> None:
-        """Stop fetching and close the connections."""
+        """Commit (with ``enable_auto_commit``), give the partitions up (the listener's
+        ``on_partitions_revoked``), leave the group (unless static), stop fetching and close the
+        connections. A listener's error is raised once all of that is done."""
         if self._closed:
             return
         self._closed = True
-        await self._fetcher.close()
-        if self._fetch_task is not None:
-            await asyncio.wait({self._fetch_task})
-        await self._client.close()
+        try:
+            if self._coordinator is not None:
+                await self._coordinator.leave_group("close")
+        finally:
+            await self._fetcher.close()
+            if self._fetch_task is not None:
+                await asyncio.wait({self._fetch_task})
+            await self._client.close()
 
     close = stop
+
+    def wakeup(self) -> None:
+        """Make the ``poll`` in progress -- or, if none is, the next one -- raise
+        :class:`~gateway.client.errors.WakeupError`. Safe to call from any thread."""
+        loop = self._loop
+        if loop is None or asyncio._get_running_loop() is loop:
+            self._do_wakeup()
+        else:
+            loop.call_soon_threadsafe(self._do_wakeup)
+
+    def _do_wakeup(self) -> None:
+        self._wakeup_requested = True
+        self._attention.set()
+
+    def _maybe_raise_wakeup(self) -> None:
+        if self._wakeup_requested:
+            self._wakeup_requested = False
+            raise WakeupError("poll() was interrupted by wakeup()")
 
     # -- assignment ------------------------------------------------------------------------
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Read exactly these partitions (replacing any previous assignment)."""
+        """Read exactly these partitions (replacing any previous assignment). With a
+        ``group_id``, new partitions start at the group's committed offsets."""
         wanted = _as_partitions(partitions)
         for tp in self._subscription.assigned_partitions() - set(wanted):
             self._fetcher.discard(tp)
-        self._subscription.assign_from_user(wanted)
+        self._subscription.assign_from_user(wanted, await_committed=self._coordinator is not None)
         self._fetcher.wakeup(restart_fetch=True)
 
     def assignment(self) -> set[TopicPartition]:
-        """The partitions assigned to this consumer."""
+        """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._subscription.assigned_partitions()
 
-    def subscribe(self, topics=(), pattern=None, listener=None) -> None:
-        """Group-managed subscription: not yet available (consumer groups come next)."""
-        raise NotImplementedError(GROUPS_NOT_YET)
+    def subscribe(self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None,
+                  listener=None) -> None:
+        """Consume ``topics`` -- or every topic whose whole name matches ``pattern`` -- as a member
+        of the consumer group ``group_id``; the group decides which partitions this consumer
+        reads. ``listener`` (a :class:`~gateway.client.listener.ConsumerRebalanceListener`) hears
+        about partitions given and taken. Joining happens in the background; partitions arrive
+        in a later ``poll``. Subscribing again replaces the subscription (and the listener)."""
+        coordinator = self._ensure_group("subscribe()")
+        self._subscription.subscribe(_as_topics(topics), _as_pattern(pattern))
+        coordinator.subscribe(listener)
+        self._attention.set()
 
-    def unsubscribe(self) -> None:
-        """Drop the assignment."""
-        for tp in self._subscription.assigned_partitions():
-            self._fetcher.discard(tp)
-        self._subscription.unsubscribe()
-        self._fetcher.wakeup(restart_fetch=True)
+    def subscription(self) -> set[str] | None:
+        """The subscribed topic names (or the pattern, as a one-element set); None if not subscribed."""
+        if not self._subscription.is_group_managed:
+            return None
+        return set(self._subscription.topics) if self._subscription.topics else {self._subscription.pattern}
 
-    async def commit(self, offsets=None) -> None:
-        """Commit offsets to the group: not yet available (consumer groups come next)."""
-        raise NotImplementedError(GROUPS_NOT_YET)
+    async def unsubscribe(self) -> None:
+        """Stop consuming: a group member commits (with ``enable_auto_commit``), gives its
+        partitions up (listener) and leaves the group (unless static); hand-assigned partitions
+        are simply dropped."""
+        try:
+            if self._coordinator is not None and self._subscription.is_group_managed:
+                await self._coordinator.leave_group("unsubscribe")
+        finally:
+            for tp in self._subscription.assigned_partitions():
+                self._fetcher.discard(tp)
+            self._subscription.unsubscribe()
+            self._iter_buffer.clear()
+            self._fetcher.wakeup(restart_fetch=True)
+
+    def _ensure_group(self, what: str) -> GroupCoordinator:
+        if self._coordinator is None:
+            raise InvalidGroupIdError(f"{what} needs a consumer group: create the consumer with group_id=...")
+        return self._coordinator
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def _iter_unconsumed(self) -> dict[TopicPartition, int]:
+        return _first_offsets(self._iter_buffer)
+
+    def _consumed_offsets(self) -> dict[TopicPartition, int]:
+        """The next offset to consume per partition: positions, held back to the first record
+        still waiting in an iterator buffer."""
+        consumed = self._subscription.consumed_offsets()
+        for source in self._unconsumed_sources:
+            for tp, offset in source().items():
+                if tp in consumed and offset < consumed[tp]:
+                    consumed[tp] = offset
+        return consumed
+
+    def _offsets_to_commit(self, offsets) -> dict[TopicPartition, OffsetAndMetadata] | None:
+        if offsets is None:
+            return None
+        if not isinstance(offsets, Mapping):
+            raise TypeError("offsets must be a dict {TopicPartition: OffsetAndMetadata or offset}")
+        return {TopicPartition(*tp): as_offset_and_metadata(value) for tp, value in offsets.items()}
+
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None) -> None:
+        """Commit and wait (Kafka's ``commitSync``): by default the position of every partition
+        this consumer holds (everything ``poll`` returned so far), else ``offsets`` -- each the
+        *next* offset to consume. Retries while the coordinator is unavailable; raises the
+        typed error otherwise (``IllegalGenerationError`` when a partition moved to another
+        member, ``UnknownMemberIdError`` when the membership ended)."""
+        coordinator = self._ensure_group("commit()")
+        await coordinator.deliver_commit_callbacks()
+        await coordinator.commit(coordinator.offsets_to_commit(self._offsets_to_commit(offsets)))
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     callback: CommitCallback | None = None) -> None:
+        """Send a commit without waiting and without retries (Kafka's ``commitAsync``);
+        ``callback(offsets, exception_or_None)`` is called from a later ``poll``, ``commit`` or
+        ``close`` (awaited if it returns an awaitable)."""
+        coordinator = self._ensure_group("commit_async()")
+        coordinator.commit_async(coordinator.offsets_to_commit(self._offsets_to_commit(offsets)), callback)
+
+    async def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        """The group's committed offset of ``partition`` (None when nothing is committed)."""
+        tp = TopicPartition(*partition)
+        return (await self._ensure_group("committed()").fetch_committed([tp]))[tp]
 
     # -- positions -------------------------------------------------------------------------
 
@@ -219,7 +432,12 @@ class AsyncConsumer:
         """The offset of the next record ``poll`` will return (looked up now if needed)."""
         tp = TopicPartition(*partition)
         position = self._subscription.position(tp)
+        if position is None and self._subscription.state(tp).awaiting_committed and self._coordinator is not None:
+            await self._coordinator.refresh_committed_offsets()
+            position = self._subscription.position(tp)
         if position is None:
+            if tp not in self._subscription.partitions_awaiting_reset():
+                raise IllegalStateError(f"no position for {tp} yet (its committed offset is not known); try again")
             strategy, epoch = self._subscription.partitions_awaiting_reset()[tp]
             await self._fetcher.reset_offsets({tp: (strategy, epoch)})
             self._fetcher.raise_error(tp)
@@ -299,21 +517,39 @@ class AsyncConsumer:
 
     async def _poll(self, timeout_ms: int, max_records: int | None,
                     only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
-        if not self._subscription.assigned_partitions():
-            raise IllegalStateError("the consumer has no assigned partitions; call assign() first")
+        if self._closed:
+            raise IllegalStateError("the consumer is closed")
+        if self._subscription.subscription_type is SubscriptionType.NONE:
+            raise IllegalStateError("the consumer is not subscribed to any topic nor assigned any partition; "
+                                    "call subscribe() or assign() first")
         await self.start()
+        coordinator = self._coordinator
+        if coordinator is None:
+            return await self._poll_records(timeout_ms, max_records, only)
+        coordinator.poll_started()
+        try:
+            return await self._poll_records(timeout_ms, max_records, only)
+        finally:
+            coordinator.poll_finished()
+
+    async def _poll_records(self, timeout_ms: int, max_records: int | None,
+                            only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
         max_records = max_records or self.config.max_poll_records
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000.0
         while True:
+            self._attention.clear()
+            self._maybe_raise_wakeup()
+            if self._coordinator is not None:
+                await self._coordinator.poll()
             records = self._fetcher.drain(max_records, only)
             remaining = deadline - loop.time()
             if records or remaining <= 0:
                 return records
             if only is None:
-                await self._fetcher.wait_for_data(remaining)
+                await _wait_any((self._fetcher.data_ready, self._attention), remaining)
             else:  # data of other partitions would wake the wait at once: look again shortly
-                await asyncio.sleep(min(remaining, 0.01))
+                await _wait_any((self._attention,), min(remaining, 0.01))
 
     async def getone(self) -> ConsumerRecord:
         """The next record, waiting as long as it takes."""
@@ -340,29 +576,31 @@ class AsyncConsumer:
 
 
 class Consumer:
-    """The thread-based consumer (kafka-python's shape); fetching runs on a background thread.
+    """The thread-based consumer (kafka-python's shape); fetching and heartbeats run on a
+    background thread, rebalance listeners and commit callbacks on the thread calling ``poll``.
 
-    Like Kafka's, one consumer is meant for one application thread.
+    Like Kafka's, one consumer is meant for one application thread; ``wakeup()`` is the one
+    method other threads may call.
     """
 
     def __init__(self, *topics: str, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
                  **settings: Any) -> None:
-        if topics:
-            raise NotImplementedError(GROUPS_NOT_YET)
         self._io = IOThread("tributary-consumer")
 
         async def create() -> AsyncConsumer:
-            consumer = AsyncConsumer(servers=servers, clock=clock, **settings)
+            consumer = AsyncConsumer(*topics, servers=servers, clock=clock, _call_back=self._io.call_back,
+                                     **settings)
+            consumer._unconsumed_sources.append(self._unconsumed)
             await consumer.start()
             return consumer
 
+        self._iter_buffer: deque[ConsumerRecord] = deque()
         try:
             self._core = self._io.run(create())
         except BaseException:
             self._io.stop()
             raise
         self.config = self._core.config
-        self._iter_buffer: deque[ConsumerRecord] = deque()
         self._closed = False
 
     def __enter__(self) -> Consumer:
@@ -374,6 +612,16 @@ class Consumer:
     def _run(self, coro):
         return self._io.run(coro)
 
+    def _run_here(self, coro):
+        """Run ``coro`` on the I/O thread; listener methods and commit callbacks it calls run here."""
+        return self._io.run_calling_back(coro)
+
+    def _unconsumed(self) -> dict[TopicPartition, int]:
+        # Read on the I/O thread while this thread waits in a call (never concurrently with it).
+        return _first_offsets(self._iter_buffer)
+
+    # -- assignment and subscription -------------------------------------------------------
+
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (replacing any previous assignment)."""
         partitions = list(partitions)
@@ -381,25 +629,55 @@ class Consumer:
         self._iter_buffer.clear()
 
     def assignment(self) -> set[TopicPartition]:
-        """The partitions assigned to this consumer."""
+        """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._io.call(self._core.assignment)
 
-    def subscribe(self, topics=(), pattern=None, listener=None) -> None:
-        """Group-managed subscription: not yet available (consumer groups come next)."""
-        raise NotImplementedError(GROUPS_NOT_YET)
+    def subscribe(self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None,
+                  listener=None) -> None:
+        """Join the group for ``topics`` or ``pattern`` (see ``AsyncConsumer.subscribe``); the
+        listener's methods run on this thread, inside ``poll``."""
+        self._io.call(self._core.subscribe, topics, pattern, listener)
+
+    def subscription(self) -> set[str] | None:
+        """The subscribed topic names (or the pattern); None if not subscribed."""
+        return self._io.call(self._core.subscription)
 
     def unsubscribe(self) -> None:
-        """Drop the assignment and everything buffered for it."""
-        self._io.call(self._core.unsubscribe)
-        self._iter_buffer.clear()
+        """Stop consuming (see ``AsyncConsumer.unsubscribe``); drops everything buffered."""
+        try:
+            self._run_here(self._core.unsubscribe())
+        finally:
+            self._iter_buffer.clear()
 
-    def commit(self, offsets=None) -> None:
-        """Commit offsets to the group: not yet available (consumer groups come next)."""
-        raise NotImplementedError(GROUPS_NOT_YET)
+    # -- commits ---------------------------------------------------------------------------
+
+    def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None) -> None:
+        """Commit and wait: everything returned so far, or ``offsets`` (next offset to consume)."""
+        self._run_here(self._core.commit(offsets))
+
+    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+                     callback: CommitCallback | None = None) -> None:
+        """Send a commit without waiting; ``callback(offsets, exception_or_None)`` runs on this
+        thread in a later ``poll``, ``commit`` or ``close``."""
+        self._io.call(self._core.commit_async, offsets, callback)
+
+    def committed(self, partition: TopicPartition) -> OffsetAndMetadata | None:
+        """The group's committed offset of ``partition`` (None when nothing is committed)."""
+        return self._run(self._core.committed(partition))
+
+    # -- reading ---------------------------------------------------------------------------
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Records by partition (see ``AsyncConsumer.poll``); blocks up to ``timeout_ms``."""
-        return self._run(self._core.poll(timeout_ms, max_records))
+        """Records by partition (see ``AsyncConsumer.poll``); blocks up to ``timeout_ms``.
+
+        Group changes are applied here, and the rebalance listener runs here, on this thread.
+        Raises :class:`~gateway.client.errors.WakeupError` after ``wakeup()``.
+        """
+        return self._run_here(self._core.poll(timeout_ms, max_records))
+
+    def wakeup(self) -> None:
+        """Interrupt the ``poll`` in progress (or the next one) with ``WakeupError``; thread-safe."""
+        self._core.wakeup()
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Consume ``partition`` from ``offset`` on the next poll."""
@@ -479,11 +757,12 @@ class Consumer:
         return self._iter_buffer.popleft()
 
     def close(self) -> None:
-        """Stop fetching and release the connections and the I/O thread."""
+        """Commit (with ``enable_auto_commit``), give the partitions up, leave the group (unless
+        static), stop fetching and release the connections and the I/O thread."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._run(self._core.stop())
+            self._run_here(self._core.stop())
         finally:
             self._io.stop()

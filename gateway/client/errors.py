@@ -10,29 +10,51 @@ Client-side timeouts reuse :class:`RequestTimedOutError` (reason ``REQUEST_TIMED
 Kafka's Java client raises its ``TimeoutException`` (the class behind ``REQUEST_TIMED_OUT``) for
 a full buffer (``max_block_ms``) and for expired batches (``delivery_timeout_ms``).
 
-The two conditions below are deliberately *not* ``TributaryError`` subclasses: they are mistakes
-in how the client is used or configured, never something a server said, and the taxonomy's
-reason table is closed (one class per reason, declared in ``services.errors``).
+The conditions below are deliberately *not* ``TributaryError`` subclasses: they are mistakes in
+how the client is used or configured, or the application's own request (``wakeup``), never
+something a server said, and the taxonomy's reason table is closed (one class per reason,
+declared in ``services.errors``).
+
+Consumer groups surface the taxonomy's group errors: ``UnknownMemberIdError`` (the membership
+ended: session timeout, or no ``poll`` within ``max_poll_interval_ms``), ``IllegalGenerationError``
+(a commit for a partition that moved to another member), ``FencedInstanceIdError`` (a newer
+incarnation of this static member took over: fatal), ``RebalanceInProgressError`` (a commit
+while the consumer is between memberships), ``InconsistentGroupProtocolError``,
+``InvalidGroupIdError``, ``InvalidSessionTimeoutError``, ``GroupIdNotFoundError`` and
+``NonEmptyGroupError`` (admin calls on a group that does not exist / still has members).
 """
 
 from __future__ import annotations
 
 from services.errors import (  # noqa: F401 -- re-exported
     BrokerNotAvailableError,
+    CoordinatorNotAvailableError,
     CorruptRecordError,
+    FencedInstanceIdError,
+    GroupIdNotFoundError,
+    IllegalGenerationError,
+    InconsistentGroupProtocolError,
     InvalidConfigError,
+    InvalidGroupIdError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
+    InvalidSessionTimeoutError,
     InvalidTopicError,
     LeaderNotAvailableError,
     NetworkError,
+    NonEmptyGroupError,
+    NotControllerError,
+    NotCoordinatorError,
     NotLeaderOrFollowerError,
+    OffsetMetadataTooLargeError,
     OffsetOutOfRangeError,
+    RebalanceInProgressError,
     RecordTooLargeError,
     RequestTimedOutError,
     TopicAlreadyExistsError,
     TributaryError,
+    UnknownMemberIdError,
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
     error_from_rpc,
@@ -49,3 +71,12 @@ class IllegalStateError(RuntimeError):
 
 class NoServersError(ValueError):
     """No gateway address could be found: not passed, not in the environment, no local cluster."""
+
+
+class WakeupError(Exception):
+    """``poll()`` was interrupted by ``wakeup()`` (Kafka's ``WakeupException``).
+
+    ``wakeup()`` is the one consumer method that is safe to call from another thread: the poll
+    in progress -- or, if none is, the next one -- raises this. Catch it to leave the poll loop,
+    then ``close()`` the consumer (which commits and leaves the group).
+    """

@@ -361,6 +361,11 @@ class Fetcher:
     def has_data(self) -> bool:
         return any(self._buffers.values()) or bool(self._errors)
 
+    @property
+    def data_ready(self) -> asyncio.Event:
+        """Set while something is buffered (or failed) for ``drain``."""
+        return self._data_ready
+
     def drain(self, max_records: int, only: set[TopicPartition] | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Up to ``max_records`` buffered records by partition (of ``only``, if given), advancing positions.
 

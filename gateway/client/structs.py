@@ -75,7 +75,8 @@ class OffsetAndTimestamp(NamedTuple):
 
 
 class OffsetAndMetadata(NamedTuple):
-    """A committed offset with its metadata string (consumer groups; used from the next release)."""
+    """A committed offset -- the next offset to consume, Kafka's convention -- with its metadata
+    string (at most ``offset.metadata.max.bytes``, 4096 by default)."""
 
     offset: int
     metadata: str = ""
@@ -137,3 +138,70 @@ class NewPartitions(NamedTuple):
     """The new total partition count of a topic (Kafka never shrinks a topic)."""
 
     total_count: int
+
+
+# ---- consumer groups ----------------------------------------------------------------------------
+
+#: Kafka's names for the partition assignment strategies (``partition_assignment_strategy``).
+ASSIGNORS = ("cooperative-sticky", "range", "roundrobin", "sticky")
+
+
+class GroupListing(NamedTuple):
+    """A consumer group as ``list_consumer_groups`` sees it.
+
+    ``state`` is Kafka's: ``Empty`` (no members), ``Stable`` (every member holds exactly its
+    assignment) or ``PreparingRebalance`` (partitions are being handed over).
+    """
+
+    group_id: str
+    state: str
+    member_count: int
+
+
+class MemberDescription(NamedTuple):
+    """One member of a group: who it is, what it subscribed to, what it is assigned and holds.
+
+    ``assignment`` is its target in the current generation; ``owned`` what it holds right now
+    (they differ while partitions are being handed over). ``pattern`` is set instead of
+    ``topics`` for a pattern subscription; ``group_instance_id`` only for a static member.
+    """
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    topics: tuple[str, ...]
+    pattern: str | None
+    assignment: tuple[TopicPartition, ...]
+    owned: tuple[TopicPartition, ...]
+
+
+class PartitionLag(NamedTuple):
+    """A partition of a group: committed offset (None when nothing is committed), log end
+    offset, lag (log end - committed, or - log start when nothing is committed) and the member
+    consuming it. ``error`` (a Kafka reason) is set when the log end could not be read; then
+    ``log_end_offset`` and ``lag`` are None."""
+
+    topic: str
+    partition: int
+    committed_offset: int | None
+    log_end_offset: int | None
+    lag: int | None
+    owner: str | None
+    error: str | None = None
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class GroupDescription(NamedTuple):
+    """``describe_consumer_group``: state, generation, assignor, members, and lag per partition
+    (every partition assigned, held or committed)."""
+
+    group_id: str
+    state: str
+    generation: int
+    assignor: str
+    members: tuple[MemberDescription, ...]
+    partitions: tuple[PartitionLag, ...]

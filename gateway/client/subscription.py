@@ -7,12 +7,17 @@ requests; ``poll`` advances positions; ``seek*`` and ``pause``/``resume`` change
 * A partition without a position is *awaiting reset*: to ``"earliest"`` or ``"latest"`` (looked
   up with ListOffsets), or ``"none"`` -- then ``poll``/``position`` raise
   ``OffsetOutOfRangeError`` until the application seeks (Kafka's ``auto.offset.reset=none``).
+* A partition a consumer group just gave this consumer is *awaiting its committed offset*: it
+  has no position, is neither fetched nor reset, until the group's committed offset is looked up
+  (then it takes that position, or -- nothing committed -- awaits the default reset). A ``seek``
+  (e.g. in ``on_partitions_assigned``) wins over the committed offset, as in Kafka.
 * Every change of position by the application bumps the partition's *epoch*, so results of a
   fetch or offset lookup started before the change are recognised as stale and dropped.
 
-Subscription types follow Kafka's (``NONE``, ``USER_ASSIGNED``, ``AUTO_TOPICS``,
-``AUTO_PATTERN``); only manual assignment exists until consumer groups arrive, and that is where
-``subscribe`` will set the group-managed ones.
+Subscription types follow Kafka's: ``NONE``, ``USER_ASSIGNED`` (``assign``), ``AUTO_TOPICS`` and
+``AUTO_PATTERN`` (``subscribe``: the group coordinator decides the partitions, and
+:meth:`SubscriptionState.add_group_partitions` / :meth:`SubscriptionState.remove_partitions`
+apply its decisions). Manual assignment and subscription are mutually exclusive.
 
 Not thread-safe: owned by the consumer's event loop.
 """
@@ -42,6 +47,7 @@ class TopicPartitionState:
 
     position: int | None = None
     reset_strategy: str | None = None
+    awaiting_committed: bool = False
     paused: bool = False
     epoch: int = 0
     high_watermark: int = -1
@@ -64,23 +70,61 @@ class SubscriptionState:
     def __init__(self, default_reset: str = "latest") -> None:
         self.default_reset = validate_reset_strategy(default_reset)
         self.subscription_type = SubscriptionType.NONE
+        #: Subscribed topic names (AUTO_TOPICS) or the pattern (AUTO_PATTERN).
+        self.topics: tuple[str, ...] = ()
+        self.pattern: str | None = None
         self._assignment: dict[TopicPartition, TopicPartitionState] = {}
 
     # -- assignment ------------------------------------------------------------------------
 
-    def assign_from_user(self, partitions: Iterable[TopicPartition]) -> None:
-        """Replace the assignment; partitions kept keep their position and pause state."""
-        if self.subscription_type not in (SubscriptionType.NONE, SubscriptionType.USER_ASSIGNED):
-            raise IllegalStateError("assign() cannot be mixed with subscribe()")
+    def assign_from_user(self, partitions: Iterable[TopicPartition], *, await_committed: bool = False) -> None:
+        """Replace the assignment; partitions kept keep their position and pause state. New ones
+        await the default reset -- or, with ``await_committed`` (a consumer with a ``group_id``),
+        the group's committed offset first, as Kafka's consumer starts a manually assigned
+        partition there."""
+        if self.is_group_managed:
+            raise IllegalStateError("assign() cannot be mixed with subscribe(); unsubscribe() first")
         wanted = [TopicPartition(*tp) for tp in partitions]
-        self._assignment = {tp: self._assignment.get(tp) or self._new_state() for tp in wanted}
+        self._assignment = {tp: self._assignment.get(tp) or self._new_state(await_committed) for tp in wanted}
         self.subscription_type = SubscriptionType.USER_ASSIGNED if wanted else SubscriptionType.NONE
+
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None) -> None:
+        """Group-managed consumption of ``topics`` or of the topics matching ``pattern`` (not both).
+
+        Re-subscribing keeps the partitions held until the group moves them."""
+        if self.subscription_type is SubscriptionType.USER_ASSIGNED:
+            raise IllegalStateError("subscribe() cannot be mixed with assign(); unsubscribe() first")
+        topics = tuple(topics)
+        if bool(topics) == bool(pattern):
+            raise ValueError("subscribe to topic names or to a pattern (exactly one of them)")
+        if any(not isinstance(t, str) or not t for t in topics):
+            raise TypeError(f"topic names must be non-empty strings, not {topics!r}")
+        self.topics, self.pattern = topics, pattern or None
+        self.subscription_type = SubscriptionType.AUTO_PATTERN if pattern else SubscriptionType.AUTO_TOPICS
+
+    @property
+    def is_group_managed(self) -> bool:
+        return self.subscription_type in (SubscriptionType.AUTO_TOPICS, SubscriptionType.AUTO_PATTERN)
+
+    def add_group_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions the group gave this consumer: they await their committed offset."""
+        for tp in partitions:
+            if tp not in self._assignment:
+                self._assignment[tp] = self._new_state(await_committed=True)
+
+    def remove_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+        """Partitions this consumer gave up (revoked or lost)."""
+        for tp in partitions:
+            self._assignment.pop(tp, None)
 
     def unsubscribe(self) -> None:
         self._assignment = {}
+        self.topics, self.pattern = (), None
         self.subscription_type = SubscriptionType.NONE
 
-    def _new_state(self) -> TopicPartitionState:
+    def _new_state(self, await_committed: bool = False) -> TopicPartitionState:
+        if await_committed:
+            return TopicPartitionState(awaiting_committed=True)
         return TopicPartitionState(reset_strategy=self.default_reset)
 
     def assigned_partitions(self) -> set[TopicPartition]:
@@ -103,13 +147,13 @@ class SubscriptionState:
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be a non-negative int, not {offset!r}")
         state = self.state(tp)
-        state.position, state.reset_strategy = offset, None
+        state.position, state.reset_strategy, state.awaiting_committed = offset, None, False
         state.epoch += 1
 
     def request_reset(self, tp: TopicPartition, strategy: str | None = None) -> None:
         """Forget the position; it is looked up again with ``strategy`` (default: auto_offset_reset)."""
         state = self.state(tp)
-        state.position = None
+        state.position, state.awaiting_committed = None, False
         state.reset_strategy = validate_reset_strategy(strategy or self.default_reset)
         state.epoch += 1
 
@@ -131,9 +175,32 @@ class SubscriptionState:
         return True
 
     def partitions_awaiting_reset(self) -> dict[TopicPartition, tuple[str, int]]:
-        """``{tp: (strategy, epoch)}`` for every assigned partition without a position."""
+        """``{tp: (strategy, epoch)}`` for every assigned partition without a position (and not
+        awaiting its committed offset)."""
         return {tp: (s.reset_strategy or self.default_reset, s.epoch)
-                for tp, s in self._assignment.items() if s.position is None}
+                for tp, s in self._assignment.items() if s.position is None and not s.awaiting_committed}
+
+    def partitions_awaiting_committed(self) -> dict[TopicPartition, int]:
+        """``{tp: epoch}`` for every partition waiting for the group's committed offset."""
+        return {tp: s.epoch for tp, s in self._assignment.items() if s.awaiting_committed}
+
+    def complete_committed(self, tp: TopicPartition, epoch: int, offset: int | None) -> bool:
+        """Start ``tp`` at its committed ``offset``, or (None: nothing committed) await the default
+        reset -- if it still waits for it at ``epoch``; returns whether it did."""
+        state = self._assignment.get(tp)
+        if state is None or state.epoch != epoch or not state.awaiting_committed:
+            return False
+        state.awaiting_committed = False
+        if offset is None:
+            state.reset_strategy = self.default_reset
+        else:
+            state.position, state.reset_strategy = offset, None
+        return True
+
+    def consumed_offsets(self) -> dict[TopicPartition, int]:
+        """``{tp: position}`` for every assigned partition with a position: what a commit of
+        "everything consumed so far" sends (the next offset to consume, Kafka's convention)."""
+        return {tp: s.position for tp, s in self._assignment.items() if s.position is not None}
 
     # -- pause / resume --------------------------------------------------------------------
 
