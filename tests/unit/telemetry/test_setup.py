@@ -150,11 +150,22 @@ def test_unsupported_otlp_protocol(monkeypatch):
 # ---- the SDK's entry points ---------------------------------------------------------------------
 
 
-def test_sdk_gets_no_interceptors_while_the_application_configured_nothing(monkeypatch):
-    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
-    # This test process never sets global providers: they are the API's proxies.
-    assert client_interceptors("gw:9092") == []
-    assert client_instruments("gw:9092") is None
+def test_sdk_gets_no_interceptors_while_the_application_configured_nothing():
+    # A fresh interpreter: other tests in this process may have installed global providers
+    # (OpenTelemetry's globals can be set once per process), so check the untouched state there.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "from services.telemetry import client_instruments, client_interceptors\n"
+        "assert client_interceptors('gw:9092') == [], 'interceptors without a configured SDK'\n"
+        "assert client_instruments('gw:9092') is None, 'instruments without a configured SDK'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=root)
+    assert result.returncode == 0, result.stderr
 
 
 def test_sdk_interceptors_and_instruments_on_given_providers(monkeypatch):
