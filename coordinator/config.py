@@ -55,6 +55,9 @@ class CoordinatorConfig:
     ready_file: Path | None = None
     #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
     #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
+    #: With a metrics exporter on: how often the active controller samples every group's lag
+    #: per partition into the ``tributary.consumer.lag`` gauge (seconds).
+    lag_sample_interval_s: float = 10.0
     telemetry_exporter: str = ""
     #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
     #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).

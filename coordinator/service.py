@@ -78,7 +78,7 @@ class CoordinatorService:
                 reconcile_interval_s=config.reconcile_interval_s, admin_wait_s=config.admin_wait_s,
                 max_parallel_rpcs=config.max_parallel_rpcs,
                 default_replication_factor=config.default_replication_factor),
-            group_settings=group_settings(config),
+            group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
         self.handlers = CoordinatorHandlers(coordinator_id=self.coordinator_id, cache=self.cache,
@@ -172,8 +172,9 @@ class CoordinatorService:
         await run_until_signalled(self.grpc, self.stop)
 
 
-def group_settings(config: CoordinatorConfig) -> GroupSettings:
+def group_settings(config: CoordinatorConfig, *, lag_sampling: bool = False) -> GroupSettings:
     return GroupSettings(
+        lag_sample_interval_s=config.lag_sample_interval_s if lag_sampling else 0.0,
         min_session_timeout_ms=config.group_min_session_timeout_ms,
         max_session_timeout_ms=config.group_max_session_timeout_ms,
         offsets_retention_ms=config.offsets_retention_minutes * 60_000,

@@ -42,6 +42,8 @@ from services.etcd.connection import Backoff
 from services.etcd.exceptions import EtcdError
 from services.etcd.values import EventType, WatchEvent, WatchResync
 
+from services.telemetry import forget_consumer_lag, record_consumer_lag
+
 log = logging.getLogger(__name__)
 
 
@@ -59,6 +61,9 @@ class GroupSettings:
     offset_metadata_max_bytes: int = 4096
     #: How long a call at the start of a term waits for the groups to be loaded.
     load_wait_s: float = 10.0
+    #: Period of the consumer-lag sample fed to the telemetry gauge (0 = off, the default when
+    #: no metrics exporter is configured: each sample asks the partition leaders for offsets).
+    lag_sample_interval_s: float = 0.0
 
 
 class GroupManager:
@@ -94,7 +99,10 @@ class GroupManager:
             early, self._early = self._early, []
             for batch in early:
                 self._on_watch_batch(batch)
-            await asyncio.gather(restarting(self._topics_routine), restarting(self._retention_routine))
+            routines = [restarting(self._topics_routine), restarting(self._retention_routine)]
+            if self.settings.lag_sample_interval_s > 0:
+                routines.append(restarting(self._lag_routine))
+            await asyncio.gather(*routines)
         finally:
             self.cache.remove_batch_listener(self._on_watch_batch)
             self.cache.remove_listener(self._topics_changed.set)
@@ -249,6 +257,35 @@ class GroupManager:
                 if entry.state.members:
                     await asyncio.gather(self.tasks.spawn(self._rebalance(group_id, "topics changed")),
                                          return_exceptions=True)
+
+    async def _lag_routine(self) -> None:
+        """Sample every group's lag per partition into the ``tributary.consumer.lag`` gauge."""
+        reported: set[str] = set()
+        try:
+            while True:
+                await asyncio.sleep(self.settings.lag_sample_interval_s)
+                reported = await self._sample_lag(reported)
+        finally:
+            for group_id in reported:  # the term ended: the next controller reports them
+                forget_consumer_lag(group_id)
+
+    async def _sample_lag(self, reported: set[str]) -> set[str]:
+        seen: set[str] = set()
+        for listing in await self.admin.list_groups():
+            try:
+                description = await self.admin.describe(listing.group_id)
+            except (errors.TributaryError, EtcdError) as exc:
+                log.debug("lag sample of %s skipped: %s", listing.group_id, exc)
+                continue
+            forget_consumer_lag(description.group_id)  # partitions no longer consumed drop out
+            for partition in description.partitions:
+                if partition.error is None:
+                    record_consumer_lag(description.group_id, partition.tp.topic, partition.tp.partition,
+                                        partition.lag)
+            seen.add(description.group_id)
+        for gone in reported - seen:
+            forget_consumer_lag(gone)
+        return seen
 
     async def _retention_routine(self) -> None:
         while True:

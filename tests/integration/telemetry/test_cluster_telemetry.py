@@ -349,3 +349,41 @@ def test_coordinator_gauges_consumer_lag_and_offline_partitions(tmp_path, etcd):
         assert point_value(reader, names.COORDINATOR_PARTITIONS, tributary__partition__state="online") == 0
 
     run_in_cluster(tmp_path, etcd.endpoint, scenario)
+
+
+def test_consumer_lag_gauge_follows_commits(tmp_path, etcd):
+    """The active controller samples every group's lag into tributary.consumer.lag."""
+
+    async def lag_of(reader, topic):
+        for _ in range(100):
+            points = {p.attributes[names.MESSAGING_DESTINATION_PARTITION_ID]: p.value
+                      for p in metric_points(reader, names.CONSUMER_LAG)
+                      if p.attributes[names.MESSAGING_DESTINATION_NAME] == topic}
+            yield points
+            await asyncio.sleep(0.1)
+
+    async def wait_for_lag(reader, topic, expected):
+        seen = None
+        async for seen in lag_of(reader, topic):
+            if seen.get("0") == expected:
+                return
+        raise AssertionError(f"lag of {topic}-0 never became {expected}; last seen {seen}")
+
+    async def scenario(cluster):
+        topic = unique("lagged")
+        await cluster.create_topic(topic, 1)
+        records = [pb.ProduceRecord(value=b"v%d" % i, partition=0) for i in range(10)]
+        await cluster.stub.Produce(pb.ProduceRequest(topic=topic, records=records), timeout=10)
+        reader = cluster.readers["coordinator"]
+
+        async def commit(offset):
+            await cluster.stub.CommitOffsets(pb.CommitOffsetsRequest(
+                group_id="lag-readers", member_id="", generation_id=-1,
+                offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=offset)]), timeout=10)
+
+        await commit(4)
+        await wait_for_lag(reader, topic, 6)
+        await commit(10)
+        await wait_for_lag(reader, topic, 0)
+
+    run_in_cluster(tmp_path, etcd.endpoint, scenario)
