@@ -270,7 +270,7 @@ class PartitionLog:
             info = AppendInfo(first_offset, last_offset, log_append_time,
                               sum(b.record_count for b in batches), self._log_start_offset, len(batches))
         self._notify_listeners(info.last_offset + 1)
-        self.maybe_flush()
+        self.maybe_flush(by_time=False)
         return info
 
     @staticmethod
@@ -468,14 +468,18 @@ class PartitionLog:
 
     # ---- flush ---------------------------------------------------------------------------------
 
-    def maybe_flush(self) -> bool:
-        """Flush if ``flush.messages`` records are unflushed or the last flush is ``flush.ms``
-        old (the paper's M messages or T ms). Returns whether it flushed."""
+    def maybe_flush(self, *, by_time: bool = True) -> bool:
+        """Flush if ``flush.messages`` records are unflushed or (``by_time``) the last flush is
+        ``flush.ms`` old (the paper's M messages or T ms). Returns whether it flushed.
+
+        Appends pass ``by_time=False``: the time rule is the periodic tick's job, which runs off
+        the event loop (measured: a due flush.ms fsync inside appends to 256 partitions cut
+        produce from ~26k to ~17k msg/s)."""
         unflushed = self._next_offset - self._recovery_point
         if unflushed <= 0 or self._closed:
             return False
         config = self._config
-        flush_due = self._clock.time_ms() - self._last_flush_ms >= config.flush_ms
+        flush_due = by_time and self._clock.time_ms() - self._last_flush_ms >= config.flush_ms
         if unflushed >= config.flush_messages or flush_due:
             self.flush()
             return True
