@@ -187,6 +187,10 @@ class Sender:
         finally:
             if not self._pipeline:
                 self._muted.difference_update(handler.topic_partitions)
+            # Leave the in-flight set before waking the routine: the done callback runs only
+            # after this returns, and with max_in_flight=1 the routine would find the set still
+            # full, go back to sleep and never be woken again.
+            self._in_flight.discard(asyncio.current_task())
             self.wakeup()
 
     # -- outcomes --------------------------------------------------------------------------
