@@ -3,50 +3,39 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from pathlib import Path
 
-from services.config import ConfigError, add_config_arguments, config_from_args
-from services.log_setup import configure_logging
+from services.entrypoint import build_service_parser, run_service
 from storage_node.config import ENV_PREFIX, StorageNodeConfig
+from storage_node.registration import NodeIdInUseError
+
+#: Exit code when another live node holds this node id.
+EXIT_NODE_ID_IN_USE = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tributary-storage-node",
-        description="Run a Tributary storage node: partition logs on local disk, the StorageNode gRPC "
-        f"service and the zero-copy fetch port. Settings: flags > {ENV_PREFIX}_* environment > --config file.",
+    return build_service_parser(
+        "tributary-storage-node",
+        "Run a Tributary storage node: partition logs on local disk, the StorageNode gRPC service and "
+        "the zero-copy fetch port.",
+        StorageNodeConfig,
+        ENV_PREFIX,
     )
-    parser.add_argument("--config", type=Path, help="TOML or JSON file of settings (Kafka-style names allowed)")
-    add_config_arguments(parser, StorageNodeConfig)
-    return parser
+
+
+async def _run(config: StorageNodeConfig) -> None:
+    from storage_node.node import StorageNode  # after logging is configured: imports log
+
+    await StorageNode(config).run()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        config = config_from_args(StorageNodeConfig, args, env_prefix=ENV_PREFIX)
-    except ConfigError as exc:
-        print(f"tributary-storage-node: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(f"storage-{config.node_id}", config.log_level, config.log_file)
-    from services.errors import TributaryError
-    from storage_node.node import StorageNode
-    from storage_node.registration import NodeIdInUseError
-
-    try:
-        asyncio.run(StorageNode(config).run())
-    except NodeIdInUseError as exc:
-        print(f"tributary-storage-node: {exc}", file=sys.stderr)
-        return 3
-    except ConfigError as exc:  # e.g. an unknown telemetry exporter, a missing optional package
-        print(f"tributary-storage-node: {exc}", file=sys.stderr)
-        return 2
-    except TributaryError as exc:
-        print(f"tributary-storage-node: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_service(
+        build_parser(), argv, StorageNodeConfig, ENV_PREFIX,
+        log_name=lambda config: f"storage-{config.node_id}",
+        run=_run,
+        exit_codes={NodeIdInUseError: EXIT_NODE_ID_IN_USE},
+    )
 
 
 if __name__ == "__main__":

@@ -41,14 +41,10 @@ class Produced(NamedTuple):
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    spec = LocalClusterSpec(storage_nodes=2, coordinators=1, gateways=1, session_timeout_s=2,
-                            cluster=f"e2e-{uuid.uuid4().hex[:8]}")
-    local = LocalCluster(tmp_path_factory.mktemp("e2e-cluster"), spec)
-    try:
-        local.start()
+    spec = LocalClusterSpec(storage_nodes=2, coordinators=1, gateways=1, session_timeout_s=2)
+    # Each LocalCluster has its own etcd, so no unique cluster name is needed.
+    with LocalCluster(tmp_path_factory.mktemp("e2e-cluster"), spec) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")

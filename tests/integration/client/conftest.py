@@ -16,14 +16,10 @@ from gateway.client import Admin, NewTopic
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    spec = LocalClusterSpec(storage_nodes=2, coordinators=1, gateways=2, session_timeout_s=2,
-                            cluster=f"client-{uuid.uuid4().hex[:8]}")
-    local = LocalCluster(tmp_path_factory.mktemp("client-cluster"), spec)
-    try:
-        local.start()
+    spec = LocalClusterSpec(storage_nodes=2, coordinators=1, gateways=2, session_timeout_s=2)
+    # Each LocalCluster has its own etcd, so no unique cluster name is needed.
+    with LocalCluster(tmp_path_factory.mktemp("client-cluster"), spec) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture(scope="session")

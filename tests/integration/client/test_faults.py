@@ -20,14 +20,10 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    spec = LocalClusterSpec(storage_nodes=1, coordinators=1, gateways=2, session_timeout_s=2,
-                            cluster=f"faults-{uuid.uuid4().hex[:8]}")
-    local = LocalCluster(tmp_path_factory.mktemp("faults-cluster"), spec)
-    try:
-        local.start()
+    spec = LocalClusterSpec(storage_nodes=1, coordinators=1, gateways=2, session_timeout_s=2)
+    # Each LocalCluster has its own etcd, so no unique cluster name is needed.
+    with LocalCluster(tmp_path_factory.mktemp("faults-cluster"), spec) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def new_topic(servers: str) -> str:

@@ -1,0 +1,81 @@
+"""What every service's ``main`` does, once: flags from the config dataclass, config loading,
+logging, running the asyncio service, and turning failures into one stderr line and an exit code.
+
+Exit codes: 0 clean stop, 1 a service error (the taxonomy's), 2 bad configuration (also a
+telemetry exporter that cannot load), 130 interrupted, plus any service-specific ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from services.config import ConfigError, add_config_arguments, config_from_args
+from services.log_setup import configure_logging
+
+C = TypeVar("C")
+
+
+def build_service_parser(prog: str, description: str, config_cls: type, env_prefix: str) -> argparse.ArgumentParser:
+    """A parser with ``--config FILE`` and one flag per field of ``config_cls``.
+
+    ``allow_abbrev`` is off: ``--node`` must not silently mean ``--node-id``.
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=f"{description} Settings: flags > {env_prefix}_* environment > --config file.",
+        allow_abbrev=False,
+    )
+    parser.add_argument("--config", type=Path, help="TOML or JSON file of settings (Kafka-style names allowed)")
+    add_config_arguments(parser, config_cls)
+    return parser
+
+
+def run_service(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+    config_cls: type[C],
+    env_prefix: str,
+    *,
+    log_name: Callable[[C], str],
+    run: Callable[[C], Awaitable[None]],
+    check: Callable[[C], str | None] = lambda config: None,
+    exit_codes: Mapping[type[BaseException], int] = {},
+) -> int:
+    """Parse, load the config, set up logging, run ``run(config)`` until it returns.
+
+    ``check`` returns a problem with a valid-looking config (exit 2); ``exit_codes`` maps a
+    service's own startup errors to their codes.
+    """
+    from services.errors import TributaryError
+
+    prog = parser.prog
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(config_cls, args, env_prefix=env_prefix)
+    except ConfigError as exc:
+        return _fail(prog, exc, 2)
+    problem = check(config)
+    if problem:
+        return _fail(prog, problem, 2)
+    configure_logging(log_name(config), config.log_level, config.log_file)
+    try:
+        asyncio.run(run(config))
+    except KeyboardInterrupt:
+        return 130
+    except ConfigError as exc:  # e.g. an unknown telemetry exporter, a missing optional package
+        return _fail(prog, exc, 2)
+    except tuple(exit_codes) as exc:
+        return _fail(prog, exc, exit_codes[next(c for c in exit_codes if isinstance(exc, c))])
+    except TributaryError as exc:
+        return _fail(prog, exc, 1)
+    return 0
+
+
+def _fail(prog: str, problem: object, code: int) -> int:
+    print(f"{prog}: {problem}", file=sys.stderr)
+    return code
