@@ -181,3 +181,9 @@ def converged(members: list[SimMember], partitions: set[tuple[str, int]]) -> boo
     """Every partition owned by exactly one of ``members``, nobody waiting for more."""
     owned = [tp for m in members for tp in m.snapshot()[2]]
     return len(owned) == len(set(owned)) and set(owned) == partitions and not any(m.snapshot()[3] for m in members)
+
+
+def settled(members: list[SimMember], partitions: set[tuple[str, int]]) -> bool:
+    """:func:`converged`, and every member has heard of the same generation (a member whose
+    ownership did not change learns of a new generation only on its next regular heartbeat)."""
+    return converged(members, partitions) and len({m.snapshot()[1] for m in members}) == 1

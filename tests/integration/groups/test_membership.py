@@ -11,7 +11,7 @@ import pytest
 from services import errors
 from services.proto import pb
 
-from ._members import SimMember, call, converged, wait_until
+from ._members import SimMember, call, converged, settled, wait_until
 from .conftest import all_partitions, unique
 
 pytestmark = pytest.mark.integration
@@ -59,16 +59,16 @@ def test_fourth_member_cooperative_revokes_only_moved_partitions(cluster, member
     before = owners(ms)
     for m in ms:
         m.revoked.clear()
-    generation = ms[0].generation
+    generation = call(cluster.stub().DescribeGroup, pb.DescribeGroupRequest(group_id=group)).generation_id
     ms += start(members, cluster, group, 1, topics=[topic])
-    wait_until(lambda: converged(ms, all_partitions(topic, 6)), timeout=10, what="four members converged")
+    wait_until(lambda: settled(ms, all_partitions(topic, 6)), timeout=10, what="four members settled")
     after = owners(ms)
     moved = {tp for tp in before if after[tp] != before[tp]}
     revoked = [tp for m in ms for tp in m.revoked]
     assert sorted(revoked) == sorted(moved) and len(moved) == 1, (revoked, moved)
     assert set(ms[3].owned) == moved
     assert sorted(len(m.owned) for m in ms) == [1, 1, 2, 2]
-    assert all(m.generation == generation + 1 for m in ms)
+    assert all(m.generation == generation + 1 for m in ms), [m.generation for m in ms]
 
 
 def test_eager_rebalance_revokes_everything_first(cluster, members):
@@ -114,7 +114,7 @@ def test_static_member_restart_within_session_keeps_assignment(cluster, members)
     group = unique("g")
     ms = [*start(members, cluster, group, 1, topics=[topic], instance_id="host-a"),
           *start(members, cluster, group, 1, topics=[topic], instance_id="host-b")]
-    wait_until(lambda: converged(ms, all_partitions(topic, 4)), timeout=10, what="two static members converged")
+    wait_until(lambda: settled(ms, all_partitions(topic, 4)), timeout=10, what="two static members settled")
     old = ms[1]
     old_id, generation, owned, _ = old.snapshot()
     old.kill()
