@@ -7,6 +7,7 @@ import sys
 
 from gateway.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
+from services.malloc_tuning import keep_large_buffers_in_heap
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _run(config: GatewayConfig) -> None:
     from gateway.service import GatewayService  # after logging is configured: imports log
+
+    keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
 
     await GatewayService(config).run()
 

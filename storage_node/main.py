@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from services.entrypoint import build_service_parser, run_service
+from services.malloc_tuning import keep_large_buffers_in_heap
 from storage_node.config import ENV_PREFIX, StorageNodeConfig
 from storage_node.registration import NodeIdInUseError
 
@@ -25,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _run(config: StorageNodeConfig) -> None:
     from storage_node.node import StorageNode  # after logging is configured: imports log
+
+    keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
 
     await StorageNode(config).run()
 

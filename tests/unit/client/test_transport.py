@@ -1,0 +1,98 @@
+"""The ProduceStream transport's bookkeeping, with a scripted stream in place of gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from gateway.client.errors import NetworkError
+from gateway.client.transport import StreamTransport
+from services.proto import pb
+
+
+class ScriptedCall:
+    """A ProduceStream call: records writes; answers only what the test feeds it."""
+
+    def __init__(self, fail_writes: bool = False) -> None:
+        self.written: list = []
+        self.answers: asyncio.Queue = asyncio.Queue()
+        self.fail_writes = fail_writes
+        self.cancelled = False
+
+    async def write(self, request) -> None:
+        if self.fail_writes:
+            raise grpc.aio.UsageError("stream closed")
+        self.written.append(request)
+
+    async def read(self):
+        return await self.answers.get()
+
+    async def done_writing(self) -> None:
+        await self.answers.put(grpc.aio.EOF)
+
+    def done(self) -> bool:
+        return self.cancelled
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def transport_with(call: ScriptedCall) -> StreamTransport:
+    endpoint = SimpleNamespace(address="gw:1", stub=SimpleNamespace(ProduceStream=lambda: call))
+    pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=lambda e, exc: exc)
+    return StreamTransport(SimpleNamespace(pool=pool))
+
+
+def request(acks: int, partitions=(0,)) -> pb.ProduceRequest:
+    return pb.ProduceRequest(topic="t", acks=acks, batches=[
+        pb.PartitionBatches(partition=p, record_batches=b"x") for p in partitions])
+
+
+def test_acks_zero_is_sent_once_written_without_waiting_for_an_answer():
+    async def run():
+        call = ScriptedCall()
+        transport = transport_with(call)
+        # The stream never answers: an acks=0 send must not wait for it.
+        responses = [await asyncio.wait_for(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0), 1.0)
+                     for _ in range(3)]
+        await transport.close()
+        return call, responses
+
+    call, responses = asyncio.run(run())
+    assert [r.correlation_id for r in call.written] == [1, 2, 3]
+    assert [r.correlation_id for r in responses] == [1, 2, 3]
+    for response in responses:
+        assert [(p.partition, p.base_offset, p.HasField("error")) for p in response.partitions] == [
+            (0, -1, False), (3, -1, False)]
+
+
+def test_acks_zero_on_a_broken_stream_fails_the_request():
+    async def run():
+        transport = transport_with(ScriptedCall(fail_writes=True))
+        try:
+            return await transport.send(request(pb.ACKS_NONE), 5.0)
+        finally:
+            await transport.close()
+
+    with pytest.raises(NetworkError):
+        asyncio.run(run())
+
+
+def test_acks_one_waits_for_the_answer_with_its_correlation_id():
+    async def run():
+        call = ScriptedCall()
+        transport = transport_with(call)
+        pending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await asyncio.sleep(0.05)
+        assert not pending.done(), "acks=1 waits for the gateway's answer"
+        await call.answers.put(pb.ProduceResponse(correlation_id=1, partitions=[
+            pb.PartitionProduceResult(partition=0, base_offset=42)]))
+        response = await asyncio.wait_for(pending, 1.0)
+        await transport.close()
+        return response
+
+    assert asyncio.run(run()).partitions[0].base_offset == 42
