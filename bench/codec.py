@@ -15,7 +15,10 @@ iterates every record, the consumer path the 1 M records/s target is about.
   kafka-python.
 
 kafka-python's ``kafka.record`` is pure Python (it ships no C extension); like ours it uses the
-``crc32c`` C package for checksums when installed, which this script reports.
+``crc32c`` C package for checksums when installed, which this script reports. Ours runs its
+per-record loops in the optional C accelerator (``services/records/_speedups.c``) when it is
+built; the header line says which backend was used. ``TRIBUTARY_NO_EXTENSIONS=1 python
+bench/codec.py`` measures the pure-Python code.
 
 Run from the repository root: ``python bench/codec.py`` (``--help`` for the options).
 """
@@ -39,6 +42,7 @@ from services.records import (  # noqa: E402
     RecordBatchBuilder,
     RecordBatchView,
     iter_batches,
+    speedups_enabled,
 )
 
 BASE_TIMESTAMP = 1_700_000_000_000
@@ -175,10 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     value_bytes = sum(len(v) for _, v, _ in payloads)
 
     kp_crc = getattr(kp_util._crc32c, "__module__", "?")
+    backend = "C accelerator (_speedups)" if speedups_enabled() else "pure Python"
     print(
         f"python {sys.version.split()[0]}; {args.records} records of {args.value_size} B per case; "
-        f"best of {args.repeat}; kafka-python records module {kp_records.__file__.rsplit(os.sep, 1)[-1]} "
-        f"(pure Python), its crc32c from {kp_crc}"
+        f"best of {args.repeat}; ours: {backend}; kafka-python records module "
+        f"{kp_records.__file__.rsplit(os.sep, 1)[-1]} (pure Python), its crc32c from {kp_crc}"
     )
     header = f"| {'case':<24} | {'impl':<12} | {'records/s':>14} | {'MB/s':>8} | {'ours/kafka-py':>13} |"
     print(header)

@@ -11,6 +11,9 @@ A pure package: it imports only ``struct``/``zlib``, the CRC-32C and compression
 * :func:`set_base_offset`, :func:`set_partition_leader_epoch`, :func:`set_log_append_time` --
   the broker's in-place header rewrites.
 * :func:`read_batch_header` -- one ``struct`` call for hot paths that need a few header fields.
+* :func:`speedups_enabled` -- whether the per-record loops run in the optional C accelerator
+  (``_speedups.c``, built by ``pip install``) or in the pure-Python reference code. Set
+  ``TRIBUTARY_NO_EXTENSIONS=1`` to force pure Python; results are identical either way.
 
 Bad bytes always raise :class:`~services.errors.CorruptRecordError` (reason ``CORRUPT_MESSAGE``);
 caller bugs raise ``ValueError``/``TypeError``.
@@ -28,7 +31,7 @@ from services.records.format import (
 )
 from services.records.header import BatchHeader, read_batch_header
 from services.records.inplace import set_base_offset, set_log_append_time, set_partition_leader_epoch
-from services.records.record import Record
+from services.records.record import Record, speedups_enabled
 from services.records.walker import iter_batches
 
 __all__ = [
@@ -47,4 +50,5 @@ __all__ = [
     "set_base_offset",
     "set_log_append_time",
     "set_partition_leader_epoch",
+    "speedups_enabled",
 ]

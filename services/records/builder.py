@@ -30,6 +30,7 @@ from services.records.format import (
     Compression,
     TimestampType,
 )
+from services.records.record import speedups as _speedups
 from services.records.varint import (
     NULL_VARINT,
     SMALL_VARINT_LIMIT,
@@ -37,6 +38,9 @@ from services.records.varint import (
     encode_varint,
     encode_varlong,
 )
+
+#: The C encoder for one record (``_speedups.c``), or ``None``: record.py decides for the package.
+_append_record = None if _speedups is None else _speedups.append_record
 
 _BYTES_TYPES = (bytes, bytearray)
 _SMALL_VARINT_BITS = SMALL_VARINT_LIMIT.bit_length() - 1
@@ -216,6 +220,17 @@ class RecordBatchBuilder:
         count = self._count
         if not count or type(timestamp) is not int:
             self._maybe_start(timestamp)
+        # NOTE: with the C accelerator, the common case (int timestamps in range, bytes-like key
+        # and value, tuple or list headers) is encoded straight onto the bytearray. For anything
+        # else it writes nothing and returns False, and the Python below encodes the record or
+        # raises, so every argument check stays in one place.
+        if _append_record is not None and _append_record(
+            self._records, timestamp, self._base_timestamp, count, key, value, headers
+        ):
+            if timestamp > self._max_timestamp:
+                self._max_timestamp = timestamp
+            self._count = count + 1
+            return count
         timestamp_delta = timestamp - self._base_timestamp
         if key is not None and type(key) is not bytes:
             key = _as_bytes("key", key)

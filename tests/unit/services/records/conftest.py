@@ -1,9 +1,23 @@
-"""Fixtures for the RecordBatch v2 tests (oracles live in ``records_oracles.py``)."""
+"""Fixtures for the RecordBatch v2 tests (oracles live in ``records_oracles.py``, the codec
+backends in ``records_backends.py``)."""
 
 from __future__ import annotations
 
 import pytest
+
+from .records_backends import BACKENDS, use_backend
 from .records_oracles import golden_batch, golden_record
+
+
+@pytest.fixture(params=BACKENDS)
+def codec_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once with the pure-Python codec loops and once with the C accelerator.
+
+    Test modules that exercise encoding or decoding opt in with
+    ``pytestmark = pytest.mark.usefixtures("codec_backend")``.
+    """
+    use_backend(monkeypatch, request.param)
+    return request.param
 
 
 @pytest.fixture

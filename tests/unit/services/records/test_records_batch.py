@@ -27,6 +27,9 @@ from services.records import (
 
 from .records_oracles import golden_batch, golden_record, rewrite, with_payload
 
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
+
 T0 = 1_700_000_000_000
 
 

@@ -15,6 +15,9 @@ from services.records import Compression, RecordBatchBuilder, RecordBatchView, i
 
 from .records_oracles import golden_batch, golden_record, rewrite, with_payload
 
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
+
 CRC_COVERED_START = 21
 
 

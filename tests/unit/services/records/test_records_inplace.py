@@ -18,6 +18,9 @@ from services.records import (
 
 from .records_oracles import rewrite
 
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
+
 CODECS = [pytest.param(c, id=c.name.lower()) for c in Compression]
 
 

@@ -10,6 +10,9 @@ from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchB
 from services.records import Compression, RecordBatchBuilder, RecordBatchView
 from services.records.batch import as_byte_view
 
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
+
 CODECS = [pytest.param(c, id=c.name.lower()) for c in Compression]
 T0 = 1_700_000_000_000
 

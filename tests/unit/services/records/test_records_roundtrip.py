@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,9 @@ from services.records import (
 )
 
 from .records_oracles import golden_record
+
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
 
 # Timestamps are bounded so that every delta between two of them fits an int64 (as in Kafka).
 timestamps = st.one_of(st.integers(-1, 2**41), st.integers(-(2**61), 2**61))

@@ -9,6 +9,9 @@ from services.records import Compression, RecordBatchBuilder, iter_batches
 
 from .records_oracles import rewrite
 
+# Every test here runs against the pure-Python codec loops and the C accelerator.
+pytestmark = pytest.mark.usefixtures("codec_backend")
+
 
 def _batch(base_offset: int, count: int, codec: Compression = Compression.NONE) -> bytes:
     builder = RecordBatchBuilder(compression=codec, base_offset=base_offset)

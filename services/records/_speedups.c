@@ -1,0 +1,1053 @@
+/*
+ * _speedups: an optional C accelerator for the per-record hot loops of the RecordBatch v2 codec.
+ *
+ * It accelerates three loops that run once per record and dominate the codec's cost in Python:
+ *
+ *   decode_records        record.py's decode_records: the consumer path (fetch, iterate a batch).
+ *   count_framed_records  record.py's count_framed_records: the storage node's framing check on
+ *                         every append.
+ *   append_record         the per-record encode inside builder.py's RecordBatchBuilder.append:
+ *                         the producer path.
+ *
+ * The pure-Python code in record.py and builder.py is the reference and the fallback. These
+ * functions must return the same values and raise the same exception types for every input;
+ * tests/unit/services/records/test_records_speedups.py checks them side by side on random valid
+ * and malformed batches. Where this file and the Python disagree, the Python is right.
+ * record.py chooses between the two at import (see ``speedups_enabled``); setting the
+ * environment variable TRIBUTARY_NO_EXTENSIONS to a non-empty value selects the Python code.
+ *
+ * decode_records and count_framed_records parse untrusted bytes from the network. The rules
+ * that keep them memory-safe on any input:
+ *   - every byte is read through an index compared against the end of the buffer (and, inside
+ *     a record, the end of that record) immediately before the read;
+ *   - every length read from the data is compared against the bytes left (a subtraction that
+ *     cannot overflow) before it is added to a position;
+ *   - varints are decoded into 64-bit unsigned integers from at most 5 (varint) or 10 (varlong)
+ *     bytes, so they cannot overflow either;
+ *   - the input is held through the buffer protocol for the whole call, so a bytearray cannot
+ *     be resized underneath the parser.
+ *
+ * append_record handles only the common argument types (exact ints, bytes-like keys and
+ * values, tuple/list headers of (str, bytes | bytearray | None)). For anything else, or any
+ * value out of range, it writes nothing and returns False, and builder.py encodes the record
+ * (or raises the right error) in Python. That keeps every error path in one place.
+ *
+ * The module keeps its state in two C globals set by init(); it supports neither
+ * sub-interpreters nor being initialised with different classes at the same time.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+/* services.records.record.Record and services.errors.CorruptRecordError, set by init(). */
+static PyTypeObject *record_type = NULL;
+static PyObject *corrupt_error = NULL;
+
+/* format.py's MIN_RECORD_SIZE: length, attributes, timestampDelta, offsetDelta, keyLength,
+ * valueLength and headerCount, one byte each. */
+#define MIN_RECORD_SIZE 7
+#define VARINT_MAX_BYTES 5
+#define VARLONG_MAX_BYTES 10
+#define RECORD_FIELDS 5
+
+/* ------------------------------------------------------------------------------------------ */
+/* helpers                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int
+ensure_initialised(void)
+{
+    if (record_type == NULL || corrupt_error == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "services.records._speedups.init() has not been called");
+        return -1;
+    }
+    return 0;
+}
+
+/* Parse vectorcall arguments against a list of parameter names, as a def with positional-or-
+ * keyword parameters would. Unfilled optional slots are left NULL. References are borrowed. */
+static int
+parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+           const char *const *names, Py_ssize_t nrequired, Py_ssize_t nparams, PyObject **out)
+{
+    Py_ssize_t i, k;
+
+    for (i = 0; i < nparams; i++) {
+        out[i] = NULL;
+    }
+    if (nargs > nparams) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %zd arguments (%zd given)", fname,
+                     nparams, nargs);
+        return -1;
+    }
+    for (i = 0; i < nargs; i++) {
+        out[i] = args[i];
+    }
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (k = 0; k < nkw; k++) {
+            PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+            for (i = 0; i < nparams; i++) {
+                if (PyUnicode_CompareWithASCIIString(name, names[i]) == 0) {
+                    break;
+                }
+            }
+            if (i == nparams) {
+                PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'",
+                             fname, name);
+                return -1;
+            }
+            if (out[i] != NULL) {
+                PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'",
+                             fname, names[i]);
+                return -1;
+            }
+            out[i] = args[nargs + k];
+        }
+    }
+    for (i = 0; i < nrequired; i++) {
+        if (out[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fname,
+                         names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Decode a zigzag varint (max_bytes 5) or varlong (max_bytes 10) starting at buf[*pos], as
+ * varint.py's _decode does: nothing at or beyond ``end`` is read (CorruptRecordError
+ * "truncated"), at most max_bytes bytes are read, and bits beyond 32 (varint) or 64 (varlong)
+ * in the last byte are rejected. ``limit`` is the physical size of ``buf``; a read at or past it
+ * raises IndexError, which happens only in count_framed_records when the caller's ``end`` lies
+ * beyond the data, exactly where the Python raises IndexError. Returns the number of bytes read
+ * (and advances *pos), or 0 with an exception set. */
+static int
+read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t limit,
+                 int max_bytes, int64_t *out)
+{
+    Py_ssize_t start = *pos, p = *pos;
+    uint64_t raw = 0;
+    int i;
+
+    for (i = 0; i < max_bytes; i++) {
+        unsigned int b;
+        if (p >= end) {
+            PyErr_Format(corrupt_error, "truncated %s at byte %zd",
+                         max_bytes == VARINT_MAX_BYTES ? "varint" : "varlong", start);
+            return 0;
+        }
+        if (p >= limit) {
+            PyErr_SetString(PyExc_IndexError, "index out of range");
+            return 0;
+        }
+        b = buf[p++];
+        /* For i == 9 the shift is 63: bits past 64 are dropped here and rejected below. */
+        raw |= (uint64_t)(b & 0x7F) << (7 * i);
+        if (b < 0x80) {
+            /* Bits beyond the value width can only come from the last possible byte: bits
+             * 4-6 of a varint's fifth byte, bits 1-6 of a varlong's tenth. */
+            if ((max_bytes == VARINT_MAX_BYTES && i == 4 && (b & 0x70)) ||
+                (max_bytes == VARLONG_MAX_BYTES && i == 9 && (b & 0x7E))) {
+                PyErr_Format(corrupt_error, "%s out of range at byte %zd",
+                             max_bytes == VARINT_MAX_BYTES ? "varint" : "varlong", start);
+                return 0;
+            }
+            /* Two's-complement conversion of the unsigned zigzag result (defined by gcc/clang
+             * and every platform CPython supports). */
+            *out = (int64_t)((raw >> 1) ^ (~(raw & 1) + 1));
+            *pos = p;
+            return i + 1;
+        }
+    }
+    PyErr_Format(corrupt_error, "%s longer than %d bytes at byte %zd",
+                 max_bytes == VARINT_MAX_BYTES ? "varint" : "varlong", max_bytes, start);
+    return 0;
+}
+
+/* One-byte varints (nearly every length and delta in a batch) inline; others out of line. */
+static inline int
+read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_bytes,
+            int64_t *out)
+{
+    Py_ssize_t p = *pos;
+    if (p < end && buf[p] < 0x80) {
+        unsigned int b = buf[p];
+        *out = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
+        *pos = p + 1;
+        return 1;
+    }
+    return read_varint_slow(buf, pos, end, end, max_bytes, out);
+}
+
+/* ``base + delta`` as a new Python int. ``base_fits`` says that ``base`` is an exact int whose
+ * value is ``base_value``; otherwise (or on int64 overflow) Python's own ``+`` does the work, so
+ * the result is what record.py computes for any base. */
+static PyObject *
+add_delta(PyObject *base, int base_fits, int64_t base_value, int64_t delta)
+{
+    int64_t sum;
+    PyObject *delta_obj, *result;
+
+    if (base_fits && !__builtin_add_overflow(base_value, delta, &sum)) {
+        return PyLong_FromLongLong(sum);
+    }
+    delta_obj = PyLong_FromLongLong(delta);
+    if (delta_obj == NULL) {
+        return NULL;
+    }
+    result = PyNumber_Add(base, delta_obj);
+    Py_DECREF(delta_obj);
+    return result;
+}
+
+/* Whether ``obj`` is an exact int that fits an int64, storing it in *value. Never raises. */
+static int
+exact_int64(PyObject *obj, int64_t *value)
+{
+    int overflow;
+    long long v;
+
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *value = (int64_t)v;
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* decode_records                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* record.py's _decode_headers: the header count, then (key, value) pairs, inside
+ * buf[*pos..rend). Returns a new tuple of 2-tuples and advances *pos, or NULL on error. */
+static PyObject *
+decode_headers(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t rend)
+{
+    int64_t count, size;
+    Py_ssize_t p = *pos, i;
+    PyObject *headers = NULL, *key = NULL, *value = NULL, *pair;
+
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &count)) {
+        return NULL;
+    }
+    /* Each header takes at least two bytes (two zero lengths). count is an int32, so 2 * count
+     * cannot overflow. */
+    if (count < 0 || 2 * count > rend - p) {
+        PyErr_Format(corrupt_error, "header count %lld out of bounds", (long long)count);
+        return NULL;
+    }
+    headers = PyTuple_New((Py_ssize_t)count);
+    if (headers == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < (Py_ssize_t)count; i++) {
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            goto error;
+        }
+        if (size < 0 || size > rend - p) {
+            PyErr_Format(corrupt_error, "header key length %lld out of bounds", (long long)size);
+            goto error;
+        }
+        key = PyUnicode_DecodeUTF8((const char *)buf + p, (Py_ssize_t)size, NULL);
+        if (key == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                /* record.py: raise CorruptRecordError(f"header key is not UTF-8: {exc}") */
+#if PY_VERSION_HEX >= 0x030C0000
+                PyObject *exc = PyErr_GetRaisedException();
+                PyErr_Format(corrupt_error, "header key is not UTF-8: %S", exc);
+                Py_XDECREF(exc);
+#else
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyErr_NormalizeException(&type, &exc, &tb);
+                PyErr_Format(corrupt_error, "header key is not UTF-8: %S", exc);
+                Py_XDECREF(type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+#endif
+            }
+            goto error;
+        }
+        p += (Py_ssize_t)size;
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            goto error;
+        }
+        if (size >= 0) {
+            if (size > rend - p) {
+                PyErr_Format(corrupt_error, "header value length %lld out of bounds",
+                             (long long)size);
+                goto error;
+            }
+            value = PyBytes_FromStringAndSize((const char *)buf + p, (Py_ssize_t)size);
+            if (value == NULL) {
+                goto error;
+            }
+            p += (Py_ssize_t)size;
+        }
+        else if (size == -1) {
+            value = Py_NewRef(Py_None);
+        }
+        else {
+            PyErr_Format(corrupt_error, "negative header value length %lld", (long long)size);
+            goto error;
+        }
+        pair = PyTuple_New(2);
+        if (pair == NULL) {
+            goto error;
+        }
+        PyTuple_SET_ITEM(pair, 0, key);   /* steals */
+        PyTuple_SET_ITEM(pair, 1, value); /* steals */
+        key = value = NULL;
+        PyTuple_SET_ITEM(headers, i, pair);
+    }
+    *pos = p;
+    return headers;
+
+error:
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    Py_DECREF(headers); /* tuple dealloc skips the NULL slots not yet filled */
+    return NULL;
+}
+
+/* One record starting at buf[*pos]; returns a new Record or NULL. *previous_delta is the
+ * previous record's offset delta (-1 before the first) and is updated. */
+static PyObject *
+decode_one(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int64_t *previous_delta,
+           PyObject *base_offset, int base_offset_fits, int64_t base_offset_value,
+           PyObject *base_timestamp, int base_timestamp_fits, int64_t base_timestamp_value,
+           PyObject *log_append_time)
+{
+    Py_ssize_t p = *pos, rend;
+    int64_t length, timestamp_delta, offset_delta, size;
+    int size_bytes;
+    PyObject *fields[RECORD_FIELDS] = {NULL, NULL, NULL, NULL, NULL};
+    PyObject *record;
+    int i;
+
+    /* length: varint, bounded by the data (as record.py's decode_varint(data, pos, end)). */
+    if (p >= end) {
+        /* The message record.py gives when the data stops before a record count says. */
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return NULL;
+    }
+    if (!read_varint(buf, &p, end, VARINT_MAX_BYTES, &length)) {
+        return NULL;
+    }
+    /* record.py would fail later on a negative length (its fields never end at record_end)
+     * or one past the data (the next read or the leftover check fails); fail now. */
+    if (length < 0) {
+        PyErr_Format(corrupt_error, "negative record length %lld", (long long)length);
+        return NULL;
+    }
+    if (length > end - p) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return NULL;
+    }
+    rend = p + (Py_ssize_t)length;
+    /* attributes: int8, unused. Every field below is read within the record: a field crossing
+     * rend makes record.py's end-of-record check fail, so failing at the crossing is the same. */
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return NULL;
+    }
+    p += 1;
+    /* timestampDelta: varlong (may be negative) */
+    if (!read_varint(buf, &p, rend, VARLONG_MAX_BYTES, &timestamp_delta)) {
+        return NULL;
+    }
+    /* offsetDelta: varint, strictly increasing (so never negative) */
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &offset_delta)) {
+        return NULL;
+    }
+    if (offset_delta <= *previous_delta) {
+        PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                     (long long)offset_delta, (long long)*previous_delta);
+        return NULL;
+    }
+    *previous_delta = offset_delta;
+    /* key: varint length (-1 = null), bytes */
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+        return NULL;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            return NULL;
+        }
+        fields[2] = PyBytes_FromStringAndSize((const char *)buf + p, (Py_ssize_t)size);
+        if (fields[2] == NULL) {
+            return NULL;
+        }
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1) {
+        fields[2] = Py_NewRef(Py_None);
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative key length %lld", (long long)size);
+        return NULL;
+    }
+    /* value: varint length (-1 = null), bytes. record.py's two-byte fast path rejects every
+     * negative two-byte length, including the non-canonical two-byte -1, so this does too. */
+    size_bytes = read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size);
+    if (!size_bytes) {
+        goto error;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            goto error;
+        }
+        fields[3] = PyBytes_FromStringAndSize((const char *)buf + p, (Py_ssize_t)size);
+        if (fields[3] == NULL) {
+            goto error;
+        }
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1 && size_bytes != 2) {
+        fields[3] = Py_NewRef(Py_None);
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative value length %lld", (long long)size);
+        goto error;
+    }
+    /* headers: varint count, then pairs; a zero byte (no headers) is the common case. */
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        goto error;
+    }
+    if (buf[p] == 0) {
+        fields[4] = PyTuple_New(0); /* the shared empty tuple, as record.py's () */
+        if (fields[4] == NULL) {
+            goto error;
+        }
+        p += 1;
+    }
+    else {
+        fields[4] = decode_headers(buf, &p, rend);
+        if (fields[4] == NULL) {
+            goto error;
+        }
+    }
+    if (p != rend) {
+        PyErr_Format(corrupt_error, "record body is %lld bytes but its fields take %lld",
+                     (long long)length, (long long)(length + p - rend));
+        goto error;
+    }
+    fields[0] = add_delta(base_offset, base_offset_fits, base_offset_value, offset_delta);
+    if (fields[0] == NULL) {
+        goto error;
+    }
+    if (log_append_time == Py_None) {
+        fields[1] = add_delta(base_timestamp, base_timestamp_fits, base_timestamp_value,
+                              timestamp_delta);
+        if (fields[1] == NULL) {
+            goto error;
+        }
+    }
+    else {
+        fields[1] = Py_NewRef(log_append_time);
+    }
+    /* What tuple.__new__(Record, fields) does, minus the intermediate tuple: init() checked
+     * that Record is a tuple subclass with the tuple's layout. */
+    record = record_type->tp_alloc(record_type, RECORD_FIELDS);
+    if (record == NULL) {
+        goto error;
+    }
+    for (i = 0; i < RECORD_FIELDS; i++) {
+        PyTuple_SET_ITEM(record, i, fields[i]); /* steals */
+    }
+    *pos = p;
+    return record;
+
+error:
+    for (i = 0; i < RECORD_FIELDS; i++) {
+        Py_XDECREF(fields[i]);
+    }
+    return NULL;
+}
+
+static const char *const decode_records_names[] = {
+    "data", "count", "base_offset", "base_timestamp", "log_append_time", "last_offset_delta",
+};
+
+PyDoc_STRVAR(decode_records_doc,
+"decode_records(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta)\n"
+"--\n\n"
+"C version of services.records.record.decode_records (the reference): decode exactly\n"
+"``count`` records that must fill ``data`` (any contiguous buffer) exactly, as a list of\n"
+"Record. Keys and values are bytes. Raises CorruptRecordError for malformed data.");
+
+static PyObject *
+decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[6];
+    PyObject *data, *count_obj, *base_offset, *base_timestamp, *log_append_time, *last_delta;
+    PyObject *records = NULL, *previous = NULL;
+    Py_buffer view;
+    const unsigned char *buf;
+    Py_ssize_t end, pos = 0, i, count;
+    long long requested;
+    int64_t previous_delta = -1, base_offset_value = 0, base_timestamp_value = 0;
+    int overflow, base_offset_fits, base_timestamp_fits, exceeds;
+
+    (void)module;
+    if (parse_args("decode_records", args, nargs, kwnames, decode_records_names, 6, 6, argv) < 0) {
+        return NULL;
+    }
+    data = argv[0];
+    count_obj = argv[1];
+    base_offset = argv[2];
+    base_timestamp = argv[3];
+    log_append_time = argv[4];
+    last_delta = argv[5];
+    if (ensure_initialised() < 0) {
+        return NULL;
+    }
+    if (!PyLong_Check(count_obj)) {
+        PyErr_Format(PyExc_TypeError, "count must be an int, not %.100s",
+                     Py_TYPE(count_obj)->tp_name);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    buf = (const unsigned char *)view.buf;
+    end = view.len;
+
+    requested = PyLong_AsLongLongAndOverflow(count_obj, &overflow);
+    if (requested == -1 && PyErr_Occurred()) {
+        goto error;
+    }
+    /* record.py: count * MIN_RECORD_SIZE > len(data), computed without overflow. A count
+     * below zero decodes nothing, as range(count) does. */
+    if (overflow > 0 || (overflow == 0 && requested > 0 && requested > end / MIN_RECORD_SIZE)) {
+        PyErr_Format(corrupt_error, "record count %S cannot fit in %zd bytes of records",
+                     count_obj, end);
+        goto error;
+    }
+    count = (overflow < 0 || requested < 0) ? 0 : (Py_ssize_t)requested;
+
+    base_offset_fits = exact_int64(base_offset, &base_offset_value);
+    base_timestamp_fits = exact_int64(base_timestamp, &base_timestamp_value);
+    /* Bounded by len(data) / 7 entries, checked above. */
+    records = PyList_New(count);
+    if (records == NULL) {
+        goto error;
+    }
+    for (i = 0; i < count; i++) {
+        PyObject *record = decode_one(buf, &pos, end, &previous_delta, base_offset,
+                                      base_offset_fits, base_offset_value, base_timestamp,
+                                      base_timestamp_fits, base_timestamp_value, log_append_time);
+        if (record == NULL) {
+            goto error;
+        }
+        PyList_SET_ITEM(records, i, record); /* steals */
+    }
+    if (pos != end) {
+        PyErr_Format(corrupt_error, "%zd bytes left after %zd records", end - pos, count);
+        goto error;
+    }
+    /* Python's comparison, so last_offset_delta may be any int (or int-like) object. */
+    previous = PyLong_FromLongLong(previous_delta);
+    if (previous == NULL) {
+        goto error;
+    }
+    exceeds = PyObject_RichCompareBool(previous, last_delta, Py_GT);
+    if (exceeds < 0) {
+        goto error;
+    }
+    if (exceeds) {
+        PyErr_Format(corrupt_error, "offset delta %lld exceeds lastOffsetDelta %S",
+                     (long long)previous_delta, last_delta);
+        goto error;
+    }
+    Py_DECREF(previous);
+    PyBuffer_Release(&view);
+    return records;
+
+error:
+    Py_XDECREF(previous);
+    Py_XDECREF(records); /* list dealloc skips the NULL slots not yet filled */
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* count_framed_records                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+static const char *const count_framed_records_names[] = {"data", "end"};
+
+PyDoc_STRVAR(count_framed_records_doc,
+"count_framed_records(data, end=None)\n"
+"--\n\n"
+"C version of services.records.record.count_framed_records (the reference): how many\n"
+"length-prefixed records fill ``data[:end]`` exactly, reading only the prefixes. ``end`` is\n"
+"an int or None. Raises CorruptRecordError when a length is impossible or the last record\n"
+"overruns or underruns.");
+
+static PyObject *
+count_framed_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames)
+{
+    PyObject *argv[2];
+    Py_buffer view;
+    const unsigned char *buf;
+    Py_ssize_t len, end, pos = 0, count = 0;
+    int64_t length;
+
+    (void)module;
+    if (parse_args("count_framed_records", args, nargs, kwnames, count_framed_records_names, 1,
+                   2, argv) < 0) {
+        return NULL;
+    }
+    if (ensure_initialised() < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    buf = (const unsigned char *)view.buf;
+    len = view.len;
+    if (argv[1] == NULL || argv[1] == Py_None) {
+        end = len;
+    }
+    else {
+        /* Clamped on overflow: positions never exceed len + 2**31, so a huge end behaves the
+         * same as the exact one. */
+        end = PyNumber_AsSsize_t(argv[1], NULL);
+        if (end == -1 && PyErr_Occurred()) {
+            goto error;
+        }
+    }
+    /* The Python loop, including its IndexError when ``end`` lies beyond the data: every read
+     * below checks ``len`` (the physical size) as well as ``end``. */
+    while (pos < end) {
+        unsigned int b;
+        if (pos >= len) {
+            PyErr_SetString(PyExc_IndexError, "index out of range");
+            goto error;
+        }
+        b = buf[pos];
+        if (b < 0x80) {
+            length = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
+            pos += 1;
+        }
+        else {
+            int two_bytes = 0;
+            if (pos + 1 < end) {
+                if (pos + 1 >= len) {
+                    PyErr_SetString(PyExc_IndexError, "index out of range");
+                    goto error;
+                }
+                two_bytes = buf[pos + 1] < 0x80;
+            }
+            if (two_bytes) {
+                uint64_t raw = (b & 0x7F) | ((uint64_t)buf[pos + 1] << 7);
+                length = (int64_t)((raw >> 1) ^ (~(raw & 1) + 1));
+                pos += 2;
+            }
+            else if (!read_varint_slow(buf, &pos, end, len, VARINT_MAX_BYTES, &length)) {
+                goto error;
+            }
+        }
+        /* pos <= end here (reads stop before end), so end - pos cannot overflow. */
+        if (length < MIN_RECORD_SIZE - 1 || length > end - pos) {
+            PyErr_Format(corrupt_error, "record %zd has length %lld with %zd bytes left", count,
+                         (long long)length, end - pos);
+            goto error;
+        }
+        pos += (Py_ssize_t)length;
+        count += 1;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(count);
+
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* append_record                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Bytes in the zigzag encoding whose unsigned form is ``raw``. */
+static inline Py_ssize_t
+unsigned_varint_size(uint64_t raw)
+{
+    Py_ssize_t size = 1;
+    while (raw > 0x7F) {
+        raw >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline uint64_t
+zigzag64(int64_t value)
+{
+    return ((uint64_t)value << 1) ^ (uint64_t)(value >> 63); /* arithmetic shift */
+}
+
+static inline unsigned char *
+write_unsigned_varint(unsigned char *out, uint64_t raw)
+{
+    while (raw > 0x7F) {
+        *out++ = (unsigned char)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    *out++ = (unsigned char)raw;
+    return out;
+}
+
+/* A key or value: NULL data means null (written as length -1). */
+typedef struct {
+    const char *data;
+    Py_ssize_t len;
+    int has_view;
+    Py_buffer view;
+} blob;
+
+/* Fill ``out`` from a key or value argument the way builder.py's _as_bytes would see it.
+ * Returns 1, or 0 to decline (nothing to release, no exception set). Subclasses of bytes and
+ * bytearray are declined because builder.py takes len() of them, which they may override. */
+static int
+get_blob(PyObject *obj, blob *out)
+{
+    out->has_view = 0;
+    if (obj == Py_None) {
+        out->data = NULL;
+        out->len = -1;
+        return 1;
+    }
+    if (PyBytes_CheckExact(obj)) {
+        out->data = PyBytes_AS_STRING(obj);
+        out->len = PyBytes_GET_SIZE(obj);
+    }
+    else if (PyBytes_Check(obj) || (PyByteArray_Check(obj) && !PyByteArray_CheckExact(obj))) {
+        return 0;
+    }
+    else {
+        /* A bytearray or any other contiguous buffer (memoryview, array): the same bytes as
+         * memoryview(obj).tobytes(). A non-contiguous one fails here and is declined. */
+        if (PyObject_GetBuffer(obj, &out->view, PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        out->has_view = 1;
+        /* An empty buffer may export a NULL pointer; NULL here would mean a null key/value. */
+        out->data = out->view.buf != NULL ? (const char *)out->view.buf : "";
+        out->len = out->view.len;
+    }
+    if (out->len > INT32_MAX) { /* builder.py: ValueError from encode_varint */
+        if (out->has_view) {
+            PyBuffer_Release(&out->view);
+            out->has_view = 0;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+static void
+release_blob(blob *b)
+{
+    if (b->has_view) {
+        PyBuffer_Release(&b->view);
+        b->has_view = 0;
+    }
+}
+
+/* A header value the fast path takes: None, or an exact bytes or bytearray other than the
+ * builder's own buffer. Returns 1 and sets data/len (data NULL for None), or 0 to decline. */
+static int
+header_value(PyObject *value, PyObject *records, const char **data, Py_ssize_t *len)
+{
+    if (value == Py_None) {
+        *data = NULL;
+        *len = -1;
+        return 1;
+    }
+    if (PyBytes_CheckExact(value)) {
+        *data = PyBytes_AS_STRING(value);
+        *len = PyBytes_GET_SIZE(value);
+    }
+    else if (PyByteArray_CheckExact(value) && value != records) {
+        *data = PyByteArray_AS_STRING(value);
+        *len = PyByteArray_GET_SIZE(value);
+    }
+    else {
+        return 0;
+    }
+    return *len <= INT32_MAX;
+}
+
+/* A header pair the fast path takes: an exact 2-tuple or 2-list of (str, value). Sets the
+ * UTF-8 key and the value, or returns 0 to decline (a key with lone surrogates, which
+ * str.encode rejects, among others). */
+static int
+header_pair(PyObject *pair, PyObject *records, const char **key, Py_ssize_t *key_len,
+            const char **value, Py_ssize_t *value_len)
+{
+    PyObject *key_obj, *value_obj;
+
+    if (PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) {
+        key_obj = PyTuple_GET_ITEM(pair, 0);
+        value_obj = PyTuple_GET_ITEM(pair, 1);
+    }
+    else if (PyList_CheckExact(pair) && PyList_GET_SIZE(pair) == 2) {
+        key_obj = PyList_GET_ITEM(pair, 0);
+        value_obj = PyList_GET_ITEM(pair, 1);
+    }
+    else {
+        return 0;
+    }
+    if (!PyUnicode_CheckExact(key_obj)) {
+        return 0;
+    }
+    *key = PyUnicode_AsUTF8AndSize(key_obj, key_len);
+    if (*key == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (*key_len > INT32_MAX) {
+        return 0;
+    }
+    return header_value(value_obj, records, value, value_len);
+}
+
+static inline Py_ssize_t
+nullable_size(Py_ssize_t len)
+{
+    return len < 0 ? 1 : unsigned_varint_size((uint64_t)len << 1) + len;
+}
+
+static inline unsigned char *
+write_nullable(unsigned char *out, const char *data, Py_ssize_t len)
+{
+    if (data == NULL) {
+        *out++ = 0x01; /* zigzag(-1) */
+        return out;
+    }
+    out = write_unsigned_varint(out, (uint64_t)len << 1);
+    if (len) {
+        memcpy(out, data, (size_t)len);
+    }
+    return out + len;
+}
+
+PyDoc_STRVAR(append_record_doc,
+"append_record(records, timestamp, base_timestamp, offset_delta, key, value, headers)\n"
+"--\n\n"
+"Encode one record (length varint and body, as builder.py's RecordBatchBuilder.append does)\n"
+"onto the bytearray ``records`` and return True; or write nothing and return False when an\n"
+"argument is not of the common types or is out of range, leaving the record to the Python\n"
+"path. ``timestamp - base_timestamp`` is the timestamp delta.");
+
+static PyObject *
+append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *records, *headers;
+    PyObject *const *pairs = NULL;
+    blob key, value;
+    int64_t timestamp, base_timestamp, timestamp_delta, offset_delta;
+    Py_ssize_t header_count = 0, body, total, old_size, i;
+    const char *hkey, *hvalue;
+    Py_ssize_t hkey_len, hvalue_len;
+    unsigned char *out;
+
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "append_record() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    records = args[0];
+    headers = args[6];
+    if (!PyByteArray_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "append_record() needs a bytearray");
+        return NULL;
+    }
+    /* Out-of-range timestamps, deltas and offset deltas are the Python path's to reject. */
+    if (!exact_int64(args[1], &timestamp) || !exact_int64(args[2], &base_timestamp) ||
+        __builtin_sub_overflow(timestamp, base_timestamp, &timestamp_delta) ||
+        !exact_int64(args[3], &offset_delta) || offset_delta < 0 || offset_delta >= INT32_MAX) {
+        Py_RETURN_FALSE;
+    }
+    if (headers != Py_None && !PyTuple_CheckExact(headers) && !PyList_CheckExact(headers)) {
+        Py_RETURN_FALSE; /* a generator, a custom sequence, a falsy non-sequence ... */
+    }
+    if (!get_blob(args[4], &key)) {
+        Py_RETURN_FALSE;
+    }
+    if (!get_blob(args[5], &value)) {
+        release_blob(&key);
+        Py_RETURN_FALSE;
+    }
+    /* The header items are borrowed only after the buffers above are taken: getting a buffer
+     * is the one step that could run Python code (a Python-level __buffer__ in 3.12+). */
+    if (headers != Py_None) {
+        header_count = PySequence_Fast_GET_SIZE(headers);
+        pairs = PySequence_Fast_ITEMS(headers);
+        if (header_count > INT32_MAX) {
+            goto decline;
+        }
+    }
+
+    /* Pass 1: the body size. Sizes are capped at INT32_MAX as they are added, so the sums
+     * cannot overflow a Py_ssize_t. (From here to the end nothing can run Python code: no GC
+     * allocation, no callbacks, so ``headers`` and its items cannot change between the passes.)
+     */
+    body = 1 + unsigned_varint_size(zigzag64(timestamp_delta)) +
+           unsigned_varint_size((uint64_t)offset_delta << 1) + nullable_size(key.len) +
+           nullable_size(value.len);
+    if (body > INT32_MAX) {
+        goto decline;
+    }
+    if (header_count == 0) {
+        body += 1;
+    }
+    else {
+        body += unsigned_varint_size((uint64_t)header_count << 1);
+        for (i = 0; i < header_count; i++) {
+            if (!header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len)) {
+                goto decline;
+            }
+            body += unsigned_varint_size((uint64_t)hkey_len << 1) + hkey_len +
+                    nullable_size(hvalue_len);
+            if (body > INT32_MAX) {
+                goto decline;
+            }
+        }
+    }
+    total = unsigned_varint_size((uint64_t)body << 1) + body;
+    old_size = PyByteArray_GET_SIZE(records);
+    if (total > PY_SSIZE_T_MAX - old_size) {
+        goto decline;
+    }
+    /* Fails with BufferError while the bytearray is exported (for instance when the key is a
+     * memoryview of it): the Python path then raises the same error at the same point. */
+    if (PyByteArray_Resize(records, old_size + total) < 0) {
+        PyErr_Clear();
+        goto decline;
+    }
+
+    /* Pass 2: write. */
+    out = (unsigned char *)PyByteArray_AS_STRING(records) + old_size;
+    out = write_unsigned_varint(out, (uint64_t)body << 1);
+    *out++ = 0x00; /* attributes */
+    out = write_unsigned_varint(out, zigzag64(timestamp_delta));
+    out = write_unsigned_varint(out, (uint64_t)offset_delta << 1);
+    out = write_nullable(out, key.data, key.len);
+    out = write_nullable(out, value.data, value.len);
+    if (header_count == 0) {
+        *out++ = 0x00;
+    }
+    else {
+        out = write_unsigned_varint(out, (uint64_t)header_count << 1);
+        for (i = 0; i < header_count; i++) {
+            /* Cannot decline now: pass 1 accepted the same objects (UTF-8 is cached). */
+            header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len);
+            out = write_nullable(out, hkey, hkey_len);
+            out = write_nullable(out, hvalue, hvalue_len);
+        }
+    }
+    release_blob(&key);
+    release_blob(&value);
+    if (out != (unsigned char *)PyByteArray_AS_STRING(records) + old_size + total) {
+        /* Unreachable unless pass 1 and pass 2 disagree; never leave a torn record. */
+        PyByteArray_Resize(records, old_size);
+        PyErr_SetString(PyExc_SystemError, "append_record: size mismatch");
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+
+decline:
+    release_blob(&key);
+    release_blob(&value);
+    Py_RETURN_FALSE;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* module                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(init_doc,
+"init(record_type, corrupt_error)\n"
+"--\n\n"
+"Set the Record class that decode_records instantiates (a tuple subclass with no instance\n"
+"dict, like a NamedTuple) and the exception class for malformed data. record.py calls it on\n"
+"import; calling it again replaces both.");
+
+static PyObject *
+init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyTypeObject *type;
+
+    (void)module;
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "init() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "record_type must be a class");
+        return NULL;
+    }
+    type = (PyTypeObject *)args[0];
+    /* tp_alloc + PyTuple_SET_ITEM is only right for the plain tuple layout. */
+    if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        type->tp_itemsize != PyTuple_Type.tp_itemsize || type->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError,
+                        "record_type must be a tuple subclass without instance attributes");
+        return NULL;
+    }
+    if (!PyExceptionClass_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "corrupt_error must be an exception class");
+        return NULL;
+    }
+    Py_XSETREF(record_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(corrupt_error, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef speedups_methods[] = {
+    {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
+    {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
+     decode_records_doc},
+    {"count_framed_records", (PyCFunction)(void (*)(void))count_framed_records,
+     METH_FASTCALL | METH_KEYWORDS, count_framed_records_doc},
+    {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
+     append_record_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    "services.records._speedups",
+    "C versions of the RecordBatch v2 per-record loops; services/records/record.py and\n"
+    "builder.py are the reference. Use through services.records, not directly.",
+    -1, /* state lives in C globals: no sub-interpreters */
+    speedups_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&speedups_module);
+}
