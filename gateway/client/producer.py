@@ -188,7 +188,7 @@ class ProducerCore:
             log.warning("producer closing with unsent records after %.1fs; failing them", timeout_s)
             await self.sender.abort(IllegalStateError("the producer was closed before the record was sent"))
             await self._sender_task
-        await self.sender.transport.close()
+        await self.sender.transport.close(self.config.request_timeout_ms / 1000.0)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

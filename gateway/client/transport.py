@@ -49,7 +49,7 @@ class UnaryTransport:
     async def send(self, request, timeout_s: float):
         return await self._client.call("Produce", request, timeout_ms=int(timeout_s * 1000), failover=False)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 30.0) -> None:
         pass
 
 
@@ -165,13 +165,19 @@ class StreamTransport:
             else:
                 future.set_exception(error)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float = 30.0) -> None:
+        """End the stream once the gateway has read everything written (up to ``timeout_s``)."""
         stream, self._stream = self._stream, None
         if stream is None:
             return
         try:
             if not stream.broken and not stream.call.done():
                 await stream.call.done_writing()
+                # The gateway answers every request, acks=0 ones too, and then ends the stream.
+                # acks=0 requests are not waited for one by one, so some may still be on their
+                # way: cancelling the stream now would drop them. Its end is the signal.
+                if stream.reader is not None:
+                    await asyncio.wait({stream.reader}, timeout=timeout_s)
         except Exception:  # noqa: BLE001 -- the stream is going away either way
             pass
         self._break(stream, NetworkError("producer closed"))

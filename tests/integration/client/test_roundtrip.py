@@ -98,6 +98,18 @@ def test_acks_zero_and_one(servers, make_topic):
     assert [r.value for r in got[0]] == [b"fire", b"leader"]
 
 
+def test_acks_zero_loses_nothing_when_the_producer_closes(servers, make_topic):
+    # acks=0 requests are done once written; close must still let the gateway read them all.
+    topic = make_topic(partitions=1)
+    # Enough 200-byte records that the gateway is still reading when the producer closes.
+    values = [b"fire-%05d-" % i + b"x" * 190 for i in range(20_000)]
+    with Producer(servers=servers, acks=0, batch_size=1, linger_ms=0, max_request_size=300, max_in_flight=16) as producer:
+        for value in values:
+            producer.send(topic, value)
+    got = consume_all(servers, topic, 1, len(values))
+    assert [r.value for r in got[0]] == values
+
+
 def test_explicit_partition_timestamps_and_callbacks(servers, make_topic):
     topic = make_topic(partitions=3)
     delivered, callbacks = [], []

@@ -16,10 +16,11 @@ from services.proto import pb
 class ScriptedCall:
     """A ProduceStream call: records writes; answers only what the test feeds it."""
 
-    def __init__(self, fail_writes: bool = False) -> None:
+    def __init__(self, fail_writes: bool = False, eof_on_done_writing: bool = True) -> None:
         self.written: list = []
         self.answers: asyncio.Queue = asyncio.Queue()
         self.fail_writes = fail_writes
+        self.eof_on_done_writing = eof_on_done_writing
         self.cancelled = False
 
     async def write(self, request) -> None:
@@ -31,7 +32,8 @@ class ScriptedCall:
         return await self.answers.get()
 
     async def done_writing(self) -> None:
-        await self.answers.put(grpc.aio.EOF)
+        if self.eof_on_done_writing:
+            await self.answers.put(grpc.aio.EOF)
 
     def done(self) -> bool:
         return self.cancelled
@@ -96,3 +98,20 @@ def test_acks_one_waits_for_the_answer_with_its_correlation_id():
         return response
 
     assert asyncio.run(run()).partitions[0].base_offset == 42
+
+
+def test_close_lets_the_gateway_finish_the_stream_before_cancelling_it():
+    async def run():
+        call = ScriptedCall(eof_on_done_writing=False)
+        transport = transport_with(call)
+        await transport.send(request(pb.ACKS_NONE), 5.0)
+        closing = asyncio.ensure_future(transport.close(5.0))
+        await asyncio.sleep(0.1)
+        # Still reading: cancelling now would drop acks=0 requests the gateway has not read yet.
+        early = (call.cancelled, closing.done())
+        await call.answers.put(pb.ProduceResponse(correlation_id=1))
+        await call.answers.put(grpc.aio.EOF)
+        await asyncio.wait_for(closing, 1.0)
+        return early
+
+    assert asyncio.run(run()) == (False, False)
