@@ -333,33 +333,31 @@ def profile_section(profile: dict | None) -> list[str]:
 
 LEVERS = {
     "unbatched": (
-        "One record per request is a fixed cost per request in three Python processes, and the profile shows that "
-        "cost is hand-offs, not work: no process is near a full core (see CPU above), the client's samples sit in "
-        "grpcio aio's stream `_write`/`_read` (each ProduceStream message is awaited one at a time and completes "
-        "through gRPC's poller thread, which wakes the asyncio loop), the gateway's in the event loop, the poller "
-        "thread, its stream read loop and one unary `Append` per request to the storage node "
-        "(`UnaryUnaryCall._invoke`), the storage node's mostly in the loop and the poller. When the Java stub "
-        "client (another client, same servers) lands near the SDK's rate, the limit is the gateway/storage path "
-        "per request, not the SDK. Next lever: stop paying it per record -- in the gateway, drain every request "
-        "already queued on a ProduceStream and forward them as one `Append` per partition (the records stay one "
-        "per request on the wire, the storage node gets one call for many); in the SDK, write the requests queued "
-        "while one is in flight together. Beyond that: a raw TCP produce port on the storage node, like the fetch "
-        "port, so a record is one length-prefixed frame instead of an HTTP/2 message through three asyncio loops."),
+        "One record per request costs one gRPC message per record, and gRPC Python bounds that before any of "
+        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, no "
+        "Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded stack on "
+        "this machine. The gateway reaches about half of that with its real work behind it; py-spy puts ~90% of "
+        "its time in grpc's own machinery (stream reads and writes, the poller thread, the unary `Append` to the "
+        "storage node), and the SDK no longer waits for acks=0 answers, so the client is not the limit. The "
+        "paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture decision, ARCHITECTURE "
+        "section 3 routes produce through `Gateway.Produce`): a produce path that is not one gRPC message per "
+        "record -- a raw TCP produce port with the fetch port's framing (acks=0 unanswered, as in Kafka), or "
+        "clients that write to the partition leader's storage node directly, as Kafka clients do -- keeping "
+        "gRPC for other languages."),
     "batched": (
         "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round trip "
-        "per batch (~50/rate seconds each), with every process well under a core: latency-bound on the same "
-        "per-request hand-offs (gRPC aio stream write, poller thread, one unary Append per request in the "
-        "gateway), not on the record codec. The peers ahead answer from one process (Redis: in memory, one "
-        "round trip; NATS: one server). Next lever: cut the hops per acknowledgement -- the gateway forwarding "
-        "over a long-lived stream to the storage node instead of a unary call per request, and producers that "
-        "may send to the partition leader's storage node directly (as Kafka clients do), with the gateway for "
-        "routing and for clients that cannot."),
+        "per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
+        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the gateway), "
+        "not on the record codec (now C). The peers ahead answer from one process (Redis: in memory, one round "
+        "trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited (the paper's "
+        "setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 requests/s of 50. "
+        "Next lever: the same as unbatched, plus a long-lived gateway -> storage stream instead of a unary "
+        "call per request."),
     "consume": (
-        "Consumption is bound by the client: the SDK decodes every record and builds a ConsumerRecord per message "
-        "in Python (`decode_records`, the fetcher's list comprehension); the storage node serves the bytes with "
-        "sendfile and is nearly idle. Next lever: decode lazily (hand out views over the fetched batch and "
-        "materialize a value when the application touches it) and move the record walk into C (the CRC is "
-        "already C); larger fetches help only until the decode cost dominates."),
+        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the record "
+        "walk and decode are C since this run's codec accelerator); the storage node serves the bytes with "
+        "sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched batch, a value "
+        "materialized when the application touches it) and build the ConsumerRecord tuples in C too."),
     "latency": (
         "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage node, "
         "then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each hop is an "
@@ -371,13 +369,8 @@ LEVERS = {
         "compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB too, so the "
         "lever is the one for the plain produce / consume rows."),
     "partitions": (
-        "With many partitions two costs show. Produce: the storage node fsyncs inside the append -- "
-        "`PartitionLog.append` ends with `maybe_flush()`, and the handler calls `append` on the event loop -- so "
-        "with `flush.ms` set, the first append to each partition after the interval runs an `os.fsync` in the "
-        "request path, blocking every other request; at 256 partitions that is up to 256 fsyncs a second, and "
-        "slower still when the disk is busy with writeback (the row without flush.ms above, same run, shows the "
-        "difference). Lever: leave timed flushes to the background tick (`LogManager.tick`, already off the "
-        "loop via `asyncio.to_thread`) or the group commit, never inline in `append`. Consume: one consumer "
+        "Produce with many partitions is the per-request gRPC cost again (timed flushes already run on the "
+        "background tick, never inside an append; compare the row without flush.ms). Consume: one consumer "
         "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from the "
         "gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: only "
         "partitions with data in the response) and one fetch-port request per storage node for all its "
