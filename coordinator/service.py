@@ -34,24 +34,13 @@ from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
 from services.etcd.client import EtcdClient
-from services.etcd.connection import Backoff, TlsConfig
+from services.etcd.connection import Backoff, cluster_prefix, tls_from_files
 from services.etcd.exceptions import EtcdError
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
 from services.telemetry import ClusterHealth, CoordinatorInstruments, Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
-
-
-def cluster_prefix(cluster: str) -> str:
-    """The etcd key prefix of a cluster: ``/tributary/<cluster>/``."""
-    return f"/tributary/{cluster}/"
-
-
-def _etcd_tls(config: CoordinatorConfig) -> TlsConfig | None:
-    if not (config.etcd_ca_file or config.etcd_cert_file or config.etcd_key_file):
-        return None
-    return TlsConfig(ca_file=config.etcd_ca_file, cert_file=config.etcd_cert_file, key_file=config.etcd_key_file)
 
 
 class CoordinatorService:
@@ -66,7 +55,8 @@ class CoordinatorService:
             "tributary-coordinator", exporter=config.telemetry_exporter,
             metrics_address=config.metrics_address, default_host=config.host, instance_id=self.coordinator_id)
         self.client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
-                                 tls=_etcd_tls(config), timeout=config.etcd_timeout_s)
+                                 tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
+                                 timeout=config.etcd_timeout_s)
         self.cache = MetadataCache()
         self.health = EtcdHealth(self.client, interval=config.health_interval_s,
                                  timeout=min(1.0, config.etcd_timeout_s))

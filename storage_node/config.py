@@ -20,8 +20,14 @@ class StorageNodeConfig:
     fetch_port: int = 0
     #: Data directories (Kafka's log.dirs); new partitions go to the least-loaded one.
     log_dirs: list[Path] = field(default_factory=lambda: [Path("data/storage-0")])
-    #: etcd endpoints, host:port, comma-separated.
+    #: etcd endpoints, host:port (or https://host:port), comma-separated.
     etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
+    #: Deadline of each etcd call, seconds.
+    etcd_timeout_s: float = 5.0
+    #: TLS to etcd: CA bundle, client certificate and key (all optional; as the coordinator's).
+    etcd_ca_file: Path | None = None
+    etcd_cert_file: Path | None = None
+    etcd_key_file: Path | None = None
     #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
     cluster: str = "local"
     #: Rack id for rack-aware placement (Kafka's broker.rack).

@@ -16,6 +16,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from services.etcd.client import EtcdClient
+from services.etcd.connection import cluster_prefix, tls_from_files
 from services.etcd.exceptions import EtcdError
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,6 @@ class BrokerInfo:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-def cluster_prefix(cluster: str) -> str:
-    """The etcd key prefix of a cluster: ``/tributary/<cluster>/``."""
-    return f"/tributary/{cluster}/"
-
-
 def broker_key(node_id: int) -> str:
     return f"brokers/{node_id}"
 
@@ -63,7 +59,9 @@ class BrokerRegistration:
 
     @classmethod
     def from_config(cls, config, *, grpc_port: int, fetch_port: int) -> BrokerRegistration:
-        client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster))
+        client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
+                            tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
+                            timeout=config.etcd_timeout_s)
         info = BrokerInfo(config.node_id, config.host, grpc_port, fetch_port, config.rack)
         return cls(client, info, config.session_timeout_s)
 

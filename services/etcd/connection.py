@@ -71,6 +71,21 @@ class TlsConfig:
         )
 
 
+def tls_from_files(ca_file: str | Path | None = None, cert_file: str | Path | None = None,
+                   key_file: str | Path | None = None) -> TlsConfig | None:
+    """A service's ``etcd_ca_file``/``etcd_cert_file``/``etcd_key_file`` settings as a TlsConfig,
+    or ``None`` (plaintext) when none is set."""
+    if not (ca_file or cert_file or key_file):
+        return None
+    return TlsConfig(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
+
+
+def cluster_prefix(cluster: str) -> str:
+    """The etcd key prefix of a Tributary cluster: ``/tributary/<cluster>/`` (every service's keys
+    live under it, so several clusters can share one etcd)."""
+    return f"/tributary/{cluster}/"
+
+
 def _read(path: str | Path | None) -> bytes | None:
     return Path(path).read_bytes() if path is not None else None
 

@@ -59,3 +59,32 @@ def test_tls_with_client_certificates(tmp_path: Path, etcd_factory: Callable[...
                     await client.get("brokers/1")
 
     run(scenario())
+
+
+def test_storage_node_registers_over_tls(tmp_path: Path, etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
+    """A real storage node process given the etcd TLS settings registers itself (with a client
+    certificate that etcd requires), and the registration is readable over TLS."""
+    from deploy.processes import start_service
+    from services.etcd import cluster_prefix
+
+    _make_certificates(tmp_path)
+    server = etcd_factory(
+        tls=EmbeddedTls(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt"))
+    tls = TlsConfig(ca_file=tmp_path / "ca.crt", cert_file=tmp_path / "client.crt",
+                    key_file=tmp_path / "client.key")
+    node = start_service("tls-node", "storage_node.main", [
+        "--node-id", "7", "--log-dirs", str(tmp_path / "data"), "--cluster", "tls",
+        "--etcd-endpoints", server.endpoint, "--etcd-ca-file", str(tls.ca_file),
+        "--etcd-cert-file", str(tls.cert_file), "--etcd-key-file", str(tls.key_file)], tmp_path / "run")
+
+    async def registration() -> bytes | None:
+        async with EtcdClient(server.endpoint, prefix=cluster_prefix("tls"), tls=tls, timeout=2.0) as client:
+            kv = await client.get("brokers/7")
+            return kv.value if kv else None
+
+    try:
+        value = run(registration())
+        assert value is not None and b'"grpc_port": %d' % node.info["grpc_port"] in value
+    finally:
+        assert node.stop() == 0
+    assert run(registration()) is None  # SIGTERM revoked the lease over the same TLS connection
