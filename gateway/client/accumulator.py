@@ -70,6 +70,10 @@ class BufferPool:
 
     def allocate(self, size: int, timeout_s: float) -> None:
         """Reserve ``size`` bytes, blocking up to ``timeout_s``; then RequestTimedOutError."""
+        with self._cond:  # the common case first: room now, no deadline to compute
+            if self._available >= size:
+                self._available -= size
+                return
         self._ensure_fits(size)
         deadline = time.monotonic() + timeout_s
         with self._cond:
