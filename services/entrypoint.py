@@ -63,6 +63,7 @@ def run_service(
     if problem:
         return _fail(prog, problem, 2)
     configure_logging(log_name(config), config.log_level, config.log_file)
+    _log_codec(prog)
     try:
         asyncio.run(run(config))
     except KeyboardInterrupt:
@@ -74,6 +75,21 @@ def run_service(
     except TributaryError as exc:
         return _fail(prog, exc, 1)
     return 0
+
+
+def _log_codec(prog: str) -> None:
+    """Say once which record codec runs: pip hides the build warning when the C accelerator
+    could not be compiled, so the service log is where an operator sees it."""
+    import logging
+
+    from services.records import speedups_enabled
+
+    if speedups_enabled():
+        logging.getLogger(prog).info("record codec: C accelerator (services.records._speedups)")
+    else:
+        logging.getLogger(prog).warning(
+            "record codec: pure Python (the C accelerator was not built or TRIBUTARY_NO_EXTENSIONS is set); "
+            "per-record work is several times slower")
 
 
 def _fail(prog: str, problem: object, code: int) -> int:

@@ -186,12 +186,17 @@ class ProducerCore:
             await self.client.close()
             return
         self.sender.stop()
+        deadline = None if timeout_s is None else self.loop.time() + timeout_s
         done, _ = await asyncio.wait({self._sender_task}, timeout=timeout_s)
         if not done:
             log.warning("producer closing with unsent records after %.1fs; failing them", timeout_s)
             await self.sender.abort(IllegalStateError("the producer was closed before the record was sent"))
             await self._sender_task
-        await self.sender.transport.close(self.config.request_timeout_ms / 1000.0)
+        # What is left of the caller's timeout bounds the wait for the gateway to read the rest.
+        close_s = self.config.request_timeout_ms / 1000.0
+        if deadline is not None:
+            close_s = max(0.0, min(close_s, deadline - self.loop.time()))
+        await self.sender.transport.close(close_s)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

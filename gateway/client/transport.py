@@ -70,6 +70,9 @@ class _Stream:
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task | None = None
         self.broken = False
+        #: The gateway has answered on this stream, so it implements ProduceStream: from then on
+        #: acks=0 requests need not wait for their answers (see ``StreamTransport.send``).
+        self.confirmed = False
 
 
 class StreamTransport:
@@ -91,7 +94,10 @@ class StreamTransport:
             return await self._unary.send(request, timeout_s)
         stream = self._open_stream()
         request.correlation_id = next(self._correlation)
-        if request.acks == pb.ACKS_NONE:
+        # acks=0 goes fire-and-forget only on a stream the gateway has answered on: until then an
+        # answer may still be UNIMPLEMENTED (a gateway without ProduceStream), and a request that
+        # did not wait for it would be reported sent and lost instead of resent as a unary call.
+        if request.acks == pb.ACKS_NONE and stream.confirmed:
             await self._write(stream, request)
             if stream.broken:
                 raise NetworkError(f"produce stream to {stream.endpoint.address} closed before the request was sent")
@@ -135,6 +141,7 @@ class StreamTransport:
                 response = await stream.call.read()
                 if response is grpc.aio.EOF:
                     break
+                stream.confirmed = True
                 future = stream.pending.pop(response.correlation_id, None)
                 if future is not None and not future.done():
                     future.set_result(response)

@@ -465,6 +465,11 @@ decode_one(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int64_t *p
     if (record == NULL) {
         goto error;
     }
+#if PY_VERSION_HEX >= 0x030E0000
+    /* 3.14 caches a tuple's hash, -1 meaning "not computed"; tp_alloc zero-fills, and a cached
+     * 0 would be returned as the hash of every record. tuple_subtype_new resets it the same way. */
+    ((PyTupleObject *)record)->ob_hash = -1;
+#endif
     for (i = 0; i < RECORD_FIELDS; i++) {
         PyTuple_SET_ITEM(record, i, fields[i]); /* steals */
     }

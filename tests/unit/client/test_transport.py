@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from gateway.client.errors import NetworkError
+from gateway.client.errors import NetworkError, UnsupportedVersionError
 from gateway.client.transport import StreamTransport
 from services.proto import pb
 
@@ -29,7 +29,10 @@ class ScriptedCall:
         self.written.append(request)
 
     async def read(self):
-        return await self.answers.get()
+        answer = await self.answers.get()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     async def done_writing(self) -> None:
         if self.eof_on_done_writing:
@@ -43,10 +46,23 @@ class ScriptedCall:
         return True
 
 
-def transport_with(call: ScriptedCall) -> StreamTransport:
+class Unimplemented(grpc.RpcError):
+    """What a gateway without ProduceStream answers the stream with."""
+
+
+def transport_with(call: ScriptedCall, unary_calls: list | None = None) -> StreamTransport:
     endpoint = SimpleNamespace(address="gw:1", stub=SimpleNamespace(ProduceStream=lambda: call))
-    pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=lambda e, exc: exc)
-    return StreamTransport(SimpleNamespace(pool=pool))
+
+    def translate(endpoint, exc):
+        return UnsupportedVersionError("no ProduceStream") if isinstance(exc, Unimplemented) else exc
+
+    async def unary(method, request, **kwargs):
+        unary_calls.append((method, request.correlation_id))
+        return pb.ProduceResponse(correlation_id=request.correlation_id, partitions=[
+            pb.PartitionProduceResult(partition=0, base_offset=7)])
+
+    pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=translate)
+    return StreamTransport(SimpleNamespace(pool=pool, call=unary))
 
 
 def request(acks: int, partitions=(0,)) -> pb.ProduceRequest:
@@ -58,18 +74,43 @@ def test_acks_zero_is_sent_once_written_without_waiting_for_an_answer():
     async def run():
         call = ScriptedCall()
         transport = transport_with(call)
-        # The stream never answers: an acks=0 send must not wait for it.
-        responses = [await asyncio.wait_for(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0), 1.0)
-                     for _ in range(3)]
-        await transport.close()
+        # The first request on a new stream waits for its answer: it proves the gateway
+        # implements ProduceStream.
+        first = asyncio.ensure_future(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0))
+        await asyncio.sleep(0.05)
+        assert not first.done()
+        await call.answers.put(pb.ProduceResponse(correlation_id=1, partitions=[
+            pb.PartitionProduceResult(partition=0, base_offset=-1), pb.PartitionProduceResult(partition=3, base_offset=-1)]))
+        responses = [await asyncio.wait_for(first, 1.0)]
+        # From then on the stream never answers, and acks=0 sends do not wait for it.
+        responses += [await asyncio.wait_for(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0), 1.0)
+                      for _ in range(3)]
+        await transport.close(0.1)
         return call, responses
 
     call, responses = asyncio.run(run())
-    assert [r.correlation_id for r in call.written] == [1, 2, 3]
-    assert [r.correlation_id for r in responses] == [1, 2, 3]
+    assert [r.correlation_id for r in call.written] == [1, 2, 3, 4]
+    assert [r.correlation_id for r in responses] == [1, 2, 3, 4]
     for response in responses:
         assert [(p.partition, p.base_offset, p.HasField("error")) for p in response.partitions] == [
             (0, -1, False), (3, -1, False)]
+
+
+def test_acks_zero_falls_back_to_unary_calls_when_the_gateway_has_no_produce_stream():
+    async def run():
+        call = ScriptedCall()
+        unary_calls: list = []
+        transport = transport_with(call, unary_calls)
+        await call.answers.put(Unimplemented())  # the gateway's answer to the stream
+        first = await asyncio.wait_for(transport.send(request(pb.ACKS_NONE), 5.0), 1.0)
+        second = await asyncio.wait_for(transport.send(request(pb.ACKS_NONE), 5.0), 1.0)
+        await transport.close(0.1)
+        return unary_calls, first, second
+
+    unary_calls, first, second = asyncio.run(run())
+    # Neither request was reported sent on the stream that refused it: both went as unary calls.
+    assert [method for method, _ in unary_calls] == ["Produce", "Produce"]
+    assert first.partitions[0].base_offset == 7 and second.partitions[0].base_offset == 7
 
 
 def test_acks_zero_on_a_broken_stream_fails_the_request():
@@ -104,6 +145,7 @@ def test_close_lets_the_gateway_finish_the_stream_before_cancelling_it():
     async def run():
         call = ScriptedCall(eof_on_done_writing=False)
         transport = transport_with(call)
+        transport._open_stream().confirmed = True  # the gateway answered on it before
         await transport.send(request(pb.ACKS_NONE), 5.0)
         closing = asyncio.ensure_future(transport.close(5.0))
         await asyncio.sleep(0.1)
