@@ -44,8 +44,8 @@ from coordinator.model import (
     PartitionStatus,
     TopicRecord,
 )
+from services.cluster_keys import BROKERS, BrokerRecord, broker_key  # noqa: F401 -- broker_key: part of the layout
 
-BROKERS = "brokers/"
 COORDINATORS = "coordinators/"
 CONTROLLER = "controller"
 CONTROLLER_EPOCH = "controller_epoch"
@@ -56,10 +56,6 @@ _PARTITIONS = "partitions"
 
 class BadValueError(ValueError):
     """A key's value is not in the format this module writes."""
-
-
-def broker_key(node_id: int) -> str:
-    return f"{BROKERS}{node_id}"
 
 
 def coordinator_key(coordinator_id: str) -> str:
@@ -141,15 +137,12 @@ def _int_list(value: dict[str, Any], name: str) -> tuple[int, ...]:
 
 def decode_broker(raw: bytes, *, incarnation: int) -> BrokerInfo:
     """A storage node's registration (``incarnation``: the key's create revision)."""
-    value = _load(raw)
-    return BrokerInfo(
-        node_id=_int(value, "node_id"),
-        host=str(value.get("host", "")),
-        grpc_port=_int(value, "grpc_port", 0),
-        fetch_port=_int(value, "fetch_port", 0),
-        rack=str(value.get("rack") or ""),
-        incarnation=incarnation,
-    )
+    try:
+        record = BrokerRecord.decode(raw)
+    except ValueError as exc:
+        raise BadValueError(str(exc)) from None
+    return BrokerInfo(record.node_id, record.host, record.grpc_port, record.fetch_port, record.rack,
+                      incarnation=incarnation)
 
 
 def encode_coordinator(info: CoordinatorInfo) -> bytes:

@@ -14,11 +14,9 @@ COORDINATOR_NOT_AVAILABLE meanwhile.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
-from pathlib import Path
 
 from coordinator import keys
 from coordinator.config import CoordinatorConfig
@@ -33,8 +31,10 @@ from coordinator.model import CoordinatorInfo, PartitionStatus
 from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
+from services.cluster_keys import cluster_prefix
+from services.entrypoint import write_ready_file
 from services.etcd.client import EtcdClient
-from services.etcd.connection import Backoff, cluster_prefix, tls_from_files
+from services.etcd.connection import Backoff, tls_from_files
 from services.etcd.exceptions import EtcdError
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
@@ -135,13 +135,9 @@ class CoordinatorService:
                 await asyncio.sleep(backoff.next_delay())
 
     def _write_ready_file(self) -> None:
-        if self.config.ready_file is None:
-            return
-        info = {"coordinator_id": self.coordinator_id, "pid": os.getpid(), "host": self.config.host,
-                "grpc_port": self.identity.grpc_port}
-        tmp = Path(f"{self.config.ready_file}.tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(self.config.ready_file)
+        write_ready_file(self.config.ready_file, {
+            "coordinator_id": self.coordinator_id, "pid": os.getpid(), "host": self.config.host,
+            "grpc_port": self.identity.grpc_port})
 
     async def stop(self) -> None:
         # Reverse start order: the election first, so the seat is handed over promptly.

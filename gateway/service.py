@@ -8,10 +8,8 @@ every channel. The gateway keeps no state of its own, so nothing needs saving.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from pathlib import Path
 
 from gateway.admin import Forwarder
 from gateway.config import GatewayConfig
@@ -22,6 +20,7 @@ from gateway.produce import ProduceHandler
 from gateway.routing import MetadataCache, NodeClients, Router
 from gateway.servicer import GatewayServicer
 from services.clock import SYSTEM_CLOCK, Clock
+from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import GatewayInstruments, Telemetry, setup_telemetry
@@ -91,12 +90,8 @@ class GatewayService:
         return self.grpc.port
 
     def _write_ready_file(self) -> None:
-        if self.config.ready_file is None:
-            return
-        info = {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port}
-        tmp = Path(f"{self.config.ready_file}.tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(self.config.ready_file)
+        write_ready_file(self.config.ready_file,
+                         {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port})
 
     async def stop(self) -> None:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""

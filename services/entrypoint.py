@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -75,6 +76,16 @@ def run_service(
     except TributaryError as exc:
         return _fail(prog, exc, 1)
     return 0
+
+
+def write_ready_file(path: Path | None, info: Mapping[str, object]) -> None:
+    """Announce a started service: ``info`` as JSON at ``path`` (nothing when None), replaced
+    atomically so a launcher polling for it never reads half a file (``deploy/processes.py``)."""
+    if path is None:
+        return
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps(dict(info)))
+    tmp.replace(path)
 
 
 def _log_codec(prog: str) -> None:

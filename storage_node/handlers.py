@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from services import errors
+from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
 from storage_node.notifier import AppendNotifier
 
@@ -90,7 +91,11 @@ class StorageNodeHandlers:
         self.records_in += info.record_count
         self.append_requests += 1
         if self.flush_before_ack and not acks_none:
-            await self.group_commit.wait_durable(partition_log, info.last_offset)
+            try:
+                await self.group_commit.wait_durable(partition_log, info.last_offset)
+            except (ValueError, OSError) as exc:  # truncated or deleted meanwhile; a failed fsync
+                log.error("append to %s-%d is not durable: %s", topic, partition, exc)
+                return AppendResult(topic, partition, error=errors.KafkaStorageError(f"not made durable: {exc}"))
         return AppendResult(
             topic,
             partition,
@@ -121,6 +126,10 @@ class StorageNodeHandlers:
         from services.topic_config import validate_topic_configs
 
         validate_topic_configs(configs)
+        try:
+            partition_dir_name(topic, partition)  # a name the disk can hold, before anything else
+        except ValueError as exc:
+            raise errors.InvalidTopicError(str(exc)) from None
         return self.logs.create_partition(topic, partition, configs)
 
     def delete_partition(self, topic: str, partition: int) -> None:

@@ -9,12 +9,12 @@ shutdown marker: next start skips the recovery scan), revoke the registration le
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from pathlib import Path
 
 from services.clock import SYSTEM_CLOCK
+from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import STORAGE_SERVICE, storage_grpc
 from services.telemetry import StorageNodeInstruments, Telemetry, setup_telemetry
@@ -89,13 +89,9 @@ class StorageNode:
         )
 
     def _write_ready_file(self) -> None:
-        if self.config.ready_file is None:
-            return
-        info = {"node_id": self.config.node_id, "pid": os.getpid(), "host": self.config.host,
-                "grpc_port": self.grpc.port, "fetch_port": self.fetch_server.port}
-        tmp = Path(f"{self.config.ready_file}.tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(self.config.ready_file)
+        write_ready_file(self.config.ready_file, {
+            "node_id": self.config.node_id, "pid": os.getpid(), "host": self.config.host,
+            "grpc_port": self.grpc.port, "fetch_port": self.fetch_server.port})
 
     async def _maintenance_routine(self) -> None:
         interval = self.config.maintenance_interval_ms / 1000.0

@@ -11,12 +11,11 @@ etcd answers, as a Kafka broker re-creates its ephemeral node after a session ex
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from dataclasses import asdict, dataclass
 
+from services.cluster_keys import BrokerRecord, broker_key, cluster_prefix
 from services.etcd.client import EtcdClient
-from services.etcd.connection import cluster_prefix, tls_from_files
+from services.etcd.connection import tls_from_files
 from services.etcd.exceptions import EtcdError
 
 log = logging.getLogger(__name__)
@@ -26,28 +25,10 @@ class NodeIdInUseError(RuntimeError):
     """Another live storage node holds this node id."""
 
 
-@dataclass(frozen=True)
-class BrokerInfo:
-    """The value stored at ``brokers/<id>`` (JSON)."""
-
-    node_id: int
-    host: str
-    grpc_port: int
-    fetch_port: int
-    rack: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-
-def broker_key(node_id: int) -> str:
-    return f"brokers/{node_id}"
-
-
 class BrokerRegistration:
     """Registers one node and keeps the registration alive until :meth:`deregister`."""
 
-    def __init__(self, client: EtcdClient, info: BrokerInfo, ttl: int, *, start_timeout: float = 30.0) -> None:
+    def __init__(self, client: EtcdClient, info: BrokerRecord, ttl: int, *, start_timeout: float = 30.0) -> None:
         self.client = client
         self.info = info
         self.ttl = ttl
@@ -62,7 +43,7 @@ class BrokerRegistration:
         client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
                             tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
                             timeout=config.etcd_timeout_s)
-        info = BrokerInfo(config.node_id, config.host, grpc_port, fetch_port, config.rack)
+        info = BrokerRecord(config.node_id, config.host, grpc_port, fetch_port, config.rack)
         return cls(client, info, config.session_timeout_s)
 
     async def register(self) -> None:
@@ -86,7 +67,7 @@ class BrokerRegistration:
     async def _try_register(self) -> None:
         lease = await self.client.grant_lease(self.ttl)
         key = broker_key(self.info.node_id)
-        if not await self.client.create_if_absent(key, self.info.to_json(), lease):
+        if not await self.client.create_if_absent(key, self.info.encode(), lease):
             # A node restarted right after a crash finds its own previous registration, whose
             # lease has not expired yet: wait out one TTL before calling the id taken.
             if not await self._wait_until_free(key, self.ttl + 2):
@@ -97,7 +78,7 @@ class BrokerRegistration:
                     f"node id {self.info.node_id} is already registered by a live node: {detail}; "
                     f"stop that node or choose another --node-id"
                 )
-            if not await self.client.create_if_absent(key, self.info.to_json(), lease):
+            if not await self.client.create_if_absent(key, self.info.encode(), lease):
                 await lease.revoke()
                 raise NodeIdInUseError(f"node id {self.info.node_id} was taken by another node meanwhile")
         self.lease = lease

@@ -259,9 +259,10 @@ class Fetcher:
             self.handle_partition_error(tp, fetch_offset, error)
             return
         self.subscription.update_watermarks(tp, result.high_watermark, result.log_start_offset)
-        if not result.record_batches:
+        data = result.record_batches  # each read of a protobuf bytes field is a fresh copy: read once
+        if not data:
             return
-        chunk = PartitionRecords(tp, fetch_offset, result.record_batches, check_crcs=self.check_crcs)
+        chunk = PartitionRecords(tp, fetch_offset, data, check_crcs=self.check_crcs)
         if chunk.has_records or chunk.error is not None:
             self._buffers.setdefault(tp, deque()).append(chunk)
             self._data_ready.set()

@@ -59,13 +59,13 @@ class SendProduceHandler:
     def create_request(self):
         # NOTE: batches of one partition are concatenated into one PartitionBatches entry; the
         # storage node appends them in order, as one unit.
-        return pb.ProduceRequest(
-            topic=self.topic,
-            batches=[pb.PartitionBatches(partition=p, record_batches=b"".join(b.close() for b in batches))
-                     for p, batches in self.partitions.items()],
-            acks=self.sender.acks,
-            timeout_ms=self.sender.request_timeout_ms,
-        )
+        # (``batches.add``, not a list of PartitionBatches: passing built sub-messages copies their
+        # bytes a second time.)
+        request = pb.ProduceRequest(topic=self.topic, acks=self.sender.acks, timeout_ms=self.sender.request_timeout_ms)
+        add = request.batches.add
+        for p, batches in self.partitions.items():
+            add(partition=p, record_batches=b"".join(b.close() for b in batches))
+        return request
 
     def handle_response(self, response) -> None:
         results = {result.partition: result for result in response.partitions}

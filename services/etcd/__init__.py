@@ -24,7 +24,7 @@ Modules, one job each:
 
 from .cache import PrefixCache
 from .client import EtcdClient
-from .connection import TlsConfig, cluster_prefix, tls_from_files
+from .connection import TlsConfig, tls_from_files
 from .election import Election, LeaderInfo, epoch_guard, increment_counter
 from .exceptions import (
     EtcdClosedError,
@@ -83,7 +83,6 @@ __all__ = [
     "Op",
     "PrefixCache",
     "TlsConfig",
-    "cluster_prefix",
     "tls_from_files",
     "TxnResult",
     "Watch",

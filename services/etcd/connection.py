@@ -80,12 +80,6 @@ def tls_from_files(ca_file: str | Path | None = None, cert_file: str | Path | No
     return TlsConfig(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
 
-def cluster_prefix(cluster: str) -> str:
-    """The etcd key prefix of a Tributary cluster: ``/tributary/<cluster>/`` (every service's keys
-    live under it, so several clusters can share one etcd)."""
-    return f"/tributary/{cluster}/"
-
-
 def _read(path: str | Path | None) -> bytes | None:
     return Path(path).read_bytes() if path is not None else None
 

@@ -62,6 +62,16 @@ def set_partition_leader_epoch(buf, epoch: int) -> None:
     INT32.pack_into(view, PARTITION_LEADER_EPOCH_OFFSET, epoch)
 
 
+def stamp_validated_batch(buf, position: int, base_offset: int, epoch: int) -> None:
+    """Write ``baseOffset`` and ``partitionLeaderEpoch`` of the batch at ``position`` of a writable
+    buffer the caller has already validated (the broker's append path: one payload, many
+    batches). No view and no header re-check per batch; ranges are still checked. CRC stays valid."""
+    _ensure_range("base_offset", base_offset, INT64_MIN, INT64_MAX)
+    _ensure_range("epoch", epoch, INT32_MIN, INT32_MAX)
+    INT64.pack_into(buf, position + BASE_OFFSET_OFFSET, base_offset)
+    INT32.pack_into(buf, position + PARTITION_LEADER_EPOCH_OFFSET, epoch)
+
+
 def set_log_append_time(buf, timestamp_ms: int) -> None:
     """Mark the batch ``LOG_APPEND_TIME`` with ``maxTimestamp = timestamp_ms``; recompute the CRC.
 

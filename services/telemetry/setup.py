@@ -20,6 +20,7 @@ A missing optional package is a :class:`TelemetryConfigError` that names the pac
 
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Iterable
 from importlib import metadata as importlib_metadata
@@ -70,34 +71,26 @@ def _otlp_protocol(signal: str) -> str:
     )
 
 
-def _otlp_span_exporter():
-    protocol = _otlp_protocol("TRACES")
+def _otlp_exporter(signal: str, module: str, class_name: str, what: str):
+    """The OTLP exporter for ``signal`` (TRACES, METRICS) over the protocol OTEL_* names:
+    ``opentelemetry.exporter.otlp.proto.<grpc|http>.<module>.<class_name>``."""
+    protocol = _otlp_protocol(signal)
+    if protocol not in ("grpc", "http/protobuf"):
+        raise TelemetryConfigError(f"OTLP protocol {protocol!r} is not supported (grpc, http/protobuf)")
+    transport = "grpc" if protocol == "grpc" else "http"
     try:
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        elif protocol == "http/protobuf":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        else:
-            raise TelemetryConfigError(f"OTLP protocol {protocol!r} is not supported (grpc, http/protobuf)")
+        exporter_module = importlib.import_module(f"opentelemetry.exporter.otlp.proto.{transport}.{module}")
     except ImportError as exc:
-        package = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
-        raise _missing("OTLP trace export", package, exc) from exc
-    return OTLPSpanExporter()
+        raise _missing(what, f"opentelemetry-exporter-otlp-proto-{transport}", exc) from exc
+    return getattr(exporter_module, class_name)()
+
+
+def _otlp_span_exporter():
+    return _otlp_exporter("TRACES", "trace_exporter", "OTLPSpanExporter", "OTLP trace export")
 
 
 def _otlp_metric_exporter():
-    protocol = _otlp_protocol("METRICS")
-    try:
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        elif protocol == "http/protobuf":
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        else:
-            raise TelemetryConfigError(f"OTLP protocol {protocol!r} is not supported (grpc, http/protobuf)")
-    except ImportError as exc:
-        package = "opentelemetry-exporter-otlp-proto-" + ("grpc" if protocol == "grpc" else "http")
-        raise _missing("OTLP metric export", package, exc) from exc
-    return OTLPMetricExporter()
+    return _otlp_exporter("METRICS", "metric_exporter", "OTLPMetricExporter", "OTLP metric export")
 
 
 class PrometheusEndpoint:

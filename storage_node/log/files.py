@@ -53,6 +53,8 @@ _STEM_RE = re.compile(r"^(\d{20})(\.[a-z]+)(\.[a-z]+)?$")
 # Kafka's legal topic characters; the partition is the digits after the LAST dash, because topic
 # names may themselves contain dashes.
 _PARTITION_DIR_RE = re.compile(r"^([a-zA-Z0-9._-]+)-(\d+)$")
+#: NAME_MAX of every common Linux filesystem; Kafka caps topic names at 249 for the same reason.
+MAX_DIR_NAME_BYTES = 255
 
 
 def filename_prefix_from_offset(offset: int) -> str:
@@ -105,7 +107,10 @@ def partition_dir_name(topic: str, partition: int) -> str:
         raise ValueError(f"partition must be >= 0, got {partition}")
     if not topic or not _PARTITION_DIR_RE.match(f"{topic}-0") or topic in (".", ".."):
         raise ValueError(f"illegal topic name for a directory: {topic!r}")
-    return f"{topic}-{partition}"
+    name = f"{topic}-{partition}"
+    if len(name) > MAX_DIR_NAME_BYTES:  # ASCII only (the pattern above): characters are bytes
+        raise ValueError(f"topic name too long for a directory: {len(name)} > {MAX_DIR_NAME_BYTES} bytes")
+    return name
 
 
 def parse_partition_dir_name(name: str) -> tuple[str, int] | None:

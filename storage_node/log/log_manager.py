@@ -154,16 +154,7 @@ class LogManager:
         """
         name = files.partition_dir_name(topic, partition)
         with self._lock:
-            if configs is not None:
-                previous = self._topic_overrides.get(topic)
-                self._topic_overrides[topic] = dict(configs)
-                try:
-                    config = self._config_for(topic)
-                except Exception:
-                    self._restore_overrides(topic, previous)
-                    raise
-            else:
-                config = self._config_for(topic)
+            config = self._config_for(topic) if configs is None else self._replace_overrides(topic, configs)
             existing = self._logs.get((topic, partition))
             if existing is not None:
                 if configs is not None:
@@ -176,11 +167,19 @@ class LogManager:
             log.info("Created partition %s in %s", name, log_dir)
             return partition_log
 
-    def _restore_overrides(self, topic: str, previous: dict[str, Any] | None) -> None:
-        if previous is None:
-            self._topic_overrides.pop(topic, None)
-        else:
-            self._topic_overrides[topic] = previous
+    def _replace_overrides(self, topic: str, configs: Mapping[str, Any]) -> LogConfig:
+        """Make ``configs`` the topic's overrides and return its resulting config; if they do not
+        validate, the previous overrides stay and the error is raised. Call with the lock held."""
+        previous = self._topic_overrides.get(topic)
+        self._topic_overrides[topic] = dict(configs)
+        try:
+            return self._config_for(topic)
+        except Exception:
+            if previous is None:
+                self._topic_overrides.pop(topic, None)
+            else:
+                self._topic_overrides[topic] = previous
+            raise
 
     def _least_loaded_dir(self) -> Path:
         counts = {d: 0 for d in self.log_dirs}
@@ -193,13 +192,7 @@ class LogManager:
     def update_topic_config(self, topic: str, configs: Mapping[str, Any]) -> None:
         """Replace a topic's overrides and apply them to its partitions here."""
         with self._lock:
-            previous = self._topic_overrides.get(topic)
-            self._topic_overrides[topic] = dict(configs)
-            try:
-                config = self._config_for(topic)
-            except Exception:
-                self._restore_overrides(topic, previous)
-                raise
+            config = self._replace_overrides(topic, configs)
             for (log_topic, _), partition_log in self._logs.items():
                 if log_topic == topic:
                     partition_log.update_config(config)

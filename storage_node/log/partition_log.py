@@ -16,7 +16,8 @@ from typing import NamedTuple, TypeVar
 
 from services.clock import Clock
 from services.errors import KafkaStorageError, OffsetOutOfRangeError
-from services.records import set_base_offset, set_log_append_time, set_partition_leader_epoch
+from services.records import set_log_append_time
+from services.records.inplace import stamp_validated_batch
 from services.records.format import INT32_MAX, INT32_MIN
 from storage_node.log import checkpoint, files, loader, retention
 from storage_node.log.config import LogConfig
@@ -279,11 +280,9 @@ class PartitionLog:
         view = memoryview(payload)
         offset = first_offset
         for batch in batches:
-            buf = view[batch.position:batch.position + batch.size]
-            set_base_offset(buf, offset)
-            set_partition_leader_epoch(buf, leader_epoch)
-            if log_append_time >= 0:
-                set_log_append_time(buf, log_append_time)
+            stamp_validated_batch(payload, batch.position, offset, leader_epoch)
+            if log_append_time >= 0:  # rewrites a CRC-covered field: the checked path
+                set_log_append_time(view[batch.position:batch.position + batch.size], log_append_time)
             offset += batch.last_offset_delta + 1
 
     def _write_batches(self, payload: bytearray, batches: list[ValidatedBatch], first_offset: int,

@@ -205,7 +205,7 @@ def read_etcd_state(cluster: Cluster):
     import asyncio
 
     from coordinator.metadata import MetadataState
-    from services.etcd import cluster_prefix
+    from services.cluster_keys import cluster_prefix
     from services.etcd import EtcdClient
     from services.etcd.values import WatchResync
 

@@ -65,7 +65,7 @@ def test_storage_node_registers_over_tls(tmp_path: Path, etcd_factory: Callable[
     """A real storage node process given the etcd TLS settings registers itself (with a client
     certificate that etcd requires), and the registration is readable over TLS."""
     from deploy.processes import start_service
-    from services.etcd import cluster_prefix
+    from services.cluster_keys import cluster_prefix
 
     _make_certificates(tmp_path)
     server = etcd_factory(

@@ -115,6 +115,16 @@ def test_unknown_partition_and_bad_acks(node):
     assert isinstance(fetched.header.error(), errors.UnknownTopicOrPartitionError)
 
 
+@pytest.mark.parametrize("topic", ["a/b", "..", "x" * 300, "sp ace"])
+def test_create_partition_refuses_a_topic_name_the_disk_cannot_hold(node, topic):
+    with pytest.raises(grpc.RpcError) as info:
+        node.stub.CreatePartition(pb.CreatePartitionRequest(topic=topic, partition=0))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(errors.error_from_rpc(info.value), errors.InvalidTopicError)
+    node.create("still-serving")  # and the node goes on
+    assert node.describe("still-serving").log_end_offset == 0
+
+
 def test_offset_out_of_range_on_fetch(node):
     node.create("range")
     node.append("range", 0, make_batch([b"a", b"b"]))

@@ -55,3 +55,16 @@ def test_service_errors_map_to_exit_codes(raised, code, capsys):
 def test_abbreviated_flags_are_refused():
     with pytest.raises(SystemExit):
         _main(["--node", "7"], _ok)
+
+
+def test_write_ready_file_replaces_atomically_and_skips_none(tmp_path):
+    import json
+
+    from services.entrypoint import write_ready_file
+
+    target = tmp_path / "ready.json"
+    write_ready_file(None, {"pid": 1})  # no path: nothing to do
+    write_ready_file(target, {"pid": 1, "grpc_port": 5})
+    write_ready_file(target, {"pid": 2, "grpc_port": 6})
+    assert json.loads(target.read_text()) == {"pid": 2, "grpc_port": 6}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready.json"]  # no .tmp left behind

@@ -1,0 +1,63 @@
+"""The etcd keys that two services share: the cluster prefix, and a storage node's registration
+(``brokers/<node_id>``), which the storage node writes and the coordinator reads. Pure: no I/O.
+
+Kept here, once, because it is a contract between two services that may not import each other:
+a field renamed on one side only would make every node look unregistered to the controller. The
+rest of the layout is the coordinator's alone (``coordinator/keys.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+BROKERS = "brokers/"
+
+
+def cluster_prefix(cluster: str) -> str:
+    """The etcd key prefix of a Tributary cluster: ``/tributary/<cluster>/`` (every service's keys
+    live under it, so several clusters can share one etcd)."""
+    return f"/tributary/{cluster}/"
+
+
+def broker_key(node_id: int) -> str:
+    """The registration key of storage node ``node_id`` (relative to the cluster prefix)."""
+    return f"{BROKERS}{node_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRecord:
+    """The JSON value at ``brokers/<node_id>``: where a live storage node serves."""
+
+    node_id: int
+    host: str
+    grpc_port: int
+    fetch_port: int
+    rack: str = ""
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, raw: bytes | str) -> BrokerRecord:
+        """Raises ValueError for a value that is not what :meth:`encode` writes."""
+        try:
+            value = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON object")
+        return cls(
+            node_id=_int(value, "node_id"),
+            host=str(value.get("host", "")),
+            grpc_port=_int(value, "grpc_port", 0),
+            fetch_port=_int(value, "fetch_port", 0),
+            rack=str(value.get("rack") or ""),
+        )
+
+
+def _int(value: dict, name: str, default: int | None = None) -> int:
+    item = value.get(name, default)
+    if isinstance(item, bool) or not isinstance(item, int):
+        raise ValueError(f"field {name!r} must be an integer, got {item!r}")
+    return item
