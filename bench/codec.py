@@ -34,10 +34,10 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from kafka.record import default_records as kp_records  # noqa: E402
-from kafka.record import util as kp_util  # noqa: E402
+from kafka.record import default_records as kp_records
+from kafka.record import util as kp_util
 
-from services.records import (  # noqa: E402
+from services.records import (
     Compression,
     RecordBatchBuilder,
     RecordBatchView,

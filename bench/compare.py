@@ -83,12 +83,28 @@ MB = 1_000_000
 FILLER_BYTES = 64 * 1024
 REPORTS = Path(__file__).resolve().parent / "reports"
 
-DEFAULT = dict(messages=20_000, consume_messages=200_000, retained_messages=40_000, retained_mb=[0, 64, 256],
-               partition_messages=40_000, partitions=[1, 16, 256], rates=[500, 2000], latency_seconds=4.0,
-               variant_messages=2_000)
-FULL = dict(messages=200_000, consume_messages=1_000_000, retained_messages=200_000, retained_mb=[0, 1024, 5120],
-            partition_messages=200_000, partitions=[1, 16, 256], rates=[1000, 5000, 20000], latency_seconds=20.0,
-            variant_messages=20_000)
+DEFAULT = dict(
+    messages=20_000,
+    consume_messages=200_000,
+    retained_messages=40_000,
+    retained_mb=[0, 64, 256],
+    partition_messages=40_000,
+    partitions=[1, 16, 256],
+    rates=[500, 2000],
+    latency_seconds=4.0,
+    variant_messages=2_000,
+)
+FULL = dict(
+    messages=200_000,
+    consume_messages=1_000_000,
+    retained_messages=200_000,
+    retained_mb=[0, 1024, 5120],
+    partition_messages=200_000,
+    partitions=[1, 16, 256],
+    rates=[1000, 5000, 20000],
+    latency_seconds=20.0,
+    variant_messages=20_000,
+)
 
 
 # ---- results ----------------------------------------------------------------------------------
@@ -146,11 +162,15 @@ class Runner:
         if result.error:
             self.progress(f"  {result.peer} {result.label}: FAILED: {result.error.splitlines()[0][:200]}")
         elif result.experiment.startswith("latency"):
-            self.progress(f"  {result.peer} {result.label}: p50 {result.extra['p50_ms']:.2f} ms, "
-                          f"p99 {result.extra['p99_ms']:.2f} ms ({result.messages:,} probes)")
+            self.progress(
+                f"  {result.peer} {result.label}: p50 {result.extra['p50_ms']:.2f} ms, "
+                f"p99 {result.extra['p99_ms']:.2f} ms ({result.messages:,} probes)"
+            )
         else:
-            self.progress(f"  {result.peer} {result.label}: {result.rate:,.0f} msg/s "
-                          f"({result.messages:,} in {result.seconds:.2f}s; {result.checked})")
+            self.progress(
+                f"  {result.peer} {result.label}: {result.rate:,.0f} msg/s "
+                f"({result.messages:,} in {result.seconds:.2f}s; {result.checked})"
+            )
         return result
 
     def unique(self, label: str) -> str:
@@ -158,10 +178,14 @@ class Runner:
 
     def check(self, peer: Peer, dest, count: int, expected_checksum: int, result: Result) -> None:
         """Read ``count`` messages of ``dest`` back (untimed); fail the result on a mismatch."""
-        got, got_checksum = peer.consume_all(dest, count, Meter(f"{peer.name} read-back", count, progress=False))
+        got, got_checksum = peer.consume_all(
+            dest, count, Meter(f"{peer.name} read-back", count, progress=False)
+        )
         if got != count or got_checksum != expected_checksum:
-            result.error = (f"read back {got}/{count} messages, checksum "
-                            f"{'ok' if got_checksum == expected_checksum else 'MISMATCH'}")
+            result.error = (
+                f"read back {got}/{count} messages, checksum "
+                f"{'ok' if got_checksum == expected_checksum else 'MISMATCH'}"
+            )
         else:
             result.checked = f"read back {got:,}/{count:,}, checksum ok"
 
@@ -183,9 +207,15 @@ class Runner:
 
     def run_peer(self, peer: Peer, data_dir: Path) -> None:
         info = self.peer_info.setdefault(peer.name, {})
-        info.update(title=peer.title, install=peer.install_hint, client=peer.client_note,
-                    persistence=peer.persistence_note, unbatched=peer.unbatched_note, batched=peer.batch_note,
-                    consume=peer.consume_note)
+        info.update(
+            title=peer.title,
+            install=peer.install_hint,
+            client=peer.client_note,
+            persistence=peer.persistence_note,
+            unbatched=peer.unbatched_note,
+            batched=peer.batch_note,
+            consume=peer.consume_note,
+        )
         missing = peer.missing()
         if missing and not self.args.no_install:
             self.install(peer)
@@ -207,7 +237,9 @@ class Runner:
         info["start_seconds"] = time.monotonic() - started
         info["pids"] = handle.pids
         info["ports"] = handle.ports
-        self.progress(f"{peer.title}: up in {info['start_seconds']:.1f}s (pids {handle.pids}, ports {handle.ports})")
+        self.progress(
+            f"{peer.title}: up in {info['start_seconds']:.1f}s (pids {handle.pids}, ports {handle.ports})"
+        )
         try:
             self.experiments(peer)
         finally:
@@ -224,8 +256,13 @@ class Runner:
         if peer.debian_packages and os.geteuid() == 0 and shutil.which("apt-get"):
             cmd = ["apt-get", "install", "-y", "--no-install-recommends", *peer.debian_packages]
             self.progress(f"{peer.title}: installing: {' '.join(cmd)}")
-            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
-                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            subprocess.run(
+                cmd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            )
         if peer.pypi_packages:
             cmd = [sys.executable, "-m", "pip", "install", "-q", *peer.pypi_packages]
             self.progress(f"{peer.title}: installing: {' '.join(cmd)}")
@@ -255,8 +292,9 @@ class Runner:
     def produce_consume(self, peer: Peer, n: int) -> None:
         self.progress(f"{peer.title}: produce, unbatched ({n:,} messages)")
         dest = peer.create(self.unique("unbatched"))
-        result = self.timed(peer, "unbatched", "produce, unbatched", peer.produce_unbatched, dest, self.payloads,
-                            total=n)
+        result = self.timed(
+            peer, "unbatched", "produce, unbatched", peer.produce_unbatched, dest, self.payloads, total=n
+        )
         if result.ok:
             self.check(peer, dest, n, self.payload_checksum, result)
         self.record(result)
@@ -264,8 +302,15 @@ class Runner:
 
         self.progress(f"{peer.title}: produce, batched ({BATCH}/batch)")
         dest = peer.create(self.unique("batched"))
-        result = self.timed(peer, "batched", f"produce, batched ({BATCH}/batch)", peer.produce_batched, dest,
-                            self.payloads, total=n)
+        result = self.timed(
+            peer,
+            "batched",
+            f"produce, batched ({BATCH}/batch)",
+            peer.produce_batched,
+            dest,
+            self.payloads,
+            total=n,
+        )
         if result.ok:
             self.check(peer, dest, n, self.payload_checksum, result)
         self.record(result)
@@ -291,8 +336,9 @@ class Runner:
             return
         got, got_checksum = result.extra.get("outcome") or (0, 0)
         if got != n or got_checksum != expected:
-            result.error = (f"consumed {got}/{n} messages, checksum "
-                            f"{'ok' if got_checksum == expected else 'MISMATCH'}")
+            result.error = (
+                f"consumed {got}/{n} messages, checksum {'ok' if got_checksum == expected else 'MISMATCH'}"
+            )
         else:
             result.checked = f"{got:,}/{n:,} messages, checksum ok"
 
@@ -306,14 +352,34 @@ class Runner:
         n = self.sizes["messages"]
         small = min(n, self.sizes["variant_messages"])
         runs = [
-            ("variant-batched-acks0", f"produce, batched ({BATCH}/batch), acks=0, 16 in flight (paper's Kafka)",
-             peer.produce_batched, n, dict(acks=0, in_flight=16)),
-            ("variant-batched-acksall", f"produce, batched ({BATCH}/batch), acks=all", peer.produce_batched, n,
-             dict(acks="all")),
-            ("variant-unbatched-acks1", "produce, unbatched, acks=1 (1 in flight)", peer.produce_unbatched, small,
-             dict(acks=1)),
-            ("variant-unbatched-acksall", "produce, unbatched, acks=all (1 in flight)", peer.produce_unbatched,
-             small, dict(acks="all")),
+            (
+                "variant-batched-acks0",
+                f"produce, batched ({BATCH}/batch), acks=0, 16 in flight (paper's Kafka)",
+                peer.produce_batched,
+                n,
+                dict(acks=0, in_flight=16),
+            ),
+            (
+                "variant-batched-acksall",
+                f"produce, batched ({BATCH}/batch), acks=all",
+                peer.produce_batched,
+                n,
+                dict(acks="all"),
+            ),
+            (
+                "variant-unbatched-acks1",
+                "produce, unbatched, acks=1 (1 in flight)",
+                peer.produce_unbatched,
+                small,
+                dict(acks=1),
+            ),
+            (
+                "variant-unbatched-acksall",
+                "produce, unbatched, acks=all (1 in flight)",
+                peer.produce_unbatched,
+                small,
+                dict(acks="all"),
+            ),
         ]
         self.run_variants(peer, runs)
         if not self.args.skip_java:
@@ -330,14 +396,26 @@ class Runner:
         try:
             fsync.start(data_dir / "tributary-fsync")
             runs = [
-                ("variant-fsync-batched-acksall", f"produce, batched ({BATCH}/batch), acks=all, fsync before ack",
-                 fsync.produce_batched, n, dict(acks="all")),
-                ("variant-fsync-unbatched-acksall", "produce, unbatched, acks=all, fsync before ack",
-                 fsync.produce_unbatched, small, dict(acks="all")),
+                (
+                    "variant-fsync-batched-acksall",
+                    f"produce, batched ({BATCH}/batch), acks=all, fsync before ack",
+                    fsync.produce_batched,
+                    n,
+                    dict(acks="all"),
+                ),
+                (
+                    "variant-fsync-unbatched-acksall",
+                    "produce, unbatched, acks=all, fsync before ack",
+                    fsync.produce_unbatched,
+                    small,
+                    dict(acks="all"),
+                ),
             ]
             self.run_variants(fsync, runs, as_peer="tributary")
         except Exception as exc:  # noqa: BLE001
-            self.record(Result("tributary", "variant-fsync", "fsync before ack", error=f"{type(exc).__name__}: {exc}"))
+            self.record(
+                Result("tributary", "variant-fsync", "fsync before ack", error=f"{type(exc).__name__}: {exc}")
+            )
         finally:
             self.progress("Tributary: stopping the fsync cluster")
             fsync.stop()
@@ -368,21 +446,45 @@ class Runner:
             self.progress("Tributary: building the Java gRPC client (generated stubs) ...")
             tributary_java.build(self.progress)
         except Exception as exc:  # noqa: BLE001
-            self.record(Result("tributary", "variant-java", "Java gRPC stub client",
-                               error=f"build failed: {type(exc).__name__}: {exc}"))
+            self.record(
+                Result(
+                    "tributary",
+                    "variant-java",
+                    "Java gRPC stub client",
+                    error=f"build failed: {type(exc).__name__}: {exc}",
+                )
+            )
             return
         self.peer_info["tributary"]["java"] = tributary_java.versions()
         runs = [
-            ("variant-java-unbatched", "produce, unbatched, acks=0, 16 in flight (Java stub, typed records)",
-             "unbatched", dict(acks=0, in_flight=16)),
-            ("variant-java-batched", f"produce, batched ({BATCH}/request), acks=1 (Java stub, typed records)",
-             "batched", dict(acks=1, in_flight=1)),
+            (
+                "variant-java-unbatched",
+                "produce, unbatched, acks=0, 16 in flight (Java stub, typed records)",
+                "unbatched",
+                dict(acks=0, in_flight=16),
+            ),
+            (
+                "variant-java-batched",
+                f"produce, batched ({BATCH}/request), acks=1 (Java stub, typed records)",
+                "batched",
+                dict(acks=1, in_flight=1),
+            ),
         ]
         for experiment, label, mode, kwargs in runs:
             self.progress(f"Tributary: {label} ({n:,} messages)")
             dest = peer.create(self.unique(experiment))
-            result = self.timed(peer, experiment, label, tributary_java.produce, peer.servers, dest, mode, n,
-                                total=n, **kwargs)
+            result = self.timed(
+                peer,
+                experiment,
+                label,
+                tributary_java.produce,
+                peer.servers,
+                dest,
+                mode,
+                n,
+                total=n,
+                **kwargs,
+            )
             if result.ok:
                 self.check(peer, dest, n, self.payload_checksum, result)
             self.record(result)
@@ -407,7 +509,9 @@ class Runner:
                     p999_ms=1e3 * samples[min(len(samples) - 1, int(len(samples) * 0.999))],
                     max_ms=1e3 * samples[-1],
                     mean_ms=1e3 * statistics.fmean(samples),
-                    sent_rate=sent_rate, target_rate=rate)
+                    sent_rate=sent_rate,
+                    target_rate=rate,
+                )
                 result.checked = f"{len(samples):,}/{n:,} probes, sent at {sent_rate:,.0f}/s"
         except Exception as exc:  # noqa: BLE001
             result.error = f"{type(exc).__name__}: {exc}"
@@ -427,16 +531,22 @@ class Runner:
         first = self.consume_payloads[:m]
         second = messages(m, start=10_000_000)
         filler = Filler(level_mb * MB // FILLER_BYTES, FILLER_BYTES, tag=level_mb)
-        produce = Result(peer.name, f"retained-produce@{level_mb}", f"produce (batched) with {level_mb:,} MB retained")
+        produce = Result(
+            peer.name, f"retained-produce@{level_mb}", f"produce (batched) with {level_mb:,} MB retained"
+        )
         consume = Result(peer.name, f"retained-consume@{level_mb}", f"consume with {level_mb:,} MB retained")
         try:
             peer.produce_batched(dest, first, Meter("first", m, progress=False))
             if len(filler):
                 fill = Meter(f"{peer.name} fill {level_mb} MB", len(filler))
                 peer.fill(dest, filler, fill)
-                self.progress(f"  filled {level_mb:,} MB in {fill.elapsed:.1f}s "
-                              f"({level_mb / max(fill.elapsed, 1e-9):,.0f} MB/s)")
-            produce = self.timed(peer, produce.experiment, produce.label, peer.produce_batched, dest, second, total=m)
+                self.progress(
+                    f"  filled {level_mb:,} MB in {fill.elapsed:.1f}s "
+                    f"({level_mb / max(fill.elapsed, 1e-9):,.0f} MB/s)"
+                )
+            produce = self.timed(
+                peer, produce.experiment, produce.label, peer.produce_batched, dest, second, total=m
+            )
             consume = self.timed(peer, consume.experiment, consume.label, peer.consume_all, dest, m, total=m)
             self.verify_consumed(consume, m, checksum(first))
             rest = len(filler) + m
@@ -455,14 +565,20 @@ class Runner:
         self.progress(f"{peer.title}: {partitions} partitions ({n:,} messages)")
         payloads = self.consume_payloads[:n] if n <= len(self.consume_payloads) else messages(n)
         expected = checksum(payloads)
-        produce = Result(peer.name, f"partitions-produce@{partitions}", f"produce (batched), {partitions} partitions")
+        produce = Result(
+            peer.name, f"partitions-produce@{partitions}", f"produce (batched), {partitions} partitions"
+        )
         consume = Result(peer.name, f"partitions-consume@{partitions}", f"consume, {partitions} partitions")
         dest = None
         try:
             dest = peer.create(self.unique(f"p{partitions}"), partitions)
-            produce = self.timed(peer, produce.experiment, produce.label, peer.produce_batched, dest, payloads, total=n)
+            produce = self.timed(
+                peer, produce.experiment, produce.label, peer.produce_batched, dest, payloads, total=n
+            )
             if produce.ok:
-                consume = self.timed(peer, consume.experiment, consume.label, peer.consume_all, dest, n, total=n)
+                consume = self.timed(
+                    peer, consume.experiment, consume.label, peer.consume_all, dest, n, total=n
+                )
                 self.verify_consumed(consume, n, expected)
                 produce.checked = "read back by the consume row" if consume.ok else ""
                 if consume.error:
@@ -481,8 +597,15 @@ class Runner:
             label = f"produce (batched), {partitions} partitions, topic without flush.ms"
             self.progress(f"Tributary: {label}")
             dest = peer.create(self.unique(f"p{partitions}-noflush"), partitions, configs={})
-            result = self.timed(peer, f"variant-partitions-noflush@{partitions}", label, peer.produce_batched, dest,
-                                payloads, total=n)
+            result = self.timed(
+                peer,
+                f"variant-partitions-noflush@{partitions}",
+                label,
+                peer.produce_batched,
+                dest,
+                payloads,
+                total=n,
+            )
             if result.ok:
                 self.check(peer, dest, n, expected, result)
             self.record(result)
@@ -527,14 +650,20 @@ def machine_info(data_dir: Path) -> dict:
         pass
     usage = shutil.disk_usage(data_dir)
     info["disk"] = f"{usage.total / 2**30:.0f} GiB, {usage.free / 2**30:.0f} GiB free"
-    source = subprocess.run(["df", "--output=source,fstype", str(data_dir)], capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["df", "--output=source,fstype", str(data_dir)], capture_output=True, text=True
+    ).stdout
     parts = source.splitlines()[-1].split() if source else []
     if parts:
         device = Path(parts[0]).name
         rotational = Path(f"/sys/block/{device}/queue/rotational")
         kind = ""
         if rotational.exists():
-            kind = ", reported rotational" if rotational.read_text().strip() == "1" else ", reported non-rotational"
+            kind = (
+                ", reported rotational"
+                if rotational.read_text().strip() == "1"
+                else ", reported non-rotational"
+            )
         info["disk"] += f" ({parts[0]}, {parts[1] if len(parts) > 1 else '?'}{kind})"
     info["data_dir"] = str(data_dir)
     info["loadavg_start"] = os.getloadavg()
@@ -545,28 +674,48 @@ def machine_info(data_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="See the module docstring for the experiments.")
-    parser.add_argument("--full", action="store_true",
-                        help="full size: 200,000 produced / 1,000,000 consumed, 0/1/5 GB retained, rates 1k/5k/20k "
-                             "(~30-60 min, ~15 GB of disk, Redis holds 5 GB in memory)")
-    parser.add_argument("--messages", type=int, metavar="N", help="messages per produce experiment (default 20,000)")
-    parser.add_argument("--consume-messages", type=int, metavar="N",
-                        help="messages the consume experiment reads (default 200,000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See the module docstring for the experiments.",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="full size: 200,000 produced / 1,000,000 consumed, 0/1/5 GB retained, rates 1k/5k/20k "
+        "(~30-60 min, ~15 GB of disk, Redis holds 5 GB in memory)",
+    )
+    parser.add_argument(
+        "--messages", type=int, metavar="N", help="messages per produce experiment (default 20,000)"
+    )
+    parser.add_argument(
+        "--consume-messages",
+        type=int,
+        metavar="N",
+        help="messages the consume experiment reads (default 200,000)",
+    )
     parser.add_argument("--peers", default=",".join(ALL), help=f"comma-separated, from {','.join(ALL)}")
-    parser.add_argument("--experiments", default="",
-                        help="only these (comma-separated): produce,consume,variants,latency,retained,partitions")
+    parser.add_argument(
+        "--experiments",
+        default="",
+        help="only these (comma-separated): produce,consume,variants,latency,retained,partitions",
+    )
     parser.add_argument("--retained-mb", help="retained-data levels in MB, e.g. 0,64,256")
     parser.add_argument("--partitions", help="partition counts, e.g. 1,16,256")
     parser.add_argument("--rates", help="latency rates in msg/s, e.g. 500,2000")
-    parser.add_argument("--data-dir", help="where brokers keep data (default: a temporary directory, removed)")
+    parser.add_argument(
+        "--data-dir", help="where brokers keep data (default: a temporary directory, removed)"
+    )
     parser.add_argument("--report-dir", default=str(REPORTS), help="where the report and plots go")
     parser.add_argument("--no-install", action="store_true", help="do not install missing brokers/clients")
     parser.add_argument("--skip-java", action="store_true", help="skip the Java gRPC stub client")
-    parser.add_argument("--skip-fsync", action="store_true", help="skip the fsync-before-ack Tributary cluster")
+    parser.add_argument(
+        "--skip-fsync", action="store_true", help="skip the fsync-before-ack Tributary cluster"
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of Tributary")
-    parser.add_argument("--render", metavar="JSON", help="only rewrite the report (and plots) from a raw results file")
+    parser.add_argument(
+        "--render", metavar="JSON", help="only rewrite the report (and plots) from a raw results file"
+    )
     args = parser.parse_args(argv)
     if args.render:
         return render(Path(args.render))
@@ -595,8 +744,10 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = Path(args.data_dir or tempfile.mkdtemp(prefix="tributary-compare-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     machine = machine_info(data_dir)
-    progress(f"{sizes['messages']:,} messages of {MESSAGE_BYTES} B per experiment; peers {', '.join(peers)}; "
-             f"{machine.get('cores')} cores, load {machine['loadavg_start'][0]:.2f}; data in {data_dir}")
+    progress(
+        f"{sizes['messages']:,} messages of {MESSAGE_BYTES} B per experiment; peers {', '.join(peers)}; "
+        f"{machine.get('cores')} cores, load {machine['loadavg_start'][0]:.2f}; data in {data_dir}"
+    )
     runner = Runner(args, sizes, progress)
     profile = None
     try:
@@ -615,13 +766,27 @@ def main(argv: list[str] | None = None) -> int:
     from bench import compare_report as report
 
     command = " ".join(["python", "bench/compare.py", *(argv if argv is not None else sys.argv[1:])])
-    path = report.write(Path(args.report_dir), runner, machine, sizes, peers, profile, started_at, finished_at,
-                        command)
+    path = report.write(
+        Path(args.report_dir), runner, machine, sizes, peers, profile, started_at, finished_at, command
+    )
     raw = path.with_suffix(".json")
-    raw.write_text(json.dumps({"machine": machine, "sizes": sizes, "peers": runner.peer_info, "peer_order": peers,
-                               "started": started_at.isoformat(), "finished": finished_at.isoformat(),
-                               "command": command, "results": [asdict(r) for r in runner.results],
-                               "profile": profile}, separators=(",", ":"), default=str))
+    raw.write_text(
+        json.dumps(
+            {
+                "machine": machine,
+                "sizes": sizes,
+                "peers": runner.peer_info,
+                "peer_order": peers,
+                "started": started_at.isoformat(),
+                "finished": finished_at.isoformat(),
+                "command": command,
+                "results": [asdict(r) for r in runner.results],
+                "profile": profile,
+            },
+            separators=(",", ":"),
+            default=str,
+        )
+    )
     progress(f"report: {path} (raw results: {raw.name})")
     print(path.read_text().split("\n## ", 2)[1] if "\n## " in path.read_text() else "")
     return 0
@@ -637,9 +802,22 @@ def render(raw: Path) -> int:
     fields = set(Result.__dataclass_fields__)
     results = [Result(**{k: v for k, v in r.items() if k in fields}) for r in data["results"]]
     runner = SimpleNamespace(results=results, peer_info=data["peers"])
-    started, finished = dt.datetime.fromisoformat(data["started"]), dt.datetime.fromisoformat(data["finished"])
-    path = report.write(raw.parent, runner, data["machine"], data["sizes"], data["peer_order"], data["profile"],
-                        started, finished, data["command"], path=raw.with_suffix(".md"))
+    started, finished = (
+        dt.datetime.fromisoformat(data["started"]),
+        dt.datetime.fromisoformat(data["finished"]),
+    )
+    path = report.write(
+        raw.parent,
+        runner,
+        data["machine"],
+        data["sizes"],
+        data["peer_order"],
+        data["profile"],
+        started,
+        finished,
+        data["command"],
+        path=raw.with_suffix(".md"),
+    )
     print(f"report: {path}", file=sys.stderr)
     return 0
 

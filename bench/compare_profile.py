@@ -114,8 +114,22 @@ class Recorder:
         for name, pid in self.pids.items():
             out = self.out_dir / f"{self.phase}-{name}.txt"
             self.procs[name] = subprocess.Popen(
-                [binary, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw", "--nonblocking",
-                 "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                [
+                    binary,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    str(RATE_HZ),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
         time.sleep(1.0)  # py-spy attached
         self.cpu_before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self.t0 = time.perf_counter()
@@ -134,10 +148,11 @@ class Recorder:
                 err = b"timed out"
             if proc.returncode not in (0, -signal.SIGINT, 1):
                 self.result.setdefault("errors", {})[name] = (err or b"").decode(errors="replace")[-300:]
-        self.result.update(wall=wall, cpu={name: (seconds, seconds / wall if wall else 0.0)
-                                           for name, seconds in cpu.items()},
-                           processes={name: summarize(self.out_dir / f"{self.phase}-{name}.txt")
-                                      for name in self.pids})
+        self.result.update(
+            wall=wall,
+            cpu={name: (seconds, seconds / wall if wall else 0.0) for name, seconds in cpu.items()},
+            processes={name: summarize(self.out_dir / f"{self.phase}-{name}.txt") for name in self.pids},
+        )
 
 
 def profile_tributary(peer, payloads: list[bytes], consume_payloads: list[bytes], progress) -> dict:
@@ -145,9 +160,11 @@ def profile_tributary(peer, payloads: list[bytes], consume_payloads: list[bytes]
     ``payloads`` unbatched, ``consume_payloads`` batched (longer: it is ~10x faster), then all of
     them consumed."""
     cluster = peer.cluster
-    pids = {"client (SDK, this process)": os.getpid(),
-            "gateway": cluster.gateways[0].pid,
-            "storage node": cluster.storage_nodes[0].pid}
+    pids = {
+        "client (SDK, this process)": os.getpid(),
+        "gateway": cluster.gateways[0].pid,
+        "storage node": cluster.storage_nodes[0].pid,
+    }
     others = {"etcd": cluster.etcd.pid, "coordinator": cluster.coordinators[0].pid}
     out_dir = Path(tempfile.mkdtemp(prefix="tributary-profile-"))
     phases: dict[str, dict] = {}
@@ -158,19 +175,30 @@ def profile_tributary(peer, payloads: list[bytes], consume_payloads: list[bytes]
             meter = Meter(f"profiled {name}", count, progress=False)
             fn(meter)
         rec.result["rate"] = count / meter.elapsed
-        rec.result["others"] = {k: (cpu_seconds(v) - other_before[k]) / rec.result["wall"] for k, v in others.items()}
+        rec.result["others"] = {
+            k: (cpu_seconds(v) - other_before[k]) / rec.result["wall"] for k, v in others.items()
+        }
         phases[name] = rec.result
         progress(f"  profiled {name}: {count / meter.elapsed:,.0f} msg/s under py-spy")
 
     try:
         dest = peer.create(f"profile-unbatched-{os.getpid()}")
-        phase("produce, unbatched (acks=0, 16 in flight)",
-              lambda meter: peer.produce_unbatched(dest, payloads, meter), len(payloads))
+        phase(
+            "produce, unbatched (acks=0, 16 in flight)",
+            lambda meter: peer.produce_unbatched(dest, payloads, meter),
+            len(payloads),
+        )
         dest = peer.create(f"profile-batched-{os.getpid()}")
-        phase(f"produce, batched ({BATCH}/batch, acks=1)",
-              lambda meter: peer.produce_batched(dest, consume_payloads, meter, BATCH), len(consume_payloads))
-        phase("consume (200 KB fetches)",
-              lambda meter: peer.consume_all(dest, len(consume_payloads), meter), len(consume_payloads))
+        phase(
+            f"produce, batched ({BATCH}/batch, acks=1)",
+            lambda meter: peer.produce_batched(dest, consume_payloads, meter, BATCH),
+            len(consume_payloads),
+        )
+        phase(
+            "consume (200 KB fetches)",
+            lambda meter: peer.consume_all(dest, len(consume_payloads), meter),
+            len(consume_payloads),
+        )
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     return {"phases": phases, "rate_hz": RATE_HZ}

@@ -15,10 +15,20 @@ BATCH_RECORDS = 50
 #: Rates measured over less than this many seconds are marked (†) as noisy.
 SHORT_S = 0.25
 PEER_ORDER = ("tributary", "rabbitmq", "activemq", "nats", "redis")
-TITLES = {"tributary": "Tributary", "rabbitmq": "RabbitMQ", "activemq": "ActiveMQ", "nats": "NATS JetStream",
-          "redis": "Redis Streams"}
-COLORS = {"tributary": "#d62728", "rabbitmq": "#ff7f0e", "activemq": "#8c564b", "nats": "#2ca02c",
-          "redis": "#1f77b4"}
+TITLES = {
+    "tributary": "Tributary",
+    "rabbitmq": "RabbitMQ",
+    "activemq": "ActiveMQ",
+    "nats": "NATS JetStream",
+    "redis": "Redis Streams",
+}
+COLORS = {
+    "tributary": "#d62728",
+    "rabbitmq": "#ff7f0e",
+    "activemq": "#8c564b",
+    "nats": "#2ca02c",
+    "redis": "#1f77b4",
+}
 
 
 # ---- lookups ----------------------------------------------------------------------------------
@@ -74,17 +84,29 @@ def headline_rows(res: Results, sizes: dict) -> list[dict]:
     rows = []
 
     def rate_row(label: str, experiment: str) -> None:
-        rows.append(dict(label=label, kind="rate", experiment=experiment,
-                         values={p: res.rate(p, experiment) for p in res.peers},
-                         short={p: res.short(p, experiment) for p in res.peers}))
+        rows.append(
+            dict(
+                label=label,
+                kind="rate",
+                experiment=experiment,
+                values={p: res.rate(p, experiment) for p in res.peers},
+                short={p: res.short(p, experiment) for p in res.peers},
+            )
+        )
 
     rate_row("produce, unbatched (msg/s)", "unbatched")
     rate_row("produce, batched 50 (msg/s)", "batched")
     rate_row("consume (msg/s)", "consume")
     for rate in sizes["rates"]:
         for key, name in (("p50_ms", "p50"), ("p99_ms", "p99")):
-            rows.append(dict(label=f"latency {name} at {rate:,}/s (ms)", kind="latency", experiment=f"latency@{rate}",
-                             values={p: res.latency(p, f"latency@{rate}", key) for p in res.peers}))
+            rows.append(
+                dict(
+                    label=f"latency {name} at {rate:,}/s (ms)",
+                    kind="latency",
+                    experiment=f"latency@{rate}",
+                    values={p: res.latency(p, f"latency@{rate}", key) for p in res.peers},
+                )
+            )
     for level in sizes["retained_mb"]:
         rate_row(f"produce with {level:,} MB retained (msg/s)", f"retained-produce@{level}")
         rate_row(f"consume with {level:,} MB retained (msg/s)", f"retained-consume@{level}")
@@ -111,8 +133,17 @@ def headline_rows(res: Results, sizes: dict) -> list[dict]:
 
 
 def headline_table(res: Results, rows: list[dict]) -> list[str]:
-    head = ["experiment", "Tributary", *[TITLES[p] for p in res.others], "Tributary ÷ best peer", "ahead of all?"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|"]
+    head = [
+        "experiment",
+        "Tributary",
+        *[TITLES[p] for p in res.others],
+        "Tributary ÷ best peer",
+        "ahead of all?",
+    ]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(head) - 2) + [":---:"]) + "|",
+    ]
     for row in rows:
         fmt = fmt_rate if row["kind"] == "rate" else fmt_ms
         short = row.get("short", {})
@@ -138,9 +169,13 @@ def paper_rows(res: Results) -> list[tuple[str, str, float | None, int]]:
 
     rows = []
     e, v = best("unbatched")
-    rows.append(("produce, unbatched (1 message per request, no acknowledgement awaited)", e, v, PAPER["unbatched"]))
+    rows.append(
+        ("produce, unbatched (1 message per request, no acknowledgement awaited)", e, v, PAPER["unbatched"])
+    )
     e, v = best("variant-batched-acks0", "batched")
-    rows.append(("produce, batched 50 (the paper's Kafka: no acknowledgement awaited)", e, v, PAPER["batched"]))
+    rows.append(
+        ("produce, batched 50 (the paper's Kafka: no acknowledgement awaited)", e, v, PAPER["batched"])
+    )
     e, v = best("consume")
     rows.append(("consume (200 KB fetches)", e, v, PAPER["consume"]))
     return rows
@@ -188,14 +223,19 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     # Figure 4: producer throughput against data sent.
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for peer in res.peers:
-        for experiment, style, label in (("unbatched", "-", "unbatched"), ("batched", "--", "batched 50"),
-                                         ("variant-batched-acks0", ":", "batched 50, acks=0")):
+        for experiment, style, label in (
+            ("unbatched", "-", "unbatched"),
+            ("batched", "--", "batched 50"),
+            ("variant-batched-acks0", ":", "batched 50, acks=0"),
+        ):
             r = res.get(peer, experiment)
             if r is None or not r.ok:
                 continue
             xs, ys = windowed(r.samples, r.bytes_per_message)
             if xs:
-                ax.plot(xs, ys, style, color=COLORS[peer], label=f"{TITLES[peer]} {label} (avg {r.rate:,.0f}/s)")
+                ax.plot(
+                    xs, ys, style, color=COLORS[peer], label=f"{TITLES[peer]} {label} (avg {r.rate:,.0f}/s)"
+                )
     for key, value in (("unbatched", PAPER["unbatched"]), ("batched", PAPER["batched"])):
         ax.axhline(value, color="grey", linewidth=0.8, linestyle="-.")
         ax.text(0, value * 1.05, f"Kafka 2011, {key}: {value:,}/s", color="grey", fontsize=8)
@@ -228,18 +268,34 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
 
     # Retained data and partitions: rate against size / count.
     for name, keys, xlabel, values, logx in (
-            ("retained", ("retained-produce@{}", "retained-consume@{}"), "MB already retained",
-             sizes["retained_mb"], False),
-            ("partitions", ("partitions-produce@{}", "partitions-consume@{}"), "partitions (queues / streams / keys)",
-             sizes["partitions"], True)):
+        (
+            "retained",
+            ("retained-produce@{}", "retained-consume@{}"),
+            "MB already retained",
+            sizes["retained_mb"],
+            False,
+        ),
+        (
+            "partitions",
+            ("partitions-produce@{}", "partitions-consume@{}"),
+            "partitions (queues / streams / keys)",
+            sizes["partitions"],
+            True,
+        ),
+    ):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
         for ax, key, what in zip(axes, keys, ("produce (batched 50)", "consume")):
             for peer in res.peers:
                 points = [(v, res.rate(peer, key.format(v))) for v in values]
                 points = [(v, r) for v, r in points if r is not None]
                 if points:
-                    ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=COLORS[peer],
-                            label=TITLES[peer])
+                    ax.plot(
+                        [p[0] for p in points],
+                        [p[1] for p in points],
+                        "o-",
+                        color=COLORS[peer],
+                        label=TITLES[peer],
+                    )
             ax.set_yscale("log")
             if logx:
                 ax.set_xscale("log", base=2)
@@ -304,11 +360,14 @@ def profile_section(profile: dict | None) -> list[str]:
         return ["No profile was taken (`--no-profile`, or Tributary not run)."]
     if "error" in profile:
         return [f"The profile failed: `{profile['error']}`"]
-    lines = [f"py-spy at {profile['rate_hz']} Hz on the client (this benchmark's process, which runs the SDK), "
-             "the gateway and the storage node, during separate runs of the same size (so the sampling does not "
-             "touch the measured numbers). CPU is from `/proc/<pid>/stat` over the phase: 1.00 = one core busy "
-             "the whole time. Areas count each sample's innermost Python frame (time inside a C extension "
-             "counts toward the Python function that called it).", ""]
+    lines = [
+        f"py-spy at {profile['rate_hz']} Hz on the client (this benchmark's process, which runs the SDK), "
+        "the gateway and the storage node, during separate runs of the same size (so the sampling does not "
+        "touch the measured numbers). CPU is from `/proc/<pid>/stat` over the phase: 1.00 = one core busy "
+        "the whole time. Areas count each sample's innermost Python frame (time inside a C extension "
+        "counts toward the Python function that called it).",
+        "",
+    ]
     for phase, data in profile["phases"].items():
         lines.append(f"**{phase}** — {data['rate']:,.0f} msg/s under the profiler, {data['wall']:.2f} s")
         lines.append("")
@@ -343,7 +402,8 @@ LEVERS = {
         "section 3 routes produce through `Gateway.Produce`): a produce path that is not one gRPC message per "
         "record -- a raw TCP produce port with the fetch port's framing (acks=0 unanswered, as in Kafka), or "
         "clients that write to the partition leader's storage node directly, as Kafka clients do -- keeping "
-        "gRPC for other languages."),
+        "gRPC for other languages."
+    ),
     "batched": (
         "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round trip "
         "per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
@@ -352,29 +412,34 @@ LEVERS = {
         "trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited (the paper's "
         "setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 requests/s of 50. "
         "Next lever: the same as unbatched, plus a long-lived gateway -> storage stream instead of a unary "
-        "call per request."),
+        "call per request."
+    ),
     "consume": (
         "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the record "
         "walk and decode are C since this run's codec accelerator); the storage node serves the bytes with "
         "sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched batch, a value "
-        "materialized when the application touches it) and build the ConsumerRecord tuples in C too."),
+        "materialized when the application touches it) and build the ConsumerRecord tuples in C too."
+    ),
     "latency": (
         "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage node, "
         "then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each hop is an "
         "asyncio wake-up on a shared 2-core machine, and the peers are one server process. Next lever: serve the "
         "consumer's long poll from the storage node's fetch port directly (the SDK already speaks it), taking the "
-        "gateway hop out of the fetch path, and wake it from the append."),
+        "gateway hop out of the fetch path, and wake it from the append."
+    ),
     "retained": (
         "Tributary's produce and consume rates do not fall as the retained log grows (the paper's claim holds: "
         "compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB too, so the "
-        "lever is the one for the plain produce / consume rows."),
+        "lever is the one for the plain produce / consume rows."
+    ),
     "partitions": (
         "Produce with many partitions is the per-request gRPC cost again (timed flushes already run on the "
         "background tick, never inside an append; compare the row without flush.ms). Consume: one consumer "
         "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from the "
         "gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: only "
         "partitions with data in the response) and one fetch-port request per storage node for all its "
-        "partitions."),
+        "partitions."
+    ),
 }
 
 
@@ -419,15 +484,23 @@ def evidence(key: str, res: Results, profile: dict | None) -> str:
                 name, share = client["functions"][0]
                 parts.append(f"the client's top function `{name}` has {share:.0%} of its samples")
     elif key == "partitions":
-        for experiment in sorted({r.experiment for r in res.results
-                                  if r.experiment.startswith("variant-partitions-noflush@")}):
+        for experiment in sorted(
+            {r.experiment for r in res.results if r.experiment.startswith("variant-partitions-noflush@")}
+        ):
             count = experiment.split("@")[1]
-            without, with_ = res.rate("tributary", experiment), res.rate("tributary", f"partitions-produce@{count}")
+            without, with_ = (
+                res.rate("tributary", experiment),
+                res.rate("tributary", f"partitions-produce@{count}"),
+            )
             if without and with_:
-                parts.append(f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
-                             f"{without:,.0f} msg/s on a topic without it")
-        for experiment in sorted({r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
-                                 key=lambda e: int(e.split("@")[1])):
+                parts.append(
+                    f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
+                    f"{without:,.0f} msg/s on a topic without it"
+                )
+        for experiment in sorted(
+            {r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
+            key=lambda e: int(e.split("@")[1]),
+        ):
             value = res.rate("tributary", experiment)
             if value:
                 parts.append(f"consume over {experiment.split('@')[1]} partitions {value:,.0f} msg/s")
@@ -438,8 +511,10 @@ def evidence(key: str, res: Results, profile: dict | None) -> str:
             best = [b for b in best if b[0] is not None]
             if trib and best:
                 value, peer = min(best)
-                parts.append(f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, "
-                             f"{TITLES[peer]} {value:.2f} ms")
+                parts.append(
+                    f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, "
+                    f"{TITLES[peer]} {value:.2f} ms"
+                )
     parts = [p for p in parts if p]
     return ("This run: " + "; ".join(parts) + ". ") if parts else ""
 
@@ -457,8 +532,18 @@ def lever_for(experiment: str) -> str:
 # ---- the report -------------------------------------------------------------------------------
 
 
-def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str], profile: dict | None,
-          started: dt.datetime, finished: dt.datetime, command: str, path: Path | None = None) -> Path:
+def write(
+    directory: Path,
+    runner,
+    machine: dict,
+    sizes: dict,
+    peers: list[str],
+    profile: dict | None,
+    started: dt.datetime,
+    finished: dt.datetime,
+    command: str,
+    path: Path | None = None,
+) -> Path:
     """Write the report (``path``, else ``<date>.md``, else ``<date>-<HHMM>.md`` if that exists)."""
     directory.mkdir(parents=True, exist_ok=True)
     if path is None:
@@ -476,9 +561,12 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
 
     out: list[str] = []
     add = out.append
-    add(f"# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis Streams")
+    add(
+        "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis Streams"
+    )
     add("")
-    add(f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: "
+    add(
+        f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: "
         f"200-byte messages, {sizes['messages']:,} per produce experiment, {sizes.get('consume_messages', 0):,} "
         f"for the consume experiment, {sizes.get('retained_messages', 0):,} for the retained-data and "
         f"{sizes.get('partition_messages', 0):,} for the partition experiments; the same payloads for every "
@@ -486,20 +574,25 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
         f"{', '.join(f'{v:,} MB' for v in sizes['retained_mb'])}; partitions {', '.join(map(str, sizes['partitions']))}; "
         f"latency at {', '.join(f'{r:,}' for r in sizes['rates'])} msg/s. Every message of every produce row was read "
         "back and its count and checksum (sum of CRC-32s) checked; a row that did not check out shows its error "
-        "instead of a number.")
+        "instead of a number."
+    )
     add("")
     add("## Headline")
     add("")
-    add("msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ Tributary's "
-        "ms), so above 1.00× means Tributary is ahead. \"Tributary ÷ best peer\" is the smallest of those ratios. "
+    add(
+        "msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ Tributary's "
+        'ms), so above 1.00× means Tributary is ahead. "Tributary ÷ best peer" is the smallest of those ratios. '
         f"† = measured over less than {SHORT_S} s (the message count is small for that broker's speed): on this "
         "shared machine such a figure moves by ±30% between runs; rerun with a larger `--messages` / `--full` "
-        "to pin it down.")
+        "to pin it down."
+    )
     add("")
     out.extend(headline_table(res, rows))
     add("")
-    add("Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two machines "
-        "over 1 Gb; here: everything on one shared 2-core VM):")
+    add(
+        "Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two machines "
+        "over 1 Gb; here: everything on one shared 2-core VM):"
+    )
     add("")
     add("| experiment | Tributary row | Tributary msg/s | Kafka 2011 | ratio | met? |")
     add("|---|---|---:|---:|---:|:---:|")
@@ -510,8 +603,10 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
         if not met:
             paper_misses.append((label, experiment, value, target))
         label_of = res.get("tributary", experiment).label if res.get("tributary", experiment) else experiment
-        add(f"| {label} | {label_of} | {fmt_rate(value)} | {target:,} | {fmt_ratio(ratio)} | "
-            f"{'yes' if met else '**no**'} |")
+        add(
+            f"| {label} | {label_of} | {fmt_rate(value)} | {target:,} | {fmt_ratio(ratio)} | "
+            f"{'yes' if met else '**no**'} |"
+        )
     add("")
 
     # targets
@@ -519,15 +614,19 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     add("## Targets")
     add("")
     met_rows = [r for r in rows if r["met"] is True]
-    add(f"Ahead of every peer in {len(met_rows)} of {len(rows)} comparable rows"
+    add(
+        f"Ahead of every peer in {len(met_rows)} of {len(rows)} comparable rows"
         f"{'' if not [r for r in rows if r['met'] is None] else ' (rows marked n/a lack a number for Tributary or a peer)'}; "
-        f"ahead of the paper's Kafka in {3 - len(paper_misses)} of 3.")
+        f"ahead of the paper's Kafka in {3 - len(paper_misses)} of 3."
+    )
     add("")
     if missed_rows or paper_misses:
         add("Missed:")
         add("")
         for row in missed_rows:
-            behind = [f"{TITLES[p]} ({fmt_ratio(v)})" for p, v in row["ratios"].items() if v is not None and v < 1.0]
+            behind = [
+                f"{TITLES[p]} ({fmt_ratio(v)})" for p, v in row["ratios"].items() if v is not None and v < 1.0
+            ]
             add(f"- **{row['label']}** — behind {', '.join(behind)}.")
         for label, experiment, value, target in paper_misses:
             add(f"- **{label}** vs Kafka 2011 — {fmt_rate(value)} of {target:,} msg/s.")
@@ -536,7 +635,11 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
         add("")
         seen = set()
         for experiment in [r["experiment"] for r in missed_rows] + [m[1] for m in paper_misses]:
-            key = experiment.split("@")[0].replace("retained-produce", "retained").replace("retained-consume", "retained")
+            key = (
+                experiment.split("@")[0]
+                .replace("retained-produce", "retained")
+                .replace("retained-consume", "retained")
+            )
             key = key.replace("partitions-produce", "partitions").replace("partitions-consume", "partitions")
             key = "batched" if key.startswith("variant-batched") else key
             if key in seen:
@@ -561,7 +664,9 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     add("|---|---|---:|---:|---:|---:|---|")
     for peer in res.peers:
         for r in runner.results:
-            if r.peer == peer and (r.experiment in ("unbatched", "batched") or r.experiment.startswith("variant")):
+            if r.peer == peer and (
+                r.experiment in ("unbatched", "batched") or r.experiment.startswith("variant")
+            ):
                 add(detail_row(r))
     add("")
     add("How each broker was driven (same semantics for all; see `bench/peers/`):")
@@ -570,7 +675,9 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     add("|---|---|---|---|")
     for peer in res.peers:
         i = info.get(peer, {})
-        add(f"| {TITLES[peer]} | {i.get('unbatched', '')} | {i.get('batched', '')} | {i.get('consume', '')} |")
+        add(
+            f"| {TITLES[peer]} | {i.get('unbatched', '')} | {i.get('batched', '')} | {i.get('consume', '')} |"
+        )
     add("")
     add("## Consumer (cf. Figure 5)")
     add("")
@@ -589,9 +696,11 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     if "latency" in images:
         add(f"![latency]({images['latency']})")
         add("")
-    add("Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); the "
+    add(
+        "Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); the "
         "producer sends one at a time at the target rate, a consumer subscribed before the first probe records "
-        "its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll.")
+        "its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll."
+    )
     add("")
     add("| broker | target rate | sent at | probes | p50 ms | p99 ms | p99.9 ms | max ms |")
     add("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -604,29 +713,41 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
                 add(f"| {TITLES[peer]} | {rate:,} | — | — | {r.error} | | | |")
                 continue
             e = r.extra
-            add(f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | {fmt_ms(e['p50_ms'])} | "
-                f"{fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | {fmt_ms(e['max_ms'])} |")
+            add(
+                f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | {fmt_ms(e['p50_ms'])} | "
+                f"{fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | {fmt_ms(e['max_ms'])} |"
+            )
     add("")
     add("## Throughput as the retained log grows")
     add("")
     if "retained" in images:
         add(f"![retained]({images['retained']})")
         add("")
-    add("Per level, one destination holds: the messages consumed later, then the retained filler (64 KiB "
+    add(
+        "Per level, one destination holds: the messages consumed later, then the retained filler (64 KiB "
         "messages), then the timed produce; the timed consume reads the oldest messages with everything else "
         "still retained behind them. Everything is read back afterwards and checked. For the queue brokers "
-        "\"retained\" is a backlog of unconsumed messages; for the logs (Tributary, NATS, Redis) it is history.")
+        '"retained" is a backlog of unconsumed messages; for the logs (Tributary, NATS, Redis) it is history.'
+    )
     add("")
     levels = sizes["retained_mb"]
-    add("| broker | " + " | ".join(f"produce @ {v:,} MB" for v in levels) + " | " +
-        " | ".join(f"consume @ {v:,} MB" for v in levels) + f" | produce {levels[-1]:,} MB ÷ {levels[0]:,} MB | "
-        f"consume {levels[-1]:,} MB ÷ {levels[0]:,} MB |")
+    add(
+        "| broker | "
+        + " | ".join(f"produce @ {v:,} MB" for v in levels)
+        + " | "
+        + " | ".join(f"consume @ {v:,} MB" for v in levels)
+        + f" | produce {levels[-1]:,} MB ÷ {levels[0]:,} MB | "
+        f"consume {levels[-1]:,} MB ÷ {levels[0]:,} MB |"
+    )
     add("|---|" + "---:|" * (2 * len(levels) + 2))
     for peer in res.peers:
         cells = [cell(res.get(peer, f"retained-produce@{v}")) for v in levels]
         cells += [cell(res.get(peer, f"retained-consume@{v}")) for v in levels]
         for kind in ("produce", "consume"):
-            first, last = res.rate(peer, f"retained-{kind}@{levels[0]}"), res.rate(peer, f"retained-{kind}@{levels[-1]}")
+            first, last = (
+                res.rate(peer, f"retained-{kind}@{levels[0]}"),
+                res.rate(peer, f"retained-{kind}@{levels[-1]}"),
+            )
             cells.append(fmt_ratio(last / first) if first and last else "—")
         add(f"| {TITLES[peer]} | " + " | ".join(cells) + " |")
     add("")
@@ -635,13 +756,20 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     if "partitions" in images:
         add(f"![partitions]({images['partitions']})")
         add("")
-    add("A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream key. "
+    add(
+        "A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream key. "
         f"max({sizes.get('partition_messages', sizes['messages']):,}, 100 × partitions) messages, batches of 50 "
         "round-robin over the partitions, "
-        "one batch in flight; one consumer reads all partitions.")
+        "one batch in flight; one consumer reads all partitions."
+    )
     add("")
-    add("| broker | " + " | ".join(f"produce, {p}" for p in sizes["partitions"]) + " | " +
-        " | ".join(f"consume, {p}" for p in sizes["partitions"]) + " |")
+    add(
+        "| broker | "
+        + " | ".join(f"produce, {p}" for p in sizes["partitions"])
+        + " | "
+        + " | ".join(f"consume, {p}" for p in sizes["partitions"])
+        + " |"
+    )
     add("|---|" + "---:|" * (2 * len(sizes["partitions"])))
     for peer in res.peers:
         cells = [cell(res.get(peer, f"partitions-produce@{p}")) for p in sizes["partitions"]]
@@ -653,15 +781,19 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
     add("## Machine")
     add("")
     add(f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores')} cores")
-    add(f"- memory: {machine.get('memory_gib', 0):.1f} GiB ({machine.get('memory_available_gib', 0):.1f} GiB "
-        "available at the start)")
+    add(
+        f"- memory: {machine.get('memory_gib', 0):.1f} GiB ({machine.get('memory_available_gib', 0):.1f} GiB "
+        "available at the start)"
+    )
     add(f"- disk: {machine.get('disk')}; broker data under `{machine.get('data_dir')}`")
     add(f"- {machine.get('platform')}, Python {machine.get('python')}")
     la0, la1 = machine.get("loadavg_start", (0, 0, 0)), machine.get("loadavg_end", (0, 0, 0))
-    add(f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end "
+    add(
+        f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end "
         f"{la1[0]:.2f} / {la1[1]:.2f} / {la1[2]:.2f}. The machine is shared with other engineers' test runs, so "
         "part of the CPU went elsewhere during this run; every broker saw the same conditions only "
-        "approximately (per-broker load averages below).")
+        "approximately (per-broker load averages below)."
+    )
     add("")
     add("## Brokers, clients, settings")
     add("")
@@ -675,8 +807,10 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
         before, after = i.get("loadavg_before"), i.get("loadavg_after")
         load = f"{before[0]:.2f} → {after[0]:.2f}" if before and after else "—"
         started_in = f"{i['start_seconds']:.1f} s" if "start_seconds" in i else "—"
-        add(f"| {TITLES[peer]} | {versions or '—'} | {i.get('client', '')} | {i.get('persistence', '')} | "
-            f"{started_in} | {load} |")
+        add(
+            f"| {TITLES[peer]} | {versions or '—'} | {i.get('client', '')} | {i.get('persistence', '')} | "
+            f"{started_in} | {load} |"
+        )
     add("")
     unavailable = {p: i["error"] for p, i in info.items() if i.get("error")}
     if unavailable:
@@ -692,18 +826,24 @@ def write(directory: Path, runner, machine: dict, sizes: dict, peers: list[str],
         for r in failures:
             add(f"- {TITLES.get(r.peer, r.peer)}, {r.label}: `{r.error.splitlines()[0][:300]}`")
         add("")
-    add("Install what the benchmark needs (it does this itself when something is missing and it runs as root):")
+    add(
+        "Install what the benchmark needs (it does this itself when something is missing and it runs as root):"
+    )
     add("")
     add("```")
     add("apt-get install -y --no-install-recommends rabbitmq-server activemq nats-server redis-server")
-    add("apt-get install -y --no-install-recommends libgrpc-java protobuf-compiler-grpc-java-plugin "
+    add(
+        "apt-get install -y --no-install-recommends libgrpc-java protobuf-compiler-grpc-java-plugin "
         "libprotobuf-java protobuf-compiler libnetty-java libperfmark-java libgeronimo-annotation-1.3-spec-java"
-        "   # the Java stub client")
+        "   # the Java stub client"
+    )
     add(".venv/bin/pip install pika stomp.py nats-py redis hiredis matplotlib py-spy")
     add("```")
     add("")
-    add(f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time series: "
-        f"`{path.with_suffix('.json').name}`.")
+    add(
+        f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time series: "
+        f"`{path.with_suffix('.json').name}`."
+    )
     add("")
     path.write_text("\n".join(out))
     return path
@@ -724,6 +864,8 @@ def detail_row(r, mode: bool = True) -> str:
         return f"| {title} | {middle} {r.error.splitlines()[0][:200]} |"
     mb = r.rate * r.bytes_per_message / 1e6
     if mode:
-        return (f"| {title} | {r.label} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} | {mb:.2f} | "
-                f"{r.checked} |")
+        return (
+            f"| {title} | {r.label} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} | {mb:.2f} | "
+            f"{r.checked} |"
+        )
     return f"| {title} | {r.messages:,} | {r.seconds:.2f} | {r.rate:,.0f} | {mb:.2f} | {r.checked} |"

@@ -49,19 +49,41 @@ class BenchCluster:
         self.storage: list[ServiceProcess] = []
 
     def _common(self) -> list[str]:
-        return ["--etcd-endpoints", self.etcd.endpoint, "--cluster", "bench", "--session-timeout-s", str(self.ttl)]
+        return [
+            "--etcd-endpoints",
+            self.etcd.endpoint,
+            "--cluster",
+            "bench",
+            "--session-timeout-s",
+            str(self.ttl),
+        ]
 
     def start(self, nodes: int) -> None:
         for coordinator_id in ("c1", "c2"):
             self.coordinators[coordinator_id] = start_service(
-                coordinator_id, "coordinator.main",
-                [*self._common(), "--coordinator-id", coordinator_id, "--admin-wait-s", "120"], self.run_dir)
+                coordinator_id,
+                "coordinator.main",
+                [*self._common(), "--coordinator-id", coordinator_id, "--admin-wait-s", "120"],
+                self.run_dir,
+            )
         for node_id in range(1, nodes + 1):
-            self.storage.append(start_service(
-                f"storage-{node_id}", "storage_node.main",
-                [*self._common(), "--node-id", str(node_id), "--log-dirs", str(self.run_dir / f"data-{node_id}")],
-                self.run_dir))
-        wait_until(lambda: len(self.metadata(self.any_running()).brokers) == nodes, 30, "storage nodes registered")
+            self.storage.append(
+                start_service(
+                    f"storage-{node_id}",
+                    "storage_node.main",
+                    [
+                        *self._common(),
+                        "--node-id",
+                        str(node_id),
+                        "--log-dirs",
+                        str(self.run_dir / f"data-{node_id}"),
+                    ],
+                    self.run_dir,
+                )
+            )
+        wait_until(
+            lambda: len(self.metadata(self.any_running()).brokers) == nodes, 30, "storage nodes registered"
+        )
 
     def address(self, coordinator_id: str) -> str:
         return f"127.0.0.1:{self.coordinators[coordinator_id].info['grpc_port']}"
@@ -79,7 +101,11 @@ class BenchCluster:
         for coordinator_id, process in self.coordinators.items():
             if process.is_running():
                 try:
-                    if self.stub(coordinator_id).GetControllerInfo(pb.GetControllerInfoRequest(), timeout=1).is_active:
+                    if (
+                        self.stub(coordinator_id)
+                        .GetControllerInfo(pb.GetControllerInfoRequest(), timeout=1)
+                        .is_active
+                    ):
                         return coordinator_id
                 except grpc.RpcError:
                     pass
@@ -113,7 +139,9 @@ def bench_create(cluster: BenchCluster, partitions: int, replication_factor: int
     name = f"bench-{partitions}-rf{replication_factor}"
     started = time.perf_counter()
     cluster.stub(active).CreateTopic(
-        pb.CreateTopicRequest(name=name, partitions=partitions, replication_factor=replication_factor), timeout=300)
+        pb.CreateTopicRequest(name=name, partitions=partitions, replication_factor=replication_factor),
+        timeout=300,
+    )
 
     def all_online() -> bool:
         topic = cluster.metadata(active, [name]).topics[0]
@@ -149,7 +177,9 @@ def _metadata_process(args: tuple[str, list[str], float, int]) -> int:
     return asyncio.run(_metadata_client(*args))
 
 
-def bench_metadata(address: str, topics: list[str], seconds: float, processes: int, concurrency: int) -> float:
+def bench_metadata(
+    address: str, topics: list[str], seconds: float, processes: int, concurrency: int
+) -> float:
     """GetMetadata requests per second from ``processes`` client processes."""
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         started = time.perf_counter()
@@ -191,9 +221,13 @@ def report_create(cluster: BenchCluster, args: argparse.Namespace) -> None:
     rf3 = min(3, args.nodes)
     create1 = bench_create(cluster, args.partitions, 1)
     create3 = bench_create(cluster, args.partitions, rf3)
-    print(f"create {args.partitions} partitions, rf 1: {create1:.2f}s ({args.partitions / create1:.0f} partitions/s)")
-    print(f"create {args.partitions} partitions, rf {rf3}: {create3:.2f}s "
-          f"({args.partitions * rf3 / create3:.0f} replicas/s)")
+    print(
+        f"create {args.partitions} partitions, rf 1: {create1:.2f}s ({args.partitions / create1:.0f} partitions/s)"
+    )
+    print(
+        f"create {args.partitions} partitions, rf {rf3}: {create3:.2f}s "
+        f"({args.partitions * rf3 / create3:.0f} replicas/s)"
+    )
 
 
 def report_metadata(cluster: BenchCluster, args: argparse.Namespace) -> None:
@@ -203,17 +237,26 @@ def report_metadata(cluster: BenchCluster, args: argparse.Namespace) -> None:
     total = sum(len(t.partitions) for t in cluster.metadata(active).topics)
     for label, topics in (("one 3-partition topic", ["small"]), (f"all topics ({total} partitions)", [])):
         for role, coordinator_id in (("active", active), ("standby", standby)):
-            rate = bench_metadata(cluster.address(coordinator_id), topics, args.metadata_seconds,
-                                  args.client_processes, args.concurrency)
-            print(f"metadata, {label}, {role}: {rate:,.0f} requests/s "
-                  f"({args.client_processes} client processes x {args.concurrency} in flight)")
+            rate = bench_metadata(
+                cluster.address(coordinator_id),
+                topics,
+                args.metadata_seconds,
+                args.client_processes,
+                args.concurrency,
+            )
+            print(
+                f"metadata, {label}, {role}: {rate:,.0f} requests/s "
+                f"({args.client_processes} client processes x {args.concurrency} in flight)"
+            )
 
 
 def report_failover(cluster: BenchCluster, args: argparse.Namespace) -> None:
     times = [failover_trial(cluster, trial) for trial in range(args.trials)]
-    print(f"failover (kill -9 -> first successful admin call), {args.trials} trials, TTL {args.ttl}s: "
-          f"median {statistics.median(times):.2f}s, max {max(times):.2f}s, min {min(times):.2f}s "
-          f"[{', '.join(f'{t:.2f}' for t in times)}]")
+    print(
+        f"failover (kill -9 -> first successful admin call), {args.trials} trials, TTL {args.ttl}s: "
+        f"median {statistics.median(times):.2f}s, max {max(times):.2f}s, min {min(times):.2f}s "
+        f"[{', '.join(f'{t:.2f}' for t in times)}]"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -222,8 +265,10 @@ def run(args: argparse.Namespace) -> None:
         cluster = BenchCluster(run_dir, etcd, args.ttl)
         try:
             cluster.start(args.nodes)
-            print(f"cluster: etcd {etcd.endpoint} (fsync on), 2 coordinators, {args.nodes} storage nodes, "
-                  f"lease TTL {args.ttl}s; logs in {run_dir}")
+            print(
+                f"cluster: etcd {etcd.endpoint} (fsync on), 2 coordinators, {args.nodes} storage nodes, "
+                f"lease TTL {args.ttl}s; logs in {run_dir}"
+            )
             if "create" in args.only:
                 report_create(cluster, args)
             if "metadata" in args.only:
@@ -244,8 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-processes", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--out", type=Path, default=None, help="run directory (default: a temp dir)")
-    parser.add_argument("--only", nargs="+", choices=("create", "metadata", "failover"),
-                        default=["create", "metadata", "failover"], help="which benchmarks to run")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=("create", "metadata", "failover"),
+        default=["create", "metadata", "failover"],
+        help="which benchmarks to run",
+    )
     run(parser.parse_args(argv))
     return 0
 

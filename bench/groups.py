@@ -52,10 +52,18 @@ class BenchCluster:
 
     def start(self, min_session_ms: int) -> str:
         common = ["--etcd-endpoints", self.etcd.endpoint, "--cluster", "bench", "--session-timeout-s", "2"]
-        coordinator = start_service("c1", "coordinator.main", [
-            *common, "--coordinator-id", "c1", "--group-min-session-timeout-ms", str(min_session_ms)], self.run_dir)
-        storage = start_service("storage-1", "storage_node.main", [
-            *common, "--node-id", "1", "--log-dirs", str(self.run_dir / "data-1")], self.run_dir)
+        coordinator = start_service(
+            "c1",
+            "coordinator.main",
+            [*common, "--coordinator-id", "c1", "--group-min-session-timeout-ms", str(min_session_ms)],
+            self.run_dir,
+        )
+        storage = start_service(
+            "storage-1",
+            "storage_node.main",
+            [*common, "--node-id", "1", "--log-dirs", str(self.run_dir / "data-1")],
+            self.run_dir,
+        )
         self.processes += [coordinator, storage]
         return f"127.0.0.1:{coordinator.info['grpc_port']}"
 
@@ -81,17 +89,31 @@ class Member:
     task: asyncio.Task | None = None
 
     async def join(self) -> None:
-        response = await self.stub.JoinGroup(pb.JoinGroupRequest(
-            group_id=self.group, member_id=self.member_id, subscription=pb.Subscription(topics=[self.topic]),
-            assignor=self.assignor, session_timeout_ms=self.session_ms), timeout=10)
+        response = await self.stub.JoinGroup(
+            pb.JoinGroupRequest(
+                group_id=self.group,
+                member_id=self.member_id,
+                subscription=pb.Subscription(topics=[self.topic]),
+                assignor=self.assignor,
+                session_timeout_ms=self.session_ms,
+            ),
+            timeout=10,
+        )
         self.member_id, self.generation = response.member_id, response.generation_id
         self.owned, self.pending = _tps(response.assignment), _tps(response.pending)
 
     async def heartbeat(self) -> float:
         """One heartbeat; returns how long to wait before the next."""
-        response = await self.stub.Heartbeat(pb.HeartbeatRequest(
-            group_id=self.group, member_id=self.member_id, generation_id=self.generation, polled=True,
-            owned=[pb.TopicPartition(topic=t, partition=p) for t, p in self.owned]), timeout=10)
+        response = await self.stub.Heartbeat(
+            pb.HeartbeatRequest(
+                group_id=self.group,
+                member_id=self.member_id,
+                generation_id=self.generation,
+                polled=True,
+                owned=[pb.TopicPartition(topic=t, partition=p) for t, p in self.owned],
+            ),
+            timeout=10,
+        )
         self.revoked += len(response.revoke)
         self.generation = response.generation_id
         self.owned, self.pending = _tps(response.assignment), _tps(response.pending)
@@ -148,8 +170,9 @@ async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.005) ->
 # ---- rebalance --------------------------------------------------------------------------------------
 
 
-async def rebalance_trials(address: str, *, assignor: int, members: int, partitions: int, session_ms: int,
-                           trials: int) -> list[dict]:
+async def rebalance_trials(
+    address: str, *, assignor: int, members: int, partitions: int, session_ms: int, trials: int
+) -> list[dict]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = coordinator_grpc.CoordinatorStub(channel)
         topic = f"rebalance-{assignor}-{time.monotonic_ns()}"
@@ -176,8 +199,12 @@ async def _one_trial(group: list[Member], everything: set) -> dict:
     await victim.kill()
     noticed = await wait_for(lambda: any(m.generation > generation for m in group))
     done = await wait_for(lambda: settled(group, everything))
-    return {"detect": noticed - killed_at, "handoff": done - noticed, "total": done - killed_at,
-            "revoked": sum(m.revoked for m in group) - revoked_before}
+    return {
+        "detect": noticed - killed_at,
+        "handoff": done - noticed,
+        "total": done - killed_at,
+        "revoked": sum(m.revoked for m in group) - revoked_before,
+    }
 
 
 # ---- commits ----------------------------------------------------------------------------------------
@@ -198,9 +225,12 @@ async def commit_rate(address: str, *, concurrency: int, seconds: float) -> dict
             nonlocal failures
             n = 0
             while time.monotonic() < stop_at:
-                request = pb.CommitOffsetsRequest(group_id=member.group, member_id=member.member_id,
-                                                  generation_id=member.generation, offsets=[
-                                                      pb.OffsetCommit(topic=topic, partition=index % 16, offset=n)])
+                request = pb.CommitOffsetsRequest(
+                    group_id=member.group,
+                    member_id=member.member_id,
+                    generation_id=member.generation,
+                    offsets=[pb.OffsetCommit(topic=topic, partition=index % 16, offset=n)],
+                )
                 started = time.monotonic()
                 response = await stub.CommitOffsets(request, timeout=10)
                 latencies.append(time.monotonic() - started)
@@ -212,8 +242,12 @@ async def commit_rate(address: str, *, concurrency: int, seconds: float) -> dict
         elapsed = time.monotonic() - started
         await member.kill()
         latencies.sort()
-        return {"rate": len(latencies) / elapsed, "p50": latencies[len(latencies) // 2] * 1000,
-                "p99": latencies[int(len(latencies) * 0.99)] * 1000, "failures": failures}
+        return {
+            "rate": len(latencies) / elapsed,
+            "p50": latencies[len(latencies) // 2] * 1000,
+            "p99": latencies[int(len(latencies) * 0.99)] * 1000,
+            "failures": failures,
+        }
 
 
 # ---- report -----------------------------------------------------------------------------------------
@@ -227,24 +261,35 @@ def report_rebalance(name: str, results: list[dict], session_ms: int) -> None:
     print(f"\n{name} ({len(results)} trials, session timeout {session_ms} ms):")
     for key in ("detect", "handoff", "total"):
         print(f"  {key:8} {_summary([r[key] for r in results])}")
-    print(f"  partitions revoked from survivors per trial: median {statistics.median(r['revoked'] for r in results):.0f}")
+    print(
+        f"  partitions revoked from survivors per trial: median {statistics.median(r['revoked'] for r in results):.0f}"
+    )
 
 
 async def main_async(args: argparse.Namespace, address: str) -> None:
     if "rebalance" in args.only:
         print(f"rebalance: {args.members} members, {args.partitions} partitions, one member killed per trial")
-        for name, assignor in (("eager (range)", pb.ASSIGNOR_RANGE),
-                               ("cooperative-sticky", pb.ASSIGNOR_COOPERATIVE_STICKY)):
-            results = await rebalance_trials(address, assignor=assignor, members=args.members,
-                                             partitions=args.partitions, session_ms=args.session_ms,
-                                             trials=args.trials)
+        for name, assignor in (
+            ("eager (range)", pb.ASSIGNOR_RANGE),
+            ("cooperative-sticky", pb.ASSIGNOR_COOPERATIVE_STICKY),
+        ):
+            results = await rebalance_trials(
+                address,
+                assignor=assignor,
+                members=args.members,
+                partitions=args.partitions,
+                session_ms=args.session_ms,
+                trials=args.trials,
+            )
             report_rebalance(name, results, args.session_ms)
     if "commits" in args.only:
         print(f"\ncommits: one partition per request, {args.commit_seconds:.0f} s per run")
         for concurrency in args.concurrency:
             result = await commit_rate(address, concurrency=concurrency, seconds=args.commit_seconds)
-            print(f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms   "
-                  f"p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}")
+            print(
+                f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms   "
+                f"p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}"
+            )
 
 
 def main() -> None:
@@ -255,7 +300,9 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--commit-seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--only", nargs="+", default=["rebalance", "commits"], choices=["rebalance", "commits"])
+    parser.add_argument(
+        "--only", nargs="+", default=["rebalance", "commits"], choices=["rebalance", "commits"]
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tributary-bench-groups-") as tmp:
         run_dir = Path(tmp)

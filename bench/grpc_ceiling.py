@@ -27,9 +27,9 @@ from concurrent import futures
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import grpc  # noqa: E402
+import grpc
 
-from services.proto import gateway_grpc, pb  # noqa: E402
+from services.proto import gateway_grpc, pb
 
 RECORD_BATCH_BYTES = 270  # a RecordBatch v2 holding one 200-byte record with a small key
 
@@ -66,9 +66,15 @@ def _serve_sync() -> None:
 
 def _requests(count: int) -> list:
     payload = b"\0" * RECORD_BATCH_BYTES
-    return [pb.ProduceRequest(topic="ceiling", acks=pb.ACKS_NONE, correlation_id=i + 1,
-                              batches=[pb.PartitionBatches(partition=0, record_batches=payload)])
-            for i in range(count)]
+    return [
+        pb.ProduceRequest(
+            topic="ceiling",
+            acks=pb.ACKS_NONE,
+            correlation_id=i + 1,
+            batches=[pb.PartitionBatches(partition=0, record_batches=payload)],
+        )
+        for i in range(count)
+    ]
 
 
 async def _client_async(port: int, requests: list) -> float:
@@ -97,8 +103,9 @@ def _client_sync(port: int, requests: list) -> float:
 
 def measure(stack: str, count: int, repeat: int) -> float:
     """Best messages/s of ``repeat`` runs against a fresh server process of ``stack``."""
-    server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", stack],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--serve", stack], stdout=subprocess.PIPE, text=True
+    )
     try:
         port = int(server.stdout.readline())
         requests = _requests(count)
@@ -126,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve == "sync":
         _serve_sync()
         return 0
-    print(f"grpcio {grpc.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
-          f"{args.messages:,} one-record ProduceStream messages, best of {args.repeat}")
+    print(
+        f"grpcio {grpc.__version__}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
+        f"{args.messages:,} one-record ProduceStream messages, best of {args.repeat}"
+    )
     for stack, label in (("aio", "grpc.aio server and client"), ("sync", "threaded grpc server and client")):
         rate = measure(stack, args.messages, args.repeat)
         print(f"  empty echo servicer, {label:<32} {rate:>10,.0f} msg/s   (paper's unbatched Kafka: 50,000)")

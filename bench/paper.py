@@ -43,9 +43,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
-from gateway.client.accumulator import estimate_record_size  # noqa: E402
-from services.records import RecordBatchBuilder  # noqa: E402
+from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from gateway.client.accumulator import estimate_record_size
+from services.records import RecordBatchBuilder
 
 MESSAGE_BYTES = 200
 BATCH_RECORDS = 50
@@ -112,8 +112,12 @@ def consume(servers: str, topic: str, expected: int) -> tuple[float, int, int]:
     """Read ``topic`` from the start; returns (seconds, count, checksum) of the values after warm-up."""
     count = checksum = 0
     tp = TopicPartition(topic, 0)
-    with Consumer(servers=servers, max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=FETCH_BYTES,
-                  max_poll_records=1000) as consumer:
+    with Consumer(
+        servers=servers,
+        max_partition_fetch_bytes=FETCH_BYTES,
+        fetch_max_bytes=FETCH_BYTES,
+        max_poll_records=1000,
+    ) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, 1)  # after the warm-up record
         start = time.perf_counter()
@@ -140,10 +144,17 @@ def run(servers: str, count: int, consume_count: int) -> list[Row]:
     fifty = batch_size_for(BATCH_RECORDS)
     batched = dict(batch_size=fifty, linger_ms=50, max_request_size=fifty)
     experiments = [
-        ("produce, unbatched (1/request), acks=0, pipelined", "unbatched",
-         dict(acks=0, max_in_flight=16, **one_per_request)),
+        (
+            "produce, unbatched (1/request), acks=0, pipelined",
+            "unbatched",
+            dict(acks=0, max_in_flight=16, **one_per_request),
+        ),
         ("produce, unbatched (1/request), acks=1, 1 in flight", "unbatched", dict(acks=1, **one_per_request)),
-        ("produce, batched (50/batch), acks=0, pipelined", "batched", dict(acks=0, max_in_flight=16, **batched)),
+        (
+            "produce, batched (50/batch), acks=0, pipelined",
+            "batched",
+            dict(acks=0, max_in_flight=16, **batched),
+        ),
         ("produce, batched (50/batch), acks=1", "batched", dict(acks=1, **batched)),
         ("produce, SDK defaults (acks=all, 16 KB, 5 ms)", None, {}),
     ]
@@ -153,8 +164,13 @@ def run(servers: str, count: int, consume_count: int) -> list[Row]:
             topic = new_topic(admin, str(len(rows)))
             print(f"  {name} ...", file=sys.stderr, flush=True)
             seconds, per_request = produce(servers, topic, values, **settings)
-            row = Row(name, count, seconds, PAPER.get(paper_key) if paper_key else None,
-                      f"{per_request:.1f} records/request")
+            row = Row(
+                name,
+                count,
+                seconds,
+                PAPER.get(paper_key) if paper_key else None,
+                f"{per_request:.1f} records/request",
+            )
             check(servers, topic, count, checksum, row)
             rows.append(row)
         rows.append(consume_row(servers, admin, consume_count))
@@ -164,7 +180,9 @@ def run(servers: str, count: int, consume_count: int) -> list[Row]:
 def check(servers: str, topic: str, count: int, checksum: int, row: Row) -> None:
     _, got, got_checksum = consume(servers, topic, count)
     if got != count or got_checksum != checksum:
-        raise SystemExit(f"{topic}: read back {got} of {count} messages, checksum {got_checksum} != {checksum}")
+        raise SystemExit(
+            f"{topic}: read back {got} of {count} messages, checksum {got_checksum} != {checksum}"
+        )
     row.checked += f"; read back {got}/{count}, checksum ok"
 
 
@@ -177,9 +195,16 @@ def consume_row(servers: str, admin: Admin, count: int) -> Row:
     produce(servers, topic, values)
     seconds, got, got_checksum = consume(servers, topic, count)
     if got != count or got_checksum != checksum:
-        raise SystemExit(f"{topic}: read back {got} of {count} messages, checksum {got_checksum} != {checksum}")
-    return Row(f"consume, {FETCH_BYTES // 1024} KB fetches", got, seconds, PAPER["consume"],
-               f"read {got}/{count}, checksum ok")
+        raise SystemExit(
+            f"{topic}: read back {got} of {count} messages, checksum {got_checksum} != {checksum}"
+        )
+    return Row(
+        f"consume, {FETCH_BYTES // 1024} KB fetches",
+        got,
+        seconds,
+        PAPER["consume"],
+        f"read {got}/{count}, checksum ok",
+    )
 
 
 def print_table(rows: list[Row]) -> None:
@@ -189,28 +214,41 @@ def print_table(rows: list[Row]) -> None:
     for row in rows:
         paper = f"{row.paper:,}" if row.paper else "-"
         ratio = f"{row.rate / row.paper:.2f}" if row.paper else "-"
-        print(f"{row.name:52} {row.messages:>9,} {row.seconds:>8.2f} {row.rate:>9,.0f} {row.mb_per_s:>7.2f} "
-              f"{paper:>11} {ratio:>6}")
+        print(
+            f"{row.name:52} {row.messages:>9,} {row.seconds:>8.2f} {row.rate:>9,.0f} {row.mb_per_s:>7.2f} "
+            f"{paper:>11} {ratio:>6}"
+        )
     print()
     for row in rows:
         print(f"{row.name}: {row.checked}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="See the module docstring for what each row measures.")
-    parser.add_argument("--messages", type=int, default=10_000, metavar="N",
-                        help="messages per producer row (default 10000)")
-    parser.add_argument("--consume-messages", type=int, default=100_000, metavar="N",
-                        help="messages the consumer row reads (default 100000)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See the module docstring for what each row measures.",
+    )
+    parser.add_argument(
+        "--messages", type=int, default=10_000, metavar="N", help="messages per producer row (default 10000)"
+    )
+    parser.add_argument(
+        "--consume-messages",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="messages the consumer row reads (default 100000)",
+    )
     parser.add_argument("--gateway", help="use this cluster (host:port) instead of starting a local one")
     parser.add_argument("--storage-nodes", type=int, default=1, help="storage nodes of the local cluster")
     args = parser.parse_args(argv)
     if args.messages < 1 or args.consume_messages < 1:
         parser.error("--messages and --consume-messages must be at least 1")
-    print(f"{args.messages:,} messages of {MESSAGE_BYTES} bytes per row; Python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs", file=sys.stderr)
+    print(
+        f"{args.messages:,} messages of {MESSAGE_BYTES} bytes per row; Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
     if args.gateway:
         rows = run(args.gateway, args.messages, args.consume_messages)
     else:

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gateway.client import Admin, NewTopic, Producer  # noqa: E402
-from spark_jobs.offsets import OffsetRange  # noqa: E402
-from spark_jobs.range_reader import RangeReadSettings, read_range  # noqa: E402
+from gateway.client import Admin, NewTopic, Producer
+from spark_jobs.offsets import OffsetRange
+from spark_jobs.range_reader import RangeReadSettings, read_range
 
 VALUE_BYTES = 200
 KEY_BYTES = 10
@@ -98,8 +98,11 @@ def read_range_row(servers: str, topic: str, partitions: int, count: int) -> Row
         ends = admin.list_offsets({(topic, p): "latest" for p in range(partitions)})
     settings = RangeReadSettings(servers=servers)
     started = time.perf_counter()
-    read = sum(batch.num_rows for p in range(partitions)
-               for batch in read_range(OffsetRange(topic, p, 0, ends[(topic, p)].offset), settings))
+    read = sum(
+        batch.num_rows
+        for p in range(partitions)
+        for batch in read_range(OffsetRange(topic, p, 0, ends[(topic, p)].offset), settings)
+    )
     if read != count:
         raise SystemExit(f"read_range read {read} records of {count}")
     return Row("read_range, no Spark (1 process, sequential)", count, time.perf_counter() - started, 1)
@@ -129,30 +132,39 @@ def progress(message: str) -> None:
 
 
 def print_table(rows: list[Row], master: str) -> None:
-    header = (f"{'read (' + master + ')':46} {'records':>10} {'tasks':>5} {'seconds':>8} {'records/s':>10} "
-              f"{'MB/s':>7}")
+    header = (
+        f"{'read (' + master + ')':46} {'records':>10} {'tasks':>5} {'seconds':>8} {'records/s':>10} "
+        f"{'MB/s':>7}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(f"{row.name:46} {row.records:>10,} {row.tasks or '-':>5} {row.seconds:>8.2f} "
-              f"{row.rate:>10,.0f} {row.mb_per_s:>7.1f}")
+        print(
+            f"{row.name:46} {row.records:>10,} {row.tasks or '-':>5} {row.seconds:>8.2f} "
+            f"{row.rate:>10,.0f} {row.mb_per_s:>7.1f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--records", type=int, default=200_000, help="records in the topic (default 200000)")
     parser.add_argument("--partitions", type=int, default=4, help="partitions of the topic (default 4)")
-    parser.add_argument("--runs", type=int, default=2,
-                        help="runs of each Spark read; the best is shown (default 2)")
+    parser.add_argument(
+        "--runs", type=int, default=2, help="runs of each Spark read; the best is shown (default 2)"
+    )
     parser.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     parser.add_argument("--gateway", help="use this cluster (host:port) instead of starting a local one")
     parser.add_argument("--storage-nodes", type=int, default=2, help="storage nodes of the local cluster")
     args = parser.parse_args(argv)
     if args.records < 1 or args.runs < 1:
         parser.error("--records and --runs must be at least 1")
-    print(f"{args.records:,} records of {VALUE_BYTES}-byte values; Python {sys.version.split()[0]}, "
-          f"{os.cpu_count()} CPUs", file=sys.stderr)
+    print(
+        f"{args.records:,} records of {VALUE_BYTES}-byte values; Python {sys.version.split()[0]}, "
+        f"{os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
     if args.gateway:
         rows = run(args.gateway, args)
     else:

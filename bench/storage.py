@@ -31,12 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import grpc  # noqa: E402
+import grpc
 
-from deploy.processes import start_service  # noqa: E402
-from services.fetchport import protocol  # noqa: E402
-from services.proto import pb, storage_grpc  # noqa: E402
-from services.records import RecordBatchBuilder  # noqa: E402
+from deploy.processes import start_service
+from services.fetchport import protocol
+from services.proto import pb, storage_grpc
+from services.records import RecordBatchBuilder
 
 BATCH_BYTES = 16 * 1024
 RECORD_BYTES = 200
@@ -59,24 +59,46 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_node(run_dir: Path, data_dir: Path, name: str, *flags: str):
-    return start_service(name, "storage_node.main",
-                         ["--node-id", "0", "--log-dirs", str(data_dir), "--standalone", "true",
-                          "--log-level", "WARNING", *flags], run_dir)
+    return start_service(
+        name,
+        "storage_node.main",
+        [
+            "--node-id",
+            "0",
+            "--log-dirs",
+            str(data_dir),
+            "--standalone",
+            "true",
+            "--log-level",
+            "WARNING",
+            *flags,
+        ],
+        run_dir,
+    )
 
 
-async def append_phase(port: int, partitions: int, total_bytes: int, batch: bytes,
-                       batches_per_request: int, in_flight: int) -> tuple[float, int]:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
-            ("grpc.max_send_message_length", 1 << 27), ("grpc.max_receive_message_length", 1 << 27)]) as channel:
+async def append_phase(
+    port: int, partitions: int, total_bytes: int, batch: bytes, batches_per_request: int, in_flight: int
+) -> tuple[float, int]:
+    async with grpc.aio.insecure_channel(
+        f"127.0.0.1:{port}",
+        options=[("grpc.max_send_message_length", 1 << 27), ("grpc.max_receive_message_length", 1 << 27)],
+    ) as channel:
         stub = storage_grpc.StorageNodeStub(channel)
         topic = f"append-{partitions}-{time.monotonic_ns()}"
         for p in range(partitions):
-            await stub.CreatePartition(pb.CreatePartitionRequest(topic=topic, partition=p,
-                                                                 configs={"segment.bytes": str(1 << 30)}))
+            await stub.CreatePartition(
+                pb.CreatePartitionRequest(topic=topic, partition=p, configs={"segment.bytes": str(1 << 30)})
+            )
         per_partition = max(1, batches_per_request // partitions)
         payload = batch * per_partition
-        request = pb.AppendRequest(acks=pb.ACKS_ALL, partitions=[
-            pb.PartitionAppend(topic=topic, partition=p, record_batches=payload) for p in range(partitions)])
+        request = pb.AppendRequest(
+            acks=pb.ACKS_ALL,
+            partitions=[
+                pb.PartitionAppend(topic=topic, partition=p, record_batches=payload)
+                for p in range(partitions)
+            ],
+        )
         request_bytes = len(payload) * partitions
         requests = max(in_flight, total_bytes // request_bytes)
         queue = iter(range(requests))
@@ -96,15 +118,20 @@ async def append_phase(port: int, partitions: int, total_bytes: int, batch: byte
 
 def prefill(port: int, topic: str, total_bytes: int, batch: bytes) -> None:
     async def run():
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
-                ("grpc.max_send_message_length", 1 << 27)]) as channel:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 27)]
+        ) as channel:
             stub = storage_grpc.StorageNodeStub(channel)
             await stub.CreatePartition(pb.CreatePartitionRequest(topic=topic, partition=0))
             payload = batch * 64
             for _ in range(max(1, total_bytes // len(payload))):
-                response = await stub.Append(pb.AppendRequest(partitions=[
-                    pb.PartitionAppend(topic=topic, partition=0, record_batches=payload)]))
+                response = await stub.Append(
+                    pb.AppendRequest(
+                        partitions=[pb.PartitionAppend(topic=topic, partition=0, record_batches=payload)]
+                    )
+                )
                 assert not response.partitions[0].HasField("error"), response
+
     asyncio.run(run())
 
 
@@ -164,8 +191,13 @@ def read_all(fetch_port: int, topic: str, end_offset: int, max_bytes: int) -> tu
 
 
 def fetch_phase(run_dir: Path, data_dir: Path, topic: str, end_offset: int, zero_copy: bool, max_bytes: int):
-    node = start_node(run_dir, data_dir, f"fetch-{'sendfile' if zero_copy else 'copy'}",
-                      "--fetch-zero-copy", "true" if zero_copy else "false")
+    node = start_node(
+        run_dir,
+        data_dir,
+        f"fetch-{'sendfile' if zero_copy else 'copy'}",
+        "--fetch-zero-copy",
+        "true" if zero_copy else "false",
+    )
     try:
         read_all(node.info["fetch_port"], topic, min(end_offset, 2000), max_bytes)  # warm-up
         cpu_before = cpu_seconds(node.pid)
@@ -182,7 +214,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fetch-mib", type=int, default=256, help="MiB in the fetched partition")
     parser.add_argument("--batches-per-request", type=int, default=64)
     parser.add_argument("--in-flight", type=int, default=4)
-    parser.add_argument("--fetch-sizes", default="1,8", help="fetch max bytes to try, in MiB, comma-separated")
+    parser.add_argument(
+        "--fetch-sizes", default="1,8", help="fetch max bytes to try, in MiB, comma-separated"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args(argv)
 
@@ -192,17 +226,35 @@ def main(argv=None) -> int:
     try:
         for fsync in (False, True):
             data_dir = scratch / f"append-{fsync}"
-            node = start_node(scratch / "run", data_dir, f"append-{fsync}",
-                              "--flush-before-ack", "true" if fsync else "false")
+            node = start_node(
+                scratch / "run",
+                data_dir,
+                f"append-{fsync}",
+                "--flush-before-ack",
+                "true" if fsync else "false",
+            )
             try:
                 for partitions in (1, 16):
                     print(f"append: {partitions} partition(s), fsync-before-ack={fsync} ...", file=sys.stderr)
-                    elapsed, batches = asyncio.run(append_phase(
-                        node.info["grpc_port"], partitions, args.append_mib << 20, batch,
-                        args.batches_per_request, args.in_flight))
+                    elapsed, batches = asyncio.run(
+                        append_phase(
+                            node.info["grpc_port"],
+                            partitions,
+                            args.append_mib << 20,
+                            batch,
+                            args.batches_per_request,
+                            args.in_flight,
+                        )
+                    )
                     mb = batches * len(batch) / 1e6
-                    rows.append((f"append 16 KiB batches, {partitions} partition(s), fsync={'on' if fsync else 'off'}",
-                                 f"{mb / elapsed:,.0f} MB/s", f"{batches / elapsed:,.0f} batches/s", ""))
+                    rows.append(
+                        (
+                            f"append 16 KiB batches, {partitions} partition(s), fsync={'on' if fsync else 'off'}",
+                            f"{mb / elapsed:,.0f} MB/s",
+                            f"{batches / elapsed:,.0f} batches/s",
+                            "",
+                        )
+                    )
             finally:
                 node.stop()
                 shutil.rmtree(data_dir, ignore_errors=True)
@@ -213,8 +265,12 @@ def main(argv=None) -> int:
         try:
             prefill(node.info["grpc_port"], "fetch", args.fetch_mib << 20, batch)
             channel = grpc.insecure_channel(f"127.0.0.1:{node.info['grpc_port']}")
-            end = storage_grpc.StorageNodeStub(channel).DescribePartitions(
-                pb.DescribePartitionsRequest()).partitions[0].log_end_offset
+            end = (
+                storage_grpc.StorageNodeStub(channel)
+                .DescribePartitions(pb.DescribePartitionsRequest())
+                .partitions[0]
+                .log_end_offset
+            )
             channel.close()
         finally:
             node.stop()
@@ -223,13 +279,19 @@ def main(argv=None) -> int:
             for zero_copy in (True, False):
                 mode = "sendfile" if zero_copy else "read+send"
                 print(f"fetch {fetch_mib} MiB requests via {mode} ...", file=sys.stderr)
-                total, elapsed, cpu = fetch_phase(scratch / "run", fetch_dir, "fetch", end, zero_copy,
-                                                  fetch_mib << 20)
+                total, elapsed, cpu = fetch_phase(
+                    scratch / "run", fetch_dir, "fetch", end, zero_copy, fetch_mib << 20
+                )
                 gb = total / 1e9
                 cpu_per_gb[(fetch_mib, zero_copy)] = cpu / gb
-                rows.append((f"fetch 1 reader, {fetch_mib} MiB fetches, {mode}",
-                             f"{gb / elapsed * 1000:,.0f} MB/s", f"{total / len(batch) / elapsed:,.0f} batches/s",
-                             f"{cpu / gb:.2f} CPU s/GB"))
+                rows.append(
+                    (
+                        f"fetch 1 reader, {fetch_mib} MiB fetches, {mode}",
+                        f"{gb / elapsed * 1000:,.0f} MB/s",
+                        f"{total / len(batch) / elapsed:,.0f} batches/s",
+                        f"{cpu / gb:.2f} CPU s/GB",
+                    )
+                )
     finally:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -241,7 +303,9 @@ def main(argv=None) -> int:
     print()
     for fetch_mib in sorted({k[0] for k in cpu_per_gb}):
         ratio = cpu_per_gb[(fetch_mib, False)] / max(cpu_per_gb[(fetch_mib, True)], 1e-9)
-        print(f"{fetch_mib} MiB fetches: sendfile uses {ratio:.1f}x less storage-node CPU per GB than read+send")
+        print(
+            f"{fetch_mib} MiB fetches: sendfile uses {ratio:.1f}x less storage-node CPU per GB than read+send"
+        )
     return 0
 
 

@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from services.clock import SystemClock  # noqa: E402
-from services.records import Compression, RecordBatchBuilder, RecordBatchView  # noqa: E402
-from storage_node.log import files  # noqa: E402
-from storage_node.log.config import LogConfig  # noqa: E402
-from storage_node.log.group_commit import GroupCommit  # noqa: E402
-from storage_node.log.partition_log import PartitionLog  # noqa: E402
+from services.clock import SystemClock
+from services.records import Compression, RecordBatchBuilder, RecordBatchView
+from storage_node.log import files
+from storage_node.log.config import LogConfig
+from storage_node.log.group_commit import GroupCommit
+from storage_node.log.partition_log import PartitionLog
 
 
 def _batch(records: int, value_size: int, compression: Compression) -> bytes:
@@ -60,9 +60,11 @@ def bench_append(directory: Path, batch: bytes, total_mb: int, config: LogConfig
     for _ in range(min(n, 200)):
         RecordBatchView(batch).validate(deep=True)
     deep_share = (time.perf_counter() - validate_start) / min(n, 200) * n / elapsed
-    print(f"append   {n:>8} batches of {len(batch):>7} B: {_rate(n, elapsed)} batches, "
-          f"{_rate(records, elapsed)} records, {n * len(batch) / elapsed / 1e6:,.0f} MB/s "
-          f"(deep validation ~{deep_share:.0%} of it), {partition_log.segment_count} segments")
+    print(
+        f"append   {n:>8} batches of {len(batch):>7} B: {_rate(n, elapsed)} batches, "
+        f"{_rate(records, elapsed)} records, {n * len(batch) / elapsed / 1e6:,.0f} MB/s "
+        f"(deep validation ~{deep_share:.0%} of it), {partition_log.segment_count} segments"
+    )
     return partition_log
 
 
@@ -79,8 +81,10 @@ def bench_read(partition_log: PartitionLog, reads: int, max_bytes: int) -> None:
     for offset in offsets:
         copied += len(partition_log.read(offset, max_bytes).slice.read_bytes())
     copy_elapsed = time.perf_counter() - start
-    print(f"read     {reads:>8} random offsets, max_bytes {max_bytes}: {_rate(reads, elapsed)} slices "
-          f"({elapsed / reads * 1e6:.0f} us each); with read_bytes {copied / copy_elapsed / 1e6:,.0f} MB/s")
+    print(
+        f"read     {reads:>8} random offsets, max_bytes {max_bytes}: {_rate(reads, elapsed)} slices "
+        f"({elapsed / reads * 1e6:.0f} us each); with read_bytes {copied / copy_elapsed / 1e6:,.0f} MB/s"
+    )
 
 
 def bench_recover(directory: Path, config: LogConfig, size: int) -> None:
@@ -96,8 +100,10 @@ def bench_recover(directory: Path, config: LogConfig, size: int) -> None:
     start = time.perf_counter()
     recovered = PartitionLog.open(directory, "bench", 0, config, SystemClock())
     unclean_s = time.perf_counter() - start
-    print(f"recover  {size / 1e6:,.0f} MB: unclean {unclean_s:.2f} s ({size / unclean_s / 1e6:,.0f} MB/s "
-          f"scanned and CRC-checked), clean {clean_s * 1000:.1f} ms")
+    print(
+        f"recover  {size / 1e6:,.0f} MB: unclean {unclean_s:.2f} s ({size / unclean_s / 1e6:,.0f} MB/s "
+        f"scanned and CRC-checked), clean {clean_s * 1000:.1f} ms"
+    )
     recovered.close()
 
 
@@ -117,8 +123,10 @@ def bench_group_commit(directory: Path, batch: bytes, producers: int, rounds: in
     asyncio.run(main())
     elapsed = time.perf_counter() - start
     appends = producers * rounds
-    print(f"commit   {producers} producers x {rounds} acks=all appends: {_rate(appends, elapsed)} acks, "
-          f"{group_commit.flush_count} fsyncs ({group_commit.flush_count / appends:.2f} per append)")
+    print(
+        f"commit   {producers} producers x {rounds} acks=all appends: {_rate(appends, elapsed)} acks, "
+        f"{group_commit.flush_count} fsyncs ({group_commit.flush_count / appends:.2f} per append)"
+    )
     partition_log.close()
 
 
@@ -135,8 +143,10 @@ def main(argv: list[str] | None = None) -> None:
     batch = _batch(args.records, args.value_size, Compression.from_name(args.compression))
     config = LogConfig.from_dict({"segment.bytes": str(args.segment_mb * 1024 * 1024)})
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        print(f"python {sys.version.split()[0]}, data in {tmp}, {args.compression}, "
-              f"{args.records} x {args.value_size} B records per batch")
+        print(
+            f"python {sys.version.split()[0]}, data in {tmp}, {args.compression}, "
+            f"{args.records} x {args.value_size} B records per batch"
+        )
         partition_log = bench_append(Path(tmp) / "bench-0", batch, args.total_mb, config)
         bench_read(partition_log, args.reads, 1024 * 1024)
         size = partition_log.size_in_bytes

@@ -135,7 +135,8 @@ class Controller:
         return ControllerMovedError(
             f"controller epoch {self.epoch} was deposed; the active controller is {active.coordinator_id} "
             f"at {active.address} (epoch {active.epoch})",
-            active_id=active.coordinator_id, active_address=active.address,
+            active_id=active.coordinator_id,
+            active_address=active.address,
         )
 
     # -- fenced writes ----------------------------------------------------------------------------
@@ -193,8 +194,13 @@ class Controller:
         result = await self._write([Op.put(key, keys.encode_topic(record))], [Compare.absent(key)])
         if not result.succeeded:
             raise errors.TopicAlreadyExistsError(f"Topic '{spec.name}' already exists.")
-        log.info("created topic %s: %d partitions, replication factor %d, configs %s", spec.name,
-                 record.partition_count, record.replication_factor, dict(record.configs))
+        log.info(
+            "created topic %s: %d partitions, replication factor %d, configs %s",
+            spec.name,
+            record.partition_count,
+            record.replication_factor,
+            dict(record.configs),
+        )
         return await self._wait_online(spec.name, range(record.partition_count))
 
     def _plan_topic(self, state: MetadataState, spec: TopicSpec) -> TopicRecord:
@@ -204,7 +210,8 @@ class Controller:
         ensure_no_collision(state, spec.name)
         racks = state.live_racks()
         factor = topic_rules.resolve_replication_factor(
-            spec.replication_factor, len(racks), default=self.settings.default_replication_factor)
+            spec.replication_factor, len(racks), default=self.settings.default_replication_factor
+        )
         start = least_loaded_start(racks, state.leader_counts(), self._rng)
         assignment = assign_replicas(racks, spec.partitions, factor, start_index=start, rng=self._rng)
         return TopicRecord(spec.name, uuid.uuid4().hex, factor, configs, tuple(tuple(r) for r in assignment))
@@ -217,7 +224,8 @@ class Controller:
         def settled(state: MetadataState) -> bool:
             topic = state.live_topic(name)
             return topic is None or all(
-                state.partition_view(topic, p).status is not PartitionStatus.PENDING for p in wanted)
+                state.partition_view(topic, p).status is not PartitionStatus.PENDING for p in wanted
+            )
 
         await self._await_own_writes()
         await self.cache.wait_for(settled, self.settings.admin_wait_s)
@@ -243,7 +251,10 @@ class Controller:
         await self.cache.wait_for(lambda state: name not in state.topics, self.settings.admin_wait_s)
 
     async def _update_topic(
-        self, name: str, change: Callable[[TopicRecord], Awaitable[TopicRecord | None]], *,
+        self,
+        name: str,
+        change: Callable[[TopicRecord], Awaitable[TopicRecord | None]],
+        *,
         allow_deleting: bool = False,
     ) -> TopicRecord:
         """Compare-and-swap the topic key with ``change(current)`` (None: leave it); retried on races."""
@@ -255,8 +266,9 @@ class Controller:
             updated = await change(topic)
             if updated is None:
                 return topic
-            result = await self._write([Op.put(key, keys.encode_topic(updated))],
-                                       [Compare.mod_revision(key, topic.mod_revision)])
+            result = await self._write(
+                [Op.put(key, keys.encode_topic(updated))], [Compare.mod_revision(key, topic.mod_revision)]
+            )
             if result.succeeded:
                 await self._await_own_writes()
                 return updated
@@ -289,7 +301,12 @@ class Controller:
         return await self._wait_online(name, range(current_counts[-1], total))
 
     async def alter_topic_configs(
-        self, name: str, set_configs: Mapping[str, str], delete: Sequence[str], *, validate_only: bool = False,
+        self,
+        name: str,
+        set_configs: Mapping[str, str],
+        delete: Sequence[str],
+        *,
+        validate_only: bool = False,
     ) -> TopicRecord:
         """Set and reset topic configs (validated as a whole); storage nodes get them next pass."""
         self.ensure_current()
@@ -327,7 +344,7 @@ class Controller:
                 return
             except (errors.CoordinatorNotAvailableError, EtcdError) as exc:
                 log.warning("reconcile pass interrupted, retrying: %s", exc)
-            except Exception:  # noqa: BLE001 -- the controller must outlive one bad pass
+            except Exception:
                 log.exception("reconcile pass failed, retrying")
             await self._sleep_until_kicked(self.settings.reconcile_interval_s)
 
@@ -358,13 +375,20 @@ class Controller:
     def _broker(self, node_id: int) -> BrokerInfo | None:
         return self.cache.state.brokers.get(node_id)
 
-    def _create_on(self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int) -> Awaitable[None]:
+    def _create_on(
+        self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int
+    ) -> Awaitable[None]:
         broker = self._broker(node_id)
         if broker is None:
             return _failed(errors.BrokerNotAvailableError(f"node {node_id} is not live"))
         return self.storage.create_partition(
-            broker, topic.name, partition, configs=topic.configs, leader_epoch=leader_epoch,
-            replicas=topic.assignment[partition])
+            broker,
+            topic.name,
+            partition,
+            configs=topic.configs,
+            leader_epoch=leader_epoch,
+            replicas=topic.assignment[partition],
+        )
 
     # -- partition transitions -------------------------------------------------------------------
 
@@ -374,22 +398,29 @@ class Controller:
             return
         ready = [t for t, ok in zip(transitions, await asyncio.gather(*map(self._push, transitions))) if ok]
         for start in range(0, len(ready), WRITE_BATCH):
-            await self._write_states(ready[start:start + WRITE_BATCH])
+            await self._write_states(ready[start : start + WRITE_BATCH])
 
     async def _push(self, transition: Transition) -> bool:
         topic = self.cache.state.topics.get(transition.topic)
         if topic is None:
             return False
-        calls = {node: self._limited(self._create_on(node, topic, transition.partition,
-                                                     transition.record.leader_epoch))
-                 for node in transition.push_to}
+        calls = {
+            node: self._limited(
+                self._create_on(node, topic, transition.partition, transition.record.leader_epoch)
+            )
+            for node in transition.push_to
+        }
         results = dict(zip(calls, await asyncio.gather(*calls.values())))
         return transition.required is None or results.get(transition.required, False)
 
     async def _write_states(self, batch: list[Transition]) -> None:
-        ops = [Op.put(keys.partition_key(t.topic, t.partition), keys.encode_partition(t.record)) for t in batch]
-        compares = [Compare.mod_revision(keys.partition_key(t.topic, t.partition), t.expected_mod_revision)
-                    for t in batch]
+        ops = [
+            Op.put(keys.partition_key(t.topic, t.partition), keys.encode_partition(t.record)) for t in batch
+        ]
+        compares = [
+            Compare.mod_revision(keys.partition_key(t.topic, t.partition), t.expected_mod_revision)
+            for t in batch
+        ]
         result = await self._write(ops, compares)
         if not result.succeeded:
             log.info("partition states changed during the pass; recomputing")
@@ -401,8 +432,15 @@ class Controller:
         for t in batch:
             # New partitions are summarised above; leadership changes are worth a line each.
             level = logging.DEBUG if t.expected_mod_revision == 0 else logging.INFO
-            log.log(level, "partition %s-%d: %s, leader %d, leader epoch %d", t.topic, t.partition,
-                    t.record.status.value, t.record.leader, t.record.leader_epoch)
+            log.log(
+                level,
+                "partition %s-%d: %s, leader %d, leader epoch %d",
+                t.topic,
+                t.partition,
+                t.record.status.value,
+                t.record.leader,
+                t.record.leader_epoch,
+            )
 
     # -- topic deletion ---------------------------------------------------------------------------
 
@@ -419,8 +457,10 @@ class Controller:
             if not all(await asyncio.gather(*calls)):
                 continue
             key = keys.topic_key(topic.name)
-            result = await self._write([Op.delete(key), Op.delete_prefix(keys.partitions_prefix(topic.name))],
-                                       [Compare.mod_revision(key, topic.mod_revision)])
+            result = await self._write(
+                [Op.delete(key), Op.delete_prefix(keys.partitions_prefix(topic.name))],
+                [Compare.mod_revision(key, topic.mod_revision)],
+            )
             if result.succeeded:
                 log.info("topic %s deleted", topic.name)
 
@@ -430,11 +470,18 @@ class Controller:
         """Re-send CreatePartition (idempotent) with the topic's new configs to its live replicas."""
         for name in list(self._configs_to_push):
             topic = self.cache.state.live_topic(name)
-            calls = [] if topic is None else [
-                self._limited(self._create_on(node, topic, partition, self._leader_epoch(topic, partition)))
-                for partition, replicas in enumerate(topic.assignment)
-                for node in replicas if self._broker(node) is not None
-            ]
+            calls = (
+                []
+                if topic is None
+                else [
+                    self._limited(
+                        self._create_on(node, topic, partition, self._leader_epoch(topic, partition))
+                    )
+                    for partition, replicas in enumerate(topic.assignment)
+                    for node in replicas
+                    if self._broker(node) is not None
+                ]
+            )
             if all(await asyncio.gather(*calls)):
                 self._configs_to_push.discard(name)
 
@@ -477,11 +524,17 @@ class Controller:
         plan = plan_node_sync(self.cache.state, broker.node_id, local)  # state read after the listing
         slots = self._sync_slots
         calls = [self._limited(self.storage.delete_partition(broker, t, p), slots) for t, p in plan.delete]
-        calls += [self._limited(self._maybe_create_assigned(broker.node_id, t, p), slots) for t, p in plan.create]
+        calls += [
+            self._limited(self._maybe_create_assigned(broker.node_id, t, p), slots) for t, p in plan.create
+        ]
         if all(await asyncio.gather(*calls)):
             self._synced_incarnations[broker.node_id] = broker.incarnation
-            log.info("node %d synced: %d partitions confirmed, orphans removed: %s", broker.node_id,
-                     len(plan.create), list(plan.delete) or "none")
+            log.info(
+                "node %d synced: %d partitions confirmed, orphans removed: %s",
+                broker.node_id,
+                len(plan.create),
+                list(plan.delete) or "none",
+            )
 
     async def _maybe_create_assigned(self, node_id: int, topic_name: str, partition: int) -> None:
         """Create one partition on a node, unless its topic was deleted since the sync began."""
@@ -512,7 +565,8 @@ def ensure_no_collision(state: MetadataState, name: str) -> None:
     for other in state.topics:
         if other.replace(".", "_") == normalized:
             raise errors.InvalidTopicError(
-                f"Topic '{name}' collides with existing topic: {other} (a '.' and a '_' are the same in metric names)")
+                f"Topic '{name}' collides with existing topic: {other} (a '.' and a '_' are the same in metric names)"
+            )
 
 
 def _pending_view(record: TopicRecord, *, stored: MetadataState | None = None) -> TopicView:
@@ -521,6 +575,10 @@ def _pending_view(record: TopicRecord, *, stored: MetadataState | None = None) -
     existing = stored.live_topic(record.name) if stored is not None else None
     count = existing.partition_count if existing is not None else 0
     partitions = [stored.partition_view(existing, p) for p in range(count)] if existing is not None else []
-    partitions += [PartitionView(record.name, p, tuple(record.assignment[p]), NO_LEADER, 0, (), PartitionStatus.PENDING)
-                   for p in range(count, record.partition_count)]
-    return TopicView(record.name, record.topic_id, record.replication_factor, dict(record.configs), tuple(partitions))
+    partitions += [
+        PartitionView(record.name, p, tuple(record.assignment[p]), NO_LEADER, 0, (), PartitionStatus.PENDING)
+        for p in range(count, record.partition_count)
+    ]
+    return TopicView(
+        record.name, record.topic_id, record.replication_factor, dict(record.configs), tuple(partitions)
+    )

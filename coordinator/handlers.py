@@ -33,8 +33,9 @@ from services.topic_config import TOPIC_CONFIGS, format_topic_config
 class CoordinatorHandlers:
     """The Coordinator service's operations over this process's cache and leadership."""
 
-    def __init__(self, *, coordinator_id: str, cache: MetadataCache, leadership: Leadership,
-                 health: EtcdHealth) -> None:
+    def __init__(
+        self, *, coordinator_id: str, cache: MetadataCache, leadership: Leadership, health: EtcdHealth
+    ) -> None:
         self.coordinator_id = coordinator_id
         self.cache = cache
         self.leadership = leadership
@@ -84,8 +85,11 @@ class CoordinatorHandlers:
         state = self._state()
         lookups = [_lookup(state, name) for name in (list(names) or state.topic_names())]
         return [
-            lookup if lookup.view is None else
-            TopicLookup(lookup.name, lookup.view, configs=describe_configs(lookup.view.configs, include_defaults))
+            lookup
+            if lookup.view is None
+            else TopicLookup(
+                lookup.name, lookup.view, configs=describe_configs(lookup.view.configs, include_defaults)
+            )
             for lookup in lookups
         ]
 
@@ -105,11 +109,13 @@ class CoordinatorHandlers:
         active = self.cache.state.controller
         if active is None or active.coordinator_id == self.coordinator_id:
             return ControllerMovedError(
-                f"coordinator {self.coordinator_id} is not the active controller and none is elected now")
+                f"coordinator {self.coordinator_id} is not the active controller and none is elected now"
+            )
         return ControllerMovedError(
             f"coordinator {self.coordinator_id} is not the active controller; the active controller is "
             f"{active.coordinator_id} at {active.address} (epoch {active.epoch})",
-            active_id=active.coordinator_id, active_address=active.address,
+            active_id=active.coordinator_id,
+            active_address=active.address,
         )
 
     def group_manager(self) -> GroupManager:
@@ -129,10 +135,13 @@ class CoordinatorHandlers:
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)
 
-    async def alter_topic_configs(self, topic: str, set_configs: Mapping[str, str], delete: Sequence[str], *,
-                                  validate_only: bool) -> TopicLookup:
+    async def alter_topic_configs(
+        self, topic: str, set_configs: Mapping[str, str], delete: Sequence[str], *, validate_only: bool
+    ) -> TopicLookup:
         """Alter configs; the topic with every config (defaults included) as it is afterwards."""
-        record = await self._controller().alter_topic_configs(topic, set_configs, delete, validate_only=validate_only)
+        record = await self._controller().alter_topic_configs(
+            topic, set_configs, delete, validate_only=validate_only
+        )
         view = self.cache.state.topic_view(topic)
         if view is None:
             raise errors.UnknownTopicOrPartitionError(f"Topic '{topic}' was deleted meanwhile")
@@ -157,5 +166,7 @@ def describe_configs(configs: Mapping[str, str], include_defaults: bool) -> tupl
         if name in configs:
             described.append(ConfigValue(name, configs[name], False, definition.doc))
         elif include_defaults:
-            described.append(ConfigValue(name, format_topic_config(name, definition.default), True, definition.doc))
+            described.append(
+                ConfigValue(name, format_topic_config(name, definition.default), True, definition.doc)
+            )
     return tuple(described)

@@ -90,11 +90,11 @@ def parse_key(key: str) -> ParsedKey:
     if key in (CONTROLLER, CONTROLLER_EPOCH, CLUSTER_ID):
         return ParsedKey(key)
     if key.startswith(BROKERS):
-        return ParsedKey("broker", key[len(BROKERS):])
+        return ParsedKey("broker", key[len(BROKERS) :])
     if key.startswith(COORDINATORS):
-        return ParsedKey("coordinator", key[len(COORDINATORS):])
+        return ParsedKey("coordinator", key[len(COORDINATORS) :])
     if key.startswith(TOPICS):
-        parts = key[len(TOPICS):].split("/")
+        parts = key[len(TOPICS) :].split("/")
         if len(parts) == 1 and parts[0]:
             return ParsedKey("topic", parts[0])
         if len(parts) == 3 and parts[1] == _PARTITIONS and parts[2].isdigit():
@@ -141,8 +141,9 @@ def decode_broker(raw: bytes, *, incarnation: int) -> BrokerInfo:
         record = BrokerRecord.decode(raw)
     except ValueError as exc:
         raise BadValueError(str(exc)) from None
-    return BrokerInfo(record.node_id, record.host, record.grpc_port, record.fetch_port, record.rack,
-                      incarnation=incarnation)
+    return BrokerInfo(
+        record.node_id, record.host, record.grpc_port, record.fetch_port, record.rack, incarnation=incarnation
+    )
 
 
 def encode_coordinator(info: CoordinatorInfo) -> bytes:
@@ -151,8 +152,9 @@ def encode_coordinator(info: CoordinatorInfo) -> bytes:
 
 def decode_coordinator(raw: bytes) -> CoordinatorInfo:
     value = _load(raw)
-    return CoordinatorInfo(str(value.get("coordinator_id", "")), str(value.get("host", "")),
-                           _int(value, "grpc_port", 0))
+    return CoordinatorInfo(
+        str(value.get("coordinator_id", "")), str(value.get("host", "")), _int(value, "grpc_port", 0)
+    )
 
 
 def encode_controller(info: ControllerInfo) -> bytes:
@@ -161,8 +163,9 @@ def encode_controller(info: ControllerInfo) -> bytes:
 
 def decode_controller(raw: bytes) -> ControllerInfo:
     value = _load(raw)
-    return ControllerInfo(str(value.get("coordinator_id", "")), str(value.get("address", "")),
-                          _int(value, "epoch"))
+    return ControllerInfo(
+        str(value.get("coordinator_id", "")), str(value.get("address", "")), _int(value, "epoch")
+    )
 
 
 def encode_epoch(epoch: int) -> bytes:
@@ -177,14 +180,16 @@ def decode_epoch(raw: bytes) -> int:
 
 
 def encode_topic(topic: TopicRecord) -> bytes:
-    return _dump({
-        "topic_id": topic.topic_id,
-        "partitions": len(topic.assignment),
-        "replication_factor": topic.replication_factor,
-        "configs": dict(topic.configs),
-        "assignment": [list(r) for r in topic.assignment],
-        "deleting": topic.deleting,
-    })
+    return _dump(
+        {
+            "topic_id": topic.topic_id,
+            "partitions": len(topic.assignment),
+            "replication_factor": topic.replication_factor,
+            "configs": dict(topic.configs),
+            "assignment": [list(r) for r in topic.assignment],
+            "deleting": topic.deleting,
+        }
+    )
 
 
 def decode_topic(name: str, raw: bytes, *, mod_revision: int = 0) -> TopicRecord:
@@ -210,13 +215,15 @@ def decode_topic(name: str, raw: bytes, *, mod_revision: int = 0) -> TopicRecord
 
 
 def encode_partition(record: PartitionRecord) -> bytes:
-    return _dump({
-        "replicas": list(record.replicas),
-        "leader": record.leader,
-        "leader_epoch": record.leader_epoch,
-        "isr": list(record.isr),
-        "state": record.status.value,
-    })
+    return _dump(
+        {
+            "replicas": list(record.replicas),
+            "leader": record.leader,
+            "leader_epoch": record.leader_epoch,
+            "isr": list(record.isr),
+            "state": record.status.value,
+        }
+    )
 
 
 def decode_partition(raw: bytes, *, mod_revision: int = 0) -> PartitionRecord:

@@ -87,8 +87,13 @@ class Leadership:
             await self._resign()
 
     async def _do_term(self) -> None:
-        election = Election(self.client, keys.CONTROLLER, self.identity.coordinator_id, self.ttl,
-                            value=self._controller_value(0))
+        election = Election(
+            self.client,
+            keys.CONTROLLER,
+            self.identity.coordinator_id,
+            self.ttl,
+            value=self._controller_value(0),
+        )
         self._election = election
         try:
             await election.campaign()
@@ -102,15 +107,26 @@ class Leadership:
 
     async def _serve_term(self, election: Election, epoch: int) -> None:
         controller = Controller(
-            client=self.client, cache=self.cache, storage=self.storage, epoch=epoch,
-            election_guard=election.guard, settings=self.settings, rng=self._rng,
+            client=self.client,
+            cache=self.cache,
+            storage=self.storage,
+            epoch=epoch,
+            election_guard=election.guard,
+            settings=self.settings,
+            rng=self._rng,
         )
         seen = await self.cache.wait_for(
-            lambda s: s.controller is not None and s.controller.epoch == epoch, self.settings.admin_wait_s)
+            lambda s: s.controller is not None and s.controller.epoch == epoch, self.settings.admin_wait_s
+        )
         if not seen:
             raise NotLeaderError(f"the cache did not show controller epoch {epoch} in time")
-        groups = GroupManager(client=self.client, cache=self.cache, storage=self.storage, controller=controller,
-                              settings=self.group_settings)
+        groups = GroupManager(
+            client=self.client,
+            cache=self.cache,
+            storage=self.storage,
+            controller=controller,
+            settings=self.group_settings,
+        )
         self.controller, self.groups = controller, groups
         reconcile = asyncio.create_task(controller.reconcile_routine(), name="controller-reconcile")
         group_routine = asyncio.create_task(groups.run(), name="consumer-groups")

@@ -27,7 +27,10 @@ async def _run(config: CoordinatorConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_service(
-        build_parser(), argv, CoordinatorConfig, ENV_PREFIX,
+        build_parser(),
+        argv,
+        CoordinatorConfig,
+        ENV_PREFIX,
         log_name=lambda config: f"coordinator-{config.coordinator_id or 'auto'}",
         run=_run,
     )

@@ -151,15 +151,24 @@ class MetadataState:
         """A partition as served: its stored state seen against the live storage nodes."""
         record = self.partition_record(topic.name, partition)
         if record is None:
-            return PartitionView(topic.name, partition, tuple(topic.assignment[partition]), NO_LEADER, 0, (),
-                                 PartitionStatus.PENDING)
+            return PartitionView(
+                topic.name,
+                partition,
+                tuple(topic.assignment[partition]),
+                NO_LEADER,
+                0,
+                (),
+                PartitionStatus.PENDING,
+            )
         status = record.status
         leader = record.leader
         if status is PartitionStatus.ONLINE and leader not in self.brokers:
             status, leader = PartitionStatus.OFFLINE, NO_LEADER
         if status is not PartitionStatus.ONLINE:
             leader = NO_LEADER
-        return PartitionView(topic.name, partition, record.replicas, leader, record.leader_epoch, record.isr, status)
+        return PartitionView(
+            topic.name, partition, record.replicas, leader, record.leader_epoch, record.isr, status
+        )
 
     def topic_view(self, name: str) -> TopicView | None:
         """A topic with every partition as served, or None if it does not exist."""
@@ -167,7 +176,9 @@ class MetadataState:
         if topic is None:
             return None
         partitions = tuple(self.partition_view(topic, p) for p in range(topic.partition_count))
-        return TopicView(topic.name, topic.topic_id, topic.replication_factor, dict(topic.configs), partitions)
+        return TopicView(
+            topic.name, topic.topic_id, topic.replication_factor, dict(topic.configs), partitions
+        )
 
     def leader_counts(self) -> dict[int, int]:
         """Partitions each node leads or is the preferred leader of (placement spreads leaders)."""

@@ -88,12 +88,15 @@ def plan_partition(
     leader = elect_leader(current.replicas, current.isr, live, unclean=_unclean_allowed(topic))
     if leader is not None:
         isr = _isr_after_election(current.isr, leader, live)
-        record = PartitionRecord(current.replicas, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE)
+        record = PartitionRecord(
+            current.replicas, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
+        )
         return Transition(topic.name, partition, current.mod_revision, record, (leader,), leader)
     if current.status is PartitionStatus.OFFLINE:
         return None  # still no live in-sync replica: wait
-    record = PartitionRecord(current.replicas, NO_LEADER, current.leader_epoch + 1, current.isr,
-                             PartitionStatus.OFFLINE)
+    record = PartitionRecord(
+        current.replicas, NO_LEADER, current.leader_epoch + 1, current.isr, PartitionStatus.OFFLINE
+    )
     return Transition(topic.name, partition, current.mod_revision, record)
 
 

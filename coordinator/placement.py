@@ -124,8 +124,9 @@ def placement_order(racks: Mapping[int, str]) -> list[int]:
     return rack_alternated_nodes(racks) if racks_known(racks) else sorted(racks)
 
 
-def least_loaded_start(racks: Mapping[int, str], leader_counts: Mapping[int, int],
-                       rng: random.Random | None = None) -> int:
+def least_loaded_start(
+    racks: Mapping[int, str], leader_counts: Mapping[int, int], rng: random.Random | None = None
+) -> int:
     """The start position whose node leads the fewest partitions today (ties broken at random).
 
     Kafka starts each topic at a random node; starting at the least-loaded one keeps leaders

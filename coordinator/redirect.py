@@ -73,7 +73,9 @@ class Forwarder:
             self._stubs[address] = entry
         return entry[1]
 
-    async def forward(self, moved: ControllerMovedError, method: str, request, context: grpc.aio.ServicerContext):
+    async def forward(
+        self, moved: ControllerMovedError, method: str, request, context: grpc.aio.ServicerContext
+    ):
         """The active controller's answer to ``request``; its errors are passed through as they are.
 
         Aborts with NOT_CONTROLLER (naming the active controller) when there is none to forward
@@ -107,5 +109,8 @@ def _has_error_info(exc: grpc.aio.AioRpcError) -> bool:
 
 def _passable(exc: grpc.aio.AioRpcError) -> tuple:
     """The answer's trailing metadata that may be set again on our own answer."""
-    return tuple((k, v) for k, v in (exc.trailing_metadata() or ()) if not k.startswith("grpc-") or
-                 k == "grpc-status-details-bin")
+    return tuple(
+        (k, v)
+        for k, v in (exc.trailing_metadata() or ())
+        if not k.startswith("grpc-") or k == "grpc-status-details-bin"
+    )

@@ -25,17 +25,28 @@ _STATES = {
 
 
 def broker_to_proto(broker: BrokerInfo):
-    return pb.BrokerInfo(node_id=broker.node_id, host=broker.host, grpc_port=broker.grpc_port,
-                         fetch_port=broker.fetch_port, rack=broker.rack)
+    return pb.BrokerInfo(
+        node_id=broker.node_id,
+        host=broker.host,
+        grpc_port=broker.grpc_port,
+        fetch_port=broker.fetch_port,
+        rack=broker.rack,
+    )
 
 
 def _partition_error(partition: PartitionView):
     if partition.status is PartitionStatus.ONLINE:
         return None
-    why = "its leader has not created it yet" if partition.status is PartitionStatus.PENDING else \
-        "no in-sync replica is live"
-    return error_to_proto(errors.LeaderNotAvailableError(
-        f"partition {partition.topic}-{partition.partition} has no leader: {why}"))
+    why = (
+        "its leader has not created it yet"
+        if partition.status is PartitionStatus.PENDING
+        else "no in-sync replica is live"
+    )
+    return error_to_proto(
+        errors.LeaderNotAvailableError(
+            f"partition {partition.topic}-{partition.partition} has no leader: {why}"
+        )
+    )
 
 
 def partition_to_proto(partition: PartitionView):
@@ -63,17 +74,24 @@ def lookup_to_proto(lookup: TopicLookup):
     """TopicMetadata for a lookup: the topic, or just its name and per-topic error."""
     if lookup.view is not None:
         return topic_to_proto(lookup.view)
-    error = lookup.error if isinstance(lookup.error, errors.TributaryError) else errors.TributaryError(str(lookup.error))
+    error = (
+        lookup.error
+        if isinstance(lookup.error, errors.TributaryError)
+        else errors.TributaryError(str(lookup.error))
+    )
     return pb.TopicMetadata(name=lookup.name, error=error_to_proto(error))
 
 
 def config_to_proto(config: ConfigValue):
-    return pb.ConfigEntry(name=config.name, value=config.value, is_default=config.is_default,
-                          documentation=config.documentation)
+    return pb.ConfigEntry(
+        name=config.name, value=config.value, is_default=config.is_default, documentation=config.documentation
+    )
 
 
 def description_to_proto(lookup: TopicLookup):
-    return pb.TopicDescription(metadata=lookup_to_proto(lookup), configs=[config_to_proto(c) for c in lookup.configs])
+    return pb.TopicDescription(
+        metadata=lookup_to_proto(lookup), configs=[config_to_proto(c) for c in lookup.configs]
+    )
 
 
 def metadata_to_proto(metadata: ClusterMetadata):

@@ -51,44 +51,74 @@ class CoordinatorService:
         self.coordinator_id = config.coordinator_id or f"{socket.gethostname()}-{os.getpid()}"
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
-        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
-            "tributary-coordinator", exporter=config.telemetry_exporter,
-            metrics_address=config.metrics_address, default_host=config.host, instance_id=self.coordinator_id)
-        self.client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
-                                 tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
-                                 timeout=config.etcd_timeout_s)
+        self.telemetry = (
+            telemetry
+            if telemetry is not None
+            else setup_telemetry(
+                "tributary-coordinator",
+                exporter=config.telemetry_exporter,
+                metrics_address=config.metrics_address,
+                default_host=config.host,
+                instance_id=self.coordinator_id,
+            )
+        )
+        self.client = EtcdClient(
+            config.etcd_endpoints,
+            prefix=cluster_prefix(config.cluster),
+            tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
+            timeout=config.etcd_timeout_s,
+        )
         self.cache = MetadataCache()
-        self.health = EtcdHealth(self.client, interval=config.health_interval_s,
-                                 timeout=min(1.0, config.etcd_timeout_s))
+        self.health = EtcdHealth(
+            self.client, interval=config.health_interval_s, timeout=min(1.0, config.etcd_timeout_s)
+        )
         self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s)
         self.leadership = Leadership(
-            client=self.client, cache=self.cache, storage=self.storage,
-            identity=CoordinatorInfo(self.coordinator_id, config.host, 0), ttl=config.session_timeout_s,
+            client=self.client,
+            cache=self.cache,
+            storage=self.storage,
+            identity=CoordinatorInfo(self.coordinator_id, config.host, 0),
+            ttl=config.session_timeout_s,
             settings=ControllerSettings(
-                reconcile_interval_s=config.reconcile_interval_s, admin_wait_s=config.admin_wait_s,
+                reconcile_interval_s=config.reconcile_interval_s,
+                admin_wait_s=config.admin_wait_s,
                 max_parallel_rpcs=config.max_parallel_rpcs,
-                default_replication_factor=config.default_replication_factor),
+                default_replication_factor=config.default_replication_factor,
+            ),
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
-        self.handlers = CoordinatorHandlers(coordinator_id=self.coordinator_id, cache=self.cache,
-                                            leadership=self.leadership, health=self.health)
+        self.handlers = CoordinatorHandlers(
+            coordinator_id=self.coordinator_id,
+            cache=self.cache,
+            leadership=self.leadership,
+            health=self.health,
+        )
         self.grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task] = []
         if self.telemetry.enabled:
-            CoordinatorInstruments(self.telemetry, coordinator_id=self.coordinator_id,
-                                   is_active=lambda: self.leadership.is_active,
-                                   cluster_health=lambda: cluster_health(self.cache.state))
+            CoordinatorInstruments(
+                self.telemetry,
+                coordinator_id=self.coordinator_id,
+                is_active=lambda: self.leadership.is_active,
+                cluster_health=lambda: cluster_health(self.cache.state),
+            )
 
     @property
     def identity(self) -> CoordinatorInfo:
         return self.leadership.identity
 
     async def start(self) -> None:
-        servicer = CoordinatorServicer(self.handlers, self.forwarder, GroupHandlers(self.handlers.group_manager))
+        servicer = CoordinatorServicer(
+            self.handlers, self.forwarder, GroupHandlers(self.handlers.group_manager)
+        )
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
-            [ServiceRegistration(coordinator_grpc.add_CoordinatorServicer_to_server, servicer, COORDINATOR_SERVICE)],
+            [
+                ServiceRegistration(
+                    coordinator_grpc.add_CoordinatorServicer_to_server, servicer, COORDINATOR_SERVICE
+                )
+            ],
             interceptors=self.telemetry.server_interceptors(),
         )
         # The address in etcd must carry the port actually bound (port 0 = any free port).
@@ -99,8 +129,13 @@ class CoordinatorService:
         await self.cache.wait_for(lambda state: True, timeout=float("inf"))
         self._spawn(self.leadership.campaign_routine(), "controller-election")
         self._write_ready_file()
-        log.info("coordinator %s serving on %s (cluster %s, etcd %s)", self.coordinator_id,
-                 self.identity.address, self.config.cluster, ",".join(self.config.etcd_endpoints))
+        log.info(
+            "coordinator %s serving on %s (cluster %s, etcd %s)",
+            self.coordinator_id,
+            self.identity.address,
+            self.config.cluster,
+            ",".join(self.config.etcd_endpoints),
+        )
 
     def _spawn(self, routine, name: str) -> None:
         self._tasks.append(asyncio.create_task(routine, name=name))
@@ -135,9 +170,15 @@ class CoordinatorService:
                 await asyncio.sleep(backoff.next_delay())
 
     def _write_ready_file(self) -> None:
-        write_ready_file(self.config.ready_file, {
-            "coordinator_id": self.coordinator_id, "pid": os.getpid(), "host": self.config.host,
-            "grpc_port": self.identity.grpc_port})
+        write_ready_file(
+            self.config.ready_file,
+            {
+                "coordinator_id": self.coordinator_id,
+                "pid": os.getpid(),
+                "host": self.config.host,
+                "grpc_port": self.identity.grpc_port,
+            },
+        )
 
     async def stop(self) -> None:
         # Reverse start order: the election first, so the seat is handed over promptly.
@@ -184,8 +225,12 @@ def cluster_health(state) -> ClusterHealth:
             if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
                 under_replicated += 1
     epoch = state.controller.epoch if state.controller is not None else state.controller_epoch
-    return ClusterHealth(controller_epoch=epoch, live_brokers=len(state.brokers), partitions=counts,
-                         under_replicated=under_replicated)
+    return ClusterHealth(
+        controller_epoch=epoch,
+        live_brokers=len(state.brokers),
+        partitions=counts,
+        under_replicated=under_replicated,
+    )
 
 
 async def _revoke_quietly(lease) -> None:

@@ -18,7 +18,6 @@ from coordinator.redirect import ControllerMovedError, Forwarder
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
 
-
 #: A watch re-checks etcd health at least this often even when nothing changes.
 WATCH_HEARTBEAT_S = 5.0
 
@@ -71,8 +70,10 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     async def GetMetadata(self, request, context):
         topics = tuple(request.topics)
         return self._metadata_memo.get_or_build(
-            self._handlers.metadata_revision(), topics,
-            lambda: serde.metadata_to_proto(self._handlers.get_metadata(topics)))
+            self._handlers.metadata_revision(),
+            topics,
+            lambda: serde.metadata_to_proto(self._handlers.get_metadata(topics)),
+        )
 
     @translate_errors
     async def WatchMetadata(self, request, context):
@@ -86,7 +87,8 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
             revision = self._handlers.metadata_revision()
             if revision > sent:
                 yield self._metadata_memo.get_or_build(
-                    revision, (), lambda: serde.metadata_to_proto(self._handlers.get_metadata(())))
+                    revision, (), lambda: serde.metadata_to_proto(self._handlers.get_metadata(()))
+                )
                 sent = revision
             await self._handlers.wait_for_metadata_after(sent, timeout=WATCH_HEARTBEAT_S)
 
@@ -96,7 +98,9 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
 
     @translate_errors
     async def DescribeTopics(self, request, context):
-        lookups = self._handlers.describe_topics(list(request.names), include_defaults=request.include_defaults)
+        lookups = self._handlers.describe_topics(
+            list(request.names), include_defaults=request.include_defaults
+        )
         return pb.DescribeTopicsResponse(topics=[serde.description_to_proto(t) for t in lookups])
 
     @translate_errors
@@ -115,14 +119,16 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
 
     @_admin
     async def CreatePartitions(self, request, context):
-        view = await self._handlers.create_partitions(request.topic, request.total_count,
-                                                      validate_only=request.validate_only)
+        view = await self._handlers.create_partitions(
+            request.topic, request.total_count, validate_only=request.validate_only
+        )
         return pb.CreatePartitionsResponse(topic=serde.topic_to_proto(view))
 
     @_admin
     async def AlterTopicConfigs(self, request, context):
         lookup = await self._handlers.alter_topic_configs(
-            request.topic, dict(request.set), list(request.delete), validate_only=request.validate_only)
+            request.topic, dict(request.set), list(request.delete), validate_only=request.validate_only
+        )
         return pb.AlterTopicConfigsResponse(topic=serde.description_to_proto(lookup))
 
     # ---- consumer groups (active controller; standbys forward) ----------------------------------
@@ -149,7 +155,9 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
 
     @_admin
     async def FetchCommittedOffsets(self, request, context):
-        offsets = await self._groups.fetch_offsets(request.group_id, group_serde.tps_from_proto(request.partitions))
+        offsets = await self._groups.fetch_offsets(
+            request.group_id, group_serde.tps_from_proto(request.partitions)
+        )
         return pb.FetchCommittedOffsetsResponse(offsets=[group_serde.committed_to_proto(o) for o in offsets])
 
     @_admin
@@ -164,7 +172,11 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     @_admin
     async def ResetGroupOffsets(self, request, context):
         offsets = await self._groups.reset_offsets(
-            request.group_id, list(request.topics), group_serde.reset_spec_from_proto(request), dry_run=request.dry_run)
+            request.group_id,
+            list(request.topics),
+            group_serde.reset_spec_from_proto(request),
+            dry_run=request.dry_run,
+        )
         return pb.ResetGroupOffsetsResponse(offsets=[group_serde.committed_to_proto(o) for o in offsets])
 
     @_admin

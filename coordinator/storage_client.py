@@ -50,31 +50,44 @@ class StorageNodes:
     ) -> None:
         """Ask ``broker`` to create (or confirm it has) a partition; idempotent on the node."""
         request = pb.CreatePartitionRequest(
-            topic=topic, partition=partition, configs=dict(configs), leader_epoch=leader_epoch,
+            topic=topic,
+            partition=partition,
+            configs=dict(configs),
+            leader_epoch=leader_epoch,
             replicas=list(replicas),
         )
         await self._call(broker, "CreatePartition", request)
 
     async def delete_partition(self, broker: BrokerInfo, topic: str, partition: int) -> None:
         """Ask ``broker`` to delete a partition and its data; idempotent on the node."""
-        await self._call(broker, "DeletePartition", pb.DeletePartitionRequest(topic=topic, partition=partition))
+        await self._call(
+            broker, "DeletePartition", pb.DeletePartitionRequest(topic=topic, partition=partition)
+        )
 
     async def local_partitions(self, broker: BrokerInfo) -> list[tuple[str, int]]:
         """Every partition ``broker`` holds on disk."""
         response = await self._call(broker, "DescribePartitions", pb.DescribePartitionsRequest())
         return [(p.topic, p.partition) for p in response.partitions]
 
-    async def list_offsets(self, broker: BrokerInfo, queries: Sequence[tuple[str, int, int]],
-                           ) -> list[tuple[str, int, int, errors.TributaryError | None]]:
+    async def list_offsets(
+        self,
+        broker: BrokerInfo,
+        queries: Sequence[tuple[str, int, int]],
+    ) -> list[tuple[str, int, int, errors.TributaryError | None]]:
         """Offsets of partitions ``broker`` leads: each query is (topic, partition, timestamp) with
         Kafka's convention (-2 earliest, -1 latest / high watermark, else the first offset at or
         after that timestamp, -1 when there is none). Per-partition errors are returned, not raised."""
-        request = pb.ListPartitionOffsetsRequest(partitions=[
-            pb.PartitionOffsetQuery(topic=topic, partition=partition, spec=_offset_spec(timestamp))
-            for topic, partition, timestamp in queries])
+        request = pb.ListPartitionOffsetsRequest(
+            partitions=[
+                pb.PartitionOffsetQuery(topic=topic, partition=partition, spec=_offset_spec(timestamp))
+                for topic, partition, timestamp in queries
+            ]
+        )
         response = await self._call(broker, "ListPartitionOffsets", request)
-        return [(r.topic, r.partition, r.offset, error_from_proto(r.error) if r.HasField("error") else None)
-                for r in response.partitions]
+        return [
+            (r.topic, r.partition, r.offset, error_from_proto(r.error) if r.HasField("error") else None)
+            for r in response.partitions
+        ]
 
     async def _call(self, broker: BrokerInfo, method: str, request):
         rpc = getattr(self._stub(broker), method)

@@ -27,7 +27,7 @@ def ensure_valid_topic_name(name: str) -> None:
     if not name:
         raise InvalidTopicError("Topic name is illegal, it can't be empty")
     if name in (".", ".."):
-        raise InvalidTopicError(f"Topic name cannot be \".\" or \"..\" (got {name!r})")
+        raise InvalidTopicError(f'Topic name cannot be "." or ".." (got {name!r})')
     if len(name) > MAX_TOPIC_NAME_LENGTH:
         raise InvalidTopicError(
             f"Topic name is illegal, it can't be longer than {MAX_TOPIC_NAME_LENGTH} characters, "
@@ -47,7 +47,9 @@ def ensure_valid_partition_count(partitions: int) -> None:
         raise InvalidPartitionsError(f"Number of partitions must be larger than 0, got {partitions}")
 
 
-def resolve_replication_factor(requested: int, live_nodes: int, *, default: int = DEFAULT_REPLICATION_FACTOR) -> int:
+def resolve_replication_factor(
+    requested: int, live_nodes: int, *, default: int = DEFAULT_REPLICATION_FACTOR
+) -> int:
     """The replication factor to use: ``requested``, or ``default`` when it is 0 (unset).
 
     Raises InvalidReplicationFactorError when it is negative or larger than the number of live

@@ -97,7 +97,7 @@ def process_alive(pid: int | None, needle: str | None = None) -> bool:
     proc = Path(f"/proc/{pid}")
     try:
         stat = (proc / "stat").read_text()
-        if stat[stat.rindex(")") + 2:].startswith("Z"):
+        if stat[stat.rindex(")") + 2 :].startswith("Z"):
             return False
         if needle is not None and needle not in (proc / "cmdline").read_bytes().decode(errors="replace"):
             return False
@@ -166,8 +166,15 @@ class DetachedEtcd:
     process: no kill at exit, and it can be re-attached by pid.
     """
 
-    def __init__(self, data_dir: Path, *, name: str | None = None, client_port: int = 0, peer_port: int = 0,
-                 pid: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        name: str | None = None,
+        client_port: int = 0,
+        peer_port: int = 0,
+        pid: int | None = None,
+    ) -> None:
         from services.etcd.embedded import EmbeddedEtcd
 
         self._template = EmbeddedEtcd(data_dir, name=name, client_port=client_port, peer_port=peer_port)
@@ -189,8 +196,13 @@ class DetachedEtcd:
             return self
         self.data_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            process = subprocess.Popen(self._template.command(), stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                self._template.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.pid = process.pid
         self._wait_healthy(process, timeout)
         return self
@@ -199,8 +211,10 @@ class DetachedEtcd:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"etcd exited with status {process.returncode}; log {self.log_path}:\n"
-                                   f"{log_tail(self.log_path)}")
+                raise RuntimeError(
+                    f"etcd exited with status {process.returncode}; log {self.log_path}:\n"
+                    f"{log_tail(self.log_path)}"
+                )
             try:
                 with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1.0) as response:
                     if json.loads(response.read() or b"{}").get("health") == "true":
@@ -246,7 +260,9 @@ class ProcessStatus:
 class LocalCluster:
     """Start and stop a local cluster in ``data_dir``; every part is reachable as an attribute."""
 
-    def __init__(self, data_dir: Path, spec: LocalClusterSpec | None = None, *, detached: bool = False) -> None:
+    def __init__(
+        self, data_dir: Path, spec: LocalClusterSpec | None = None, *, detached: bool = False
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.spec = spec or LocalClusterSpec()
         self.detached = detached
@@ -295,11 +311,15 @@ class LocalCluster:
 
     def _start_etcd(self, *, name: str | None = None, client_port: int = 0, peer_port: int = 0) -> None:
         if self.detached:
-            self.etcd = DetachedEtcd(self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port)
+            self.etcd = DetachedEtcd(
+                self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port
+            )
         else:
             from services.etcd.embedded import EmbeddedEtcd
 
-            self.etcd = EmbeddedEtcd(self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port)
+            self.etcd = EmbeddedEtcd(
+                self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port
+            )
         self.etcd.start()
 
     def _common_args(self) -> list[str]:
@@ -310,25 +330,34 @@ class LocalCluster:
         port = self._last_ports.get(name) if port is None else port
         return ["--port", str(port)] if port and _port_free(port) else []
 
-    def start_coordinator(self, index: int, *, timeout: float = 60.0, port: int | None = None) -> ServiceProcess:
+    def start_coordinator(
+        self, index: int, *, timeout: float = 60.0, port: int | None = None
+    ) -> ServiceProcess:
         name = f"coordinator-{index}"
         args = [
-            "--coordinator-id", name,
-            "--session-timeout-s", str(self.spec.session_timeout_s),
+            "--coordinator-id",
+            name,
+            "--session-timeout-s",
+            str(self.spec.session_timeout_s),
             *self._port_args(name, port),
             *self._common_args(),
             *self.spec.coordinator_args,
         ]
-        process = start_service(name, "coordinator.main", args, self.run_dir, env=self.spec.env, timeout=timeout)
+        process = start_service(
+            name, "coordinator.main", args, self.run_dir, env=self.spec.env, timeout=timeout
+        )
         self._replace(self.coordinators, index, process)
         self._last_ports[name] = process.info["grpc_port"]
         return process
 
     def start_storage_node(self, node_id: int, *, timeout: float = 60.0) -> ServiceProcess:
         args = [
-            "--node-id", str(node_id),
-            "--log-dirs", str(self.data_dir / f"storage-{node_id}"),
-            "--session-timeout-s", str(self.spec.session_timeout_s),
+            "--node-id",
+            str(node_id),
+            "--log-dirs",
+            str(self.data_dir / f"storage-{node_id}"),
+            "--session-timeout-s",
+            str(self.spec.session_timeout_s),
             *self._common_args(),
             *self.spec.storage_args,
         ]
@@ -346,8 +375,14 @@ class LocalCluster:
         deadline = time.monotonic() + self.spec.session_timeout_s + 5
         while True:
             try:
-                return start_service(f"storage-{node_id}", "storage_node.main", args, self.run_dir,
-                                     env=self.spec.env, timeout=timeout)
+                return start_service(
+                    f"storage-{node_id}",
+                    "storage_node.main",
+                    args,
+                    self.run_dir,
+                    env=self.spec.env,
+                    timeout=timeout,
+                )
             except ServiceStartError as exc:
                 if _NODE_ID_IN_USE not in str(exc) or time.monotonic() > deadline:
                     raise
@@ -355,8 +390,12 @@ class LocalCluster:
 
     def start_gateway(self, index: int, *, timeout: float = 60.0, port: int | None = None) -> ServiceProcess:
         name = f"gateway-{index}"
-        args = ["--coordinators", ",".join(self.coordinator_addresses()), *self._port_args(name, port),
-                *self.spec.gateway_args]
+        args = [
+            "--coordinators",
+            ",".join(self.coordinator_addresses()),
+            *self._port_args(name, port),
+            *self.spec.gateway_args,
+        ]
         process = start_service(name, "gateway.main", args, self.run_dir, env=self.spec.env, timeout=timeout)
         self._replace(self.gateways, index, process)
         self._last_ports[name] = process.info["grpc_port"]
@@ -401,8 +440,9 @@ class LocalCluster:
     # -- re-attaching (tributary cluster up / down / status) ---------------------------------
 
     @classmethod
-    def from_data_dir(cls, data_dir: Path, spec: LocalClusterSpec | None = None, *,
-                      detached: bool = True) -> LocalCluster:
+    def from_data_dir(
+        cls, data_dir: Path, spec: LocalClusterSpec | None = None, *, detached: bool = True
+    ) -> LocalCluster:
         """The cluster recorded in ``data_dir``: its spec and ports from ``launch.json``, its
         running processes (by pid) from ``cluster.json``. Starts nothing."""
         launch = read_launch_file(data_dir) or {}
@@ -417,9 +457,13 @@ class LocalCluster:
         etcd = described.get("etcd") or {}
         identity = {**etcd_launch, **{k: etcd[k] for k in ("name", "client_port", "peer_port") if k in etcd}}
         if identity.get("name"):
-            self.etcd = DetachedEtcd(self.data_dir / "etcd", name=identity["name"],
-                                     client_port=int(identity.get("client_port") or 0),
-                                     peer_port=int(identity.get("peer_port") or 0), pid=etcd.get("pid"))
+            self.etcd = DetachedEtcd(
+                self.data_dir / "etcd",
+                name=identity["name"],
+                client_port=int(identity.get("client_port") or 0),
+                peer_port=int(identity.get("peer_port") or 0),
+                pid=etcd.get("pid"),
+            )
         for index, entry in enumerate(described.get("coordinators", [])):
             self.coordinators.append(self._adopted(f"coordinator-{index}", "coordinator.main", entry))
         for node_id, entry in (described.get("storage_nodes") or {}).items():
@@ -428,8 +472,12 @@ class LocalCluster:
             self.gateways.append(self._adopted(f"gateway-{index}", "gateway.main", entry))
 
     def _adopted(self, name: str, module: str, entry: dict) -> AdoptedProcess:
-        return AdoptedProcess(name=name, module=module, info=dict(entry),
-                              log_file=Path(entry.get("log") or self.run_dir / f"{name}.log"))
+        return AdoptedProcess(
+            name=name,
+            module=module,
+            info=dict(entry),
+            log_file=Path(entry.get("log") or self.run_dir / f"{name}.log"),
+        )
 
     def ensure_running(self, *, timeout: float = 60.0, progress: Progress = _quiet) -> dict[str, str]:
         """Start whatever is not running; returns ``{process name: "running" | "started"}``.
@@ -443,11 +491,24 @@ class LocalCluster:
         actions: dict[str, str] = {}
         etcd_moved = self._ensure_etcd(actions, progress)
         coordinators_moved = self._ensure_group(
-            "coordinator", self.coordinators, range(self.spec.coordinators), etcd_moved, actions, progress,
-            lambda i: self.start_coordinator(i, timeout=timeout))
+            "coordinator",
+            self.coordinators,
+            range(self.spec.coordinators),
+            etcd_moved,
+            actions,
+            progress,
+            lambda i: self.start_coordinator(i, timeout=timeout),
+        )
         self._ensure_storage_nodes(etcd_moved, actions, progress, timeout)
-        self._ensure_group("gateway", self.gateways, range(self.spec.gateways), coordinators_moved, actions,
-                           progress, lambda i: self.start_gateway(i, timeout=timeout))
+        self._ensure_group(
+            "gateway",
+            self.gateways,
+            range(self.spec.gateways),
+            coordinators_moved,
+            actions,
+            progress,
+            lambda i: self.start_gateway(i, timeout=timeout),
+        )
         self.write_cluster_file()
         return actions
 
@@ -460,12 +521,22 @@ class LocalCluster:
         progress("starting etcd")
         client_port = known.client_port if known is not None and _port_free(known.client_port) else 0
         peer_port = known.peer_port if known is not None and _port_free(known.peer_port) else 0
-        self._start_etcd(name=known.name if known is not None else None, client_port=client_port, peer_port=peer_port)
+        self._start_etcd(
+            name=known.name if known is not None else None, client_port=client_port, peer_port=peer_port
+        )
         actions["etcd"] = "started"
         return old_endpoint is not None and old_endpoint != self.etcd.endpoint
 
-    def _ensure_group(self, kind: str, processes: list, indexes: range, restart_all: bool,
-                      actions: dict[str, str], progress: Progress, start: Callable[[int], object]) -> bool:
+    def _ensure_group(
+        self,
+        kind: str,
+        processes: list,
+        indexes: range,
+        restart_all: bool,
+        actions: dict[str, str],
+        progress: Progress,
+        start: Callable[[int], object],
+    ) -> bool:
         """Start the dead (or, with ``restart_all``, every) process of a group; True if an address moved."""
         moved = False
         for index in indexes:
@@ -483,8 +554,9 @@ class LocalCluster:
             actions[name] = "started"
         return moved
 
-    def _ensure_storage_nodes(self, restart_all: bool, actions: dict[str, str], progress: Progress,
-                              timeout: float) -> None:
+    def _ensure_storage_nodes(
+        self, restart_all: bool, actions: dict[str, str], progress: Progress, timeout: float
+    ) -> None:
         for node_id in range(self.spec.storage_nodes):
             name = f"storage-{node_id}"
             current = self.storage_nodes.get(node_id)
@@ -501,26 +573,51 @@ class LocalCluster:
         """Every process of the cluster, alive or not."""
         statuses = []
         if self.etcd is not None:
-            statuses.append(ProcessStatus("etcd", self.etcd.pid, self.etcd.endpoint, bool(self.etcd.is_running),
-                                          str(self.etcd.log_path)))
-        named = [*self.coordinators, *(self.storage_nodes[k] for k in sorted(self.storage_nodes)), *self.gateways]
+            statuses.append(
+                ProcessStatus(
+                    "etcd",
+                    self.etcd.pid,
+                    self.etcd.endpoint,
+                    bool(self.etcd.is_running),
+                    str(self.etcd.log_path),
+                )
+            )
+        named = [
+            *self.coordinators,
+            *(self.storage_nodes[k] for k in sorted(self.storage_nodes)),
+            *self.gateways,
+        ]
         for process in named:
-            statuses.append(ProcessStatus(process.name, process.pid if process.info else None,
-                                          f"127.0.0.1:{process.info.get('grpc_port')}", process.is_running(),
-                                          str(process.log_file)))
+            statuses.append(
+                ProcessStatus(
+                    process.name,
+                    process.pid if process.info else None,
+                    f"127.0.0.1:{process.info.get('grpc_port')}",
+                    process.is_running(),
+                    str(process.log_file),
+                )
+            )
         return statuses
 
     # -- cluster.json / launch.json ----------------------------------------------------------
 
     def describe(self) -> dict:
         def entry(p) -> dict:
-            return {"pid": p.pid, "address": f"127.0.0.1:{p.info.get('grpc_port')}", **p.info,
-                    "log": str(p.log_file)}
+            return {
+                "pid": p.pid,
+                "address": f"127.0.0.1:{p.info.get('grpc_port')}",
+                **p.info,
+                "log": str(p.log_file),
+            }
 
         etcd = {"endpoint": self.etcd.endpoint, "pid": self.etcd.pid}
         if hasattr(self.etcd, "name"):
-            etcd.update(name=self.etcd.name, client_port=self.etcd.client_port, peer_port=self.etcd.peer_port,
-                        log=str(self.etcd.log_path))
+            etcd.update(
+                name=self.etcd.name,
+                client_port=self.etcd.client_port,
+                peer_port=self.etcd.peer_port,
+                log=str(self.etcd.log_path),
+            )
         return {
             "cluster": self.spec.cluster,
             "data_dir": str(self.data_dir),
@@ -541,8 +638,11 @@ class LocalCluster:
         spec = asdict(self.spec)
         launch = {"spec": spec, "ports": self._last_ports}
         if self.etcd is not None and hasattr(self.etcd, "name"):
-            launch["etcd"] = {"name": self.etcd.name, "client_port": self.etcd.client_port,
-                              "peer_port": self.etcd.peer_port}
+            launch["etcd"] = {
+                "name": self.etcd.name,
+                "client_port": self.etcd.client_port,
+                "peer_port": self.etcd.peer_port,
+            }
         return _write_json(self.data_dir / LAUNCH_FILE, launch)
 
 
@@ -574,8 +674,13 @@ def read_launch_file(data_dir: Path) -> dict | None:
 # ---- what `tributary cluster up | down | status` do ----------------------------------------------
 
 
-def cluster_up(data_dir: Path, spec: LocalClusterSpec | None = None, *, timeout: float = 60.0,
-               progress: Progress = _quiet) -> tuple[LocalCluster, dict[str, str]]:
+def cluster_up(
+    data_dir: Path,
+    spec: LocalClusterSpec | None = None,
+    *,
+    timeout: float = 60.0,
+    progress: Progress = _quiet,
+) -> tuple[LocalCluster, dict[str, str]]:
     """Bring the cluster in ``data_dir`` up, detached: start it, or restart what is not running."""
     cluster = LocalCluster.from_data_dir(data_dir, spec, detached=True)
     return cluster, cluster.ensure_running(timeout=timeout, progress=progress)

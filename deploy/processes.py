@@ -78,7 +78,9 @@ class ServiceProcess:
                 except ValueError:
                     pass  # written atomically, but be lenient about a foreign writer
             time.sleep(0.05)
-        raise ServiceStartError(f"{self.name} not ready after {timeout}s; log {self.log_file}:\n{log_tail(self.log_file)}")
+        raise ServiceStartError(
+            f"{self.name} not ready after {timeout}s; log {self.log_file}:\n{log_tail(self.log_file)}"
+        )
 
     def is_running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None

@@ -151,7 +151,7 @@ class AppendQueues:
                 group = take_group(queue, self._max_merged_bytes)
                 try:
                     shares = await self._do_group(key, group)
-                except Exception as exc:  # noqa: BLE001 -- a bug must not strand the waiters
+                except Exception as exc:
                     log.exception("append to %s-%d failed", *key)
                     shares = [AppendResult(error=errors.UnknownServerError(repr(exc)))] * len(group)
                 for pending, share in zip(group, shares, strict=True):

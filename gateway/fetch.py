@@ -121,8 +121,9 @@ class FetchHandler:
         wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0
         if rpc_remaining_s is not None:
             wait_s = max(0.0, min(wait_s, rpc_remaining_s - _ANSWER_MARGIN_S))
-        session = _FetchSession(self._router, command, asyncio.get_running_loop().time() + wait_s,
-                                telemetry=self._telemetry)
+        session = _FetchSession(
+            self._router, command, asyncio.get_running_loop().time() + wait_s, telemetry=self._telemetry
+        )
         await session.run()
         results = [session.finish(p) for p in session.parts]
         if self._telemetry is not None:

@@ -29,7 +29,10 @@ async def _run(config: GatewayConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_service(
-        build_parser(), argv, GatewayConfig, ENV_PREFIX,
+        build_parser(),
+        argv,
+        GatewayConfig,
+        ENV_PREFIX,
         log_name=lambda config: "gateway",
         check=lambda config: None if config.coordinators else "--coordinators needs at least one host:port",
         run=_run,

@@ -38,9 +38,16 @@ class GatewayService:
         self.clock = clock
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
-        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
-            "tributary-gateway", exporter=config.telemetry_exporter, metrics_address=config.metrics_address,
-            default_host=config.host)
+        self.telemetry = (
+            telemetry
+            if telemetry is not None
+            else setup_telemetry(
+                "tributary-gateway",
+                exporter=config.telemetry_exporter,
+                metrics_address=config.metrics_address,
+                default_host=config.host,
+            )
+        )
         self.instruments = GatewayInstruments(self.telemetry) if self.telemetry.enabled else None
         self.grpc: GrpcServer | None = None
         self.coordinators: CoordinatorPool | None = None
@@ -90,8 +97,9 @@ class GatewayService:
         return self.grpc.port
 
     def _write_ready_file(self) -> None:
-        write_ready_file(self.config.ready_file,
-                         {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port})
+        write_ready_file(
+            self.config.ready_file, {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port}
+        )
 
     async def stop(self) -> None:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""

@@ -31,8 +31,9 @@ def generate(out_dir: Path = REPO_ROOT, proto_root: Path = PROTO_ROOT) -> list[P
     Writes ``*_pb2.py``, ``*_pb2.pyi`` and ``*_pb2_grpc.py`` plus an ``__init__.py`` in every
     generated folder so they import as regular packages.
     """
-    from grpc_tools import protoc  # imported late: only the build needs it
     import importlib.resources
+
+    from grpc_tools import protoc  # imported late: only the build needs it
 
     files = proto_files(proto_root)
     if not files:

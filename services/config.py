@@ -53,8 +53,11 @@ def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
     try:
         if origin is list:
             items = value.split(",") if isinstance(value, str) else list(value)
-            return [_coerce(item.strip() if isinstance(item, str) else item, args[0], key, source) for item in items
-                    if not (isinstance(item, str) and not item.strip())]
+            return [
+                _coerce(item.strip() if isinstance(item, str) else item, args[0], key, source)
+                for item in items
+                if not (isinstance(item, str) and not item.strip())
+            ]
         if origin is dict:
             if isinstance(value, str):
                 pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
@@ -136,14 +139,16 @@ def load_config(
         prefix = env_prefix.upper().rstrip("_") + "_"
         for key, value in env.items():
             if key.startswith(prefix):
-                take(key[len(prefix):], value, f"environment variable {key}", strict=False)
+                take(key[len(prefix) :], value, f"environment variable {key}", strict=False)
     for key, value in (overrides or {}).items():
         if value is not None:
             take(key, value, f"flag --{key.replace('_', '-')}", strict=True)
     return cls(**values)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, *, help_text: Mapping[str, str] = {}) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, help_text: Mapping[str, str] = {}
+) -> None:
     """Add one ``--field-name`` flag per dataclass field (all default to None = not given)."""
     for f in dataclasses.fields(cls):
         default = f.default if f.default is not dataclasses.MISSING else None

@@ -21,7 +21,9 @@ from services.log_setup import configure_logging
 C = TypeVar("C")
 
 
-def build_service_parser(prog: str, description: str, config_cls: type, env_prefix: str) -> argparse.ArgumentParser:
+def build_service_parser(
+    prog: str, description: str, config_cls: type, env_prefix: str
+) -> argparse.ArgumentParser:
     """A parser with ``--config FILE`` and one flag per field of ``config_cls``.
 
     ``allow_abbrev`` is off: ``--node`` must not silently mean ``--node-id``.
@@ -31,7 +33,9 @@ def build_service_parser(prog: str, description: str, config_cls: type, env_pref
         description=f"{description} Settings: flags > {env_prefix}_* environment > --config file.",
         allow_abbrev=False,
     )
-    parser.add_argument("--config", type=Path, help="TOML or JSON file of settings (Kafka-style names allowed)")
+    parser.add_argument(
+        "--config", type=Path, help="TOML or JSON file of settings (Kafka-style names allowed)"
+    )
     add_config_arguments(parser, config_cls)
     return parser
 
@@ -100,7 +104,8 @@ def _log_codec(prog: str) -> None:
     else:
         logging.getLogger(prog).warning(
             "record codec: pure Python (the C accelerator was not built or TRIBUTARY_NO_EXTENSIONS is set); "
-            "per-record work is several times slower")
+            "per-record work is several times slower"
+        )
 
 
 def _fail(prog: str, problem: object, code: int) -> int:

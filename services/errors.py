@@ -364,7 +364,7 @@ def error_from_rpc(exc: grpc.RpcError) -> TributaryError:
     if reason is not None:
         cls = for_reason(reason)
         prefix = f"[{reason}] "
-        text = message[len(prefix):] if message and message.startswith(prefix) else (message or "")
+        text = message[len(prefix) :] if message and message.startswith(prefix) else (message or "")
         error = cls(text)
     else:
         cls = _FALLBACK_BY_GRPC.get(code, TributaryError)

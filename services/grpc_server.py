@@ -169,4 +169,3 @@ async def run_until_signalled(
     terminated.cancel()
     if cleanup is not None:
         await cleanup()
-

@@ -27,11 +27,11 @@ STORAGE_SERVICE = storage_pb2.DESCRIPTOR.services_by_name["StorageNode"].full_na
 COORDINATOR_SERVICE = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"].full_name
 
 __all__ = [
-    "pb",
-    "gateway_grpc",
-    "storage_grpc",
-    "coordinator_grpc",
+    "COORDINATOR_SERVICE",
     "GATEWAY_SERVICE",
     "STORAGE_SERVICE",
-    "COORDINATOR_SERVICE",
+    "coordinator_grpc",
+    "gateway_grpc",
+    "pb",
+    "storage_grpc",
 ]

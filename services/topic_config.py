@@ -106,17 +106,20 @@ class ConfigDef:
     def _ensure_in_range(self, value: Any, raw: Any) -> None:
         if self.min is not None and value < self.min:
             raise InvalidConfigError(
-                f"Invalid value {raw!r} for configuration {self.name}: value must be at least {self.min}")
+                f"Invalid value {raw!r} for configuration {self.name}: value must be at least {self.min}"
+            )
         if self.max is not None and value > self.max:
             raise InvalidConfigError(
-                f"Invalid value {raw!r} for configuration {self.name}: value must be at most {self.max}")
+                f"Invalid value {raw!r} for configuration {self.name}: value must be at most {self.max}"
+            )
         if self.choices is not None:
             values = value if isinstance(value, tuple) else (value,)
             bad = [v for v in values if v not in self.choices]
             if bad:
                 raise InvalidConfigError(
                     f"Invalid value {raw!r} for configuration {self.name}: "
-                    f"must be one of {', '.join(self.choices)}")
+                    f"must be one of {', '.join(self.choices)}"
+                )
 
 
 _DAY_MS = 24 * 60 * 60 * 1000
@@ -125,46 +128,122 @@ _DAY_MS = 24 * 60 * 60 * 1000
 TOPIC_CONFIGS: dict[str, ConfigDef] = {
     d.name: d
     for d in (
-        ConfigDef("segment.bytes", parse_int, 1024 * 1024 * 1024, min=14, max=INT_MAX,
-                  doc="Roll a new segment once the active one would exceed this many bytes. "
-                      "At most 2 GiB - 1 because index positions are int32."),
-        ConfigDef("segment.ms", parse_int, 7 * _DAY_MS, min=1,
-                  doc="Roll the active segment once it is this old, so time retention can delete it."),
-        ConfigDef("segment.index.bytes", parse_int, 10 * 1024 * 1024, min=12, max=INT_MAX,
-                  doc="Maximum size of each index file; a full index rolls the segment. At least 12 "
-                      "bytes so both indexes hold one entry (Kafka allows 4, which holds none)."),
-        ConfigDef("index.interval.bytes", parse_int, 4096, min=0, max=INT_MAX,
-                  doc="Bytes of log between two offset-index entries (the index is sparse)."),
-        ConfigDef("retention.ms", parse_int, 7 * _DAY_MS, min=-1,
-                  doc="Delete segments whose newest record is older than this; -1 keeps them forever."),
-        ConfigDef("retention.bytes", parse_int, -1, min=-1,
-                  doc="Delete the oldest segments while the partition is larger than this; -1 = no limit."),
-        ConfigDef("flush.messages", parse_int, LONG_MAX, min=1,
-                  doc="fsync after this many unflushed records (the paper's M). Kafka's default: "
-                      "never, relying on replication and the OS; produce with acks can instead wait "
-                      "for a group-committed fsync."),
-        ConfigDef("flush.ms", parse_int, LONG_MAX, min=0,
-                  doc="fsync once the oldest unflushed data is this old (the paper's T). Default: never."),
-        ConfigDef("max.message.bytes", parse_int, 1048588, min=0, max=INT_MAX,
-                  doc="Largest record batch (after compression, with its 12-byte log overhead) accepted."),
-        ConfigDef("message.timestamp.type", parse_str, TIMESTAMP_TYPE_CREATE_TIME,
-                  choices=(TIMESTAMP_TYPE_CREATE_TIME, TIMESTAMP_TYPE_LOG_APPEND_TIME),
-                  doc="CreateTime keeps the producer's timestamps; LogAppendTime stamps batches "
-                      "with the broker's clock at append."),
-        ConfigDef("cleanup.policy", parse_list, (CLEANUP_POLICY_DELETE,),
-                  choices=(CLEANUP_POLICY_COMPACT, CLEANUP_POLICY_DELETE),
-                  doc="delete: time/size retention. compact: accepted, NOT implemented yet "
-                      "(no cleaner); a compact-only topic is never trimmed by time or size."),
-        ConfigDef("min.insync.replicas", parse_int, 1, min=1,
-                  doc="Replicas that must have a write for acks=all to succeed."),
-        ConfigDef("compression.type", parse_str, "producer", choices=COMPRESSION_TYPES,
-                  doc="Stored only: batches keep the producer's compression."),
-        ConfigDef("file.delete.delay.ms", parse_int, 60_000, min=0,
-                  doc="Grace period before a deleted segment's files are removed. Stored only: "
-                      "segments are unlinked at once; open readers keep their file handles."),
-        ConfigDef("unclean.leader.election.enable", parse_bool, False,
-                  doc="Allow an out-of-sync replica to become leader (losing data) when no in-sync "
-                      "replica is alive."),
+        ConfigDef(
+            "segment.bytes",
+            parse_int,
+            1024 * 1024 * 1024,
+            min=14,
+            max=INT_MAX,
+            doc="Roll a new segment once the active one would exceed this many bytes. "
+            "At most 2 GiB - 1 because index positions are int32.",
+        ),
+        ConfigDef(
+            "segment.ms",
+            parse_int,
+            7 * _DAY_MS,
+            min=1,
+            doc="Roll the active segment once it is this old, so time retention can delete it.",
+        ),
+        ConfigDef(
+            "segment.index.bytes",
+            parse_int,
+            10 * 1024 * 1024,
+            min=12,
+            max=INT_MAX,
+            doc="Maximum size of each index file; a full index rolls the segment. At least 12 "
+            "bytes so both indexes hold one entry (Kafka allows 4, which holds none).",
+        ),
+        ConfigDef(
+            "index.interval.bytes",
+            parse_int,
+            4096,
+            min=0,
+            max=INT_MAX,
+            doc="Bytes of log between two offset-index entries (the index is sparse).",
+        ),
+        ConfigDef(
+            "retention.ms",
+            parse_int,
+            7 * _DAY_MS,
+            min=-1,
+            doc="Delete segments whose newest record is older than this; -1 keeps them forever.",
+        ),
+        ConfigDef(
+            "retention.bytes",
+            parse_int,
+            -1,
+            min=-1,
+            doc="Delete the oldest segments while the partition is larger than this; -1 = no limit.",
+        ),
+        ConfigDef(
+            "flush.messages",
+            parse_int,
+            LONG_MAX,
+            min=1,
+            doc="fsync after this many unflushed records (the paper's M). Kafka's default: "
+            "never, relying on replication and the OS; produce with acks can instead wait "
+            "for a group-committed fsync.",
+        ),
+        ConfigDef(
+            "flush.ms",
+            parse_int,
+            LONG_MAX,
+            min=0,
+            doc="fsync once the oldest unflushed data is this old (the paper's T). Default: never.",
+        ),
+        ConfigDef(
+            "max.message.bytes",
+            parse_int,
+            1048588,
+            min=0,
+            max=INT_MAX,
+            doc="Largest record batch (after compression, with its 12-byte log overhead) accepted.",
+        ),
+        ConfigDef(
+            "message.timestamp.type",
+            parse_str,
+            TIMESTAMP_TYPE_CREATE_TIME,
+            choices=(TIMESTAMP_TYPE_CREATE_TIME, TIMESTAMP_TYPE_LOG_APPEND_TIME),
+            doc="CreateTime keeps the producer's timestamps; LogAppendTime stamps batches "
+            "with the broker's clock at append.",
+        ),
+        ConfigDef(
+            "cleanup.policy",
+            parse_list,
+            (CLEANUP_POLICY_DELETE,),
+            choices=(CLEANUP_POLICY_COMPACT, CLEANUP_POLICY_DELETE),
+            doc="delete: time/size retention. compact: accepted, NOT implemented yet "
+            "(no cleaner); a compact-only topic is never trimmed by time or size.",
+        ),
+        ConfigDef(
+            "min.insync.replicas",
+            parse_int,
+            1,
+            min=1,
+            doc="Replicas that must have a write for acks=all to succeed.",
+        ),
+        ConfigDef(
+            "compression.type",
+            parse_str,
+            "producer",
+            choices=COMPRESSION_TYPES,
+            doc="Stored only: batches keep the producer's compression.",
+        ),
+        ConfigDef(
+            "file.delete.delay.ms",
+            parse_int,
+            60_000,
+            min=0,
+            doc="Grace period before a deleted segment's files are removed. Stored only: "
+            "segments are unlinked at once; open readers keep their file handles.",
+        ),
+        ConfigDef(
+            "unclean.leader.election.enable",
+            parse_bool,
+            False,
+            doc="Allow an out-of-sync replica to become leader (losing data) when no in-sync "
+            "replica is alive.",
+        ),
     )
 }
 

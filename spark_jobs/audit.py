@@ -28,6 +28,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a file (spark-submit spark_jobs/<job>.py): find the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datetime import UTC
+
 from spark_jobs.audit_events import AUDIT_TOPIC
 from spark_jobs.cluster import SERVERS_HELP, resolve_addresses
 
@@ -81,10 +83,14 @@ class AuditReport:
         return self.missing == 0 and self.duplicated == 0
 
     def to_json(self) -> dict:
-        return {"windows": [asdict(w) for w in self.windows],
-                "unaudited": [asdict(w) for w in self.unaudited],
-                "missing": self.missing, "duplicated": self.duplicated, "expected": self.expected,
-                "ok": self.ok}
+        return {
+            "windows": [asdict(w) for w in self.windows],
+            "unaudited": [asdict(w) for w in self.unaudited],
+            "missing": self.missing,
+            "duplicated": self.duplicated,
+            "expected": self.expected,
+            "ok": self.ok,
+        }
 
 
 def reconcile(expected: dict[WindowKey, int], loaded: dict[WindowKey, Loaded], window_ms: int) -> AuditReport:
@@ -96,27 +102,42 @@ def reconcile(expected: dict[WindowKey, int], loaded: dict[WindowKey, Loaded], w
             report.unaudited.append(WindowAudit(key[0], key[1], window_ms, 0, got.rows, 0, 0))
             continue
         want = expected[key]
-        report.windows.append(WindowAudit(
-            topic=key[0], window_start=key[1], window_ms=window_ms, expected=want, loaded=got.rows,
-            missing=max(0, want - got.distinct),
-            duplicated=(got.rows - got.distinct) + max(0, got.distinct - want)))
+        report.windows.append(
+            WindowAudit(
+                topic=key[0],
+                window_start=key[1],
+                window_ms=window_ms,
+                expected=want,
+                loaded=got.rows,
+                missing=max(0, want - got.distinct),
+                duplicated=(got.rows - got.distinct) + max(0, got.distinct - want),
+            )
+        )
     return report
 
 
 # ---- the Spark part -----------------------------------------------------------------------------
 
-def expected_counts(spark, servers: str, audit_topic: str,
-                    topics: tuple[str, ...]) -> tuple[dict[WindowKey, int], int]:
+
+def expected_counts(
+    spark, servers: str, audit_topic: str, topics: tuple[str, ...]
+) -> tuple[dict[WindowKey, int], int]:
     """``{(topic, window): count}`` from the audit topic, and the window size the producers used."""
     from pyspark.sql import functions as F
 
     schema = "producer string, topic string, window_start long, window_ms long, count long"
-    events = (spark.read.format("tributary").option("servers", servers).option("subscribe", audit_topic)
-              .load()
-              .select(F.from_json(F.col("value").cast("string"), schema).alias("e")).select("e.*")
-              .where(F.col("topic").isin(list(topics))))
-    latest = (events.groupBy("producer", "topic", "window_start", "window_ms")
-              .agg(F.max("count").alias("count")))
+    events = (
+        spark.read.format("tributary")
+        .option("servers", servers)
+        .option("subscribe", audit_topic)
+        .load()
+        .select(F.from_json(F.col("value").cast("string"), schema).alias("e"))
+        .select("e.*")
+        .where(F.col("topic").isin(list(topics)))
+    )
+    latest = events.groupBy("producer", "topic", "window_start", "window_ms").agg(
+        F.max("count").alias("count")
+    )
     rows = latest.groupBy("topic", "window_start", "window_ms").agg(F.sum("count").alias("count")).collect()
     sizes = {r["window_ms"] for r in rows}
     if len(sizes) > 1:
@@ -129,10 +150,12 @@ def loaded_counts(frame, window_ms: int) -> dict[WindowKey, Loaded]:
     from pyspark.sql import functions as F
 
     millis = F.unix_millis(F.col("timestamp"))
-    rows = (frame.withColumn("window_start", millis - F.pmod(millis, F.lit(window_ms)))
-            .groupBy("topic", "window_start")
-            .agg(F.count(F.lit(1)).alias("rows"), F.count_distinct("partition", "offset").alias("distinct"))
-            .collect())
+    rows = (
+        frame.withColumn("window_start", millis - F.pmod(millis, F.lit(window_ms)))
+        .groupBy("topic", "window_start")
+        .agg(F.count(F.lit(1)).alias("rows"), F.count_distinct("partition", "offset").alias("distinct"))
+        .collect()
+    )
     return {(r["topic"], r["window_start"]): Loaded(r["rows"], r["distinct"]) for r in rows}
 
 
@@ -142,12 +165,14 @@ def consumed_frame(spark, servers: str, topics: tuple[str, ...], loaded: Path | 
 
     if loaded is not None:
         return spark.read.parquet(str(loaded)).where(F.col("topic").isin(list(topics)))
-    return (spark.read.format("tributary").option("servers", servers)
-            .option("subscribe", ",".join(topics)).load())
+    return (
+        spark.read.format("tributary").option("servers", servers).option("subscribe", ",".join(topics)).load()
+    )
 
 
-def run_audit(spark, servers: str, topics: tuple[str, ...], *, loaded: Path | None,
-              audit_topic: str = AUDIT_TOPIC) -> AuditReport:
+def run_audit(
+    spark, servers: str, topics: tuple[str, ...], *, loaded: Path | None, audit_topic: str = AUDIT_TOPIC
+) -> AuditReport:
     expected, window_ms = expected_counts(spark, servers, audit_topic, topics)
     if not window_ms:
         return AuditReport()
@@ -157,27 +182,35 @@ def run_audit(spark, servers: str, topics: tuple[str, ...], *, loaded: Path | No
 
 # ---- report ------------------------------------------------------------------------------------
 
+
 def format_report(report: AuditReport, *, max_rows: int = 40, totals: bool = True) -> str:
     """A table of the audited windows (problem windows first when there are many)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     def when(ms: int) -> str:
-        return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M")
+        return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M")
 
     windows = sorted(report.windows, key=lambda w: (w.ok, w.topic, w.window_start))[:max_rows]
-    lines = [f"{'TOPIC':<20} {'WINDOW (UTC)':<17} {'EXPECTED':>9} {'LOADED':>9} {'MISSING':>8} "
-             f"{'DUPLICATED':>10}"]
+    lines = [
+        f"{'TOPIC':<20} {'WINDOW (UTC)':<17} {'EXPECTED':>9} {'LOADED':>9} {'MISSING':>8} {'DUPLICATED':>10}"
+    ]
     for w in sorted(windows, key=lambda w: (w.topic, w.window_start)):
-        lines.append(f"{w.topic:<20} {when(w.window_start):<17} {w.expected:>9} {w.loaded:>9} "
-                     f"{w.missing:>8} {w.duplicated:>10}")
+        lines.append(
+            f"{w.topic:<20} {when(w.window_start):<17} {w.expected:>9} {w.loaded:>9} "
+            f"{w.missing:>8} {w.duplicated:>10}"
+        )
     if len(report.windows) > max_rows:
         lines.append(f"... {len(report.windows) - max_rows} more windows, all OK")
     if totals:
-        lines.append(f"audited {len(report.windows)} windows: expected {report.expected}, "
-                     f"missing {report.missing}, duplicated {report.duplicated}")
+        lines.append(
+            f"audited {len(report.windows)} windows: expected {report.expected}, "
+            f"missing {report.missing}, duplicated {report.duplicated}"
+        )
     if report.unaudited:
-        lines.append(f"{len(report.unaudited)} windows have records but no audit events "
-                     f"({sum(w.loaded for w in report.unaudited)} records from producers without auditing)")
+        lines.append(
+            f"{len(report.unaudited)} windows have records but no audit events "
+            f"({sum(w.loaded for w in report.unaudited)} records from producers without auditing)"
+        )
     return "\n".join(lines)
 
 
@@ -185,12 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.audit",
         description="Check producers' audit counts (per topic per time window) against what was "
-                    "consumed, and report missing and duplicated records per window.")
+        "consumed, and report missing and duplicated records per window.",
+    )
     parser.add_argument("--topic", action="append", required=True, help="audited topic (repeat for several)")
-    parser.add_argument("--loaded", type=Path,
-                        help="the loader's output directory (default: read the topic itself)")
-    parser.add_argument("--audit-topic", default=AUDIT_TOPIC,
-                        help=f"topic of the audit events (default {AUDIT_TOPIC})")
+    parser.add_argument(
+        "--loaded", type=Path, help="the loader's output directory (default: read the topic itself)"
+    )
+    parser.add_argument(
+        "--audit-topic", default=AUDIT_TOPIC, help=f"topic of the audit events (default {AUDIT_TOPIC})"
+    )
     parser.add_argument("--servers", help=SERVERS_HELP)
     parser.add_argument("--report", type=Path, help="also write the report as JSON here")
     parser.add_argument("--master", help="Spark master (default: $SPARK_MASTER or local[2])")

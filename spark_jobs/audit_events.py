@@ -101,8 +101,18 @@ class AuditCounter:
         """The cumulative counts so far, one event per ``(topic, window)``."""
         with self._settled:
             keys = sorted(set(self._acked) | set(self._failed))
-            return [AuditEvent(producer, topic, start, self.window_ms, self._acked.get((topic, start), 0),
-                               self._failed.get((topic, start), 0), now_ms) for topic, start in keys]
+            return [
+                AuditEvent(
+                    producer,
+                    topic,
+                    start,
+                    self.window_ms,
+                    self._acked.get((topic, start), 0),
+                    self._failed.get((topic, start), 0),
+                    now_ms,
+                )
+                for topic, start in keys
+            ]
 
 
 def default_producer_id() -> str:
@@ -116,9 +126,16 @@ class AuditingProducer:
     The wrapped producer is used for the audit events too; ``close()`` closes it.
     """
 
-    def __init__(self, producer: Producer, *, producer_id: str | None = None, audit_topic: str = AUDIT_TOPIC,
-                 window_ms: int = DEFAULT_WINDOW_MS, publish_interval_ms: int = DEFAULT_PUBLISH_INTERVAL_MS,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        producer_id: str | None = None,
+        audit_topic: str = AUDIT_TOPIC,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        publish_interval_ms: int = DEFAULT_PUBLISH_INTERVAL_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.producer = producer
         self.producer_id = producer_id or default_producer_id()
         self.audit_topic = audit_topic
@@ -136,8 +153,15 @@ class AuditingProducer:
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
-    def send(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
-             timestamp: int | None = None):
+    def send(
+        self,
+        topic: str,
+        value=None,
+        key=None,
+        headers=None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ):
         """``Producer.send`` with the record counted in its window once it is acknowledged."""
         timestamp = self._now_ms() if timestamp is None else timestamp
 
@@ -146,8 +170,15 @@ class AuditingProducer:
 
         self.counter.sent()
         try:
-            future = self.producer.send(topic, value, key=key, headers=headers, partition=partition,
-                                        timestamp=timestamp, on_delivery=settle)
+            future = self.producer.send(
+                topic,
+                value,
+                key=key,
+                headers=headers,
+                partition=partition,
+                timestamp=timestamp,
+                on_delivery=settle,
+            )
         except BaseException:
             self.counter.record(topic, timestamp, ok=False)  # refused up front: never published
             raise

@@ -14,7 +14,6 @@ from gateway.client.servers import resolve_servers
 from spark_jobs.offsets import Offsets, PlanningError, listed_partitions, resolve_bound, timestamps_needed
 from spark_jobs.options import Subscription
 
-
 #: ``--servers`` of every job.
 SERVERS_HELP = "gateway addresses, comma-separated (default: $TRIBUTARY_GATEWAY, then the local cluster)"
 
@@ -52,8 +51,12 @@ class ClusterView:
         _, topics = self._admin.metadata()
         counts = {t.name: len(t.partitions) for t in topics}
         if subscription.kind == "subscribePattern":
-            return sorted(TopicPartition(name, p) for name, count in counts.items()
-                          if subscription.matches(name) for p in range(count))
+            return sorted(
+                TopicPartition(name, p)
+                for name, count in counts.items()
+                if subscription.matches(name)
+                for p in range(count)
+            )
         if subscription.kind == "subscribe":
             return _subscribed(subscription.topics, counts, must_exist)
         return _assigned(subscription.assignment, counts, must_exist)
@@ -79,8 +82,9 @@ def _subscribed(topics: Iterable[str], counts: dict[str, int], must_exist: bool)
     return sorted(TopicPartition(t, p) for t in topics if t in counts for p in range(counts[t]))
 
 
-def _assigned(assignment: Iterable[TopicPartition], counts: dict[str, int],
-              must_exist: bool) -> list[TopicPartition]:
+def _assigned(
+    assignment: Iterable[TopicPartition], counts: dict[str, int], must_exist: bool
+) -> list[TopicPartition]:
     present = [tp for tp in assignment if tp.partition < counts.get(tp.topic, 0)]
     absent = sorted(set(assignment) - set(present))
     if absent and must_exist:
@@ -90,13 +94,31 @@ def _assigned(assignment: Iterable[TopicPartition], counts: dict[str, int],
     return sorted(present)
 
 
-def resolve_offsets(view: ClusterView, bound, tps: Sequence[TopicPartition], *, default: int, option: str,
-                    earliest: Offsets, latest: Offsets, no_match: str = "latest") -> Offsets:
+def resolve_offsets(
+    view: ClusterView,
+    bound,
+    tps: Sequence[TopicPartition],
+    *,
+    default: int,
+    option: str,
+    earliest: Offsets,
+    latest: Offsets,
+    no_match: str = "latest",
+) -> Offsets:
     """Concrete offsets of an offset bound for ``tps`` (looking timestamps up as needed)."""
     stray = sorted(listed_partitions(bound) - set(tps))
     if stray:
-        raise PlanningError(f"{option or 'offsets'}: partition {stray[0]} is not part of the subscription "
-                            f"(or does not exist)")
+        raise PlanningError(
+            f"{option or 'offsets'}: partition {stray[0]} is not part of the subscription (or does not exist)"
+        )
     by_timestamp = view.offsets_for_times(timestamps_needed(bound, tps))
-    return resolve_bound(bound, tps, earliest=earliest, latest=latest, by_timestamp=by_timestamp,
-                         default=default, option=option or "offsets", no_match=no_match)
+    return resolve_bound(
+        bound,
+        tps,
+        earliest=earliest,
+        latest=latest,
+        by_timestamp=by_timestamp,
+        default=default,
+        option=option or "offsets",
+        no_match=no_match,
+    )

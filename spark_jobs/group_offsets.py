@@ -56,28 +56,45 @@ class GroupOffsets:
     def fetch(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int] | None:
         """Committed offsets of ``tps`` (partitions without one are left out); None if unavailable."""
         request = pb.FetchCommittedOffsetsRequest(
-            group_id=self.group_id, partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in tps])
+            group_id=self.group_id, partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in tps]
+        )
         try:
             response = self._call("FetchCommittedOffsets", request)
         except GroupOffsetsUnavailable as exc:
-            log.warning("group %s: committed offsets not read (%s); starting from the output's manifests "
-                        "or the earliest offsets", self.group_id, exc)
+            log.warning(
+                "group %s: committed offsets not read (%s); starting from the output's manifests "
+                "or the earliest offsets",
+                self.group_id,
+                exc,
+            )
             return None
-        return {TopicPartition(o.topic, o.partition): o.offset for o in response.offsets
-                if o.offset >= 0 and not (o.HasField("error") and o.error.reason)}
+        return {
+            TopicPartition(o.topic, o.partition): o.offset
+            for o in response.offsets
+            if o.offset >= 0 and not (o.HasField("error") and o.error.reason)
+        }
 
     def commit(self, offsets: Mapping[TopicPartition, int], metadata: str = "") -> bool:
         """Commit ``offsets`` as a standalone consumer; False (logged) if the cluster did not take them."""
         request = pb.CommitOffsetsRequest(
-            group_id=self.group_id, member_id=STANDALONE_MEMBER, generation_id=STANDALONE_GENERATION,
-            offsets=[pb.OffsetCommit(topic=tp.topic, partition=tp.partition, offset=offset, metadata=metadata)
-                     for tp, offset in sorted(offsets.items())])
+            group_id=self.group_id,
+            member_id=STANDALONE_MEMBER,
+            generation_id=STANDALONE_GENERATION,
+            offsets=[
+                pb.OffsetCommit(topic=tp.topic, partition=tp.partition, offset=offset, metadata=metadata)
+                for tp, offset in sorted(offsets.items())
+            ],
+        )
         try:
             response = self._call("CommitOffsets", request)
             _ensure_all_committed(response)
         except GroupOffsetsUnavailable as exc:
-            log.warning("group %s: offsets NOT committed (%s); the output's _offsets manifests remain the "
-                        "source of truth, and the next run commits them again", self.group_id, exc)
+            log.warning(
+                "group %s: offsets NOT committed (%s); the output's _offsets manifests remain the "
+                "source of truth, and the next run commits them again",
+                self.group_id,
+                exc,
+            )
             return False
         return True
 
@@ -112,5 +129,7 @@ def _ensure_all_committed(response) -> None:
     failed = [r for r in response.results if r.HasField("error") and r.error.reason]
     if failed:
         first = failed[0]
-        raise GroupOffsetsUnavailable(f"{len(failed)} partitions refused, first {first.topic}-"
-                                      f"{first.partition}: [{first.error.reason}] {first.error.message}")
+        raise GroupOffsetsUnavailable(
+            f"{len(failed)} partitions refused, first {first.topic}-"
+            f"{first.partition}: [{first.error.reason}] {first.error.message}"
+        )

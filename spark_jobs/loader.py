@@ -83,8 +83,10 @@ class LoadResult:
             lines.append("nothing new to load: the output is up to date")
         else:
             read = sum(r.size for r in self.ranges)
-            lines.append(f"batch {self.batch_id}: loaded {self.records} records ({read} offsets) "
-                         f"into {len(self.by_directory)} date/hour directories")
+            lines.append(
+                f"batch {self.batch_id}: loaded {self.records} records ({read} offsets) "
+                f"into {len(self.by_directory)} date/hour directories"
+            )
             lines.extend(f"  {r}" for r in self.ranges if r.size)
         lines.append(f"output holds {self.total_records} records in all")
         lines.append(describe_group_commit(self.group_committed))
@@ -101,6 +103,7 @@ def describe_group_commit(committed: bool | None) -> str:
 
 # ---- planning ---------------------------------------------------------------------------------
 
+
 def plan_batch(store: OutputStore, config: LoaderConfig) -> list[OffsetRange]:
     """Ranges of the next batch: every partition, from where the output ends to the latest offset."""
     with ClusterView(config.servers) as view:
@@ -110,15 +113,18 @@ def plan_batch(store: OutputStore, config: LoaderConfig) -> list[OffsetRange]:
     ranges = []
     for tp in tps:
         if start[tp] > latest[tp]:
-            raise PlanningError(f"{tp}: the output has loaded up to offset {start[tp]}, but the log now "
-                                f"ends at {latest[tp]} (truncated or re-created); load it into a new output "
-                                f"directory")
+            raise PlanningError(
+                f"{tp}: the output has loaded up to offset {start[tp]}, but the log now "
+                f"ends at {latest[tp]} (truncated or re-created); load it into a new output "
+                f"directory"
+            )
         ranges.append(OffsetRange(tp.topic, tp.partition, start[tp], latest[tp]))
     return ranges
 
 
-def starting_offsets(store: OutputStore, config: LoaderConfig, tps: list[TopicPartition],
-                     earliest: Offsets) -> Offsets:
+def starting_offsets(
+    store: OutputStore, config: LoaderConfig, tps: list[TopicPartition], earliest: Offsets
+) -> Offsets:
     """Per partition: where the output's manifests end; else the earliest offset (or, with
     ``start_from="group"``, the group's committed offset when it has one).
 
@@ -136,6 +142,7 @@ def starting_offsets(store: OutputStore, config: LoaderConfig, tps: list[TopicPa
 
 # ---- the Spark part -----------------------------------------------------------------------------
 
+
 def stage(spark, config: LoaderConfig, ranges: list[OffsetRange], path: Path) -> None:
     """Read exactly ``ranges`` and write them as Parquet by UTC date/hour under ``path``."""
     from pyspark.sql import functions as F
@@ -145,30 +152,36 @@ def stage(spark, config: LoaderConfig, ranges: list[OffsetRange], path: Path) ->
         assignment.setdefault(r.topic, []).append(r.partition)
     starting = offsets_to_json({r.topic_partition: r.from_offset for r in ranges})
     ending = offsets_to_json({r.topic_partition: r.until_offset for r in ranges})
-    reader = (spark.read.format("tributary")
-              .option("servers", config.servers)
-              .option("assign", json.dumps(assignment))
-              .option("startingOffsets", json.dumps(starting))
-              .option("endingOffsets", json.dumps(ending))
-              .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
-              .option("includeHeaders", "true"))
+    reader = (
+        spark.read.format("tributary")
+        .option("servers", config.servers)
+        .option("assign", json.dumps(assignment))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
+        .option("includeHeaders", "true")
+    )
     if config.min_partitions:
         reader = reader.option("minPartitions", str(config.min_partitions))
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # date=/hour= are UTC whatever the cluster's zone
-    frame = (reader.load()
-             .withColumn("date", F.date_format("timestamp", "yyyy-MM-dd"))
-             .withColumn("hour", F.date_format("timestamp", "HH")))
+    frame = (
+        reader.load()
+        .withColumn("date", F.date_format("timestamp", "yyyy-MM-dd"))
+        .withColumn("hour", F.date_format("timestamp", "HH"))
+    )
     frame.write.mode("overwrite").partitionBy("date", "hour").parquet(str(path))
 
 
 def row_counts(store: OutputStore, batch_id: int) -> dict[str, int]:
     """Rows per staged file, from the Parquet footers (no second read of the data)."""
     staging = store.staging_dir(batch_id)
-    return {relative: pq.read_metadata(staging / relative).num_rows
-            for relative in store.staged_files(batch_id)}
+    return {
+        relative: pq.read_metadata(staging / relative).num_rows for relative in store.staged_files(batch_id)
+    }
 
 
 # ---- one run ------------------------------------------------------------------------------------
+
 
 def run_loader(spark, config: LoaderConfig) -> LoadResult:
     """Load the next batch of ``config.topics`` into ``config.output`` (see the module docstring)."""
@@ -208,33 +221,50 @@ def commit_group(store: OutputStore, config: LoaderConfig) -> bool | None:
 
 # ---- command line -------------------------------------------------------------------------------
 
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.loader",
         description="Load topics into Parquet partitioned by date/hour, exactly once: each run loads what "
-                    "arrived since the last one; offsets are written with the data (_offsets/ manifests) "
-                    "and the consumer group's offsets advance only after the output is durable.")
-    parser.add_argument("--topic", action="append", required=True,
-                        help="topic to load (repeat or comma-separate for several)")
+        "arrived since the last one; offsets are written with the data (_offsets/ manifests) "
+        "and the consumer group's offsets advance only after the output is durable.",
+    )
+    parser.add_argument(
+        "--topic", action="append", required=True, help="topic to load (repeat or comma-separate for several)"
+    )
     parser.add_argument("--output", required=True, type=Path, help="output directory (local path)")
-    parser.add_argument("--group", default=DEFAULT_GROUP,
-                        help=f"consumer group to commit to (default {DEFAULT_GROUP})")
+    parser.add_argument(
+        "--group", default=DEFAULT_GROUP, help=f"consumer group to commit to (default {DEFAULT_GROUP})"
+    )
     parser.add_argument("--servers", help=SERVERS_HELP)
-    parser.add_argument("--no-fail-on-data-loss", action="store_true",
-                        help="skip records deleted before they were loaded (logged) instead of failing")
+    parser.add_argument(
+        "--no-fail-on-data-loss",
+        action="store_true",
+        help="skip records deleted before they were loaded (logged) instead of failing",
+    )
     parser.add_argument("--min-partitions", type=int, help="split large ranges into at least this many tasks")
-    parser.add_argument("--start-from", choices=("earliest", "group"), default="earliest",
-                        help="where partitions this output never loaded start: their earliest offset "
-                             "(default) or the group's committed offset")
+    parser.add_argument(
+        "--start-from",
+        choices=("earliest", "group"),
+        default="earliest",
+        help="where partitions this output never loaded start: their earliest offset "
+        "(default) or the group's committed offset",
+    )
     parser.add_argument("--master", help="Spark master (default: $SPARK_MASTER or local[2])")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> LoaderConfig:
     topics = tuple(dict.fromkeys(t.strip() for arg in args.topic for t in arg.split(",") if t.strip()))
-    return LoaderConfig(servers=resolve_addresses(args.servers), topics=topics, output=args.output.resolve(),
-                        group=args.group, fail_on_data_loss=not args.no_fail_on_data_loss,
-                        min_partitions=args.min_partitions, start_from=args.start_from)
+    return LoaderConfig(
+        servers=resolve_addresses(args.servers),
+        topics=topics,
+        output=args.output.resolve(),
+        group=args.group,
+        fail_on_data_loss=not args.no_fail_on_data_loss,
+        min_partitions=args.min_partitions,
+        start_from=args.start_from,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

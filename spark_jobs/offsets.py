@@ -57,6 +57,7 @@ class OffsetRange(NamedTuple):
 
 # ---- offset bounds -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Earliest:
     """Every partition from its log start offset."""
@@ -109,9 +110,17 @@ def listed_partitions(bound: OffsetBound) -> set[TopicPartition]:
     return set()
 
 
-def resolve_bound(bound: OffsetBound, tps: Iterable[TopicPartition], *, earliest: Offsets, latest: Offsets,
-                  by_timestamp: Mapping[TopicPartition, int | None], default: int, option: str,
-                  no_match: str = "latest") -> Offsets:
+def resolve_bound(
+    bound: OffsetBound,
+    tps: Iterable[TopicPartition],
+    *,
+    earliest: Offsets,
+    latest: Offsets,
+    by_timestamp: Mapping[TopicPartition, int | None],
+    default: int,
+    option: str,
+    no_match: str = "latest",
+) -> Offsets:
     """Concrete offsets of ``bound`` for ``tps``.
 
     ``default`` (EARLIEST or LATEST) applies to partitions a specific bound does not list.
@@ -148,21 +157,30 @@ def _spec_for(bound: OffsetBound, tp: TopicPartition, default: int):
     return default
 
 
-def _offset_at_timestamp(tp: TopicPartition, by_timestamp: Mapping[TopicPartition, int | None],
-                         latest: Offsets, option: str, no_match: str) -> int:
+def _offset_at_timestamp(
+    tp: TopicPartition,
+    by_timestamp: Mapping[TopicPartition, int | None],
+    latest: Offsets,
+    option: str,
+    no_match: str,
+) -> int:
     offset = by_timestamp.get(tp)
     if offset is not None and offset >= 0:
         return offset
     if no_match == "error":
-        raise PlanningError(f"{option}: partition {tp} has no record at or after the timestamp; set "
-                            f"startingOffsetsByTimestampStrategy=latest to start at its end instead")
+        raise PlanningError(
+            f"{option}: partition {tp} has no record at or after the timestamp; set "
+            f"startingOffsetsByTimestampStrategy=latest to start at its end instead"
+        )
     return latest[tp]
 
 
 # ---- batch planning ----------------------------------------------------------------------------
 
-def plan_batch(start: Offsets, end: Offsets, latest: Offsets, *,
-               min_partitions: int | None = None) -> list[OffsetRange]:
+
+def plan_batch(
+    start: Offsets, end: Offsets, latest: Offsets, *, min_partitions: int | None = None
+) -> list[OffsetRange]:
     """Ranges ``start -> end`` of a batch query, checked against the log, split for ``min_partitions``.
 
     A start below the log start is *not* an error here: the reader finds those records gone and
@@ -181,8 +199,10 @@ def ensure_readable(tp: TopicPartition, start: int, end: int, latest: int) -> No
     if start > latest:
         raise PlanningError(f"startingOffsets: offset {start} of {tp} is beyond its latest offset {latest}")
     if end > latest:
-        raise PlanningError(f"endingOffsets: offset {end} of {tp} is beyond its latest offset {latest} "
-                            f"(those records are not written yet)")
+        raise PlanningError(
+            f"endingOffsets: offset {end} of {tp} is beyond its latest offset {latest} "
+            f"(those records are not written yet)"
+        )
     if start > end:
         raise PlanningError(f"{tp}: the starting offset {start} is after the ending offset {end}")
 
@@ -228,6 +248,7 @@ def _split(r: OffsetRange, parts: int) -> list[OffsetRange]:
 
 # ---- streaming planning ------------------------------------------------------------------------
 
+
 @dataclass
 class StreamStep:
     """Where the next micro-batch ends, and what went missing since the last one."""
@@ -237,8 +258,15 @@ class StreamStep:
     losses: list[str] = field(default_factory=list)
 
 
-def plan_stream_end(start: Offsets, current: Iterable[TopicPartition], *, earliest: Offsets, latest: Offsets,
-                    target: Offsets | None = None, max_rows: int | None = None) -> StreamStep:
+def plan_stream_end(
+    start: Offsets,
+    current: Iterable[TopicPartition],
+    *,
+    earliest: Offsets,
+    latest: Offsets,
+    target: Offsets | None = None,
+    max_rows: int | None = None,
+) -> StreamStep:
     """The end offsets of the next micro-batch.
 
     * A partition seen for the first time enters at its earliest offset with an empty range, so
@@ -261,9 +289,11 @@ def plan_stream_end(start: Offsets, current: Iterable[TopicPartition], *, earlie
         elif tp not in start:
             step.end[tp] = earliest[tp]
         elif start[tp] > latest[tp]:
-            step.losses.append(f"partition {tp} now ends at offset {latest[tp]}, before the checkpointed "
-                               f"offset {start[tp]} (truncated or re-created); restarting it at its earliest "
-                               f"offset")
+            step.losses.append(
+                f"partition {tp} now ends at offset {latest[tp]}, before the checkpointed "
+                f"offset {start[tp]} (truncated or re-created); restarting it at its earliest "
+                f"offset"
+            )
             step.end[tp] = earliest[tp]
         else:
             lag_from[tp] = start[tp]
@@ -295,16 +325,21 @@ def rate_limit(start: Offsets, upper: Offsets, max_rows: int | None) -> Offsets:
     return {tp: start[tp] + taken[tp] for tp in lags}
 
 
-def plan_stream_ranges(start: Offsets, end: Offsets, *,
-                       min_partitions: int | None = None) -> list[OffsetRange]:
+def plan_stream_ranges(
+    start: Offsets, end: Offsets, *, min_partitions: int | None = None
+) -> list[OffsetRange]:
     """Ranges of one micro-batch. Partitions absent from ``start`` (just discovered) or moved
     backwards (truncation already reported by :func:`plan_stream_end`) read nothing."""
-    ranges = [OffsetRange(tp.topic, tp.partition, start[tp], end[tp])
-              for tp in sorted(end) if tp in start and end[tp] > start[tp]]
+    ranges = [
+        OffsetRange(tp.topic, tp.partition, start[tp], end[tp])
+        for tp in sorted(end)
+        if tp in start and end[tp] > start[tp]
+    ]
     return split_for_min_partitions(ranges, min_partitions)
 
 
 # ---- JSON form ---------------------------------------------------------------------------------
+
 
 def offsets_to_json(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
     """``{tp: offset}`` -> ``{"topic": {"0": offset}}`` (Spark's Kafka source JSON, sorted)."""

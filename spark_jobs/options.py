@@ -62,9 +62,18 @@ from spark_jobs.offsets import (
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 _STARTING = ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp")
 _ENDING = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
-READ_OPTIONS = (*_SUBSCRIPTIONS, *_STARTING, *_ENDING, "startingOffsetsByTimestampStrategy",
-                "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "includeHeaders", "servers",
-                "pollTimeoutMs")
+READ_OPTIONS = (
+    *_SUBSCRIPTIONS,
+    *_STARTING,
+    *_ENDING,
+    "startingOffsetsByTimestampStrategy",
+    "maxOffsetsPerTrigger",
+    "minPartitions",
+    "failOnDataLoss",
+    "includeHeaders",
+    "servers",
+    "pollTimeoutMs",
+)
 WRITE_OPTIONS = ("topic", "servers", "compression", "acks")
 #: Options Spark itself passes along (``load(path)``, a stream writer's ``checkpointLocation``).
 _SPARK_OPTIONS = ("path", "checkpointlocation")
@@ -82,6 +91,7 @@ class OptionError(ValueError):
 
 
 # ---- the raw option map -------------------------------------------------------------------------
+
 
 class _Raw:
     """Case-insensitive view of Spark's options that reports problems by their proper names."""
@@ -129,6 +139,7 @@ class _Raw:
 
 # ---- subscriptions -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Subscription:
     """Which partitions to read: topics, a pattern over topic names, or explicit partitions."""
@@ -151,8 +162,10 @@ def _parse_subscription(raw: _Raw) -> Subscription:
     given = raw.given(_SUBSCRIPTIONS)
     if len(given) != 1:
         found = ", ".join(given) if given else "none"
-        raise OptionError(given[1] if given else "subscribe",
-                          f"exactly one of subscribe, subscribePattern, assign must be set (found: {found})")
+        raise OptionError(
+            given[1] if given else "subscribe",
+            f"exactly one of subscribe, subscribePattern, assign must be set (found: {found})",
+        )
     kind = given[0]
     if kind == "subscribe":
         topics = tuple(dict.fromkeys(t.strip() for t in raw.get(kind).split(",") if t.strip()))
@@ -187,8 +200,10 @@ def _is_index(value) -> bool:
 
 # ---- offset bounds ----------------------------------------------------------------------------
 
-def _parse_per_partition(raw: _Raw, name: str, *,
-                         allowed_negative: tuple[int, ...]) -> dict[TopicPartition, int]:
+
+def _parse_per_partition(
+    raw: _Raw, name: str, *, allowed_negative: tuple[int, ...]
+) -> dict[TopicPartition, int]:
     example = '{"topicA": {"0": 23, "1": -2}}'
     data = raw.json(name, example)
     if not isinstance(data, dict):
@@ -196,8 +211,9 @@ def _parse_per_partition(raw: _Raw, name: str, *,
     result = {}
     for topic, parts in data.items():
         if not isinstance(parts, dict):
-            raise OptionError(name, f"the value of {topic!r} must be an object of partition -> value, "
-                                    f"e.g. {example}")
+            raise OptionError(
+                name, f"the value of {topic!r} must be an object of partition -> value, e.g. {example}"
+            )
         for partition, value in parts.items():
             if not str(partition).isdigit():
                 raise OptionError(name, f"partition {partition!r} of {topic!r} is not a non-negative integer")
@@ -214,8 +230,9 @@ def _parse_timestamp(raw: _Raw, name: str) -> int:
     try:
         timestamp = int(value)
     except ValueError:
-        raise OptionError(name, f"must be a timestamp in milliseconds since the epoch, not {value!r}") \
-            from None
+        raise OptionError(
+            name, f"must be a timestamp in milliseconds since the epoch, not {value!r}"
+        ) from None
     if timestamp < 0:
         raise OptionError(name, f"must be a timestamp in milliseconds since the epoch, not {value!r}")
     return timestamp
@@ -240,13 +257,18 @@ def _parse_bound(raw: _Raw, names: tuple[str, str, str]) -> OffsetBound | None:
     if value.lower() == "latest":
         return Latest()
     if not value.startswith("{"):
-        raise OptionError(name, f"must be earliest, latest or JSON like {{\"topicA\": {{\"0\": 23}}}}, "
-                                f"not {value!r}")
+        raise OptionError(
+            name, f'must be earliest, latest or JSON like {{"topicA": {{"0": 23}}}}, not {value!r}'
+        )
     return SpecificOffsets(_parse_per_partition(raw, name, allowed_negative=(EARLIEST, LATEST)))
 
 
-def _ensure_batch_bounds(starting: OffsetBound | None, starting_name: str | None,
-                         ending: OffsetBound | None, ending_name: str | None) -> None:
+def _ensure_batch_bounds(
+    starting: OffsetBound | None,
+    starting_name: str | None,
+    ending: OffsetBound | None,
+    ending_name: str | None,
+) -> None:
     """Spark's Kafka source rules: a batch cannot start at latest nor end at earliest."""
     if isinstance(starting, Latest) or _names(starting, LATEST):
         raise OptionError(starting_name, "latest (-1) is not allowed as a starting offset of a batch query")
@@ -259,6 +281,7 @@ def _names(bound: OffsetBound | None, sentinel: int) -> bool:
 
 
 # ---- read options ------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -291,7 +314,10 @@ class ReadOptions:
             _ensure_batch_bounds(starting, starting_name, ending, ending_name)
         return cls(
             subscription=_parse_subscription(raw),
-            starting=starting, starting_option=starting_name, ending=ending, ending_option=ending_name,
+            starting=starting,
+            starting_option=starting_name,
+            ending=ending,
+            ending_option=ending_name,
             timestamp_strategy=_parse_strategy(raw),
             max_offsets_per_trigger=raw.positive_int("maxOffsetsPerTrigger"),
             min_partitions=raw.positive_int("minPartitions"),
@@ -331,6 +357,7 @@ def _parse_servers(raw: _Raw) -> str | None:
 
 # ---- write options -----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class WriteOptions:
     """Every writing option, validated."""
@@ -345,10 +372,15 @@ class WriteOptions:
         raw = _Raw(options, WRITE_OPTIONS)
         compression = (raw.get("compression") or "none").lower()
         if compression not in _COMPRESSIONS:
-            raise OptionError("compression",
-                              f"must be one of {', '.join(_COMPRESSIONS)}, not {compression!r}")
+            raise OptionError(
+                "compression", f"must be one of {', '.join(_COMPRESSIONS)}, not {compression!r}"
+            )
         acks = (raw.get("acks") or "all").lower()
         if acks not in _ACKS:
             raise OptionError("acks", f"must be all, 1 or 0, not {acks!r}")
-        return cls(topic=raw.get("topic") or None, servers=_parse_servers(raw), compression=compression,
-                   acks=_ACKS[acks])
+        return cls(
+            topic=raw.get("topic") or None,
+            servers=_parse_servers(raw),
+            compression=compression,
+            acks=_ACKS[acks],
+        )

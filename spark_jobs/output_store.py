@@ -77,9 +77,14 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: dict) -> Manifest:
-        return cls(batch_id=int(data["batch_id"]), ranges=_ranges_from_json(data["offsets"]),
-                   files=tuple(data["files"]), records=int(data["records"]),
-                   created_ms=int(data["created_ms"]), by_directory=dict(data.get("by_directory", {})))
+        return cls(
+            batch_id=int(data["batch_id"]),
+            ranges=_ranges_from_json(data["offsets"]),
+            files=tuple(data["files"]),
+            records=int(data["records"]),
+            created_ms=int(data["created_ms"]),
+            by_directory=dict(data.get("by_directory", {})),
+        )
 
 
 def _ranges_to_json(ranges) -> dict:
@@ -90,8 +95,13 @@ def _ranges_to_json(ranges) -> dict:
 
 
 def _ranges_from_json(data: dict) -> tuple[OffsetRange, ...]:
-    return tuple(sorted(OffsetRange(topic, int(p), int(bounds[0]), int(bounds[1]))
-                        for topic, parts in data.items() for p, bounds in parts.items()))
+    return tuple(
+        sorted(
+            OffsetRange(topic, int(p), int(bounds[0]), int(bounds[1]))
+            for topic, parts in data.items()
+            for p, bounds in parts.items()
+        )
+    )
 
 
 class OutputStore:
@@ -137,8 +147,11 @@ class OutputStore:
     def staged_batches(self) -> list[int]:
         if not self.staging_root.is_dir():
             return []
-        return sorted(int(p.name.split("-", 1)[1]) for p in self.staging_root.glob("batch-*")
-                      if p.name.split("-", 1)[1].isdigit())
+        return sorted(
+            int(p.name.split("-", 1)[1])
+            for p in self.staging_root.glob("batch-*")
+            if p.name.split("-", 1)[1].isdigit()
+        )
 
     def staged_files(self, batch_id: int) -> list[str]:
         """Data files Spark wrote for a batch, relative to its staging directory.
@@ -146,13 +159,15 @@ class OutputStore:
         Not ``_SUCCESS`` nor the hidden ``.crc`` checksums, which stay behind and go with staging.
         """
         staging = self.staging_dir(batch_id)
-        return sorted(str(p.relative_to(staging)) for p in staging.rglob("*.parquet")
-                      if not p.name.startswith("."))
+        return sorted(
+            str(p.relative_to(staging)) for p in staging.rglob("*.parquet") if not p.name.startswith(".")
+        )
 
     # -- the commit protocol ------------------------------------------------------------------
 
-    def commit(self, batch_id: int, ranges: list[OffsetRange], row_counts: dict[str, int],
-               now_ms: int) -> Manifest:
+    def commit(
+        self, batch_id: int, ranges: list[OffsetRange], row_counts: dict[str, int], now_ms: int
+    ) -> Manifest:
         """Make a staged batch durable and write its manifest atomically (the commit point).
 
         ``row_counts``: rows per staged file (relative path), read from the Parquet footers.
@@ -162,9 +177,14 @@ class OutputStore:
         for relative in files:
             _fsync_file(staging / relative)
         _fsync_tree_dirs(staging)
-        manifest = Manifest(batch_id=batch_id, ranges=tuple(sorted(ranges)), files=tuple(files),
-                            records=sum(row_counts.get(f, 0) for f in files), created_ms=now_ms,
-                            by_directory=_by_directory(files, row_counts))
+        manifest = Manifest(
+            batch_id=batch_id,
+            ranges=tuple(sorted(ranges)),
+            files=tuple(files),
+            records=sum(row_counts.get(f, 0) for f in files),
+            created_ms=now_ms,
+            by_directory=_by_directory(files, row_counts),
+        )
         text = json.dumps(manifest.to_json(), indent=1, sort_keys=True)
         _write_atomically(self.manifest_path(batch_id), text)
         return manifest
@@ -181,8 +201,9 @@ class OutputStore:
                 moved += 1
                 touched.add(target.parent)
             elif not target.exists():
-                raise OutputCorruptError(f"batch {manifest.batch_id}: {relative} is neither staged nor "
-                                         f"published")
+                raise OutputCorruptError(
+                    f"batch {manifest.batch_id}: {relative} is neither staged nor published"
+                )
         for directory in sorted(touched):
             _fsync_dir(directory)
             _fsync_dir(directory.parent)
@@ -204,8 +225,10 @@ class OutputStore:
             else:
                 shutil.rmtree(self.staging_dir(batch_id))
                 _remove_if_empty(self.staging_root)
-                actions.append(f"batch {batch_id}: staged by a run that did not commit, discarded "
-                               f"(its offsets are loaded again)")
+                actions.append(
+                    f"batch {batch_id}: staged by a run that did not commit, discarded "
+                    f"(its offsets are loaded again)"
+                )
         return actions
 
     def published_files(self) -> list[Path]:
@@ -228,6 +251,7 @@ def _remove_if_empty(directory: Path) -> None:
 
 
 # ---- durability helpers --------------------------------------------------------------------------
+
 
 def _fsync_file(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -258,4 +282,3 @@ def _write_atomically(path: Path, text: str) -> None:
         os.fsync(handle.fileno())
     os.replace(temporary, path)
     _fsync_dir(path.parent)
-

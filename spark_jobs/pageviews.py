@@ -32,36 +32,62 @@ log = logging.getLogger("spark_jobs.pageviews")
 EVENT_SCHEMA = "user string, page string, ts long"
 
 
-def page_views(spark, servers: str, topic: str, *, window: str = "1 minute", watermark: str = "2 minutes",
-               starting_offsets: str = "earliest", max_offsets_per_trigger: int | None = None):
+def page_views(
+    spark,
+    servers: str,
+    topic: str,
+    *,
+    window: str = "1 minute",
+    watermark: str = "2 minutes",
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+):
     """The streaming DataFrame ``(window_start, window_end, page, views)``."""
     from pyspark.sql import functions as F
 
-    reader = (spark.readStream.format("tributary").option("servers", servers).option("subscribe", topic)
-              .option("startingOffsets", starting_offsets))
+    reader = (
+        spark.readStream.format("tributary")
+        .option("servers", servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", starting_offsets)
+    )
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    events = (reader.load()
-              .select(F.col("timestamp").alias("event_time"),
-                      F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("event"))
-              .where(F.col("event.page").isNotNull()))
-    return (events.withWatermark("event_time", watermark)
-            .groupBy(F.window("event_time", window), F.col("event.page").alias("page"))
-            .agg(F.count(F.lit(1)).alias("views"))
-            .select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
-                    "page", "views"))
+    events = (
+        reader.load()
+        .select(
+            F.col("timestamp").alias("event_time"),
+            F.from_json(F.col("value").cast("string"), EVENT_SCHEMA).alias("event"),
+        )
+        .where(F.col("event.page").isNotNull())
+    )
+    return (
+        events.withWatermark("event_time", watermark)
+        .groupBy(F.window("event_time", window), F.col("event.page").alias("page"))
+        .agg(F.count(F.lit(1)).alias("views"))
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "page",
+            "views",
+        )
+    )
 
 
-def start_query(frame, *, checkpoint: Path, output: Path | None, available_now: bool,
-                trigger_seconds: int = 10):
+def start_query(
+    frame, *, checkpoint: Path, output: Path | None, available_now: bool, trigger_seconds: int = 10
+):
     """Start writing ``frame`` to Parquet (append) or the console (update)."""
     writer = frame.writeStream.option("checkpointLocation", str(checkpoint)).queryName("tributary-pageviews")
     if output is not None:
         writer = writer.format("parquet").option("path", str(output)).outputMode("append")
     else:
         writer = writer.format("console").option("truncate", "false").outputMode("update")
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(
-        processingTime=f"{trigger_seconds} seconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=f"{trigger_seconds} seconds")
+    )
     return writer.start()
 
 
@@ -69,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.pageviews",
         description="Streaming page views per page per minute from the activity topic, to Parquet or the "
-                    "console.")
+        "console.",
+    )
     parser.add_argument("--topic", default="activity", help="activity topic (default activity)")
-    parser.add_argument("--checkpoint", type=Path, required=True,
-                        help="checkpoint directory (offsets and state)")
+    parser.add_argument(
+        "--checkpoint", type=Path, required=True, help="checkpoint directory (offsets and state)"
+    )
     sink = parser.add_mutually_exclusive_group(required=True)
     sink.add_argument("--output", type=Path, help="write final per-window counts as Parquet here")
     sink.add_argument("--console", action="store_true", help="print updated counts every trigger")
@@ -94,11 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     from spark_jobs.session import spark_session
 
     spark = spark_session("tributary-pageviews", master=args.master)
-    frame = page_views(spark, servers, args.topic, window=args.window, watermark=args.watermark,
-                       starting_offsets=args.starting_offsets,
-                       max_offsets_per_trigger=args.max_offsets_per_trigger)
-    query = start_query(frame, checkpoint=args.checkpoint, output=args.output,
-                        available_now=args.available_now, trigger_seconds=args.trigger_seconds)
+    frame = page_views(
+        spark,
+        servers,
+        args.topic,
+        window=args.window,
+        watermark=args.watermark,
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+    )
+    query = start_query(
+        frame,
+        checkpoint=args.checkpoint,
+        output=args.output,
+        available_now=args.available_now,
+        trigger_seconds=args.trigger_seconds,
+    )
     try:
         query.awaitTermination()
     except KeyboardInterrupt:

@@ -69,8 +69,9 @@ def produce_activity(config: PipelineConfig) -> int:
     producer = Producer(servers=config.servers, linger_ms=10, compression="lz4")
     window_ms = config.window_minutes * 60_000
     with AuditingProducer(producer, audit_topic=config.audit_topic, window_ms=window_ms) as audited:
-        for event in activity_events(config.records, end_ms=end_ms, span_ms=config.span_minutes * 60_000,
-                                     seed=end_ms):
+        for event in activity_events(
+            config.records, end_ms=end_ms, span_ms=config.span_minutes * 60_000, seed=end_ms
+        ):
             audited.send(config.topic, event.value, key=event.key, timestamp=event.timestamp)
         audited.flush(timeout=120)
         return len(audited.counter.events(audited.producer_id, end_ms))
@@ -80,43 +81,57 @@ def run_pipeline(spark, config: PipelineConfig) -> tuple[int, LoadResult, AuditR
     """Steps 1-4 of the module docstring."""
     partitions = ensure_topics(config)
     windows = produce_activity(config)
-    print(f"produced  {config.records} activity events to '{config.topic}' ({partitions} partitions), "
-          f"with audit events for {windows} windows of {config.window_minutes} min", flush=True)
+    print(
+        f"produced  {config.records} activity events to '{config.topic}' ({partitions} partitions), "
+        f"with audit events for {windows} windows of {config.window_minutes} min",
+        flush=True,
+    )
     loader = LoaderConfig(servers=config.servers, topics=(config.topic,), output=config.output)
     loaded = run_loader(spark, loader)
-    report = run_audit(spark, config.servers, (config.topic,), loaded=config.output,
-                       audit_topic=config.audit_topic)
+    report = run_audit(
+        spark, config.servers, (config.topic,), loaded=config.output, audit_topic=config.audit_topic
+    )
     return partitions, loaded, report
 
 
 def format_summary(config: PipelineConfig, loaded: LoadResult, report: AuditReport) -> str:
-    batch = ("nothing new" if loaded.batch_id is None else
-             f"{loaded.records} records in batch {loaded.batch_id}")
-    verdict = ("OK -- every audited record was loaded exactly once" if report.ok else
-               f"LOSS/DUPLICATES FOUND -- missing {report.missing}, duplicated {report.duplicated}")
-    return "\n".join([
-        f"loaded    {batch} -> {config.output} ({len(loaded.by_directory)} date/hour directories; "
-        f"{loaded.total_records} records in the output in all)",
-        f"          {describe_group_commit(loaded.group_committed)}",
-        f"audited   {len(report.windows)} windows: expected {report.expected}, missing {report.missing}, "
-        f"duplicated {report.duplicated}",
-        f"result    {verdict}",
-    ])
+    batch = (
+        "nothing new" if loaded.batch_id is None else f"{loaded.records} records in batch {loaded.batch_id}"
+    )
+    verdict = (
+        "OK -- every audited record was loaded exactly once"
+        if report.ok
+        else f"LOSS/DUPLICATES FOUND -- missing {report.missing}, duplicated {report.duplicated}"
+    )
+    return "\n".join(
+        [
+            f"loaded    {batch} -> {config.output} ({len(loaded.by_directory)} date/hour directories; "
+            f"{loaded.total_records} records in the output in all)",
+            f"          {describe_group_commit(loaded.group_committed)}",
+            f"audited   {len(report.windows)} windows: expected {report.expected}, missing {report.missing}, "
+            f"duplicated {report.duplicated}",
+            f"result    {verdict}",
+        ]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m spark_jobs.pipeline",
         description="Produce activity events (with audit events), load them to Parquet with the offline "
-                    "loader, audit the load, and print a report. Needs a running cluster.")
-    parser.add_argument("--records", type=int, default=20_000,
-                        help="activity events to produce (default 20000)")
+        "loader, audit the load, and print a report. Needs a running cluster.",
+    )
+    parser.add_argument(
+        "--records", type=int, default=20_000, help="activity events to produce (default 20000)"
+    )
     parser.add_argument("--topic", default="activity", help="activity topic (default activity)")
-    parser.add_argument("--partitions", type=int, default=3,
-                        help="partitions if the topic is created (default 3)")
+    parser.add_argument(
+        "--partitions", type=int, default=3, help="partitions if the topic is created (default 3)"
+    )
     parser.add_argument("--output", type=Path, help="loader output (default <data dir>/warehouse/<topic>)")
-    parser.add_argument("--span-minutes", type=int, default=30,
-                        help="events are spread over the last N minutes (default 30)")
+    parser.add_argument(
+        "--span-minutes", type=int, default=30, help="events are spread over the last N minutes (default 30)"
+    )
     parser.add_argument("--window-minutes", type=int, default=5, help="audit window (default 5)")
     parser.add_argument("--servers", help=SERVERS_HELP)
     parser.add_argument("--master", help="Spark master (default: $SPARK_MASTER or local[2])")
@@ -129,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--records must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     output = (args.output or default_data_dir() / "warehouse" / args.topic).resolve()
-    config = PipelineConfig(servers=resolve_addresses(args.servers), records=args.records, topic=args.topic,
-                            partitions=args.partitions, output=output, span_minutes=args.span_minutes,
-                            window_minutes=args.window_minutes)
+    config = PipelineConfig(
+        servers=resolve_addresses(args.servers),
+        records=args.records,
+        topic=args.topic,
+        partitions=args.partitions,
+        output=output,
+        span_minutes=args.span_minutes,
+        window_minutes=args.window_minutes,
+    )
     from spark_jobs.session import spark_session
 
     spark = spark_session("tributary-pipeline", master=args.master)

@@ -59,8 +59,13 @@ def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.Rec
     if rng.size <= 0:
         return
     builder = ArrowBatchBuilder(rng.topic, rng.partition, include_headers=settings.include_headers)
-    with Consumer(servers=settings.servers, auto_offset_reset="none", max_poll_records=BATCH_ROWS,
-                  max_partition_fetch_bytes=FETCH_BYTES, client_id="tributary-spark") as consumer:
+    with Consumer(
+        servers=settings.servers,
+        auto_offset_reset="none",
+        max_poll_records=BATCH_ROWS,
+        max_partition_fetch_bytes=FETCH_BYTES,
+        client_id="tributary-spark",
+    ) as consumer:
         for records in _poll_range(consumer, rng, settings):
             builder.add(records)
             if len(builder) >= BATCH_ROWS:
@@ -82,28 +87,39 @@ def _poll_range(consumer: Consumer, rng: OffsetRange, settings: RangeReadSetting
         except OffsetOutOfRangeError as exc:
             position = _skip_lost(consumer, rng, position, settings, exc)
             continue
-        records = polled if not polled or polled[-1].offset < rng.until_offset else [
-            r for r in polled if r.offset < rng.until_offset]  # only the last poll overshoots
+        records = (
+            polled
+            if not polled or polled[-1].offset < rng.until_offset
+            else [r for r in polled if r.offset < rng.until_offset]
+        )  # only the last poll overshoots
         if records:
             yield records
         moved = consumer.position(tp)
         if moved > position:
             position, last_progress = moved, time.monotonic()
         elif time.monotonic() - last_progress > settings.poll_timeout_ms / 1000.0:
-            raise ReadTimeoutError(f"reading {rng}: no record after offset {position} within "
-                                   f"{settings.poll_timeout_ms} ms (pollTimeoutMs)")
+            raise ReadTimeoutError(
+                f"reading {rng}: no record after offset {position} within "
+                f"{settings.poll_timeout_ms} ms (pollTimeoutMs)"
+            )
 
 
-def _skip_lost(consumer: Consumer, rng: OffsetRange, position: int, settings: RangeReadSettings,
-               error: OffsetOutOfRangeError) -> int:
+def _skip_lost(
+    consumer: Consumer,
+    rng: OffsetRange,
+    position: int,
+    settings: RangeReadSettings,
+    error: OffsetOutOfRangeError,
+) -> int:
     """Where reading goes on after OFFSET_OUT_OF_RANGE at ``position``; raises or warns per failOnDataLoss."""
     tp = rng.topic_partition
     log_start = consumer.beginning_offsets([tp])[tp]
     log_end = consumer.end_offsets([tp])[tp]
     if position < log_start:
         resume = min(log_start, rng.until_offset)
-        why = (f"deleted (retention or delete-records) before they were read; the log now starts at "
-               f"{log_start}")
+        why = (
+            f"deleted (retention or delete-records) before they were read; the log now starts at {log_start}"
+        )
     elif position > log_end:
         resume = rng.until_offset
         why = f"no longer in the log, which now ends at {log_end} (truncated or re-created)"

@@ -24,8 +24,11 @@ LOG4J2_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
 #: Settings for a small local run: no UI, few shuffle partitions, UTC everywhere, quiet JVM logs
 #: (when the log4j2 file is there: a wheel built without package data leaves it out).
 LOCAL_CONF = {
-    **({"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"}
-       if LOG4J2_CONFIG.is_file() else {}),
+    **(
+        {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"}
+        if LOG4J2_CONFIG.is_file()
+        else {}
+    ),
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",
@@ -42,8 +45,10 @@ def ensure_java(environ: Mapping[str, str] | None = None) -> None:
     """Fail with a clear message, not py4j's "Java gateway process exited", when Java is absent."""
     environ = os.environ if environ is None else environ
     if not environ.get("JAVA_HOME") and shutil.which("java") is None:
-        raise JavaMissingError("Spark needs Java 17: put java on PATH or set JAVA_HOME "
-                               "(Debian: apt-get install openjdk-17-jre-headless)")
+        raise JavaMissingError(
+            "Spark needs Java 17: put java on PATH or set JAVA_HOME "
+            "(Debian: apt-get install openjdk-17-jre-headless)"
+        )
 
 
 def prepare_environment(environ: dict | None = None, *, local: bool = True) -> None:

@@ -50,16 +50,20 @@ class WriteTaskError(RuntimeError):
 def ensure_appending(overwrite: bool) -> None:
     """A topic is an append-only log: there is nothing to overwrite (Kafka's sink refuses too)."""
     if overwrite:
-        raise WriteSchemaError("a topic cannot be overwritten, only appended to: use mode('append') "
-                               "(or outputMode('append') for streams)")
+        raise WriteSchemaError(
+            "a topic cannot be overwritten, only appended to: use mode('append') "
+            "(or outputMode('append') for streams)"
+        )
 
 
 def ensure_writable(schema: StructType, options: WriteOptions) -> None:
     """Check the input columns against the sink's contract before any task starts."""
     types = {f.name: f.dataType for f in schema.fields}
     if "value" not in types:
-        raise WriteSchemaError(f"the tributary sink needs a 'value' column (binary or string); "
-                               f"the DataFrame has {', '.join(types) or 'no columns'}")
+        raise WriteSchemaError(
+            f"the tributary sink needs a 'value' column (binary or string); "
+            f"the DataFrame has {', '.join(types) or 'no columns'}"
+        )
     _ensure_type(types, "value", _BYTES_OR_STRING, "binary or string")
     _ensure_type(types, "key", _BYTES_OR_STRING, "binary or string")
     _ensure_type(types, "topic", (StringType(),), "string")
@@ -107,6 +111,7 @@ class _Failures:
         def settle(error, _metadata) -> None:
             if error is not None:
                 self.add(f"row {row}", error)
+
         return settle
 
     def __bool__(self) -> bool:
@@ -138,14 +143,21 @@ class _ProducingWriter:
         context = TaskContext.get()
         task, attempt = (context.partitionId(), context.attemptNumber()) if context else (-1, 0)
         failures, by_topic = _Failures(), Counter()
-        with Producer(servers=self.servers, acks=self.options.acks, compression=self.options.compression,
-                      max_block_ms=30_000, client_id="tributary-spark") as producer:
+        with Producer(
+            servers=self.servers,
+            acks=self.options.acks,
+            compression=self.options.compression,
+            max_block_ms=30_000,
+            client_id="tributary-spark",
+        ) as producer:
             self._send_all(producer, iterator, failures, by_topic)
             producer.flush()
         records = sum(by_topic.values())
         if failures:
-            raise WriteTaskError(f"tributary write task {task} (attempt {attempt}) failed: {failures.count} "
-                                 f"of {records} records not written; " + "; ".join(failures.quoted))
+            raise WriteTaskError(
+                f"tributary write task {task} (attempt {attempt}) failed: {failures.count} "
+                f"of {records} records not written; " + "; ".join(failures.quoted)
+            )
         return WriteResult(task, attempt, records, dict(by_topic))
 
     def _send_all(self, producer: Producer, iterator, failures: _Failures, by_topic: Counter) -> None:
@@ -155,8 +167,14 @@ class _ProducingWriter:
                 try:
                     if topic is None:
                         raise ValueError("the topic column is null and no 'topic' option is set")
-                    producer.send(topic, value, key=key, headers=headers, partition=partition,
-                                  on_delivery=failures.on_delivery(row))
+                    producer.send(
+                        topic,
+                        value,
+                        key=key,
+                        headers=headers,
+                        partition=partition,
+                        on_delivery=failures.on_delivery(row),
+                    )
                     by_topic[topic] += 1
                 except Exception as exc:  # noqa: BLE001 -- reported with its row, then the task fails
                     failures.add(f"row {row}", exc)
@@ -182,8 +200,13 @@ class TributaryWriter(_ProducingWriter, DataSourceArrowWriter):
     def abort(self, messages: list) -> None:
         tasks, records = self._summary(messages)
         failed = sum(1 for m in messages if not isinstance(m, WriteResult))
-        log.warning("tributary write aborted: %d tasks failed; %d finished tasks had written %d records, "
-                    "which stay in the log (the sink is at-least-once)", failed, tasks, records)
+        log.warning(
+            "tributary write aborted: %d tasks failed; %d finished tasks had written %d records, "
+            "which stay in the log (the sink is at-least-once)",
+            failed,
+            tasks,
+            records,
+        )
 
 
 class TributaryStreamWriter(_ProducingWriter, DataSourceStreamArrowWriter):
@@ -191,10 +214,16 @@ class TributaryStreamWriter(_ProducingWriter, DataSourceStreamArrowWriter):
 
     def commit(self, messages: list, batchId: int) -> None:
         tasks, records = self._summary(messages)
-        log.info("tributary stream write: batch %d committed, %d records from %d tasks",
-                 batchId, records, tasks)
+        log.info(
+            "tributary stream write: batch %d committed, %d records from %d tasks", batchId, records, tasks
+        )
 
     def abort(self, messages: list, batchId: int) -> None:
         tasks, records = self._summary(messages)
-        log.warning("tributary stream write: batch %d aborted; %d finished tasks had written %d records "
-                    "(at-least-once: the retried batch writes them again)", batchId, tasks, records)
+        log.warning(
+            "tributary stream write: batch %d aborted; %d finished tasks had written %d records "
+            "(at-least-once: the retried batch writes them again)",
+            batchId,
+            tasks,
+            records,
+        )

@@ -64,13 +64,19 @@ class RangePartition(InputPartition):
 def _ensure_schema(schema: StructType, options: ReadOptions) -> None:
     expected = read_schema(options.include_headers)
     if schema is not None and schema != expected:
-        raise OptionError("schema", f"the tributary source has a fixed schema ({expected.simpleString()}); "
-                                    f"do not pass .schema(...)")
+        raise OptionError(
+            "schema",
+            f"the tributary source has a fixed schema ({expected.simpleString()}); do not pass .schema(...)",
+        )
 
 
 def _settings(options: ReadOptions, servers: str) -> RangeReadSettings:
-    return RangeReadSettings(servers=servers, fail_on_data_loss=options.fail_on_data_loss,
-                             include_headers=options.include_headers, poll_timeout_ms=options.poll_timeout_ms)
+    return RangeReadSettings(
+        servers=servers,
+        fail_on_data_loss=options.fail_on_data_loss,
+        include_headers=options.include_headers,
+        poll_timeout_ms=options.poll_timeout_ms,
+    )
 
 
 class TributaryDataSource(DataSource):
@@ -115,6 +121,7 @@ class TributaryDataSource(DataSource):
 
 # ---- batch -------------------------------------------------------------------------------------
 
+
 class TributaryBatchReader(DataSourceReader):
     """A batch read: offsets resolved once in ``partitions()``, then one task per range."""
 
@@ -124,8 +131,9 @@ class TributaryBatchReader(DataSourceReader):
 
     def partitions(self) -> list[RangePartition]:
         ranges = self.plan()
-        log.info("tributary batch read planned %d ranges, %d records", len(ranges),
-                 sum(r.size for r in ranges))
+        log.info(
+            "tributary batch read planned %d ranges, %d records", len(ranges), sum(r.size for r in ranges)
+        )
         return [RangePartition(r) for r in ranges]
 
     def plan(self) -> list[OffsetRange]:
@@ -134,11 +142,25 @@ class TributaryBatchReader(DataSourceReader):
         with ClusterView(self.servers) as view:
             tps = view.partitions(o.subscription, must_exist=True)
             earliest, latest = view.offsets(tps, "earliest"), view.offsets(tps, "latest")
-            start = resolve_offsets(view, o.starting_bound(streaming=False), tps, default=EARLIEST,
-                                    option=o.starting_option, earliest=earliest, latest=latest,
-                                    no_match=o.timestamp_strategy)
-            end = resolve_offsets(view, o.ending_bound(), tps, default=LATEST, option=o.ending_option,
-                                  earliest=earliest, latest=latest)
+            start = resolve_offsets(
+                view,
+                o.starting_bound(streaming=False),
+                tps,
+                default=EARLIEST,
+                option=o.starting_option,
+                earliest=earliest,
+                latest=latest,
+                no_match=o.timestamp_strategy,
+            )
+            end = resolve_offsets(
+                view,
+                o.ending_bound(),
+                tps,
+                default=LATEST,
+                option=o.ending_option,
+                earliest=earliest,
+                latest=latest,
+            )
         return plan_batch(start, end, latest, min_partitions=o.min_partitions)
 
     def read(self, partition: RangePartition):
@@ -146,6 +168,7 @@ class TributaryBatchReader(DataSourceReader):
 
 
 # ---- streaming ---------------------------------------------------------------------------------
+
 
 class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A streaming read: micro-batches between checkpointed per-partition offsets.
@@ -177,9 +200,16 @@ class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         o, view = self.options, self._cluster()
         tps = self._partitions()
         earliest, latest = view.offsets(tps, "earliest"), view.offsets(tps, "latest")
-        start = resolve_offsets(view, o.starting_bound(streaming=True), tps, default=LATEST,
-                                option=o.starting_option, earliest=earliest, latest=latest,
-                                no_match=o.timestamp_strategy)
+        start = resolve_offsets(
+            view,
+            o.starting_bound(streaming=True),
+            tps,
+            default=LATEST,
+            option=o.starting_option,
+            earliest=earliest,
+            latest=latest,
+            no_match=o.timestamp_strategy,
+        )
         return offsets_to_json(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -194,8 +224,14 @@ class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         tps = self._partitions()
         earliest, latest = view.offsets(tps, "earliest"), view.offsets(tps, "latest")
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        step = plan_stream_end(offsets_from_json(start), tps, earliest=earliest, latest=latest,
-                               target=self.target, max_rows=max_rows)
+        step = plan_stream_end(
+            offsets_from_json(start),
+            tps,
+            earliest=earliest,
+            latest=latest,
+            target=self.target,
+            max_rows=max_rows,
+        )
         for loss in step.losses:
             self._report_loss(loss)
         return offsets_to_json(step.end)
@@ -209,8 +245,9 @@ class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return offsets_to_json(self._cluster().offsets(self._partitions(), "latest"))
 
     def partitions(self, start: dict, end: dict) -> list[RangePartition]:
-        ranges = plan_stream_ranges(offsets_from_json(start), offsets_from_json(end),
-                                    min_partitions=self.options.min_partitions)
+        ranges = plan_stream_ranges(
+            offsets_from_json(start), offsets_from_json(end), min_partitions=self.options.min_partitions
+        )
         return [RangePartition(r) for r in ranges]
 
     def read(self, partition: RangePartition):

@@ -45,8 +45,9 @@ class OffsetResult:
 class StorageNodeHandlers:
     """Domain operations of one storage node over its LogManager."""
 
-    def __init__(self, logs, notifier: AppendNotifier, *, flush_before_ack: bool = False,
-                 telemetry=None) -> None:
+    def __init__(
+        self, logs, notifier: AppendNotifier, *, flush_before_ack: bool = False, telemetry=None
+    ) -> None:
         self.logs = logs
         self.notifier = notifier
         self.flush_before_ack = flush_before_ack
@@ -62,8 +63,9 @@ class StorageNodeHandlers:
         if telemetry is not None:
             self.append = self._observed_append
 
-    async def _observed_append(self, topic: str, partition: int, data: bytes, *,
-                               acks_none: bool) -> AppendResult:
+    async def _observed_append(
+        self, topic: str, partition: int, data: bytes, *, acks_none: bool
+    ) -> AppendResult:
         """``append`` inside a span, counted (telemetry on)."""
         telemetry = self.telemetry
         span = telemetry.start_append(topic, partition, len(data))
@@ -95,7 +97,9 @@ class StorageNodeHandlers:
                 await self.group_commit.wait_durable(partition_log, info.last_offset)
             except (ValueError, OSError) as exc:  # truncated or deleted meanwhile; a failed fsync
                 log.error("append to %s-%d is not durable: %s", topic, partition, exc)
-                return AppendResult(topic, partition, error=errors.KafkaStorageError(f"not made durable: {exc}"))
+                return AppendResult(
+                    topic, partition, error=errors.KafkaStorageError(f"not made durable: {exc}")
+                )
         return AppendResult(
             topic,
             partition,

@@ -34,7 +34,10 @@ async def _run(config: StorageNodeConfig) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return run_service(
-        build_parser(), argv, StorageNodeConfig, ENV_PREFIX,
+        build_parser(),
+        argv,
+        StorageNodeConfig,
+        ENV_PREFIX,
         log_name=lambda config: f"storage-{config.node_id}",
         run=_run,
         exit_codes={NodeIdInUseError: EXIT_NODE_ID_IN_USE},

@@ -31,16 +31,24 @@ log = logging.getLogger(__name__)
 class StorageNode:
     """Owns every part of a running node; ``start()`` then ``stop()``."""
 
-    def __init__(self, config: StorageNodeConfig, *, clock=SYSTEM_CLOCK,
-                 telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self, config: StorageNodeConfig, *, clock=SYSTEM_CLOCK, telemetry: Telemetry | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
-        self.telemetry = telemetry if telemetry is not None else setup_telemetry(
-            "tributary-storage-node", exporter=config.telemetry_exporter,
-            metrics_address=config.metrics_address, default_host=config.host,
-            instance_id=f"storage-{config.node_id}")
+        self.telemetry = (
+            telemetry
+            if telemetry is not None
+            else setup_telemetry(
+                "tributary-storage-node",
+                exporter=config.telemetry_exporter,
+                metrics_address=config.metrics_address,
+                default_host=config.host,
+                instance_id=f"storage-{config.node_id}",
+            )
+        )
         self.logs = LogManager(
             [Path(d) for d in config.log_dirs],
             clock,
@@ -57,8 +65,12 @@ class StorageNode:
             self.logs, self.notifier, flush_before_ack=config.flush_before_ack, telemetry=self.instruments
         )
         self.fetch_server = FetchServer(
-            self.logs.get, self.notifier, host=config.host, port=config.fetch_port,
-            zero_copy=config.fetch_zero_copy, telemetry=self.instruments,
+            self.logs.get,
+            self.notifier,
+            host=config.host,
+            port=config.fetch_port,
+            zero_copy=config.fetch_zero_copy,
+            telemetry=self.instruments,
         )
         self.grpc: GrpcServer | None = None
         self.registration = None
@@ -67,7 +79,9 @@ class StorageNode:
     async def start(self) -> None:
         self.logs.load()
         log.info("loaded %d partitions from %s", len(list(self.logs.partitions())), self.config.log_dirs)
-        servicer = StorageNodeServicer(self.handlers, self.config.node_id, fetch_stats=lambda: self.fetch_server.stats)
+        servicer = StorageNodeServicer(
+            self.handlers, self.config.node_id, fetch_stats=lambda: self.fetch_server.stats
+        )
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(storage_grpc.add_StorageNodeServicer_to_server, servicer, STORAGE_SERVICE)],
@@ -85,13 +99,24 @@ class StorageNode:
         self._write_ready_file()
         log.info(
             "storage node %d serving: grpc %s:%d, fetch %s:%d",
-            self.config.node_id, self.config.host, self.grpc.port, self.config.host, self.fetch_server.port,
+            self.config.node_id,
+            self.config.host,
+            self.grpc.port,
+            self.config.host,
+            self.fetch_server.port,
         )
 
     def _write_ready_file(self) -> None:
-        write_ready_file(self.config.ready_file, {
-            "node_id": self.config.node_id, "pid": os.getpid(), "host": self.config.host,
-            "grpc_port": self.grpc.port, "fetch_port": self.fetch_server.port})
+        write_ready_file(
+            self.config.ready_file,
+            {
+                "node_id": self.config.node_id,
+                "pid": os.getpid(),
+                "host": self.config.host,
+                "grpc_port": self.grpc.port,
+                "fetch_port": self.fetch_server.port,
+            },
+        )
 
     async def _maintenance_routine(self) -> None:
         interval = self.config.maintenance_interval_ms / 1000.0
@@ -100,7 +125,7 @@ class StorageNode:
             try:
                 # Flushes (fsync) and retention deletes block: keep them off the event loop.
                 await asyncio.to_thread(self.logs.tick)
-            except Exception:  # noqa: BLE001 -- keep maintaining; the error is logged
+            except Exception:
                 log.exception("log maintenance failed")
 
     async def stop(self) -> None:

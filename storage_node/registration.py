@@ -28,7 +28,9 @@ class NodeIdInUseError(RuntimeError):
 class BrokerRegistration:
     """Registers one node and keeps the registration alive until :meth:`deregister`."""
 
-    def __init__(self, client: EtcdClient, info: BrokerRecord, ttl: int, *, start_timeout: float = 30.0) -> None:
+    def __init__(
+        self, client: EtcdClient, info: BrokerRecord, ttl: int, *, start_timeout: float = 30.0
+    ) -> None:
         self.client = client
         self.info = info
         self.ttl = ttl
@@ -40,9 +42,12 @@ class BrokerRegistration:
 
     @classmethod
     def from_config(cls, config, *, grpc_port: int, fetch_port: int) -> BrokerRegistration:
-        client = EtcdClient(config.etcd_endpoints, prefix=cluster_prefix(config.cluster),
-                            tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
-                            timeout=config.etcd_timeout_s)
+        client = EtcdClient(
+            config.etcd_endpoints,
+            prefix=cluster_prefix(config.cluster),
+            tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
+            timeout=config.etcd_timeout_s,
+        )
         info = BrokerRecord(config.node_id, config.host, grpc_port, fetch_port, config.rack)
         return cls(client, info, config.session_timeout_s)
 
@@ -90,7 +95,9 @@ class BrokerRegistration:
         """Poll until ``key`` is gone (True) or ``timeout`` seconds pass (False)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        log.warning("%s is held (a previous run of this node?); waiting up to %.0fs for it to expire", key, timeout)
+        log.warning(
+            "%s is held (a previous run of this node?); waiting up to %.0fs for it to expire", key, timeout
+        )
         while loop.time() < deadline:
             if await self.client.get(key) is None:
                 return True

@@ -71,7 +71,9 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     @translate_errors
     async def Append(self, request, context):
         if request.acks not in (pb.ACKS_UNSPECIFIED, pb.ACKS_NONE, pb.ACKS_LEADER, pb.ACKS_ALL):
-            raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+            raise errors.InvalidRequiredAcksError(
+                f"acks value {request.acks} is not one of none, leader, all"
+            )
         acks_none = request.acks == pb.ACKS_NONE
         results = await asyncio.gather(
             *(
@@ -97,7 +99,9 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     async def CreatePartition(self, request, context):
         if not request.topic or request.partition < 0:
             raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
-        partition_log = self._handlers.create_partition(request.topic, request.partition, dict(request.configs))
+        partition_log = self._handlers.create_partition(
+            request.topic, request.partition, dict(request.configs)
+        )
         return pb.CreatePartitionResponse(
             log_dir=str(partition_log.directory.parent), log_end_offset=partition_log.log_end_offset
         )
@@ -122,7 +126,8 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                     total_bytes=info.total_bytes,
                     free_bytes=info.free_bytes,
                     partitions=[
-                        _partition_info_to_proto(p.topic, p.partition, p, str(info.path)) for p in info.partitions
+                        _partition_info_to_proto(p.topic, p.partition, p, str(info.path))
+                        for p in info.partitions
                     ],
                 )
             )

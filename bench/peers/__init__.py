@@ -99,7 +99,7 @@ class Filler(Sequence):
             raise IndexError(index)
         index %= self.count
         head = b"F%d-%011d|" % (self.tag, index)
-        return head + self._body[len(head):]
+        return head + self._body[len(head) :]
 
     def checksum(self) -> int:
         return checksum(self[i] for i in range(self.count))
@@ -156,8 +156,11 @@ class Meter:
             if self._progress and now >= self._next_print:
                 self._next_print = now + 5.0
                 pct = f" ({100 * self.count / self.total:.0f}%)" if self.total else ""
-                print(f"      ... {self.label}: {self.count:,}{pct}, {self.count / (now - self.t0):,.0f} msg/s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"      ... {self.label}: {self.count:,}{pct}, {self.count / (now - self.t0):,.0f} msg/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     def stop(self) -> float:
         """End the phase; the last sample is (elapsed, count), so that the time a barrier took
@@ -187,7 +190,7 @@ class Dest:
 def batches(payloads: Sequence[bytes], size: int) -> Iterable[tuple[int, Sequence[bytes]]]:
     """``(k, payloads[k*size:(k+1)*size])`` for every batch ``k``."""
     for k, start in enumerate(range(0, len(payloads), size)):
-        yield k, payloads[start:start + size]
+        yield k, payloads[start : start + size]
 
 
 # ---- processes --------------------------------------------------------------------------------
@@ -214,13 +217,22 @@ def log_tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
-def spawn(cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None) -> subprocess.Popen:
+def spawn(
+    cmd: list[str], log_path: Path, *, env: dict | None = None, cwd: Path | None = None
+) -> subprocess.Popen:
     """Start a broker process in its own session (a Ctrl-C of the runner does not reach it; the
     runner stops it by pid), output to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
 
 
 def children(pid: int) -> list[int]:
@@ -241,7 +253,7 @@ def alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return not stat[stat.rindex(")") + 2:].startswith("Z")
+    return not stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 def terminate(process: subprocess.Popen | int, timeout: float = 30.0) -> None:
@@ -279,16 +291,19 @@ def wait_until(ready, process: subprocess.Popen | None, timeout: float, what: st
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise PeerUnavailable(f"{what} exited with status {process.returncode}; log {log_path}:\n"
-                                  f"{log_tail(log_path)}")
+            raise PeerUnavailable(
+                f"{what} exited with status {process.returncode}; log {log_path}:\n{log_tail(log_path)}"
+            )
         try:
             if ready():
                 return
         except Exception as exc:  # noqa: BLE001 -- not ready yet
             last_error = exc
         time.sleep(0.25)
-    raise PeerUnavailable(f"{what} not ready after {timeout:.0f}s (last error: {last_error}); log {log_path}:\n"
-                          f"{log_tail(log_path)}")
+    raise PeerUnavailable(
+        f"{what} not ready after {timeout:.0f}s (last error: {last_error}); log {log_path}:\n"
+        f"{log_tail(log_path)}"
+    )
 
 
 def command_output(cmd: list[str]) -> str:
@@ -400,7 +415,9 @@ class Peer:
     def produce_unbatched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter) -> None:
         raise NotImplementedError
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH) -> None:
+    def produce_batched(
+        self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
+    ) -> None:
         raise NotImplementedError
 
     def fill(self, dest: Dest, payloads: Sequence[bytes], meter: Meter) -> None:

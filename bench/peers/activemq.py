@@ -117,10 +117,14 @@ class ActiveMQ(Peer):
     pypi_packages = ("stomp.py",)
     binaries = (str(JAR), "java")
     modules = ("stomp",)
-    client_note = ("stomp.py: the maintained Python STOMP client (listed by ActiveMQ); STOMP is the "
-                   "protocol ActiveMQ offers Python")
-    persistence_note = ("KahaDB (the paper's store), journalDiskSyncStrategy=periodic, 1 s: journal fsynced in the "
-                        "background each second; persistent:true messages")
+    client_note = (
+        "stomp.py: the maintained Python STOMP client (listed by ActiveMQ); STOMP is the "
+        "protocol ActiveMQ offers Python"
+    )
+    persistence_note = (
+        "KahaDB (the paper's store), journalDiskSyncStrategy=periodic, 1 s: journal fsynced in the "
+        "background each second; persistent:true messages"
+    )
     unbatched_note = "SEND persistent, no receipt; barrier: receipt of a last SEND"
     batch_note = "STOMP transaction of 50 SEND, COMMIT with receipt"
     consume_note = "SUBSCRIBE per queue, activemq.prefetchSize:1000, ack:client every 100"
@@ -136,16 +140,30 @@ class ActiveMQ(Peer):
         conf = data_dir / "conf"
         conf.mkdir(exist_ok=True)
         port = free_port()
-        (conf / "activemq.xml").write_text(CONFIG.replace("{data}", str(data_dir / "data")).replace("{port}", str(port)))
+        (conf / "activemq.xml").write_text(
+            CONFIG.replace("{data}", str(data_dir / "data")).replace("{port}", str(port))
+        )
         log4j = Path("/etc/activemq/instances-available/main/log4j2.properties")
         if log4j.exists():
             shutil.copy(log4j, conf / "log4j2.properties")
         log = data_dir / "activemq.log"
-        cmd = ["java", "-Xms512m", "-Xmx1g", "-Djava.awt.headless=true",
-               "--add-opens", "java.base/java.lang=ALL-UNNAMED",
-               f"-Dactivemq.classpath={conf}", f"-Dactivemq.home={HOME}", f"-Dactivemq.base={data_dir}",
-               f"-Dactivemq.conf={conf}", f"-Dactivemq.data={data_dir / 'data'}",
-               "-jar", str(JAR), "start", f"xbean:file:{conf / 'activemq.xml'}"]
+        cmd = [
+            "java",
+            "-Xms512m",
+            "-Xmx1g",
+            "-Djava.awt.headless=true",
+            "--add-opens",
+            "java.base/java.lang=ALL-UNNAMED",
+            f"-Dactivemq.classpath={conf}",
+            f"-Dactivemq.home={HOME}",
+            f"-Dactivemq.base={data_dir}",
+            f"-Dactivemq.conf={conf}",
+            f"-Dactivemq.data={data_dir / 'data'}",
+            "-jar",
+            str(JAR),
+            "start",
+            f"xbean:file:{conf / 'activemq.xml'}",
+        ]
         process = spawn(cmd, log, cwd=data_dir)
         self.handle = Handle({"activemq (java)": process}, {"stomp": port}, data_dir, log)
         self.port = port
@@ -174,8 +192,9 @@ class ActiveMQ(Peer):
     def _connect(self):
         import stomp
 
-        connection = stomp.Connection([("127.0.0.1", self.port)], auto_decode=False, heartbeats=(0, 0),
-                                      timeout=10)
+        connection = stomp.Connection(
+            [("127.0.0.1", self.port)], auto_decode=False, heartbeats=(0, 0), timeout=10
+        )
         listener = _Listener()
         connection.set_listener("bench", listener)
         connection.connect(wait=True)
@@ -223,7 +242,9 @@ class ActiveMQ(Peer):
         meter.stop()
         connection.disconnect()
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH) -> None:
+    def produce_batched(
+        self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
+    ) -> None:
         connection, listener = self._connect()
         queues = self._queues(dest)
         meter.start()
@@ -270,8 +291,12 @@ class ActiveMQ(Peer):
         subscriptions = []
         for p, queue in enumerate(self._queues(dest)):
             subscriptions.append(f"bench-{p}")
-            connection.subscribe(queue, id=subscriptions[-1], ack="client",
-                                 headers={"activemq.prefetchSize": str(PREFETCH_MESSAGES)})
+            connection.subscribe(
+                queue,
+                id=subscriptions[-1],
+                ack="client",
+                headers={"activemq.prefetchSize": str(PREFETCH_MESSAGES)},
+            )
         finished.wait(timeout)
         meter.stop()
         for subscription, message_id in list(unacked.items()):
@@ -298,8 +323,12 @@ class ActiveMQ(Peer):
         listener.on_frame = on_frame
         receipt = "subscribed"
         subscribed = listener.expect(receipt)
-        consumer.subscribe(queue, id="latency", ack="auto",
-                           headers={"activemq.prefetchSize": str(PREFETCH_MESSAGES), "receipt": receipt})
+        consumer.subscribe(
+            queue,
+            id="latency",
+            ack="auto",
+            headers={"activemq.prefetchSize": str(PREFETCH_MESSAGES), "receipt": receipt},
+        )
         subscribed.wait(30)
         producer, _ = self._connect()
         started = time.perf_counter()

@@ -51,8 +51,10 @@ class NatsJetStream(Peer):
     binaries = ("nats-server",)
     modules = ("nats",)
     client_note = "nats-py: the official asyncio client from the NATS maintainers, with JetStream (publish_async, pull consumers)"
-    persistence_note = ("JetStream file storage; 2.9 writes each message to the block file on arrival and leaves "
-                        "fsync to the OS / block rollover (sync_interval arrives in 2.10)")
+    persistence_note = (
+        "JetStream file storage; 2.9 writes each message to the block file on arrival and leaves "
+        "fsync to the OS / block rollover (sync_interval arrives in 2.10)"
+    )
     unbatched_note = "core PUB to the stream subject, no ack; barrier on STREAM.INFO"
     batch_note = "50 js.publish_async, then wait for their 50 PubAcks"
     consume_note = "pull consumer, AckNone, fetch(1000)"
@@ -74,14 +76,17 @@ class NatsJetStream(Peer):
             f"  store_dir: {json.dumps(str(data_dir / 'jetstream'))}\n"
             "  max_memory_store: 256MB\n"
             "  max_file_store: 64GB\n"
-            "}\n")
+            "}\n"
+        )
         log = data_dir / "nats.log"
         process = spawn(["nats-server", "-c", str(config)], log)
         self.handle = Handle({"nats-server": process}, {"nats": port, "monitor": monitor}, data_dir, log)
         self.port = port
 
         def healthy() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=2) as r:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{monitor}/healthz?js-enabled-only=true", timeout=2
+            ) as r:
                 return r.status == 200
 
         try:
@@ -96,8 +101,12 @@ class NatsJetStream(Peer):
     async def _connect(self):
         import nats
 
-        nc = await nats.connect(f"nats://127.0.0.1:{self.port}", max_reconnect_attempts=0, connect_timeout=10,
-                                pending_size=8 * 1024 * 1024)
+        nc = await nats.connect(
+            f"nats://127.0.0.1:{self.port}",
+            max_reconnect_attempts=0,
+            connect_timeout=10,
+            pending_size=8 * 1024 * 1024,
+        )
         return nc, nc.jetstream(timeout=30, publish_async_max_pending=4000)
 
     @staticmethod
@@ -128,10 +137,19 @@ class NatsJetStream(Peer):
         async def create() -> None:
             nc, js = await self._connect()
             for p in range(partitions):
-                await js.add_stream(StreamConfig(
-                    name=self._stream(dest, p), subjects=[self._subject(dest, p)], storage=StorageType.FILE,
-                    retention=RetentionPolicy.LIMITS, discard=DiscardPolicy.OLD, max_msgs=-1, max_bytes=-1,
-                    max_msg_size=8 * 1024 * 1024, num_replicas=1))
+                await js.add_stream(
+                    StreamConfig(
+                        name=self._stream(dest, p),
+                        subjects=[self._subject(dest, p)],
+                        storage=StorageType.FILE,
+                        retention=RetentionPolicy.LIMITS,
+                        discard=DiscardPolicy.OLD,
+                        max_msgs=-1,
+                        max_bytes=-1,
+                        max_msg_size=8 * 1024 * 1024,
+                        num_replicas=1,
+                    )
+                )
             await nc.close()
 
         self._run(create())
@@ -173,7 +191,9 @@ class NatsJetStream(Peer):
 
         self._run(produce())
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH) -> None:
+    def produce_batched(
+        self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
+    ) -> None:
         async def produce() -> None:
             nc, js = await self._connect()
             meter.start()
@@ -199,10 +219,17 @@ class NatsJetStream(Peer):
             nc, js = await self._connect()
             subs = []
             for p in range(dest.partitions):
-                config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                                        opt_start_seq=positions[p] + 1, max_ack_pending=-1)
-                subs.append(await js.pull_subscribe(self._subject(dest, p), stream=self._stream(dest, p),
-                                                    config=config))
+                config = ConsumerConfig(
+                    ack_policy=AckPolicy.NONE,
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=positions[p] + 1,
+                    max_ack_pending=-1,
+                )
+                subs.append(
+                    await js.pull_subscribe(
+                        self._subject(dest, p), stream=self._stream(dest, p), config=config
+                    )
+                )
             count = total = 0
             deadline = time.monotonic() + timeout
             meter.start()
@@ -212,7 +239,7 @@ class NatsJetStream(Peer):
                         break
                     try:
                         msgs = await sub.fetch(batch=min(PREFETCH_MESSAGES, n - count), timeout=0.5)
-                    except (NatsTimeout, asyncio.TimeoutError):
+                    except (TimeoutError, NatsTimeout):
                         continue
                     for msg in msgs:
                         total += zlib.crc32(msg.data)
@@ -245,8 +272,14 @@ class NatsJetStream(Peer):
                 if len(samples) >= n:
                     done.set()
 
-            sub = await js.subscribe(subject, cb=on_message, stream=self._stream(dest, 0), config=ConsumerConfig(
-                ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW, max_ack_pending=-1))
+            sub = await js.subscribe(
+                subject,
+                cb=on_message,
+                stream=self._stream(dest, 0),
+                config=ConsumerConfig(
+                    ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW, max_ack_pending=-1
+                ),
+            )
             producer_nc, _ = await self._connect()
             await asyncio.sleep(0.3)
             loop = asyncio.get_running_loop()
@@ -260,7 +293,7 @@ class NatsJetStream(Peer):
             await producer_nc.flush()
             try:
                 await asyncio.wait_for(done.wait(), timeout=30)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             await sub.unsubscribe()
             await producer_nc.close()

@@ -64,10 +64,14 @@ class RabbitMQ(Peer):
     pypi_packages = ("pika",)
     binaries = (SERVER, EPMD)
     modules = ("pika",)
-    client_note = ("pika: the client of RabbitMQ's own Python tutorials; BlockingConnection for publish/consume, "
-                   "SelectConnection (async) for batched publisher confirms")
-    persistence_note = ("durable classic queues, persistent messages (delivery_mode 2) in the on-disk message store, "
-                        "fsynced in the background (and before a publisher confirm)")
+    client_note = (
+        "pika: the client of RabbitMQ's own Python tutorials; BlockingConnection for publish/consume, "
+        "SelectConnection (async) for batched publisher confirms"
+    )
+    persistence_note = (
+        "durable classic queues, persistent messages (delivery_mode 2) in the on-disk message store, "
+        "fsynced in the background (and before a publisher confirm)"
+    )
     unbatched_note = "basic.publish, no confirms; barrier on queue depth"
     batch_note = "50 basic.publish, then wait for their publisher confirms"
     consume_note = "basic.consume, qos prefetch 1000, ack (multiple) every 100"
@@ -88,7 +92,8 @@ class RabbitMQ(Peer):
             "log.file.level = warning\n"
             # The machine is shared: keep RabbitMQ's memory alarm where a 24 GB box is not at risk.
             "vm_memory_high_watermark.relative = 0.4\n"
-            "disk_free_limit.absolute = 1GB\n")
+            "disk_free_limit.absolute = 1GB\n"
+        )
         log = data_dir / "rabbitmq.log"
         epmd = spawn([EPMD, "-address", "127.0.0.1", "-port", str(epmd_port)], data_dir / "epmd.log")
         env = {
@@ -107,8 +112,12 @@ class RabbitMQ(Peer):
         }
         time.sleep(0.2)
         server = spawn([SERVER], log, env=env)
-        self.handle = Handle({"epmd": epmd, "rabbitmq-server": server}, {"amqp": amqp, "dist": dist,
-                                                                         "epmd": epmd_port}, data_dir, log)
+        self.handle = Handle(
+            {"epmd": epmd, "rabbitmq-server": server},
+            {"amqp": amqp, "dist": dist, "epmd": epmd_port},
+            data_dir,
+            log,
+        )
         self.port = amqp
 
         def ready() -> bool:
@@ -136,8 +145,9 @@ class RabbitMQ(Peer):
     def _params(self):
         import pika
 
-        return pika.ConnectionParameters("127.0.0.1", self.port, connection_attempts=1, heartbeat=0,
-                                         blocked_connection_timeout=300)
+        return pika.ConnectionParameters(
+            "127.0.0.1", self.port, connection_attempts=1, heartbeat=0, blocked_connection_timeout=300
+        )
 
     def _connection(self):
         import pika
@@ -197,7 +207,9 @@ class RabbitMQ(Peer):
         if depth != expected:
             raise RuntimeError(f"RabbitMQ queued {depth} of {expected} messages")
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH) -> None:
+    def produce_batched(
+        self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
+    ) -> None:
         import pika
         from pika.spec import Basic
 
@@ -259,8 +271,12 @@ class RabbitMQ(Peer):
                 state["error"] = state["error"] or f"connection closed: {reason}"
             connection.ioloop.stop()
 
-        connection = pika.SelectConnection(self._params(), on_open_callback=on_open,
-                                           on_open_error_callback=on_open_error, on_close_callback=on_close)
+        connection = pika.SelectConnection(
+            self._params(),
+            on_open_callback=on_open,
+            on_open_error_callback=on_open_error,
+            on_close_callback=on_close,
+        )
         connection.ioloop.start()
         if state["error"]:
             raise RuntimeError(state["error"])

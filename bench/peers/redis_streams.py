@@ -48,9 +48,13 @@ class RedisStreams(Peer):
     pypi_packages = ("redis", "hiredis")
     binaries = ("redis-server",)
     modules = ("redis", "hiredis")
-    client_note = ("redis-py + hiredis: the reference Python client with its C reply parser; "
-                   "low-level Connection.send_command/read_response for the pipelined unbatched producer")
-    persistence_note = "appendonly yes, appendfsync everysec (background fsync each second), RDB off; data in memory"
+    client_note = (
+        "redis-py + hiredis: the reference Python client with its C reply parser; "
+        "low-level Connection.send_command/read_response for the pipelined unbatched producer"
+    )
+    persistence_note = (
+        "appendonly yes, appendfsync everysec (background fsync each second), RDB off; data in memory"
+    )
     unbatched_note = "one XADD per request, 16 replies outstanding"
     batch_note = "pipeline of 50 XADD per round trip"
     consume_note = "XREAD COUNT 1000"
@@ -64,9 +68,30 @@ class RedisStreams(Peer):
         data_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         log = data_dir / "redis.log"
-        process = spawn(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
-                         "--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "everysec",
-                         "--save", "", "--daemonize", "no", "--logfile", str(log)], log)
+        process = spawn(
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--protected-mode",
+                "yes",
+                "--dir",
+                str(data_dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(log),
+            ],
+            log,
+        )
         self.handle = Handle({"redis-server": process}, {"redis": port}, data_dir, log)
         self.port = port
         try:
@@ -115,7 +140,9 @@ class RedisStreams(Peer):
         meter.stop()
         conn.disconnect()
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH) -> None:
+    def produce_batched(
+        self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
+    ) -> None:
         keys = self._keys(dest)
         client = self._client()
         meter.start()

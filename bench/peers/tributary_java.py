@@ -29,15 +29,47 @@ from bench.peers import Dest, Meter, command_output, deb_version
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = Path(__file__).resolve().parent / "java" / "TributaryJavaBench.java"
-PROTOS = ["tributary/v1/common.proto", "tributary/v1/admin.proto", "tributary/v1/groups.proto",
-          "tributary/v1/gateway.proto"]
-JARS = ["grpc-api", "grpc-core", "grpc-context", "grpc-stub", "grpc-protobuf", "grpc-protobuf-lite", "grpc-netty",
-        "protobuf", "guava", "failureaccess", "perfmark-api", "opencensus-api", "netty-buffer", "netty-codec",
-        "netty-codec-http", "netty-codec-http2", "netty-common", "netty-handler", "netty-resolver",
-        "netty-transport", "error_prone_annotations", "jsr305", "animal-sniffer-annotations",
-        "geronimo-annotation-1.3-spec"]  # javax.annotation.Generated, gone from the JDK since 11
-DEBIAN = ("protobuf-compiler", "protobuf-compiler-grpc-java-plugin", "libgrpc-java", "libprotobuf-java",
-          "libnetty-java", "libperfmark-java", "libgeronimo-annotation-1.3-spec-java")
+PROTOS = [
+    "tributary/v1/common.proto",
+    "tributary/v1/admin.proto",
+    "tributary/v1/groups.proto",
+    "tributary/v1/gateway.proto",
+]
+JARS = [
+    "grpc-api",
+    "grpc-core",
+    "grpc-context",
+    "grpc-stub",
+    "grpc-protobuf",
+    "grpc-protobuf-lite",
+    "grpc-netty",
+    "protobuf",
+    "guava",
+    "failureaccess",
+    "perfmark-api",
+    "opencensus-api",
+    "netty-buffer",
+    "netty-codec",
+    "netty-codec-http",
+    "netty-codec-http2",
+    "netty-common",
+    "netty-handler",
+    "netty-resolver",
+    "netty-transport",
+    "error_prone_annotations",
+    "jsr305",
+    "animal-sniffer-annotations",
+    "geronimo-annotation-1.3-spec",
+]  # javax.annotation.Generated, gone from the JDK since 11
+DEBIAN = (
+    "protobuf-compiler",
+    "protobuf-compiler-grpc-java-plugin",
+    "libgrpc-java",
+    "libprotobuf-java",
+    "libnetty-java",
+    "libperfmark-java",
+    "libgeronimo-annotation-1.3-spec-java",
+)
 PLUGIN = "/usr/bin/grpc_java_plugin"
 
 
@@ -51,22 +83,37 @@ def classpath_jars() -> list[Path]:
 
 
 def missing() -> str | None:
-    needed = {"protoc": shutil.which("protoc"), "javac": shutil.which("javac"), "java": shutil.which("java"),
-              PLUGIN: PLUGIN if Path(PLUGIN).exists() else None}
+    needed = {
+        "protoc": shutil.which("protoc"),
+        "javac": shutil.which("javac"),
+        "java": shutil.which("java"),
+        PLUGIN: PLUGIN if Path(PLUGIN).exists() else None,
+    }
     absent = [name for name, where in needed.items() if not where]
     jars = {j.stem for j in classpath_jars()}
-    absent += [f"/usr/share/java/{j}.jar" for j in ("grpc-core", "grpc-netty", "protobuf", "netty-codec-http2",
-                                                     "perfmark-api") if j not in jars]
+    absent += [
+        f"/usr/share/java/{j}.jar"
+        for j in ("grpc-core", "grpc-netty", "protobuf", "netty-codec-http2", "perfmark-api")
+        if j not in jars
+    ]
     if absent:
-        return ("missing " + ", ".join(absent) + "; install with: apt-get install -y --no-install-recommends "
-                + " ".join(DEBIAN))
+        return (
+            "missing "
+            + ", ".join(absent)
+            + "; install with: apt-get install -y --no-install-recommends "
+            + " ".join(DEBIAN)
+        )
     return None
 
 
 def versions() -> dict[str, str]:
-    return {"protoc": command_output(["protoc", "--version"]), "grpc-java (deb)": deb_version("libgrpc-java"),
-            "protobuf-java (deb)": deb_version("libprotobuf-java"), "netty (deb)": deb_version("libnetty-java"),
-            "javac": command_output(["javac", "-version"])}
+    return {
+        "protoc": command_output(["protoc", "--version"]),
+        "grpc-java (deb)": deb_version("libgrpc-java"),
+        "protobuf-java (deb)": deb_version("libprotobuf-java"),
+        "netty (deb)": deb_version("libnetty-java"),
+        "javac": command_output(["javac", "-version"]),
+    }
 
 
 def build_dir() -> Path:
@@ -84,22 +131,45 @@ def build(progress=lambda message: None) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     generated.mkdir(parents=True)
     classes.mkdir()
-    run(["protoc", f"--plugin=protoc-gen-grpc-java={PLUGIN}", f"-I{ROOT / 'protos'}", f"--java_out={generated}",
-         f"--grpc-java_out={generated}", *PROTOS])
+    run(
+        [
+            "protoc",
+            f"--plugin=protoc-gen-grpc-java={PLUGIN}",
+            f"-I{ROOT / 'protos'}",
+            f"--java_out={generated}",
+            f"--grpc-java_out={generated}",
+            *PROTOS,
+        ]
+    )
     sources = [str(p) for p in generated.rglob("*.java")] + [str(SOURCE)]
     progress(f"  javac: {len(sources)} files")
-    run(["javac", "-nowarn", "-encoding", "UTF-8", "-d", str(classes), "-cp",
-         ":".join(map(str, classpath_jars())), *sources])
+    run(
+        [
+            "javac",
+            "-nowarn",
+            "-encoding",
+            "UTF-8",
+            "-d",
+            str(classes),
+            "-cp",
+            ":".join(map(str, classpath_jars())),
+            *sources,
+        ]
+    )
     return out
 
 
 def run(cmd: list[str]) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
-        raise RuntimeError(f"{cmd[0]} failed ({result.returncode}): {(result.stderr or result.stdout)[-1500:]}")
+        raise RuntimeError(
+            f"{cmd[0]} failed ({result.returncode}): {(result.stderr or result.stdout)[-1500:]}"
+        )
 
 
-def produce(servers: str, dest: Dest, mode: str, count: int, meter: Meter, *, acks=1, in_flight: int = 1) -> None:
+def produce(
+    servers: str, dest: Dest, mode: str, count: int, meter: Meter, *, acks=1, in_flight: int = 1
+) -> None:
     """Run the Java producer against ``dest`` (partition 0); fills ``meter`` from its output."""
     from gateway.client import Admin, NewTopic
 
@@ -107,9 +177,21 @@ def produce(servers: str, dest: Dest, mode: str, count: int, meter: Meter, *, ac
     with Admin(servers=servers) as admin:
         admin.create_topics([NewTopic(warmup, 1)])
     out = build()
-    cmd = ["java", "-Xms256m", "-Xmx512m", "-cp", ":".join([str(out / "classes"), *map(str, classpath_jars())]),
-           "TributaryJavaBench", servers.split(",")[0], dest.name, warmup, mode, str(count), str(acks),
-           str(in_flight)]
+    cmd = [
+        "java",
+        "-Xms256m",
+        "-Xmx512m",
+        "-cp",
+        ":".join([str(out / "classes"), *map(str, classpath_jars())]),
+        "TributaryJavaBench",
+        servers.split(",")[0],
+        dest.name,
+        warmup,
+        mode,
+        str(count),
+        str(acks),
+        str(in_flight),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     samples = [(0.0, 0)]
     done = None

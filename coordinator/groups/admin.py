@@ -39,8 +39,15 @@ log = logging.getLogger(__name__)
 class GroupAdmin:
     """Reads and admin operations over one term's groups."""
 
-    def __init__(self, store: GroupStore, tasks: OwnedTasks, storage: StorageNodes, *,
-                 retention_ms: int, max_metadata_bytes: int) -> None:
+    def __init__(
+        self,
+        store: GroupStore,
+        tasks: OwnedTasks,
+        storage: StorageNodes,
+        *,
+        retention_ms: int,
+        max_metadata_bytes: int,
+    ) -> None:
         self.store = store
         self.tasks = tasks
         self.storage = storage
@@ -49,7 +56,9 @@ class GroupAdmin:
 
     # ---- reads ----------------------------------------------------------------------------------------
 
-    async def fetch_offsets(self, group_id: str, partitions: Sequence[TopicPartition]) -> list[CommittedOffset]:
+    async def fetch_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> list[CommittedOffset]:
         """Committed offsets of ``partitions`` (all the group has when empty); -1 where none."""
         await self.store.ready()
         entry = self.store.groups.get(group_id)
@@ -63,8 +72,11 @@ class GroupAdmin:
 
     async def list_groups(self) -> list[GroupListing]:
         await self.store.ready()
-        return [GroupListing(g, e.state.state_name, len(e.state.members))
-                for g, e in sorted(self.store.groups.items()) if e.listed]
+        return [
+            GroupListing(g, e.state.state_name, len(e.state.members))
+            for g, e in sorted(self.store.groups.items())
+            if e.listed
+        ]
 
     async def describe(self, group_id: str) -> GroupDescription:
         """Members with their target and held partitions; per partition (assigned, held or
@@ -74,46 +86,71 @@ class GroupAdmin:
         if entry is None or not entry.listed:
             raise errors.GroupIdNotFoundError(f"group {group_id} does not exist")
         state, offsets = entry.state, dict(entry.offsets)  # states are replaced, never mutated: a snapshot
-        members = tuple(MemberDescription(m, sorted_partitions(state.target.get(m.member_id, ())),
-                                          sorted_partitions(state.owned_by(m.member_id)))
-                        for m in sorted(state.members.values(), key=lambda m: m.member_id))
-        wanted = sorted(set(offsets) | set(state.owners) | {tp for tps in state.target.values() for tp in tps})
+        members = tuple(
+            MemberDescription(
+                m,
+                sorted_partitions(state.target.get(m.member_id, ())),
+                sorted_partitions(state.owned_by(m.member_id)),
+            )
+            for m in sorted(state.members.values(), key=lambda m: m.member_id)
+        )
+        wanted = sorted(
+            set(offsets) | set(state.owners) | {tp for tps in state.target.values() for tp in tps}
+        )
         lags = await self._lags(state, offsets, wanted)
-        return GroupDescription(group_id, state.state_name, state.generation, state.assignor, members, tuple(lags))
+        return GroupDescription(
+            group_id, state.state_name, state.generation, state.assignor, members, tuple(lags)
+        )
 
-    async def _lags(self, state: GroupState, offsets: dict[TopicPartition, OffsetRecord],
-                    wanted: list[TopicPartition]) -> list[PartitionLag]:
+    async def _lags(
+        self, state: GroupState, offsets: dict[TopicPartition, OffsetRecord], wanted: list[TopicPartition]
+    ) -> list[PartitionLag]:
         metadata = self.store.cache.state
         ends = await lag.log_offsets(metadata, self.storage, wanted, lag.LATEST)
-        starts = await lag.log_offsets(metadata, self.storage, [tp for tp in wanted if tp not in offsets], lag.EARLIEST)
-        return [partition_lag(tp, offsets.get(tp), ends[tp], starts.get(tp), state.owners.get(tp, ""))
-                for tp in wanted]
+        starts = await lag.log_offsets(
+            metadata, self.storage, [tp for tp in wanted if tp not in offsets], lag.EARLIEST
+        )
+        return [
+            partition_lag(tp, offsets.get(tp), ends[tp], starts.get(tp), state.owners.get(tp, ""))
+            for tp in wanted
+        ]
 
     # ---- reset --------------------------------------------------------------------------------------
 
-    async def reset_offsets(self, group_id: str, topics: Sequence[str], spec: ResetSpec, *,
-                            dry_run: bool) -> list[CommittedOffset]:
+    async def reset_offsets(
+        self, group_id: str, topics: Sequence[str], spec: ResetSpec, *, dry_run: bool
+    ) -> list[CommittedOffset]:
         """Move the group's committed offsets of every partition of ``topics`` (or the explicit
         ones); ``dry_run`` only computes them."""
         await self.store.ready()
         return await self.tasks.detached(self._do_reset(group_id, topics, spec, dry_run))
 
-    async def _do_reset(self, group_id: str, topics: Sequence[str], spec: ResetSpec,
-                        dry_run: bool) -> list[CommittedOffset]:
+    async def _do_reset(
+        self, group_id: str, topics: Sequence[str], spec: ResetSpec, dry_run: bool
+    ) -> list[CommittedOffset]:
         async with self.store.locked(group_id, create=True) as entry:
             ensure_no_members(entry.state, "reset its offsets")
             targets = await self._reset_targets(topics, spec)
             now_ms = self.store.clock.time_ms()
             records = {tp: OffsetRecord(o, "", now_ms, -1) for tp, o in targets.items() if isinstance(o, int)}
             if records and not dry_run:
-                await self.store.write(entry, [Op.put(keys.offset_key(group_id, tp), keys.encode_offset(r))
-                                               for tp, r in records.items()])
+                await self.store.write(
+                    entry,
+                    [
+                        Op.put(keys.offset_key(group_id, tp), keys.encode_offset(r))
+                        for tp, r in records.items()
+                    ],
+                )
                 entry.offsets.update(records)
                 log.info("group %s: offsets of %d partitions reset", group_id, len(records))
-            return [committed(tp, records.get(tp), error=None if isinstance(o, int) else o)
-                    for tp, o in sorted(targets.items())]
+            return [
+                committed(tp, records.get(tp), error=None if isinstance(o, int) else o)
+                for tp, o in sorted(targets.items())
+            ]
 
-    async def _reset_targets(self, topics: Sequence[str], spec: ResetSpec) -> dict[TopicPartition, lag.OffsetOrError]:
+    async def _reset_targets(
+        self, topics: Sequence[str], spec: ResetSpec
+    ) -> dict[TopicPartition, lag.OffsetOrError]:
         known = self.store.topics()
         if spec.explicit:
             for commit in spec.explicit:
@@ -146,8 +183,9 @@ class GroupAdmin:
             if not entry.listed:
                 raise errors.GroupIdNotFoundError(f"group {group_id} does not exist")
             ensure_no_members(entry.state, "delete it")
-            await self.store.write(entry, [Op.delete(keys.group_key(group_id)),
-                                           Op.delete_prefix(keys.group_prefix(group_id))])
+            await self.store.write(
+                entry, [Op.delete(keys.group_key(group_id)), Op.delete_prefix(keys.group_prefix(group_id))]
+            )
             self.store.forget(entry)
             log.info("group %s deleted", group_id)
 
@@ -163,11 +201,19 @@ class GroupAdmin:
         async with self.store.locked(group_id, create=False) as entry:
             state, now_ms = entry.state, self.store.clock.time_ms()
             gone = set(offsets_of_deleted_topics(entry.offsets, self.store.topics()))
-            gone |= set(expired_offsets(entry.offsets, has_members=bool(state.members),
-                                        empty_since_ms=state.empty_since_ms, now_ms=now_ms,
-                                        retention_ms=self.retention_ms))
+            gone |= set(
+                expired_offsets(
+                    entry.offsets,
+                    has_members=bool(state.members),
+                    empty_since_ms=state.empty_since_ms,
+                    now_ms=now_ms,
+                    retention_ms=self.retention_ms,
+                )
+            )
             if gone:
-                await self.store.write(entry, [Op.delete(keys.offset_key(group_id, tp)) for tp in sorted(gone)])
+                await self.store.write(
+                    entry, [Op.delete(keys.offset_key(group_id, tp)) for tp in sorted(gone)]
+                )
                 for tp in gone:
                     del entry.offsets[tp]
                 log.info("group %s: %d committed offsets expired or of deleted topics", group_id, len(gone))
@@ -184,15 +230,21 @@ class GroupAdmin:
         self.store.forget(entry)
 
 
-def committed(tp: TopicPartition, record: OffsetRecord | None, *,
-              error: errors.TributaryError | None = None) -> CommittedOffset:
+def committed(
+    tp: TopicPartition, record: OffsetRecord | None, *, error: errors.TributaryError | None = None
+) -> CommittedOffset:
     if record is None:
         return CommittedOffset(tp, error=error)
     return CommittedOffset(tp, record.offset, record.metadata, record.commit_timestamp)
 
 
-def partition_lag(tp: TopicPartition, record: OffsetRecord | None, end: lag.OffsetOrError,
-                  start: lag.OffsetOrError | None, owner: str) -> PartitionLag:
+def partition_lag(
+    tp: TopicPartition,
+    record: OffsetRecord | None,
+    end: lag.OffsetOrError,
+    start: lag.OffsetOrError | None,
+    owner: str,
+) -> PartitionLag:
     """Lag = log end - committed offset, or - log start when nothing is committed."""
     committed_offset = record.offset if record is not None else -1
     if isinstance(end, errors.TributaryError):
@@ -204,4 +256,5 @@ def partition_lag(tp: TopicPartition, record: OffsetRecord | None, end: lag.Offs
 def ensure_no_members(state: GroupState, action: str) -> None:
     if state.members:
         raise errors.NonEmptyGroupError(
-            f"group {state.group_id} has {len(state.members)} active members; stop them to {action}")
+            f"group {state.group_id} has {len(state.members)} active members; stop them to {action}"
+        )

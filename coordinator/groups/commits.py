@@ -56,7 +56,9 @@ class CommitBatcher:
                 batch = take_batch(entry.commits)
                 await self._commit_batch(entry, batch)
         except asyncio.CancelledError:
-            ended = errors.NotControllerError("the controller term ended before the commit was answered; retry")
+            ended = errors.NotControllerError(
+                "the controller term ended before the commit was answered; retry"
+            )
             for pending in [*batch, *entry.commits]:
                 settle(pending.future, ended)
             entry.commits.clear()
@@ -69,10 +71,13 @@ class CommitBatcher:
         try:
             outcomes = await self._write_batch(entry, batch)
         except (errors.TributaryError, EtcdError) as exc:
-            failure = exc if isinstance(exc, errors.TributaryError) else \
-                errors.CoordinatorNotAvailableError(f"etcd is unavailable: {exc}")
+            failure = (
+                exc
+                if isinstance(exc, errors.TributaryError)
+                else errors.CoordinatorNotAvailableError(f"etcd is unavailable: {exc}")
+            )
             outcomes = [failure] * len(batch)
-        except Exception as exc:  # noqa: BLE001 -- answer every waiting caller, whatever happened
+        except Exception as exc:
             log.exception("committing offsets of group %s failed", entry.group_id)
             outcomes = [errors.TributaryError(f"{type(exc).__name__}: {exc}")] * len(batch)
         for pending, outcome in zip(batch, outcomes):
@@ -81,12 +86,17 @@ class CommitBatcher:
     async def _write_batch(self, entry: GroupEntry, batch: list[PendingCommit]) -> list[Any]:
         async with entry.lock:
             if entry.removed:
-                raise errors.CoordinatorNotAvailableError(f"group {entry.group_id} was deleted meanwhile; retry")
+                raise errors.CoordinatorNotAvailableError(
+                    f"group {entry.group_id} was deleted meanwhile; retry"
+                )
             if entry.stale:
                 await self.store.reload(entry)
             outcomes, records = self._plan(entry.state, batch)
             if records:
-                ops = [Op.put(keys.offset_key(entry.group_id, tp), keys.encode_offset(r)) for tp, r in records.items()]
+                ops = [
+                    Op.put(keys.offset_key(entry.group_id, tp), keys.encode_offset(r))
+                    for tp, r in records.items()
+                ]
                 await self.store.write(entry, ops, [entry.state_guard()])
                 entry.offsets.update(records)
             return outcomes
@@ -108,20 +118,24 @@ class CommitBatcher:
             for commit in params.offsets:
                 error = self._partition_error(state, params.member_id, commit, topics)
                 if error is None:
-                    records[commit.tp] = OffsetRecord(commit.offset, commit.metadata, now_ms, params.generation)
+                    records[commit.tp] = OffsetRecord(
+                        commit.offset, commit.metadata, now_ms, params.generation
+                    )
                 results.append(PartitionResult(commit.tp, error))
             outcomes.append(results)
         return outcomes, records
 
-    def _partition_error(self, state: GroupState, member_id: str, commit: OffsetCommit,
-                         topics: dict[str, int]) -> errors.TributaryError | None:
+    def _partition_error(
+        self, state: GroupState, member_id: str, commit: OffsetCommit, topics: dict[str, int]
+    ) -> errors.TributaryError | None:
         """Why one partition of an accepted request cannot be stored. A partition another member
         holds is refused even at the current generation: during a cooperative hand-off only the
         holder may commit it (before it releases it), never the member it is moving to."""
         error = check_commit_partition(commit, topics, self.max_metadata_bytes)
         if error is None and (holder := state.commit_conflict(member_id, commit.tp)) is not None:
             error = errors.IllegalGenerationError(
-                f"{commit.topic}-{commit.partition} is held by member {holder}; only its holder may commit it")
+                f"{commit.topic}-{commit.partition} is held by member {holder}; only its holder may commit it"
+            )
         return error
 
 

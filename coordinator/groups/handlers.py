@@ -54,7 +54,9 @@ class GroupHandlers:
     async def commit(self, params: CommitParams) -> list[PartitionResult]:
         return await self._groups(params.group_id).commits.commit(params)
 
-    async def fetch_offsets(self, group_id: str, partitions: Sequence[TopicPartition]) -> list[CommittedOffset]:
+    async def fetch_offsets(
+        self, group_id: str, partitions: Sequence[TopicPartition]
+    ) -> list[CommittedOffset]:
         return await self._groups(group_id).admin.fetch_offsets(group_id, partitions)
 
     async def list_groups(self) -> list[GroupListing]:
@@ -63,8 +65,9 @@ class GroupHandlers:
     async def describe(self, group_id: str) -> GroupDescription:
         return await self._groups(group_id).admin.describe(group_id)
 
-    async def reset_offsets(self, group_id: str, topics: Sequence[str], spec: ResetSpec, *,
-                            dry_run: bool) -> list[CommittedOffset]:
+    async def reset_offsets(
+        self, group_id: str, topics: Sequence[str], spec: ResetSpec, *, dry_run: bool
+    ) -> list[CommittedOffset]:
         return await self._groups(group_id).admin.reset_offsets(group_id, topics, spec, dry_run=dry_run)
 
     async def delete_group(self, group_id: str) -> None:

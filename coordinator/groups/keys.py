@@ -84,7 +84,7 @@ class GroupKey:
 def parse_group_key(key: str) -> GroupKey:
     if not key.startswith(GROUPS):
         return GroupKey("other")
-    parts = key[len(GROUPS):].split("/")
+    parts = key[len(GROUPS) :].split("/")
     if len(parts) == 1 and parts[0]:
         return GroupKey("group", parts[0])
     if len(parts) == 3 and parts[1] == MEMBERS and parts[2]:
@@ -144,18 +144,25 @@ class StoredGroupState:
 
     @classmethod
     def of(cls, state: GroupState) -> StoredGroupState:
-        return cls(state.generation, state.assignor, dict(state.target), frozenset(state.awaiting_revoke),
-                   state.empty_since_ms)
+        return cls(
+            state.generation,
+            state.assignor,
+            dict(state.target),
+            frozenset(state.awaiting_revoke),
+            state.empty_since_ms,
+        )
 
 
 def encode_group_state(stored: StoredGroupState) -> bytes:
-    return _dump({
-        "generation": stored.generation,
-        "assignor": stored.assignor,
-        "target": {m: _encode_partitions(tps) for m, tps in sorted(stored.target.items())},
-        "awaiting_revoke": sorted(stored.awaiting_revoke),
-        "empty_since_ms": stored.empty_since_ms,
-    })
+    return _dump(
+        {
+            "generation": stored.generation,
+            "assignor": stored.assignor,
+            "target": {m: _encode_partitions(tps) for m, tps in sorted(stored.target.items())},
+            "awaiting_revoke": sorted(stored.awaiting_revoke),
+            "empty_since_ms": stored.empty_since_ms,
+        }
+    )
 
 
 def decode_group_state(raw: bytes) -> StoredGroupState:
@@ -199,8 +206,9 @@ def decode_member(member_id: str, raw: bytes, *, lease_id: int, last_poll: float
         instance_id=str(value.get("instance_id", "")),
         client_id=str(value.get("client_id", "")),
         host=str(value.get("host", "")),
-        subscription=Subscription(tuple(str(t) for t in subscription.get("topics", [])),
-                                  str(subscription.get("pattern", ""))),
+        subscription=Subscription(
+            tuple(str(t) for t in subscription.get("topics", [])), str(subscription.get("pattern", ""))
+        ),
         session_timeout_ms=_int(value, "session_timeout_ms"),
         max_poll_interval_ms=_int(value, "max_poll_interval_ms"),
         assignor=str(value.get("assignor", "")),
@@ -210,14 +218,24 @@ def decode_member(member_id: str, raw: bytes, *, lease_id: int, last_poll: float
 
 
 def encode_offset(record: OffsetRecord) -> bytes:
-    return _dump({"offset": record.offset, "metadata": record.metadata,
-                  "commit_timestamp": record.commit_timestamp, "generation": record.generation})
+    return _dump(
+        {
+            "offset": record.offset,
+            "metadata": record.metadata,
+            "commit_timestamp": record.commit_timestamp,
+            "generation": record.generation,
+        }
+    )
 
 
 def decode_offset(raw: bytes) -> OffsetRecord:
     value = _load(raw)
-    return OffsetRecord(_int(value, "offset"), str(value.get("metadata", "")),
-                        _int(value, "commit_timestamp", -1), _int(value, "generation", -1))
+    return OffsetRecord(
+        _int(value, "offset"),
+        str(value.get("metadata", "")),
+        _int(value, "commit_timestamp", -1),
+        _int(value, "generation", -1),
+    )
 
 
 # ---- writes ---------------------------------------------------------------------------------------
@@ -231,13 +249,19 @@ def plan_writes(before: GroupState, after: GroupState) -> list[Op]:
     prefix of them lands, :func:`restore_group` makes a consistent group of it.
     """
     group_id = after.group_id
-    ops = [Op.put(member_key(group_id, m.member_id), encode_member(m), m.lease_id)
-           for m in after.members.values() if _member_changed(before.members.get(m.member_id), m)]
+    ops = [
+        Op.put(member_key(group_id, m.member_id), encode_member(m), m.lease_id)
+        for m in after.members.values()
+        if _member_changed(before.members.get(m.member_id), m)
+    ]
     ops += [Op.delete(member_key(group_id, m)) for m in before.members if m not in after.members]
     if StoredGroupState.of(after) != StoredGroupState.of(before):
         ops.append(Op.put(group_key(group_id), encode_group_state(StoredGroupState.of(after))))
-    ops += [Op.put(owner_key(group_id, tp), owner, after.members[owner].lease_id)
-            for tp, owner in sorted(after.owners.items()) if before.owners.get(tp) != owner]
+    ops += [
+        Op.put(owner_key(group_id, tp), owner, after.members[owner].lease_id)
+        for tp, owner in sorted(after.owners.items())
+        if before.owners.get(tp) != owner
+    ]
     ops += [Op.delete(owner_key(group_id, tp)) for tp in sorted(before.owners) if tp not in after.owners]
     return ops
 
@@ -299,15 +323,20 @@ def restore_group(group_id: str, collected: _Collected, clock: Clock, problems: 
     now = clock.monotonic()
     for kv in collected.members:
         member_id = parse_group_key(kv.key).member_id
-        member = _decoded(kv, problems, lambda kv: decode_member(member_id, kv.value, lease_id=kv.lease, last_poll=now))
+        member = _decoded(
+            kv, problems, lambda kv: decode_member(member_id, kv.value, lease_id=kv.lease, last_poll=now)
+        )
         if member is not None:
             state.members[member_id] = member
     state.owners = {tp: kv.value.decode(errors="replace") for tp, kv in collected.owners}
     state.drop_unknown_owners()
     if not state.members and state.empty_since_ms is None and collected.state is not None:
         state.empty_since_ms = clock.time_ms()
-    offsets = {tp: record for tp, kv in collected.offsets
-               if (record := _decoded(kv, problems, lambda kv: decode_offset(kv.value))) is not None}
+    offsets = {
+        tp: record
+        for tp, kv in collected.offsets
+        if (record := _decoded(kv, problems, lambda kv: decode_offset(kv.value))) is not None
+    }
     revision = collected.state.mod_revision if collected.state is not None else 0
     return LoadedGroup(state, offsets, revision, collected.state is not None)
 

@@ -23,8 +23,9 @@ LATEST = -1
 OffsetOrError = int | errors.TributaryError
 
 
-async def log_offsets(state: MetadataState, storage: StorageNodes, partitions: Iterable[TopicPartition],
-                      timestamp: int) -> dict[TopicPartition, OffsetOrError]:
+async def log_offsets(
+    state: MetadataState, storage: StorageNodes, partitions: Iterable[TopicPartition], timestamp: int
+) -> dict[TopicPartition, OffsetOrError]:
     """Each partition's offset for ``timestamp`` (EARLIEST, LATEST or ms; -1 when no record is
     that recent), or the error that prevented reading it."""
     results: dict[TopicPartition, OffsetOrError] = {}
@@ -35,8 +36,9 @@ async def log_offsets(state: MetadataState, storage: StorageNodes, partitions: I
             results[tp] = leader
         else:
             by_leader.setdefault(leader.node_id, []).append(tp)
-    answers = await asyncio.gather(*(_ask(storage, state.brokers[node], tps, timestamp)
-                                     for node, tps in by_leader.items()))
+    answers = await asyncio.gather(
+        *(_ask(storage, state.brokers[node], tps, timestamp) for node, tps in by_leader.items())
+    )
     for answer in answers:
         results.update(answer)
     return results
@@ -53,14 +55,16 @@ def _leader(state: MetadataState, tp: TopicPartition) -> BrokerInfo | errors.Tri
     return broker
 
 
-async def _ask(storage: StorageNodes, broker: BrokerInfo, tps: list[TopicPartition],
-               timestamp: int) -> dict[TopicPartition, OffsetOrError]:
+async def _ask(
+    storage: StorageNodes, broker: BrokerInfo, tps: list[TopicPartition], timestamp: int
+) -> dict[TopicPartition, OffsetOrError]:
     try:
         answers = await storage.list_offsets(broker, [(tp.topic, tp.partition, timestamp) for tp in tps])
     except errors.TributaryError as exc:
         return {tp: exc for tp in tps}
     found: dict[TopicPartition, OffsetOrError] = {
         TopicPartition(topic, partition): error if error is not None else offset
-        for topic, partition, offset, error in answers}
+        for topic, partition, offset, error in answers
+    }
     missing = errors.BrokerNotAvailableError(f"node {broker.node_id} did not answer for this partition")
     return {tp: found.get(tp, missing) for tp in tps}

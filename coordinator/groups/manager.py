@@ -41,7 +41,6 @@ from services.clock import SYSTEM_CLOCK, Clock
 from services.etcd.connection import Backoff
 from services.etcd.exceptions import EtcdError
 from services.etcd.values import EventType, WatchEvent, WatchResync
-
 from services.telemetry import forget_consumer_lag, record_consumer_lag
 
 log = logging.getLogger(__name__)
@@ -69,17 +68,37 @@ class GroupSettings:
 class GroupManager:
     """Every consumer group, for one controller term. See the module docstring."""
 
-    def __init__(self, *, client, cache: MetadataCache, storage: StorageNodes, controller,
-                 settings: GroupSettings | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        *,
+        client,
+        cache: MetadataCache,
+        storage: StorageNodes,
+        controller,
+        settings: GroupSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.client = client
         self.cache = cache
         self.settings = settings or GroupSettings()
         self.tasks = OwnedTasks()
-        self.store = GroupStore(client=client, cache=cache, controller=controller, clock=clock,
-                                load_wait_s=self.settings.load_wait_s)
-        self.commits = CommitBatcher(self.store, self.tasks, max_metadata_bytes=self.settings.offset_metadata_max_bytes)
-        self.admin = GroupAdmin(self.store, self.tasks, storage, retention_ms=self.settings.offsets_retention_ms,
-                                max_metadata_bytes=self.settings.offset_metadata_max_bytes)
+        self.store = GroupStore(
+            client=client,
+            cache=cache,
+            controller=controller,
+            clock=clock,
+            load_wait_s=self.settings.load_wait_s,
+        )
+        self.commits = CommitBatcher(
+            self.store, self.tasks, max_metadata_bytes=self.settings.offset_metadata_max_bytes
+        )
+        self.admin = GroupAdmin(
+            self.store,
+            self.tasks,
+            storage,
+            retention_ms=self.settings.offsets_retention_ms,
+            max_metadata_bytes=self.settings.offset_metadata_max_bytes,
+        )
         self._topics_changed = asyncio.Event()
         #: Watch responses up to this revision are reflected in what was loaded.
         self._loaded_revision: int | None = None
@@ -124,8 +143,11 @@ class GroupManager:
     # ---- join, heartbeat, leave ----------------------------------------------------------------------
 
     async def join(self, params: JoinParams) -> MemberAssignment:
-        rules.ensure_valid_session_timeout(params.session_timeout_ms, self.settings.min_session_timeout_ms,
-                                           self.settings.max_session_timeout_ms)
+        rules.ensure_valid_session_timeout(
+            params.session_timeout_ms,
+            self.settings.min_session_timeout_ms,
+            self.settings.max_session_timeout_ms,
+        )
         await self.store.ready()
         return await self.tasks.detached(self._do_join(params))
 
@@ -135,8 +157,9 @@ class GroupManager:
             if kind is not JoinKind.REJOIN:
                 return await self._join_with_new_lease(entry, params)
             await self._ensure_session(entry, existing.member_id)
-            return await self.store.change(entry, lambda s: s.join(params, self.store.topics())[0],
-                                           f"{existing.member_id} joined again")
+            return await self.store.change(
+                entry, lambda s: s.join(params, self.store.topics())[0], f"{existing.member_id} joined again"
+            )
 
     async def _join_with_new_lease(self, entry: GroupEntry, params: JoinParams) -> MemberAssignment:
         """A new member, or a static member's new incarnation: both get a new id and lease."""
@@ -147,14 +170,21 @@ class GroupManager:
         member_id = new_member_id(params)
         try:
             answer, replaced = await self.store.change(
-                entry, lambda s: s.join(params, self.store.topics(), member_id=member_id, lease_id=lease.id),
-                f"{member_id} joined")
+                entry,
+                lambda s: s.join(params, self.store.topics(), member_id=member_id, lease_id=lease.id),
+                f"{member_id} joined",
+            )
         except BaseException:
             await self._revoke_quietly(lease.id)
             raise
         if replaced is not None:
-            log.info("group %s: static member %s restarted as %s (was %s)", entry.group_id, params.instance_id,
-                     member_id, replaced.member_id)
+            log.info(
+                "group %s: static member %s restarted as %s (was %s)",
+                entry.group_id,
+                params.instance_id,
+                member_id,
+                replaced.member_id,
+            )
             await self._revoke_quietly(replaced.lease_id)  # it holds no key any more
         return answer
 
@@ -171,9 +201,18 @@ class GroupManager:
             if not params.polled and entry.state.poll_expired(member_id):
                 await self._remove(entry, member_id, "no poll within max.poll.interval.ms")
                 raise errors.UnknownMemberIdError(
-                    f"member {member_id} was removed: no poll within its max.poll.interval.ms; join again")
-            return await self.store.change(entry, lambda s: s.heartbeat(
-                member_id, params.generation, params.owned, polled=params.polled, instance_id=params.instance_id))
+                    f"member {member_id} was removed: no poll within its max.poll.interval.ms; join again"
+                )
+            return await self.store.change(
+                entry,
+                lambda s: s.heartbeat(
+                    member_id,
+                    params.generation,
+                    params.owned,
+                    polled=params.polled,
+                    instance_id=params.instance_id,
+                ),
+            )
 
     async def leave(self, group_id: str, member_id: str, instance_id: str) -> None:
         await self.store.ready()
@@ -184,8 +223,11 @@ class GroupManager:
 
     async def _do_leave(self, group_id: str, member_id: str, instance_id: str) -> Member:
         async with self.store.locked(group_id, create=False) as entry:
-            return await self.store.change(entry, lambda s: s.leave(member_id, instance_id, self.store.topics()),
-                                           f"{member_id or instance_id} left")
+            return await self.store.change(
+                entry,
+                lambda s: s.leave(member_id, instance_id, self.store.topics()),
+                f"{member_id or instance_id} left",
+            )
 
     # ---- sessions -------------------------------------------------------------------------------------
 
@@ -201,7 +243,9 @@ class GroupManager:
 
     async def _remove(self, entry: GroupEntry, member_id: str, reason: str) -> None:
         log.info("group %s: removing member %s: %s", entry.group_id, member_id, reason)
-        await self.store.change(entry, lambda s: s.remove(member_id, self.store.topics()), f"{member_id}: {reason}")
+        await self.store.change(
+            entry, lambda s: s.remove(member_id, self.store.topics()), f"{member_id}: {reason}"
+        )
 
     async def _remove_expired(self, group_id: str, member_id: str) -> None:
         with contextlib.suppress(errors.GroupIdNotFoundError):
@@ -231,8 +275,11 @@ class GroupManager:
             self.tasks.spawn(self._on_resync({keys.parse_group_key(kv.key) for kv in batch.kvs}))
             return
         for event in batch:  # offsets and owners go by by the thousand: test cheaply first
-            if event.type is EventType.DELETE and "/members/" in event.kv.key and \
-                    event.revision > self._loaded_revision:
+            if (
+                event.type is EventType.DELETE
+                and "/members/" in event.kv.key
+                and event.revision > self._loaded_revision
+            ):
                 parsed = keys.parse_group_key(event.kv.key)
                 entry = self.store.groups.get(parsed.group_id)
                 if parsed.kind == "member" and entry is not None and parsed.member_id in entry.state.members:
@@ -243,8 +290,10 @@ class GroupManager:
         (checked again, as the snapshot may predate a join)."""
         for group_id, entry in list(self.store.groups.items()):
             for member_id in list(entry.state.members):
-                if keys.GroupKey("member", group_id, member_id=member_id) not in stored and \
-                        await self.client.get(keys.member_key(group_id, member_id)) is None:
+                if (
+                    keys.GroupKey("member", group_id, member_id=member_id) not in stored
+                    and await self.client.get(keys.member_key(group_id, member_id)) is None
+                ):
                     await self._remove_expired(group_id, member_id)
 
     async def _topics_routine(self) -> None:
@@ -255,8 +304,9 @@ class GroupManager:
             self._topics_changed.clear()
             for group_id, entry in list(self.store.groups.items()):
                 if entry.state.members:
-                    await asyncio.gather(self.tasks.spawn(self._rebalance(group_id, "topics changed")),
-                                         return_exceptions=True)
+                    await asyncio.gather(
+                        self.tasks.spawn(self._rebalance(group_id, "topics changed")), return_exceptions=True
+                    )
 
     async def _lag_routine(self) -> None:
         """Sample every group's lag per partition into the ``tributary.consumer.lag`` gauge."""
@@ -280,8 +330,9 @@ class GroupManager:
             forget_consumer_lag(description.group_id)  # partitions no longer consumed drop out
             for partition in description.partitions:
                 if partition.error is None:
-                    record_consumer_lag(description.group_id, partition.tp.topic, partition.tp.partition,
-                                        partition.lag)
+                    record_consumer_lag(
+                        description.group_id, partition.tp.topic, partition.tp.partition, partition.lag
+                    )
             seen.add(description.group_id)
         for gone in reported - seen:
             forget_consumer_lag(gone)

@@ -80,7 +80,9 @@ def ensure_valid_subscription(subscription: Subscription) -> None:
         try:
             re.compile(subscription.pattern)
         except re.error as exc:
-            raise errors.InvalidRequestError(f"invalid subscription pattern {subscription.pattern!r}: {exc}") from None
+            raise errors.InvalidRequestError(
+                f"invalid subscription pattern {subscription.pattern!r}: {exc}"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,23 +14,33 @@ from coordinator.groups.model import OffsetCommit, OffsetRecord, TopicPartition
 from services import errors
 
 
-def check_commit_partition(commit: OffsetCommit, topics: Mapping[str, int],
-                           max_metadata_bytes: int) -> errors.TributaryError | None:
+def check_commit_partition(
+    commit: OffsetCommit, topics: Mapping[str, int], max_metadata_bytes: int
+) -> errors.TributaryError | None:
     """Why one partition of a commit cannot be stored, or None."""
     count = topics.get(commit.topic)
     if count is None or not 0 <= commit.partition < count:
         return errors.UnknownTopicOrPartitionError(f"{commit.topic}-{commit.partition} does not exist")
     if commit.offset < 0:
-        return errors.OffsetOutOfRangeError(f"offset {commit.offset} of {commit.topic}-{commit.partition} is negative")
+        return errors.OffsetOutOfRangeError(
+            f"offset {commit.offset} of {commit.topic}-{commit.partition} is negative"
+        )
     if len(commit.metadata.encode()) > max_metadata_bytes:
         return errors.OffsetMetadataTooLargeError(
             f"metadata of {commit.topic}-{commit.partition} is over {max_metadata_bytes} bytes "
-            "(offset.metadata.max.bytes)")
+            "(offset.metadata.max.bytes)"
+        )
     return None
 
 
-def expired_offsets(offsets: Mapping[TopicPartition, OffsetRecord], *, has_members: bool,
-                    empty_since_ms: int | None, now_ms: int, retention_ms: int) -> list[TopicPartition]:
+def expired_offsets(
+    offsets: Mapping[TopicPartition, OffsetRecord],
+    *,
+    has_members: bool,
+    empty_since_ms: int | None,
+    now_ms: int,
+    retention_ms: int,
+) -> list[TopicPartition]:
     """The partitions whose committed offsets have outlived the retention (see the module doc)."""
     if has_members:
         return []
@@ -42,7 +52,8 @@ def expired_offsets(offsets: Mapping[TopicPartition, OffsetRecord], *, has_membe
     return sorted(expired)
 
 
-def offsets_of_deleted_topics(offsets: Mapping[TopicPartition, OffsetRecord],
-                              topics: Mapping[str, int]) -> list[TopicPartition]:
+def offsets_of_deleted_topics(
+    offsets: Mapping[TopicPartition, OffsetRecord], topics: Mapping[str, int]
+) -> list[TopicPartition]:
     """Offsets of partitions that no longer exist (their topic was deleted), as Kafka drops them."""
     return sorted(tp for tp in offsets if tp.partition >= topics.get(tp.topic, 0))

@@ -24,7 +24,8 @@ def ensure_valid_session_timeout(timeout_ms: int, minimum_ms: int, maximum_ms: i
     if not minimum_ms <= timeout_ms <= maximum_ms:
         raise errors.InvalidSessionTimeoutError(
             f"session timeout {timeout_ms} ms is outside [{minimum_ms}, {maximum_ms}] ms "
-            "(group.min.session.timeout.ms, group.max.session.timeout.ms)")
+            "(group.min.session.timeout.ms, group.max.session.timeout.ms)"
+        )
 
 
 def ensure_valid_poll_interval(interval_ms: int) -> None:

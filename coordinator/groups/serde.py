@@ -93,24 +93,33 @@ def join_from_proto(request, host: str) -> JoinParams:
 
 def join_to_proto(answer: MemberAssignment):
     return pb.JoinGroupResponse(
-        member_id=answer.member_id, generation_id=answer.generation, assignor=assignor_to_proto(answer.assignor),
-        assignment=tps_to_proto(answer.assignment), pending=tps_to_proto(answer.pending),
-        heartbeat_interval_ms=answer.heartbeat_interval_ms, revoke=tps_to_proto(answer.revoke),
+        member_id=answer.member_id,
+        generation_id=answer.generation,
+        assignor=assignor_to_proto(answer.assignor),
+        assignment=tps_to_proto(answer.assignment),
+        pending=tps_to_proto(answer.pending),
+        heartbeat_interval_ms=answer.heartbeat_interval_ms,
+        revoke=tps_to_proto(answer.revoke),
     )
 
 
 def heartbeat_from_proto(request) -> HeartbeatParams:
     return HeartbeatParams(
-        group_id=request.group_id, member_id=request.member_id, generation=request.generation_id,
-        owned=frozenset(tps_from_proto(request.owned)), polled=request.polled,
+        group_id=request.group_id,
+        member_id=request.member_id,
+        generation=request.generation_id,
+        owned=frozenset(tps_from_proto(request.owned)),
+        polled=request.polled,
         instance_id=request.group_instance_id,
     )
 
 
 def heartbeat_to_proto(answer: MemberAssignment):
     return pb.HeartbeatResponse(
-        generation_id=answer.generation, assignment=tps_to_proto(answer.assignment),
-        revoke=tps_to_proto(answer.revoke), pending=tps_to_proto(answer.pending),
+        generation_id=answer.generation,
+        assignment=tps_to_proto(answer.assignment),
+        revoke=tps_to_proto(answer.revoke),
+        pending=tps_to_proto(answer.pending),
     )
 
 
@@ -123,20 +132,31 @@ def offset_commit_from_proto(message) -> OffsetCommit:
 
 def commit_from_proto(request) -> CommitParams:
     return CommitParams(
-        group_id=request.group_id, member_id=request.member_id, generation=request.generation_id,
-        offsets=tuple(offset_commit_from_proto(o) for o in request.offsets), instance_id=request.group_instance_id,
+        group_id=request.group_id,
+        member_id=request.member_id,
+        generation=request.generation_id,
+        offsets=tuple(offset_commit_from_proto(o) for o in request.offsets),
+        instance_id=request.group_instance_id,
     )
 
 
 def commit_results_to_proto(results: list[PartitionResult]):
-    return pb.CommitOffsetsResponse(results=[
-        pb.OffsetCommitResult(topic=r.tp.topic, partition=r.tp.partition, error=_error(r.error)) for r in results])
+    return pb.CommitOffsetsResponse(
+        results=[
+            pb.OffsetCommitResult(topic=r.tp.topic, partition=r.tp.partition, error=_error(r.error))
+            for r in results
+        ]
+    )
 
 
 def committed_to_proto(committed: CommittedOffset):
     return pb.CommittedOffset(
-        topic=committed.tp.topic, partition=committed.tp.partition, offset=committed.offset,
-        metadata=committed.metadata, commit_timestamp=committed.commit_timestamp, error=_error(committed.error),
+        topic=committed.tp.topic,
+        partition=committed.tp.partition,
+        offset=committed.offset,
+        metadata=committed.metadata,
+        commit_timestamp=committed.commit_timestamp,
+        error=_error(committed.error),
     )
 
 
@@ -151,7 +171,9 @@ def reset_spec_from_proto(request) -> ResetSpec:
         if request.spec.timestamp < 0:
             raise errors.InvalidRequestError(f"timestamp {request.spec.timestamp} is negative")
         return ResetSpec(kind="timestamp", timestamp=request.spec.timestamp)
-    raise errors.InvalidRequestError("a reset needs an offset spec (earliest, latest, timestamp) or explicit offsets")
+    raise errors.InvalidRequestError(
+        "a reset needs an offset spec (earliest, latest, timestamp) or explicit offsets"
+    )
 
 
 # ---- listing and describing ------------------------------------------------------------------------
@@ -164,23 +186,33 @@ def listing_to_proto(listing: GroupListing):
 def member_to_proto(described: MemberDescription):
     member = described.member
     return pb.GroupMember(
-        member_id=member.member_id, group_instance_id=member.instance_id, client_id=member.client_id,
-        host=member.host, subscription=subscription_to_proto(member.subscription),
-        assignment=tps_to_proto(described.assignment), owned=tps_to_proto(described.owned),
+        member_id=member.member_id,
+        group_instance_id=member.instance_id,
+        client_id=member.client_id,
+        host=member.host,
+        subscription=subscription_to_proto(member.subscription),
+        assignment=tps_to_proto(described.assignment),
+        owned=tps_to_proto(described.owned),
     )
 
 
 def lag_to_proto(partition: PartitionLag):
     return pb.PartitionLag(
-        topic=partition.tp.topic, partition=partition.tp.partition, committed_offset=partition.committed_offset,
-        log_end_offset=partition.log_end_offset, lag=partition.lag, owner=partition.owner,
+        topic=partition.tp.topic,
+        partition=partition.tp.partition,
+        committed_offset=partition.committed_offset,
+        log_end_offset=partition.log_end_offset,
+        lag=partition.lag,
+        owner=partition.owner,
         error=_error(partition.error),
     )
 
 
 def description_to_proto(description: GroupDescription):
     return pb.DescribeGroupResponse(
-        group_id=description.group_id, state=description.state, generation_id=description.generation,
+        group_id=description.group_id,
+        state=description.state,
+        generation_id=description.generation,
         assignor=assignor_to_proto(description.assignor),
         members=[member_to_proto(m) for m in description.members],
         partitions=[lag_to_proto(p) for p in description.partitions],

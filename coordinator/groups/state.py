@@ -59,9 +59,9 @@ MAX_FENCED = 1000
 class JoinKind(enum.Enum):
     """What a JoinGroup means for the group (:meth:`GroupState.classify_join`)."""
 
-    NEW = "new"            # a new member: new member id, new lease, rebalance
-    REJOIN = "rejoin"      # a known member joining again: same id and lease
-    REPLACE = "replace"    # a static member's restart: new id and lease, same assignment
+    NEW = "new"  # a new member: new member id, new lease, rebalance
+    REJOIN = "rejoin"  # a known member joining again: same id and lease
+    REPLACE = "replace"  # a static member's restart: new id and lease, same assignment
 
 
 def new_member_id(params: JoinParams) -> str:
@@ -94,7 +94,11 @@ class GroupState:
     def copy(self) -> GroupState:
         """An independent copy (members, frozensets and keys are immutable and shared)."""
         other = GroupState(self.group_id, self.clock)
-        other.generation, other.assignor, other.empty_since_ms = self.generation, self.assignor, self.empty_since_ms
+        other.generation, other.assignor, other.empty_since_ms = (
+            self.generation,
+            self.assignor,
+            self.empty_since_ms,
+        )
         other.members, other.target, other.owners = dict(self.members), dict(self.target), dict(self.owners)
         other.awaiting_revoke, other.inputs = set(self.awaiting_revoke), self.inputs
         other.fenced = dict(self.fenced)
@@ -114,7 +118,9 @@ class GroupState:
         held: dict[str, set[TopicPartition]] = {}
         for tp, owner in self.owners.items():
             held.setdefault(owner, set()).add(tp)
-        if self.awaiting_revoke or any(held.get(m, set()) != self.target.get(m, frozenset()) for m in self.members):
+        if self.awaiting_revoke or any(
+            held.get(m, set()) != self.target.get(m, frozenset()) for m in self.members
+        ):
             return PREPARING_REBALANCE
         return STABLE
 
@@ -131,14 +137,17 @@ class GroupState:
             if instance_id and member.instance_id != instance_id:
                 raise errors.FencedInstanceIdError(
                     f"member {member_id} of group {self.group_id} has instance id {member.instance_id!r}, "
-                    f"not {instance_id!r}")
+                    f"not {instance_id!r}"
+                )
             return member
         if member_id in self.fenced or self.member_by_instance(instance_id) is not None:
             raise errors.FencedInstanceIdError(
                 f"member {member_id} of group {self.group_id} was replaced by a newer incarnation of "
-                f"static member {instance_id or self.fenced.get(member_id)}")
+                f"static member {instance_id or self.fenced.get(member_id)}"
+            )
         raise errors.UnknownMemberIdError(
-            f"member {member_id!r} is not in group {self.group_id} (it left, timed out or was removed); join again")
+            f"member {member_id!r} is not in group {self.group_id} (it left, timed out or was removed); join again"
+        )
 
     def poll_expired(self, member_id: str) -> bool:
         """True when the member has not polled for longer than its max.poll.interval.ms."""
@@ -163,10 +172,12 @@ class GroupState:
         others = [m for m in self.members.values() if existing is None or m.member_id != existing.member_id]
         if requested and others and requested != self.assignor:
             raise errors.InconsistentGroupProtocolError(
-                f"group {self.group_id} uses the {self.assignor} assignor; this member asks for {requested}")
+                f"group {self.group_id} uses the {self.assignor} assignor; this member asks for {requested}"
+            )
 
-    def join(self, params: JoinParams, topics: Mapping[str, int], *, member_id: str = "",
-             lease_id: int = 0) -> tuple[MemberAssignment, Member | None]:
+    def join(
+        self, params: JoinParams, topics: Mapping[str, int], *, member_id: str = "", lease_id: int = 0
+    ) -> tuple[MemberAssignment, Member | None]:
         """Apply a join; returns the member's answer and the member it replaced (REPLACE), whose
         lease the caller should revoke. ``member_id`` and ``lease_id`` are the new member's
         (NEW and REPLACE); a REJOIN keeps its own."""
@@ -186,10 +197,15 @@ class GroupState:
 
     def _member(self, params: JoinParams, member_id: str, lease_id: int) -> Member:
         return Member(
-            member_id=member_id, instance_id=params.instance_id, client_id=params.client_id, host=params.host,
-            subscription=params.subscription, session_timeout_ms=params.session_timeout_ms,
+            member_id=member_id,
+            instance_id=params.instance_id,
+            client_id=params.client_id,
+            host=params.host,
+            subscription=params.subscription,
+            session_timeout_ms=params.session_timeout_ms,
             max_poll_interval_ms=params.max_poll_interval_ms,
-            assignor=params.assignor or self.assignor or DEFAULT_ASSIGNOR, lease_id=lease_id,
+            assignor=params.assignor or self.assignor or DEFAULT_ASSIGNOR,
+            lease_id=lease_id,
             last_poll=self.clock.monotonic(),
         )
 
@@ -226,9 +242,14 @@ class GroupState:
     def _update(self, member: Member, params: JoinParams, topics: Mapping[str, int]) -> None:
         """A known member joining again: new settings; a rebalance if its subscription changed."""
         updated = dataclasses.replace(
-            member, client_id=params.client_id, host=params.host, subscription=params.subscription,
-            session_timeout_ms=params.session_timeout_ms, max_poll_interval_ms=params.max_poll_interval_ms,
-            last_poll=self.clock.monotonic())
+            member,
+            client_id=params.client_id,
+            host=params.host,
+            subscription=params.subscription,
+            session_timeout_ms=params.session_timeout_ms,
+            max_poll_interval_ms=params.max_poll_interval_ms,
+            last_poll=self.clock.monotonic(),
+        )
         if params.assignor and len(self.members) == 1:
             self.assignor = params.assignor  # the only member may switch the group's assignor
             updated = dataclasses.replace(updated, assignor=params.assignor)
@@ -238,13 +259,21 @@ class GroupState:
 
     # -- heartbeats ---------------------------------------------------------------------------
 
-    def heartbeat(self, member_id: str, generation: int, owned: Collection[TopicPartition], *,
-                  polled: bool, instance_id: str = "") -> MemberAssignment:
+    def heartbeat(
+        self,
+        member_id: str,
+        generation: int,
+        owned: Collection[TopicPartition],
+        *,
+        polled: bool,
+        instance_id: str = "",
+    ) -> MemberAssignment:
         """Record what the member still holds, release the rest, grant what is free."""
         member = self.ensure_member(member_id, instance_id)
         if generation > self.generation:
             raise errors.IllegalGenerationError(
-                f"generation {generation} is ahead of group {self.group_id}'s generation {self.generation}")
+                f"generation {generation} is ahead of group {self.group_id}'s generation {self.generation}"
+            )
         if polled:
             self.members[member_id] = dataclasses.replace(member, last_poll=self.clock.monotonic())
         self.release_unreported(member_id, owned)
@@ -274,8 +303,11 @@ class GroupState:
         assignment = (owned - revoke) | grants
         member = self.members[member_id]
         return MemberAssignment(
-            member_id=member_id, generation=self.generation, assignor=self.assignor,
-            assignment=sorted_partitions(assignment), revoke=sorted_partitions(revoke),
+            member_id=member_id,
+            generation=self.generation,
+            assignor=self.assignor,
+            assignment=sorted_partitions(assignment),
+            revoke=sorted_partitions(revoke),
             pending=sorted_partitions(target - assignment),
             heartbeat_interval_ms=heartbeat_interval_ms(member.session_timeout_ms),
         )
@@ -301,7 +333,9 @@ class GroupState:
         if not member_id and instance_id:
             member = self.member_by_instance(instance_id)
             if member is None:
-                raise errors.UnknownMemberIdError(f"no member of group {self.group_id} has instance id {instance_id}")
+                raise errors.UnknownMemberIdError(
+                    f"no member of group {self.group_id} has instance id {instance_id}"
+                )
             member_id = member.member_id
         self.ensure_member(member_id, instance_id)
         removed = self.remove(member_id, topics)
@@ -312,8 +346,10 @@ class GroupState:
 
     def resolved(self, topics: Mapping[str, int]) -> list[MemberSubscription]:
         """Members as the assignor sees them: subscriptions resolved against ``topics``."""
-        return [MemberSubscription(m.member_id, m.subscription.resolve(topics), m.instance_id)
-                for m in self.members.values()]
+        return [
+            MemberSubscription(m.member_id, m.subscription.resolve(topics), m.instance_id)
+            for m in self.members.values()
+        ]
 
     def rebalance(self, topics: Mapping[str, int], *, force: bool = False) -> bool:
         """Recompute the target from the members and ``topics`` (live topic -> partition count)
@@ -321,8 +357,11 @@ class GroupState:
         Returns whether it did."""
         members = self.resolved(topics)
         counts = _subscribed_counts(members, topics)
-        inputs = (tuple(sorted((m.member_id, m.instance_id, tuple(sorted(m.topics))) for m in members)),
-                  tuple(counts.items()), self.assignor)
+        inputs = (
+            tuple(sorted((m.member_id, m.instance_id, tuple(sorted(m.topics))) for m in members)),
+            tuple(counts.items()),
+            self.assignor,
+        )
         if inputs == self.inputs and not force:
             return False
         self.inputs = inputs
@@ -351,13 +390,15 @@ class GroupState:
             if self.members:
                 raise errors.UnknownMemberIdError(
                     f"group {self.group_id} has active members; commits without a member id and generation "
-                    "(standalone consumers) are accepted only while it has none")
+                    "(standalone consumers) are accepted only while it has none"
+                )
             return
         self.ensure_member(member_id, instance_id)
         if generation != self.generation:
             raise errors.IllegalGenerationError(
                 f"generation {generation} is not group {self.group_id}'s current generation {self.generation}; "
-                "heartbeat to learn the new one")
+                "heartbeat to learn the new one"
+            )
 
     def commit_conflict(self, member_id: str, tp: TopicPartition) -> str | None:
         """The other member holding ``tp``, if any: only its holder (or anyone, while nobody holds

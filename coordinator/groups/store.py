@@ -105,8 +105,12 @@ class GroupStore:
             log.error("ignoring a consumer-group key with a bad value: %s", problem)
         self.groups = {g: GroupEntry.from_loaded(group) for g, group in loaded.items()}
         self.loaded.set()
-        log.info("loaded %d consumer groups (%d with members) at etcd revision %d", len(self.groups),
-                 sum(1 for e in self.groups.values() if e.state.members), revision)
+        log.info(
+            "loaded %d consumer groups (%d with members) at etcd revision %d",
+            len(self.groups),
+            sum(1 for e in self.groups.values() if e.state.members),
+            revision,
+        )
         return revision
 
     async def ready(self) -> None:
@@ -168,8 +172,14 @@ class GroupStore:
         if ops:
             await self.write(entry, ops)
         if candidate.generation != entry.state.generation:
-            log.info("group %s: generation %d, %d members, %s assignor%s", entry.group_id, candidate.generation,
-                     len(candidate.members), candidate.assignor, f" ({reason})" if reason else "")
+            log.info(
+                "group %s: generation %d, %d members, %s assignor%s",
+                entry.group_id,
+                candidate.generation,
+                len(candidate.members),
+                candidate.assignor,
+                f" ({reason})" if reason else "",
+            )
         entry.state = candidate
         return result
 
@@ -177,10 +187,12 @@ class GroupStore:
         """Fenced transactions of at most :data:`TXN_OPS` operations; marks the group stale on failure."""
         try:
             for start in range(0, len(ops), TXN_OPS):
-                await self._write_chunk(entry, ops[start:start + TXN_OPS], compares)
+                await self._write_chunk(entry, ops[start : start + TXN_OPS], compares)
         except EtcdLeaseNotFoundError as exc:
             entry.stale = True
-            raise errors.CoordinatorNotAvailableError("a member's session expired during the change; retry") from exc
+            raise errors.CoordinatorNotAvailableError(
+                "a member's session expired during the change; retry"
+            ) from exc
         except BaseException:
             entry.stale = True
             raise

@@ -63,6 +63,8 @@ async def restarting(routine: Callable[[], Coroutine[Any, Any, None]]) -> None:
         try:
             await routine()
             return
-        except Exception:  # noqa: BLE001 -- logged; the routine restarts
-            log.exception("consumer group routine %s failed; restarting it", getattr(routine, "__name__", routine))
+        except Exception:
+            log.exception(
+                "consumer group routine %s failed; restarting it", getattr(routine, "__name__", routine)
+            )
             await asyncio.sleep(1.0)

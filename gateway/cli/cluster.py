@@ -23,8 +23,11 @@ def _spec(args):
     """The spec to run: the data dir's previous one, overridden by the flags given."""
     previous = (read_launch_file(data_dir_of(args)) or {}).get("spec")
     spec = LocalClusterSpec(**previous) if previous else LocalClusterSpec()
-    overrides = {name: getattr(args, name) for name in ("storage_nodes", "coordinators", "gateways")
-                 if getattr(args, name, None) is not None}
+    overrides = {
+        name: getattr(args, name)
+        for name in ("storage_nodes", "coordinators", "gateways")
+        if getattr(args, name, None) is not None
+    }
     for name, value in overrides.items():
         if value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be at least 1", 2)
@@ -45,8 +48,10 @@ def up(args) -> int:
     else:
         progress.step("everything was already running")
     print(table(("PROCESS", "PID", "ADDRESS", "STATE", "LOG"), _status_rows(cluster.status())))
-    print(f"\ngateway: {cluster.servers}   (export TRIBUTARY_GATEWAY={cluster.servers}, "
-          f"or run commands from this directory)")
+    print(
+        f"\ngateway: {cluster.servers}   (export TRIBUTARY_GATEWAY={cluster.servers}, "
+        f"or run commands from this directory)"
+    )
     return 0
 
 
@@ -75,14 +80,20 @@ def status(args) -> int:
     gateways = [s.address for s in statuses if s.name.startswith("gateway") and s.alive]
     all_alive = all(s.alive for s in statuses)
     if not gateways:
-        print(f"\nno gateway is alive; run `tributary cluster up --data-dir {data_dir}` to restart what is down")
+        print(
+            f"\nno gateway is alive; run `tributary cluster up --data-dir {data_dir}` to restart what is down"
+        )
         return 1
     ensure_reachable(gateways)
     with Admin(servers=",".join(gateways), request_timeout_ms=10_000) as admin:
         cluster, topics = admin.metadata()
     print(f"\ncluster {cluster.cluster_id or '-'}  controller {cluster.controller_id or 'none'}")
-    print(table(("NODE", "HOST", "PORT", "FETCH PORT"),
-                [[b.node_id, b.host, b.port, b.fetch_port] for b in cluster.brokers]))
+    print(
+        table(
+            ("NODE", "HOST", "PORT", "FETCH PORT"),
+            [[b.node_id, b.host, b.port, b.fetch_port] for b in cluster.brokers],
+        )
+    )
     print()
     rows = [row for topic in topics for row in partition_rows(topic.partitions)]
     print(table(PARTITION_HEADERS, rows) if rows else "no topics")

@@ -42,13 +42,17 @@ def gateway_addresses(args) -> list[str]:
     try:
         return resolve_servers(getattr(args, "gateway", None), data_dir=data_dir)
     except NoServersError:
-        raise CliError(f"no cluster found (no --gateway, no TRIBUTARY_GATEWAY, no {data_dir / CLUSTER_FILE}); "
-                       f"{START_HINT}") from None
+        raise CliError(
+            f"no cluster found (no --gateway, no TRIBUTARY_GATEWAY, no {data_dir / CLUSTER_FILE}); "
+            f"{START_HINT}"
+        ) from None
     except ValueError as exc:
         raise CliError(str(exc), 2) from None
 
 
-def ensure_reachable(addresses: list[str], *, timeout_s: float = PROBE_TIMEOUT_S, data_dir: Path | None = None) -> None:
+def ensure_reachable(
+    addresses: list[str], *, timeout_s: float = PROBE_TIMEOUT_S, data_dir: Path | None = None
+) -> None:
     """Raise :class:`CliError` unless at least one gateway accepts a connection."""
     for address in addresses:
         channel = grpc.insecure_channel(address)
@@ -61,8 +65,11 @@ def ensure_reachable(addresses: list[str], *, timeout_s: float = PROBE_TIMEOUT_S
             channel.close()
     where = ",".join(addresses)
     local = data_dir is not None and cluster_file_gateways(data_dir) == addresses
-    hint = f"the local cluster in {data_dir} is not running; {START_HINT}" if local else \
-        f"is the cluster up? {START_HINT}"
+    hint = (
+        f"the local cluster in {data_dir} is not running; {START_HINT}"
+        if local
+        else f"is the cluster up? {START_HINT}"
+    )
     raise CliError(f"cannot reach a gateway at {where}: {hint}")
 
 

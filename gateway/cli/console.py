@@ -29,9 +29,14 @@ def produce(args) -> int:
     progress = Progress()
     failures: list[BaseException] = []
     sent = 0
-    producer = Producer(servers=connect(args), acks=args.acks, compression=args.compression,
-                        linger_ms=args.linger_ms, request_timeout_ms=CLI_REQUEST_TIMEOUT_MS,
-                        max_block_ms=CLI_MAX_BLOCK_MS)
+    producer = Producer(
+        servers=connect(args),
+        acks=args.acks,
+        compression=args.compression,
+        linger_ms=args.linger_ms,
+        request_timeout_ms=CLI_REQUEST_TIMEOUT_MS,
+        max_block_ms=CLI_MAX_BLOCK_MS,
+    )
     flushed = False
     try:
         for number, line in enumerate(sys.stdin, 1):
@@ -79,10 +84,14 @@ def _start_positions(consumer: Consumer, args, tps: list[TopicPartition]) -> Non
 
 
 def _validate_consume_args(args) -> None:
-    if args.group is not None and (args.partition is not None or args.offset is not None
-                                   or args.from_timestamp is not None):
-        raise CliError("--group decides the partitions and starts at the group's committed offsets: "
-                       "it does not go with --partition, --offset or --from-timestamp", 2)
+    if args.group is not None and (
+        args.partition is not None or args.offset is not None or args.from_timestamp is not None
+    ):
+        raise CliError(
+            "--group decides the partitions and starts at the group's committed offsets: "
+            "it does not go with --partition, --offset or --from-timestamp",
+            2,
+        )
     if args.offset is not None and args.partition is None:
         raise CliError("--offset needs --partition (as in Kafka's console consumer)", 2)
     if args.offset not in (None, "earliest", "latest") and not str(args.offset).isdigit():
@@ -96,8 +105,12 @@ def consume(args) -> int:
     """Print records as they arrive until ``--max-messages``, ``--timeout-ms`` idle, or Ctrl-C."""
     _validate_consume_args(args)
     group = {"group_id": args.group, "client_id": "tributary-console-consumer"} if args.group else {}
-    consumer = Consumer(servers=connect(args), auto_offset_reset="earliest" if args.from_beginning else "latest",
-                        request_timeout_ms=CLI_REQUEST_TIMEOUT_MS, **group)
+    consumer = Consumer(
+        servers=connect(args),
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
+        request_timeout_ms=CLI_REQUEST_TIMEOUT_MS,
+        **group,
+    )
     count = 0
     finished = False
     try:
@@ -106,8 +119,9 @@ def consume(args) -> int:
             consumer.subscribe([args.topic])
         else:
             if args.partition is not None and args.partition not in partitions:
-                raise CliError(f"topic {args.topic} has no partition {args.partition} "
-                               f"(partitions: {len(partitions)})")
+                raise CliError(
+                    f"topic {args.topic} has no partition {args.partition} (partitions: {len(partitions)})"
+                )
             chosen = [args.partition] if args.partition is not None else partitions
             tps = [TopicPartition(args.topic, p) for p in chosen]
             consumer.assign(tps)
@@ -145,8 +159,11 @@ def _print_loop(consumer: Consumer, args, printed: list[int]) -> None:
         lines = []
         for records in polled.values():
             for record in records:
-                lines.append(record_json(record) if args.format == "json"
-                             else record_text(record, print_key=args.print_key))
+                lines.append(
+                    record_json(record)
+                    if args.format == "json"
+                    else record_text(record, print_key=args.print_key)
+                )
         if lines:
             lines = lines[: None if limit is None else limit - count]
             out.write("\n".join(lines) + "\n")
@@ -155,4 +172,3 @@ def _print_loop(consumer: Consumer, args, printed: list[int]) -> None:
             printed[0] = count
             if args.timeout_ms is not None:
                 idle_deadline = time.monotonic() + args.timeout_ms / 1000.0
-

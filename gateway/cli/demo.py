@@ -56,8 +56,14 @@ def _produce(servers: str, args, progress: Progress) -> Counter:
     return expected
 
 
-def _consume(servers: str, args, tps: list[TopicPartition], start: dict[TopicPartition, int],
-             end: dict[TopicPartition, int], progress: Progress) -> tuple[Counter, Counter, int]:
+def _consume(
+    servers: str,
+    args,
+    tps: list[TopicPartition],
+    start: dict[TopicPartition, int],
+    end: dict[TopicPartition, int],
+    progress: Progress,
+) -> tuple[Counter, Counter, int]:
     """Read [start, end) of every partition; returns the multiset, counts per partition, misplaced keys."""
     got: Counter = Counter()
     per_partition: Counter = Counter()
@@ -99,8 +105,13 @@ def demo(args) -> int:
     print(table(("PARTITION", "EVENTS"), [[p, per_partition.get(p, 0)] for p in range(count)]))
     ok = got == expected and misplaced == 0
     produced, consumed = sum(expected.values()), sum(got.values())
-    print(f"\nproduced {produced}, consumed {consumed}, "
-          f"keys on their murmur2 partition: {'yes' if not misplaced else f'no ({misplaced} misplaced)'}")
-    print("check: OK -- every event came back exactly once" if ok else
-          f"check: FAILED -- {len(expected - got)} missing, {len(got - expected)} unexpected")
+    print(
+        f"\nproduced {produced}, consumed {consumed}, "
+        f"keys on their murmur2 partition: {'yes' if not misplaced else f'no ({misplaced} misplaced)'}"
+    )
+    print(
+        "check: OK -- every event came back exactly once"
+        if ok
+        else f"check: FAILED -- {len(expected - got)} missing, {len(got - expected)} unexpected"
+    )
     return 0 if ok else 1

@@ -11,7 +11,14 @@ from __future__ import annotations
 import sys
 
 from gateway.cli.connect import CliError, connect
-from gateway.cli.output import clamp_offsets, describe_group, group_json, groups_json, groups_table, reset_table
+from gateway.cli.output import (
+    clamp_offsets,
+    describe_group,
+    group_json,
+    groups_json,
+    groups_table,
+    reset_table,
+)
 from gateway.client import Admin, TopicPartition
 
 CLI_REQUEST_TIMEOUT_MS = 15_000
@@ -43,7 +50,9 @@ def _target(admin: Admin, args):
         return "latest"
     if args.to_timestamp is not None:
         return args.to_timestamp
-    tps = [TopicPartition(d.name, p.partition) for d in admin.describe_topics(args.topic) for p in d.partitions]
+    tps = [
+        TopicPartition(d.name, p.partition) for d in admin.describe_topics(args.topic) for p in d.partitions
+    ]
     earliest = {tp: r.offset for tp, r in admin.list_offsets({tp: "earliest" for tp in tps}).items()}
     latest = {tp: r.offset for tp, r in admin.list_offsets({tp: "latest" for tp in tps}).items()}
     return clamp_offsets(args.to_offset, earliest, latest)
@@ -53,8 +62,9 @@ def reset_offsets(args) -> int:
     if not args.topic:
         raise CliError("name the topics to reset with --topic (repeatable)", 2)
     with _admin(args) as admin:
-        offsets = admin.reset_consumer_group_offsets(args.group, args.topic, _target(admin, args),
-                                                     dry_run=args.dry_run)
+        offsets = admin.reset_consumer_group_offsets(
+            args.group, args.topic, _target(admin, args), dry_run=args.dry_run
+        )
     print(reset_table(args.group, offsets))
     if args.dry_run:
         print("Dry run: nothing was committed.", file=sys.stderr)

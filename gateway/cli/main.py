@@ -39,10 +39,14 @@ PROG = "tributary"
 
 def _common(parser: argparse.ArgumentParser, *, gateway: bool = True) -> None:
     if gateway:
-        parser.add_argument("--gateway", metavar="HOST:PORT[,HOST:PORT]",
-                            help=f"gateway address(es); default ${GATEWAY_ENV}, then the local cluster's cluster.json")
-    parser.add_argument("--data-dir", metavar="DIR",
-                        help=f"local cluster directory (default ${DATA_DIR_ENV} or ./.tributary)")
+        parser.add_argument(
+            "--gateway",
+            metavar="HOST:PORT[,HOST:PORT]",
+            help=f"gateway address(es); default ${GATEWAY_ENV}, then the local cluster's cluster.json",
+        )
+    parser.add_argument(
+        "--data-dir", metavar="DIR", help=f"local cluster directory (default ${DATA_DIR_ENV} or ./.tributary)"
+    )
 
 
 def _non_negative(text: str) -> int:
@@ -60,18 +64,24 @@ def _positive(text: str) -> int:
 
 
 def _add_cluster(commands) -> None:
-    parser = commands.add_parser("cluster", help="run a local cluster (etcd, coordinators, storage nodes, gateway)")
+    parser = commands.add_parser(
+        "cluster", help="run a local cluster (etcd, coordinators, storage nodes, gateway)"
+    )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     up = actions.add_parser("up", help="start the cluster detached, or restart what is not running")
     _common(up, gateway=False)
-    up.add_argument("--storage-nodes", type=int, help="storage nodes (default 1, or the data dir's previous count)")
+    up.add_argument(
+        "--storage-nodes", type=int, help="storage nodes (default 1, or the data dir's previous count)"
+    )
     up.add_argument("--coordinators", type=int, help="coordinators (default 1)")
     up.add_argument("--gateways", type=int, help="gateways (default 1)")
     up.set_defaults(func=cluster.up)
     down = actions.add_parser("down", help="stop every process of the cluster (data is kept)")
     _common(down, gateway=False)
     down.set_defaults(func=cluster.down)
-    status = actions.add_parser("status", help="each process alive or dead, and partitions with their leaders")
+    status = actions.add_parser(
+        "status", help="each process alive or dead, and partitions with their leaders"
+    )
     _common(status, gateway=False)
     status.set_defaults(func=cluster.status)
 
@@ -83,8 +93,13 @@ def _add_topics(commands) -> None:
     create.add_argument("name")
     create.add_argument("--partitions", type=_positive, required=True)
     create.add_argument("--replication-factor", type=_positive, default=1)
-    create.add_argument("--config", action="append", default=[], metavar="K=V",
-                        help="topic config by Kafka name, e.g. retention.ms=3600000 (repeatable)")
+    create.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="topic config by Kafka name, e.g. retention.ms=3600000 (repeatable)",
+    )
     create.set_defaults(func=topics.create)
     listing = actions.add_parser("list", help="topic names")
     listing.set_defaults(func=topics.list_topics)
@@ -96,9 +111,16 @@ def _add_topics(commands) -> None:
     delete.set_defaults(func=topics.delete)
     alter = actions.add_parser("alter", help="set or reset topic configs")
     alter.add_argument("name")
-    alter.add_argument("--config", action="append", default=[], metavar="K=V", help="config to set (repeatable)")
-    alter.add_argument("--delete-config", action="append", default=[], metavar="K",
-                       help="config to reset to its default (repeatable)")
+    alter.add_argument(
+        "--config", action="append", default=[], metavar="K=V", help="config to set (repeatable)"
+    )
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="K",
+        help="config to reset to its default (repeatable)",
+    )
     alter.set_defaults(func=topics.alter)
     for sub in (create, listing, describe, delete, alter):
         _common(sub)
@@ -107,9 +129,14 @@ def _add_topics(commands) -> None:
 def _add_produce(commands) -> None:
     produce = commands.add_parser("produce", help="send one record per stdin line")
     produce.add_argument("topic")
-    produce.add_argument("--key-separator", metavar="SEP",
-                         help="split each line at the first SEP into key and value (default: no key)")
-    produce.add_argument("--header", action="append", default=[], metavar="K=V", help="header on every record (repeatable)")
+    produce.add_argument(
+        "--key-separator",
+        metavar="SEP",
+        help="split each line at the first SEP into key and value (default: no key)",
+    )
+    produce.add_argument(
+        "--header", action="append", default=[], metavar="K=V", help="header on every record (repeatable)"
+    )
     produce.add_argument("--partition", type=_non_negative, help="send everything to this partition")
     produce.add_argument("--acks", default="all", choices=["0", "1", "all", "-1"])
     produce.add_argument("--compression", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
@@ -123,18 +150,33 @@ def _add_consume(commands) -> None:
     consume = commands.add_parser("consume", help="print records as they arrive")
     consume.add_argument("topic")
     consume.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    consume.add_argument("--offset", metavar="N|earliest|latest", help="start at this offset (needs --partition)")
+    consume.add_argument(
+        "--offset", metavar="N|earliest|latest", help="start at this offset (needs --partition)"
+    )
     consume.add_argument("--partition", type=_non_negative, help="only this partition")
-    consume.add_argument("--from-timestamp", type=_non_negative, metavar="MS",
-                         help="start at the first record at or after this time (ms since the epoch)")
+    consume.add_argument(
+        "--from-timestamp",
+        type=_non_negative,
+        metavar="MS",
+        help="start at the first record at or after this time (ms since the epoch)",
+    )
     consume.add_argument("--max-messages", type=_positive, metavar="N", help="exit after N records")
-    consume.add_argument("--timeout-ms", type=_non_negative, metavar="MS", help="exit after MS without a record")
-    consume.add_argument("--format", choices=["text", "json"], default="text",
-                         help="text: the value (and key with --print-key); json: one object per line")
+    consume.add_argument(
+        "--timeout-ms", type=_non_negative, metavar="MS", help="exit after MS without a record"
+    )
+    consume.add_argument(
+        "--format",
+        choices=["text", "json"],
+        default="text",
+        help="text: the value (and key with --print-key); json: one object per line",
+    )
     consume.add_argument("--print-key", action="store_true", help="text format: print key<TAB>value")
-    consume.add_argument("--group", metavar="GROUP",
-                         help="consume as a member of this consumer group: the group assigns partitions and the "
-                              "consumer commits as it goes (starting at the group's committed offsets)")
+    consume.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="consume as a member of this consumer group: the group assigns partitions and the "
+        "consumer commits as it goes (starting at the group's committed offsets)",
+    )
     _common(consume)
     consume.set_defaults(func=console.consume)
 
@@ -142,8 +184,12 @@ def _add_consume(commands) -> None:
 def _add_offsets(commands) -> None:
     offsets = commands.add_parser("offsets", help="earliest and latest offset of each partition")
     offsets.add_argument("topic")
-    offsets.add_argument("--time", type=_non_negative, metavar="MS",
-                         help="also the first offset at or after this timestamp (ms)")
+    offsets.add_argument(
+        "--time",
+        type=_non_negative,
+        metavar="MS",
+        help="also the first offset at or after this timestamp (ms)",
+    )
     _common(offsets)
     offsets.set_defaults(func=topics.offsets)
 
@@ -158,16 +204,28 @@ def _add_groups(commands) -> None:
     describe.add_argument("group")
     describe.add_argument("--format", choices=["text", "json"], default="text")
     describe.set_defaults(func=groups.describe)
-    reset = actions.add_parser("reset-offsets", help="move the group's committed offsets (group without members)")
+    reset = actions.add_parser(
+        "reset-offsets", help="move the group's committed offsets (group without members)"
+    )
     reset.add_argument("group")
-    reset.add_argument("--topic", action="append", default=[], metavar="T", help="topic to reset (repeatable)")
+    reset.add_argument(
+        "--topic", action="append", default=[], metavar="T", help="topic to reset (repeatable)"
+    )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="the log start of each partition")
     to.add_argument("--to-latest", action="store_true", help="the log end of each partition")
-    to.add_argument("--to-timestamp", type=_non_negative, metavar="MS",
-                    help="the first offset at or after this time (ms since the epoch)")
-    to.add_argument("--to-offset", type=_non_negative, metavar="N",
-                    help="this offset in every partition (kept within the log's range)")
+    to.add_argument(
+        "--to-timestamp",
+        type=_non_negative,
+        metavar="MS",
+        help="the first offset at or after this time (ms since the epoch)",
+    )
+    to.add_argument(
+        "--to-offset",
+        type=_non_negative,
+        metavar="N",
+        help="this offset in every partition (kept within the log's range)",
+    )
     reset.add_argument("--dry-run", action="store_true", help="show the new offsets without committing them")
     reset.set_defaults(func=groups.reset_offsets)
     delete = actions.add_parser("delete", help="delete a group without members, with its committed offsets")
@@ -182,8 +240,12 @@ def _add_top(commands) -> None:
 
 
 def _add_demo(commands) -> None:
-    parser = commands.add_parser("demo", help="produce activity events to a topic and consume them back, checked")
-    parser.add_argument("--records", type=int, default=10_000, metavar="N", help="events to produce (default 10000)")
+    parser = commands.add_parser(
+        "demo", help="produce activity events to a topic and consume them back, checked"
+    )
+    parser.add_argument(
+        "--records", type=int, default=10_000, metavar="N", help="events to produce (default 10000)"
+    )
     parser.add_argument("--topic", default="activity")
     parser.add_argument("--partitions", type=_positive, default=8, help="partitions if the topic is created")
     parser.add_argument("--seed", type=int, default=0, help="seed of the event generator")
@@ -193,10 +255,21 @@ def _add_demo(commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Tributary: a distributed commit log. Run a local cluster, manage topics, "
-        "produce and consume from the shell.")
+        prog=PROG,
+        description="Tributary: a distributed commit log. Run a local cluster, manage topics, "
+        "produce and consume from the shell.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_cluster, _add_topics, _add_produce, _add_consume, _add_offsets, _add_groups, _add_top, _add_demo):
+    for add in (
+        _add_cluster,
+        _add_topics,
+        _add_produce,
+        _add_consume,
+        _add_offsets,
+        _add_groups,
+        _add_top,
+        _add_demo,
+    ):
         add(commands)
     return parser
 

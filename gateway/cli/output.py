@@ -49,15 +49,18 @@ def json_bytes(data: bytes | None):
 
 def record_json(record: ConsumerRecord) -> str:
     """One consumed record as one JSON line (topic, partition, offset, timestamp, key, value, headers)."""
-    return json.dumps({
-        "topic": record.topic,
-        "partition": record.partition,
-        "offset": record.offset,
-        "timestamp": record.timestamp,
-        "key": json_bytes(record.key),
-        "value": json_bytes(record.value),
-        "headers": [[k, json_bytes(v)] for k, v in record.headers],
-    }, ensure_ascii=False)
+    return json.dumps(
+        {
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp,
+            "key": json_bytes(record.key),
+            "value": json_bytes(record.value),
+            "headers": [[k, json_bytes(v)] for k, v in record.headers],
+        },
+        ensure_ascii=False,
+    )
 
 
 def record_text(record: ConsumerRecord, *, print_key: bool = False, key_separator: str = "\t") -> str:
@@ -96,8 +99,17 @@ def parse_pairs(items: Iterable[str], what: str) -> list[tuple[str, str]]:
 
 
 def partition_rows(partitions: Iterable[PartitionMetadata]) -> list[list[object]]:
-    return [[p.topic, p.partition, p.leader if p.leader >= 0 else "none", ",".join(map(str, p.replicas)),
-             ",".join(map(str, p.isr)), p.state + (f" ({p.error})" if p.error else "")] for p in partitions]
+    return [
+        [
+            p.topic,
+            p.partition,
+            p.leader if p.leader >= 0 else "none",
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+            p.state + (f" ({p.error})" if p.error else ""),
+        ]
+        for p in partitions
+    ]
 
 
 PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "STATE")
@@ -106,14 +118,18 @@ PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "STATE")
 def describe_topic(description: TopicDescription) -> str:
     """``kafka-topics --describe`` style: a summary line, configs, then one row per partition."""
     configs = ",".join(f"{k}={v}" for k, v in sorted(description.configs.items()))
-    header = (f"Topic: {description.name}\tPartitionCount: {len(description.partitions)}\t"
-              f"ReplicationFactor: {description.replication_factor}\tConfigs: {configs}")
+    header = (
+        f"Topic: {description.name}\tPartitionCount: {len(description.partitions)}\t"
+        f"ReplicationFactor: {description.replication_factor}\tConfigs: {configs}"
+    )
     return header + "\n" + table(PARTITION_HEADERS, partition_rows(description.partitions))
 
 
 def offsets_table(topic: str, earliest: dict[int, int], latest: dict[int, int]) -> str:
-    rows = [[topic, p, earliest.get(p, -1), latest.get(p, -1), max(0, latest.get(p, 0) - earliest.get(p, 0))]
-            for p in sorted(set(earliest) | set(latest))]
+    rows = [
+        [topic, p, earliest.get(p, -1), latest.get(p, -1), max(0, latest.get(p, 0) - earliest.get(p, 0))]
+        for p in sorted(set(earliest) | set(latest))
+    ]
     return table(("TOPIC", "PARTITION", "EARLIEST", "LATEST", "RECORDS"), rows)
 
 
@@ -144,18 +160,47 @@ def describe_group(description: GroupDescription) -> str:
     """``kafka-consumer-groups --describe`` style: a summary line, the members, then per partition
     the committed offset, log end offset, lag and the member consuming it (``-`` for none)."""
     d = description
-    lines = [f"Group: {d.group_id}\tState: {d.state}\tGeneration: {d.generation}\t"
-             f"Assignor: {d.assignor or '-'}\tMembers: {len(d.members)}", ""]
+    lines = [
+        f"Group: {d.group_id}\tState: {d.state}\tGeneration: {d.generation}\t"
+        f"Assignor: {d.assignor or '-'}\tMembers: {len(d.members)}",
+        "",
+    ]
     if d.members:
-        lines.append(table(MEMBER_HEADERS, [
-            [m.member_id, _dash(m.group_instance_id), m.client_id, m.host, _partitions_text(m.assignment),
-             _partitions_text(m.owned)] for m in d.members]))
+        lines.append(
+            table(
+                MEMBER_HEADERS,
+                [
+                    [
+                        m.member_id,
+                        _dash(m.group_instance_id),
+                        m.client_id,
+                        m.host,
+                        _partitions_text(m.assignment),
+                        _partitions_text(m.owned),
+                    ]
+                    for m in d.members
+                ],
+            )
+        )
     else:
         lines.append(f"Consumer group '{d.group_id}' has no active members.")
     lines.append("")
-    lines.append(table(LAG_HEADERS, [
-        [p.topic, p.partition, _dash(p.committed_offset), _dash(p.log_end_offset) if p.error is None else p.error,
-         _dash(p.lag), _dash(p.owner)] for p in d.partitions]))
+    lines.append(
+        table(
+            LAG_HEADERS,
+            [
+                [
+                    p.topic,
+                    p.partition,
+                    _dash(p.committed_offset),
+                    _dash(p.log_end_offset) if p.error is None else p.error,
+                    _dash(p.lag),
+                    _dash(p.owner),
+                ]
+                for p in d.partitions
+            ],
+        )
+    )
     return "\n".join(lines)
 
 
@@ -165,21 +210,36 @@ def _tp_json(tp: TopicPartition) -> dict:
 
 def group_json(description: GroupDescription) -> str:
     d = description
-    return json.dumps({
-        "group_id": d.group_id, "state": d.state, "generation": d.generation, "assignor": d.assignor,
-        "members": [{**m._asdict(), "topics": list(m.topics), "assignment": [_tp_json(tp) for tp in m.assignment],
-                     "owned": [_tp_json(tp) for tp in m.owned]} for m in d.members],
-        "partitions": [p._asdict() for p in d.partitions],
-    })
+    return json.dumps(
+        {
+            "group_id": d.group_id,
+            "state": d.state,
+            "generation": d.generation,
+            "assignor": d.assignor,
+            "members": [
+                {
+                    **m._asdict(),
+                    "topics": list(m.topics),
+                    "assignment": [_tp_json(tp) for tp in m.assignment],
+                    "owned": [_tp_json(tp) for tp in m.owned],
+                }
+                for m in d.members
+            ],
+            "partitions": [p._asdict() for p in d.partitions],
+        }
+    )
 
 
 def reset_table(group: str, offsets: dict[TopicPartition, OffsetAndMetadata]) -> str:
-    return table(("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"),
-                 [[group, tp.topic, tp.partition, om.offset] for tp, om in sorted(offsets.items())])
+    return table(
+        ("GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"),
+        [[group, tp.topic, tp.partition, om.offset] for tp, om in sorted(offsets.items())],
+    )
 
 
-def clamp_offsets(offset: int, earliest: dict[TopicPartition, int],
-                  latest: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+def clamp_offsets(
+    offset: int, earliest: dict[TopicPartition, int], latest: dict[TopicPartition, int]
+) -> dict[TopicPartition, int]:
     """``--to-offset N`` for every partition, moved into [earliest, latest] where it is outside
     (as Kafka's reset tool does: an offset out of range would only be reset again by consumers)."""
     return {tp: min(max(offset, earliest[tp]), latest[tp]) for tp in sorted(latest)}

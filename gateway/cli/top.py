@@ -73,12 +73,17 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
         if not node.reachable:
             rows.append([node_id, node.address, node.leaders, "-", "unreachable", "", ""])
             continue
-        rows.append([
-            node_id, node.address, node.leaders, f"{node.log_bytes / 1e6:,.1f} MB",
-            _fmt_rate(_rate(node.bytes_in, before and before.bytes_in, seconds), "MB/s", 1e6),
-            _fmt_rate(_rate(node.records_in, before and before.records_in, seconds), "rec/s"),
-            _fmt_rate(_rate(node.bytes_out, before and before.bytes_out, seconds), "MB/s", 1e6),
-        ])
+        rows.append(
+            [
+                node_id,
+                node.address,
+                node.leaders,
+                f"{node.log_bytes / 1e6:,.1f} MB",
+                _fmt_rate(_rate(node.bytes_in, before and before.bytes_in, seconds), "MB/s", 1e6),
+                _fmt_rate(_rate(node.records_in, before and before.records_in, seconds), "rec/s"),
+                _fmt_rate(_rate(node.bytes_out, before and before.bytes_out, seconds), "MB/s", 1e6),
+            ]
+        )
     lines = [
         f"tributary top  {time.strftime('%H:%M:%S', time.localtime(current.taken_at))}   "
         f"topics {current.topics}  partitions {current.partitions}  offline {current.offline}",
@@ -87,9 +92,15 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
         "",
     ]
     if current.groups:
-        lines.append(table(["GROUP", "STATE", "MEMBERS", "LAG", "MAX PARTITION LAG"],
-                           [[g.group_id, g.state, g.members, f"{g.total_lag:,}", f"{g.max_lag:,}"]
-                            for g in current.groups]))
+        lines.append(
+            table(
+                ["GROUP", "STATE", "MEMBERS", "LAG", "MAX PARTITION LAG"],
+                [
+                    [g.group_id, g.state, g.members, f"{g.total_lag:,}", f"{g.max_lag:,}"]
+                    for g in current.groups
+                ],
+            )
+        )
     else:
         lines.append("no consumer groups")
     return "\n".join(lines)
@@ -100,13 +111,15 @@ def _node_sample(broker, leaders: int) -> NodeSample:
     try:
         with grpc.insecure_channel(address) as channel:
             response = storage_grpc.StorageNodeStub(channel).DescribeLogDirs(
-                pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S)
+                pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S
+            )
     except grpc.RpcError:
         return NodeSample(broker.node_id, address, leaders, 0, 0, 0, 0, reachable=False)
     traffic = response.traffic
     log_bytes = sum(p.size_bytes for d in response.log_dirs for p in d.partitions)
-    return NodeSample(broker.node_id, address, leaders, log_bytes, traffic.bytes_in, traffic.records_in,
-                      traffic.bytes_out)
+    return NodeSample(
+        broker.node_id, address, leaders, log_bytes, traffic.bytes_in, traffic.records_in, traffic.bytes_out
+    )
 
 
 def _group_samples(stub) -> list[GroupSample]:
@@ -117,12 +130,17 @@ def _group_samples(stub) -> list[GroupSample]:
         return samples
     for group in listing.groups:
         try:
-            described = stub.DescribeGroup(pb.DescribeGroupRequest(group_id=group.group_id), timeout=CALL_TIMEOUT_S)
+            described = stub.DescribeGroup(
+                pb.DescribeGroupRequest(group_id=group.group_id), timeout=CALL_TIMEOUT_S
+            )
         except grpc.RpcError:
             continue
         lags = [max(p.lag, 0) for p in described.partitions]
-        samples.append(GroupSample(group.group_id, described.state, len(described.members), sum(lags),
-                                   max(lags, default=0)))
+        samples.append(
+            GroupSample(
+                group.group_id, described.state, len(described.members), sum(lags), max(lags, default=0)
+            )
+        )
     return samples
 
 
@@ -170,5 +188,7 @@ def add_parser(commands, common) -> None:
     parser = commands.add_parser("top", help="live view: per node partitions and traffic, per group lag")
     common(parser)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
-    parser.add_argument("--iterations", type=int, default=None, help="stop after N screens (default: until Ctrl-C)")
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="stop after N screens (default: until Ctrl-C)"
+    )
     parser.set_defaults(func=run)

@@ -69,8 +69,13 @@ def offsets(args) -> int:
         earliest = admin.list_offsets({tp: "earliest" for tp in tps})
         latest = admin.list_offsets({tp: "latest" for tp in tps})
         at_time = admin.list_offsets({tp: args.time for tp in tps}) if args.time is not None else None
-    print(offsets_table(args.topic, {tp.partition: r.offset for tp, r in earliest.items()},
-                        {tp.partition: r.offset for tp, r in latest.items()}))
+    print(
+        offsets_table(
+            args.topic,
+            {tp.partition: r.offset for tp, r in earliest.items()},
+            {tp.partition: r.offset for tp, r in latest.items()},
+        )
+    )
     if at_time is not None:
         print()
         for tp in tps:

@@ -45,7 +45,12 @@ RECORD_OVERHEAD = 16
 
 
 def estimate_record_size(key, value, headers_bytes: int) -> int:
-    return RECORD_OVERHEAD + (len(key) if key is not None else 0) + (len(value) if value is not None else 0) + headers_bytes
+    return (
+        RECORD_OVERHEAD
+        + (len(key) if key is not None else 0)
+        + (len(value) if value is not None else 0)
+        + headers_bytes
+    )
 
 
 class BufferPool:
@@ -98,7 +103,7 @@ class BufferPool:
                 self._async_waiters.append((loop, waiter))
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def deallocate(self, size: int) -> None:
@@ -112,12 +117,14 @@ class BufferPool:
     def _ensure_fits(self, size: int) -> None:
         if size > self.total_bytes:
             raise RecordTooLargeError(
-                f"the record is {size} bytes when serialized, larger than buffer_memory ({self.total_bytes})")
+                f"the record is {size} bytes when serialized, larger than buffer_memory ({self.total_bytes})"
+            )
 
     def _timeout(self, size: int, timeout_s: float) -> RequestTimedOutError:
         return RequestTimedOutError(
             f"failed to allocate {size} bytes of buffer_memory within max_block_ms ({timeout_s * 1000:.0f} ms); "
-            f"{self._available} of {self.total_bytes} free")
+            f"{self._available} of {self.total_bytes} free"
+        )
 
 
 def _resolve(waiter: asyncio.Future) -> None:
@@ -128,11 +135,30 @@ def _resolve(waiter: asyncio.Future) -> None:
 class ProducerBatch:
     """One batch on its way: its builder (or bytes once closed), its shared result, retry state."""
 
-    __slots__ = ("topic_partition", "result", "created_ms", "attempts", "retry_at_ms", "reserved_bytes",
-                 "record_count", "last_error", "_builder", "_batch_size", "_data", "_full")
+    __slots__ = (
+        "_batch_size",
+        "_builder",
+        "_data",
+        "_full",
+        "attempts",
+        "created_ms",
+        "last_error",
+        "record_count",
+        "reserved_bytes",
+        "result",
+        "retry_at_ms",
+        "topic_partition",
+    )
 
-    def __init__(self, topic_partition: TopicPartition, builder: RecordBatchBuilder | None, created_ms: int,
-                 batch_size: int, data: bytes | None = None, record_count: int = 0) -> None:
+    def __init__(
+        self,
+        topic_partition: TopicPartition,
+        builder: RecordBatchBuilder | None,
+        created_ms: int,
+        batch_size: int,
+        data: bytes | None = None,
+        record_count: int = 0,
+    ) -> None:
         self.topic_partition = topic_partition
         self.result = ProduceResult(topic_partition)
         self.created_ms = created_ms
@@ -195,8 +221,14 @@ RequestPlan = tuple[str, dict[int, list[ProducerBatch]]]
 class RecordAccumulator:
     """Per-partition queues of :class:`ProducerBatch`. See the module docstring for the rules."""
 
-    def __init__(self, *, batch_size: int = 16384, linger_ms: int = 5,
-                 compression: Compression = Compression.NONE, pool: BufferPool | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        batch_size: int = 16384,
+        linger_ms: int = 5,
+        compression: Compression = Compression.NONE,
+        pool: BufferPool | None = None,
+    ) -> None:
         self.batch_size = max(1, batch_size)
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
@@ -210,8 +242,18 @@ class RecordAccumulator:
 
     # -- appending (application threads) ---------------------------------------------------
 
-    def append(self, tp: TopicPartition, timestamp: int, key, value, headers: tuple, size: int,
-               now_ms: int, *, abort_on_new_batch: bool = False) -> tuple[FutureRecordMetadata | None, bool, bool]:
+    def append(
+        self,
+        tp: TopicPartition,
+        timestamp: int,
+        key,
+        value,
+        headers: tuple,
+        size: int,
+        now_ms: int,
+        *,
+        abort_on_new_batch: bool = False,
+    ) -> tuple[FutureRecordMetadata | None, bool, bool]:
         """Queue one record whose ``size`` bytes are already reserved in the pool.
 
         Returns ``(future, batch_is_full, new_batch_created)``; the caller wakes the sender when
@@ -251,7 +293,9 @@ class RecordAccumulator:
         except Exception:  # noqa: BLE001 -- malformed bytes are the broker's to reject
             record_count = 1
         with self._lock:
-            batch = ProducerBatch(tp, None, now_ms, self.batch_size, data=bytes(data), record_count=record_count)
+            batch = ProducerBatch(
+                tp, None, now_ms, self.batch_size, data=bytes(data), record_count=record_count
+            )
             batch.reserved_bytes = len(data)
             self._incomplete.add(batch)
             self._queues.setdefault(tp, deque()).append(batch)
@@ -283,8 +327,9 @@ class RecordAccumulator:
             return 0
         return head.created_ms + self.linger_ms - now_ms
 
-    def drain(self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int,
-              max_requests: int) -> list[RequestPlan]:
+    def drain(
+        self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int, max_requests: int
+    ) -> list[RequestPlan]:
         """Pop the sendable batches of ``ready`` partitions into at most ``max_requests`` requests.
 
         One request holds one topic (the Produce API's shape) and at most ``max_request_size``
@@ -298,7 +343,9 @@ class RecordAccumulator:
         with self._lock:
             sending_all = self._flushes > 0 or self._closed
             for topic, tps in by_topic.items():
-                if not self._plan_topic(plans, topic, tps, now_ms, max_request_size, max_requests, sending_all):
+                if not self._plan_topic(
+                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all
+                ):
                     break
         return plans
 
@@ -306,10 +353,18 @@ class RecordAccumulator:
         if not ready:
             return ready
         self._drain_start = (self._drain_start + 1) % len(ready)
-        return ready[self._drain_start:] + ready[:self._drain_start]
+        return ready[self._drain_start :] + ready[: self._drain_start]
 
-    def _plan_topic(self, plans: list[RequestPlan], topic: str, tps: list[TopicPartition], now_ms: int,
-                    max_request_size: int, max_requests: int, sending_all: bool) -> bool:
+    def _plan_topic(
+        self,
+        plans: list[RequestPlan],
+        topic: str,
+        tps: list[TopicPartition],
+        now_ms: int,
+        max_request_size: int,
+        max_requests: int,
+        sending_all: bool,
+    ) -> bool:
         """Add ``topic``'s requests to ``plans``; False once ``max_requests`` is reached."""
         current: dict[int, list[ProducerBatch]] = {}
         size = 0
@@ -329,7 +384,9 @@ class RecordAccumulator:
             plans.append((topic, current))
         return len(plans) < max_requests
 
-    def _take(self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool) -> list[ProducerBatch]:
+    def _take(
+        self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool
+    ) -> list[ProducerBatch]:
         """Pop the first batch of ``tp`` and the complete ones behind it, up to ``max_bytes``."""
         queue = self._queues.get(tp)
         taken: list[ProducerBatch] = []
@@ -338,7 +395,9 @@ class RecordAccumulator:
             batch = queue[0]
             if taken:
                 last = len(queue) == 1
-                complete = batch.is_full or not last or sending_all or now_ms - batch.created_ms >= self.linger_ms
+                complete = (
+                    batch.is_full or not last or sending_all or now_ms - batch.created_ms >= self.linger_ms
+                )
                 if not complete or batch.retry_at_ms > now_ms or size + batch.estimated_size > max_bytes:
                     break
             queue.popleft()

@@ -54,8 +54,13 @@ def _configs(configs: Mapping[str, Any] | None) -> dict[str, str]:
 class AsyncAdmin:
     """Topic and cluster administration on the running event loop."""
 
-    def __init__(self, *, servers: str | Sequence[str] | None = None, request_timeout_ms: int = 30_000,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        *,
+        servers: str | Sequence[str] | None = None,
+        request_timeout_ms: int = 30_000,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._client = GatewayClient(servers, request_timeout_ms=request_timeout_ms, clock=clock)
 
     @property
@@ -74,20 +79,38 @@ class AsyncAdmin:
 
     # -- topics ----------------------------------------------------------------------------
 
-    async def create_topics(self, new_topics: Iterable[NewTopic], *, validate_only: bool = False) -> list[TopicDescription]:
+    async def create_topics(
+        self, new_topics: Iterable[NewTopic], *, validate_only: bool = False
+    ) -> list[TopicDescription]:
         """Create each topic; raises the first failure (topics before it are created)."""
         created = []
         for topic in new_topics:
-            response = await self._client.call("CreateTopic", pb.CreateTopicRequest(
-                name=topic.name, partitions=topic.num_partitions, replication_factor=topic.replication_factor,
-                configs=_configs(topic.topic_configs), validate_only=validate_only))
+            response = await self._client.call(
+                "CreateTopic",
+                pb.CreateTopicRequest(
+                    name=topic.name,
+                    partitions=topic.num_partitions,
+                    replication_factor=topic.replication_factor,
+                    configs=_configs(topic.topic_configs),
+                    validate_only=validate_only,
+                ),
+            )
             created.append(topic_from_proto(response.topic))
         return created
 
-    async def create_topic(self, name: str, num_partitions: int = 1, replication_factor: int = 1,
-                           configs: Mapping[str, Any] | None = None) -> TopicDescription:
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int = 1,
+        replication_factor: int = 1,
+        configs: Mapping[str, Any] | None = None,
+    ) -> TopicDescription:
         """Create one topic (shorthand for ``create_topics([NewTopic(...)])``)."""
-        return (await self.create_topics([NewTopic(name, num_partitions, replication_factor, dict(configs or {}))]))[0]
+        return (
+            await self.create_topics(
+                [NewTopic(name, num_partitions, replication_factor, dict(configs or {}))]
+            )
+        )[0]
 
     async def delete_topics(self, names: Iterable[str]) -> None:
         """Delete each topic and its data."""
@@ -100,13 +123,16 @@ class AsyncAdmin:
         response = await self._client.call("ListTopics", pb.ListTopicsRequest())
         return sorted(response.names)
 
-    async def describe_topics(self, names: Iterable[str] = (), *, include_defaults: bool = False) -> list[TopicDescription]:
+    async def describe_topics(
+        self, names: Iterable[str] = (), *, include_defaults: bool = False
+    ) -> list[TopicDescription]:
         """Partitions, leaders, replicas and configs (every config with ``include_defaults``).
 
         Raises ``UnknownTopicOrPartitionError`` if a named topic does not exist.
         """
-        response = await self._client.call("DescribeTopics", pb.DescribeTopicsRequest(
-            names=list(names), include_defaults=include_defaults))
+        response = await self._client.call(
+            "DescribeTopics", pb.DescribeTopicsRequest(names=list(names), include_defaults=include_defaults)
+        )
         descriptions = []
         for topic in response.topics:
             error = error_from_proto(topic.metadata.error) if topic.metadata.HasField("error") else None
@@ -116,23 +142,36 @@ class AsyncAdmin:
             descriptions.append(topic_from_proto(topic.metadata, configs))
         return descriptions
 
-    async def create_partitions(self, new_partitions: Mapping[str, NewPartitions | int], *,
-                                validate_only: bool = False) -> list[TopicDescription]:
+    async def create_partitions(
+        self, new_partitions: Mapping[str, NewPartitions | int], *, validate_only: bool = False
+    ) -> list[TopicDescription]:
         """Raise each topic's partition count to the given total (Kafka never shrinks a topic)."""
         results = []
         for topic, total in new_partitions.items():
             count = total.total_count if isinstance(total, NewPartitions) else int(total)
-            response = await self._client.call("CreatePartitions", pb.CreatePartitionsRequest(
-                topic=topic, total_count=count, validate_only=validate_only))
+            response = await self._client.call(
+                "CreatePartitions",
+                pb.CreatePartitionsRequest(topic=topic, total_count=count, validate_only=validate_only),
+            )
             self._client.metadata.invalidate(topic)
             results.append(topic_from_proto(response.topic))
         return results
 
-    async def alter_topic_configs(self, topic: str, set: Mapping[str, Any] | None = None,  # noqa: A002 -- the proto's name
-                                  delete: Iterable[str] = (), *, validate_only: bool = False) -> TopicDescription:
+    async def alter_topic_configs(
+        self,
+        topic: str,
+        set: Mapping[str, Any] | None = None,
+        delete: Iterable[str] = (),
+        *,
+        validate_only: bool = False,
+    ) -> TopicDescription:
         """Set configs (Kafka names, e.g. ``{"retention.ms": 3600000}``) and reset others to default."""
-        response = await self._client.call("AlterTopicConfigs", pb.AlterTopicConfigsRequest(
-            topic=topic, set=_configs(set), delete=list(delete), validate_only=validate_only))
+        response = await self._client.call(
+            "AlterTopicConfigs",
+            pb.AlterTopicConfigsRequest(
+                topic=topic, set=_configs(set), delete=list(delete), validate_only=validate_only
+            ),
+        )
         description = response.topic
         configs = {e.name: e.value for e in description.configs} if description.configs else None
         return topic_from_proto(description.metadata, configs)
@@ -146,11 +185,16 @@ class AsyncAdmin:
     async def metadata(self, topics: Sequence[str] = ()) -> tuple[ClusterDescription, list[TopicDescription]]:
         """The cluster and its topics (all topics when none are named), from one GetMetadata."""
         response = await self._client.refresh_metadata(list(topics))
-        described = [topic_from_proto(t) for t in sorted(response.topics, key=lambda t: t.name)
-                     if not (t.HasField("error") and t.error.reason)]
+        described = [
+            topic_from_proto(t)
+            for t in sorted(response.topics, key=lambda t: t.name)
+            if not (t.HasField("error") and t.error.reason)
+        ]
         return cluster_from_proto(response), described
 
-    async def list_offsets(self, specs: Mapping[TopicPartition, Any]) -> dict[TopicPartition, OffsetAndTimestamp]:
+    async def list_offsets(
+        self, specs: Mapping[TopicPartition, Any]
+    ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """``{tp: "earliest" | "latest" | timestamp_ms}`` -> ``{tp: OffsetAndTimestamp}``.
 
         A timestamp with no record at or after it gives offset -1. Raises the first
@@ -175,18 +219,27 @@ class AsyncAdmin:
         response = await self._client.call("DescribeGroup", pb.DescribeGroupRequest(group_id=group_id))
         return description_from_proto(response)
 
-    async def list_consumer_group_offsets(self, group_id: str, partitions: Iterable[TopicPartition] | None = None,
-                                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+    async def list_consumer_group_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition] | None = None,
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         """The group's committed offsets (of ``partitions``, or all it has); partitions without
         one are left out."""
-        request = pb.FetchCommittedOffsetsRequest(group_id=group_id, partitions=tps_to_proto(
-            [TopicPartition(*tp) for tp in partitions or ()]))
+        request = pb.FetchCommittedOffsetsRequest(
+            group_id=group_id, partitions=tps_to_proto([TopicPartition(*tp) for tp in partitions or ()])
+        )
         response = await self._client.call("FetchCommittedOffsets", request)
         return _committed_offsets(response.offsets)
 
-    async def reset_consumer_group_offsets(self, group_id: str, topics: Iterable[str] = (),
-                                           to: str | int | Mapping[TopicPartition, int] = "earliest", *,
-                                           dry_run: bool = False) -> dict[TopicPartition, OffsetAndMetadata]:
+    async def reset_consumer_group_offsets(
+        self,
+        group_id: str,
+        topics: Iterable[str] = (),
+        to: str | int | Mapping[TopicPartition, int] = "earliest",
+        *,
+        dry_run: bool = False,
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         """Move the committed offsets of every partition of ``topics`` to ``"earliest"``,
         ``"latest"`` or the first offset at or after a timestamp (an int, ms; the log end when no
         record is that recent) -- or, with a ``{TopicPartition: offset}`` mapping, to exactly
@@ -194,8 +247,10 @@ class AsyncAdmin:
         computes them. ``NonEmptyGroupError`` while the group has members."""
         request = pb.ResetGroupOffsetsRequest(group_id=group_id, topics=list(topics), dry_run=dry_run)
         if isinstance(to, Mapping):
-            request.explicit.extend(pb.OffsetCommit(topic=tp[0], partition=tp[1], offset=int(offset))
-                                    for tp, offset in sorted(to.items()))
+            request.explicit.extend(
+                pb.OffsetCommit(topic=tp[0], partition=tp[1], offset=int(offset))
+                for tp, offset in sorted(to.items())
+            )
         else:
             request.spec.CopyFrom(offset_spec(to))
         response = await self._client.call("ResetGroupOffsets", request)
@@ -234,8 +289,13 @@ def _sync(name: str):
 class Admin:
     """Thread-based administration client; the same methods as :class:`AsyncAdmin`, blocking."""
 
-    def __init__(self, *, servers: str | Sequence[str] | None = None, request_timeout_ms: int = 30_000,
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self,
+        *,
+        servers: str | Sequence[str] | None = None,
+        request_timeout_ms: int = 30_000,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:

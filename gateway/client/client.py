@@ -100,13 +100,17 @@ class GatewayClient:
             except UnknownTopicOrPartitionError:
                 pass
             except RequestTimedOutError as exc:
-                raise RequestTimedOutError(f"no metadata for topic {topic!r} within {max_wait_ms} ms: {exc}") from exc
+                raise RequestTimedOutError(
+                    f"no metadata for topic {topic!r} within {max_wait_ms} ms: {exc}"
+                ) from exc
             description = self.metadata.topic(topic)
             if description is not None:
                 return description
             if self.clock.monotonic() + delay > deadline:
                 waited = f" after {max_wait_ms} ms" if max_wait_ms else ""
-                raise UnknownTopicOrPartitionError(f"topic {topic!r} not present in the cluster metadata{waited}")
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} not present in the cluster metadata{waited}"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -133,9 +137,12 @@ async def list_offsets(client: GatewayClient, specs: dict) -> dict:
     """
     if not specs:
         return {}
-    request = pb.ListOffsetsRequest(partitions=[
-        pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, spec=offset_spec(spec))
-        for tp, spec in specs.items()])
+    request = pb.ListOffsetsRequest(
+        partitions=[
+            pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, spec=offset_spec(spec))
+            for tp, spec in specs.items()
+        ]
+    )
     response = await client.call_with_retry("ListOffsets", request)
     results: dict = {}
     for item in response.partitions:

@@ -147,8 +147,12 @@ class ConsumerConfig:
     def validate_group_settings(self) -> None:
         if self.group_id is not None and (not isinstance(self.group_id, str) or not self.group_id):
             raise ValueError(f"group_id must be a non-empty string, not {self.group_id!r}")
-        for name in ("session_timeout_ms", "heartbeat_interval_ms", "max_poll_interval_ms",
-                     "auto_commit_interval_ms"):
+        for name in (
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "max_poll_interval_ms",
+            "auto_commit_interval_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -158,17 +162,29 @@ class ConsumerConfig:
     def group_settings(self) -> GroupSettings:
         assert self.group_id is not None
         return GroupSettings(
-            group_id=self.group_id, group_instance_id=self.group_instance_id or None, client_id=self.client_id,
-            session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=self.heartbeat_interval_ms,
-            max_poll_interval_ms=self.max_poll_interval_ms, assignor=self.assignor,
-            enable_auto_commit=self.enable_auto_commit, auto_commit_interval_ms=self.auto_commit_interval_ms,
-            request_timeout_ms=self.request_timeout_ms, retry_backoff_ms=self.retry_backoff_ms)
+            group_id=self.group_id,
+            group_instance_id=self.group_instance_id or None,
+            client_id=self.client_id,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            max_poll_interval_ms=self.max_poll_interval_ms,
+            assignor=self.assignor,
+            enable_auto_commit=self.enable_auto_commit,
+            auto_commit_interval_ms=self.auto_commit_interval_ms,
+            request_timeout_ms=self.request_timeout_ms,
+            retry_backoff_ms=self.retry_backoff_ms,
+        )
 
 
 def _as_partitions(partitions: Iterable) -> list[TopicPartition]:
     result = []
     for tp in partitions:
-        if not isinstance(tp, tuple) or len(tp) != 2 or not isinstance(tp[0], str) or not isinstance(tp[1], int):
+        if (
+            not isinstance(tp, tuple)
+            or len(tp) != 2
+            or not isinstance(tp[0], str)
+            or not isinstance(tp[1], int)
+        ):
             raise TypeError(f"expected TopicPartition(topic, partition), not {tp!r}")
         result.append(TopicPartition(*tp))
     return result
@@ -216,19 +232,37 @@ class AsyncConsumer:
     Topics given to the constructor are subscribed to (a ``group_id`` is needed then).
     """
 
-    def __init__(self, *topics: str, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 _call_back: Callable | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        *topics: str,
+        servers: str | Sequence[str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        _call_back: Callable | None = None,
+        **settings: Any,
+    ) -> None:
         self.config = ConsumerConfig.from_kwargs({"servers": servers, **settings})
-        self._client = GatewayClient(self.config.servers, request_timeout_ms=self.config.request_timeout_ms,
-                                     metadata_max_age_ms=self.config.metadata_max_age_ms,
-                                     retry_backoff_ms=self.config.retry_backoff_ms, clock=clock)
+        self._client = GatewayClient(
+            self.config.servers,
+            request_timeout_ms=self.config.request_timeout_ms,
+            metadata_max_age_ms=self.config.metadata_max_age_ms,
+            retry_backoff_ms=self.config.retry_backoff_ms,
+            clock=clock,
+        )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
         c = self.config
-        self._fetcher = Fetcher(self._client, self._subscription, fetch_min_bytes=c.fetch_min_bytes,
-                                fetch_max_wait_ms=c.fetch_max_wait_ms, fetch_max_bytes=c.fetch_max_bytes,
-                                max_partition_fetch_bytes=c.max_partition_fetch_bytes, check_crcs=c.check_crcs,
-                                isolation_level=c.isolation_level, retry_backoff_ms=c.retry_backoff_ms,
-                                key_deserializer=c.key_deserializer, value_deserializer=c.value_deserializer)
+        self._fetcher = Fetcher(
+            self._client,
+            self._subscription,
+            fetch_min_bytes=c.fetch_min_bytes,
+            fetch_max_wait_ms=c.fetch_max_wait_ms,
+            fetch_max_bytes=c.fetch_max_bytes,
+            max_partition_fetch_bytes=c.max_partition_fetch_bytes,
+            check_crcs=c.check_crcs,
+            isolation_level=c.isolation_level,
+            retry_backoff_ms=c.retry_backoff_ms,
+            key_deserializer=c.key_deserializer,
+            value_deserializer=c.value_deserializer,
+        )
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
         self._iter_buffer: deque[ConsumerRecord] = deque()
@@ -242,8 +276,14 @@ class AsyncConsumer:
         self._coordinator: GroupCoordinator | None = None
         if c.group_id is not None:
             self._coordinator = GroupCoordinator(
-                self._client, self._subscription, self._fetcher, c.group_settings(), attention=self._attention,
-                call_back=_call_back or call_directly, consumed_offsets=self._consumed_offsets)
+                self._client,
+                self._subscription,
+                self._fetcher,
+                c.group_settings(),
+                attention=self._attention,
+                call_back=_call_back or call_directly,
+                consumed_offsets=self._consumed_offsets,
+            )
         if topics:
             self.subscribe(list(topics))
 
@@ -318,8 +358,9 @@ class AsyncConsumer:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._subscription.assigned_partitions()
 
-    def subscribe(self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None,
-                  listener=None) -> None:
+    def subscribe(
+        self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
+    ) -> None:
         """Consume ``topics`` -- or every topic whose whole name matches ``pattern`` -- as a member
         of the consumer group ``group_id``; the group decides which partitions this consumer
         reads. ``listener`` (a :class:`~gateway.client.listener.ConsumerRebalanceListener`) hears
@@ -387,8 +428,11 @@ class AsyncConsumer:
         await coordinator.deliver_commit_callbacks()
         await coordinator.commit(coordinator.offsets_to_commit(self._offsets_to_commit(offsets)))
 
-    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
-                     callback: CommitCallback | None = None) -> None:
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+        callback: CommitCallback | None = None,
+    ) -> None:
         """Send a commit without waiting and without retries (Kafka's ``commitAsync``);
         ``callback(offsets, exception_or_None)`` is called from a later ``poll``, ``commit`` or
         ``close`` (awaited if it returns an awaitable)."""
@@ -432,12 +476,18 @@ class AsyncConsumer:
         """The offset of the next record ``poll`` will return (looked up now if needed)."""
         tp = TopicPartition(*partition)
         position = self._subscription.position(tp)
-        if position is None and self._subscription.state(tp).awaiting_committed and self._coordinator is not None:
+        if (
+            position is None
+            and self._subscription.state(tp).awaiting_committed
+            and self._coordinator is not None
+        ):
             await self._coordinator.refresh_committed_offsets()
             position = self._subscription.position(tp)
         if position is None:
             if tp not in self._subscription.partitions_awaiting_reset():
-                raise IllegalStateError(f"no position for {tp} yet (its committed offset is not known); try again")
+                raise IllegalStateError(
+                    f"no position for {tp} yet (its committed offset is not known); try again"
+                )
             strategy, epoch = self._subscription.partitions_awaiting_reset()[tp]
             await self._fetcher.reset_offsets({tp: (strategy, epoch)})
             self._fetcher.raise_error(tp)
@@ -467,7 +517,9 @@ class AsyncConsumer:
 
     # -- offsets lookups -------------------------------------------------------------------
 
-    async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    async def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, the first offset whose timestamp is >= the given ms (None if none is)."""
         results = await self._list_offsets({TopicPartition(*tp): ts for tp, ts in timestamps.items()})
         return {tp: (None if r.offset < 0 else r) for tp, r in results.items()}
@@ -501,7 +553,9 @@ class AsyncConsumer:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    async def poll(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records by partition: whatever is buffered, else waiting up to ``timeout_ms`` for some.
 
         Raises a partition's pending error (``OffsetOutOfRangeError`` with
@@ -510,18 +564,24 @@ class AsyncConsumer:
         """
         return await self._poll(timeout_ms, max_records, None)
 
-    async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0,
-                      max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """aiokafka's name for ``poll``, optionally limited to some assigned ``partitions``."""
-        return await self._poll(timeout_ms, max_records, set(_as_partitions(partitions)) if partitions else None)
+        return await self._poll(
+            timeout_ms, max_records, set(_as_partitions(partitions)) if partitions else None
+        )
 
-    async def _poll(self, timeout_ms: int, max_records: int | None,
-                    only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    async def _poll(
+        self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         if self._closed:
             raise IllegalStateError("the consumer is closed")
         if self._subscription.subscription_type is SubscriptionType.NONE:
-            raise IllegalStateError("the consumer is not subscribed to any topic nor assigned any partition; "
-                                    "call subscribe() or assign() first")
+            raise IllegalStateError(
+                "the consumer is not subscribed to any topic nor assigned any partition; "
+                "call subscribe() or assign() first"
+            )
         await self.start()
         coordinator = self._coordinator
         if coordinator is None:
@@ -532,8 +592,9 @@ class AsyncConsumer:
         finally:
             coordinator.poll_finished()
 
-    async def _poll_records(self, timeout_ms: int, max_records: int | None,
-                            only: set[TopicPartition] | None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    async def _poll_records(
+        self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         max_records = max_records or self.config.max_poll_records
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000.0
@@ -583,13 +644,19 @@ class Consumer:
     method other threads may call.
     """
 
-    def __init__(self, *topics: str, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 **settings: Any) -> None:
+    def __init__(
+        self,
+        *topics: str,
+        servers: str | Sequence[str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+        **settings: Any,
+    ) -> None:
         self._io = IOThread("tributary-consumer")
 
         async def create() -> AsyncConsumer:
-            consumer = AsyncConsumer(*topics, servers=servers, clock=clock, _call_back=self._io.call_back,
-                                     **settings)
+            consumer = AsyncConsumer(
+                *topics, servers=servers, clock=clock, _call_back=self._io.call_back, **settings
+            )
             consumer._unconsumed_sources.append(self._unconsumed)
             await consumer.start()
             return consumer
@@ -632,8 +699,9 @@ class Consumer:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._io.call(self._core.assignment)
 
-    def subscribe(self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None,
-                  listener=None) -> None:
+    def subscribe(
+        self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
+    ) -> None:
         """Join the group for ``topics`` or ``pattern`` (see ``AsyncConsumer.subscribe``); the
         listener's methods run on this thread, inside ``poll``."""
         self._io.call(self._core.subscribe, topics, pattern, listener)
@@ -655,8 +723,11 @@ class Consumer:
         """Commit and wait: everything returned so far, or ``offsets`` (next offset to consume)."""
         self._run_here(self._core.commit(offsets))
 
-    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
-                     callback: CommitCallback | None = None) -> None:
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata | int] | None = None,
+        callback: CommitCallback | None = None,
+    ) -> None:
         """Send a commit without waiting; ``callback(offsets, exception_or_None)`` runs on this
         thread in a later ``poll``, ``commit`` or ``close``."""
         self._io.call(self._core.commit_async, offsets, callback)
@@ -667,7 +738,9 @@ class Consumer:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def poll(
+        self, timeout_ms: int = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records by partition (see ``AsyncConsumer.poll``); blocks up to ``timeout_ms``.
 
         Group changes are applied here, and the rebalance listener runs here, on this thread.
@@ -721,7 +794,9 @@ class Consumer:
         """The partitions paused with ``pause``."""
         return self._io.call(self._core.paused)
 
-    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """Per partition, the first offset whose timestamp is >= the given ms (None if none is)."""
         return self._run(self._core.offsets_for_times(timestamps))
 

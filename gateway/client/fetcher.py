@@ -41,23 +41,45 @@ log = logging.getLogger(__name__)
 
 #: Chunks buffered per partition: the one being consumed and the next one, prefetched.
 PREFETCH_DEPTH = 2
-_ISOLATION = {"read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
-              "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED}
+_ISOLATION = {
+    "read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
+    "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED,
+}
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
 
 
-def to_consumer_records(records: list, topic: str, partition: int, timestamp_type: int,
-                        key_deserializer: Callable | None, value_deserializer: Callable | None) -> list[ConsumerRecord]:
+def to_consumer_records(
+    records: list,
+    topic: str,
+    partition: int,
+    timestamp_type: int,
+    key_deserializer: Callable | None,
+    value_deserializer: Callable | None,
+) -> list[ConsumerRecord]:
     """Decoded ``Record`` tuples as ``ConsumerRecord``s, deserializing non-null keys and values."""
     if key_deserializer is None and value_deserializer is None:
-        return [_new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
-                for r in records]
+        return [
+            _new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
+            for r in records
+        ]
     kd = key_deserializer or (lambda data: data)
     vd = value_deserializer or (lambda data: data)
-    return [_new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type,
-                                        None if r[2] is None else kd(r[2]),
-                                        None if r[3] is None else vd(r[3]), r[4]))
-            for r in records]
+    return [
+        _new_tuple(
+            ConsumerRecord,
+            (
+                topic,
+                partition,
+                r[0],
+                r[1],
+                timestamp_type,
+                None if r[2] is None else kd(r[2]),
+                None if r[3] is None else vd(r[3]),
+                r[4],
+            ),
+        )
+        for r in records
+    ]
 
 
 class PartitionRecords:
@@ -68,8 +90,17 @@ class PartitionRecords:
     batch ends the chunk there; its error is raised once the records before it are consumed.
     """
 
-    __slots__ = ("topic_partition", "fetch_offset", "next_fetch_offset", "error", "_batches", "_batch_index",
-                 "_decoded", "_index", "_timestamp_type")
+    __slots__ = (
+        "_batch_index",
+        "_batches",
+        "_decoded",
+        "_index",
+        "_timestamp_type",
+        "error",
+        "fetch_offset",
+        "next_fetch_offset",
+        "topic_partition",
+    )
 
     def __init__(self, tp: TopicPartition, fetch_offset: int, raw, *, check_crcs: bool = True) -> None:
         self.topic_partition = tp
@@ -93,8 +124,10 @@ class PartitionRecords:
             self.error = self._corrupt(exc)
 
     def _corrupt(self, exc: CorruptRecordError) -> CorruptRecordError:
-        error = CorruptRecordError(f"record batch for partition {self.topic_partition} at offset "
-                                   f"{self.next_fetch_offset} is invalid: {exc.message}")
+        error = CorruptRecordError(
+            f"record batch for partition {self.topic_partition} at offset "
+            f"{self.next_fetch_offset} is invalid: {exc.message}"
+        )
         error.__cause__ = exc
         return error
 
@@ -107,8 +140,9 @@ class PartitionRecords:
         """Every record handed out (an error may still be pending)."""
         return not self.has_records
 
-    def take(self, max_records: int, position: int, key_deserializer=None,
-             value_deserializer=None) -> list[ConsumerRecord]:
+    def take(
+        self, max_records: int, position: int, key_deserializer=None, value_deserializer=None
+    ) -> list[ConsumerRecord]:
         """Up to ``max_records`` records at or after ``position``, in offset order."""
         tp = self.topic_partition
         out: list[ConsumerRecord] = []
@@ -116,10 +150,13 @@ class PartitionRecords:
             if self._index >= len(self._decoded) and not self._decode_next(position):
                 break
             end = min(len(self._decoded), self._index + max_records - len(out))
-            chunk = self._decoded[self._index:end]
+            chunk = self._decoded[self._index : end]
             self._index = end
-            out.extend(to_consumer_records(chunk, tp.topic, tp.partition, self._timestamp_type,
-                                           key_deserializer, value_deserializer))
+            out.extend(
+                to_consumer_records(
+                    chunk, tp.topic, tp.partition, self._timestamp_type, key_deserializer, value_deserializer
+                )
+            )
             if chunk:
                 position = chunk[-1][0] + 1
         return out
@@ -135,7 +172,7 @@ class PartitionRecords:
                 records = list(view.records())
             except CorruptRecordError as exc:
                 self.error = self._corrupt(exc)
-                self._batches = self._batches[:self._batch_index - 1]
+                self._batches = self._batches[: self._batch_index - 1]
                 self.next_fetch_offset = view.base_offset
                 return False
             start = 0
@@ -152,11 +189,21 @@ class PartitionRecords:
 class Fetcher:
     """Keeps fetched chunks ready for ``poll``; run :meth:`run` as the consumer's fetch routine."""
 
-    def __init__(self, client: GatewayClient, subscription: SubscriptionState, *, fetch_min_bytes: int = 1,
-                 fetch_max_wait_ms: int = 500, fetch_max_bytes: int = 52_428_800,
-                 max_partition_fetch_bytes: int = 1_048_576, check_crcs: bool = True,
-                 isolation_level: str = "read_uncommitted", retry_backoff_ms: int = 100,
-                 key_deserializer: Callable | None = None, value_deserializer: Callable | None = None) -> None:
+    def __init__(
+        self,
+        client: GatewayClient,
+        subscription: SubscriptionState,
+        *,
+        fetch_min_bytes: int = 1,
+        fetch_max_wait_ms: int = 500,
+        fetch_max_bytes: int = 52_428_800,
+        max_partition_fetch_bytes: int = 1_048_576,
+        check_crcs: bool = True,
+        isolation_level: str = "read_uncommitted",
+        retry_backoff_ms: int = 100,
+        key_deserializer: Callable | None = None,
+        value_deserializer: Callable | None = None,
+    ) -> None:
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -271,12 +318,18 @@ class Fetcher:
         """Reset, back off, or keep the error for ``poll``, depending on what failed."""
         if isinstance(error, OffsetOutOfRangeError):
             if self.subscription.default_reset in ("earliest", "latest"):
-                log.info("offset %d out of range for %s; resetting to %s", fetch_offset, tp,
-                         self.subscription.default_reset)
+                log.info(
+                    "offset %d out of range for %s; resetting to %s",
+                    fetch_offset,
+                    tp,
+                    self.subscription.default_reset,
+                )
                 self.subscription.request_reset(tp)
                 return
-            error = OffsetOutOfRangeError(f"fetch offset {fetch_offset} is out of range for partition {tp} "
-                                          f"and auto_offset_reset is 'none': {error.message}")
+            error = OffsetOutOfRangeError(
+                f"fetch offset {fetch_offset} is out of range for partition {tp} "
+                f"and auto_offset_reset is 'none': {error.message}"
+            )
         if error.invalid_metadata:
             self.client.metadata.mark_stale(tp.topic)
         if isinstance(error, UnknownTopicOrPartitionError):
@@ -327,8 +380,11 @@ class Fetcher:
     # -- offset resets ---------------------------------------------------------------------
 
     async def _maybe_reset_offsets(self) -> None:
-        awaiting = {tp: se for tp, se in self.subscription.partitions_awaiting_reset().items()
-                    if tp not in self._errors}
+        awaiting = {
+            tp: se
+            for tp, se in self.subscription.partitions_awaiting_reset().items()
+            if tp not in self._errors
+        }
         if awaiting:
             await self.reset_offsets(awaiting)
 
@@ -337,8 +393,12 @@ class Fetcher:
         for tp, (strategy, _) in list(awaiting.items()):
             if strategy == "none":
                 del awaiting[tp]
-                self._set_error(tp, OffsetOutOfRangeError(
-                    f"no offset for partition {tp} and auto_offset_reset is 'none'; seek first"))
+                self._set_error(
+                    tp,
+                    OffsetOutOfRangeError(
+                        f"no offset for partition {tp} and auto_offset_reset is 'none'; seek first"
+                    ),
+                )
         try:
             results = await list_offsets(self.client, {tp: s for tp, (s, _) in awaiting.items()})
         except TributaryError as exc:
@@ -367,7 +427,9 @@ class Fetcher:
         """Set while something is buffered (or failed) for ``drain``."""
         return self._data_ready
 
-    def drain(self, max_records: int, only: set[TopicPartition] | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def drain(
+        self, max_records: int, only: set[TopicPartition] | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Up to ``max_records`` buffered records by partition (of ``only``, if given), advancing positions.
 
         If nothing can be returned and a partition has a pending error, that error is raised
@@ -395,7 +457,7 @@ class Fetcher:
         if not tps:
             return tps
         self._drain_start = (self._drain_start + 1) % len(tps)
-        return tps[self._drain_start:] + tps[:self._drain_start]
+        return tps[self._drain_start :] + tps[: self._drain_start]
 
     def _drain_partition(self, tp: TopicPartition, max_records: int) -> list[ConsumerRecord]:
         chunks = self._buffers.get(tp)
@@ -405,7 +467,9 @@ class Fetcher:
             position = self.subscription.position(tp)
             if position is None:
                 break
-            records = chunk.take(max_records - len(taken), position, self.key_deserializer, self.value_deserializer)
+            records = chunk.take(
+                max_records - len(taken), position, self.key_deserializer, self.value_deserializer
+            )
             if records:
                 taken.extend(records)
                 self.subscription.advance(tp, records[-1].offset + 1)
@@ -440,7 +504,7 @@ class Fetcher:
         """Wait until something is buffered (or failed), at most ``timeout`` seconds."""
         try:
             await asyncio.wait_for(self._data_ready.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     async def close(self) -> None:
@@ -465,11 +529,21 @@ class FetchHandler:
     def create_request(self):
         f = self.fetcher
         return pb.FetchRequest(
-            partitions=[pb.FetchPartition(topic=tp.topic, partition=tp.partition, offset=offset,
-                                          max_bytes=f.max_partition_fetch_bytes)
-                        for tp, offset in self.offsets.items()],
-            min_bytes=f.fetch_min_bytes, max_wait_ms=f.fetch_max_wait_ms, max_bytes=f.fetch_max_bytes,
-            isolation_level=f.isolation_level, raw_batches=True)
+            partitions=[
+                pb.FetchPartition(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    offset=offset,
+                    max_bytes=f.max_partition_fetch_bytes,
+                )
+                for tp, offset in self.offsets.items()
+            ],
+            min_bytes=f.fetch_min_bytes,
+            max_wait_ms=f.fetch_max_wait_ms,
+            max_bytes=f.fetch_max_bytes,
+            isolation_level=f.isolation_level,
+            raw_batches=True,
+        )
 
     def handle_response(self, response) -> None:
         for result in response.partitions:

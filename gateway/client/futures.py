@@ -27,8 +27,16 @@ log = logging.getLogger(__name__)
 class ProduceResult:
     """The outcome of one produced batch, shared by the futures of its records. Thread-safe."""
 
-    __slots__ = ("topic_partition", "base_offset", "log_append_time", "log_start_offset", "error",
-                 "_event", "_listeners", "_lock")
+    __slots__ = (
+        "_event",
+        "_listeners",
+        "_lock",
+        "base_offset",
+        "error",
+        "log_append_time",
+        "log_start_offset",
+        "topic_partition",
+    )
 
     def __init__(self, topic_partition: TopicPartition) -> None:
         self.topic_partition = topic_partition
@@ -44,8 +52,13 @@ class ProduceResult:
     def done(self) -> bool:
         return self._event.is_set()
 
-    def complete(self, base_offset: int = -1, log_append_time: int = -1, log_start_offset: int = -1,
-                 error: BaseException | None = None) -> None:
+    def complete(
+        self,
+        base_offset: int = -1,
+        log_append_time: int = -1,
+        log_start_offset: int = -1,
+        error: BaseException | None = None,
+    ) -> None:
         """Resolve the batch (only the first call counts) and run the listeners."""
         with self._lock:
             if self._listeners is None:
@@ -57,7 +70,7 @@ class ProduceResult:
         for listener in listeners:
             try:
                 listener(self)
-            except Exception:  # noqa: BLE001 -- one bad callback must not starve the others
+            except Exception:
                 log.exception("error in a produce callback for %s", self.topic_partition)
 
     def add_listener(self, listener: Callable[[ProduceResult], None]) -> None:
@@ -103,7 +116,7 @@ class FutureRecordMetadata:
     ``add_errback(fn, *args)`` (``fn(*args, exception)``), ``add_both``. Also awaitable.
     """
 
-    __slots__ = ("_result", "_relative_offset", "_timestamp")
+    __slots__ = ("_relative_offset", "_result", "_timestamp")
 
     def __init__(self, result: ProduceResult, relative_offset: int, timestamp: int) -> None:
         self._result = result
@@ -162,6 +175,7 @@ class FutureRecordMetadata:
 
     def add_callback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
         """On success call ``fn(*args, metadata, **kwargs)``."""
+
         def listener(result: ProduceResult) -> None:
             if result.error is None:
                 fn(*args, self._metadata(), **kwargs)
@@ -171,6 +185,7 @@ class FutureRecordMetadata:
 
     def add_errback(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FutureRecordMetadata:
         """On failure call ``fn(*args, exception, **kwargs)``."""
+
         def listener(result: ProduceResult) -> None:
             if result.error is not None:
                 fn(*args, result.error, **kwargs)
@@ -183,8 +198,11 @@ class FutureRecordMetadata:
         self.add_callback(fn, *args, **kwargs)
         return self.add_errback(fn, *args, **kwargs)
 
-    def add_delivery_callback(self, on_delivery: Callable[[BaseException | None, RecordMetadata | None], Any]) -> None:
+    def add_delivery_callback(
+        self, on_delivery: Callable[[BaseException | None, RecordMetadata | None], Any]
+    ) -> None:
         """confluent-kafka's ``on_delivery(err, metadata)``: exactly one of them is None."""
+
         def listener(result: ProduceResult) -> None:
             if result.error is None:
                 on_delivery(None, self._metadata())
@@ -198,7 +216,9 @@ class FutureRecordMetadata:
         return f"<FutureRecordMetadata {self._result.topic_partition} #{self._relative_offset} {state}>"
 
 
-def failed_future(topic_partition: TopicPartition, error: TributaryError, timestamp: int = -1) -> FutureRecordMetadata:
+def failed_future(
+    topic_partition: TopicPartition, error: TributaryError, timestamp: int = -1
+) -> FutureRecordMetadata:
     """A record future that has already failed (a record rejected before it was queued)."""
     result = ProduceResult(topic_partition)
     result.complete(error=error)

@@ -91,10 +91,10 @@ class GroupSettings:
 class Reaction(enum.Enum):
     """What the caller does after a failed group request."""
 
-    CONTINUE = "continue"   # go on at once: the membership state says what comes next
-    BACKOFF = "backoff"     # try again after a backoff
-    REFRESH = "refresh"     # heartbeat to learn the current generation, then try again
-    STOP = "stop"           # give up: the error is final (raise it / the membership is over)
+    CONTINUE = "continue"  # go on at once: the membership state says what comes next
+    BACKOFF = "backoff"  # try again after a backoff
+    REFRESH = "refresh"  # heartbeat to learn the current generation, then try again
+    STOP = "stop"  # give up: the error is final (raise it / the membership is over)
 
 
 # ---- one handler per request ------------------------------------------------------------------
@@ -103,8 +103,9 @@ class Reaction(enum.Enum):
 class JoinGroupHandler:
     """One JoinGroup: ``create_request`` / ``handle_response`` / ``handle_error``."""
 
-    def __init__(self, membership: GroupMembership, subscription: SubscriptionState,
-                 settings: GroupSettings) -> None:
+    def __init__(
+        self, membership: GroupMembership, subscription: SubscriptionState, settings: GroupSettings
+    ) -> None:
         self.membership = membership
         self.subscription = subscription
         self.settings = settings
@@ -112,15 +113,25 @@ class JoinGroupHandler:
     def create_request(self):
         s = self.settings
         return pb.JoinGroupRequest(
-            group_id=s.group_id, member_id=self.membership.member_id, group_instance_id=s.group_instance_id or "",
+            group_id=s.group_id,
+            member_id=self.membership.member_id,
+            group_instance_id=s.group_instance_id or "",
             client_id=s.client_id,
             subscription=subscription_to_proto(self.subscription.topics, self.subscription.pattern),
-            assignor=assignor_to_proto(s.assignor), session_timeout_ms=s.session_timeout_ms,
-            max_poll_interval_ms=s.max_poll_interval_ms)
+            assignor=assignor_to_proto(s.assignor),
+            session_timeout_ms=s.session_timeout_ms,
+            max_poll_interval_ms=s.max_poll_interval_ms,
+        )
 
     def handle_response(self, response, now: float) -> None:
-        self.membership.on_join(response.member_id, response.generation_id, tps_from_proto(response.assignment),
-                                tps_from_proto(response.pending), response.heartbeat_interval_ms, now)
+        self.membership.on_join(
+            response.member_id,
+            response.generation_id,
+            tps_from_proto(response.assignment),
+            tps_from_proto(response.pending),
+            response.heartbeat_interval_ms,
+            now,
+        )
 
     def handle_error(self, error: TributaryError) -> Reaction:
         if isinstance(error, UnknownMemberIdError):
@@ -145,9 +156,13 @@ class HeartbeatHandler:
     def create_request(self, now: float):
         m = self.membership
         request = pb.HeartbeatRequest(
-            group_id=self.settings.group_id, member_id=self.member_id, generation_id=m.generation,
-            owned=tps_to_proto(m.owned_to_report()), polled=m.take_polled(),
-            group_instance_id=self.settings.group_instance_id or "")
+            group_id=self.settings.group_id,
+            member_id=self.member_id,
+            generation_id=m.generation,
+            owned=tps_to_proto(m.owned_to_report()),
+            polled=m.take_polled(),
+            group_instance_id=self.settings.group_instance_id or "",
+        )
         m.heartbeat_sent(now)
         return request
 
@@ -155,8 +170,9 @@ class HeartbeatHandler:
         """Apply the answer; False (ignored) if the membership it belongs to has ended meanwhile."""
         if self.membership.member_id != self.member_id or self.membership.needs_join:
             return False
-        self.membership.on_heartbeat(response.generation_id, tps_from_proto(response.assignment),
-                                     tps_from_proto(response.pending), now)
+        self.membership.on_heartbeat(
+            response.generation_id, tps_from_proto(response.assignment), tps_from_proto(response.pending), now
+        )
         return True
 
     def handle_error(self, error: TributaryError) -> Reaction:
@@ -182,8 +198,14 @@ class CommitOffsetsHandler:
     coordinator accepts only while the group has no members.
     """
 
-    def __init__(self, membership: GroupMembership, settings: GroupSettings,
-                 offsets: Mapping[TopicPartition, OffsetAndMetadata], *, group_managed: bool) -> None:
+    def __init__(
+        self,
+        membership: GroupMembership,
+        settings: GroupSettings,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        *,
+        group_managed: bool,
+    ) -> None:
         self.membership = membership
         self.settings = settings
         self.offsets = dict(offsets)
@@ -193,9 +215,12 @@ class CommitOffsetsHandler:
         m, s = self.membership, self.settings
         member_id, generation = (m.member_id, m.generation) if self.group_managed else ("", -1)
         return pb.CommitOffsetsRequest(
-            group_id=s.group_id, member_id=member_id, generation_id=generation,
+            group_id=s.group_id,
+            member_id=member_id,
+            generation_id=generation,
             offsets=offsets_to_proto(self.offsets),
-            group_instance_id=(s.group_instance_id or "") if self.group_managed else "")
+            group_instance_id=(s.group_instance_id or "") if self.group_managed else "",
+        )
 
     def handle_response(self, response) -> dict[TopicPartition, TributaryError]:
         """The partitions that failed, with their errors; a partition refused with
@@ -249,9 +274,17 @@ def backoff_s(retry_backoff_ms: int, attempt: int) -> float:
 class GroupCoordinator:
     """Group membership, rebalances and commits of one consumer. Lives on the consumer's loop."""
 
-    def __init__(self, client: GatewayClient, subscription: SubscriptionState, fetcher: Fetcher,
-                 settings: GroupSettings, *, attention: asyncio.Event, call_back: CallBack,
-                 consumed_offsets: Callable[[], dict[TopicPartition, int]]) -> None:
+    def __init__(
+        self,
+        client: GatewayClient,
+        subscription: SubscriptionState,
+        fetcher: Fetcher,
+        settings: GroupSettings,
+        *,
+        attention: asyncio.Event,
+        call_back: CallBack,
+        consumed_offsets: Callable[[], dict[TopicPartition, int]],
+    ) -> None:
         self.client = client
         self.subscription = subscription
         self.fetcher = fetcher
@@ -263,8 +296,11 @@ class GroupCoordinator:
         self._call_back = call_back
         self._consumed_offsets = consumed_offsets
         clock = client.clock
-        self._auto_commit = AutoCommitTimer(settings.auto_commit_interval_ms, clock.monotonic()) \
-            if settings.enable_auto_commit else None
+        self._auto_commit = (
+            AutoCommitTimer(settings.auto_commit_interval_ms, clock.monotonic())
+            if settings.enable_auto_commit
+            else None
+        )
         #: The last offset this consumer committed per partition (auto-commit skips unchanged ones).
         self._committed: dict[TopicPartition, int] = {}
         self._completed_commits: deque[tuple[CommitCallback, dict, BaseException | None]] = deque()
@@ -322,7 +358,9 @@ class GroupCoordinator:
                 log.error("group %s: membership ended: %s", self.settings.group_id, self.membership.fatal)
                 return
             failures = failures + 1 if reaction is Reaction.BACKOFF else 0
-            self._retry_at = self._now() + backoff_s(self.settings.retry_backoff_ms, failures) if failures else 0.0
+            self._retry_at = (
+                self._now() + backoff_s(self.settings.retry_backoff_ms, failures) if failures else 0.0
+            )
             if self.membership.plan():
                 self.attention.set()
 
@@ -345,8 +383,13 @@ class GroupCoordinator:
             log.info("group %s: join failed: %s", self.settings.group_id, exc)
             return handler.handle_error(exc)
         handler.handle_response(response, self._now())
-        log.info("group %s: joined as %s, generation %d, %d partitions assigned", self.settings.group_id,
-                 response.member_id, response.generation_id, len(response.assignment))
+        log.info(
+            "group %s: joined as %s, generation %d, %d partitions assigned",
+            self.settings.group_id,
+            response.member_id,
+            response.generation_id,
+            len(response.assignment),
+        )
         return Reaction.CONTINUE
 
     async def _do_heartbeat(self) -> Reaction:
@@ -356,8 +399,12 @@ class GroupCoordinator:
         try:
             response = await self.client.call("Heartbeat", request, timeout_ms=timeout_ms)
         except TributaryError as exc:
-            log.log(logging.DEBUG if exc.retriable else logging.INFO, "group %s: heartbeat failed: %s",
-                    self.settings.group_id, exc)
+            log.log(
+                logging.DEBUG if exc.retriable else logging.INFO,
+                "group %s: heartbeat failed: %s",
+                self.settings.group_id,
+                exc,
+            )
             return handler.handle_error(exc)
         handler.handle_response(response, self._now())
         return Reaction.CONTINUE
@@ -378,8 +425,10 @@ class GroupCoordinator:
         await asyncio.wait({waiter}, timeout=self.settings.request_timeout_ms / 1000.0)
         if not waiter.done():
             waiter.cancel()
-            raise RequestTimedOutError(f"no heartbeat answer from group {self.settings.group_id} within "
-                                       f"{self.settings.request_timeout_ms} ms")
+            raise RequestTimedOutError(
+                f"no heartbeat answer from group {self.settings.group_id} within "
+                f"{self.settings.request_timeout_ms} ms"
+            )
 
     # -- inside poll ------------------------------------------------------------------------
 
@@ -421,16 +470,24 @@ class GroupCoordinator:
         if failures:
             raise failures[0]
 
-    async def _give_up(self, partitions: frozenset[TopicPartition], *, lost: bool, failures: list,
-                       commit: bool = True) -> None:
+    async def _give_up(
+        self, partitions: frozenset[TopicPartition], *, lost: bool, failures: list, commit: bool = True
+    ) -> None:
         """Stop consuming ``partitions``: auto-commit (revoked only), the listener, then release."""
-        log.info("group %s: %s %s", self.settings.group_id, "lost" if lost else "giving up",
-                 ", ".join(map(str, sorted(partitions))))
+        log.info(
+            "group %s: %s %s",
+            self.settings.group_id,
+            "lost" if lost else "giving up",
+            ", ".join(map(str, sorted(partitions))),
+        )
         if not lost and commit and self.settings.enable_auto_commit:
             consumed = self._consumed_offsets()
-            await self._commit_quietly({tp: consumed[tp] for tp in partitions if tp in consumed},
-                                       "before giving partitions up")
-        await self._call_listener("on_partitions_lost" if lost else "on_partitions_revoked", partitions, failures)
+            await self._commit_quietly(
+                {tp: consumed[tp] for tp in partitions if tp in consumed}, "before giving partitions up"
+            )
+        await self._call_listener(
+            "on_partitions_lost" if lost else "on_partitions_revoked", partitions, failures
+        )
         for tp in partitions:
             self.fetcher.discard(tp)
             self._committed.pop(tp, None)
@@ -475,28 +532,36 @@ class GroupCoordinator:
             return
         for tp, epoch in waiting.items():
             committed = found.get(tp)
-            self.subscription.complete_committed(tp, epoch, committed.offset if committed is not None else None)
+            self.subscription.complete_committed(
+                tp, epoch, committed.offset if committed is not None else None
+            )
             if committed is not None:
                 self._committed[tp] = committed.offset
         self.fetcher.wakeup()
 
     # -- commits ----------------------------------------------------------------------------
 
-    def offsets_to_commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
-                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+    def offsets_to_commit(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata] | None = None,
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
         """``offsets``, or (None) the consumed position of every partition this consumer holds."""
         if offsets is not None:
             return dict(offsets)
         consumed = self._consumed_offsets()
-        return {tp: OffsetAndMetadata(offset) for tp, offset in sorted(consumed.items())
-                if not self.group_managed or self.membership.holds(tp)}
+        return {
+            tp: OffsetAndMetadata(offset)
+            for tp, offset in sorted(consumed.items())
+            if not self.group_managed or self.membership.holds(tp)
+        }
 
     def _ensure_can_commit(self) -> None:
         if self.membership.fatal is not None:
             raise self.membership.fatal
         if self.group_managed and not self.membership.is_member:
             raise RebalanceInProgressError(
-                f"the consumer is (re)joining group {self.settings.group_id}; commit after the next poll")
+                f"the consumer is (re)joining group {self.settings.group_id}; commit after the next poll"
+            )
 
     async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         """Commit and wait (Kafka's ``commitSync``): retries while the coordinator is unavailable
@@ -507,8 +572,9 @@ class GroupCoordinator:
         attempt = 0
         while remaining:
             attempt += 1
-            handler = CommitOffsetsHandler(self.membership, self.settings, remaining,
-                                           group_managed=self.group_managed)
+            handler = CommitOffsetsHandler(
+                self.membership, self.settings, remaining, group_managed=self.group_managed
+            )
             try:
                 failed = await self._do_commit_offsets(handler)
             except TributaryError as exc:
@@ -532,8 +598,10 @@ class GroupCoordinator:
             kept = {tp: om for tp, om in remaining.items() if self.membership.holds(tp)}
             if len(kept) < len(remaining):
                 moved = sorted(set(remaining) - set(kept))
-                raise IllegalGenerationError(f"partitions {', '.join(map(str, moved))} moved to another member "
-                                             "of the group before the commit; not committed")
+                raise IllegalGenerationError(
+                    f"partitions {', '.join(map(str, moved))} moved to another member "
+                    "of the group before the commit; not committed"
+                )
             self._ensure_can_commit()
             return kept
         await asyncio.sleep(backoff_s(self.settings.retry_backoff_ms, attempt))
@@ -564,18 +632,22 @@ class GroupCoordinator:
         except TributaryError as exc:
             log.warning("group %s: auto-commit %s failed: %s", self.settings.group_id, why, exc)
 
-    def commit_async(self, offsets: Mapping[TopicPartition, OffsetAndMetadata],
-                     callback: CommitCallback | None = None) -> None:
+    def commit_async(
+        self, offsets: Mapping[TopicPartition, OffsetAndMetadata], callback: CommitCallback | None = None
+    ) -> None:
         """Send one commit without waiting (no retries, as Kafka's ``commitAsync``);
         ``callback(offsets, exception_or_None)`` runs in a later ``poll``/``commit``/``close``."""
         task = asyncio.get_running_loop().create_task(self._do_commit_async(dict(offsets), callback))
         self._commit_tasks.add(task)
         task.add_done_callback(self._commit_tasks.discard)
 
-    async def _do_commit_async(self, offsets: dict[TopicPartition, OffsetAndMetadata],
-                               callback: CommitCallback | None) -> None:
+    async def _do_commit_async(
+        self, offsets: dict[TopicPartition, OffsetAndMetadata], callback: CommitCallback | None
+    ) -> None:
         error: BaseException | None = None
-        handler = CommitOffsetsHandler(self.membership, self.settings, offsets, group_managed=self.group_managed)
+        handler = CommitOffsetsHandler(
+            self.membership, self.settings, offsets, group_managed=self.group_managed
+        )
         try:
             self._ensure_can_commit()
             failed = await self._do_commit_offsets(handler)
@@ -596,7 +668,7 @@ class GroupCoordinator:
             callback, offsets, error = self._completed_commits.popleft()
             try:
                 await self._call_back(callback, offsets, error)
-            except Exception:  # noqa: BLE001 -- a bad callback must not break poll
+            except Exception:
                 log.exception("group %s: error in a commit callback", self.settings.group_id)
 
     def maybe_auto_commit(self) -> None:
@@ -612,12 +684,15 @@ class GroupCoordinator:
         if changed:
             self.commit_async({tp: OffsetAndMetadata(o) for tp, o in changed.items()})
 
-    async def fetch_committed(self, partitions: Iterable[TopicPartition],
-                              ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+    async def fetch_committed(
+        self,
+        partitions: Iterable[TopicPartition],
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offset of each partition (None where nothing is committed)."""
         partitions = list(partitions)
-        request = pb.FetchCommittedOffsetsRequest(group_id=self.settings.group_id,
-                                                  partitions=tps_to_proto(partitions))
+        request = pb.FetchCommittedOffsetsRequest(
+            group_id=self.settings.group_id, partitions=tps_to_proto(partitions)
+        )
         response = await self.client.call_with_retry("FetchCommittedOffsets", request)
         found: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(partitions)
         for message in response.offsets:
@@ -635,8 +710,9 @@ class GroupCoordinator:
         failures: list[BaseException] = []
         try:
             if self.settings.enable_auto_commit and (not self.group_managed or self.membership.is_member):
-                await self._commit_quietly({tp: om.offset for tp, om in self.offsets_to_commit().items()},
-                                           f"on {reason}")
+                await self._commit_quietly(
+                    {tp: om.offset for tp, om in self.offsets_to_commit().items()}, f"on {reason}"
+                )
             await self.deliver_commit_callbacks()
             if self.group_managed:
                 await self._release_everything(failures)
@@ -672,5 +748,6 @@ class GroupCoordinator:
             await self.client.call("LeaveGroup", request)
             log.info("group %s: member %s left (%s)", self.settings.group_id, m.member_id, reason)
         except TributaryError as exc:
-            log.warning("group %s: LeaveGroup failed (%s); the session times out instead",
-                        self.settings.group_id, exc)
+            log.warning(
+                "group %s: LeaveGroup failed (%s); the session times out instead", self.settings.group_id, exc
+            )

@@ -38,8 +38,9 @@ def assignor_to_proto(name: str | None) -> int:
     try:
         return _ASSIGNOR_ENUMS[name]
     except KeyError:
-        raise ValueError(f"partition_assignment_strategy must be one of {', '.join(ASSIGNORS)}, "
-                         f"not {name!r}") from None
+        raise ValueError(
+            f"partition_assignment_strategy must be one of {', '.join(ASSIGNORS)}, not {name!r}"
+        ) from None
 
 
 def assignor_from_proto(value: int) -> str:
@@ -59,8 +60,10 @@ def subscription_to_proto(topics: Iterable[str], pattern: str | None):
 
 
 def offsets_to_proto(offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> list:
-    return [pb.OffsetCommit(topic=tp.topic, partition=tp.partition, offset=om.offset, metadata=om.metadata)
-            for tp, om in sorted(offsets.items())]
+    return [
+        pb.OffsetCommit(topic=tp.topic, partition=tp.partition, offset=om.offset, metadata=om.metadata)
+        for tp, om in sorted(offsets.items())
+    ]
 
 
 def as_offset_and_metadata(value) -> OffsetAndMetadata:
@@ -95,26 +98,37 @@ def listing_from_proto(message) -> GroupListing:
 
 def member_from_proto(message) -> MemberDescription:
     return MemberDescription(
-        member_id=message.member_id, group_instance_id=message.group_instance_id or None,
-        client_id=message.client_id, host=message.host, topics=tuple(message.subscription.topics),
-        pattern=message.subscription.pattern or None, assignment=tuple(tps_from_proto(message.assignment)),
-        owned=tuple(tps_from_proto(message.owned)))
+        member_id=message.member_id,
+        group_instance_id=message.group_instance_id or None,
+        client_id=message.client_id,
+        host=message.host,
+        topics=tuple(message.subscription.topics),
+        pattern=message.subscription.pattern or None,
+        assignment=tuple(tps_from_proto(message.assignment)),
+        owned=tuple(tps_from_proto(message.owned)),
+    )
 
 
 def lag_from_proto(message) -> PartitionLag:
     error = _error(message)
     unknown_end = error is not None or message.log_end_offset < 0
     return PartitionLag(
-        topic=message.topic, partition=message.partition,
+        topic=message.topic,
+        partition=message.partition,
         committed_offset=message.committed_offset if message.committed_offset >= 0 else None,
         log_end_offset=None if unknown_end else message.log_end_offset,
-        lag=None if unknown_end else message.lag, owner=message.owner or None,
-        error=error.reason if error is not None else None)
+        lag=None if unknown_end else message.lag,
+        owner=message.owner or None,
+        error=error.reason if error is not None else None,
+    )
 
 
 def description_from_proto(message) -> GroupDescription:
     return GroupDescription(
-        group_id=message.group_id, state=message.state, generation=message.generation_id,
+        group_id=message.group_id,
+        state=message.state,
+        generation=message.generation_id,
         assignor=assignor_from_proto(message.assignor),
         members=tuple(member_from_proto(m) for m in message.members),
-        partitions=tuple(lag_from_proto(p) for p in message.partitions))
+        partitions=tuple(lag_from_proto(p) for p in message.partitions),
+    )

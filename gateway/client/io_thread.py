@@ -150,8 +150,10 @@ class IOThread:
     def _ensure_usable(self, coro: Coroutine) -> None:
         if self.in_loop_thread:
             coro.close()
-            raise IllegalStateError("a blocking client call was made from the client's own I/O thread "
-                                    "(inside a callback); use the asyncio API there")
+            raise IllegalStateError(
+                "a blocking client call was made from the client's own I/O thread "
+                "(inside a callback); use the asyncio API there"
+            )
         if not self._thread.is_alive():
             coro.close()
             raise IllegalStateError("the client is closed")

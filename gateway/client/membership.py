@@ -105,8 +105,15 @@ class GroupMembership:
         self.fatal = None
         self._join_at_next_poll = False
 
-    def on_join(self, member_id: str, generation: int, assignment: Iterable[TopicPartition],
-                pending: Iterable[TopicPartition], heartbeat_interval_ms: int, now: float) -> None:
+    def on_join(
+        self,
+        member_id: str,
+        generation: int,
+        assignment: Iterable[TopicPartition],
+        pending: Iterable[TopicPartition],
+        heartbeat_interval_ms: int,
+        now: float,
+    ) -> None:
         """A JoinGroup answer. (Its ``revoke`` needs no handling of its own: whatever is held
         outside ``assignment`` is revoked anyway.)"""
         self.member_id, self.needs_join = member_id, False
@@ -139,13 +146,23 @@ class GroupMembership:
         self._last_heartbeat = now
         self._heartbeat_now = False
 
-    def on_heartbeat(self, generation: int, assignment: Iterable[TopicPartition],
-                     pending: Iterable[TopicPartition], now: float) -> None:
+    def on_heartbeat(
+        self,
+        generation: int,
+        assignment: Iterable[TopicPartition],
+        pending: Iterable[TopicPartition],
+        now: float,
+    ) -> None:
         """A Heartbeat answer (see the module docstring for what it means)."""
         self._on_answer(generation, assignment, pending, now)
 
-    def _on_answer(self, generation: int, assignment: Iterable[TopicPartition],
-                   pending: Iterable[TopicPartition], now: float) -> None:
+    def _on_answer(
+        self,
+        generation: int,
+        assignment: Iterable[TopicPartition],
+        pending: Iterable[TopicPartition],
+        now: float,
+    ) -> None:
         self.generation = generation
         self.assignment = frozenset(assignment)
         self.pending = frozenset(pending)
@@ -205,8 +222,12 @@ class GroupMembership:
         """The changes the consumer should make now (see :class:`RebalancePlan`)."""
         lost = frozenset(self.lost & self.held)
         kept = self.held - lost
-        return RebalancePlan(self.generation, lost=lost, revoked=frozenset(kept - self.assignment),
-                             assigned=frozenset(self.assignment - kept))
+        return RebalancePlan(
+            self.generation,
+            lost=lost,
+            revoked=frozenset(kept - self.assignment),
+            assigned=frozenset(self.assignment - kept),
+        )
 
     def holds(self, tp: TopicPartition) -> bool:
         """Whether ``tp`` is still ours to commit: held and not lost (a partition being revoked
@@ -243,8 +264,9 @@ class AutoCommitTimer:
         self.next_at = now + self.interval_s
 
 
-def changed_offsets(consumed: Mapping[TopicPartition, int],
-                    committed: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+def changed_offsets(
+    consumed: Mapping[TopicPartition, int], committed: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int]:
     """The consumed offsets that differ from what this consumer last committed (an auto-commit
     of an idle consumer sends nothing)."""
     return {tp: offset for tp, offset in consumed.items() if committed.get(tp) != offset}

@@ -10,14 +10,13 @@ with an ``invalid_metadata`` error, so partitions added with ``CreatePartitions`
 
 from __future__ import annotations
 
-from services.proto import pb
-
 from gateway.client.structs import (
     BrokerMetadata,
     ClusterDescription,
     PartitionMetadata,
     TopicDescription,
 )
+from services.proto import pb
 
 _STATE_NAMES = {
     pb.PARTITION_STATE_PENDING: "pending",
@@ -41,8 +40,9 @@ def partition_from_proto(topic: str, message) -> PartitionMetadata:
 
 def topic_from_proto(message, configs: dict[str, str] | None = None) -> TopicDescription:
     """A ``TopicMetadata`` message as a :class:`TopicDescription` (partitions sorted)."""
-    partitions = sorted((partition_from_proto(message.name, p) for p in message.partitions),
-                        key=lambda p: p.partition)
+    partitions = sorted(
+        (partition_from_proto(message.name, p) for p in message.partitions), key=lambda p: p.partition
+    )
     return TopicDescription(
         name=message.name,
         partitions=tuple(partitions),

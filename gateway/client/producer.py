@@ -99,8 +99,11 @@ class ProducerConfig:
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
         """Build from keyword arguments, accepting Kafka's longer names as aliases."""
-        aliases = {"bootstrap_servers": "servers", "compression_type": "compression",
-                   "max_in_flight_requests_per_connection": "max_in_flight"}
+        aliases = {
+            "bootstrap_servers": "servers",
+            "compression_type": "compression",
+            "max_in_flight_requests_per_connection": "max_in_flight",
+        }
         names = {f.name for f in dataclasses.fields(cls)}
         values = {}
         for key, value in kwargs.items():
@@ -117,8 +120,14 @@ class ProducerConfig:
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
-        for name in ("batch_size", "buffer_memory", "max_request_size", "max_in_flight", "delivery_timeout_ms",
-                     "request_timeout_ms"):
+        for name in (
+            "batch_size",
+            "buffer_memory",
+            "max_request_size",
+            "max_in_flight",
+            "delivery_timeout_ms",
+            "request_timeout_ms",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms"):
@@ -147,12 +156,20 @@ class ProducerCore:
     def __init__(self, config: ProducerConfig, *, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
         self.clock = clock
-        self.client = GatewayClient(config.servers, request_timeout_ms=config.request_timeout_ms,
-                                    metadata_max_age_ms=config.metadata_max_age_ms,
-                                    retry_backoff_ms=config.retry_backoff_ms, clock=clock)
+        self.client = GatewayClient(
+            config.servers,
+            request_timeout_ms=config.request_timeout_ms,
+            metadata_max_age_ms=config.metadata_max_age_ms,
+            retry_backoff_ms=config.retry_backoff_ms,
+            clock=clock,
+        )
         self.pool = BufferPool(config.buffer_memory)
-        self.accumulator = RecordAccumulator(batch_size=config.batch_size, linger_ms=config.linger_ms,
-                                             compression=Compression.from_name(config.compression), pool=self.pool)
+        self.accumulator = RecordAccumulator(
+            batch_size=config.batch_size,
+            linger_ms=config.linger_ms,
+            compression=Compression.from_name(config.compression),
+            pool=self.pool,
+        )
         self.sticky = StickyPartitioner()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sender: Sender | None = None
@@ -169,14 +186,25 @@ class ProducerCore:
         self.loop = asyncio.get_running_loop()
         # acks=0: the client learns of no failure worth retrying (Kafka ignores retries there too).
         retries = 0 if acks_to_proto(self.config.acks) == acks_to_proto(0) else self.config.retries
-        policy = RetryPolicy(retries=retries, retry_backoff_ms=self.config.retry_backoff_ms,
-                             retry_backoff_max_ms=self.config.retry_backoff_max_ms,
-                             delivery_timeout_ms=self.config.delivery_timeout_ms)
-        transport = StreamTransport(self.client) if self.config.transport == "stream" else UnaryTransport(self.client)
-        self.sender = Sender(client=self.client, accumulator=self.accumulator, policy=policy, transport=transport,
-                             acks=self.config.acks, max_in_flight=self.config.max_in_flight,
-                             max_request_size=self.config.max_request_size,
-                             request_timeout_ms=self.config.request_timeout_ms)
+        policy = RetryPolicy(
+            retries=retries,
+            retry_backoff_ms=self.config.retry_backoff_ms,
+            retry_backoff_max_ms=self.config.retry_backoff_max_ms,
+            delivery_timeout_ms=self.config.delivery_timeout_ms,
+        )
+        transport = (
+            StreamTransport(self.client) if self.config.transport == "stream" else UnaryTransport(self.client)
+        )
+        self.sender = Sender(
+            client=self.client,
+            accumulator=self.accumulator,
+            policy=policy,
+            transport=transport,
+            acks=self.config.acks,
+            max_in_flight=self.config.max_in_flight,
+            max_request_size=self.config.max_request_size,
+            request_timeout_ms=self.config.request_timeout_ms,
+        )
         self._sender_task = self.loop.create_task(self.sender.run(), name="tributary-sender")
 
     async def close(self, timeout_s: float | None) -> None:
@@ -211,8 +239,10 @@ class ProducerCore:
         header_tuple = normalize_headers(headers)
         size = estimate_record_size(key_bytes, value_bytes, headers_size(header_tuple) if header_tuple else 0)
         if size > self.config.max_request_size:
-            raise RecordTooLargeError(f"the record is {size} bytes when serialized, larger than max_request_size "
-                                      f"({self.config.max_request_size})")
+            raise RecordTooLargeError(
+                f"the record is {size} bytes when serialized, larger than max_request_size "
+                f"({self.config.max_request_size})"
+            )
         if timestamp is None:
             timestamp = self.clock.time_ms()
         return _Prepared(key_bytes, value_bytes, header_tuple, timestamp, size)
@@ -224,7 +254,8 @@ class ProducerCore:
                 raise ValueError(f"partition must be a non-negative int, not {partition!r}")
             if partition >= count:
                 raise UnknownTopicOrPartitionError(
-                    f"partition {partition} of topic {topic!r} does not exist ({count} partitions)")
+                    f"partition {partition} of topic {topic!r} does not exist ({count} partitions)"
+                )
             return partition
         if record.key is not None:
             return partition_for_key(bytes(record.key), count)
@@ -247,7 +278,9 @@ class ProducerCore:
         description = await self.client.ensure_topic(topic, max_wait_ms=self.config.max_block_ms)
         return len(description.partitions)
 
-    def append(self, topic: str, partition: int, record: _Prepared, *, sticky: bool = False) -> FutureRecordMetadata:
+    def append(
+        self, topic: str, partition: int, record: _Prepared, *, sticky: bool = False
+    ) -> FutureRecordMetadata:
         """Queue a record whose buffer memory is reserved; wakes the sender when it matters.
 
         ``sticky``: the partition came from the sticky partitioner, so when its batch is full the
@@ -258,7 +291,9 @@ class ProducerCore:
             if future is None:
                 count = self.client.metadata.partition_count(topic) or partition + 1
                 self.sticky.on_new_batch(topic, count, partition)
-                future, full, new_batch = self._append_to(topic, self.sticky.partition(topic, count), record, False)
+                future, full, new_batch = self._append_to(
+                    topic, self.sticky.partition(topic, count), record, False
+                )
         except BaseException:
             self.pool.deallocate(record.size)
             raise
@@ -267,9 +302,16 @@ class ProducerCore:
         return future
 
     def _append_to(self, topic: str, partition: int, record: _Prepared, abort_on_new_batch: bool):
-        return self.accumulator.append(TopicPartition(topic, partition), record.timestamp, record.key, record.value,
-                                       record.headers, record.size, self.clock.time_ms(),
-                                       abort_on_new_batch=abort_on_new_batch)
+        return self.accumulator.append(
+            TopicPartition(topic, partition),
+            record.timestamp,
+            record.key,
+            record.value,
+            record.headers,
+            record.size,
+            self.clock.time_ms(),
+            abort_on_new_batch=abort_on_new_batch,
+        )
 
     def append_batch(self, topic: str, partition: int, data: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded batch bytes (already reserved) as one sealed batch."""
@@ -329,8 +371,9 @@ class AsyncProducer:
     """The asyncio producer (aiokafka's shape). Create it inside a running loop; ``start()`` (or
     ``async with``, or the first ``send``) connects, ``stop()``/``close()`` flushes and closes."""
 
-    def __init__(self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 **settings: Any) -> None:
+    def __init__(
+        self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK, **settings: Any
+    ) -> None:
         self.config = ProducerConfig.from_kwargs({"servers": servers, **settings})
         self._core = ProducerCore(self.config, clock=clock)
 
@@ -345,8 +388,16 @@ class AsyncProducer:
     async def __aexit__(self, *exc_info) -> None:
         await self.stop()
 
-    async def send(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
-                   timestamp: int | None = None, on_delivery=None) -> FutureRecordMetadata:
+    async def send(
+        self,
+        topic: str,
+        value=None,
+        key=None,
+        headers=None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        on_delivery=None,
+    ) -> FutureRecordMetadata:
         """Queue a record; returns an awaitable :class:`FutureRecordMetadata` once it is queued.
 
         Waits (asynchronously) for metadata of a new topic and for buffer space, up to
@@ -364,8 +415,15 @@ class AsyncProducer:
         sticky = partition is None and record.key is None
         return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
 
-    async def send_and_wait(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
-                            timestamp: int | None = None) -> RecordMetadata:
+    async def send_and_wait(
+        self,
+        topic: str,
+        value=None,
+        key=None,
+        headers=None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+    ) -> RecordMetadata:
         """``send`` and wait for the acknowledgement."""
         future = await self.send(topic, value, key, headers, partition, timestamp)
         return await future
@@ -390,7 +448,7 @@ class AsyncProducer:
         try:
             if results:
                 await asyncio.wait_for(asyncio.gather(*(wait_for_result(r) for r in results)), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RequestTimedOutError(f"flush did not complete within {timeout}s") from None
         finally:
             core.accumulator.end_flush()
@@ -417,8 +475,9 @@ class Producer:
     Thread-safe: any number of threads may ``send`` concurrently.
     """
 
-    def __init__(self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK,
-                 **settings: Any) -> None:
+    def __init__(
+        self, *, servers: str | Sequence[str] | None = None, clock: Clock = SYSTEM_CLOCK, **settings: Any
+    ) -> None:
         self.config = ProducerConfig.from_kwargs({"servers": servers, **settings})
         self._core = ProducerCore(self.config, clock=clock)
         self._io = IOThread("tributary-producer")
@@ -439,8 +498,16 @@ class Producer:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def send(self, topic: str, value=None, key=None, headers=None, partition: int | None = None,
-             timestamp: int | None = None, on_delivery=None) -> FutureRecordMetadata:
+    def send(
+        self,
+        topic: str,
+        value=None,
+        key=None,
+        headers=None,
+        partition: int | None = None,
+        timestamp: int | None = None,
+        on_delivery=None,
+    ) -> FutureRecordMetadata:
         """Queue a record and return its future (``get(timeout)``, ``add_callback``, ...).
 
         Blocks only to fetch metadata of a topic not seen before, or while ``buffer_memory`` is

@@ -31,8 +31,15 @@ from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
 
-ACKS = {0: pb.ACKS_NONE, 1: pb.ACKS_LEADER, -1: pb.ACKS_ALL, "all": pb.ACKS_ALL,
-        "0": pb.ACKS_NONE, "1": pb.ACKS_LEADER, "-1": pb.ACKS_ALL}
+ACKS = {
+    0: pb.ACKS_NONE,
+    1: pb.ACKS_LEADER,
+    -1: pb.ACKS_ALL,
+    "all": pb.ACKS_ALL,
+    "0": pb.ACKS_NONE,
+    "1": pb.ACKS_LEADER,
+    "-1": pb.ACKS_ALL,
+}
 
 _correlation_ids = itertools.count(1)
 
@@ -61,7 +68,9 @@ class SendProduceHandler:
         # storage node appends them in order, as one unit.
         # (``batches.add``, not a list of PartitionBatches: passing built sub-messages copies their
         # bytes a second time.)
-        request = pb.ProduceRequest(topic=self.topic, acks=self.sender.acks, timeout_ms=self.sender.request_timeout_ms)
+        request = pb.ProduceRequest(
+            topic=self.topic, acks=self.sender.acks, timeout_ms=self.sender.request_timeout_ms
+        )
         add = request.batches.add
         for p, batches in self.partitions.items():
             add(partition=p, record_batches=b"".join(b.close() for b in batches))
@@ -74,14 +83,18 @@ class SendProduceHandler:
         for partition, batches in self.partitions.items():
             result = results.get(partition, whole)
             if result is None:
-                self.sender.fail_or_retry(batches, RequestTimedOutError(
-                    f"the gateway's answer has no result for {self.topic}-{partition}"))
+                self.sender.fail_or_retry(
+                    batches,
+                    RequestTimedOutError(f"the gateway's answer has no result for {self.topic}-{partition}"),
+                )
                 continue
             error = error_from_proto(result.error) if result.HasField("error") else None
             if error is not None:
                 self.sender.fail_or_retry(batches, error)
             else:
-                self.sender.complete(batches, result.base_offset, result.log_append_time, result.log_start_offset)
+                self.sender.complete(
+                    batches, result.base_offset, result.log_append_time, result.log_start_offset
+                )
 
     def handle_error(self, error: TributaryError) -> None:
         for batches in self.partitions.values():
@@ -91,9 +104,18 @@ class SendProduceHandler:
 class Sender:
     """Drains ready batches into requests and settles their outcome; run with :meth:`run`."""
 
-    def __init__(self, *, client: GatewayClient, accumulator: RecordAccumulator, policy: RetryPolicy,
-                 transport, acks=-1, max_in_flight: int = 5, max_request_size: int = 1048576,
-                 request_timeout_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        *,
+        client: GatewayClient,
+        accumulator: RecordAccumulator,
+        policy: RetryPolicy,
+        transport,
+        acks=-1,
+        max_in_flight: int = 5,
+        max_request_size: int = 1048576,
+        request_timeout_ms: int = 30_000,
+    ) -> None:
         self.client = client
         self.accumulator = accumulator
         self.policy = policy
@@ -109,8 +131,13 @@ class Sender:
         self._waiter: asyncio.Future | None = None
         self._stopping = False
         #: Counters for ``Producer.metrics()``: requests sent, batches retried / failed / acknowledged.
-        self.metrics = {"requests": 0, "batches-retried": 0, "batches-failed": 0, "batches-acknowledged": 0,
-                        "records-acknowledged": 0}
+        self.metrics = {
+            "requests": 0,
+            "batches-retried": 0,
+            "batches-failed": 0,
+            "batches-acknowledged": 0,
+            "records-acknowledged": 0,
+        }
 
     # -- the routine -----------------------------------------------------------------------
 
@@ -134,8 +161,9 @@ class Sender:
         check = self.accumulator.ready(now_ms, self._muted)
         if not check.ready:
             return check.next_check_ms
-        plans = self.accumulator.drain(check.ready, now_ms, max_request_size=self.max_request_size,
-                                       max_requests=slots)
+        plans = self.accumulator.drain(
+            check.ready, now_ms, max_request_size=self.max_request_size, max_requests=slots
+        )
         for topic, partitions in plans:
             self._start(SendProduceHandler(self, topic, partitions))
         return 0 if plans and len(self._in_flight) < self.max_in_flight else check.next_check_ms
@@ -179,7 +207,7 @@ class Sender:
         except asyncio.CancelledError:
             handler.handle_error(IllegalStateError("the producer was closed before the request was answered"))
             raise
-        except Exception as exc:  # noqa: BLE001 -- a bug must fail the batches, not hang them
+        except Exception as exc:
             log.exception("unexpected error sending to %s", handler.topic)
             handler.handle_error(TributaryError(f"{type(exc).__name__}: {exc}"))
         else:
@@ -195,8 +223,9 @@ class Sender:
 
     # -- outcomes --------------------------------------------------------------------------
 
-    def complete(self, batches: list[ProducerBatch], base_offset: int, log_append_time: int,
-                 log_start_offset: int) -> None:
+    def complete(
+        self, batches: list[ProducerBatch], base_offset: int, log_append_time: int, log_start_offset: int
+    ) -> None:
         """Acknowledge the batches of one partition, sent together starting at ``base_offset``."""
         offset = base_offset
         self.metrics["batches-acknowledged"] += len(batches)
@@ -221,15 +250,21 @@ class Sender:
             for batch in retry:
                 batch.last_error = error
             backoff = self.policy.backoff_ms(retry[0].attempts)
-            log.debug("retrying %d batch(es) of %s in %d ms after %s", len(retry), retry[0].topic_partition,
-                      backoff, error)
+            log.debug(
+                "retrying %d batch(es) of %s in %d ms after %s",
+                len(retry),
+                retry[0].topic_partition,
+                backoff,
+                error,
+            )
             self.accumulator.reenqueue(retry, now_ms + backoff)
 
     def _final_error(self, batch: ProducerBatch, error: TributaryError, now_ms: int) -> BaseException:
         if getattr(error, "retriable", False) and self.policy.is_expired(batch.created_ms, now_ms):
             timeout = RequestTimedOutError(
                 f"expiring {batch.record_count} record(s) for {batch.topic_partition}: "
-                f"{now_ms - batch.created_ms} ms has passed since batch creation; last error: {error}")
+                f"{now_ms - batch.created_ms} ms has passed since batch creation; last error: {error}"
+            )
             timeout.__cause__ = error
             return timeout
         return error
@@ -242,8 +277,10 @@ class Sender:
     def _fail_expired(self, now_ms: int) -> None:
         for batch in self.accumulator.expire(now_ms, self.policy.delivery_timeout_ms):
             last = f"; last error: {batch.last_error}" if batch.last_error is not None else ""
-            error = RequestTimedOutError(f"expiring {batch.record_count} record(s) for {batch.topic_partition}: "
-                                         f"{now_ms - batch.created_ms} ms has passed since batch creation{last}")
+            error = RequestTimedOutError(
+                f"expiring {batch.record_count} record(s) for {batch.topic_partition}: "
+                f"{now_ms - batch.created_ms} ms has passed since batch creation{last}"
+            )
             error.__cause__ = batch.last_error
             self.fail(batch, error)
 

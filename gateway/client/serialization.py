@@ -24,8 +24,9 @@ def to_bytes(obj: Any, what: str) -> bytes | bytearray | memoryview:
         return obj
     if isinstance(obj, str):
         return obj.encode("utf-8")
-    raise TypeError(f"{what} must be bytes or str, not {type(obj).__name__}; "
-                    f"pass {what}_serializer= to send other types")
+    raise TypeError(
+        f"{what} must be bytes or str, not {type(obj).__name__}; pass {what}_serializer= to send other types"
+    )
 
 
 def serialize(obj: Any, serializer: Serializer | None, what: str):
@@ -57,6 +58,7 @@ def headers_size(headers: tuple) -> int:
 
 
 # ---- ready-made (de)serializers ----------------------------------------------------------------
+
 
 def string_serializer(obj: str) -> bytes:
     return obj.encode("utf-8")

@@ -77,7 +77,9 @@ class SubscriptionState:
 
     # -- assignment ------------------------------------------------------------------------
 
-    def assign_from_user(self, partitions: Iterable[TopicPartition], *, await_committed: bool = False) -> None:
+    def assign_from_user(
+        self, partitions: Iterable[TopicPartition], *, await_committed: bool = False
+    ) -> None:
         """Replace the assignment; partitions kept keep their position and pause state. New ones
         await the default reset -- or, with ``await_committed`` (a consumer with a ``group_id``),
         the group's committed offset first, as Kafka's consumer starts a manually assigned
@@ -177,8 +179,11 @@ class SubscriptionState:
     def partitions_awaiting_reset(self) -> dict[TopicPartition, tuple[str, int]]:
         """``{tp: (strategy, epoch)}`` for every assigned partition without a position (and not
         awaiting its committed offset)."""
-        return {tp: (s.reset_strategy or self.default_reset, s.epoch)
-                for tp, s in self._assignment.items() if s.position is None and not s.awaiting_committed}
+        return {
+            tp: (s.reset_strategy or self.default_reset, s.epoch)
+            for tp, s in self._assignment.items()
+            if s.position is None and not s.awaiting_committed
+        }
 
     def partitions_awaiting_committed(self) -> dict[TopicPartition, int]:
         """``{tp: epoch}`` for every partition waiting for the group's committed offset."""

@@ -55,9 +55,16 @@ class UnaryTransport:
 
 def unacked_response(request):
     """The answer an acks=0 request gets without waiting: every partition sent, offsets unknown."""
-    return pb.ProduceResponse(topic=request.topic, correlation_id=request.correlation_id, partitions=[
-        pb.PartitionProduceResult(partition=entry.partition, base_offset=-1, log_append_time=-1, log_start_offset=-1)
-        for entry in request.batches])
+    return pb.ProduceResponse(
+        topic=request.topic,
+        correlation_id=request.correlation_id,
+        partitions=[
+            pb.PartitionProduceResult(
+                partition=entry.partition, base_offset=-1, log_append_time=-1, log_start_offset=-1
+            )
+            for entry in request.batches
+        ],
+    )
 
 
 class _Stream:
@@ -100,17 +107,23 @@ class StreamTransport:
         if request.acks == pb.ACKS_NONE and stream.confirmed:
             await self._write(stream, request)
             if stream.broken:
-                raise NetworkError(f"produce stream to {stream.endpoint.address} closed before the request was sent")
+                raise NetworkError(
+                    f"produce stream to {stream.endpoint.address} closed before the request was sent"
+                )
             return unacked_response(request)
         future = asyncio.get_running_loop().create_future()
         stream.pending[request.correlation_id] = future
         await self._write(stream, request)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # A stream that does not answer in time is presumed stuck: start over on a new one.
-            self._break(stream, RequestTimedOutError(f"no produce answer from {stream.endpoint.address} "
-                                                     f"within {timeout_s:.1f}s"))
+            self._break(
+                stream,
+                RequestTimedOutError(
+                    f"no produce answer from {stream.endpoint.address} within {timeout_s:.1f}s"
+                ),
+            )
             return await future
         except UnsupportedVersionError:
             log.info("gateway has no ProduceStream; falling back to unary Produce")
@@ -168,7 +181,9 @@ class StreamTransport:
             if future.done():
                 continue
             if first_only and index > 0:
-                future.set_exception(NetworkError(f"produce stream reset after an earlier request failed: {error}"))
+                future.set_exception(
+                    NetworkError(f"produce stream reset after an earlier request failed: {error}")
+                )
             else:
                 future.set_exception(error)
 

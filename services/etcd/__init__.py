@@ -56,6 +56,7 @@ def __getattr__(name: str):
         return getattr(embedded, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "Compare",
     "Election",
@@ -83,11 +84,11 @@ __all__ = [
     "Op",
     "PrefixCache",
     "TlsConfig",
-    "tls_from_files",
     "TxnResult",
     "Watch",
     "WatchEvent",
     "WatchResync",
     "epoch_guard",
     "increment_counter",
+    "tls_from_files",
 ]

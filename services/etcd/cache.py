@@ -33,8 +33,9 @@ class PrefixCache:
     :class:`~services.etcd.values.WatchEvent` or a :class:`WatchResync`). Use from one event loop.
     """
 
-    def __init__(self, client: EtcdClient, prefix: str, *,
-                 on_change: Callable[[WatchBatch], Any] | None = None) -> None:
+    def __init__(
+        self, client: EtcdClient, prefix: str, *, on_change: Callable[[WatchBatch], Any] | None = None
+    ) -> None:
         self.prefix = prefix
         self._client = client
         self._on_change = on_change
@@ -102,8 +103,7 @@ class PrefixCache:
             while self._revision < revision:
                 await self._wait_changed()
 
-    async def wait_for_change(self, after_revision: int | None = None,
-                              timeout: float | None = None) -> int:
+    async def wait_for_change(self, after_revision: int | None = None, timeout: float | None = None) -> int:
         """Wait until the cache moves past ``after_revision`` (default: now); return the revision."""
         start = self._revision if after_revision is None else after_revision
         await self.wait_for_revision(start + 1, timeout)

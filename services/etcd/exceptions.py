@@ -50,8 +50,9 @@ class EtcdClosedError(EtcdError):
 class EtcdCompactedError(EtcdError):
     """The requested revision has been compacted away (history before it is gone)."""
 
-    def __init__(self, message: str = "", *, code: grpc.StatusCode | None = None,
-                 compact_revision: int = 0) -> None:
+    def __init__(
+        self, message: str = "", *, code: grpc.StatusCode | None = None, compact_revision: int = 0
+    ) -> None:
         super().__init__(message, code=code)
         self.compact_revision = compact_revision
 

@@ -52,7 +52,7 @@ class KeySpace:
         text = raw.decode("utf-8", "surrogateescape")
         if not text.startswith(self.prefix):
             raise ValueError(f"etcd key {text!r} is outside the key space {self.prefix!r}")
-        return text[len(self.prefix):]
+        return text[len(self.prefix) :]
 
     def prefix_range(self, prefix: str) -> tuple[bytes, bytes]:
         """``(key, range_end)`` covering every key starting with ``prefix`` (``""``: all of ours)."""

@@ -78,7 +78,7 @@ class Lease:
 class _StreamState:
     """One open keep-alive stream and the callers waiting for its answers, per lease id, FIFO."""
 
-    __slots__ = ("call", "stubs", "waiters", "reader")
+    __slots__ = ("call", "reader", "stubs", "waiters")
 
     def __init__(self, call: Any, stubs: Stubs) -> None:
         self.call = call
@@ -201,8 +201,9 @@ class KeepAlive:
     :attr:`loss_reason` says why. :meth:`stop` never reports loss.
     """
 
-    def __init__(self, client: EtcdClient, lease: Lease, *,
-                 on_lost: Callable[[Lease, str], Any] | None = None) -> None:
+    def __init__(
+        self, client: EtcdClient, lease: Lease, *, on_lost: Callable[[Lease, str], Any] | None = None
+    ) -> None:
         self.lease = lease
         self.lost = asyncio.Event()
         self.loss_reason: str | None = None
@@ -253,8 +254,9 @@ class KeepAlive:
             sent_at = loop.time()
             budget = expires_at - sent_at
             if budget <= 0:
-                await self._report_lost(f"no refresh succeeded before the {ttl}s TTL ran out "
-                                        f"(last error: {last_error})")
+                await self._report_lost(
+                    f"no refresh succeeded before the {ttl}s TTL ran out (last error: {last_error})"
+                )
                 return
             try:
                 # Our own deadline is the lease expiry. It is not passed down as the stream's
@@ -265,8 +267,13 @@ class KeepAlive:
             except EtcdClosedError:
                 return
             except (EtcdError, TimeoutError) as error:
-                last_error = error if isinstance(error, EtcdError) else EtcdUnavailableError(
-                    f"no keep-alive answer within the remaining {budget:.2f}s of the TTL")
+                last_error = (
+                    error
+                    if isinstance(error, EtcdError)
+                    else EtcdUnavailableError(
+                        f"no keep-alive answer within the remaining {budget:.2f}s of the TTL"
+                    )
+                )
                 log.debug("keep-alive of lease %x failed, retrying: %s", self.lease.id, error)
                 await asyncio.sleep(min(backoff.next_delay(), max(0.0, expires_at - loop.time())))
                 continue

@@ -134,12 +134,8 @@ class Op:
         if self.kind == "get":
             return _rpc.RequestOp(request_range=_rpc.RangeRequest(key=key, range_end=range_end))
         if self.kind == "put":
-            return _rpc.RequestOp(
-                request_put=_rpc.PutRequest(key=key, value=self.value, lease=self.lease)
-            )
-        return _rpc.RequestOp(
-            request_delete_range=_rpc.DeleteRangeRequest(key=key, range_end=range_end)
-        )
+            return _rpc.RequestOp(request_put=_rpc.PutRequest(key=key, value=self.value, lease=self.lease))
+        return _rpc.RequestOp(request_delete_range=_rpc.DeleteRangeRequest(key=key, range_end=range_end))
 
 
 OpResult = tuple[KeyValue, ...] | int | None
@@ -166,8 +162,13 @@ class TxnResult:
         return result
 
 
-def txn_request(keyspace: KeySpace, compares: tuple[Compare, ...], success: tuple[Op, ...],
-                failure: tuple[Op, ...], guard: tuple[Compare, ...] = ()) -> Any:
+def txn_request(
+    keyspace: KeySpace,
+    compares: tuple[Compare, ...],
+    success: tuple[Op, ...],
+    failure: tuple[Op, ...],
+    guard: tuple[Compare, ...] = (),
+) -> Any:
     """The ``TxnRequest`` for a txn; with a ``guard``, wrapped so a failed guard is detectable.
 
     Guard compares must hold for anything to happen. When the txn has compares of its own, the

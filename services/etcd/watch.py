@@ -64,8 +64,9 @@ class Watch:
     Not thread-safe.
     """
 
-    def __init__(self, watcher: Watcher, key: bytes, range_end: bytes, start_revision: int,
-                 *, prev_kv: bool) -> None:
+    def __init__(
+        self, watcher: Watcher, key: bytes, range_end: bytes, start_revision: int, *, prev_kv: bool
+    ) -> None:
         self.key = key
         self.range_end = range_end
         self.prev_kv = prev_kv
@@ -171,8 +172,9 @@ class Watcher:
         self._resyncs: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    async def open(self, key: bytes, range_end: bytes, start_revision: int | None, *,
-                   prev_kv: bool, snapshot: bool) -> Watch:
+    async def open(
+        self, key: bytes, range_end: bytes, start_revision: int | None, *, prev_kv: bool, snapshot: bool
+    ) -> Watch:
         """Register a watch and wait until etcd confirms it (or the client timeout passes)."""
         self._client.ensure_open()
         if snapshot and start_revision:
@@ -213,8 +215,9 @@ class Watcher:
         for task in [*self._resyncs, self._routine]:
             if task is not None:
                 task.cancel()
-        await asyncio.gather(*self._resyncs, *([self._routine] if self._routine else []),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *self._resyncs, *([self._routine] if self._routine else []), return_exceptions=True
+        )
         for watch in list(self._watches):
             watch.end()
         self._watches.clear()
@@ -250,8 +253,9 @@ class Watcher:
                 self._disconnect(call)
             if not self._closed:
                 delay = backoff.next_delay()
-                log.info("watch stream to %s broke (%s); reconnecting in %.2fs",
-                         stubs.endpoint, reason, delay)
+                log.info(
+                    "watch stream to %s broke (%s); reconnecting in %.2fs", stubs.endpoint, reason, delay
+                )
                 await asyncio.sleep(delay)
 
     async def _connect(self, call: Any) -> None:
@@ -292,8 +296,11 @@ class Watcher:
         watch.watch_id = watch_id
         self._by_id[watch_id] = watch
         create = _rpc.WatchCreateRequest(
-            key=watch.key, range_end=watch.range_end, start_revision=watch.next_revision,
-            prev_kv=watch.prev_kv, watch_id=watch_id,
+            key=watch.key,
+            range_end=watch.range_end,
+            start_revision=watch.next_revision,
+            prev_kv=watch.prev_kv,
+            watch_id=watch_id,
         )
         # A failed write means a broken stream: the routine sees it and re-creates everything.
         await _write_quietly(call, _rpc.WatchRequest(create_request=create))
@@ -328,8 +335,11 @@ class Watcher:
     # -- compaction ------------------------------------------------------------------------------
 
     def _start_resync(self, watch: Watch, compact_revision: int) -> None:
-        log.info("watch resume revision %d was compacted (compact revision %d); re-listing",
-                 watch.next_revision, compact_revision)
+        log.info(
+            "watch resume revision %d was compacted (compact revision %d); re-listing",
+            watch.next_revision,
+            compact_revision,
+        )
         watch.resyncing = True
         task = asyncio.create_task(self._resync_routine(watch, compact_revision), name="etcd-watch-resync")
         self._resyncs.add(task)

@@ -49,7 +49,9 @@ class _Connection:
 class FetchClient:
     """Fetches from one storage node's fetch port over up to ``max_connections`` connections."""
 
-    def __init__(self, host: str, port: int, *, max_connections: int = 4, connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, *, max_connections: int = 4, connect_timeout: float = 5.0
+    ) -> None:
         self.host = host
         self.port = port
         self._idle: list[_Connection] = []
@@ -63,7 +65,9 @@ class FetchClient:
                 asyncio.open_connection(self.host, self.port, limit=1 << 20), self._connect_timeout
             )
         except (OSError, TimeoutError) as exc:
-            raise errors.BrokerNotAvailableError(f"cannot reach fetch port {self.host}:{self.port}: {exc}") from exc
+            raise errors.BrokerNotAvailableError(
+                f"cannot reach fetch port {self.host}:{self.port}: {exc}"
+            ) from exc
         return _Connection(reader, writer)
 
     async def fetch(

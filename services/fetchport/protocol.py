@@ -81,16 +81,19 @@ class FetchResponseHeader:
 
 def encode_request(request: FetchRequest) -> bytes:
     topic = request.topic.encode()
-    body = _REQUEST_FIXED.pack(
-        FETCH_VERSION,
-        request.correlation_id,
-        request.max_wait_ms,
-        request.min_bytes,
-        request.max_bytes,
-        request.offset,
-        request.partition,
-        len(topic),
-    ) + topic
+    body = (
+        _REQUEST_FIXED.pack(
+            FETCH_VERSION,
+            request.correlation_id,
+            request.max_wait_ms,
+            request.min_bytes,
+            request.max_bytes,
+            request.offset,
+            request.partition,
+            len(topic),
+        )
+        + topic
+    )
     return SIZE.pack(len(body)) + body
 
 
@@ -102,13 +105,15 @@ def decode_request_body(body: bytes | memoryview) -> FetchRequest:
         _REQUEST_FIXED.unpack_from(body)
     )
     if version != FETCH_VERSION:
-        raise errors.UnsupportedVersionError(f"fetch request version {version} (this node speaks {FETCH_VERSION})")
+        raise errors.UnsupportedVersionError(
+            f"fetch request version {version} (this node speaks {FETCH_VERSION})"
+        )
     if topic_len < 0 or _REQUEST_FIXED.size + topic_len != len(body):
         raise errors.InvalidRequestError(
             f"fetch request topic length {topic_len} does not match the frame ({len(body)} bytes)"
         )
     try:
-        topic = bytes(body[_REQUEST_FIXED.size:]).decode()
+        topic = bytes(body[_REQUEST_FIXED.size :]).decode()
     except UnicodeDecodeError as exc:
         raise errors.InvalidRequestError("fetch request topic is not UTF-8") from exc
     if max_bytes < 0 or min_bytes < 0 or max_wait_ms < 0 or partition < 0:
@@ -160,7 +165,9 @@ def decode_response_header(header: bytes | memoryview, frame_size: int) -> Fetch
     correlation_id, error_code, hw, start, end, message_length = _RESPONSE_FIXED.unpack_from(header)
     if message_length < 0 or len(header) != _RESPONSE_FIXED.size + message_length + _RECORDS_LENGTH.size:
         raise errors.CorruptRecordError("fetch response message length is inconsistent")
-    message = bytes(header[_RESPONSE_FIXED.size:_RESPONSE_FIXED.size + message_length]).decode(errors="replace")
+    message = bytes(header[_RESPONSE_FIXED.size : _RESPONSE_FIXED.size + message_length]).decode(
+        errors="replace"
+    )
     (records_length,) = _RECORDS_LENGTH.unpack_from(header, _RESPONSE_FIXED.size + message_length)
     if records_length < 0 or len(header) + records_length != frame_size:
         raise errors.CorruptRecordError(

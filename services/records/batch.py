@@ -68,7 +68,7 @@ class RecordBatchView:
     trusting anything else.
     """
 
-    __slots__ = ("_view", "_header", "_structure_checked")
+    __slots__ = ("_header", "_structure_checked", "_view")
 
     def __init__(self, buffer) -> None:
         view = memoryview(buffer)
@@ -80,9 +80,7 @@ class RecordBatchView:
         header = _new_header(BatchHeader, _unpack_header(view))
         batch_length = header.batch_length
         if batch_length < MIN_BATCH_LENGTH:
-            raise CorruptRecordError(
-                f"batch length {batch_length} is below the minimum {MIN_BATCH_LENGTH}"
-            )
+            raise CorruptRecordError(f"batch length {batch_length} is below the minimum {MIN_BATCH_LENGTH}")
         size = batch_length + LOG_OVERHEAD
         if size > available:
             raise CorruptRecordError(f"batch of {size} bytes is truncated to {available} bytes in the buffer")
@@ -274,8 +272,7 @@ class RecordBatchView:
             raise CorruptRecordError(f"negative last offset delta {last_offset_delta}")
         if count > last_offset_delta + 1:
             raise CorruptRecordError(
-                f"{count} records cannot have distinct offsets within "
-                f"last offset delta {last_offset_delta}"
+                f"{count} records cannot have distinct offsets within last offset delta {last_offset_delta}"
             )
         payload = len(self._view) - RECORDS_OFFSET
         if codec == Compression.NONE and count * MIN_RECORD_SIZE > payload:
@@ -319,4 +316,3 @@ class RecordBatchView:
             f"record_count={h.record_count}, size_in_bytes={self.size_in_bytes}, "
             f"attributes={h.attributes:#06x}, crc={h.crc:#010x})"
         )
-

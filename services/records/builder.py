@@ -143,17 +143,17 @@ class RecordBatchBuilder:
     """
 
     __slots__ = (
-        "_compression",
-        "_base_offset",
         "_attributes",
-        "_producer_id",
-        "_producer_epoch",
+        "_base_offset",
         "_base_sequence",
-        "_partition_leader_epoch",
-        "_records",
-        "_count",
         "_base_timestamp",
+        "_compression",
+        "_count",
         "_max_timestamp",
+        "_partition_leader_epoch",
+        "_producer_epoch",
+        "_producer_id",
+        "_records",
     )
 
     def __init__(

@@ -190,9 +190,7 @@ def decode_records(
     if pos != end:
         raise CorruptRecordError(f"{end - pos} bytes left after {count} records")
     if previous_delta > last_offset_delta:
-        raise CorruptRecordError(
-            f"offset delta {previous_delta} exceeds lastOffsetDelta {last_offset_delta}"
-        )
+        raise CorruptRecordError(f"offset delta {previous_delta} exceeds lastOffsetDelta {last_offset_delta}")
     return records
 
 

@@ -33,8 +33,7 @@ def iter_batches(buffer, *, allow_partial_tail: bool = False) -> Iterator[Record
             (batch_length,) = _read_length(view, pos + BATCH_LENGTH_OFFSET)
             if batch_length < MIN_BATCH_LENGTH:
                 raise CorruptRecordError(
-                    f"batch at byte {pos} has length {batch_length}, "
-                    f"below the minimum {MIN_BATCH_LENGTH}"
+                    f"batch at byte {pos} has length {batch_length}, below the minimum {MIN_BATCH_LENGTH}"
                 )
             size = batch_length + LOG_OVERHEAD
             if size <= remaining:
@@ -47,4 +46,3 @@ def iter_batches(buffer, *, allow_partial_tail: bool = False) -> Iterator[Record
             return
         wanted = "a 12-byte log overhead" if size is None else f"a {size}-byte batch"
         raise CorruptRecordError(f"truncated batch at byte {pos}: {remaining} bytes left, need {wanted}")
-

@@ -293,7 +293,7 @@ class Telemetry:
                 continue
             try:
                 provider.shutdown()
-            except Exception:  # noqa: BLE001 -- shutting down: report, carry on
+            except Exception:
                 log.exception("telemetry provider shutdown failed")
         if self.prometheus is not None:
             self.prometheus.close()

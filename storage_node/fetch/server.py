@@ -85,11 +85,15 @@ async def sendfile_range(
             await _wait_writable(loop, sock)
             continue
         if sent == 0:
-            raise OSError(errno.EIO, f"segment file ended {length - sent_total} bytes early while serving a fetch")
+            raise OSError(
+                errno.EIO, f"segment file ended {length - sent_total} bytes early while serving a fetch"
+            )
         sent_total += sent
 
 
-async def _send_header(loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, *, more: bool) -> None:
+async def _send_header(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, *, more: bool
+) -> None:
     """Send a response header; with ``more``, corked (MSG_MORE) so it leaves in the same TCP
     segment as the records that follow instead of as its own packet and wake-up (measured: a
     separate ~40-byte send cost ~200 us of loopback stack time per fetch)."""
@@ -226,7 +230,9 @@ class FetchServer:
         self.stats.errors += 1
         await loop.sock_sendall(sock, protocol.encode_response_header(correlation_id, error=error))
 
-    async def _serve(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, request: protocol.FetchRequest):
+    async def _serve(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, request: protocol.FetchRequest
+    ):
         self.stats.requests += 1
         deadline = loop.time() + request.max_wait_ms / 1000.0
         key = (request.topic, request.partition)

@@ -92,7 +92,8 @@ class FileSlice:
             raise KafkaStorageError(f"cannot read slice of {self.path}: {exc}") from exc
         if size < self.end:
             raise KafkaStorageError(
-                f"{self.path} shrank to {size} bytes under a slice [{self.position}, {self.end})")
+                f"{self.path} shrank to {size} bytes under a slice [{self.position}, {self.end})"
+            )
         data = _pread_exactly(fd, self.length, self.position)
         if len(data) != self.length:
             raise KafkaStorageError(f"{self.path} ended early reading [{self.position}, {self.end})")
@@ -175,8 +176,9 @@ class FileRecords:
     by the size read at their start and use ``pread`` with explicit positions.
     """
 
-    def __init__(self, path: Path, file: SegmentFile | None, size: int,
-                 handle_cache: FileHandleCache | None = None) -> None:
+    def __init__(
+        self, path: Path, file: SegmentFile | None, size: int, handle_cache: FileHandleCache | None = None
+    ) -> None:
         """Visible for tests; use :meth:`open`."""
         self.path = path
         self._file = file
@@ -311,7 +313,8 @@ class FileRecords:
             size = header.batch_length + LOG_OVERHEAD
             if header.batch_length < MIN_BATCH_LENGTH:
                 raise CorruptRecordError(
-                    f"{self.path}: batch at position {position} has length {header.batch_length}")
+                    f"{self.path}: batch at position {position} has length {header.batch_length}"
+                )
             if position + size > limit:
                 return
             yield position, header
@@ -338,14 +341,15 @@ class FileRecords:
             (length,) = INT32.unpack_from(buf, rel + BATCH_LENGTH_OFFSET)
             if length < MIN_BATCH_LENGTH:
                 raise CorruptRecordError(
-                    f"batch at position {position} has length {length}, below the minimum {MIN_BATCH_LENGTH}")
+                    f"batch at position {position} has length {length}, below the minimum {MIN_BATCH_LENGTH}"
+                )
             size = length + LOG_OVERHEAD
             if position + size > end:
                 return
             if rel + size > len(buf):
                 buf = _pread_exactly(fd, min(max(RECOVERY_SCAN_CHUNK, size), end - position), position)
                 buf_start, rel = position, 0
-            yield position, memoryview(buf)[rel:rel + size]
+            yield position, memoryview(buf)[rel : rel + size]
             position += size
 
     # ---- lifecycle -----------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from array import array
 from pathlib import Path
 from typing import ClassVar
 
-
 log = logging.getLogger(__name__)
 
 
@@ -102,13 +101,15 @@ class FixedWidthIndex:
         if self._torn_bytes:
             raise CorruptIndexError(
                 f"index file {self.path} has a torn last entry ({self._torn_bytes} bytes after "
-                f"{self.entries} whole {self.ENTRY_SIZE}-byte entries)")
+                f"{self.entries} whole {self.ENTRY_SIZE}-byte entries)"
+            )
         keys, values = self._keys, self._values
         for i in range(1, len(keys)):
             if keys[i] <= keys[i - 1] or values[i] < values[i - 1]:
                 raise CorruptIndexError(
                     f"index file {self.path} is not sorted at entry {i}: "
-                    f"({keys[i - 1]}, {values[i - 1]}) then ({keys[i]}, {values[i]})")
+                    f"({keys[i - 1]}, {values[i - 1]}) then ({keys[i]}, {values[i]})"
+                )
         if keys and (keys[0] < 0 or values[0] < 0):
             raise CorruptIndexError(f"index file {self.path} has a negative first entry")
 

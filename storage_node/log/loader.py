@@ -54,19 +54,38 @@ class _Context:
     handle_cache: FileHandleCache | None
 
     def open_segment(self, base_offset: int, suffix: str = "") -> Segment:
-        return Segment.open(self.directory, base_offset, self.config, self.clock,
-                            file_suffix=suffix, handle_cache=self.handle_cache)
+        return Segment.open(
+            self.directory,
+            base_offset,
+            self.config,
+            self.clock,
+            file_suffix=suffix,
+            handle_cache=self.handle_cache,
+        )
 
 
-def load_log(directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock, *,
-             handle_cache: FileHandleCache | None = None) -> LoadedLog:
+def load_log(
+    directory: Path,
+    topic: str,
+    partition: int,
+    config: LogConfig,
+    clock: Clock,
+    *,
+    handle_cache: FileHandleCache | None = None,
+) -> LoadedLog:
     """Recover ``directory`` and return its segments and offsets. The caller owns the segments."""
     ctx = _Context(directory, config, clock, handle_cache)
     had_clean_shutdown = (directory / files.CLEAN_SHUTDOWN_FILE).exists()
-    recovery_point = checkpoint.read_offset_checkpoint(
-        directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition) or 0
-    log_start_checkpoint = checkpoint.read_offset_checkpoint(
-        directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, topic, partition) or 0
+    recovery_point = (
+        checkpoint.read_offset_checkpoint(directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition)
+        or 0
+    )
+    log_start_checkpoint = (
+        checkpoint.read_offset_checkpoint(
+            directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, topic, partition
+        )
+        or 0
+    )
 
     swaps = _first_pass_remove_temporary_files(directory)
     _second_pass_complete_swaps(ctx, swaps)
@@ -81,8 +100,7 @@ def load_log(directory: Path, topic: str, partition: int, config: LogConfig, clo
     # Only a flush moves the recovery point forward (Kafka's rule): after an unclean shutdown the
     # recovered tail may still be only in the page cache.
     recovery_point = next_offset if had_clean_shutdown else min(recovery_point, next_offset)
-    return LoadedLog(segments, log_start_offset, recovery_point, next_offset, had_clean_shutdown,
-                     truncated)
+    return LoadedLog(segments, log_start_offset, recovery_point, next_offset, had_clean_shutdown, truncated)
 
 
 def _first_pass_remove_temporary_files(directory: Path) -> list[int]:
@@ -99,8 +117,11 @@ def _first_pass_remove_temporary_files(directory: Path) -> list[int]:
             continue
         base_offset, kind, state = parsed
         if state in (files.DELETED_FILE_SUFFIX, files.CLEANED_FILE_SUFFIX):
-            log.info("Deleting %s left by an interrupted %s", path,
-                     "delete" if state == files.DELETED_FILE_SUFFIX else "compaction")
+            log.info(
+                "Deleting %s left by an interrupted %s",
+                path,
+                "delete" if state == files.DELETED_FILE_SUFFIX else "compaction",
+            )
             path.unlink()
             if state == files.CLEANED_FILE_SUFFIX:
                 cleaned.append(base_offset)
@@ -168,8 +189,9 @@ def _sanity_check_or_recover(segment: Segment) -> None:
             log.error("Flushed segment %s lost %d bytes to corruption", segment.log.path, truncated)
 
 
-def _fourth_pass_recover(ctx: _Context, segments: list[Segment],
-                         recovery_point: int) -> tuple[list[Segment], int]:
+def _fourth_pass_recover(
+    ctx: _Context, segments: list[Segment], recovery_point: int
+) -> tuple[list[Segment], int]:
     first_unflushed = max((i for i, s in enumerate(segments) if s.base_offset <= recovery_point), default=0)
     for i in range(first_unflushed, len(segments)):
         segment = segments[i]
@@ -179,21 +201,34 @@ def _fourth_pass_recover(ctx: _Context, segments: list[Segment],
         overlaps = following is not None and segment.next_offset > following.base_offset
         if truncated or overlaps:
             if following is not None:
-                log.warning("Deleting %d segments after %s: the log ends at offset %d there",
-                            len(segments) - i - 1, segment.log.path, segment.next_offset)
-            for later in segments[i + 1:]:
+                log.warning(
+                    "Deleting %d segments after %s: the log ends at offset %d there",
+                    len(segments) - i - 1,
+                    segment.log.path,
+                    segment.next_offset,
+                )
+            for later in segments[i + 1 :]:
                 later.delete()
-            return segments[:i + 1], truncated
+            return segments[: i + 1], truncated
         if following is not None and segment.next_offset < following.base_offset:
-            log.warning("Offsets %d..%d are missing between %s and the next segment",
-                        segment.next_offset, following.base_offset - 1, segment.log.path)
+            log.warning(
+                "Offsets %d..%d are missing between %s and the next segment",
+                segment.next_offset,
+                following.base_offset - 1,
+                segment.log.path,
+            )
     return segments, 0
 
 
 def _ensure_log_start_not_past_end(ctx: _Context, segments: list[Segment], log_start: int) -> list[Segment]:
     if segments and segments[-1].next_offset < log_start:
-        log.warning("Deleting all segments of %s: log end offset %d is below the log start offset "
-                    "%d (segment files were lost)", ctx.directory, segments[-1].next_offset, log_start)
+        log.warning(
+            "Deleting all segments of %s: log end offset %d is below the log start offset "
+            "%d (segment files were lost)",
+            ctx.directory,
+            segments[-1].next_offset,
+            log_start,
+        )
         for segment in segments:
             segment.delete()
         segments = []

@@ -40,10 +40,16 @@ class PartitionDirInfo:
 
     @classmethod
     def of(cls, partition_log: PartitionLog) -> PartitionDirInfo:
-        return cls(partition_log.topic, partition_log.partition, partition_log.size_in_bytes,
-                   partition_log.log_start_offset, partition_log.log_end_offset,
-                   partition_log.high_watermark, partition_log.segment_count,
-                   partition_log.recovery_point)
+        return cls(
+            partition_log.topic,
+            partition_log.partition,
+            partition_log.size_in_bytes,
+            partition_log.log_start_offset,
+            partition_log.log_end_offset,
+            partition_log.high_watermark,
+            partition_log.segment_count,
+            partition_log.recovery_point,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +91,14 @@ class LogManager:
     documented there. :meth:`tick` is meant to be called from one periodic task.
     """
 
-    def __init__(self, log_dirs: list[Path], clock: Clock, default_config: Mapping[str, Any] | None = None,
-                 *, max_open_segments: int = DEFAULT_MAX_OPEN_SEGMENTS) -> None:
+    def __init__(
+        self,
+        log_dirs: list[Path],
+        clock: Clock,
+        default_config: Mapping[str, Any] | None = None,
+        *,
+        max_open_segments: int = DEFAULT_MAX_OPEN_SEGMENTS,
+    ) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
         if len({Path(d).resolve() for d in log_dirs}) != len(log_dirs):
@@ -124,11 +136,13 @@ class LogManager:
                 if key in found or key in self._logs:
                     raise KafkaStorageError(
                         f"partition {files.partition_dir_name(*key)} found in two log dirs: "
-                        f"{found.get(key) or self._logs[key].directory} and {child}")
+                        f"{found.get(key) or self._logs[key].directory} and {child}"
+                    )
                 found[key] = child
         for (topic, partition), path in found.items():
-            partition_log = PartitionLog.open(path, topic, partition, self._config_for(topic), self._clock,
-                                              handle_cache=self.handle_cache)
+            partition_log = PartitionLog.open(
+                path, topic, partition, self._config_for(topic), self._clock, handle_cache=self.handle_cache
+            )
             with self._lock:
                 self._logs[(topic, partition)] = partition_log
         return sorted(found)
@@ -145,8 +159,9 @@ class LogManager:
 
     # ---- partitions ----------------------------------------------------------------------------
 
-    def create_partition(self, topic: str, partition: int,
-                         configs: Mapping[str, Any] | None = None) -> PartitionLog:
+    def create_partition(
+        self, topic: str, partition: int, configs: Mapping[str, Any] | None = None
+    ) -> PartitionLog:
         """The partition's log, created in the log dir with the fewest partitions if new.
 
         Idempotent: for an existing partition, applies ``configs`` (when given) and returns it.
@@ -161,8 +176,9 @@ class LogManager:
                     existing.update_config(config)
                 return existing
             log_dir = self._least_loaded_dir()
-            partition_log = PartitionLog.open(log_dir / name, topic, partition, config, self._clock,
-                                              handle_cache=self.handle_cache)
+            partition_log = PartitionLog.open(
+                log_dir / name, topic, partition, config, self._clock, handle_cache=self.handle_cache
+            )
             self._logs[(topic, partition)] = partition_log
             log.info("Created partition %s in %s", name, log_dir)
             return partition_log
@@ -202,7 +218,8 @@ class LogManager:
         partition_log = self._logs.get((topic, partition))
         if partition_log is None:
             raise UnknownTopicOrPartitionError(
-                f"this storage node does not host partition {topic}-{partition}")
+                f"this storage node does not host partition {topic}-{partition}"
+            )
         return partition_log
 
     def delete_partition(self, topic: str, partition: int) -> None:
@@ -211,7 +228,8 @@ class LogManager:
             partition_log = self._logs.pop((topic, partition), None)
         if partition_log is None:
             raise UnknownTopicOrPartitionError(
-                f"this storage node does not host partition {topic}-{partition}")
+                f"this storage node does not host partition {topic}-{partition}"
+            )
         partition_log.delete()
         log.info("Deleted partition %s-%d", topic, partition)
 
@@ -224,11 +242,17 @@ class LogManager:
         logs = list(self._logs.values())
         descriptions = []
         for log_dir in self.log_dirs:
-            infos = tuple(sorted(
-                (PartitionDirInfo.of(pl) for pl in logs if pl.directory.parent == log_dir),
-                key=lambda info: (info.topic, info.partition)))
-            descriptions.append(LogDirDescription(log_dir, infos, sum(i.size_in_bytes for i in infos),
-                                                  shutil.disk_usage(log_dir).free))
+            infos = tuple(
+                sorted(
+                    (PartitionDirInfo.of(pl) for pl in logs if pl.directory.parent == log_dir),
+                    key=lambda info: (info.topic, info.partition),
+                )
+            )
+            descriptions.append(
+                LogDirDescription(
+                    log_dir, infos, sum(i.size_in_bytes for i in infos), shutil.disk_usage(log_dir).free
+                )
+            )
         return descriptions
 
     # ---- periodic work -------------------------------------------------------------------------

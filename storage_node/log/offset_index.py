@@ -73,7 +73,8 @@ class OffsetIndex(FixedWidthIndex):
             raise ValueError(f"entry ({offset}, {position}) does not fit index {self.path}")
         if self.entries and (relative <= self._keys[-1] or position <= self._values[-1]):
             raise ValueError(
-                f"index {self.path}: entry ({offset}, {position}) is not after {self.last_entry}")
+                f"index {self.path}: entry ({offset}, {position}) is not after {self.last_entry}"
+            )
         self._append_entry(relative, position)
 
     def truncate_to(self, offset: int) -> None:
@@ -85,4 +86,5 @@ class OffsetIndex(FixedWidthIndex):
         if self.entries and self._values[-1] >= log_size:
             raise CorruptIndexError(
                 f"index file {self.path}: last entry {self.last_entry} points past the log end "
-                f"(log size {log_size})")
+                f"(log size {log_size})"
+            )

@@ -17,8 +17,8 @@ from typing import NamedTuple, TypeVar
 from services.clock import Clock
 from services.errors import KafkaStorageError, OffsetOutOfRangeError
 from services.records import set_log_append_time
-from services.records.inplace import stamp_validated_batch
 from services.records.format import INT32_MAX, INT32_MIN
+from services.records.inplace import stamp_validated_batch
 from storage_node.log import checkpoint, files, loader, retention
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache, FileSlice, SegmentFileGoneError
@@ -61,6 +61,7 @@ _T = TypeVar("_T")
 def _disk_errors_as_storage_errors(method: Callable[..., _T]) -> Callable[..., _T]:
     """Public methods raise the taxonomy: an OSError from the disk becomes KafkaStorageError
     (the cause chained), so callers never see a bare OSError (Kafka's KafkaStorageException)."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
@@ -107,8 +108,16 @@ class PartitionLog:
     only to snapshot and to publish the new recovery point, never across an fsync.
     """
 
-    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock,
-                 loaded: loader.LoadedLog, handle_cache: FileHandleCache | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        clock: Clock,
+        loaded: loader.LoadedLog,
+        handle_cache: FileHandleCache | None = None,
+    ) -> None:
         """Visible for tests; use :meth:`open`."""
         self.directory = directory
         self.topic = topic
@@ -133,8 +142,16 @@ class PartitionLog:
         self._failure: BaseException | None = None
 
     @classmethod
-    def open(cls, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock, *,
-             handle_cache: FileHandleCache | None = None) -> PartitionLog:
+    def open(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        clock: Clock,
+        *,
+        handle_cache: FileHandleCache | None = None,
+    ) -> PartitionLog:
         """Open (creating if needed) and recover the partition directory ``directory``."""
         if not directory.exists():
             directory.mkdir(parents=True)
@@ -142,15 +159,22 @@ class PartitionLog:
         loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
         partition_log = cls(directory, topic, partition, config, clock, loaded, handle_cache)
         partition_log._checkpoint_log_start_offset()
-        checkpoint.write_offset_checkpoint(directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
-                                           topic, partition, loaded.recovery_point)
+        checkpoint.write_offset_checkpoint(
+            directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition, loaded.recovery_point
+        )
         # From here on a crash must be treated as unclean.
         loader.remove_clean_shutdown_marker(directory)
-        log.info("Loaded %s: log start %d, log end %d, recovery point %d, %d segments%s",
-                 partition_log.name, loaded.log_start_offset, loaded.next_offset,
-                 loaded.recovery_point, len(loaded.segments),
-                 " (clean shutdown)" if loaded.had_clean_shutdown else
-                 f" (recovered, {loaded.truncated_bytes} bytes truncated)")
+        log.info(
+            "Loaded %s: log start %d, log end %d, recovery point %d, %d segments%s",
+            partition_log.name,
+            loaded.log_start_offset,
+            loaded.next_offset,
+            loaded.recovery_point,
+            len(loaded.segments),
+            " (clean shutdown)"
+            if loaded.had_clean_shutdown
+            else f" (recovered, {loaded.truncated_bytes} bytes truncated)",
+        )
         return partition_log
 
     # ---- state ---------------------------------------------------------------------------------
@@ -256,8 +280,9 @@ class PartitionLog:
         if not INT32_MIN <= leader_epoch <= INT32_MAX:
             raise ValueError(f"leader epoch {leader_epoch} does not fit int32")
         config = self._config
-        batches = validate_producer_batches(data, max_message_bytes=config.max_message_bytes,
-                                            segment_bytes=config.segment_bytes)
+        batches = validate_producer_batches(
+            data, max_message_bytes=config.max_message_bytes, segment_bytes=config.segment_bytes
+        )
         payload = bytearray(data)
         with self._lock:
             self._ensure_usable()
@@ -268,25 +293,42 @@ class PartitionLog:
             self._write_batches(payload, batches, first_offset, log_append_time, now)
             last_offset = self._next_offset - 1
             self._high_watermark = self._next_offset  # one replica: every append is committed
-            info = AppendInfo(first_offset, last_offset, log_append_time,
-                              sum(b.record_count for b in batches), self._log_start_offset, len(batches))
+            info = AppendInfo(
+                first_offset,
+                last_offset,
+                log_append_time,
+                sum(b.record_count for b in batches),
+                self._log_start_offset,
+                len(batches),
+            )
         self._notify_listeners(info.last_offset + 1)
         self.maybe_flush(by_time=False)
         return info
 
     @staticmethod
-    def _stamp_batches(payload: bytearray, batches: list[ValidatedBatch], first_offset: int,
-                       leader_epoch: int, log_append_time: int) -> None:
+    def _stamp_batches(
+        payload: bytearray,
+        batches: list[ValidatedBatch],
+        first_offset: int,
+        leader_epoch: int,
+        log_append_time: int,
+    ) -> None:
         view = memoryview(payload)
         offset = first_offset
         for batch in batches:
             stamp_validated_batch(payload, batch.position, offset, leader_epoch)
             if log_append_time >= 0:  # rewrites a CRC-covered field: the checked path
-                set_log_append_time(view[batch.position:batch.position + batch.size], log_append_time)
+                set_log_append_time(view[batch.position : batch.position + batch.size], log_append_time)
             offset += batch.last_offset_delta + 1
 
-    def _write_batches(self, payload: bytearray, batches: list[ValidatedBatch], first_offset: int,
-                       log_append_time: int, now: int) -> None:
+    def _write_batches(
+        self,
+        payload: bytearray,
+        batches: list[ValidatedBatch],
+        first_offset: int,
+        log_append_time: int,
+        now: int,
+    ) -> None:
         view = memoryview(payload)
         segments_before = self._segments.snapshot()
         offset = first_offset
@@ -295,16 +337,18 @@ class PartitionLog:
                 last_offset = offset + batch.last_offset_delta
                 max_timestamp = log_append_time if log_append_time >= 0 else batch.max_timestamp
                 segment = self._maybe_roll(batch.size, last_offset, max_timestamp, now)
-                segment.append(view[batch.position:batch.position + batch.size], offset,
-                               last_offset, max_timestamp)
+                segment.append(
+                    view[batch.position : batch.position + batch.size], offset, last_offset, max_timestamp
+                )
                 offset = last_offset + 1
                 self._set_log_end(offset, segment)
         except OSError as exc:
             self._roll_back_failed_append(first_offset, segments_before, exc)
             raise KafkaStorageError(f"append to {self.name} failed: {exc}") from exc
 
-    def _roll_back_failed_append(self, first_offset: int, segments_before: tuple[Segment, ...],
-                                 cause: OSError) -> None:
+    def _roll_back_failed_append(
+        self, first_offset: int, segments_before: tuple[Segment, ...], cause: OSError
+    ) -> None:
         """Undo a partly written append so the log holds none of it; if even that fails, the
         log refuses further work (as Kafka takes a failed log dir offline)."""
         log.error("Append to %s failed at offset %d, rolling back: %s", self.name, self._next_offset, cause)
@@ -373,10 +417,12 @@ class PartitionLog:
             # Left by something the loader did not know about; appending into it could interleave
             # foreign bytes with ours.
             raise KafkaStorageError(
-                f"{self.name}: {files.log_file(self.directory, base_offset)} already exists")
+                f"{self.name}: {files.log_file(self.directory, base_offset)} already exists"
+            )
         old.on_become_inactive()
-        segment = Segment.open(self.directory, base_offset, self._config, self._clock,
-                               handle_cache=self._handle_cache)
+        segment = Segment.open(
+            self.directory, base_offset, self._config, self._clock, handle_cache=self._handle_cache
+        )
         self._segments.add(segment)
         self._dir_needs_fsync = True
         log.info("Rolled %s to a new segment at offset %d (%s)", self.name, base_offset, reason)
@@ -410,10 +456,12 @@ class PartitionLog:
         if offset < log_start or offset > log_end:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is out of range for partition {self.name}: "
-                f"log start offset {log_start}, log end offset {log_end}")
+                f"log start offset {log_start}, log end offset {log_end}"
+            )
 
-    def _read_segments(self, offset: int, max_bytes: int, end: _LogEnd,
-                       max_offset: int | None) -> FileSlice | None:
+    def _read_segments(
+        self, offset: int, max_bytes: int, end: _LogEnd, max_offset: int | None
+    ) -> FileSlice | None:
         upper = end.offset if max_offset is None else min(max_offset, end.offset)
         if offset >= upper:
             return None
@@ -508,8 +556,9 @@ class PartitionLog:
                 if end > self._recovery_point:
                     self._recovery_point = end
                 self._last_flush_ms = self._clock.time_ms()
-            checkpoint.write_offset_checkpoint(self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
-                                               self.topic, self.partition, end)
+            checkpoint.write_offset_checkpoint(
+                self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
+            )
 
     # ---- retention -----------------------------------------------------------------------------
 
@@ -521,14 +570,17 @@ class PartitionLog:
         with self._lock:
             self._ensure_usable()
             deleted = self._delete_segments(
-                retention.log_start_offset_breached(self._log_start_offset), "log start offset")
+                retention.log_start_offset_breached(self._log_start_offset), "log start offset"
+            )
             if self._config.delete_enabled:
                 deleted += self._delete_segments(
                     retention.retention_size_breached(self.size_in_bytes, self._config.retention_bytes),
-                    f"retention.bytes {self._config.retention_bytes}")
+                    f"retention.bytes {self._config.retention_bytes}",
+                )
                 deleted += self._delete_segments(
                     retention.retention_ms_breached(self._clock.time_ms(), self._config.retention_ms),
-                    f"retention.ms {self._config.retention_ms}")
+                    f"retention.ms {self._config.retention_ms}",
+                )
             return deleted
 
     @_disk_errors_as_storage_errors
@@ -543,7 +595,8 @@ class PartitionLog:
             if offset > self._high_watermark:
                 raise OffsetOutOfRangeError(
                     f"cannot delete records before {offset} in {self.name}: above the high "
-                    f"watermark {self._high_watermark}")
+                    f"watermark {self._high_watermark}"
+                )
             if offset > self._log_start_offset:
                 self._log_start_offset = offset
                 self._checkpoint_log_start_offset()
@@ -552,8 +605,9 @@ class PartitionLog:
             return self._log_start_offset
 
     def _delete_segments(self, should_delete: retention.ShouldDelete, reason: str) -> int:
-        doomed = retention.deletable_segments(self._segments.snapshot(), should_delete,
-                                              high_watermark=self._high_watermark)
+        doomed = retention.deletable_segments(
+            self._segments.snapshot(), should_delete, high_watermark=self._high_watermark
+        )
         if not doomed:
             return 0
         for segment in doomed:
@@ -568,8 +622,12 @@ class PartitionLog:
         return len(doomed)
 
     def _checkpoint_log_start_offset(self) -> None:
-        checkpoint.write_offset_checkpoint(self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE,
-                                           self.topic, self.partition, self._log_start_offset)
+        checkpoint.write_offset_checkpoint(
+            self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE,
+            self.topic,
+            self.partition,
+            self._log_start_offset,
+        )
 
     # ---- truncation (for replicas) -------------------------------------------------------------
 
@@ -584,7 +642,8 @@ class PartitionLog:
             if offset < self._log_start_offset:
                 raise OffsetOutOfRangeError(
                     f"cannot truncate {self.name} to {offset}, "
-                    f"below the log start offset {self._log_start_offset}")
+                    f"below the log start offset {self._log_start_offset}"
+                )
             for segment in reversed(self._segments.snapshot()):
                 if segment.base_offset > offset and len(self._segments) > 1:
                     self._segments.remove(segment)
@@ -626,5 +685,7 @@ class PartitionLog:
             shutil.rmtree(doomed, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return (f"PartitionLog({self.name}, log_start={self._log_start_offset}, "
-                f"log_end={self._next_offset}, segments={len(self._segments)})")
+        return (
+            f"PartitionLog({self.name}, log_start={self._log_start_offset}, "
+            f"log_end={self._next_offset}, segments={len(self._segments)})"
+        )

@@ -35,6 +35,7 @@ def retention_ms_breached(now_ms: int, retention_ms: int) -> ShouldDelete:
 
     A segment whose timestamps lie in the future is kept until they are in the past, as in Kafka.
     """
+
     def should_delete(segment: RetainedSegment, next_segment: RetainedSegment | None) -> bool:
         return retention_ms >= 0 and now_ms - segment.largest_timestamp > retention_ms
 
@@ -61,14 +62,16 @@ def retention_size_breached(total_size: int, retention_bytes: int) -> ShouldDele
 
 def log_start_offset_breached(log_start_offset: int) -> ShouldDelete:
     """Delete a segment entirely below the log start offset: the next one starts at or before it."""
+
     def should_delete(segment: RetainedSegment, next_segment: RetainedSegment | None) -> bool:
         return next_segment is not None and next_segment.base_offset <= log_start_offset
 
     return should_delete
 
 
-def deletable_segments(segments: Sequence[RetainedSegment], should_delete: ShouldDelete, *,
-                       high_watermark: int) -> list[RetainedSegment]:
+def deletable_segments(
+    segments: Sequence[RetainedSegment], should_delete: ShouldDelete, *, high_watermark: int
+) -> list[RetainedSegment]:
     """The oldest run of segments ``should_delete`` accepts, never the active (last) one.
 
     A segment is also kept unless every offset in it is below ``high_watermark`` (its successor's

@@ -70,9 +70,18 @@ class Segment:
     may run concurrently with appends: they see a consistent prefix of the segment.
     """
 
-    def __init__(self, directory: Path, base_offset: int, log_records: FileRecords,
-                 offset_index: OffsetIndex, time_index: TimeIndex, config: LogConfig, clock: Clock,
-                 *, index_files_existed: bool = True) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        log_records: FileRecords,
+        offset_index: OffsetIndex,
+        time_index: TimeIndex,
+        config: LogConfig,
+        clock: Clock,
+        *,
+        index_files_existed: bool = True,
+    ) -> None:
         """Visible for tests; use :meth:`open`."""
         self.directory = directory
         self.base_offset = base_offset
@@ -94,8 +103,16 @@ class Segment:
         self.deleted = False
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, config: LogConfig, clock: Clock, *,
-             file_suffix: str = "", handle_cache: FileHandleCache | None = None) -> Segment:
+    def open(
+        cls,
+        directory: Path,
+        base_offset: int,
+        config: LogConfig,
+        clock: Clock,
+        *,
+        file_suffix: str = "",
+        handle_cache: FileHandleCache | None = None,
+    ) -> Segment:
         """Open the segment's files, creating any that are missing (empty).
 
         Indexes are loaded into memory but not checked: call :meth:`sanity_check` (the loader
@@ -104,12 +121,21 @@ class Segment:
         index_path = files.offset_index_file(directory, base_offset, file_suffix)
         time_index_path = files.time_index_file(directory, base_offset, file_suffix)
         existed = index_path.exists() and time_index_path.exists()
-        log_records = FileRecords.open(files.log_file(directory, base_offset, file_suffix),
-                                       handle_cache=handle_cache)
+        log_records = FileRecords.open(
+            files.log_file(directory, base_offset, file_suffix), handle_cache=handle_cache
+        )
         offset_index = OffsetIndex.open(index_path, base_offset, config.segment_index_bytes)
         time_index = TimeIndex.open(time_index_path, base_offset, config.segment_index_bytes)
-        return cls(directory, base_offset, log_records, offset_index, time_index, config, clock,
-                   index_files_existed=existed)
+        return cls(
+            directory,
+            base_offset,
+            log_records,
+            offset_index,
+            time_index,
+            config,
+            clock,
+            index_files_existed=existed,
+        )
 
     def update_config(self, config: LogConfig) -> None:
         """New index interval and sizes apply to later appends."""
@@ -223,7 +249,8 @@ class Segment:
         if base_offset < tail.next_offset or not self.can_hold(last_offset):
             raise ValueError(
                 f"segment {self.base_offset}: cannot append offsets [{base_offset}, {last_offset}] "
-                f"after next offset {tail.next_offset}")
+                f"after next offset {tail.next_offset}"
+            )
         if not self.log.size:
             with self._lazy_lock:
                 self._first_batch_timestamp = max_timestamp
@@ -232,8 +259,15 @@ class Segment:
         self._last_modified_ms = self._clock.time_ms()
         return position
 
-    def _index_batch(self, tail: _TailState, position: int, size: int, base_offset: int,
-                     last_offset: int, max_timestamp: int) -> None:
+    def _index_batch(
+        self,
+        tail: _TailState,
+        position: int,
+        size: int,
+        base_offset: int,
+        last_offset: int,
+        max_timestamp: int,
+    ) -> None:
         """The one indexing rule, shared by append and recover."""
         if max_timestamp > tail.max_timestamp:
             tail.max_timestamp = max_timestamp
@@ -254,8 +288,9 @@ class Segment:
         """At roll: record the final largest timestamp and release the index write handles."""
         tail = self._tail_state()
         if tail.max_timestamp >= 0:
-            self.time_index.maybe_append(tail.max_timestamp, tail.offset_of_max_timestamp,
-                                         skip_full_check=True)
+            self.time_index.maybe_append(
+                tail.max_timestamp, tail.offset_of_max_timestamp, skip_full_check=True
+            )
         self.close_index_handles()
 
     def close_index_handles(self) -> None:
@@ -291,8 +326,9 @@ class Segment:
                 return BatchLocation(position, header)
         return None
 
-    def read(self, start_offset: Offset, max_bytes: int,
-             max_position: FilePosition | None = None) -> FileSlice | None:
+    def read(
+        self, start_offset: Offset, max_bytes: int, max_position: FilePosition | None = None
+    ) -> FileSlice | None:
         """Whole batches from the one holding ``start_offset``, at most ``max_bytes`` in all --
         except that the first batch is returned whole even when larger (as Kafka does, so a
         consumer with a small fetch size cannot get stuck on a big batch).
@@ -322,8 +358,9 @@ class Segment:
             boundary = position + header.batch_length + LOG_OVERHEAD
         return boundary
 
-    def find_offset_for_timestamp(self, timestamp: int,
-                                  start_offset: int | None = None) -> tuple[int, int] | None:
+    def find_offset_for_timestamp(
+        self, timestamp: int, start_offset: int | None = None
+    ) -> tuple[int, int] | None:
         """``(offset, timestamp)`` of the first record with timestamp >= ``timestamp`` and offset
         >= ``start_offset``, or None if this segment has none.
 
@@ -342,8 +379,9 @@ class Segment:
                 return found
         return None
 
-    def _first_record_at_or_after(self, position: int, header: BatchHeader, timestamp: int,
-                                  start_offset: int) -> tuple[int, int] | None:
+    def _first_record_at_or_after(
+        self, position: int, header: BatchHeader, timestamp: int, start_offset: int
+    ) -> tuple[int, int] | None:
         view = RecordBatchView(self.log.read(position, header.batch_length + LOG_OVERHEAD))
         if view.timestamp_type == TimestampType.LOG_APPEND_TIME:
             return max(header.base_offset, start_offset), header.max_timestamp
@@ -374,7 +412,8 @@ class Segment:
         if end != self.log.size:
             raise CorruptIndexError(
                 f"segment {self.log.path}: batches walked from the index end at byte {end}, "
-                f"file size {self.log.size}")
+                f"file size {self.log.size}"
+            )
         self.time_index.ensure_within(tail.next_offset)
         self._tail = tail
 
@@ -386,8 +425,7 @@ class Segment:
             if header.base_offset == entry.offset and header.magic == MAGIC:
                 return
             break
-        raise CorruptIndexError(
-            f"index {self.offset_index.path}: entry {entry} does not point at that batch")
+        raise CorruptIndexError(f"index {self.offset_index.path}: entry {entry} does not point at that batch")
 
     def recover(self, max_message_bytes: int | None = None) -> int:
         """Rebuild the indexes by validating every batch from position 0; truncate at the first
@@ -411,38 +449,49 @@ class Segment:
                 self._ensure_recoverable(view, tail.next_offset, max_message_bytes)
                 if position == 0:
                     self._first_batch_timestamp = view.max_timestamp
-                self._index_batch(tail, position, view.size_in_bytes, view.base_offset,
-                                  view.last_offset, view.max_timestamp)
+                self._index_batch(
+                    tail, position, view.size_in_bytes, view.base_offset, view.last_offset, view.max_timestamp
+                )
                 valid_bytes = position + view.size_in_bytes
         except (CorruptRecordError, InvalidRecordError) as exc:
             reason = str(exc)
         file_size = self.log.file_size()
         truncated = 0
         if valid_bytes < file_size:
-            log.warning("Truncating %s at byte %d: dropping %d bytes (%s)",
-                        self.log.path, valid_bytes, file_size - valid_bytes, reason)
+            log.warning(
+                "Truncating %s at byte %d: dropping %d bytes (%s)",
+                self.log.path,
+                valid_bytes,
+                file_size - valid_bytes,
+                reason,
+            )
             truncated = self.log.truncate_to(valid_bytes)
         if tail.max_timestamp >= 0:
             # A cleanly rolled segment always ends its time index with its largest timestamp.
-            self.time_index.maybe_append(tail.max_timestamp, tail.offset_of_max_timestamp,
-                                         skip_full_check=True)
+            self.time_index.maybe_append(
+                tail.max_timestamp, tail.offset_of_max_timestamp, skip_full_check=True
+            )
         self._tail = tail
         self._index_files_existed = True
         return truncated
 
-    def _ensure_recoverable(self, view: RecordBatchView, expected_offset: int,
-                            max_message_bytes: int | None) -> None:
+    def _ensure_recoverable(
+        self, view: RecordBatchView, expected_offset: int, max_message_bytes: int | None
+    ) -> None:
         view.validate()
         if view.base_offset != expected_offset:
             # baseOffset is outside the CRC: this is what catches a corrupted offset field.
             raise CorruptRecordError(
-                f"batch base offset {view.base_offset} does not continue the segment at {expected_offset}")
+                f"batch base offset {view.base_offset} does not continue the segment at {expected_offset}"
+            )
         if not self.can_hold(view.last_offset):
             raise CorruptRecordError(
-                f"batch last offset {view.last_offset} overflows segment {self.base_offset}")
+                f"batch last offset {view.last_offset} overflows segment {self.base_offset}"
+            )
         if max_message_bytes is not None and view.size_in_bytes > max_message_bytes:
             raise CorruptRecordError(
-                f"batch of {view.size_in_bytes} bytes exceeds max.message.bytes {max_message_bytes}")
+                f"batch of {view.size_in_bytes} bytes exceeds max.message.bytes {max_message_bytes}"
+            )
 
     # ---- lifecycle -----------------------------------------------------------------------------
 

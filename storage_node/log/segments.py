@@ -21,7 +21,9 @@ class Segments:
     def __init__(self, segments: list[Segment] | None = None) -> None:
         ordered = sorted(segments or (), key=lambda s: s.base_offset)
         self._state: tuple[tuple[int, ...], tuple[Segment, ...]] = (
-            tuple(s.base_offset for s in ordered), tuple(ordered))
+            tuple(s.base_offset for s in ordered),
+            tuple(ordered),
+        )
         if len(set(self._state[0])) != len(ordered):
             raise ValueError("two segments with the same base offset")
 
@@ -82,15 +84,17 @@ class Segments:
         slot = bisect.bisect_left(bases, segment.base_offset)
         if slot < len(bases) and bases[slot] == segment.base_offset:
             raise ValueError(f"a segment with base offset {segment.base_offset} already exists")
-        self._state = (bases[:slot] + (segment.base_offset,) + bases[slot:],
-                       segments[:slot] + (segment,) + segments[slot:])
+        self._state = (
+            bases[:slot] + (segment.base_offset,) + bases[slot:],
+            segments[:slot] + (segment,) + segments[slot:],
+        )
 
     def remove(self, segment: Segment) -> None:
         bases, segments = self._state
         slot = bisect.bisect_left(bases, segment.base_offset)
         if slot >= len(bases) or segments[slot] is not segment:
             raise ValueError(f"{segment} is not in this partition")
-        self._state = (bases[:slot] + bases[slot + 1:], segments[:slot] + segments[slot + 1:])
+        self._state = (bases[:slot] + bases[slot + 1 :], segments[:slot] + segments[slot + 1 :])
 
     @property
     def size_in_bytes(self) -> int:

@@ -98,4 +98,5 @@ class TimeIndex(FixedWidthIndex):
         if self.entries and self.last_entry.offset >= next_offset:
             raise CorruptIndexError(
                 f"time index {self.path}: last entry {self.last_entry} is past the segment's "
-                f"next offset {next_offset}")
+                f"next offset {next_offset}"
+            )

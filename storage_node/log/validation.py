@@ -57,9 +57,16 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
         # checks -- record fields and offset deltas -- that consumers' decoding repeats anyway.
         batch.validate_framing()
         _ensure_producer_batch(batch, position)
-        validated.append(ValidatedBatch(position, batch.size_in_bytes, batch.record_count,
-                                        batch.last_offset_delta, batch.max_timestamp,
-                                        batch.timestamp_type))
+        validated.append(
+            ValidatedBatch(
+                position,
+                batch.size_in_bytes,
+                batch.record_count,
+                batch.last_offset_delta,
+                batch.max_timestamp,
+                batch.timestamp_type,
+            )
+        )
         position += batch.size_in_bytes
     return validated
 
@@ -70,7 +77,8 @@ def _ensure_size_allowed(batch: RecordBatchView, max_message_bytes: int, segment
     size = batch.size_in_bytes
     if size > max_message_bytes:
         raise RecordTooLargeError(
-            f"batch of {size} bytes is larger than max.message.bytes ({max_message_bytes})")
+            f"batch of {size} bytes is larger than max.message.bytes ({max_message_bytes})"
+        )
     if size > segment_bytes:
         raise RecordTooLargeError(f"batch of {size} bytes is larger than segment.bytes ({segment_bytes})")
 
@@ -81,10 +89,12 @@ def _ensure_producer_batch(batch: RecordBatchView, position: int) -> None:
     if batch.record_count != batch.last_offset_delta + 1:
         raise InvalidRecordError(
             f"batch at byte {position}: {batch.record_count} records but last offset delta "
-            f"{batch.last_offset_delta}; a producer batch must have dense offsets")
+            f"{batch.last_offset_delta}; a producer batch must have dense offsets"
+        )
     if batch.is_control:
         raise InvalidRecordError(f"batch at byte {position} is a control batch; only the broker writes those")
     if batch.max_timestamp < NO_TIMESTAMP or batch.base_timestamp < NO_TIMESTAMP:
         raise InvalidTimestampError(
             f"batch at byte {position} has a negative timestamp "
-            f"(base {batch.base_timestamp}, max {batch.max_timestamp})")
+            f"(base {batch.base_timestamp}, max {batch.max_timestamp})"
+        )

@@ -85,20 +85,29 @@ def produce(servers):
     Keys cycle over 13 values plus a null key every 10th record; every 3rd record has two headers.
     """
 
-    def send(topic: str, count: int, *, start: int = 0, timestamps=None,
-             partition: int | None = None) -> list[Produced]:
+    def send(
+        topic: str, count: int, *, start: int = 0, timestamps=None, partition: int | None = None
+    ) -> list[Produced]:
         sent = []
         with Producer(servers=servers, linger_ms=5) as producer:
             for i in range(start, start + count):
                 key = None if i % 10 == 0 else f"key-{i % 13}".encode()
                 headers = (("h1", f"{i}".encode()), ("h2", None)) if i % 3 == 0 else ()
                 ts = timestamps[i - start] if timestamps is not None else None
-                future = producer.send(topic, f"value-{i}".encode(), key=key, headers=headers or None,
-                                       partition=partition, timestamp=ts)
+                future = producer.send(
+                    topic,
+                    f"value-{i}".encode(),
+                    key=key,
+                    headers=headers or None,
+                    partition=partition,
+                    timestamp=ts,
+                )
                 sent.append((key, f"value-{i}".encode(), headers, future))
             producer.flush(timeout=60)
-        return [Produced(k, v, f.get(10).partition, f.get(10).offset, f.get(10).timestamp, h)
-                for k, v, h, f in sent]
+        return [
+            Produced(k, v, f.get(10).partition, f.get(10).offset, f.get(10).timestamp, h)
+            for k, v, h, f in sent
+        ]
 
     return send
 
@@ -110,8 +119,8 @@ def delete_records(cluster, admin):
         port = cluster.storage_nodes[leader].info["grpc_port"]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             response = storage_grpc.StorageNodeStub(channel).DeleteRecords(
-                pb.DeleteRecordsRequest(topic=topic, partition=partition, before_offset=before), timeout=10)
+                pb.DeleteRecordsRequest(topic=topic, partition=partition, before_offset=before), timeout=10
+            )
         return response.log_start_offset
 
     return delete
-

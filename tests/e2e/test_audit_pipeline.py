@@ -35,9 +35,14 @@ def test_the_audit_finds_an_injected_loss(spark, servers, admin, make_topic, del
 
 
 def test_the_main_job_loads_and_audits_a_clean_run(spark, servers, tmp_path):
-    config = PipelineConfig(servers=servers, records=2_000, topic=f"activity-{uuid.uuid4().hex[:6]}",
-                            partitions=3, output=tmp_path / "warehouse",
-                            audit_topic=f"audit-{uuid.uuid4().hex[:6]}")
+    config = PipelineConfig(
+        servers=servers,
+        records=2_000,
+        topic=f"activity-{uuid.uuid4().hex[:6]}",
+        partitions=3,
+        output=tmp_path / "warehouse",
+        audit_topic=f"audit-{uuid.uuid4().hex[:6]}",
+    )
     partitions, loaded, report = run_pipeline(spark, config)
     assert partitions == 3 and loaded.records == 2_000
     assert report.ok and report.expected == 2_000 and len(report.windows) >= 6

@@ -9,8 +9,17 @@ from tests.e2e.helpers import read_topic
 
 
 def as_rows(df) -> set[tuple]:
-    return {(r.partition, r.offset, r.key, r.value, int(r.timestamp.timestamp() * 1000),
-             tuple((h.key, h.value) for h in (r.headers or ()))) for r in df.collect()}
+    return {
+        (
+            r.partition,
+            r.offset,
+            r.key,
+            r.value,
+            int(r.timestamp.timestamp() * 1000),
+            tuple((h.key, h.value) for h in (r.headers or ())),
+        )
+        for r in df.collect()
+    }
 
 
 def expected(produced, keep=lambda p: True) -> set[tuple]:
@@ -26,8 +35,16 @@ def test_a_three_partition_topic_reads_back_exactly(spark, servers, make_topic, 
     assert as_rows(df) == expected(produced)
     assert {r.topic for r in rows} == {topic} and {r.timestampType for r in rows} == {0}
     assert {p.partition for p in produced} == {0, 1, 2}
-    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType",
-                          "headers"]
+    assert df.columns == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
 
 
 def test_offset_bounds_as_json(spark, servers, make_topic, produce):
@@ -35,10 +52,20 @@ def test_offset_bounds_as_json(spark, servers, make_topic, produce):
     produced = produce(topic, 300)
     starting = {topic: {"1": 5, "2": -2}}
     ending = {topic: {"0": 10, "1": -1}}
-    df = read_topic(spark, servers, subscribe=topic, startingOffsets=json.dumps(starting),
-                    endingOffsets=json.dumps(ending), includeHeaders="true")
-    want = expected(produced, lambda p: (p.partition == 0 and p.offset < 10)
-                    or (p.partition == 1 and p.offset >= 5) or p.partition == 2)
+    df = read_topic(
+        spark,
+        servers,
+        subscribe=topic,
+        startingOffsets=json.dumps(starting),
+        endingOffsets=json.dumps(ending),
+        includeHeaders="true",
+    )
+    want = expected(
+        produced,
+        lambda p: (
+            (p.partition == 0 and p.offset < 10) or (p.partition == 1 and p.offset >= 5) or p.partition == 2
+        ),
+    )
     assert as_rows(df) == want
 
 
@@ -47,12 +74,18 @@ def test_timestamp_bounds(spark, servers, make_topic, produce):
     base = 1_700_000_000_000
     produced = produce(topic, 200, timestamps=[base + i * 1000 for i in range(200)])
     start, end = base + 50_000, base + 150_000
-    df = read_topic(spark, servers, subscribe=topic, startingTimestamp=start, endingTimestamp=end,
-                    includeHeaders="true")
+    df = read_topic(
+        spark, servers, subscribe=topic, startingTimestamp=start, endingTimestamp=end, includeHeaders="true"
+    )
     assert as_rows(df) == expected(produced, lambda p: start <= p.timestamp < end)
 
-    by_partition = read_topic(spark, servers, subscribe=topic, includeHeaders="true",
-                              startingOffsetsByTimestamp=json.dumps({topic: {"1": start}}))
+    by_partition = read_topic(
+        spark,
+        servers,
+        subscribe=topic,
+        includeHeaders="true",
+        startingOffsetsByTimestamp=json.dumps({topic: {"1": start}}),
+    )
     assert as_rows(by_partition) == expected(produced, lambda p: p.partition == 0 or p.timestamp >= start)
 
 
@@ -72,14 +105,26 @@ def test_subscribe_pattern_and_assign(spark, servers, make_topic, produce):
     assert assigned.count() == sum(1 for p in produced if p.partition == 1)
 
 
-@pytest.mark.parametrize("options, message", [
-    pytest.param({"subscribe": "a", "assign": '{"a": [0]}'},
-                 "exactly one of subscribe, subscribePattern, assign", id="two-subscriptions"),
-    pytest.param({"subscribe": "a", "startingOffsets": "latest"},
-                 "'startingOffsets': latest (-1) is not allowed", id="batch-from-latest"),
-    pytest.param({"subscribe": "no-such-topic"}, "subscribe: topic 'no-such-topic' does not exist",
-                 id="unknown-topic"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        pytest.param(
+            {"subscribe": "a", "assign": '{"a": [0]}'},
+            "exactly one of subscribe, subscribePattern, assign",
+            id="two-subscriptions",
+        ),
+        pytest.param(
+            {"subscribe": "a", "startingOffsets": "latest"},
+            "'startingOffsets': latest (-1) is not allowed",
+            id="batch-from-latest",
+        ),
+        pytest.param(
+            {"subscribe": "no-such-topic"},
+            "subscribe: topic 'no-such-topic' does not exist",
+            id="unknown-topic",
+        ),
+    ],
+)
 def test_invalid_reads_fail_naming_the_problem(spark, servers, options, message):
     with pytest.raises(Exception) as caught:
         read_topic(spark, servers, **options).collect()

@@ -17,18 +17,41 @@ from spark_jobs.output_store import OutputStore
 from spark_jobs.session import PROJECT_ROOT
 
 
-def run_loader_process(servers: str, topic: str, output: Path, group: str,
-                       crash_after: str) -> subprocess.CompletedProcess:
+def run_loader_process(
+    servers: str, topic: str, output: Path, group: str, crash_after: str
+) -> subprocess.CompletedProcess:
     env = {**os.environ, LOADER_CRASH_ENV: crash_after, "PYTHONPATH": PROJECT_ROOT}
-    return subprocess.run([sys.executable, "-m", "spark_jobs.loader", "--servers", servers, "--topic", topic,
-                           "--output", str(output), "--group", group],
-                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spark_jobs.loader",
+            "--servers",
+            servers,
+            "--topic",
+            topic,
+            "--output",
+            str(output),
+            "--group",
+            group,
+        ],
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 def published_records(output: Path) -> list[tuple]:
     table = pq.read_table(output)  # what any Parquet reader sees: _offsets and _staging are skipped
-    return sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
-                      table.column("value").to_pylist()))
+    return sorted(
+        zip(
+            table.column("partition").to_pylist(),
+            table.column("offset").to_pylist(),
+            table.column("value").to_pylist(),
+        )
+    )
 
 
 def test_killed_loader_rerun_loads_every_record_once(spark, servers, make_topic, produce, tmp_path, caplog):
@@ -59,8 +82,9 @@ def test_killed_loader_rerun_loads_every_record_once(spark, servers, make_topic,
     again = run_loader(spark, config)
     assert again.batch_id is None and again.total_records == 450
 
-    latest = {TopicPartition(topic, p): 1 + max(r.offset for r in produced if r.partition == p)
-              for p in range(3)}
+    latest = {
+        TopicPartition(topic, p): 1 + max(r.offset for r in produced if r.partition == p) for p in range(3)
+    }
     with GroupOffsets(servers, group) as offsets:
         committed = offsets.fetch(latest)
     if result.group_committed:

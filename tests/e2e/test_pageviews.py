@@ -22,8 +22,9 @@ def test_page_views_per_minute(spark, servers, make_topic, tmp_path):
             producer.send(topic, value, key=page.encode(), timestamp=ts)
 
     frame = page_views(spark, servers, topic, watermark="1 minute")
-    query = start_query(frame, checkpoint=tmp_path / "checkpoint", output=tmp_path / "out",
-                        available_now=True)
+    query = start_query(
+        frame, checkpoint=tmp_path / "checkpoint", output=tmp_path / "out", available_now=True
+    )
     query.awaitTermination(120)
     assert query.exception() is None, query.exception()
 

@@ -7,13 +7,23 @@ from gateway.client import NewPartitions
 
 
 def run_available_now(spark, servers, topic, output, checkpoint, **options):
-    reader = (spark.readStream.format("tributary").option("servers", servers).option("subscribe", topic)
-              .option("startingOffsets", "earliest"))
+    reader = (
+        spark.readStream.format("tributary")
+        .option("servers", servers)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
     for name, value in options.items():
         reader = reader.option(name, str(value))
-    query = (reader.load().select("partition", "offset", "value").writeStream.format("parquet")
-             .option("path", str(output)).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
+    query = (
+        reader.load()
+        .select("partition", "offset", "value")
+        .writeStream.format("parquet")
+        .option("path", str(output))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     assert not query.isActive, "the availableNow query did not finish"
     assert query.exception() is None, query.exception()
@@ -22,12 +32,18 @@ def run_available_now(spark, servers, topic, output, checkpoint, **options):
 
 def loaded(output) -> list[tuple]:
     table = pq.read_table(output)
-    return sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
-                      table.column("value").to_pylist()))
+    return sorted(
+        zip(
+            table.column("partition").to_pylist(),
+            table.column("offset").to_pylist(),
+            table.column("value").to_pylist(),
+        )
+    )
 
 
-def test_available_now_twice_with_new_data_and_a_new_partition(spark, servers, admin, make_topic, produce,
-                                                               tmp_path):
+def test_available_now_twice_with_new_data_and_a_new_partition(
+    spark, servers, admin, make_topic, produce, tmp_path
+):
     topic = make_topic(3)
     first = produce(topic, 250)
     output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"

@@ -27,8 +27,9 @@ def test_write_then_read_back(spark, servers, make_topic):
 
 def test_the_topic_column_routes_rows_without_the_option(spark, servers, make_topic):
     first, second = make_topic(1), make_topic(1)
-    df = spark.createDataFrame([(first if i % 3 else second, f"v{i}".encode()) for i in range(30)],
-                               "topic string, value binary")
+    df = spark.createDataFrame(
+        [(first if i % 3 else second, f"v{i}".encode()) for i in range(30)], "topic string, value binary"
+    )
     df.write.format("tributary").option("servers", servers).mode("append").save()
     assert read_topic(spark, servers, subscribe=first).count() == 20
     assert read_topic(spark, servers, subscribe=second).count() == 10
@@ -59,13 +60,24 @@ def test_a_topic_cannot_be_overwritten(spark, servers, make_topic):
 def test_write_stream_copies_a_topic(spark, servers, make_topic, produce, tmp_path):
     source, target = make_topic(2), make_topic(3)
     produced = produce(source, 150)
-    query = (spark.readStream.format("tributary").option("servers", servers).option("subscribe", source)
-             .option("startingOffsets", "earliest").option("includeHeaders", "true").load()
-             .select("key", "value", "headers")
-             .writeStream.format("tributary").option("servers", servers).option("topic", target)
-             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.format("tributary")
+        .option("servers", servers)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .load()
+        .select("key", "value", "headers")
+        .writeStream.format("tributary")
+        .option("servers", servers)
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(120)
     assert query.exception() is None, query.exception()
     copied = read_topic(spark, servers, subscribe=target, includeHeaders="true").collect()
     assert Counter((r.key, r.value, tuple((h.key, h.value) for h in r.headers)) for r in copied) == Counter(
-        (p.key, p.value, p.headers) for p in produced)
+        (p.key, p.value, p.headers) for p in produced
+    )

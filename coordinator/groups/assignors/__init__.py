@@ -22,7 +22,8 @@ from coordinator.groups.assignors.common import Assignment, MemberSubscription, 
 from coordinator.groups.model import COOPERATIVE_STICKY, RANGE, ROUND_ROBIN, STICKY, TopicPartition
 
 AssignFunction = Callable[
-    [Sequence[MemberSubscription], Mapping[str, int], Mapping[str, Collection[TopicPartition]]], Assignment]
+    [Sequence[MemberSubscription], Mapping[str, int], Mapping[str, Collection[TopicPartition]]], Assignment
+]
 
 #: Assignors by Kafka name. Sticky and cooperative-sticky compute the same assignment; they
 #: differ in the rebalance protocol (eager or cooperative) the group state machine runs.

@@ -33,7 +33,9 @@ def member_order_key(member: MemberSubscription) -> tuple[int, str, str]:
 
 def topic_partitions(partitions: Mapping[str, int], topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of ``topics`` (those in ``partitions``), sorted."""
-    return [TopicPartition(t, p) for t in sorted(set(topics)) if t in partitions for p in range(partitions[t])]
+    return [
+        TopicPartition(t, p) for t in sorted(set(topics)) if t in partitions for p in range(partitions[t])
+    ]
 
 
 def frozen(assignment: Mapping[str, Iterable[TopicPartition]]) -> Assignment:

@@ -14,8 +14,11 @@ from coordinator.groups.assignors.common import Assignment, MemberSubscription, 
 from coordinator.groups.model import TopicPartition
 
 
-def assign(members: Sequence[MemberSubscription], partitions: Mapping[str, int],
-           previous: Mapping[str, Collection[TopicPartition]] | None = None) -> Assignment:
+def assign(
+    members: Sequence[MemberSubscription],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Collection[TopicPartition]] | None = None,
+) -> Assignment:
     """Contiguous ranges of each topic's partitions; ``previous`` is not used."""
     result: dict[str, set[TopicPartition]] = {m.member_id: set() for m in members}
     for topic in sorted(partitions):

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from coordinator.groups.assignors.common import Assignment, MemberSubscription, frozen, member_order_key, \
-    topic_partitions
+from coordinator.groups.assignors.common import (
+    Assignment,
+    MemberSubscription,
+    frozen,
+    member_order_key,
+    topic_partitions,
+)
 from coordinator.groups.model import TopicPartition
 
 
-def assign(members: Sequence[MemberSubscription], partitions: Mapping[str, int],
-           previous: Mapping[str, Collection[TopicPartition]] | None = None) -> Assignment:
+def assign(
+    members: Sequence[MemberSubscription],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Collection[TopicPartition]] | None = None,
+) -> Assignment:
     """Deal partitions out one at a time; ``previous`` is not used."""
     ordered = sorted(members, key=member_order_key)
     result: dict[str, set[TopicPartition]] = {m.member_id: set() for m in members}

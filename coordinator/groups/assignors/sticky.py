@@ -22,15 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
-from coordinator.groups.assignors.common import Assignment, MemberSubscription, frozen, member_order_key, \
-    topic_partitions
+from coordinator.groups.assignors.common import (
+    Assignment,
+    MemberSubscription,
+    frozen,
+    member_order_key,
+    topic_partitions,
+)
 from coordinator.groups.model import TopicPartition
 
 _Loads = dict[str, set[TopicPartition]]
 
 
-def assign(members: Sequence[MemberSubscription], partitions: Mapping[str, int],
-           previous: Mapping[str, Collection[TopicPartition]] | None = None) -> Assignment:
+def assign(
+    members: Sequence[MemberSubscription],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Collection[TopicPartition]] | None = None,
+) -> Assignment:
     """A balanced assignment that keeps as much of ``previous`` as balance allows."""
     by_id = {m.member_id: m for m in members}
     loads: _Loads = {m.member_id: set() for m in members}
@@ -44,8 +52,12 @@ def _still_valid(member: MemberSubscription, tp: TopicPartition, partitions: Map
     return tp.topic in member.topics and 0 <= tp.partition < partitions.get(tp.topic, 0)
 
 
-def _keep_previous(by_id: Mapping[str, MemberSubscription], partitions: Mapping[str, int],
-                   previous: Mapping[str, Collection[TopicPartition]], loads: _Loads) -> set[TopicPartition]:
+def _keep_previous(
+    by_id: Mapping[str, MemberSubscription],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Collection[TopicPartition]],
+    loads: _Loads,
+) -> set[TopicPartition]:
     """Pass 1; returns the partitions kept (each by one member, the first in member order)."""
     kept: set[TopicPartition] = set()
     for member_id in sorted((m for m in previous if m in by_id), key=lambda m: member_order_key(by_id[m])):
@@ -57,11 +69,16 @@ def _keep_previous(by_id: Mapping[str, MemberSubscription], partitions: Mapping[
     return kept
 
 
-def _place_free(members: Sequence[MemberSubscription], partitions: Mapping[str, int],
-                kept: set[TopicPartition], loads: _Loads) -> None:
+def _place_free(
+    members: Sequence[MemberSubscription],
+    partitions: Mapping[str, int],
+    kept: set[TopicPartition],
+    loads: _Loads,
+) -> None:
     """Pass 2: partitions nobody kept, most constrained first, to the least-loaded candidate."""
-    candidates = {topic: sorted((m for m in members if topic in m.topics), key=member_order_key)
-                  for topic in partitions}
+    candidates = {
+        topic: sorted((m for m in members if topic in m.topics), key=member_order_key) for topic in partitions
+    }
     free = [tp for tp in topic_partitions(partitions, partitions) if tp not in kept and candidates[tp.topic]]
     free.sort(key=lambda tp: (len(candidates[tp.topic]), tp))
     for tp in free:
@@ -70,8 +87,9 @@ def _place_free(members: Sequence[MemberSubscription], partitions: Mapping[str, 
         loads[taker.member_id].add(tp)
 
 
-def _balance(by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]],
-             loads: _Loads) -> None:
+def _balance(
+    by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]], loads: _Loads
+) -> None:
     """Pass 3: single moves from heavier to lighter members until none narrows a gap.
 
     Each move shrinks the sum of squared loads, so the loop ends.
@@ -82,8 +100,9 @@ def _balance(by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Col
         loads[taker].add(tp)
 
 
-def _find_move(by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]],
-               loads: _Loads) -> tuple[TopicPartition, str, str] | None:
+def _find_move(
+    by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]], loads: _Loads
+) -> tuple[TopicPartition, str, str] | None:
     """The first (partition, giver, taker) with giver at least two above taker, heaviest giver
     first, lightest taker first; None when the assignment is balanced."""
     order = {m: member_order_key(by_id[m]) for m in loads}

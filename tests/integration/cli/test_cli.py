@@ -26,16 +26,26 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
 
 
-def tributary(data_dir: Path, *args: str, stdin: str | None = None, timeout: float = 120,
-              env: dict | None = None) -> subprocess.CompletedProcess:
+def tributary(
+    data_dir: Path, *args: str, stdin: str | None = None, timeout: float = 120, env: dict | None = None
+) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "TRIBUTARY_GATEWAY"}
     environment.update(TRIBUTARY_DATA_DIR=str(data_dir), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], input=stdin, capture_output=True,
-                          text=True, cwd=REPO, env=environment, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli.main", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environment,
+        timeout=timeout,
+    )
 
 
 def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     return result
 
 
@@ -59,8 +69,21 @@ def test_cluster_up_wrote_every_address(data_dir):
 
 
 def test_topics_commands(data_dir):
-    assert ok(tributary(data_dir, "topics", "create", "orders", "--partitions", "3",
-                        "--config", "retention.ms=3600000")).stdout.strip() == "Created topic orders."
+    assert (
+        ok(
+            tributary(
+                data_dir,
+                "topics",
+                "create",
+                "orders",
+                "--partitions",
+                "3",
+                "--config",
+                "retention.ms=3600000",
+            )
+        ).stdout.strip()
+        == "Created topic orders."
+    )
     assert "orders" in ok(tributary(data_dir, "topics", "list")).stdout.split()
     described = ok(tributary(data_dir, "topics", "describe", "orders")).stdout
     assert "PartitionCount: 3" in described and "retention.ms=3600000" in described
@@ -74,11 +97,35 @@ def test_topics_commands(data_dir):
 def test_produce_and_consume_round_trip(data_dir):
     ok(tributary(data_dir, "topics", "create", "lines", "--partitions", "4"))
     lines = [f"user-{i % 37}|event number {i}" for i in range(3000)]
-    produced = ok(tributary(data_dir, "produce", "lines", "--key-separator", "|", "--header", "source=cli",
-                            "--compression", "gzip", stdin="\n".join(lines) + "\n"))
+    produced = ok(
+        tributary(
+            data_dir,
+            "produce",
+            "lines",
+            "--key-separator",
+            "|",
+            "--header",
+            "source=cli",
+            "--compression",
+            "gzip",
+            stdin="\n".join(lines) + "\n",
+        )
+    )
     assert "Produced 3000 records" in produced.stderr
-    consumed = ok(tributary(data_dir, "consume", "lines", "--from-beginning", "--max-messages", "3000",
-                            "--format", "json", "--timeout-ms", "20000"))
+    consumed = ok(
+        tributary(
+            data_dir,
+            "consume",
+            "lines",
+            "--from-beginning",
+            "--max-messages",
+            "3000",
+            "--format",
+            "json",
+            "--timeout-ms",
+            "20000",
+        )
+    )
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
     assert len(records) == 3000 and "Processed a total of 3000 messages" in consumed.stderr
     by_partition = defaultdict(list)
@@ -95,8 +142,20 @@ def test_produce_and_consume_round_trip(data_dir):
         expected[partition_for_key(key.encode(), 4)].append([key, value])
     assert {p: [[r["key"], r["value"]] for r in items] for p, items in by_partition.items()} == dict(expected)
 
-    one = ok(tributary(data_dir, "consume", "lines", "--partition", "1", "--offset", "2", "--max-messages", "2",
-                       "--print-key"))
+    one = ok(
+        tributary(
+            data_dir,
+            "consume",
+            "lines",
+            "--partition",
+            "1",
+            "--offset",
+            "2",
+            "--max-messages",
+            "2",
+            "--print-key",
+        )
+    )
     assert one.stdout.splitlines() == ["\t".join(pair) for pair in expected[1][2:4]]
     offsets = ok(tributary(data_dir, "offsets", "lines")).stdout
     rows = {line.split()[1]: line.split() for line in offsets.splitlines()[1:]}
@@ -118,17 +177,23 @@ def test_demo(data_dir):
     assert "check: OK" in result.stdout
     counts = [int(line.split()[1]) for line in result.stdout.splitlines()[1:9]]
     assert sum(counts) == 2000 and all(counts)
-    again = ok(tributary(data_dir, "demo", "--records", "500"))  # reuses the topic, checks only the new events
+    again = ok(
+        tributary(data_dir, "demo", "--records", "500")
+    )  # reuses the topic, checks only the new events
     assert "using the existing topic activity" in again.stderr and "check: OK" in again.stdout
 
 
 def test_errors_are_one_line(data_dir):
-    for args in (["consume", "missing-topic", "--max-messages", "1"],
-                 ["topics", "describe", "missing-topic"],
-                 ["topics", "create", "bad", "--partitions", "1", "--config", "retention.ms=soon"]):
+    for args in (
+        ["consume", "missing-topic", "--max-messages", "1"],
+        ["topics", "describe", "missing-topic"],
+        ["topics", "create", "bad", "--partitions", "1", "--config", "retention.ms=soon"],
+    ):
         result = tributary(data_dir, *args)
         assert result.returncode != 0
-        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, (
+            result.stderr
+        )
     missing = tributary(data_dir, "produce", "missing-topic", stdin="x\n")
     assert missing.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr
     assert "Traceback" not in missing.stderr
@@ -159,6 +224,16 @@ def test_lifecycle_status_crash_up_down_up(data_dir):
     assert unreachable.returncode == 1 and "cluster up" in unreachable.stderr
 
     ok(tributary(data_dir, "cluster", "up"))
-    recovered = ok(tributary(data_dir, "consume", "lines", "--from-beginning", "--max-messages", "3000",
-                             "--timeout-ms", "20000"))
+    recovered = ok(
+        tributary(
+            data_dir,
+            "consume",
+            "lines",
+            "--from-beginning",
+            "--max-messages",
+            "3000",
+            "--timeout-ms",
+            "20000",
+        )
+    )
     assert len(recovered.stdout.splitlines()) == 3000, "the data survived down and up"

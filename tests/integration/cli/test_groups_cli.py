@@ -21,9 +21,18 @@ REPO = Path(__file__).resolve().parents[3]
 RECORDS = 30
 
 
-def tributary(data_dir: Path, *args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gateway.cli.main", *args], input=stdin, capture_output=True,
-                          text=True, cwd=REPO, env=_env(data_dir), timeout=timeout)
+def tributary(
+    data_dir: Path, *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli.main", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(data_dir),
+        timeout=timeout,
+    )
 
 
 def _env(data_dir: Path) -> dict:
@@ -32,7 +41,9 @@ def _env(data_dir: Path) -> dict:
 
 
 def ok(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    )
     return result
 
 
@@ -59,14 +70,29 @@ def data_dir(tmp_path_factory):
 
 
 def test_consume_with_a_group_commits_and_groups_list_describe_reset_delete(data_dir):
-    consumed = ok(tributary(data_dir, "consume", "orders", "--group", "billing", "--from-beginning",
-                            "--max-messages", str(RECORDS), "--timeout-ms", "20000"))
+    consumed = ok(
+        tributary(
+            data_dir,
+            "consume",
+            "orders",
+            "--group",
+            "billing",
+            "--from-beginning",
+            "--max-messages",
+            str(RECORDS),
+            "--timeout-ms",
+            "20000",
+        )
+    )
     assert sorted(consumed.stdout.split("\n")[:-1]) == sorted(f"order {i}" for i in range(RECORDS))
 
     listed = ok(tributary(data_dir, "groups", "list")).stdout.splitlines()
-    assert listed[0].split() == ["GROUP", "STATE", "MEMBERS"] and ["billing", "Empty", "0"] in [r.split() for r in listed]
-    assert {"group_id": "billing", "state": "Empty", "member_count": 0} in \
-        json.loads(ok(tributary(data_dir, "groups", "list", "--format", "json")).stdout)
+    assert listed[0].split() == ["GROUP", "STATE", "MEMBERS"] and ["billing", "Empty", "0"] in [
+        r.split() for r in listed
+    ]
+    assert {"group_id": "billing", "state": "Empty", "member_count": 0} in json.loads(
+        ok(tributary(data_dir, "groups", "list", "--format", "json")).stdout
+    )
 
     text = ok(tributary(data_dir, "groups", "describe", "billing")).stdout
     assert "Consumer group 'billing' has no active members." in text
@@ -75,34 +101,57 @@ def test_consume_with_a_group_commits_and_groups_list_describe_reset_delete(data
     assert len(rows) == 3 and sum(ends.values()) == RECORDS
     assert all(r[2] == r[3] and r[4] == "0" for r in rows), "committed = log end, lag 0: close() committed"
 
-    dry = ok(tributary(data_dir, "groups", "reset-offsets", "billing", "--topic", "orders", "--to-earliest",
-                       "--dry-run"))
+    dry = ok(
+        tributary(
+            data_dir, "groups", "reset-offsets", "billing", "--topic", "orders", "--to-earliest", "--dry-run"
+        )
+    )
     assert [r.split()[3] for r in dry.stdout.splitlines()[1:]] == ["0", "0", "0"] and "Dry run" in dry.stderr
     assert committed(describe(data_dir, "billing")) == ends, "a dry run commits nothing"
 
     ok(tributary(data_dir, "groups", "reset-offsets", "billing", "--topic", "orders", "--to-offset", "2"))
     described = describe(data_dir, "billing")
     assert committed(described) == {p: min(2, end) for p, end in ends.items()}
-    assert sum(p["lag"] for p in described["partitions"]) == RECORDS - sum(min(2, end) for end in ends.values())
+    assert sum(p["lag"] for p in described["partitions"]) == RECORDS - sum(
+        min(2, end) for end in ends.values()
+    )
     again = ok(tributary(data_dir, "consume", "orders", "--group", "billing", "--timeout-ms", "4000"))
-    assert len(again.stdout.splitlines()) == RECORDS - sum(min(2, end) for end in ends.values()), \
+    assert len(again.stdout.splitlines()) == RECORDS - sum(min(2, end) for end in ends.values()), (
         "consumption resumed at the reset offsets"
+    )
 
     ok(tributary(data_dir, "groups", "reset-offsets", "billing", "--topic", "orders", "--to-timestamp", "0"))
     assert committed(describe(data_dir, "billing")) == {p: 0 for p in ends}
     ok(tributary(data_dir, "groups", "reset-offsets", "billing", "--topic", "orders", "--to-latest"))
     assert committed(describe(data_dir, "billing")) == ends
 
-    assert ok(tributary(data_dir, "groups", "delete", "billing")).stdout.strip() == "Deleted consumer group billing."
+    assert (
+        ok(tributary(data_dir, "groups", "delete", "billing")).stdout.strip()
+        == "Deleted consumer group billing."
+    )
     assert "billing" not in ok(tributary(data_dir, "groups", "list")).stdout
     missing = tributary(data_dir, "groups", "describe", "billing")
     assert missing.returncode == 1 and "GROUP_ID_NOT_FOUND" in missing.stderr
 
 
 def test_a_running_member_shows_in_describe_and_blocks_resets_until_it_leaves(data_dir):
-    member = subprocess.Popen([sys.executable, "-m", "gateway.cli.main", "consume", "orders", "--group", "audit",
-                               "--from-beginning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=REPO, env=_env(data_dir))
+    member = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "consume",
+            "orders",
+            "--group",
+            "audit",
+            "--from-beginning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=_env(data_dir),
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -111,12 +160,16 @@ def test_a_running_member_shows_in_describe_and_blocks_resets_until_it_leaves(da
                 described = json.loads(result.stdout)
                 if described["members"] and len(described["members"][0]["owned"]) == 3:
                     break
-            assert time.monotonic() < deadline, f"the member never held the topic: {result.stdout}{result.stderr}"
+            assert time.monotonic() < deadline, (
+                f"the member never held the topic: {result.stdout}{result.stderr}"
+            )
             time.sleep(0.3)
         (only,) = described["members"]
         assert described["state"] == "Stable" and only["client_id"] == "tributary-console-consumer"
         assert {p["owner"] for p in described["partitions"]} == {only["member_id"]}
-        refused = tributary(data_dir, "groups", "reset-offsets", "audit", "--topic", "orders", "--to-earliest")
+        refused = tributary(
+            data_dir, "groups", "reset-offsets", "audit", "--topic", "orders", "--to-earliest"
+        )
         assert refused.returncode == 1 and "NON_EMPTY_GROUP" in refused.stderr
         refused = tributary(data_dir, "groups", "delete", "audit")
         assert refused.returncode == 1 and "NON_EMPTY_GROUP" in refused.stderr

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -39,9 +38,24 @@ def test_top_shows_nodes_leaders_and_traffic(tmp_path):
         try:
             env = {k: v for k, v in os.environ.items() if k != "TRIBUTARY_GATEWAY"}
             result = subprocess.run(
-                [sys.executable, "-m", "gateway.cli.main", "top", "--gateway", cluster.gateway,
-                 "--iterations", "2", "--interval", "1.5"],
-                capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway.cli.main",
+                    "top",
+                    "--gateway",
+                    cluster.gateway,
+                    "--iterations",
+                    "2",
+                    "--interval",
+                    "1.5",
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env=env,
+                timeout=60,
+            )
         finally:
             stop.set()
             writer.join(30)

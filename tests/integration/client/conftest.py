@@ -39,7 +39,9 @@ def make_topic(admin):
 
     def create(partitions: int = 1, **configs) -> str:
         name = f"t-{uuid.uuid4().hex[:10]}"
-        admin.create_topics([NewTopic(name, partitions, 1, {k.replace("_", "."): str(v) for k, v in configs.items()})])
+        admin.create_topics(
+            [NewTopic(name, partitions, 1, {k.replace("_", "."): str(v) for k, v in configs.items()})]
+        )
         return name
 
     return create

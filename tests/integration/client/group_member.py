@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from gateway.client import Consumer, ConsumerRebalanceListener, WakeupError  # noqa: E402
+from gateway.client import Consumer, ConsumerRebalanceListener, WakeupError
 
 
 def say(line: str) -> None:
@@ -54,9 +54,16 @@ def main() -> int:
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--instance-id")
     args = parser.parse_args()
-    consumer = Consumer(servers=args.servers, group_id=args.group, group_instance_id=args.instance_id,
-                        auto_offset_reset="earliest", enable_auto_commit=False, max_poll_records=20,
-                        session_timeout_ms=args.session_ms, heartbeat_interval_ms=args.heartbeat_ms)
+    consumer = Consumer(
+        servers=args.servers,
+        group_id=args.group,
+        group_instance_id=args.instance_id,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_poll_records=20,
+        session_timeout_ms=args.session_ms,
+        heartbeat_interval_ms=args.heartbeat_ms,
+    )
     signal.signal(signal.SIGTERM, lambda *_: consumer.wakeup())
     signal.signal(signal.SIGINT, lambda *_: consumer.wakeup())
     consumer.subscribe([args.topic], listener=Printer())

@@ -18,7 +18,9 @@ BASE_TS = 1_700_000_000_000
 def fill(servers: str, topic: str, count: int, partition: int = 0) -> None:
     with Producer(servers=servers, linger_ms=0) as producer:
         for i in range(count):
-            producer.send(topic, b"v%d" % i, key=b"k%d" % i, partition=partition, timestamp=BASE_TS + 1000 * i)
+            producer.send(
+                topic, b"v%d" % i, key=b"k%d" % i, partition=partition, timestamp=BASE_TS + 1000 * i
+            )
 
 
 def poll_values(consumer: Consumer, tp: TopicPartition, count: int, timeout_s: float = 20) -> list[bytes]:
@@ -56,8 +58,9 @@ def test_max_records_and_iteration(servers, make_topic):
     topic = make_topic()
     tp = TopicPartition(topic, 0)
     fill(servers, topic, 25)
-    with Consumer(servers=servers, auto_offset_reset="earliest", consumer_timeout_ms=1500,
-                  max_partition_fetch_bytes=200) as consumer:
+    with Consumer(
+        servers=servers, auto_offset_reset="earliest", consumer_timeout_ms=1500, max_partition_fetch_bytes=200
+    ) as consumer:
         consumer.assign([tp])
         deadline = time.monotonic() + 20
         first = {}
@@ -124,18 +127,26 @@ def test_async_round_trip(servers, make_topic):
     async def scenario():
         async with AsyncAdmin(servers=servers) as admin:
             assert topic in await admin.list_topics()
-        async with AsyncProducer(servers=servers, value_serializer=str.encode, compression="zstd") as producer:
+        async with AsyncProducer(
+            servers=servers, value_serializer=str.encode, compression="zstd"
+        ) as producer:
             futures = [await producer.send(topic, f"event-{i}", key=b"k%d" % (i % 5)) for i in range(300)]
             first = await futures[0]
             last = await producer.send_and_wait(topic, "last", partition=0)
             await producer.flush()
         assert first.offset >= 0 and last.partition == 0
-        async with AsyncConsumer(servers=servers, auto_offset_reset="earliest", value_deserializer=bytes.decode,
-                                 consumer_timeout_ms=2000) as consumer:
+        async with AsyncConsumer(
+            servers=servers,
+            auto_offset_reset="earliest",
+            value_deserializer=bytes.decode,
+            consumer_timeout_ms=2000,
+        ) as consumer:
             consumer.assign([TopicPartition(topic, p) for p in range(3)])
             assert await consumer.position(TopicPartition(topic, 0)) == 0
             only_zero = await consumer.getmany(TopicPartition(topic, 0), timeout_ms=10_000, max_records=5)
-            assert set(only_zero) == {TopicPartition(topic, 0)} and len(only_zero[TopicPartition(topic, 0)]) <= 5
+            assert (
+                set(only_zero) == {TopicPartition(topic, 0)} and len(only_zero[TopicPartition(topic, 0)]) <= 5
+            )
             consumer.seek(TopicPartition(topic, 0), 0)
             values = [record.value async for record in consumer]
         return values

@@ -57,8 +57,14 @@ def test_gateway_restart_during_a_produce_loop_loses_nothing_acknowledged(cluste
         cluster.restart_gateway(0, kill=True)
         restarted.set()
 
-    with Producer(servers=cluster.gateway, acks=1, linger_ms=2, batch_size=4096,
-                  delivery_timeout_ms=60_000, retry_backoff_ms=50) as producer:
+    with Producer(
+        servers=cluster.gateway,
+        acks=1,
+        linger_ms=2,
+        batch_size=4096,
+        delivery_timeout_ms=60_000,
+        retry_backoff_ms=50,
+    ) as producer:
         restarter = threading.Thread(target=restart_soon)
         futures = []
         restarter.start()
@@ -91,8 +97,10 @@ def test_two_gateways_one_killed_the_client_keeps_going(cluster):
     servers = cluster.servers
     assert len(servers.split(",")) == 2
     topic = new_topic(servers)
-    with Producer(servers=servers, linger_ms=2, retry_backoff_ms=50) as producer, \
-            Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
+    with (
+        Producer(servers=servers, linger_ms=2, retry_backoff_ms=50) as producer,
+        Consumer(servers=servers, auto_offset_reset="earliest") as consumer,
+    ):
         consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
         before = [producer.send(topic, b"before-%d" % i, key=b"%d" % i) for i in range(1000)]
         producer.flush(timeout=30)

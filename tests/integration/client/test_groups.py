@@ -68,15 +68,22 @@ class Member:
         self.close_seconds: float | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.consumer = Consumer(servers=servers, group_id=group, client_id=name, auto_offset_reset="earliest",
-                                 **{**FAST, **settings})
+        self.consumer = Consumer(
+            servers=servers,
+            group_id=group,
+            client_id=name,
+            auto_offset_reset="earliest",
+            **{**FAST, **settings},
+        )
         self.consumer.subscribe(topics, listener=self)
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self.thread.start()
 
     def _event(self, kind: str, partitions) -> None:
         with self._lock:
-            self.events.append((kind, frozenset(partitions), threading.current_thread().name, time.monotonic()))
+            self.events.append(
+                (kind, frozenset(partitions), threading.current_thread().name, time.monotonic())
+            )
             if kind == "assigned":
                 self.owned |= set(partitions)
             else:
@@ -135,8 +142,11 @@ def converged(group: list[Member], partitions: set[TopicPartition]) -> bool:
     most one: every assignor here balances a single topic that way)."""
     owned = [tp for m in group for tp in m.snapshot()[0]]
     sizes = [len(m.snapshot()[0]) for m in group]
-    return len(owned) == len(set(owned)) == len(partitions) and set(owned) == partitions and \
-        max(sizes) - min(sizes) <= 1
+    return (
+        len(owned) == len(set(owned)) == len(partitions)
+        and set(owned) == partitions
+        and max(sizes) - min(sizes) <= 1
+    )
 
 
 def all_partitions(topic: str, count: int) -> set[TopicPartition]:
@@ -157,8 +167,9 @@ def test_three_members_get_two_each_and_a_fourth_moves_only_what_it_takes(server
     everything = all_partitions(topic, 6)
     wait_until(lambda: converged(three, everything), timeout=20, what="three members converged")
     assert sorted(len(m.snapshot()[0]) for m in three) == [2, 2, 2]
-    assert all(thread == m.name for m in three for _, _, thread, _ in m.snapshot()[1]), \
+    assert all(thread == m.name for m in three for _, _, thread, _ in m.snapshot()[1]), (
         "listeners run inside poll(), on the consumer's own thread"
+    )
     time.sleep(3 * HEARTBEAT_MS / 1000)  # hand-offs of the joins done: nothing pending
     before, marks = owners(three), [len(m.snapshot()[1]) for m in three]
 
@@ -174,8 +185,9 @@ def test_three_members_get_two_each_and_a_fourth_moves_only_what_it_takes(server
     assert all(kind == "revoked" for _, (kind, _, _, _) in new_events), "nothing new for the old members"
     revoked_at = {tp: at for _, (kind, tps, _, at) in new_events for tp in tps}
     (kind, assigned, _, assigned_at) = four[3].snapshot()[1][-1]
-    assert kind == "assigned" and all(revoked_at[tp] < assigned_at for tp in assigned), \
+    assert kind == "assigned" and all(revoked_at[tp] < assigned_at for tp in assigned), (
         "the previous owner's on_partitions_revoked ran before the new owner's on_partitions_assigned"
+    )
 
 
 def test_eager_assignor_revokes_everything_before_the_new_assignment(servers, make_topic, members):
@@ -218,9 +230,24 @@ class MemberProcess:
     def __init__(self, servers: str, topic: str, group: str, *extra: str) -> None:
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(
-            [sys.executable, str(MEMBER_SCRIPT), servers, topic, group, "--session-ms", str(SESSION_MS),
-             "--heartbeat-ms", str(HEARTBEAT_MS), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=REPO, env=env)
+            [
+                sys.executable,
+                str(MEMBER_SCRIPT),
+                servers,
+                topic,
+                group,
+                "--session-ms",
+                str(SESSION_MS),
+                "--heartbeat-ms",
+                str(HEARTBEAT_MS),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
         self.lines: list[str] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
@@ -237,7 +264,7 @@ class MemberProcess:
         """Records processed since the last commit (the script prints ``C`` after each)."""
         lines = list(self.lines)
         last_commit = max((i for i, line in enumerate(lines) if line == "C"), default=-1)
-        return sum(1 for line in lines[last_commit + 1:] if line.startswith("R "))
+        return sum(1 for line in lines[last_commit + 1 :] if line.startswith("R "))
 
     def owned(self) -> set[int]:
         owned: set[int] = set()
@@ -282,18 +309,27 @@ def test_a_member_killed_with_minus_9_loses_no_record(servers, admin):
     # killed it has records processed but not committed, and records fetched but not processed.
     processes = [MemberProcess(servers, topic, group, "--delay-ms", delay) for delay in ("50", "2", "2")]
     try:
-        wait_until(lambda: sorted(len(p.owned()) for p in processes) == [2, 2, 2], timeout=30,
-                   what="three member processes holding two partitions each")
+        wait_until(
+            lambda: sorted(len(p.owned()) for p in processes) == [2, 2, 2],
+            timeout=30,
+            what="three member processes holding two partitions each",
+        )
         victim, survivors = processes[0], processes[1:]
-        wait_until(lambda: len(victim.processed()) >= 30 and victim.uncommitted() >= 3, timeout=30,
-                   what="the victim in the middle of a batch")
+        wait_until(
+            lambda: len(victim.processed()) >= 30 and victim.uncommitted() >= 3,
+            timeout=30,
+            what="the victim in the middle of a batch",
+        )
         victims_partitions = victim.owned()
         victim.process.kill()  # SIGKILL: no commit, no LeaveGroup
         uncommitted_at_kill = victim.uncommitted()
         killed_at = time.monotonic()
         victim.process.wait(10)
-        wait_until(lambda: set().union(*(p.owned() for p in survivors)) == set(range(6)),
-                   timeout=SESSION_MS / 1000 + 15, what="the survivors taking the victim's partitions")
+        wait_until(
+            lambda: set().union(*(p.owned() for p in survivors)) == set(range(6)),
+            timeout=SESSION_MS / 1000 + 15,
+            what="the survivors taking the victim's partitions",
+        )
         takeover = time.monotonic() - killed_at
         time.sleep(1.0)  # keep producing through the hand-off
         stop_producing.set()
@@ -314,8 +350,10 @@ def test_a_member_killed_with_minus_9_loses_no_record(servers, admin):
     assert duplicates <= uncommitted_at_kill, (duplicates, uncommitted_at_kill)
     assert takeover < SESSION_MS / 1000 + 10, f"takeover took {takeover:.1f}s"
     assert victims_partitions and len(expected) > 300
-    print(f"\n{len(expected)} records, {duplicates} processed twice across the hand-off ({uncommitted_at_kill} "
-          f"processed but not committed at the kill), takeover {takeover:.1f}s")
+    print(
+        f"\n{len(expected)} records, {duplicates} processed twice across the hand-off ({uncommitted_at_kill} "
+        f"processed but not committed at the kill), takeover {takeover:.1f}s"
+    )
 
 
 # ---- static membership --------------------------------------------------------------------------
@@ -336,7 +374,9 @@ def test_a_static_member_restarts_within_the_session_without_a_rebalance(servers
     assert len(admin.describe_consumer_group(group).members) == 3, "still a member until its session ends"
 
     (restarted,) = start(members, servers, group, topic, 1, group_instance_id="static-1")
-    wait_until(lambda: restarted.snapshot()[0], timeout=SESSION_MS / 1000, what="the restarted member's partitions")
+    wait_until(
+        lambda: restarted.snapshot()[0], timeout=SESSION_MS / 1000, what="the restarted member's partitions"
+    )
     time.sleep(4 * HEARTBEAT_MS / 1000)  # every other member heartbeats a few times meanwhile
     assert restarted.snapshot()[0] == held, "the same partitions, at once"
     assert [len(m.snapshot()[1]) for m in others] == others_events, "the others' listeners were not called"
@@ -345,7 +385,10 @@ def test_a_static_member_restarts_within_the_session_without_a_rebalance(servers
     ids_before = {m.member_id for m in before.members}
     ids_after = {m.member_id for m in after.members}
     assert len(ids_after) == 3 and len(ids_after - ids_before) == 1
-    assert next(m for m in after.members if m.group_instance_id == "static-1").member_id in ids_after - ids_before
+    assert (
+        next(m for m in after.members if m.group_instance_id == "static-1").member_id
+        in ids_after - ids_before
+    )
 
 
 # ---- commits -----------------------------------------------------------------------------------
@@ -372,8 +415,9 @@ def test_commit_explicit_offsets_commit_async_and_committed(servers, make_topic,
     tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
     fill(servers, topic, 20, 2)
     group = unique("commit")
-    with Consumer(servers=servers, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
-                  **FAST) as consumer:
+    with Consumer(
+        servers=servers, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False, **FAST
+    ) as consumer:
         consumer.subscribe([topic])
         records = poll_until(consumer, lambda r: len(r) >= 20, timeout=20, what="20 records")
         assert consumer.assignment() == {tp0, tp1}
@@ -381,14 +425,20 @@ def test_commit_explicit_offsets_commit_async_and_committed(servers, make_topic,
         consumer.commit({tp0: OffsetAndMetadata(5, "five"), tp1: 3})
         assert consumer.committed(tp0) == OffsetAndMetadata(5, "five")
         assert consumer.committed(tp1) == OffsetAndMetadata(3, "")
-        assert admin.list_consumer_group_offsets(group) == {tp0: OffsetAndMetadata(5, "five"),
-                                                            tp1: OffsetAndMetadata(3, "")}
+        assert admin.list_consumer_group_offsets(group) == {
+            tp0: OffsetAndMetadata(5, "five"),
+            tp1: OffsetAndMetadata(3, ""),
+        }
         consumer.commit()  # everything poll returned
         assert consumer.committed(tp0).offset == consumer.position(tp0) == 10
         assert consumer.committed(tp1).offset == 10 and len(records) == 20
         outcomes = []
-        consumer.commit_async({tp1: 7}, callback=lambda offsets, error: outcomes.append(
-            (offsets, error, threading.current_thread().name)))
+        consumer.commit_async(
+            {tp1: 7},
+            callback=lambda offsets, error: outcomes.append(
+                (offsets, error, threading.current_thread().name)
+            ),
+        )
         poll_until(consumer, lambda _: outcomes, timeout=10, what="the commit callback")
         assert outcomes == [({tp1: OffsetAndMetadata(7)}, None, threading.current_thread().name)]
         assert admin.list_consumer_group_offsets(group, [tp1]) == {tp1: OffsetAndMetadata(7)}
@@ -398,7 +448,9 @@ def test_commit_explicit_offsets_commit_async_and_committed(servers, make_topic,
     fill(servers, topic, 2, 2)
     with Consumer(servers=servers, group_id=group, **FAST) as consumer:
         consumer.subscribe([topic])
-        records = poll_until(consumer, lambda r: len(r) >= 5, timeout=20, what="the records after the commits")
+        records = poll_until(
+            consumer, lambda r: len(r) >= 5, timeout=20, what="the records after the commits"
+        )
         assert sorted((r.partition, r.offset) for r in records) == [(0, 10), (1, 7), (1, 8), (1, 9), (1, 10)]
 
 
@@ -407,8 +459,9 @@ def test_auto_commit_in_poll_and_on_close(servers, make_topic, admin):
     tp = TopicPartition(topic, 0)
     fill(servers, topic, 10, 1)
     group = unique("auto")
-    consumer = Consumer(servers=servers, group_id=group, auto_offset_reset="earliest", auto_commit_interval_ms=300,
-                        **FAST)
+    consumer = Consumer(
+        servers=servers, group_id=group, auto_offset_reset="earliest", auto_commit_interval_ms=300, **FAST
+    )
     try:
         consumer.subscribe(topic)
         poll_until(consumer, lambda r: len(r) >= 10, timeout=20, what="10 records")
@@ -454,7 +507,9 @@ def test_admin_describes_resets_and_deletes_groups(servers, make_topic, admin):
         (member,) = described.members
         assert member.client_id == "tributary-consumer" and member.topics == (topic,)
         assert set(member.assignment) == set(member.owned) == all_partitions(topic, 2)
-        lags = {p.partition: (p.committed_offset, p.log_end_offset, p.lag, p.owner) for p in described.partitions}
+        lags = {
+            p.partition: (p.committed_offset, p.log_end_offset, p.lag, p.owner) for p in described.partitions
+        }
         assert lags[0] == (1, 3, 2, member.member_id)
         assert group in {g.group_id for g in admin.list_consumer_groups()}
         with pytest.raises(NonEmptyGroupError):
@@ -463,8 +518,10 @@ def test_admin_describes_resets_and_deletes_groups(servers, make_topic, admin):
     planned = admin.reset_consumer_group_offsets(group, [topic], "earliest", dry_run=True)
     assert planned == {tp0: OffsetAndMetadata(0), tp1: OffsetAndMetadata(0)}
     assert admin.list_consumer_group_offsets(group)[tp1] == OffsetAndMetadata(3), "dry run: nothing committed"
-    assert admin.reset_consumer_group_offsets(group, [topic], "latest") == {tp0: OffsetAndMetadata(3),
-                                                                             tp1: OffsetAndMetadata(3)}
+    assert admin.reset_consumer_group_offsets(group, [topic], "latest") == {
+        tp0: OffsetAndMetadata(3),
+        tp1: OffsetAndMetadata(3),
+    }
     assert admin.reset_consumer_group_offsets(group, (), {tp0: 2}) == {tp0: OffsetAndMetadata(2)}
     assert admin.list_consumer_group_offsets(group) == {tp0: OffsetAndMetadata(2), tp1: OffsetAndMetadata(3)}
     admin.delete_consumer_group(group)

@@ -70,8 +70,12 @@ def test_compression_is_end_to_end(servers, make_topic, codec):
     got = consume_all(servers, topic, 1, len(values))
     assert [r.value for r in got[0]] == values
     with grpc.insecure_channel(servers) as channel:
-        response = gateway_grpc.GatewayStub(channel).Fetch(pb.FetchRequest(
-            partitions=[pb.FetchPartition(topic=topic, partition=0, offset=0)], raw_batches=True), timeout=30)
+        response = gateway_grpc.GatewayStub(channel).Fetch(
+            pb.FetchRequest(
+                partitions=[pb.FetchPartition(topic=topic, partition=0, offset=0)], raw_batches=True
+            ),
+            timeout=30,
+        )
     batches = list(iter_batches(response.partitions[0].record_batches))
     assert batches and all(b.compression == Compression.from_name(codec) for b in batches)
     assert sum(b.size_in_bytes for b in batches) < sum(len(v) for v in values) / 2
@@ -103,7 +107,9 @@ def test_acks_zero_loses_nothing_when_the_producer_closes(servers, make_topic):
     topic = make_topic(partitions=1)
     # Enough 200-byte records that the gateway is still reading when the producer closes.
     values = [b"fire-%05d-" % i + b"x" * 190 for i in range(20_000)]
-    with Producer(servers=servers, acks=0, batch_size=1, linger_ms=0, max_request_size=300, max_in_flight=16) as producer:
+    with Producer(
+        servers=servers, acks=0, batch_size=1, linger_ms=0, max_request_size=300, max_in_flight=16
+    ) as producer:
         for value in values:
             producer.send(topic, value)
     got = consume_all(servers, topic, 1, len(values))
@@ -114,7 +120,9 @@ def test_explicit_partition_timestamps_and_callbacks(servers, make_topic):
     topic = make_topic(partitions=3)
     delivered, callbacks = [], []
     with Producer(servers=servers, value_serializer=str.encode, key_serializer=str.encode) as producer:
-        producer.send(topic, "to-two", key="k", partition=2, on_delivery=lambda e, m: delivered.append((e, m)))
+        producer.send(
+            topic, "to-two", key="k", partition=2, on_delivery=lambda e, m: delivered.append((e, m))
+        )
         future = producer.send(topic, "now")
         future.add_callback(callbacks.append)
         producer.flush()

@@ -43,25 +43,51 @@ class Cluster:
     # -- processes --------------------------------------------------------------------------
 
     def _common(self) -> list[str]:
-        return ["--etcd-endpoints", self.etcd.endpoint, "--cluster", self.name, "--session-timeout-s", str(TTL_S)]
+        return [
+            "--etcd-endpoints",
+            self.etcd.endpoint,
+            "--cluster",
+            self.name,
+            "--session-timeout-s",
+            str(TTL_S),
+        ]
 
     def coordinator_process(self, coordinator_id: str, *extra: str) -> ServiceProcess:
         process = ServiceProcess(
-            name=coordinator_id, module="coordinator.main",
-            args=[*self._common(), "--coordinator-id", coordinator_id, "--reconcile-interval-s", "0.5",
-                  "--storage-rpc-timeout-s", "2", *extra],
-            ready_file=self.run_dir / f"{coordinator_id}.ready.json", log_file=self.run_dir / f"{coordinator_id}.log",
+            name=coordinator_id,
+            module="coordinator.main",
+            args=[
+                *self._common(),
+                "--coordinator-id",
+                coordinator_id,
+                "--reconcile-interval-s",
+                "0.5",
+                "--storage-rpc-timeout-s",
+                "2",
+                *extra,
+            ],
+            ready_file=self.run_dir / f"{coordinator_id}.ready.json",
+            log_file=self.run_dir / f"{coordinator_id}.log",
         )
         self.coordinators[coordinator_id] = process
         return process
 
     def storage_process(self, node_id: int, rack: str = "") -> ServiceProcess:
-        args = [*self._common(), "--node-id", str(node_id), "--log-dirs", str(self.run_dir / f"data-{node_id}")]
+        args = [
+            *self._common(),
+            "--node-id",
+            str(node_id),
+            "--log-dirs",
+            str(self.run_dir / f"data-{node_id}"),
+        ]
         if rack:
             args += ["--rack", rack]
         process = ServiceProcess(
-            name=f"storage-{node_id}", module="storage_node.main", args=args,
-            ready_file=self.run_dir / f"storage-{node_id}.ready.json", log_file=self.run_dir / f"storage-{node_id}.log",
+            name=f"storage-{node_id}",
+            module="storage_node.main",
+            args=args,
+            ready_file=self.run_dir / f"storage-{node_id}.ready.json",
+            log_file=self.run_dir / f"storage-{node_id}.log",
         )
         self.storage[node_id] = process
         return process
@@ -74,7 +100,9 @@ class Cluster:
         with ThreadPoolExecutor(len(processes) or 1) as pool:
             list(pool.map(lambda p: p.start(timeout=30), processes))
         if racks:
-            self.wait_for(lambda md: len(md.brokers) == len(racks), what=f"{len(racks)} storage nodes registered")
+            self.wait_for(
+                lambda md: len(md.brokers) == len(racks), what=f"{len(racks)} storage nodes registered"
+            )
         return self
 
     def stop_all(self) -> None:
@@ -116,7 +144,9 @@ class Cluster:
         return None
 
     def metadata(self, coordinator_id: str | None = None, topics=(), timeout: float = 5.0):
-        return self.stub(coordinator_id).GetMetadata(pb.GetMetadataRequest(topics=list(topics)), timeout=timeout)
+        return self.stub(coordinator_id).GetMetadata(
+            pb.GetMetadataRequest(topics=list(topics)), timeout=timeout
+        )
 
     def local_partitions(self, node_id: int) -> set[tuple[str, int]]:
         response = self.storage_stub(node_id).DescribePartitions(pb.DescribePartitionsRequest(), timeout=5)
@@ -124,8 +154,15 @@ class Cluster:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    def wait_for(self, predicate: Callable[[Any], bool], *, what: str, timeout: float = 15.0,
-                 coordinator_id: str | None = None, interval: float = 0.05):
+    def wait_for(
+        self,
+        predicate: Callable[[Any], bool],
+        *,
+        what: str,
+        timeout: float = 15.0,
+        coordinator_id: str | None = None,
+        interval: float = 0.05,
+    ):
         """Poll GetMetadata until ``predicate(metadata)``; return that metadata. Errors count as
         "not yet" (a coordinator may be UNAVAILABLE during the faults under test)."""
         deadline = time.monotonic() + timeout
@@ -140,8 +177,15 @@ class Cluster:
             time.sleep(interval)
         raise AssertionError(f"timed out after {timeout}s waiting for {what}; last answer: {last}")
 
-    def wait_stable(self, predicate: Callable[[Any], bool], *, what: str, hold: float, timeout: float = 30.0,
-                    coordinator_id: str | None = None):
+    def wait_stable(
+        self,
+        predicate: Callable[[Any], bool],
+        *,
+        what: str,
+        hold: float,
+        timeout: float = 30.0,
+        coordinator_id: str | None = None,
+    ):
         """Wait until ``predicate(metadata)`` has held without a break for ``hold`` seconds."""
         deadline = time.monotonic() + timeout
         while True:

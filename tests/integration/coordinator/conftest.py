@@ -19,7 +19,9 @@ def make_cluster(etcd: EmbeddedEtcd, tmp_path: Path) -> Iterator[Callable[..., C
     clusters: list[Cluster] = []
 
     def make(server: EmbeddedEtcd | None = None) -> Cluster:
-        cluster = Cluster(server or etcd, tmp_path / f"cluster-{len(clusters)}", f"test-{uuid.uuid4().hex[:8]}")
+        cluster = Cluster(
+            server or etcd, tmp_path / f"cluster-{len(clusters)}", f"test-{uuid.uuid4().hex[:8]}"
+        )
         clusters.append(cluster)
         return cluster
 

@@ -41,8 +41,9 @@ def test_kill9_active_coordinator_standby_takes_over_within_ttl_plus_1s(make_clu
     name = unique("after-failover")
     while True:  # admin calls through the standby until one succeeds
         try:
-            created = call(cluster.stub(standby).CreateTopic, pb.CreateTopicRequest(name=name, partitions=2),
-                           timeout=5).topic
+            created = call(
+                cluster.stub(standby).CreateTopic, pb.CreateTopicRequest(name=name, partitions=2), timeout=5
+            ).topic
             break
         except errors.NotControllerError:
             assert time.monotonic() - killed_at < TTL_S + 5, "no takeover at all"
@@ -86,8 +87,12 @@ def test_sigstop_active_coordinator_past_its_lease_is_fenced_and_steps_down(make
             assert cluster.wait_active(exclude=paused, timeout=TTL_S + 5) == other
             # An admin call queued at the paused controller: it runs the moment it resumes,
             # still believing it is active.
-            pending = pool.submit(call, cluster.stub(paused).CreateTopic,
-                                  pb.CreateTopicRequest(name=name, partitions=2), timeout=20)
+            pending = pool.submit(
+                call,
+                cluster.stub(paused).CreateTopic,
+                pb.CreateTopicRequest(name=name, partitions=2),
+                timeout=20,
+            )
             time.sleep(0.3)
         finally:
             cluster.coordinators[paused].signal(signal.SIGCONT)
@@ -144,20 +149,28 @@ def test_killed_storage_node_goes_offline_within_ttl_and_comes_back(make_cluster
     assert offline_after <= TTL_S + 1.0
     assert victim not in [b.node_id for b in metadata.brokers]
     t = topic_of(metadata, name)
-    assert all(t.partitions[p].leader == -1 and t.partitions[p].error.reason == "LEADER_NOT_AVAILABLE" for p in led)
+    assert all(
+        t.partitions[p].leader == -1 and t.partitions[p].error.reason == "LEADER_NOT_AVAILABLE" for p in led
+    )
     assert {p: t.partitions[p].leader for p in others} == others
     assert all(t.partitions[p].state == ONLINE for p in others)
     # The controller records it: no leader, leader epoch bumped.
-    cluster.wait_for(lambda md: all(topic_of(md, name).partitions[p].leader_epoch == e + 1 for p, e in led.items()),
-                     what="leader epochs bumped", timeout=5)
+    cluster.wait_for(
+        lambda md: all(topic_of(md, name).partitions[p].leader_epoch == e + 1 for p, e in led.items()),
+        what="leader epochs bumped",
+        timeout=5,
+    )
 
     # Deleted while a replica's node is down: the live replicas drop their data now...
     call(stub.DeleteTopic, pb.DeleteTopicRequest(name=doomed))
     assert not [t for n in (1, 3) for t, _ in cluster.local_partitions(n) if t == doomed]
 
     cluster.storage[victim].start(timeout=30)
-    back = cluster.wait_for(lambda md: all(p.state == ONLINE for p in topic_of(md, name).partitions),
-                            what="every partition online again", timeout=15)
+    back = cluster.wait_for(
+        lambda md: all(p.state == ONLINE for p in topic_of(md, name).partitions),
+        what="every partition online again",
+        timeout=15,
+    )
     t = topic_of(back, name)
     assert {p: t.partitions[p].leader for p in led} == {p: victim for p in led}
     assert {p: t.partitions[p].leader_epoch for p in led} == {p: e + 2 for p, e in led.items()}
@@ -194,8 +207,11 @@ def test_etcd_outage_answers_unavailable_and_recovers_consistently(make_cluster,
         time.sleep(0.1)
     for coordinator_id in cluster.coordinators:
         with pytest.raises(errors.TributaryError) as info:
-            call(cluster.stub(coordinator_id).CreateTopic, pb.CreateTopicRequest(name=unique("x"), partitions=1),
-                 timeout=10)
+            call(
+                cluster.stub(coordinator_id).CreateTopic,
+                pb.CreateTopicRequest(name=unique("x"), partitions=1),
+                timeout=10,
+            )
         assert rpc_code(info.value) == grpc.StatusCode.UNAVAILABLE and info.value.retriable
     time.sleep(TTL_S + 1)  # longer than every lease: everyone must assume theirs is gone
     processes = [*cluster.coordinators.values(), *cluster.storage.values()]
@@ -205,22 +221,32 @@ def test_etcd_outage_answers_unavailable_and_recovers_consistently(make_cluster,
     recovered_at = time.monotonic()
 
     def healthy(md) -> bool:
-        return (sorted(b.node_id for b in md.brokers) == [1, 2] and bool(md.controller_id)
-                and any(t.name == before for t in md.topics)
-                and all(p.state == ONLINE for p in topic_of(md, before).partitions))
+        return (
+            sorted(b.node_id for b in md.brokers) == [1, 2]
+            and bool(md.controller_id)
+            and any(t.name == before for t in md.topics)
+            and all(p.state == ONLINE for p in topic_of(md, before).partitions)
+        )
 
     # etcd restores every lease with a fresh TTL on restart, while the processes already gave
     # theirs up (no refresh within the TTL) and register anew: the old registrations linger one
     # TTL, then expire. So wait for a state that stays healthy for longer than a TTL.
     for coordinator_id in cluster.coordinators:
-        cluster.wait_stable(healthy, coordinator_id=coordinator_id, hold=TTL_S + 1.0,
-                            what=f"{coordinator_id} healthy", timeout=40)
+        cluster.wait_stable(
+            healthy,
+            coordinator_id=coordinator_id,
+            hold=TTL_S + 1.0,
+            what=f"{coordinator_id} healthy",
+            timeout=40,
+        )
     print(f"\netcd back -> healthy and stable on every coordinator: {time.monotonic() - recovered_at:.2f}s")
     active = cluster.wait_active()
     views = [cluster.metadata(c, topics=[before]) for c in cluster.coordinators]
     assert len({(v.controller_id, v.controller_epoch) for v in views}) == 1
     assert views[0].controller_id == active and views[0].controller_epoch >= epoch
-    after = call(cluster.stub(active).CreateTopic, pb.CreateTopicRequest(name=unique("after-outage"), partitions=2))
+    after = call(
+        cluster.stub(active).CreateTopic, pb.CreateTopicRequest(name=unique("after-outage"), partitions=2)
+    )
     assert partitions_by_state(after.topic) == {"PARTITION_STATE_ONLINE": [0, 1]}
     assert_consistent(read_etcd_state(cluster))
     assert all(p.is_running() for p in processes)

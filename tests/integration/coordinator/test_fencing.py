@@ -48,15 +48,22 @@ async def _deposed_controller_scenario(etcd, client: EtcdClient, guards: str) ->
     async with client, other:
         follow = asyncio.create_task(cache.watch_routine(client))
         # A registered node (no process behind it: partitions just stay PENDING).
-        await client.put(keys.broker_key(1), json.dumps(
-            {"node_id": 1, "host": "127.0.0.1", "grpc_port": 1, "fetch_port": 1, "rack": ""}))
+        await client.put(
+            keys.broker_key(1),
+            json.dumps({"node_id": 1, "host": "127.0.0.1", "grpc_port": 1, "fetch_port": 1, "rack": ""}),
+        )
         assert await cache.wait_for(lambda s: 1 in s.brokers, 5)
         election_a, epoch_a = await _elect(client, "a", "127.0.0.1:1001")
         # A's view of its guard, frozen: A is about to be paused and will not notice anything.
         frozen = election_a.guard() if guards == "epoch+election" else Compare.present(keys.CONTROLLER)
         controller_a = Controller(
-            client=client, cache=cache, storage=storage, epoch=epoch_a, election_guard=lambda: frozen,
-            settings=ControllerSettings(admin_wait_s=0.3))
+            client=client,
+            cache=cache,
+            storage=storage,
+            epoch=epoch_a,
+            election_guard=lambda: frozen,
+            settings=ControllerSettings(admin_wait_s=0.3),
+        )
 
         # Positive control: while current, A's writes land.
         await controller_a.create_topic(TopicSpec("before", 2))

@@ -17,7 +17,6 @@ from services.proto import pb
 
 from ._cluster import SHARED_RACKS, call, partitions_by_state, rpc_code, topic_of, unique
 
-
 # ---------------------------------------------------------------------------------------------
 # Bad input: each a clear error with its reason.
 # ---------------------------------------------------------------------------------------------
@@ -27,24 +26,57 @@ BAD_CREATES = [
     pytest.param(dict(name="", partitions=1), errors.InvalidTopicError, "can't be empty", id="empty-name"),
     pytest.param(dict(name=".", partitions=1), errors.InvalidTopicError, "cannot be", id="dot"),
     pytest.param(dict(name="..", partitions=1), errors.InvalidTopicError, "cannot be", id="dot-dot"),
-    pytest.param(dict(name="x" * 250, partitions=1), errors.InvalidTopicError, "longer than 249", id="250-chars"),
+    pytest.param(
+        dict(name="x" * 250, partitions=1), errors.InvalidTopicError, "longer than 249", id="250-chars"
+    ),
     pytest.param(dict(name="a/b", partitions=1), errors.InvalidTopicError, "'/'", id="slash"),
     pytest.param(dict(name="a b", partitions=1), errors.InvalidTopicError, "' '", id="space"),
     pytest.param(dict(name="caf\u00e9", partitions=1), errors.InvalidTopicError, "ASCII", id="non-ascii"),
-    pytest.param(dict(name="ok-zero", partitions=0), errors.InvalidPartitionsError, "larger than 0", id="zero-partitions"),
-    pytest.param(dict(name="ok-neg", partitions=-4), errors.InvalidPartitionsError, "got -4", id="negative-partitions"),
-    pytest.param(dict(name="ok-rf", partitions=1, replication_factor=4), errors.InvalidReplicationFactorError,
-                 "larger than available brokers: 3", id="rf-above-live-nodes"),
-    pytest.param(dict(name="ok-rfneg", partitions=1, replication_factor=-1), errors.InvalidReplicationFactorError,
-                 "larger than 0", id="rf-negative"),
-    pytest.param(dict(name="ok-cfg", partitions=1, configs={"no.such.config": "1"}), errors.InvalidConfigError,
-                 "Unknown topic config name: no.such.config", id="unknown-config"),
-    pytest.param(dict(name="ok-val", partitions=1, configs={"retention.ms": "soon"}), errors.InvalidConfigError,
-                 "Invalid value 'soon' for configuration retention.ms", id="bad-config-value"),
-    pytest.param(dict(name="ok-min", partitions=1, configs={"segment.bytes": "1"}), errors.InvalidConfigError,
-                 "at least 14", id="config-below-minimum"),
-    pytest.param(dict(name="ok-choice", partitions=1, configs={"cleanup.policy": "shred"}), errors.InvalidConfigError,
-                 "must be one of", id="config-not-a-choice"),
+    pytest.param(
+        dict(name="ok-zero", partitions=0),
+        errors.InvalidPartitionsError,
+        "larger than 0",
+        id="zero-partitions",
+    ),
+    pytest.param(
+        dict(name="ok-neg", partitions=-4), errors.InvalidPartitionsError, "got -4", id="negative-partitions"
+    ),
+    pytest.param(
+        dict(name="ok-rf", partitions=1, replication_factor=4),
+        errors.InvalidReplicationFactorError,
+        "larger than available brokers: 3",
+        id="rf-above-live-nodes",
+    ),
+    pytest.param(
+        dict(name="ok-rfneg", partitions=1, replication_factor=-1),
+        errors.InvalidReplicationFactorError,
+        "larger than 0",
+        id="rf-negative",
+    ),
+    pytest.param(
+        dict(name="ok-cfg", partitions=1, configs={"no.such.config": "1"}),
+        errors.InvalidConfigError,
+        "Unknown topic config name: no.such.config",
+        id="unknown-config",
+    ),
+    pytest.param(
+        dict(name="ok-val", partitions=1, configs={"retention.ms": "soon"}),
+        errors.InvalidConfigError,
+        "Invalid value 'soon' for configuration retention.ms",
+        id="bad-config-value",
+    ),
+    pytest.param(
+        dict(name="ok-min", partitions=1, configs={"segment.bytes": "1"}),
+        errors.InvalidConfigError,
+        "at least 14",
+        id="config-below-minimum",
+    ),
+    pytest.param(
+        dict(name="ok-choice", partitions=1, configs={"cleanup.policy": "shred"}),
+        errors.InvalidConfigError,
+        "must be one of",
+        id="config-not-a-choice",
+    ),
 ]
 
 
@@ -68,7 +100,9 @@ def test_creating_an_existing_topic_and_deleting_a_missing_one(shared_cluster):
     assert len(topic_of(shared_cluster.metadata(topics=[name]), name).partitions) == 2  # untouched
 
     missing = unique("missing")
-    with pytest.raises(errors.UnknownTopicOrPartitionError, match=f"Topic '{missing}' does not exist") as info:
+    with pytest.raises(
+        errors.UnknownTopicOrPartitionError, match=f"Topic '{missing}' does not exist"
+    ) as info:
         call(stub.DeleteTopic, pb.DeleteTopicRequest(name=missing))
     assert rpc_code(info.value) == grpc.StatusCode.NOT_FOUND
 
@@ -98,7 +132,10 @@ def test_bad_partition_and_config_changes_are_refused(shared_cluster):
     with pytest.raises(errors.InvalidConfigError, match="Unknown topic config name: bogus"):
         call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(topic=name, delete=["bogus"]))
     with pytest.raises(errors.UnknownTopicOrPartitionError):
-        call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(topic=unique("nope"), set={"retention.ms": "1"}))
+        call(
+            stub.AlterTopicConfigs,
+            pb.AlterTopicConfigsRequest(topic=unique("nope"), set={"retention.ms": "1"}),
+        )
     described = call(stub.DescribeTopics, pb.DescribeTopicsRequest(names=[name])).topics[0]
     assert len(described.metadata.partitions) == 3 and list(described.configs) == []
 
@@ -121,8 +158,10 @@ def test_twelve_partitions_on_three_nodes_give_four_leaders_each(shared_cluster)
 
 def test_replicas_on_distinct_nodes_and_racks(shared_cluster):
     name = unique("racks")
-    topic = call(shared_cluster.stub().CreateTopic,
-                 pb.CreateTopicRequest(name=name, partitions=8, replication_factor=2)).topic
+    topic = call(
+        shared_cluster.stub().CreateTopic,
+        pb.CreateTopicRequest(name=name, partitions=8, replication_factor=2),
+    ).topic
     assert topic.replication_factor == 2
     for p in topic.partitions:
         assert len(set(p.replicas)) == 2
@@ -144,17 +183,25 @@ def test_topic_lifecycle_create_describe_grow_alter_delete(shared_cluster):
     name = unique("life")
     revision0 = shared_cluster.metadata().revision
 
-    validated = call(stub.CreateTopic, pb.CreateTopicRequest(name=name, partitions=2, validate_only=True)).topic
+    validated = call(
+        stub.CreateTopic, pb.CreateTopicRequest(name=name, partitions=2, validate_only=True)
+    ).topic
     assert len(validated.partitions) == 2 and name not in call(stub.ListTopics, pb.ListTopicsRequest()).names
 
-    created = call(stub.CreateTopic, pb.CreateTopicRequest(
-        name=name, partitions=2, configs={"retention.ms": "60000", "cleanup.policy": "delete"})).topic
+    created = call(
+        stub.CreateTopic,
+        pb.CreateTopicRequest(
+            name=name, partitions=2, configs={"retention.ms": "60000", "cleanup.policy": "delete"}
+        ),
+    ).topic
     assert dict(created.configs) == {"retention.ms": "60000", "cleanup.policy": "delete"}
     assert name in call(stub.ListTopics, pb.ListTopicsRequest()).names
     metadata = shared_cluster.metadata(topics=[name])
     assert metadata.revision > revision0 and metadata.controller_id and metadata.cluster_id
 
-    described = call(stub.DescribeTopics, pb.DescribeTopicsRequest(names=[name], include_defaults=True)).topics[0]
+    described = call(
+        stub.DescribeTopics, pb.DescribeTopicsRequest(names=[name], include_defaults=True)
+    ).topics[0]
     configs = {c.name: c for c in described.configs}
     assert configs["retention.ms"].value == "60000" and not configs["retention.ms"].is_default
     assert configs["segment.bytes"].is_default and configs["segment.bytes"].documentation
@@ -162,8 +209,10 @@ def test_topic_lifecycle_create_describe_grow_alter_delete(shared_cluster):
     grown = call(stub.CreatePartitions, pb.CreatePartitionsRequest(topic=name, total_count=5)).topic
     assert partitions_by_state(grown) == {"PARTITION_STATE_ONLINE": [0, 1, 2, 3, 4]}
 
-    altered = call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(
-        topic=name, set={"retention.ms": "120000"}, delete=["cleanup.policy"])).topic
+    altered = call(
+        stub.AlterTopicConfigs,
+        pb.AlterTopicConfigsRequest(topic=name, set={"retention.ms": "120000"}, delete=["cleanup.policy"]),
+    ).topic
     values = {c.name: c.value for c in altered.configs if not c.is_default}
     assert values == {"retention.ms": "120000"}
     assert dict(topic_of(shared_cluster.metadata(topics=[name]), name).configs) == {"retention.ms": "120000"}
@@ -183,7 +232,10 @@ def test_topic_lifecycle_create_describe_grow_alter_delete(shared_cluster):
 def test_metadata_reports_unknown_and_invalid_topics_per_topic(shared_cluster):
     metadata = shared_cluster.metadata(topics=["no-such-topic", "bad name"])
     errors_by_name = {t.name: t.error.reason for t in metadata.topics}
-    assert errors_by_name == {"no-such-topic": "UNKNOWN_TOPIC_OR_PARTITION", "bad name": "INVALID_TOPIC_EXCEPTION"}
+    assert errors_by_name == {
+        "no-such-topic": "UNKNOWN_TOPIC_OR_PARTITION",
+        "bad name": "INVALID_TOPIC_EXCEPTION",
+    }
     assert sorted(b.node_id for b in metadata.brokers) == [1, 2, 3]
     assert {b.node_id: b.rack for b in metadata.brokers} == SHARED_RACKS
 
@@ -201,11 +253,19 @@ def test_standby_serves_metadata_and_forwards_admin_calls(shared_cluster):
     assert info.active_address == shared_cluster.address(active)
 
     name = unique("via-standby")
-    created = call(shared_cluster.stub(standby).CreateTopic, pb.CreateTopicRequest(name=name, partitions=3)).topic
+    created = call(
+        shared_cluster.stub(standby).CreateTopic, pb.CreateTopicRequest(name=name, partitions=3)
+    ).topic
     assert partitions_by_state(created) == {"PARTITION_STATE_ONLINE": [0, 1, 2]}
     # The standby's own cache catches up with the active controller's write.
-    shared_cluster.wait_for(lambda md: len(topic_of(md, name).partitions) == 3 if any(t.name == name for t in md.topics)
-                            else False, coordinator_id=standby, what="standby sees the topic", timeout=5)
+    shared_cluster.wait_for(
+        lambda md: (
+            len(topic_of(md, name).partitions) == 3 if any(t.name == name for t in md.topics) else False
+        ),
+        coordinator_id=standby,
+        what="standby sees the topic",
+        timeout=5,
+    )
     # Errors of the forwarded call come back as the active controller raised them.
     with pytest.raises(errors.TopicAlreadyExistsError):
         call(shared_cluster.stub(standby).CreateTopic, pb.CreateTopicRequest(name=name, partitions=3))
@@ -216,8 +276,11 @@ def test_standby_names_the_active_controller_when_it_cannot_forward(shared_clust
     standby = next(c for c in shared_cluster.coordinators if c != active)
     # A call that was already forwarded once is never forwarded again.
     with pytest.raises(grpc.RpcError) as info:
-        shared_cluster.stub(standby).CreateTopic(pb.CreateTopicRequest(name=unique("x"), partitions=1), timeout=5,
-                                                 metadata=((FORWARDED_HEADER, "test"),))
+        shared_cluster.stub(standby).CreateTopic(
+            pb.CreateTopicRequest(name=unique("x"), partitions=1),
+            timeout=5,
+            metadata=((FORWARDED_HEADER, "test"),),
+        )
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     assert dict(info.value.trailing_metadata())[CONTROLLER_TRAILER] == shared_cluster.address(active)
     error = errors.error_from_rpc(info.value)

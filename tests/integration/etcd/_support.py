@@ -99,7 +99,8 @@ class TcpLink:
             return
         self._writers.update((client_writer, server_writer))
         await asyncio.gather(
-            self._pump(client_reader, server_writer), self._pump(server_reader, client_writer),
+            self._pump(client_reader, server_writer),
+            self._pump(server_reader, client_writer),
             return_exceptions=True,
         )
 

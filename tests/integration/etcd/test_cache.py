@@ -47,8 +47,11 @@ def test_cache_loads_then_follows_the_prefix(etcd_client: EtcdClient) -> None:
 
 def test_cache_rebuilds_after_compaction_while_cut_off(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:
-        async with etcd_client as writer, TcpLink(writer.endpoints[0]) as link, \
-                EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader:
+        async with (
+            etcd_client as writer,
+            TcpLink(writer.endpoints[0]) as link,
+            EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader,
+        ):
             await writer.put("topics/a", "1")
             await writer.put("topics/b", "1")
             resyncs: list[WatchResync] = []

@@ -147,7 +147,8 @@ def test_leader_loses_when_its_key_is_deleted_behind_its_back(etcd_client: EtcdC
 
 
 def test_leader_loses_when_etcd_is_unreachable_longer_than_the_ttl(
-        etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
+    etcd_factory: Callable[..., EmbeddedEtcd],
+) -> None:
     server = etcd_factory()
 
     async def scenario() -> None:

@@ -55,9 +55,19 @@ def test_a_failed_start_says_why(tmp_path: Path) -> None:
 
 def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "services.etcd.embedded", "--data-dir", str(tmp_path / "etcd"),
-         "--client-port", "0"],
-        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "services.etcd.embedded",
+            "--data-dir",
+            str(tmp_path / "etcd"),
+            "--client-port",
+            "0",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, "PYTHONWARNINGS": "error::RuntimeWarning"},
     )
     try:

@@ -47,7 +47,8 @@ def test_calls_fail_over_from_a_dead_first_endpoint(etcd: EmbeddedEtcd, etcd_cli
 
 
 def test_calls_while_etcd_is_stopped_fail_fast_and_work_again_after_restart(
-        etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
+    etcd_factory: Callable[..., EmbeddedEtcd],
+) -> None:
     server = etcd_factory()
     timeout = 1.0
 

@@ -42,8 +42,9 @@ def test_put_get_delete(etcd_client: EtcdClient) -> None:
     run(scenario())
 
 
-def test_get_prefix_is_sorted_consistent_and_paged(etcd_client: EtcdClient,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_get_prefix_is_sorted_consistent_and_paged(
+    etcd_client: EtcdClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(client_module, "PAGE_SIZE", 3)  # force several Range pages
 
     async def scenario() -> None:
@@ -67,8 +68,11 @@ def test_get_prefix_is_sorted_consistent_and_paged(etcd_client: EtcdClient,
 
 def test_key_prefix_is_applied_and_stripped(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:
-        async with etcd_client as client, client.with_prefix("") as raw, \
-                client.with_prefix(client.prefix + "nested/") as nested:
+        async with (
+            etcd_client as client,
+            client.with_prefix("") as raw,
+            client.with_prefix(client.prefix + "nested/") as nested,
+        ):
             await client.put("controller", "c1")
             await nested.put("controller", "c2")
             full = await raw.get(client.prefix + "controller")
@@ -175,8 +179,9 @@ def test_increment_counter_never_hands_out_a_value_twice(etcd_client: EtcdClient
             assert sorted(values) == list(range(1, 11))
             assert (await clients[0].get("controller_epoch")).value == b"10"  # type: ignore[union-attr]
             with pytest.raises(EtcdGuardFailedError):
-                await increment_counter(clients[0], "controller_epoch",
-                                        guard=[epoch_guard("controller_epoch", 3)])
+                await increment_counter(
+                    clients[0], "controller_epoch", guard=[epoch_guard("controller_epoch", 3)]
+                )
         finally:
             for c in clients:
                 await c.close()

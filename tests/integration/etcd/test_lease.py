@@ -81,7 +81,8 @@ def test_keep_alive_reports_loss_when_the_lease_is_revoked_elsewhere(etcd_client
 
 
 def test_keep_alive_reports_loss_when_etcd_is_down_longer_than_the_ttl(
-        etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
+    etcd_factory: Callable[..., EmbeddedEtcd],
+) -> None:
     server = etcd_factory()
 
     async def scenario() -> None:

@@ -26,25 +26,64 @@ def _openssl(*args: str, cwd: Path) -> None:
 def _make_certificates(folder: Path) -> None:
     """A CA, a server certificate for 127.0.0.1 and a client certificate (P-256, 1 day)."""
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1",
-             "-subj", "/CN=tributary-test-ca", cwd=folder)
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=tributary-test-ca",
+        cwd=folder,
+    )
     (folder / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
     (folder / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name in ("server", "client"):
-        _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN=tributary-{name}", cwd=folder)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext",
-                 cwd=folder)
+        _openssl(
+            "req",
+            *ec,
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN=tributary-{name}",
+            cwd=folder,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+            cwd=folder,
+        )
 
 
 def test_tls_with_client_certificates(tmp_path: Path, etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
     _make_certificates(tmp_path)
     server = etcd_factory(
-        tls=EmbeddedTls(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt"))
-    good = TlsConfig(ca_file=tmp_path / "ca.crt", cert_file=tmp_path / "client.crt",
-                     key_file=tmp_path / "client.key")
+        tls=EmbeddedTls(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt")
+    )
+    good = TlsConfig(
+        ca_file=tmp_path / "ca.crt", cert_file=tmp_path / "client.crt", key_file=tmp_path / "client.key"
+    )
 
     async def scenario() -> None:
         async with EtcdClient(server.endpoint, tls=good, timeout=2.0) as client:
@@ -69,13 +108,32 @@ def test_storage_node_registers_over_tls(tmp_path: Path, etcd_factory: Callable[
 
     _make_certificates(tmp_path)
     server = etcd_factory(
-        tls=EmbeddedTls(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt"))
-    tls = TlsConfig(ca_file=tmp_path / "ca.crt", cert_file=tmp_path / "client.crt",
-                    key_file=tmp_path / "client.key")
-    node = start_service("tls-node", "storage_node.main", [
-        "--node-id", "7", "--log-dirs", str(tmp_path / "data"), "--cluster", "tls",
-        "--etcd-endpoints", server.endpoint, "--etcd-ca-file", str(tls.ca_file),
-        "--etcd-cert-file", str(tls.cert_file), "--etcd-key-file", str(tls.key_file)], tmp_path / "run")
+        tls=EmbeddedTls(tmp_path / "server.crt", tmp_path / "server.key", tmp_path / "ca.crt")
+    )
+    tls = TlsConfig(
+        ca_file=tmp_path / "ca.crt", cert_file=tmp_path / "client.crt", key_file=tmp_path / "client.key"
+    )
+    node = start_service(
+        "tls-node",
+        "storage_node.main",
+        [
+            "--node-id",
+            "7",
+            "--log-dirs",
+            str(tmp_path / "data"),
+            "--cluster",
+            "tls",
+            "--etcd-endpoints",
+            server.endpoint,
+            "--etcd-ca-file",
+            str(tls.ca_file),
+            "--etcd-cert-file",
+            str(tls.cert_file),
+            "--etcd-key-file",
+            str(tls.key_file),
+        ],
+        tmp_path / "run",
+    )
 
     async def registration() -> bytes | None:
         async with EtcdClient(server.endpoint, prefix=cluster_prefix("tls"), tls=tls, timeout=2.0) as client:

@@ -58,11 +58,10 @@ def test_watch_delivers_puts_and_deletes_in_order(etcd_client: EtcdClient) -> No
 
 def test_batches_keep_a_txn_together(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:
-        async with etcd_client as client:
-            async with await client.watch_prefix("p/") as watch:
-                await client.txn([], [Op.put("p/1", "a"), Op.put("p/2", "b"), Op.put("p/3", "c")])
-                batch = await asyncio.wait_for(watch.next_batch(), 5)
-                assert isinstance(batch, list) and [e.kv.key for e in batch] == ["p/1", "p/2", "p/3"]
+        async with etcd_client as client, await client.watch_prefix("p/") as watch:
+            await client.txn([], [Op.put("p/1", "a"), Op.put("p/2", "b"), Op.put("p/3", "c")])
+            batch = await asyncio.wait_for(watch.next_batch(), 5)
+            assert isinstance(batch, list) and [e.kv.key for e in batch] == ["p/1", "p/2", "p/3"]
 
     run(scenario())
 
@@ -75,7 +74,10 @@ def test_watch_from_a_past_revision_replays_history(etcd_client: EtcdClient) -> 
             await client.delete("k/1")
             async with await client.watch_prefix("k/", start_revision=first) as watch:
                 assert _summary(await take(watch, 3)) == [
-                    ("put", "k/1", b"a"), ("put", "k/2", b"b"), ("delete", "k/1", b"")]
+                    ("put", "k/1", b"a"),
+                    ("put", "k/2", b"b"),
+                    ("delete", "k/1", b""),
+                ]
 
     run(scenario())
 
@@ -114,7 +116,9 @@ def test_snapshot_watch_starts_with_the_current_contents(etcd_client: EtcdClient
                 assert isinstance(snapshot, WatchResync)
                 assert snapshot.revision == revision and snapshot.compact_revision == 0
                 assert [(kv.key, kv.value) for kv in snapshot.kvs] == [
-                    ("brokers/1", b"a"), ("brokers/2", b"b")]
+                    ("brokers/1", b"a"),
+                    ("brokers/2", b"b"),
+                ]
                 assert isinstance(event, WatchEvent) and event.kv.key == "brokers/3"
 
     run(scenario())
@@ -129,13 +133,18 @@ def test_watch_survives_an_etcd_restart(etcd_factory: Callable[..., EmbeddedEtcd
                 await client.put("topics/1", "before")
                 await client.put("topics/2", "before")
                 assert _summary(await take(watch, 2)) == [
-                    ("put", "topics/1", b"before"), ("put", "topics/2", b"before")]
+                    ("put", "topics/1", b"before"),
+                    ("put", "topics/2", b"before"),
+                ]
                 await asyncio.to_thread(server.restart)
                 await client.put("topics/3", "after")
                 await client.delete("topics/1")
                 await client.put("topics/2", "after")
                 assert _summary(await take(watch, 3, timeout=10)) == [
-                    ("put", "topics/3", b"after"), ("delete", "topics/1", b""), ("put", "topics/2", b"after")]
+                    ("put", "topics/3", b"after"),
+                    ("delete", "topics/1", b""),
+                    ("put", "topics/2", b"after"),
+                ]
                 await assert_nothing_more(watch, 0.5)  # nothing from before the restart again
 
     run(scenario())
@@ -143,8 +152,11 @@ def test_watch_survives_an_etcd_restart(etcd_factory: Callable[..., EmbeddedEtcd
 
 def test_watch_catches_up_on_changes_made_while_it_was_cut_off(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:
-        async with etcd_client as writer, TcpLink(writer.endpoints[0]) as link, \
-                EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader:
+        async with (
+            etcd_client as writer,
+            TcpLink(writer.endpoints[0]) as link,
+            EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader,
+        ):
             async with await reader.watch_prefix("topics/") as watch:
                 await writer.put("topics/1", "a")
                 assert _summary(await take(watch, 1)) == [("put", "topics/1", b"a")]
@@ -155,7 +167,10 @@ def test_watch_catches_up_on_changes_made_while_it_was_cut_off(etcd_client: Etcd
                 await link.restore()
                 await writer.put("topics/3", "c")
                 assert _summary(await take(watch, 3, timeout=10)) == [
-                    ("put", "topics/2", b"b"), ("delete", "topics/1", b""), ("put", "topics/3", b"c")]
+                    ("put", "topics/2", b"b"),
+                    ("delete", "topics/1", b""),
+                    ("put", "topics/3", b"c"),
+                ]
                 await assert_nothing_more(watch)
 
     run(scenario())
@@ -163,8 +178,11 @@ def test_watch_catches_up_on_changes_made_while_it_was_cut_off(etcd_client: Etcd
 
 def test_watch_resyncs_when_its_resume_revision_was_compacted(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:
-        async with etcd_client as writer, TcpLink(writer.endpoints[0]) as link, \
-                EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader:
+        async with (
+            etcd_client as writer,
+            TcpLink(writer.endpoints[0]) as link,
+            EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader,
+        ):
             await writer.put("brokers/1", "a")
             await writer.put("brokers/2", "b")
             async with await reader.watch_prefix("brokers/") as watch:
@@ -184,7 +202,10 @@ def test_watch_resyncs_when_its_resume_revision_was_compacted(etcd_client: EtcdC
                 truth, _ = await writer.get_prefix("brokers/")
                 assert list(resync.kvs) == truth
                 assert [(kv.key, kv.value) for kv in resync.kvs] == [
-                    ("brokers/2", b"b2"), ("brokers/3", b"c"), ("brokers/4", b"d")]
+                    ("brokers/2", b"b2"),
+                    ("brokers/3", b"c"),
+                    ("brokers/4", b"d"),
+                ]
                 # And the watch goes on from right after the snapshot.
                 after = await writer.put("brokers/5", "e")
                 event = (await take(watch, 1))[0]
@@ -210,7 +231,8 @@ def test_watch_from_a_compacted_revision_starts_with_a_resync(etcd_client: EtcdC
 
 
 def test_opening_a_watch_while_etcd_is_down_fails_within_the_timeout(
-        etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
+    etcd_factory: Callable[..., EmbeddedEtcd],
+) -> None:
     server = etcd_factory()
     server.stop()
 

@@ -29,8 +29,7 @@ CALL_TIMEOUT = 30
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    spec = LocalClusterSpec(
-        storage_nodes=2, coordinators=1, gateways=2, session_timeout_s=2)
+    spec = LocalClusterSpec(storage_nodes=2, coordinators=1, gateways=2, session_timeout_s=2)
     # Each LocalCluster has its own etcd, so no unique cluster name is needed.
     with LocalCluster(tmp_path_factory.mktemp("gateway-cluster"), spec) as local:
         yield local

@@ -39,9 +39,21 @@ def call(method, request, *, timeout: float = 10.0):
 class SimMember:
     """One group member on its own heartbeat thread. Thread-safe reads of its public fields."""
 
-    def __init__(self, stub: Any, group: str, *, topics=(), pattern: str = "", assignor=pb.ASSIGNOR_COOPERATIVE_STICKY,
-                 instance_id: str = "", session_ms: int = 3000, heartbeat_s: float = 0.3, name: str = "sim",
-                 max_poll_interval_ms: int = 0, on_revoke: Callable[[SimMember, set], None] | None = None) -> None:
+    def __init__(
+        self,
+        stub: Any,
+        group: str,
+        *,
+        topics=(),
+        pattern: str = "",
+        assignor=pb.ASSIGNOR_COOPERATIVE_STICKY,
+        instance_id: str = "",
+        session_ms: int = 3000,
+        heartbeat_s: float = 0.3,
+        name: str = "sim",
+        max_poll_interval_ms: int = 0,
+        on_revoke: Callable[[SimMember, set], None] | None = None,
+    ) -> None:
         self.stub = stub
         self.group = group
         self.subscription = pb.Subscription(topics=list(topics), pattern=pattern)
@@ -71,9 +83,15 @@ class SimMember:
 
     def join(self) -> Any:
         request = pb.JoinGroupRequest(
-            group_id=self.group, member_id=self.member_id, group_instance_id=self.instance_id, client_id=self.name,
-            subscription=self.subscription, assignor=self.assignor, session_timeout_ms=self.session_ms,
-            max_poll_interval_ms=self.max_poll_interval_ms)
+            group_id=self.group,
+            member_id=self.member_id,
+            group_instance_id=self.instance_id,
+            client_id=self.name,
+            subscription=self.subscription,
+            assignor=self.assignor,
+            session_timeout_ms=self.session_ms,
+            max_poll_interval_ms=self.max_poll_interval_ms,
+        )
         response = call(self.stub.JoinGroup, request)
         with self.lock:
             self.member_id, self.generation = response.member_id, response.generation_id
@@ -84,9 +102,13 @@ class SimMember:
     def heartbeat(self) -> Any:
         with self.lock:
             request = pb.HeartbeatRequest(
-                group_id=self.group, member_id=self.member_id, generation_id=self.generation, polled=self.polled,
+                group_id=self.group,
+                member_id=self.member_id,
+                generation_id=self.generation,
+                polled=self.polled,
                 owned=[pb.TopicPartition(topic=t, partition=p) for t, p in sorted(self.owned)],
-                group_instance_id=self.instance_id)
+                group_instance_id=self.instance_id,
+            )
         response = call(self.stub.Heartbeat, request)
         revoke = tp_set(response.revoke)
         if revoke and self.on_revoke is not None:
@@ -99,9 +121,12 @@ class SimMember:
 
     def commit(self, offsets: dict[tuple[str, int], int], *, generation: int | None = None):
         request = pb.CommitOffsetsRequest(
-            group_id=self.group, member_id=self.member_id,
-            generation_id=self.generation if generation is None else generation, group_instance_id=self.instance_id,
-            offsets=[pb.OffsetCommit(topic=t, partition=p, offset=o) for (t, p), o in offsets.items()])
+            group_id=self.group,
+            member_id=self.member_id,
+            generation_id=self.generation if generation is None else generation,
+            group_instance_id=self.instance_id,
+            offsets=[pb.OffsetCommit(topic=t, partition=p, offset=o) for (t, p), o in offsets.items()],
+        )
         return call(self.stub.CommitOffsets, request)
 
     def leave(self) -> None:
@@ -123,7 +148,9 @@ class SimMember:
         while not self._stop.wait(delay):
             try:
                 response = self.heartbeat()
-                delay = 0.0 if response.revoke else PENDING_HEARTBEAT_S if response.pending else self.heartbeat_s
+                delay = (
+                    0.0 if response.revoke else PENDING_HEARTBEAT_S if response.pending else self.heartbeat_s
+                )
             except errors.UnknownMemberIdError as exc:
                 self.errors.append(exc)
                 with self.lock:
@@ -180,7 +207,11 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, inter
 def converged(members: list[SimMember], partitions: set[tuple[str, int]]) -> bool:
     """Every partition owned by exactly one of ``members``, nobody waiting for more."""
     owned = [tp for m in members for tp in m.snapshot()[2]]
-    return len(owned) == len(set(owned)) and set(owned) == partitions and not any(m.snapshot()[3] for m in members)
+    return (
+        len(owned) == len(set(owned))
+        and set(owned) == partitions
+        and not any(m.snapshot()[3] for m in members)
+    )
 
 
 def settled(members: list[SimMember], partitions: set[tuple[str, int]]) -> bool:

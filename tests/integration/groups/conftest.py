@@ -36,9 +36,12 @@ class GroupCluster(Cluster):
         # The standby first: gateway calls go gateway -> standby -> (forwarded) -> active.
         order = sorted(("c1", "c2"), key=lambda c: c == active)
         self.gateway = ServiceProcess(
-            name="gateway", module="gateway.main",
+            name="gateway",
+            module="gateway.main",
             args=["--coordinators", ",".join(self.address(c) for c in order)],
-            ready_file=self.run_dir / "gateway.ready.json", log_file=self.run_dir / "gateway.log")
+            ready_file=self.run_dir / "gateway.ready.json",
+            log_file=self.run_dir / "gateway.log",
+        )
         self.gateway.start(timeout=30)
         return self
 
@@ -54,9 +57,15 @@ class GroupCluster(Cluster):
 
     def create_topic(self, name: str, partitions: int) -> str:
         call(self.stub().CreateTopic, pb.CreateTopicRequest(name=name, partitions=partitions))
-        self.wait_for(lambda md: any(t.name == name and t.partitions and all(
-            p.state == pb.PARTITION_STATE_ONLINE for p in t.partitions) for t in md.topics),
-            what=f"{name} online")
+        self.wait_for(
+            lambda md: any(
+                t.name == name
+                and t.partitions
+                and all(p.state == pb.PARTITION_STATE_ONLINE for p in t.partitions)
+                for t in md.topics
+            ),
+            what=f"{name} online",
+        )
         return name
 
     def stop_all(self) -> None:

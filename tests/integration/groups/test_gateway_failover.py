@@ -22,7 +22,9 @@ def test_group_rpcs_through_a_gateway(cluster):
     gateway = cluster.gateway_stub()
     member = SimMember(gateway, group, topics=[topic], session_ms=3000, name="gw-member").start()
     try:
-        wait_until(lambda: converged([member], all_partitions(topic, 3)), timeout=10, what="assigned via gateway")
+        wait_until(
+            lambda: converged([member], all_partitions(topic, 3)), timeout=10, what="assigned via gateway"
+        )
         member.commit({(topic, p): 10 + p for p in range(3)})
         fetched = call(gateway.FetchCommittedOffsets, pb.FetchCommittedOffsetsRequest(group_id=group)).offsets
         assert [(o.partition, o.offset) for o in fetched] == [(0, 10), (1, 11), (2, 12)]
@@ -33,8 +35,12 @@ def test_group_rpcs_through_a_gateway(cluster):
         with pytest.raises(errors.NonEmptyGroupError):
             call(gateway.DeleteGroup, pb.DeleteGroupRequest(group_id=group))
         member.leave()
-        reset = call(gateway.ResetGroupOffsets, pb.ResetGroupOffsetsRequest(
-            group_id=group, topics=[topic], spec=pb.OffsetSpec(earliest=True), dry_run=True)).offsets
+        reset = call(
+            gateway.ResetGroupOffsets,
+            pb.ResetGroupOffsetsRequest(
+                group_id=group, topics=[topic], spec=pb.OffsetSpec(earliest=True), dry_run=True
+            ),
+        ).offsets
         assert [o.offset for o in reset] == [0, 0, 0]
         call(gateway.DeleteGroup, pb.DeleteGroupRequest(group_id=group))
         with pytest.raises(errors.UnknownMemberIdError):
@@ -58,8 +64,10 @@ def test_group_carries_on_after_the_active_coordinator_is_killed(etcd, tmp_path_
 
         # Sessions longer than a failover: the members keep their ids and generation.
         group = unique("long")
-        members += [SimMember(gateway, group, topics=[topic], session_ms=8000, heartbeat_s=0.3, name=f"l{i}").start()
-                    for i in range(3)]
+        members += [
+            SimMember(gateway, group, topics=[topic], session_ms=8000, heartbeat_s=0.3, name=f"l{i}").start()
+            for i in range(3)
+        ]
         wait_until(lambda: converged(members, all_partitions(topic, 6)), timeout=10, what="converged")
         members[0].commit({tp: 100 + tp[1] for tp in members[0].owned})
         before = [m.snapshot() for m in members]
@@ -80,16 +88,26 @@ def test_group_carries_on_after_the_active_coordinator_is_killed(etcd, tmp_path_
         restarted.args += ["--port", str(restarted.info["grpc_port"])]  # where the gateway looks for it
         restarted.start(timeout=30)
         short = unique("short")
-        quick = [SimMember(gateway, short, topics=[topic], session_ms=1000, heartbeat_s=0.2, name=f"s{i}").start()
-                 for i in range(2)]
+        quick = [
+            SimMember(gateway, short, topics=[topic], session_ms=1000, heartbeat_s=0.2, name=f"s{i}").start()
+            for i in range(2)
+        ]
         members += quick
-        wait_until(lambda: converged(quick, all_partitions(topic, 6)), timeout=10, what="short group converged")
+        wait_until(
+            lambda: converged(quick, all_partitions(topic, 6)), timeout=10, what="short group converged"
+        )
         kill_active(cluster)
         cluster.wait_active(exclude=new_active, timeout=20)
-        wait_until(lambda: all(m.joins >= 2 for m in quick) and converged(quick, all_partitions(topic, 6)),
-                   timeout=20, what="short-session members rejoined and own everything")
-        wait_until(lambda: converged(members[:3], all_partitions(topic, 6)), timeout=20,
-                   what="the long-session group carried on through the second failover too")
+        wait_until(
+            lambda: all(m.joins >= 2 for m in quick) and converged(quick, all_partitions(topic, 6)),
+            timeout=20,
+            what="short-session members rejoined and own everything",
+        )
+        wait_until(
+            lambda: converged(members[:3], all_partitions(topic, 6)),
+            timeout=20,
+            what="the long-session group carried on through the second failover too",
+        )
     finally:
         for member in members:
             member.stop()

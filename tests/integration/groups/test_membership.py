@@ -29,8 +29,10 @@ def members():
 
 def start(members: list, cluster, group: str, count: int, **kwargs) -> list[SimMember]:
     stub = kwargs.pop("stub", None) or cluster.stub(cluster.standby_id())
-    new = [SimMember(stub, group, session_ms=SESSION_MS, name=f"m{len(members) + i}", **kwargs).start()
-           for i in range(count)]
+    new = [
+        SimMember(stub, group, session_ms=SESSION_MS, name=f"m{len(members) + i}", **kwargs).start()
+        for i in range(count)
+    ]
     members.extend(new)
     return new
 
@@ -81,8 +83,10 @@ def test_eager_rebalance_revokes_everything_first(cluster, members):
         m.revoked.clear()
     ms += start(members, cluster, group, 1, topics=[topic], assignor=pb.ASSIGNOR_RANGE)
     wait_until(lambda: converged(ms, all_partitions(topic, 6)), timeout=10, what="three members converged")
-    assert sorted(ms[0].revoked) == sorted(all_partitions(topic, 6) - {(topic, p) for p in range(3, 6)}) or \
-        len(ms[0].revoked) == 3  # everything it held, not only what moved
+    assert (
+        sorted(ms[0].revoked) == sorted(all_partitions(topic, 6) - {(topic, p) for p in range(3, 6)})
+        or len(ms[0].revoked) == 3
+    )  # everything it held, not only what moved
     assert len(ms[1].revoked) == 3
     assert sorted(sorted(p for _, p in m.owned) for m in ms) == [[0, 1], [2, 3], [4, 5]]
 
@@ -99,8 +103,11 @@ def test_killed_member_partitions_reassigned_within_session_timeout(cluster, mem
     lost = set(victim.owned)
     killed_at = time.monotonic()
     victim.kill()
-    wait_until(lambda: converged(ms, all_partitions(topic, 6)), timeout=SESSION_MS / 1000 + 5,
-               what="the survivors own everything")
+    wait_until(
+        lambda: converged(ms, all_partitions(topic, 6)),
+        timeout=SESSION_MS / 1000 + 5,
+        what="the survivors own everything",
+    )
     elapsed = time.monotonic() - killed_at
     # etcd expires the lease within TTL + 0.5 s; then one heartbeat interval to hand out.
     assert elapsed < SESSION_MS / 1000 + 2.0, elapsed
@@ -112,8 +119,10 @@ def test_killed_member_partitions_reassigned_within_session_timeout(cluster, mem
 def test_static_member_restart_within_session_keeps_assignment(cluster, members):
     topic = cluster.create_topic(unique("static"), 4)
     group = unique("g")
-    ms = [*start(members, cluster, group, 1, topics=[topic], instance_id="host-a"),
-          *start(members, cluster, group, 1, topics=[topic], instance_id="host-b")]
+    ms = [
+        *start(members, cluster, group, 1, topics=[topic], instance_id="host-a"),
+        *start(members, cluster, group, 1, topics=[topic], instance_id="host-b"),
+    ]
     wait_until(lambda: settled(ms, all_partitions(topic, 4)), timeout=10, what="two static members settled")
     old = ms[1]
     old_id, generation, owned, _ = old.snapshot()
@@ -154,8 +163,11 @@ def test_pattern_subscription_picks_up_a_new_topic(cluster, members):
     for m in ms:
         m.revoked.clear()
     second = cluster.create_topic(f"{prefix}.two", 2)
-    wait_until(lambda: converged(ms, all_partitions(first, 2) | all_partitions(second, 2)), timeout=10,
-               what="the new matching topic assigned")
+    wait_until(
+        lambda: converged(ms, all_partitions(first, 2) | all_partitions(second, 2)),
+        timeout=10,
+        what="the new matching topic assigned",
+    )
     assert not any(m.revoked for m in ms), "cooperative: nobody gave anything up"
 
 
@@ -172,4 +184,6 @@ def test_member_that_stops_polling_is_removed(cluster, members):
         while time.monotonic() < deadline:  # heartbeats keep the session alive, but say "not polled"
             stuck.heartbeat()
             time.sleep(0.3)
-    wait_until(lambda: converged([healthy], all_partitions(topic, 4)), timeout=5, what="the other member owns all")
+    wait_until(
+        lambda: converged([healthy], all_partitions(topic, 4)), timeout=5, what="the other member owns all"
+    )

@@ -27,7 +27,9 @@ def members():
         member.stop()
 
 
-def member_group(cluster, members, topic: str, partitions: int, count: int = 1) -> tuple[str, list[SimMember]]:
+def member_group(
+    cluster, members, topic: str, partitions: int, count: int = 1
+) -> tuple[str, list[SimMember]]:
     group = unique("g")
     stub = cluster.stub()
     ms = [SimMember(stub, group, topics=[topic], session_ms=3000, name=f"m{i}").start() for i in range(count)]
@@ -37,28 +39,41 @@ def member_group(cluster, members, topic: str, partitions: int, count: int = 1) 
 
 
 def produce(cluster, topic: str, partition: int, count: int, first_timestamp: int = 1_000_000) -> None:
-    records = [pb.ProduceRecord(value=b"v%d" % i, partition=partition, timestamp=first_timestamp + 1000 * i)
-               for i in range(count)]
+    records = [
+        pb.ProduceRecord(value=b"v%d" % i, partition=partition, timestamp=first_timestamp + 1000 * i)
+        for i in range(count)
+    ]
     call(cluster.gateway_stub().Produce, pb.ProduceRequest(topic=topic, records=records), timeout=30)
 
 
 def fetch(cluster, group: str, *tps) -> dict[tuple[str, int], int]:
-    request = pb.FetchCommittedOffsetsRequest(group_id=group, partitions=[
-        pb.TopicPartition(topic=t, partition=p) for t, p in tps])
-    return {(o.topic, o.partition): o.offset for o in call(cluster.stub().FetchCommittedOffsets, request).offsets}
+    request = pb.FetchCommittedOffsetsRequest(
+        group_id=group, partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in tps]
+    )
+    return {
+        (o.topic, o.partition): o.offset for o in call(cluster.stub().FetchCommittedOffsets, request).offsets
+    }
 
 
 def test_commit_and_fetch_with_metadata_and_per_partition_errors(cluster, members):
     topic = cluster.create_topic(unique("commit"), 2)
     group, (member,) = member_group(cluster, members, topic, 2)
-    request = pb.CommitOffsetsRequest(group_id=group, member_id=member.member_id, generation_id=member.generation,
-                                      offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=42, metadata="m0"),
-                                               pb.OffsetCommit(topic=topic, partition=9, offset=1),
-                                               pb.OffsetCommit(topic=topic, partition=1, offset=7, metadata="x" * 5000)])
+    request = pb.CommitOffsetsRequest(
+        group_id=group,
+        member_id=member.member_id,
+        generation_id=member.generation,
+        offsets=[
+            pb.OffsetCommit(topic=topic, partition=0, offset=42, metadata="m0"),
+            pb.OffsetCommit(topic=topic, partition=9, offset=1),
+            pb.OffsetCommit(topic=topic, partition=1, offset=7, metadata="x" * 5000),
+        ],
+    )
     results = {r.partition: r.error.reason for r in call(cluster.stub().CommitOffsets, request).results}
     assert results == {0: "", 9: "UNKNOWN_TOPIC_OR_PARTITION", 1: "OFFSET_METADATA_TOO_LARGE"}
-    fetched = call(cluster.stub(cluster.standby_id()).FetchCommittedOffsets,
-                   pb.FetchCommittedOffsetsRequest(group_id=group)).offsets
+    fetched = call(
+        cluster.stub(cluster.standby_id()).FetchCommittedOffsets,
+        pb.FetchCommittedOffsetsRequest(group_id=group),
+    ).offsets
     assert [(o.partition, o.offset, o.metadata) for o in fetched] == [(0, 42, "m0")]
     assert fetched[0].commit_timestamp > 1_600_000_000_000
     assert fetch(cluster, group, (topic, 0), (topic, 1)) == {(topic, 0): 42, (topic, 1): -1}
@@ -67,8 +82,12 @@ def test_commit_and_fetch_with_metadata_and_per_partition_errors(cluster, member
 def test_standalone_commits_only_while_the_group_has_no_members(cluster, members):
     topic = cluster.create_topic(unique("standalone"), 1)
     group = unique("g")
-    standalone = pb.CommitOffsetsRequest(group_id=group, member_id="", generation_id=-1,
-                                         offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=3)])
+    standalone = pb.CommitOffsetsRequest(
+        group_id=group,
+        member_id="",
+        generation_id=-1,
+        offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=3)],
+    )
     assert not call(cluster.stub().CommitOffsets, standalone).results[0].HasField("error")
     assert fetch(cluster, group, (topic, 0)) == {(topic, 0): 3}
     member = SimMember(cluster.stub(), group, topics=[topic], session_ms=3000).start()
@@ -83,7 +102,9 @@ def test_describe_group_shows_members_assignment_offsets_and_lag(cluster, member
     produce(cluster, topic, 1, 5)
     group, (member,) = member_group(cluster, members, topic, 2)
     member.commit({(topic, 0): 4})
-    described = call(cluster.stub(cluster.standby_id()).DescribeGroup, pb.DescribeGroupRequest(group_id=group))
+    described = call(
+        cluster.stub(cluster.standby_id()).DescribeGroup, pb.DescribeGroupRequest(group_id=group)
+    )
     assert described.state == "Stable" and described.generation_id == member.generation
     assert described.assignor == pb.ASSIGNOR_COOPERATIVE_STICKY
     (only,) = described.members
@@ -115,7 +136,9 @@ def test_reset_and_delete_refused_while_active_then_done_when_empty(cluster, mem
     member.leave()
 
     assert reset(spec=pb.OffsetSpec(latest=True), dry_run=True) == {(topic, 0): 10, (topic, 1): 5}
-    assert fetch(cluster, group, (topic, 0), (topic, 1)) == {(topic, 0): 2, (topic, 1): 2}, "dry run changed nothing"
+    assert fetch(cluster, group, (topic, 0), (topic, 1)) == {(topic, 0): 2, (topic, 1): 2}, (
+        "dry run changed nothing"
+    )
     assert reset(spec=pb.OffsetSpec(earliest=True)) == {(topic, 0): 0, (topic, 1): 0}
     assert reset(spec=pb.OffsetSpec(timestamp=1_004_500)) == {(topic, 0): 5, (topic, 1): 5}
     assert reset(explicit=[pb.OffsetCommit(topic=topic, partition=0, offset=3)]) == {(topic, 0): 3}
@@ -157,9 +180,12 @@ def test_sustains_a_thousand_commits_per_second(cluster, members):
                         return
                     await asyncio.sleep(max(0.0, due - time.monotonic()))
                     member_id, generation, owned, _ = member.snapshot()
-                    request = pb.CommitOffsetsRequest(group_id=group, member_id=member_id, generation_id=generation,
-                                                      offsets=[pb.OffsetCommit(topic=t, partition=p, offset=n)
-                                                               for t, p in sorted(owned)])
+                    request = pb.CommitOffsetsRequest(
+                        group_id=group,
+                        member_id=member_id,
+                        generation_id=generation,
+                        offsets=[pb.OffsetCommit(topic=t, partition=p, offset=n) for t, p in sorted(owned)],
+                    )
                     try:
                         response = await stub.CommitOffsets(request, timeout=10)
                         failures.extend(r.error for r in response.results if r.HasField("error"))

@@ -37,7 +37,8 @@ class _Servicer(gateway_grpc.GatewayServicer):
 
 async def _with_server(body):
     server = await create_server(
-        "127.0.0.1:0", [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, _Servicer(), GATEWAY_SERVICE)]
+        "127.0.0.1:0",
+        [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, _Servicer(), GATEWAY_SERVICE)],
     )
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
@@ -53,7 +54,9 @@ def test_binds_port_zero_health_and_reflection():
         gateway = await health.Check(health_pb2.HealthCheckRequest(service=GATEWAY_SERVICE))
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         names = []
-        async for response in stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])):
+        async for response in stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")])
+        ):
             names = [s.name for s in response.list_services_response.service]
         return overall.status, gateway.status, names
 
@@ -98,7 +101,10 @@ def test_unexpected_exception_is_unknown_server_error_not_a_crash():
 def test_streaming_error_after_some_answers():
     async def body(channel):
         stub = gateway_grpc.GatewayStub(channel)
-        requests = [pb.ProduceRequest(topic="a", correlation_id=1), pb.ProduceRequest(topic="bad", correlation_id=2)]
+        requests = [
+            pb.ProduceRequest(topic="a", correlation_id=1),
+            pb.ProduceRequest(topic="bad", correlation_id=2),
+        ]
         call = stub.ProduceStream(iter(requests))
         got = []
         try:
@@ -132,11 +138,17 @@ SIGTERM_SCRIPT = textwrap.dedent(
 
 
 def test_sigterm_shuts_down_gracefully_and_runs_cleanup():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo
-    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=root)
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )  # the repo
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT], stdout=subprocess.PIPE, text=True, cwd=root
+    )
     port = int(proc.stdout.readline())
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        status = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=5
+        )
         assert status.status == health_pb2.HealthCheckResponse.SERVING
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=15)

@@ -35,12 +35,16 @@ class NodeHandle:
         self.connect()
 
     def create(self, topic: str, partition: int = 0, **configs: str) -> None:
-        self.stub.CreatePartition(pb.CreatePartitionRequest(topic=topic, partition=partition, configs=configs))
+        self.stub.CreatePartition(
+            pb.CreatePartitionRequest(topic=topic, partition=partition, configs=configs)
+        )
 
     def append(self, topic: str, partition: int, data: bytes, acks=pb.ACKS_ALL):
         response = self.stub.Append(
-            pb.AppendRequest(partitions=[pb.PartitionAppend(topic=topic, partition=partition, record_batches=data)],
-                             acks=acks)
+            pb.AppendRequest(
+                partitions=[pb.PartitionAppend(topic=topic, partition=partition, record_batches=data)],
+                acks=acks,
+            )
         )
         return response.partitions[0]
 

@@ -26,8 +26,20 @@ def _start(tmp_path, etcd, cluster, name, node_id=1, ttl=2):
     return start_service(
         name,
         "storage_node.main",
-        ["--node-id", str(node_id), "--log-dirs", str(tmp_path / name), "--etcd-endpoints", etcd.endpoint,
-         "--cluster", cluster, "--session-timeout-s", str(ttl), "--rack", "r1"],
+        [
+            "--node-id",
+            str(node_id),
+            "--log-dirs",
+            str(tmp_path / name),
+            "--etcd-endpoints",
+            etcd.endpoint,
+            "--cluster",
+            cluster,
+            "--session-timeout-s",
+            str(ttl),
+            "--rack",
+            "r1",
+        ],
         tmp_path / "run",
     )
 
@@ -46,8 +58,13 @@ def test_register_refuse_duplicate_and_leave_on_sigterm(tmp_path, etcd):
     first = _start(tmp_path, etcd, cluster, "first")
     try:
         info = _broker(etcd, cluster, 1)
-        assert info == {"node_id": 1, "host": "127.0.0.1", "grpc_port": first.info["grpc_port"],
-                        "fetch_port": first.info["fetch_port"], "rack": "r1"}
+        assert info == {
+            "node_id": 1,
+            "host": "127.0.0.1",
+            "grpc_port": first.info["grpc_port"],
+            "fetch_port": first.info["fetch_port"],
+            "rack": "r1",
+        }
         with pytest.raises(ServiceStartError) as refused:
             _start(tmp_path, etcd, cluster, "second")
         assert "already registered" in str(refused.value)

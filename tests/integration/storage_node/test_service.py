@@ -55,9 +55,16 @@ def test_list_offsets_and_describe(node):
     node.create("t")
     node.append("t", 0, make_batch([b"1", b"2"], timestamp=1000))
     node.append("t", 0, make_batch([b"3"], timestamp=5000))
-    queries = [pb.PartitionOffsetQuery(topic="t", partition=0, spec=spec) for spec in (
-        pb.OffsetSpec(earliest=True), pb.OffsetSpec(latest=True), pb.OffsetSpec(timestamp=1001),
-        pb.OffsetSpec(timestamp=4000), pb.OffsetSpec(timestamp=99999))]
+    queries = [
+        pb.PartitionOffsetQuery(topic="t", partition=0, spec=spec)
+        for spec in (
+            pb.OffsetSpec(earliest=True),
+            pb.OffsetSpec(latest=True),
+            pb.OffsetSpec(timestamp=1001),
+            pb.OffsetSpec(timestamp=4000),
+            pb.OffsetSpec(timestamp=99999),
+        )
+    ]
     got = node.stub.ListPartitionOffsets(pb.ListPartitionOffsetsRequest(partitions=queries)).partitions
     assert [r.offset for r in got] == [0, 3, 1, 2, -1]
     assert got[3].timestamp == 5000
@@ -66,13 +73,16 @@ def test_list_offsets_and_describe(node):
     assert info.size_bytes > 0 and info.segment_count == 1
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda b: b[:-3], "CORRUPT_MESSAGE"),  # truncated
-    (lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:], "CORRUPT_MESSAGE"),  # CRC-covered byte flipped
-    (lambda b: b[:16] + b"\x01" + b[17:], "CORRUPT_MESSAGE"),  # wrong magic
-    (lambda b: b"", None),  # empty
-    (lambda b: b"garbage!" * 10, "CORRUPT_MESSAGE"),
-])
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda b: b[:-3], "CORRUPT_MESSAGE"),  # truncated
+        (lambda b: b[:20] + bytes([b[20] ^ 0xFF]) + b[21:], "CORRUPT_MESSAGE"),  # CRC-covered byte flipped
+        (lambda b: b[:16] + b"\x01" + b[17:], "CORRUPT_MESSAGE"),  # wrong magic
+        (lambda b: b"", None),  # empty
+        (lambda b: b"garbage!" * 10, "CORRUPT_MESSAGE"),
+    ],
+)
 def test_bad_batches_are_refused_and_nothing_is_written(node, mutate, reason):
     node.create("safe")
     node.append("safe", 0, make_batch([b"keep-1", b"keep-2"]))
@@ -180,7 +190,7 @@ def _read_response(sock):
         if not chunk:
             break
         body += chunk
-    return protocol.decode_response_header(body[:protocol.response_prefix_length(body)], size)
+    return protocol.decode_response_header(body[: protocol.response_prefix_length(body)], size)
 
 
 def _closed_by_peer(sock) -> bool:

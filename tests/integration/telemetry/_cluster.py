@@ -92,8 +92,13 @@ class InProcessCluster:
         )
         self.telemetries["coordinator"] = telemetry
         self.coordinator = CoordinatorService(
-            CoordinatorConfig(coordinator_id="c0", etcd_endpoints=etcd, cluster=cluster, session_timeout_s=2,
-                              lag_sample_interval_s=0.3),
+            CoordinatorConfig(
+                coordinator_id="c0",
+                etcd_endpoints=etcd,
+                cluster=cluster,
+                session_timeout_s=2,
+                lag_sample_interval_s=0.3,
+            ),
             telemetry=telemetry,
         )
         await self.coordinator.start()

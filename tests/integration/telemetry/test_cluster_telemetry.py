@@ -356,9 +356,11 @@ def test_consumer_lag_gauge_follows_commits(tmp_path, etcd):
 
     async def lag_of(reader, topic):
         for _ in range(100):
-            points = {p.attributes[names.MESSAGING_DESTINATION_PARTITION_ID]: p.value
-                      for p in metric_points(reader, names.CONSUMER_LAG)
-                      if p.attributes[names.MESSAGING_DESTINATION_NAME] == topic}
+            points = {
+                p.attributes[names.MESSAGING_DESTINATION_PARTITION_ID]: p.value
+                for p in metric_points(reader, names.CONSUMER_LAG)
+                if p.attributes[names.MESSAGING_DESTINATION_NAME] == topic
+            }
             yield points
             await asyncio.sleep(0.1)
 
@@ -377,9 +379,15 @@ def test_consumer_lag_gauge_follows_commits(tmp_path, etcd):
         reader = cluster.readers["coordinator"]
 
         async def commit(offset):
-            await cluster.stub.CommitOffsets(pb.CommitOffsetsRequest(
-                group_id="lag-readers", member_id="", generation_id=-1,
-                offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=offset)]), timeout=10)
+            await cluster.stub.CommitOffsets(
+                pb.CommitOffsetsRequest(
+                    group_id="lag-readers",
+                    member_id="",
+                    generation_id=-1,
+                    offsets=[pb.OffsetCommit(topic=topic, partition=0, offset=offset)],
+                ),
+                timeout=10,
+            )
 
         await commit(4)
         await wait_for_lag(reader, topic, 6)

@@ -16,14 +16,32 @@ def parse(*argv):
 
 def test_cluster_up_flags():
     args = parse("cluster", "up", "--data-dir", "/tmp/x", "--storage-nodes", "3", "--coordinators", "2")
-    assert (args.command, args.action, args.data_dir, args.storage_nodes, args.coordinators) == \
-        ("cluster", "up", "/tmp/x", 3, 2)
+    assert (args.command, args.action, args.data_dir, args.storage_nodes, args.coordinators) == (
+        "cluster",
+        "up",
+        "/tmp/x",
+        3,
+        2,
+    )
     assert parse("cluster", "up").storage_nodes is None, "unset = keep the data dir's previous count"
 
 
 def test_topics_create_flags():
-    args = parse("topics", "create", "events", "--partitions", "8", "--replication-factor", "2",
-                 "--config", "retention.ms=1000", "--config", "segment.bytes=1048576", "--gateway", "h:1")
+    args = parse(
+        "topics",
+        "create",
+        "events",
+        "--partitions",
+        "8",
+        "--replication-factor",
+        "2",
+        "--config",
+        "retention.ms=1000",
+        "--config",
+        "segment.bytes=1048576",
+        "--gateway",
+        "h:1",
+    )
     assert (args.name, args.partitions, args.replication_factor, args.gateway) == ("events", 8, 2, "h:1")
     assert args.config == ["retention.ms=1000", "segment.bytes=1048576"]
 
@@ -37,7 +55,9 @@ def test_partitions_are_required_and_positive(capsys):
 
 
 def test_consume_flags():
-    args = parse("consume", "t", "--offset", "5", "--partition", "2", "--max-messages", "10", "--format", "json")
+    args = parse(
+        "consume", "t", "--offset", "5", "--partition", "2", "--max-messages", "10", "--format", "json"
+    )
     assert (args.offset, args.partition, args.max_messages, args.format) == ("5", 2, 10, "json")
     assert parse("consume", "t", "--from-beginning").from_beginning
     assert parse("consume", "t", "--from-timestamp", "1700000000000").from_timestamp == 1700000000000
@@ -47,7 +67,12 @@ def test_consume_flags():
 
 def test_produce_flags():
     args = parse("produce", "t", "--key-separator", ":", "--header", "a=1", "--header", "b=2")
-    assert (args.key_separator, args.header, args.acks, args.compression) == (":", ["a=1", "b=2"], "all", "none")
+    assert (args.key_separator, args.header, args.acks, args.compression) == (
+        ":",
+        ["a=1", "b=2"],
+        "all",
+        "none",
+    )
 
 
 def test_demo_defaults():
@@ -55,11 +80,14 @@ def test_demo_defaults():
     assert (args.records, args.topic) == (10_000, "activity")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["consume", "t", "--offset", "5"], "--offset needs --partition"),
-    (["consume", "t", "--from-beginning", "--from-timestamp", "5"], "choose one of"),
-    (["consume", "t", "--offset", "x", "--partition", "0"], "--offset must be"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["consume", "t", "--offset", "5"], "--offset needs --partition"),
+        (["consume", "t", "--from-beginning", "--from-timestamp", "5"], "choose one of"),
+        (["consume", "t", "--offset", "x", "--partition", "0"], "--offset must be"),
+    ],
+)
 def test_bad_consume_combinations_fail_in_one_line(argv, message, capsys, monkeypatch):
     monkeypatch.setenv("TRIBUTARY_GATEWAY", "127.0.0.1:1")
     assert main(argv) == 2
@@ -89,14 +117,23 @@ def test_status_without_a_cluster(tmp_path, capsys):
 # ---- output formats -------------------------------------------------------------------------------
 
 
-RECORD = ConsumerRecord("t", 1, 42, 1700000000000, 0, b"user-1", b'{"page":"/"}', (("src", b"cli"), ("n", None)))
+RECORD = ConsumerRecord(
+    "t", 1, 42, 1700000000000, 0, b"user-1", b'{"page":"/"}', (("src", b"cli"), ("n", None))
+)
 
 
 def test_json_record_line():
     line = output.record_json(RECORD)
     assert "\n" not in line
-    assert json.loads(line) == {"topic": "t", "partition": 1, "offset": 42, "timestamp": 1700000000000,
-                                "key": "user-1", "value": '{"page":"/"}', "headers": [["src", "cli"], ["n", None]]}
+    assert json.loads(line) == {
+        "topic": "t",
+        "partition": 1,
+        "offset": 42,
+        "timestamp": 1700000000000,
+        "key": "user-1",
+        "value": '{"page":"/"}',
+        "headers": [["src", "cli"], ["n", None]],
+    }
 
 
 def test_json_keeps_binary_and_null_values():
@@ -133,10 +170,15 @@ def test_table_aligns_columns():
 
 
 def test_describe_topic():
-    partitions = (PartitionMetadata("t", 0, 1, 0, (1,), (1,), "online"),
-                  PartitionMetadata("t", 1, -1, 0, (2,), (), "offline", "LEADER_NOT_AVAILABLE"))
+    partitions = (
+        PartitionMetadata("t", 0, 1, 0, (1,), (1,), "online"),
+        PartitionMetadata("t", 1, -1, 0, (2,), (), "offline", "LEADER_NOT_AVAILABLE"),
+    )
     text = output.describe_topic(TopicDescription("t", partitions, 1, {"retention.ms": "1000"}))
-    assert text.splitlines()[0] == "Topic: t\tPartitionCount: 2\tReplicationFactor: 1\tConfigs: retention.ms=1000"
+    assert (
+        text.splitlines()[0]
+        == "Topic: t\tPartitionCount: 2\tReplicationFactor: 1\tConfigs: retention.ms=1000"
+    )
     assert "none" in text.splitlines()[3] and "offline (LEADER_NOT_AVAILABLE)" in text
 
 

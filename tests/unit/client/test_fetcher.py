@@ -21,8 +21,12 @@ TP0, TP1 = TopicPartition("t", 0), TopicPartition("t", 1)
 def batch(base_offset: int, count: int, *, compression=Compression.NONE, prefix=b"v", headers=()):
     builder = RecordBatchBuilder(compression=compression)
     for i in range(count):
-        builder.append(prefix + str(base_offset + i).encode(), timestamp=T + base_offset + i,
-                       key=b"k%d" % (base_offset + i), headers=headers)
+        builder.append(
+            prefix + str(base_offset + i).encode(),
+            timestamp=T + base_offset + i,
+            key=b"k%d" % (base_offset + i),
+            headers=headers,
+        )
     data = bytearray(builder.build())
     set_base_offset(data, base_offset)
     return bytes(data)
@@ -122,8 +126,13 @@ def fetcher(reset="earliest", positions=None):
 
 
 def result(tp, raw=b"", *, error=None, high_watermark=100):
-    message = pb.FetchPartitionResult(topic=tp.topic, partition=tp.partition, record_batches=raw,
-                                      high_watermark=high_watermark, log_start_offset=0)
+    message = pb.FetchPartitionResult(
+        topic=tp.topic,
+        partition=tp.partition,
+        record_batches=raw,
+        high_watermark=high_watermark,
+        log_start_offset=0,
+    )
     if error is not None:
         message.error.CopyFrom(error_to_proto(error))
     return message

@@ -114,7 +114,10 @@ def test_environment_then_cluster_file(tmp_path):
     (tmp_path / "cluster.json").write_text(json.dumps({"gateway": "127.0.0.1:5,127.0.0.1:6"}))
     assert resolve_servers(None, environ={"TRIBUTARY_GATEWAY": "env:1"}, data_dir=tmp_path) == ["env:1"]
     assert resolve_servers(None, environ={}, data_dir=tmp_path) == ["127.0.0.1:5", "127.0.0.1:6"]
-    assert resolve_servers(None, environ={"TRIBUTARY_DATA_DIR": str(tmp_path)}) == ["127.0.0.1:5", "127.0.0.1:6"]
+    assert resolve_servers(None, environ={"TRIBUTARY_DATA_DIR": str(tmp_path)}) == [
+        "127.0.0.1:5",
+        "127.0.0.1:6",
+    ]
 
 
 def test_no_servers_says_how_to_start_a_cluster(tmp_path):

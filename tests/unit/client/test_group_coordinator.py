@@ -48,8 +48,9 @@ class FakeGateway:
         self.calls: list[tuple[str, object]] = []
         self.answers: dict[str, deque] = defaultdict(deque)
         self.defaults: dict[str, object] = {
-            "CommitOffsets": lambda request: pb.CommitOffsetsResponse(results=[
-                pb.OffsetCommitResult(topic=o.topic, partition=o.partition) for o in request.offsets]),
+            "CommitOffsets": lambda request: pb.CommitOffsetsResponse(
+                results=[pb.OffsetCommitResult(topic=o.topic, partition=o.partition) for o in request.offsets]
+            ),
             "FetchCommittedOffsets": lambda request: pb.FetchCommittedOffsetsResponse(),
             "LeaveGroup": pb.LeaveGroupResponse(),
         }
@@ -99,9 +100,15 @@ def make(*, clock=None, listener=None, subscribe=True, **settings):
     subscription = SubscriptionState("earliest")
     fetcher = Fetcher(gateway, subscription)
     defaults = dict(group_id="g", retry_backoff_ms=1, request_timeout_ms=2000, heartbeat_interval_ms=3000)
-    coordinator = GroupCoordinator(gateway, subscription, fetcher, GroupSettings(**{**defaults, **settings}),
-                                   attention=asyncio.Event(), call_back=call_directly,
-                                   consumed_offsets=subscription.consumed_offsets)
+    coordinator = GroupCoordinator(
+        gateway,
+        subscription,
+        fetcher,
+        GroupSettings(**{**defaults, **settings}),
+        attention=asyncio.Event(),
+        call_back=call_directly,
+        consumed_offsets=subscription.consumed_offsets,
+    )
     if subscribe:
         subscription.subscribe(["t"])
         coordinator.listener = listener
@@ -117,8 +124,10 @@ def join(coordinator, assignment, *, generation=1, member_id="m-1"):
 def heartbeat_answer(coordinator, assignment, *, generation, pending=()):
     handler = HeartbeatHandler(coordinator.membership, coordinator.settings)
     handler.create_request(now=0.0)
-    assert handler.handle_response(pb.HeartbeatResponse(generation_id=generation, assignment=tps(*assignment),
-                                                        pending=tps(*pending)), now=0.0)
+    assert handler.handle_response(
+        pb.HeartbeatResponse(generation_id=generation, assignment=tps(*assignment), pending=tps(*pending)),
+        now=0.0,
+    )
 
 
 def run(coro):
@@ -131,8 +140,10 @@ def run(coro):
 def test_revoked_partitions_are_committed_then_revoked_before_new_ones_are_assigned():
     log = []
     coordinator, gateway, subscription = make(listener=RecordingListener(log))
-    gateway.defaults["CommitOffsets"] = lambda request: (log.append(("commit", {
-        (o.partition, o.offset) for o in request.offsets})), FakeGateway().defaults["CommitOffsets"](request))[1]
+    gateway.defaults["CommitOffsets"] = lambda request: (
+        log.append(("commit", {(o.partition, o.offset) for o in request.offsets})),
+        FakeGateway().defaults["CommitOffsets"](request),
+    )[1]
 
     async def scenario():
         join(coordinator, [T0, T1])
@@ -174,9 +185,17 @@ def test_new_partitions_start_at_the_committed_offset_unless_the_listener_seeks(
             subscription.seek(T2, 7)
 
     coordinator.listener = Seeker()
-    gateway.answer("FetchCommittedOffsets", lambda request: pb.FetchCommittedOffsetsResponse(offsets=[
-        pb.CommittedOffset(topic=m.topic, partition=m.partition, offset=100 if m.partition == 0 else -1)
-        for m in request.partitions]))
+    gateway.answer(
+        "FetchCommittedOffsets",
+        lambda request: pb.FetchCommittedOffsetsResponse(
+            offsets=[
+                pb.CommittedOffset(
+                    topic=m.topic, partition=m.partition, offset=100 if m.partition == 0 else -1
+                )
+                for m in request.partitions
+            ]
+        ),
+    )
 
     async def scenario():
         join(coordinator, [T0, T1, T2])
@@ -187,12 +206,16 @@ def test_new_partitions_start_at_the_committed_offset_unless_the_listener_seeks(
     assert asked == {T0, T1}, "the partition the listener seeks needs no lookup"
     assert subscription.position(T0) == 100
     assert subscription.position(T2) == 7
-    assert subscription.position(T1) is None and subscription.partitions_awaiting_reset() == {T1: ("earliest", 0)}
+    assert subscription.position(T1) is None and subscription.partitions_awaiting_reset() == {
+        T1: ("earliest", 0)
+    }
 
 
 def test_a_failing_listener_does_not_stop_the_rebalance():
     log = []
-    coordinator, _, subscription = make(listener=RecordingListener(log, fail_on="revoked"), enable_auto_commit=False)
+    coordinator, _, subscription = make(
+        listener=RecordingListener(log, fail_on="revoked"), enable_auto_commit=False
+    )
 
     async def scenario():
         join(coordinator, [T0, T1])
@@ -316,7 +339,9 @@ def commit_results(*failures):
 def test_commit_retries_while_the_coordinator_is_unavailable():
     coordinator, gateway, _ = make()
     join(coordinator, [T0])
-    gateway.answer("CommitOffsets", errors.CoordinatorNotAvailableError("electing"), errors.NotControllerError("moved"))
+    gateway.answer(
+        "CommitOffsets", errors.CoordinatorNotAvailableError("electing"), errors.NotControllerError("moved")
+    )
     run(coordinator.commit({T0: OffsetAndMetadata(5, "m")}))
     assert len(gateway.requests("CommitOffsets")) == 3
 
@@ -349,8 +374,12 @@ def test_a_partition_refused_with_illegal_generation_has_moved_and_is_lost():
 
 def test_whole_commit_illegal_generation_heartbeats_then_retries_with_the_new_generation():
     coordinator, gateway, subscription = make(clock=SystemClock())
-    gateway.answer("JoinGroup", pb.JoinGroupResponse(member_id="m-1", generation_id=1, assignment=tps(T0, T1),
-                                                     heartbeat_interval_ms=3000))
+    gateway.answer(
+        "JoinGroup",
+        pb.JoinGroupResponse(
+            member_id="m-1", generation_id=1, assignment=tps(T0, T1), heartbeat_interval_ms=3000
+        ),
+    )
     gateway.answer("Heartbeat", pb.HeartbeatResponse(generation_id=2, assignment=tps(T0, T1)))
     gateway.answer("CommitOffsets", errors.IllegalGenerationError("generation 1 is not 2"))
 
@@ -403,17 +432,23 @@ def test_commit_async_callbacks_run_in_a_later_poll():
     gateway.answer("CommitOffsets", commit_results(), errors.UnknownMemberIdError("expired"))
 
     async def scenario():
-        coordinator.commit_async({T0: OffsetAndMetadata(4)}, lambda offsets, error: outcomes.append((offsets, error)))
+        coordinator.commit_async(
+            {T0: OffsetAndMetadata(4)}, lambda offsets, error: outcomes.append((offsets, error))
+        )
         await asyncio.sleep(0.01)
         assert outcomes == [], "delivered by poll, not by the I/O routine"
         await coordinator.deliver_commit_callbacks()
-        coordinator.commit_async({T0: OffsetAndMetadata(5)}, lambda offsets, error: outcomes.append((offsets, error)))
+        coordinator.commit_async(
+            {T0: OffsetAndMetadata(5)}, lambda offsets, error: outcomes.append((offsets, error))
+        )
         await asyncio.sleep(0.01)
         await coordinator.deliver_commit_callbacks()
 
     run(scenario())
     assert outcomes[0] == ({T0: OffsetAndMetadata(4)}, None)
-    assert outcomes[1][0] == {T0: OffsetAndMetadata(5)} and isinstance(outcomes[1][1], errors.UnknownMemberIdError)
+    assert outcomes[1][0] == {T0: OffsetAndMetadata(5)} and isinstance(
+        outcomes[1][1], errors.UnknownMemberIdError
+    )
     assert len(gateway.requests("CommitOffsets")) == 2, "no retries"
 
 
@@ -434,9 +469,11 @@ def test_heartbeats_report_held_and_granted_partitions_and_polls():
 
 def test_unknown_member_on_heartbeat_rejoins_with_an_empty_member_id():
     coordinator, gateway, _ = make(clock=SystemClock(), heartbeat_interval_ms=20, session_timeout_ms=6000)
-    gateway.answer("JoinGroup",
-                   pb.JoinGroupResponse(member_id="m-1", generation_id=1, assignment=tps(T0), heartbeat_interval_ms=20),
-                   pb.JoinGroupResponse(member_id="m-2", generation_id=2, assignment=tps(T1), heartbeat_interval_ms=20))
+    gateway.answer(
+        "JoinGroup",
+        pb.JoinGroupResponse(member_id="m-1", generation_id=1, assignment=tps(T0), heartbeat_interval_ms=20),
+        pb.JoinGroupResponse(member_id="m-2", generation_id=2, assignment=tps(T1), heartbeat_interval_ms=20),
+    )
     gateway.answer("Heartbeat", errors.UnknownMemberIdError("session expired"))
     gateway.defaults["Heartbeat"] = pb.HeartbeatResponse(generation_id=2, assignment=tps(T1))
 
@@ -445,8 +482,9 @@ def test_unknown_member_on_heartbeat_rejoins_with_an_empty_member_id():
         while not gateway.requests("Heartbeat"):
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.2)
-        assert coordinator.membership.needs_join and len(gateway.requests("JoinGroup")) == 1, \
+        assert coordinator.membership.needs_join and len(gateway.requests("JoinGroup")) == 1, (
             "lost while the application was not polling: no rejoin in the background"
+        )
         coordinator.poll_started()
         for _ in range(500):
             if coordinator.membership.member_id == "m-2":
@@ -463,10 +501,16 @@ def test_unknown_member_on_heartbeat_rejoins_with_an_empty_member_id():
 
 def test_fenced_static_member_stops_and_poll_raises_after_dropping_its_partitions():
     log = []
-    coordinator, gateway, _ = make(clock=SystemClock(), listener=RecordingListener(log), heartbeat_interval_ms=20,
-                                   group_instance_id="static-1")
-    gateway.answer("JoinGroup", pb.JoinGroupResponse(member_id="m-1", generation_id=1, assignment=tps(T0),
-                                                     heartbeat_interval_ms=20))
+    coordinator, gateway, _ = make(
+        clock=SystemClock(),
+        listener=RecordingListener(log),
+        heartbeat_interval_ms=20,
+        group_instance_id="static-1",
+    )
+    gateway.answer(
+        "JoinGroup",
+        pb.JoinGroupResponse(member_id="m-1", generation_id=1, assignment=tps(T0), heartbeat_interval_ms=20),
+    )
     gateway.defaults["Heartbeat"] = errors.FencedInstanceIdError("replaced by a newer incarnation")
 
     async def scenario():
@@ -502,14 +546,18 @@ def test_leave_group_commits_revokes_then_leaves_unless_static():
         assert len(gateway.requests("LeaveGroup")) == expected_leaves, static
 
 
-@pytest.mark.parametrize("error, reaction, fatal", [
-    (errors.UnknownMemberIdError("x"), Reaction.CONTINUE, False),
-    (errors.InvalidSessionTimeoutError("x"), Reaction.STOP, True),
-    (errors.InconsistentGroupProtocolError("x"), Reaction.STOP, True),
-    (errors.FencedInstanceIdError("x"), Reaction.STOP, True),
-    (errors.NotControllerError("x"), Reaction.BACKOFF, False),
-    (errors.NetworkError("x"), Reaction.BACKOFF, False),
-], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v))
+@pytest.mark.parametrize(
+    "error, reaction, fatal",
+    [
+        (errors.UnknownMemberIdError("x"), Reaction.CONTINUE, False),
+        (errors.InvalidSessionTimeoutError("x"), Reaction.STOP, True),
+        (errors.InconsistentGroupProtocolError("x"), Reaction.STOP, True),
+        (errors.FencedInstanceIdError("x"), Reaction.STOP, True),
+        (errors.NotControllerError("x"), Reaction.BACKOFF, False),
+        (errors.NetworkError("x"), Reaction.BACKOFF, False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
 def test_join_errors(error, reaction, fatal):
     membership = GroupMembership(heartbeat_interval_ms=3000)
     membership.request_join()
@@ -533,10 +581,14 @@ def test_heartbeat_answers_for_an_ended_membership_are_ignored():
 def test_commit_handler_whole_call_reactions():
     membership = GroupMembership(heartbeat_interval_ms=3000)
     membership.on_join("m-1", 1, [T0], [], 3000, now=0.0)
-    handler = CommitOffsetsHandler(membership, GroupSettings("g"), {T0: OffsetAndMetadata(1)}, group_managed=True)
+    handler = CommitOffsetsHandler(
+        membership, GroupSettings("g"), {T0: OffsetAndMetadata(1)}, group_managed=True
+    )
     assert handler.handle_error(errors.IllegalGenerationError("x")) is Reaction.REFRESH
     assert handler.handle_error(errors.CoordinatorNotAvailableError("x")) is Reaction.BACKOFF
     assert handler.handle_error(errors.UnknownTopicOrPartitionError("x")) is Reaction.STOP
-    standalone = CommitOffsetsHandler(membership, GroupSettings("g"), {T0: OffsetAndMetadata(1)}, group_managed=False)
+    standalone = CommitOffsetsHandler(
+        membership, GroupSettings("g"), {T0: OffsetAndMetadata(1)}, group_managed=False
+    )
     assert standalone.handle_error(errors.UnknownMemberIdError("group has members")) is Reaction.STOP
     assert membership.member_id == "m-1", "a standalone commit's refusal says nothing about a membership"

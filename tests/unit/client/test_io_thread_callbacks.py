@@ -135,12 +135,18 @@ def test_group_calls_need_a_group_id_and_do_not_mix_with_assign():
         grouped.close()
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"group_id": "g", "partition_assignment_strategy": "fair"}, "partition_assignment_strategy"),
-    ({"group_id": "g", "heartbeat_interval_ms": 10_000, "session_timeout_ms": 6_000}, "heartbeat_interval_ms"),
-    ({"group_id": ""}, "group_id"),
-    ({"group_id": "g", "auto_commit_interval_ms": 0}, "auto_commit_interval_ms"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"group_id": "g", "partition_assignment_strategy": "fair"}, "partition_assignment_strategy"),
+        (
+            {"group_id": "g", "heartbeat_interval_ms": 10_000, "session_timeout_ms": 6_000},
+            "heartbeat_interval_ms",
+        ),
+        ({"group_id": ""}, "group_id"),
+        ({"group_id": "g", "auto_commit_interval_ms": 0}, "auto_commit_interval_ms"),
+    ],
+)
 def test_group_settings_are_validated(settings, message):
     with pytest.raises(ValueError, match=message):
         Consumer(servers=NOWHERE, **settings)

@@ -93,7 +93,7 @@ def test_a_grant_taken_back_before_poll_applied_it_is_never_seen():
     membership = joined([T0])
     apply(membership)
     membership.on_heartbeat(2, [T0, T1], [], now=1.0)  # T1 granted ...
-    membership.on_heartbeat(3, [T0], [], now=1.1)      # ... and moved on before the next poll
+    membership.on_heartbeat(3, [T0], [], now=1.1)  # ... and moved on before the next poll
     assert not membership.plan()
     assert membership.owned_to_report() == [T0], "not reported: the coordinator may give it to someone else"
 

@@ -61,7 +61,9 @@ class ScriptedTransport:
         results = []
         for entry in request.batches:
             key = (request.topic, entry.partition)
-            result = pb.PartitionProduceResult(partition=entry.partition, log_append_time=-1, log_start_offset=0)
+            result = pb.PartitionProduceResult(
+                partition=entry.partition, log_append_time=-1, log_start_offset=0
+            )
             if partition_error is not None:
                 result.base_offset = -1
                 result.error.CopyFrom(error_to_proto(partition_error))
@@ -74,16 +76,37 @@ class ScriptedTransport:
         return pb.ProduceResponse(topic=request.topic, partitions=results)
 
     def values_sent(self, partition):
-        return [r.value for req in self.requests for e in req.batches if e.partition == partition
-                for b in iter_batches(e.record_batches) for r in b.records()]
+        return [
+            r.value
+            for req in self.requests
+            for e in req.batches
+            if e.partition == partition
+            for b in iter_batches(e.record_batches)
+            for r in b.records()
+        ]
 
 
-async def run_sender(transport, records, *, policy=None, max_in_flight=5, batch_size=100, linger_ms=0,
-                     partitions=1, pace=0.0, acks=-1):
+async def run_sender(
+    transport,
+    records,
+    *,
+    policy=None,
+    max_in_flight=5,
+    batch_size=100,
+    linger_ms=0,
+    partitions=1,
+    pace=0.0,
+    acks=-1,
+):
     accumulator = RecordAccumulator(batch_size=batch_size, linger_ms=linger_ms)
-    sender = Sender(client=_Client(), accumulator=accumulator, transport=transport,
-                    policy=policy or RetryPolicy(retry_backoff_ms=1, retry_backoff_max_ms=5, rng=random.Random(1)),
-                    max_in_flight=max_in_flight, acks=acks)
+    sender = Sender(
+        client=_Client(),
+        accumulator=accumulator,
+        transport=transport,
+        policy=policy or RetryPolicy(retry_backoff_ms=1, retry_backoff_max_ms=5, rng=random.Random(1)),
+        max_in_flight=max_in_flight,
+        acks=acks,
+    )
     task = asyncio.create_task(sender.run())
     futures = []
     for i, value in enumerate(records):
@@ -116,7 +139,9 @@ def test_offsets_follow_the_batches_of_each_partition():
 
 
 def test_retriable_failures_are_retried_in_order():
-    transport = ScriptedTransport([NetworkError("gateway gone"), UnknownTopicOrPartitionError("not yet"), None])
+    transport = ScriptedTransport(
+        [NetworkError("gateway gone"), UnknownTopicOrPartitionError("not yet"), None]
+    )
     values = [b"v%02d" % i for i in range(30)]
     futures = asyncio.run(run_sender(transport, values, max_in_flight=3))
     assert [f.get(0).offset for f in futures] == list(range(30))
@@ -179,8 +204,10 @@ def test_a_request_failed_as_a_whole_is_answered_on_partition_minus_one():
     class WholeRequestFails(ScriptedTransport):
         def _answer(self, request, partition_error):
             error = error_to_proto(RecordTooLargeError("whole request"))
-            return pb.ProduceResponse(topic=request.topic, partitions=[
-                pb.PartitionProduceResult(partition=-1, base_offset=-1, error=error)])
+            return pb.ProduceResponse(
+                topic=request.topic,
+                partitions=[pb.PartitionProduceResult(partition=-1, base_offset=-1, error=error)],
+            )
 
     futures = asyncio.run(run_sender(WholeRequestFails(), [b"a", b"b"], partitions=2, batch_size=10_000))
     assert all(isinstance(f.exception, RecordTooLargeError) for f in futures)

@@ -58,16 +58,21 @@ def transport_with(call: ScriptedCall, unary_calls: list | None = None) -> Strea
 
     async def unary(method, request, **kwargs):
         unary_calls.append((method, request.correlation_id))
-        return pb.ProduceResponse(correlation_id=request.correlation_id, partitions=[
-            pb.PartitionProduceResult(partition=0, base_offset=7)])
+        return pb.ProduceResponse(
+            correlation_id=request.correlation_id,
+            partitions=[pb.PartitionProduceResult(partition=0, base_offset=7)],
+        )
 
     pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=translate)
     return StreamTransport(SimpleNamespace(pool=pool, call=unary))
 
 
 def request(acks: int, partitions=(0,)) -> pb.ProduceRequest:
-    return pb.ProduceRequest(topic="t", acks=acks, batches=[
-        pb.PartitionBatches(partition=p, record_batches=b"x") for p in partitions])
+    return pb.ProduceRequest(
+        topic="t",
+        acks=acks,
+        batches=[pb.PartitionBatches(partition=p, record_batches=b"x") for p in partitions],
+    )
 
 
 def test_acks_zero_is_sent_once_written_without_waiting_for_an_answer():
@@ -79,12 +84,20 @@ def test_acks_zero_is_sent_once_written_without_waiting_for_an_answer():
         first = asyncio.ensure_future(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0))
         await asyncio.sleep(0.05)
         assert not first.done()
-        await call.answers.put(pb.ProduceResponse(correlation_id=1, partitions=[
-            pb.PartitionProduceResult(partition=0, base_offset=-1), pb.PartitionProduceResult(partition=3, base_offset=-1)]))
+        await call.answers.put(
+            pb.ProduceResponse(
+                correlation_id=1,
+                partitions=[
+                    pb.PartitionProduceResult(partition=0, base_offset=-1),
+                    pb.PartitionProduceResult(partition=3, base_offset=-1),
+                ],
+            )
+        )
         responses = [await asyncio.wait_for(first, 1.0)]
         # From then on the stream never answers, and acks=0 sends do not wait for it.
-        responses += [await asyncio.wait_for(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0), 1.0)
-                      for _ in range(3)]
+        responses += [
+            await asyncio.wait_for(transport.send(request(pb.ACKS_NONE, (0, 3)), 5.0), 1.0) for _ in range(3)
+        ]
         await transport.close(0.1)
         return call, responses
 
@@ -93,7 +106,9 @@ def test_acks_zero_is_sent_once_written_without_waiting_for_an_answer():
     assert [r.correlation_id for r in responses] == [1, 2, 3, 4]
     for response in responses:
         assert [(p.partition, p.base_offset, p.HasField("error")) for p in response.partitions] == [
-            (0, -1, False), (3, -1, False)]
+            (0, -1, False),
+            (3, -1, False),
+        ]
 
 
 def test_acks_zero_falls_back_to_unary_calls_when_the_gateway_has_no_produce_stream():
@@ -132,8 +147,11 @@ def test_acks_one_waits_for_the_answer_with_its_correlation_id():
         pending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
         await asyncio.sleep(0.05)
         assert not pending.done(), "acks=1 waits for the gateway's answer"
-        await call.answers.put(pb.ProduceResponse(correlation_id=1, partitions=[
-            pb.PartitionProduceResult(partition=0, base_offset=42)]))
+        await call.answers.put(
+            pb.ProduceResponse(
+                correlation_id=1, partitions=[pb.PartitionProduceResult(partition=0, base_offset=42)]
+            )
+        )
         response = await asyncio.wait_for(pending, 1.0)
         await transport.close()
         return response

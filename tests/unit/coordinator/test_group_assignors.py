@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.groups.assignors import ASSIGNORS, MemberSubscription
-from coordinator.groups.assignors import range_assignor, round_robin, sticky
+from coordinator.groups.assignors import ASSIGNORS, MemberSubscription, range_assignor, round_robin, sticky
 from coordinator.groups.model import TopicPartition as TP
 
 
@@ -43,7 +42,10 @@ def test_range_is_per_topic_and_only_among_subscribers():
 
 
 def test_range_orders_static_members_by_instance_id():
-    ms = [MemberSubscription("zzz-1", frozenset({"t"}), "i-a"), MemberSubscription("aaa-2", frozenset({"t"}), "i-b")]
+    ms = [
+        MemberSubscription("zzz-1", frozenset({"t"}), "i-a"),
+        MemberSubscription("aaa-2", frozenset({"t"}), "i-b"),
+    ]
     assert range_assignor.assign(ms, {"t": 4})["zzz-1"] == parts("t", 0, 1)
 
 
@@ -104,12 +106,16 @@ TOPICS = ["t0", "t1", "t2"]
 @st.composite
 def scenarios(draw, homogeneous: bool):
     counts = {t: draw(st.integers(0, 12)) for t in draw(st.sets(st.sampled_from(TOPICS), min_size=1))}
-    member_ids = draw(st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=7, unique=True))
+    member_ids = draw(
+        st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=7, unique=True)
+    )
     if homogeneous:
         ms = [MemberSubscription(m, frozenset(counts)) for m in member_ids]
     else:
-        ms = [MemberSubscription(m, frozenset(draw(st.sets(st.sampled_from(sorted(counts)), min_size=1))))
-              for m in member_ids]
+        ms = [
+            MemberSubscription(m, frozenset(draw(st.sets(st.sampled_from(sorted(counts)), min_size=1))))
+            for m in member_ids
+        ]
     # A previous assignment over some old members (some gone), partitions possibly of old topics.
     old_ids = draw(st.lists(st.sampled_from(member_ids + ["gone1", "gone2"]), unique=True))
     pool = [TP(t, p) for t in TOPICS for p in range(12)]
@@ -129,7 +135,9 @@ def assert_valid(ms, counts, result):
     expected = {TP(t, p) for t in counts if t in subscribed for p in range(counts[t])}
     assert Counter(everything) == Counter(expected), "every subscribed partition exactly once"
     by_id = {m.member_id: m for m in ms}
-    assert all(tp.topic in by_id[m].topics for m, tps in result.items() for tp in tps), "only subscribed topics"
+    assert all(tp.topic in by_id[m].topics for m, tps in result.items() for tp in tps), (
+        "only subscribed topics"
+    )
 
 
 def assert_balanced_within_one(result):
@@ -182,7 +190,11 @@ def test_sticky_keeps_everything_balance_allows(scenario):
     ms, counts, previous = scenario
     result = sticky.assign(ms, counts, previous)
     for m in ms:
-        had = {tp for tp in previous.get(m.member_id, ()) if tp.topic in counts and tp.partition < counts[tp.topic]}
+        had = {
+            tp
+            for tp in previous.get(m.member_id, ())
+            if tp.topic in counts and tp.partition < counts[tp.topic]
+        }
         kept = had & result[m.member_id]
         assert len(kept) == min(len(had), len(result[m.member_id])), m.member_id
 

@@ -36,8 +36,12 @@ def test_take_batch_fills_one_transaction_and_always_takes_one():
 def group_with_two_members(clock) -> GroupState:
     state = GroupState("g", clock)
     for name in ("a", "b"):
-        state.join(JoinParams("g", subscription=Subscription(("t",)), assignor="range"), {"t": 4},
-                   member_id=name, lease_id=1)
+        state.join(
+            JoinParams("g", subscription=Subscription(("t",)), assignor="range"),
+            {"t": 4},
+            member_id=name,
+            lease_id=1,
+        )
         state.heartbeat(name, state.generation, (), polled=True)
     state.heartbeat("a", state.generation, state.owned_by("a") & state.target["a"], polled=True)
     state.heartbeat("b", state.generation, (), polled=True)
@@ -52,7 +56,7 @@ def test_plan_checks_each_request_and_partition_and_later_offsets_win():
     b_tp = sorted(state.owned_by("b"))[0]
     batch = [
         pending("a", state.generation, (a_tp.partition, 5)),
-        pending("a", state.generation - 1, (a_tp.partition, 6)),                  # stale generation
+        pending("a", state.generation - 1, (a_tp.partition, 6)),  # stale generation
         pending("a", state.generation, (a_tp.partition, 7), (b_tp.partition, 1), (9, 1)),
         pending("nobody", state.generation, (a_tp.partition, 8)),
     ]

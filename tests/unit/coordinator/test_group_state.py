@@ -26,10 +26,20 @@ from services.etcd.values import KeyValue
 TOPICS = {"t": 6}
 
 
-def params(member_id="", *, instance="", topics=("t",), pattern="", assignor=COOPERATIVE_STICKY, poll_ms=300_000):
+def params(
+    member_id="", *, instance="", topics=("t",), pattern="", assignor=COOPERATIVE_STICKY, poll_ms=300_000
+):
     sub = Subscription((), pattern) if pattern else Subscription(tuple(topics))
-    return JoinParams("g", member_id=member_id, instance_id=instance, client_id="cli", subscription=sub,
-                      assignor=assignor, session_timeout_ms=10_000, max_poll_interval_ms=poll_ms)
+    return JoinParams(
+        "g",
+        member_id=member_id,
+        instance_id=instance,
+        client_id="cli",
+        subscription=sub,
+        assignor=assignor,
+        session_timeout_ms=10_000,
+        max_poll_interval_ms=poll_ms,
+    )
 
 
 class Group:
@@ -45,14 +55,22 @@ class Group:
 
     def join(self, name="", *, instance="", topics=TOPICS, **kw):
         self._next_lease += 1
-        answer, replaced = self.state.join(params(instance=instance, assignor=self.assignor, **kw), topics,
-                                           member_id=name or f"m{self._next_lease}", lease_id=self._next_lease)
+        answer, replaced = self.state.join(
+            params(instance=instance, assignor=self.assignor, **kw),
+            topics,
+            member_id=name or f"m{self._next_lease}",
+            lease_id=self._next_lease,
+        )
         self.owned[answer.member_id] = set(answer.assignment)
         return answer
 
     def beat(self, member_id, *, generation=None):
-        answer = self.state.heartbeat(member_id, self.state.generation if generation is None else generation,
-                                      self.owned[member_id], polled=True)
+        answer = self.state.heartbeat(
+            member_id,
+            self.state.generation if generation is None else generation,
+            self.owned[member_id],
+            polled=True,
+        )
         self.revoked.setdefault(member_id, []).extend(answer.revoke)
         self.owned[member_id] = set(answer.assignment)  # commit + release the revoked ones
         return answer
@@ -129,8 +147,11 @@ def test_eager_members_revoke_everything_before_new_grants():
     first = g.beat("a")
     assert set(first.revoke) == {TP("t", p) for p in range(3)} and first.assignment == ()
     g.settle()
-    assert {m: sorted(tp.partition for tp in tps) for m, tps in g.owned.items()} == \
-        {"a": [0, 1], "b": [2, 3], "c": [4, 5]}
+    assert {m: sorted(tp.partition for tp in tps) for m, tps in g.owned.items()} == {
+        "a": [0, 1],
+        "b": [2, 3],
+        "c": [4, 5],
+    }
     assert len(g.revoked["a"]) == 3 and len(g.revoked["b"]) == 3
     assert_exclusive(g)
 
@@ -223,7 +244,7 @@ def test_commit_conflict_only_for_partitions_another_member_holds():
     g.settle()
     g.join("b")
     tp = next(iter(g.state.target["b"]))
-    assert g.state.commit_conflict("b", tp) == "a"   # still a's during the hand-off
+    assert g.state.commit_conflict("b", tp) == "a"  # still a's during the hand-off
     assert g.state.commit_conflict("a", tp) is None  # its holder may commit it (before releasing)
 
 
@@ -317,8 +338,11 @@ def test_reload_after_members_expired_drops_their_ownership():
     g.join("a")
     g.join("b")
     g.settle()
-    kvs = [kv for kv in stored_kvs(keys.plan_writes(GroupState("g", g.clock), g.state))
-           if kv.lease != g.state.members["b"].lease_id]  # b's lease expired during a failover
+    kvs = [
+        kv
+        for kv in stored_kvs(keys.plan_writes(GroupState("g", g.clock), g.state))
+        if kv.lease != g.state.members["b"].lease_id
+    ]  # b's lease expired during a failover
     back = keys.load_groups(kvs, g.clock)[0]["g"].state
     assert "b" not in back.members and set(back.owners.values()) == {"a"}
     assert back.rebalance(TOPICS) and back.target["a"] == frozenset(TP("t", p) for p in range(6))
@@ -340,7 +364,9 @@ def test_keys_parse_back():
     tp = TP("orders", 3)
     assert keys.parse_group_key(keys.offset_key("g1", tp)) == keys.GroupKey("offset", "g1", tp=tp)
     assert keys.parse_group_key(keys.owner_key("g1", tp)).kind == "owner"
-    assert keys.parse_group_key(keys.member_key("g1", "m-1")) == keys.GroupKey("member", "g1", member_id="m-1")
+    assert keys.parse_group_key(keys.member_key("g1", "m-1")) == keys.GroupKey(
+        "member", "g1", member_id="m-1"
+    )
     assert keys.parse_group_key(keys.group_key("g1")) == keys.GroupKey("group", "g1")
     assert keys.parse_group_key("topics/x").kind == "other"
     record = OffsetRecord(42, "meta", 1000, 3)
@@ -351,11 +377,20 @@ def test_keys_parse_back():
 
 
 def test_offsets_expire_only_once_the_group_is_empty():
-    offsets = {TP("t", 0): OffsetRecord(5, commit_timestamp=1_000), TP("t", 1): OffsetRecord(5, commit_timestamp=9_000)}
-    assert expired_offsets(offsets, has_members=True, empty_since_ms=None, now_ms=10**9, retention_ms=10) == []
-    assert expired_offsets(offsets, has_members=False, empty_since_ms=None, now_ms=10_000, retention_ms=5_000) \
-        == [TP("t", 0)]
-    assert expired_offsets(offsets, has_members=False, empty_since_ms=8_000, now_ms=12_000, retention_ms=5_000) == []
+    offsets = {
+        TP("t", 0): OffsetRecord(5, commit_timestamp=1_000),
+        TP("t", 1): OffsetRecord(5, commit_timestamp=9_000),
+    }
+    assert (
+        expired_offsets(offsets, has_members=True, empty_since_ms=None, now_ms=10**9, retention_ms=10) == []
+    )
+    assert expired_offsets(
+        offsets, has_members=False, empty_since_ms=None, now_ms=10_000, retention_ms=5_000
+    ) == [TP("t", 0)]
+    assert (
+        expired_offsets(offsets, has_members=False, empty_since_ms=8_000, now_ms=12_000, retention_ms=5_000)
+        == []
+    )
 
 
 def test_offsets_of_deleted_topics():

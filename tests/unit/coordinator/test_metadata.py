@@ -25,14 +25,27 @@ def kv(key, value, *, create=None, mod=None, lease=0):
 
 
 def broker(node_id, rack="", *, create=None):
-    value = json.dumps({"node_id": node_id, "host": "127.0.0.1", "grpc_port": 9000 + node_id,
-                        "fetch_port": 9100 + node_id, "rack": rack})
+    value = json.dumps(
+        {
+            "node_id": node_id,
+            "host": "127.0.0.1",
+            "grpc_port": 9000 + node_id,
+            "fetch_port": 9100 + node_id,
+            "rack": rack,
+        }
+    )
     return kv(keys.broker_key(node_id), value, create=create)
 
 
 def topic(name, assignment, **extra):
-    record = TopicRecord(name, "id-" + name, len(assignment[0]), extra.pop("configs", {}),
-                         tuple(tuple(r) for r in assignment), **extra)
+    record = TopicRecord(
+        name,
+        "id-" + name,
+        len(assignment[0]),
+        extra.pop("configs", {}),
+        tuple(tuple(r) for r in assignment),
+        **extra,
+    )
     return kv(keys.topic_key(name), keys.encode_topic(record))
 
 
@@ -55,16 +68,19 @@ def snapshot(*kvs, revision=50):
 
 def test_snapshot_builds_everything():
     state = MetadataState()
-    state.apply_resync(snapshot(
-        broker(1, "r1"), broker(2, "r2"),
-        kv(keys.coordinator_key("c1"), keys.encode_coordinator(CoordinatorInfo("c1", "h", 5))),
-        kv(keys.CONTROLLER, keys.encode_controller(ControllerInfo("c1", "h:5", 3))),
-        kv(keys.CONTROLLER_EPOCH, "3"),
-        kv(keys.CLUSTER_ID, "abc"),
-        topic("orders", [[1, 2], [2, 1]], configs={"retention.ms": "1000"}),
-        partition("orders", 0, 1, replicas=(1, 2)),
-        revision=77,
-    ))
+    state.apply_resync(
+        snapshot(
+            broker(1, "r1"),
+            broker(2, "r2"),
+            kv(keys.coordinator_key("c1"), keys.encode_coordinator(CoordinatorInfo("c1", "h", 5))),
+            kv(keys.CONTROLLER, keys.encode_controller(ControllerInfo("c1", "h:5", 3))),
+            kv(keys.CONTROLLER_EPOCH, "3"),
+            kv(keys.CLUSTER_ID, "abc"),
+            topic("orders", [[1, 2], [2, 1]], configs={"retention.ms": "1000"}),
+            partition("orders", 0, 1, replicas=(1, 2)),
+            revision=77,
+        )
+    )
     assert sorted(state.brokers) == [1, 2] and state.brokers[1].rack == "r1"
     assert state.coordinators["c1"].address == "h:5"
     assert state.controller == ControllerInfo("c1", "h:5", 3)
@@ -79,8 +95,9 @@ def test_snapshot_builds_everything():
 
 def test_lease_expiry_of_the_leader_shows_offline_at_once():
     state = MetadataState()
-    state.apply_resync(snapshot(broker(1), broker(2), topic("t", [[1], [2]]), partition("t", 0, 1),
-                                partition("t", 1, 2)))
+    state.apply_resync(
+        snapshot(broker(1), broker(2), topic("t", [[1], [2]]), partition("t", 0, 1), partition("t", 1, 2))
+    )
     state.apply_events([delete(keys.broker_key(1))])
     view = state.topic_view("t")
     assert view.partitions[0].status is PartitionStatus.OFFLINE and view.partitions[0].leader == -1
@@ -96,8 +113,13 @@ def test_lease_expiry_of_the_leader_shows_offline_at_once():
 
 def test_events_track_revision_and_deletions():
     state = MetadataState()
-    state.apply_resync(snapshot(topic("a", [[1]]), partition("a", 0, 1), kv(keys.CONTROLLER,
-                                keys.encode_controller(ControllerInfo("c", "h:1", 1)))))
+    state.apply_resync(
+        snapshot(
+            topic("a", [[1]]),
+            partition("a", 0, 1),
+            kv(keys.CONTROLLER, keys.encode_controller(ControllerInfo("c", "h:1", 1))),
+        )
+    )
     event = delete(keys.CONTROLLER)
     state.apply_events([event])
     assert state.controller is None and state.revision == event.revision

@@ -83,6 +83,7 @@ def state_with(topics, partitions=(), brokers=()):
     for name, p, rec in partitions:
         state.partitions.setdefault(name, {})[p] = rec
     from coordinator.model import BrokerInfo
+
     state.brokers = {b: BrokerInfo(b, "h", 1, 2) for b in brokers}
     return state
 

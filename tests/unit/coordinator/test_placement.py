@@ -40,8 +40,16 @@ def test_kafka_rack_unaware_second_round_shifts_followers():
     # Kafka's AdminUtils comment: 5 brokers, 10 partitions, rf 3, start 0, shift 0.
     assignment = assign_replicas(no_racks(0, 1, 2, 3, 4), 10, 3, start_index=0, replica_shift=0)
     assert assignment == [
-        [0, 1, 2], [1, 2, 3], [2, 3, 4], [3, 4, 0], [4, 0, 1],
-        [0, 2, 3], [1, 3, 4], [2, 4, 0], [3, 0, 1], [4, 1, 2],
+        [0, 1, 2],
+        [1, 2, 3],
+        [2, 3, 4],
+        [3, 4, 0],
+        [4, 0, 1],
+        [0, 2, 3],
+        [1, 3, 4],
+        [2, 4, 0],
+        [3, 0, 1],
+        [4, 1, 2],
     ]
 
 

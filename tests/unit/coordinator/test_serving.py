@@ -33,7 +33,9 @@ def test_memo_reuses_answers_only_at_the_same_revision():
 
 
 def test_not_controller_status_names_the_active_controller():
-    moved = ControllerMovedError("not me; the active controller is c2 at h:9", active_id="c2", active_address="h:9")
+    moved = ControllerMovedError(
+        "not me; the active controller is c2 at h:9", active_id="c2", active_address="h:9"
+    )
     status = not_controller_status(moved)
     assert status.code == grpc.StatusCode.UNAVAILABLE
     metadata = dict(status.trailing_metadata)
@@ -80,8 +82,13 @@ def test_health_follows_the_probe():
     async def scenario():
         etcd = _FakeEtcd()
         health = EtcdHealth(etcd, timeout=0.05)
-        etcd.outcomes = [_Status(True), EtcdUnavailableError("connection refused"), "hang", _Status(False),
-                         _Status(True)]
+        etcd.outcomes = [
+            _Status(True),
+            EtcdUnavailableError("connection refused"),
+            "hang",
+            _Status(False),
+            _Status(True),
+        ]
         assert await health.probe_once()
         health.ensure_available()
         assert not await health.probe_once()

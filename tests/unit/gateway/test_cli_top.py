@@ -18,8 +18,9 @@ def test_first_screen_has_no_rates():
 
 def test_rates_between_two_snapshots():
     before = _snapshot(100.0, 0, 0, 0)
-    after = _snapshot(102.0, 4_000_000, 20_000, 8_000_000,
-                      groups=[GroupSample("billing", "Stable", 3, 1234, 900)])
+    after = _snapshot(
+        102.0, 4_000_000, 20_000, 8_000_000, groups=[GroupSample("billing", "Stable", 3, 1234, 900)]
+    )
     screen = render(after, before)
     line = next(l for l in screen.splitlines() if l.startswith("0 "))
     assert "2.0 MB/s" in line and "10,000.0 rec/s" in line and "4.0 MB/s" in line

@@ -41,7 +41,7 @@ def _reference_murmur2(data: bytes) -> int:
     length = len(data)
     m, h = 0x5BD1E995, i32(0x9747B28C ^ length)
     for i in range(length // 4):
-        b = data[i * 4:i * 4 + 4]
+        b = data[i * 4 : i * 4 + 4]
         k = i32(b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24)
         k = i32(k * m)
         k = i32(k ^ ushr(k, 24))

@@ -14,8 +14,18 @@ def test_round_trip_and_layout():
     assert broker_key(3) == "brokers/3" and cluster_prefix("prod") == "/tributary/prod/"
 
 
-@pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b'{"host": "h"}', b'{"node_id": "1"}',
-                                 b'{"node_id": true}', b'{"node_id": 1, "grpc_port": 1.5}', b"\xff"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b"[1, 2]",
+        b'{"host": "h"}',
+        b'{"node_id": "1"}',
+        b'{"node_id": true}',
+        b'{"node_id": 1, "grpc_port": 1.5}',
+        b"\xff",
+    ],
+)
 def test_bad_values_are_refused(raw):
     with pytest.raises(ValueError):
         BrokerRecord.decode(raw)

@@ -27,7 +27,9 @@ def test_precedence_file_then_env_then_flags(tmp_path):
     toml = tmp_path / "node.toml"
     toml.write_text('"node.id" = 3\n"log.dirs" = ["/a", "/b"]\nflush_before_ack = true\n')
     env = {"TRIB_NODE_ID": "4", "TRIB_RATIO": "0.25", "OTHER": "x"}
-    cfg = load_config(Example, file=toml, env=env, env_prefix="TRIB", overrides={"node_id": "5", "ratio": None})
+    cfg = load_config(
+        Example, file=toml, env=env, env_prefix="TRIB", overrides={"node_id": "5", "ratio": None}
+    )
     assert cfg.node_id == 5
     assert cfg.log_dirs == [Path("/a"), Path("/b")]
     assert cfg.flush_before_ack is True
@@ -43,15 +45,23 @@ def test_json_file_and_dict_values(tmp_path):
 
 
 def test_string_dict_and_optional():
-    cfg = load_config(Example, env={}, overrides={"topic_defaults": "retention.ms=5,segment.bytes=100", "ready_file": "r.json"})
+    cfg = load_config(
+        Example,
+        env={},
+        overrides={"topic_defaults": "retention.ms=5,segment.bytes=100", "ready_file": "r.json"},
+    )
     assert cfg.topic_defaults == {"retention.ms": "5", "segment.bytes": "100"}
     assert cfg.ready_file == Path("r.json")
 
 
 @pytest.mark.parametrize(
     "overrides, fragment",
-    [({"node_id": "seven"}, "node_id"), ({"flush_before_ack": "maybe"}, "flush_before_ack"),
-     ({"topic_defaults": "novalue"}, "topic_defaults"), ({"bogus": "1"}, "unknown setting")],
+    [
+        ({"node_id": "seven"}, "node_id"),
+        ({"flush_before_ack": "maybe"}, "flush_before_ack"),
+        ({"topic_defaults": "novalue"}, "topic_defaults"),
+        ({"bogus": "1"}, "unknown setting"),
+    ],
 )
 def test_bad_values_name_the_key(overrides, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -52,7 +52,9 @@ class _FakeRpcError(grpc.RpcError):
         return self._trailers
 
 
-@pytest.mark.parametrize("cls", [errors.NotLeaderOrFollowerError, errors.OffsetOutOfRangeError, errors.CorruptRecordError])
+@pytest.mark.parametrize(
+    "cls", [errors.NotLeaderOrFollowerError, errors.OffsetOutOfRangeError, errors.CorruptRecordError]
+)
 def test_status_round_trip_keeps_type_message_and_cause(cls):
     status = errors.to_status(cls("partition t-0 moved"))
     assert status.code is cls.grpc_code

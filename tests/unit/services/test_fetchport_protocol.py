@@ -25,7 +25,9 @@ def _body(frame: bytes) -> bytes:
 )
 @settings(max_examples=200, deadline=None)
 def test_request_round_trip(correlation_id, topic, partition, offset, max_bytes, min_bytes, max_wait_ms):
-    request = protocol.FetchRequest(correlation_id, topic, partition, offset, max_bytes, min_bytes, max_wait_ms)
+    request = protocol.FetchRequest(
+        correlation_id, topic, partition, offset, max_bytes, min_bytes, max_wait_ms
+    )
     assert protocol.decode_request_body(_body(protocol.encode_request(request))) == request
 
 
@@ -35,7 +37,7 @@ def test_request_golden_bytes():
     assert frame == struct.pack(">i", len(expected_body)) + expected_body
 
 
-@pytest.mark.parametrize("cut", range(0, 31))
+@pytest.mark.parametrize("cut", range(31))
 def test_truncated_request_is_invalid(cut):
     body = _body(protocol.encode_request(protocol.FetchRequest(1, "topic", 0, 0, 100)))
     with pytest.raises(errors.InvalidRequestError):
@@ -48,7 +50,9 @@ def test_wrong_version_and_negative_fields():
     with pytest.raises(errors.UnsupportedVersionError):
         protocol.decode_request_body(bytes(body))
     with pytest.raises(errors.InvalidRequestError):
-        protocol.decode_request_body(_body(protocol.encode_request(protocol.FetchRequest(1, "t", -1, 0, 100))))
+        protocol.decode_request_body(
+            _body(protocol.encode_request(protocol.FetchRequest(1, "t", -1, 0, 100)))
+        )
 
 
 def test_non_utf8_topic():
@@ -75,16 +79,24 @@ def test_garbage_request_body_raises_only_taxonomy_errors(garbage):
 
 @pytest.mark.parametrize("error", [None, errors.OffsetOutOfRangeError("offset 9 > log end 5")])
 def test_response_header_round_trip(error):
-    frame = protocol.encode_response_header(
-        11, high_watermark=5, log_start_offset=1, log_end_offset=5, records_length=3, error=error
-    ) + b"xyz"
+    frame = (
+        protocol.encode_response_header(
+            11, high_watermark=5, log_start_offset=1, log_end_offset=5, records_length=3, error=error
+        )
+        + b"xyz"
+    )
     (size,) = struct.unpack(">i", frame[:4])
     assert size == len(frame) - 4
-    prefix = protocol.response_prefix_length(frame[4:4 + protocol.RESPONSE_FIXED_SIZE])
-    header = protocol.decode_response_header(frame[4:4 + prefix], size)
-    assert (header.correlation_id, header.high_watermark, header.log_start_offset, header.log_end_offset) == (11, 5, 1, 5)
+    prefix = protocol.response_prefix_length(frame[4 : 4 + protocol.RESPONSE_FIXED_SIZE])
+    header = protocol.decode_response_header(frame[4 : 4 + prefix], size)
+    assert (header.correlation_id, header.high_watermark, header.log_start_offset, header.log_end_offset) == (
+        11,
+        5,
+        1,
+        5,
+    )
     assert header.records_length == 3
-    assert frame[4 + prefix:] == b"xyz"
+    assert frame[4 + prefix :] == b"xyz"
     if error is None:
         assert header.error() is None
     else:
@@ -94,6 +106,6 @@ def test_response_header_round_trip(error):
 
 def test_response_with_inconsistent_records_length_is_rejected():
     frame = protocol.encode_response_header(1, records_length=10)
-    prefix = protocol.response_prefix_length(frame[4:4 + protocol.RESPONSE_FIXED_SIZE])
+    prefix = protocol.response_prefix_length(frame[4 : 4 + protocol.RESPONSE_FIXED_SIZE])
     with pytest.raises(errors.CorruptRecordError):
-        protocol.decode_response_header(frame[4:4 + prefix], 5)
+        protocol.decode_response_header(frame[4 : 4 + prefix], 5)

@@ -18,8 +18,15 @@ PROBE = "from services.malloc_tuning import keep_large_buffers_in_heap as k; pri
 
 def _run_probe(env_extra: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | env_extra
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return done.stdout.strip()
 
 

@@ -89,6 +89,7 @@ def test_audit_events_round_trip():
 
 # ---- reconciliation -----------------------------------------------------------------------------
 
+
 def test_a_complete_load_is_ok():
     report = reconcile({("t", 0): 5, ("t", W): 3}, {("t", 0): Loaded(5, 5), ("t", W): Loaded(3, 3)}, W)
     assert report.ok and report.expected == 8 and len(report.windows) == 2
@@ -100,11 +101,14 @@ def test_missing_records_are_counted_per_window():
     assert report.missing == 6 and not report.ok
 
 
-@pytest.mark.parametrize("loaded, duplicated, missing", [
-    pytest.param(Loaded(7, 5), 2, 0, id="same-offset-twice"),
-    pytest.param(Loaded(6, 6), 1, 0, id="an-extra-record"),
-    pytest.param(Loaded(6, 4), 2, 1, id="duplicates-hide-a-loss"),
-])
+@pytest.mark.parametrize(
+    "loaded, duplicated, missing",
+    [
+        pytest.param(Loaded(7, 5), 2, 0, id="same-offset-twice"),
+        pytest.param(Loaded(6, 6), 1, 0, id="an-extra-record"),
+        pytest.param(Loaded(6, 4), 2, 1, id="duplicates-hide-a-loss"),
+    ],
+)
 def test_duplicates(loaded, duplicated, missing):
     window = reconcile({("t", 0): 5}, {("t", 0): loaded}, W).windows[0]
     assert (window.duplicated, window.missing) == (duplicated, missing)

@@ -33,11 +33,20 @@ LATE = {A0: 100, A1: 50, A2: 5}
 
 
 def resolve(bound, *, default=EARLIEST, by_timestamp=None, no_match="latest"):
-    return resolve_bound(bound, TPS, earliest=EARLY, latest=LATE, by_timestamp=by_timestamp or {},
-                         default=default, option="startingOffsets", no_match=no_match)
+    return resolve_bound(
+        bound,
+        TPS,
+        earliest=EARLY,
+        latest=LATE,
+        by_timestamp=by_timestamp or {},
+        default=default,
+        option="startingOffsets",
+        no_match=no_match,
+    )
 
 
 # ---- resolving bounds -------------------------------------------------------------------------
+
 
 def test_earliest_and_latest():
     assert resolve(Earliest()) == EARLY
@@ -69,16 +78,21 @@ def test_specific_timestamps_only_for_listed_partitions():
 
 # ---- batch ------------------------------------------------------------------------------------
 
+
 def test_batch_ranges_skip_empty_partitions():
     assert plan_batch(EARLY, LATE, LATE) == [OffsetRange("a", 0, 10, 100), OffsetRange("a", 1, 0, 50)]
 
 
-@pytest.mark.parametrize("start, end, fragment", [
-    pytest.param({A0: 101}, {A0: 101}, "startingOffsets: offset 101 of a-0 is beyond", id="start-beyond"),
-    pytest.param({A0: 0}, {A0: 101}, "endingOffsets: offset 101 of a-0 is beyond", id="end-beyond"),
-    pytest.param({A0: 60}, {A0: 50}, "starting offset 60 is after the ending offset 50",
-                 id="start-after-end"),
-])
+@pytest.mark.parametrize(
+    "start, end, fragment",
+    [
+        pytest.param({A0: 101}, {A0: 101}, "startingOffsets: offset 101 of a-0 is beyond", id="start-beyond"),
+        pytest.param({A0: 0}, {A0: 101}, "endingOffsets: offset 101 of a-0 is beyond", id="end-beyond"),
+        pytest.param(
+            {A0: 60}, {A0: 50}, "starting offset 60 is after the ending offset 50", id="start-after-end"
+        ),
+    ],
+)
 def test_unreadable_batches_are_explained(start, end, fragment):
     with pytest.raises(PlanningError, match=fragment):
         plan_batch(start, end, LATE)
@@ -91,11 +105,16 @@ def test_a_start_below_the_log_start_is_left_to_the_reader():
 
 # ---- minPartitions ----------------------------------------------------------------------------
 
+
 def test_min_partitions_splits_in_proportion_to_size():
     ranges = [OffsetRange("a", 0, 0, 300), OffsetRange("a", 1, 0, 100)]
     pieces = split_for_min_partitions(ranges, 4)
-    assert pieces == [OffsetRange("a", 0, 0, 100), OffsetRange("a", 0, 100, 200),
-                      OffsetRange("a", 0, 200, 300), OffsetRange("a", 1, 0, 100)]
+    assert pieces == [
+        OffsetRange("a", 0, 0, 100),
+        OffsetRange("a", 0, 100, 200),
+        OffsetRange("a", 0, 200, 300),
+        OffsetRange("a", 1, 0, 100),
+    ]
 
 
 def test_min_partitions_reaches_the_count_where_per_range_rounding_falls_short():
@@ -112,7 +131,10 @@ def test_min_partitions_below_the_range_count_changes_nothing():
 
 def test_a_range_never_splits_below_one_record():
     assert split_for_min_partitions([OffsetRange("a", 0, 5, 8)], 10) == [
-        OffsetRange("a", 0, 5, 6), OffsetRange("a", 0, 6, 7), OffsetRange("a", 0, 7, 8)]
+        OffsetRange("a", 0, 5, 6),
+        OffsetRange("a", 0, 6, 7),
+        OffsetRange("a", 0, 7, 8),
+    ]
 
 
 @given(sizes=st.lists(st.integers(1, 10_000), min_size=1, max_size=8), wanted=st.integers(1, 64))
@@ -129,6 +151,7 @@ def test_splits_cover_every_range_exactly_and_reach_the_minimum(sizes, wanted):
 
 
 # ---- maxOffsetsPerTrigger -----------------------------------------------------------------------
+
 
 def test_rate_limit_splits_in_proportion_to_lag():
     end = rate_limit({A0: 0, A1: 0, A2: 0}, {A0: 600, A1: 300, A2: 100}, 100)
@@ -157,6 +180,7 @@ def test_rate_limit_reads_exactly_the_limit_and_never_past_the_end(lags, limit):
 
 # ---- streaming ----------------------------------------------------------------------------------
 
+
 def test_a_new_partition_enters_at_earliest_with_an_empty_range():
     step = plan_stream_end({A0: 10}, [A0, A1], earliest={A0: 0, A1: 3}, latest={A0: 20, A1: 9})
     assert step.end == {A0: 20, A1: 3} and not step.losses
@@ -166,8 +190,9 @@ def test_a_new_partition_enters_at_earliest_with_an_empty_range():
 
 
 def test_available_now_target_caps_the_end_and_defers_later_partitions():
-    step = plan_stream_end({A0: 10}, [A0, A1], earliest={A0: 0, A1: 0}, latest={A0: 50, A1: 9},
-                           target={A0: 30})
+    step = plan_stream_end(
+        {A0: 10}, [A0, A1], earliest={A0: 0, A1: 0}, latest={A0: 50, A1: 9}, target={A0: 30}
+    )
     assert step.end == {A0: 30}
 
 
@@ -184,8 +209,9 @@ def test_a_truncated_partition_restarts_at_earliest_and_is_reported():
 
 
 def test_stream_rate_limit_applies_across_partitions():
-    step = plan_stream_end({A0: 0, A1: 0}, [A0, A1], earliest={A0: 0, A1: 0}, latest={A0: 300, A1: 100},
-                           max_rows=40)
+    step = plan_stream_end(
+        {A0: 0, A1: 0}, [A0, A1], earliest={A0: 0, A1: 0}, latest={A0: 300, A1: 100}, max_rows=40
+    )
     assert step.end == {A0: 30, A1: 10}
 
 

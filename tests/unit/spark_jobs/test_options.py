@@ -25,6 +25,7 @@ def error_of(parse, **options) -> OptionError:
 
 # ---- subscriptions ------------------------------------------------------------------------------
 
+
 def test_subscribe_splits_and_deduplicates_topics():
     options = batch(subscribe=" a, b ,a,")
     assert options.subscription.kind == "subscribe"
@@ -41,23 +42,33 @@ def test_assign_is_parsed_into_sorted_partitions():
     assert subscription.assignment == (TopicPartition("a", 0), TopicPartition("a", 2), TopicPartition("b", 1))
 
 
-@pytest.mark.parametrize("options, named", [
-    P({}, "subscribe", id="none"),
-    P({"subscribe": "a", "assign": '{"a": [0]}'}, "assign", id="two"),
-    P({"subscribe": "a", "subscribePattern": "a.*", "assign": '{"a":[0]}'}, "subscribePattern", id="three"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        P({}, "subscribe", id="none"),
+        P({"subscribe": "a", "assign": '{"a": [0]}'}, "assign", id="two"),
+        P(
+            {"subscribe": "a", "subscribePattern": "a.*", "assign": '{"a":[0]}'},
+            "subscribePattern",
+            id="three",
+        ),
+    ],
+)
 def test_exactly_one_subscription_option(options, named):
     error = error_of(batch, **options)
     assert error.option == named
     assert "exactly one of subscribe, subscribePattern, assign" in str(error)
 
 
-@pytest.mark.parametrize("value, fragment", [
-    pytest.param("{nope", "not valid JSON", id="json"),
-    pytest.param('["a"]', "topic -> partition list", id="not-object"),
-    pytest.param('{"a": [0, -1]}', "non-negative integers", id="negative"),
-    pytest.param('{"a": "0"}', "non-negative integers", id="not-list"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        pytest.param("{nope", "not valid JSON", id="json"),
+        pytest.param('["a"]', "topic -> partition list", id="not-object"),
+        pytest.param('{"a": [0, -1]}', "non-negative integers", id="negative"),
+        pytest.param('{"a": "0"}', "non-negative integers", id="not-list"),
+    ],
+)
 def test_bad_assign_is_explained(value, fragment):
     error = error_of(batch, assign=value)
     assert error.option == "assign" and fragment in str(error)
@@ -70,6 +81,7 @@ def test_bad_pattern_and_empty_subscribe():
 
 # ---- offsets ----------------------------------------------------------------------------------
 
+
 def test_defaults_follow_kafka_earliest_for_batch_latest_for_streaming():
     assert batch(subscribe="a").starting_bound(streaming=False) == Earliest()
     assert stream(subscribe="a").starting_bound(streaming=True) == Latest()
@@ -77,8 +89,9 @@ def test_defaults_follow_kafka_earliest_for_batch_latest_for_streaming():
 
 
 def test_json_offsets_accept_minus_two_and_minus_one():
-    options = batch(subscribe="a", startingOffsets='{"a": {"0": 5, "1": -2}}',
-                    endingOffsets='{"a": {"0": -1}}')
+    options = batch(
+        subscribe="a", startingOffsets='{"a": {"0": 5, "1": -2}}', endingOffsets='{"a": {"0": -1}}'
+    )
     assert options.starting == SpecificOffsets({TopicPartition("a", 0): 5, TopicPartition("a", 1): -2})
     assert options.ending == SpecificOffsets({TopicPartition("a", 0): -1})
     assert options.starting_option == "startingOffsets"
@@ -88,21 +101,42 @@ def test_keywords_are_case_insensitive():
     assert batch(subscribe="a", startingOffsets="EARLIEST").starting == Earliest()
 
 
-@pytest.mark.parametrize("options, named, fragment", [
-    P({"startingOffsets": "latest"}, "startingOffsets", "not allowed as a starting", id="latest-start"),
-    P({"startingOffsets": '{"a": {"0": -1}}'}, "startingOffsets", "not allowed as a start", id="json-latest"),
-    P({"endingOffsets": "earliest"}, "endingOffsets", "not allowed as an ending", id="earliest-end"),
-    P({"endingOffsets": '{"a": {"0": -2}}'}, "endingOffsets", "not allowed as an ending", id="json-earliest"),
-    P({"startingOffsets": '{"a": {"0": -3}}'}, "startingOffsets", "not a non-negative", id="minus-three"),
-    P({"startingOffsets": '{"a": {"x": 1}}'}, "startingOffsets", "partition 'x'", id="partition-name"),
-    P({"startingOffsets": "soon"}, "startingOffsets", "earliest, latest or JSON", id="word"),
-    P({"startingOffsets": "earliest", "startingTimestamp": "5"}, "startingTimestamp", "conflicts",
-      id="two-starts"),
-    P({"endingOffsets": "latest", "endingTimestamp": "5"}, "endingTimestamp", "conflicts", id="two-ends"),
-    P({"startingTimestamp": "yesterday"}, "startingTimestamp", "milliseconds", id="timestamp"),
-    P({"startingOffsetsByTimestamp": '{"a": {"0": -2}}'}, "startingOffsetsByTimestamp", "non-negative",
-      id="negative-timestamp"),
-])
+@pytest.mark.parametrize(
+    "options, named, fragment",
+    [
+        P({"startingOffsets": "latest"}, "startingOffsets", "not allowed as a starting", id="latest-start"),
+        P(
+            {"startingOffsets": '{"a": {"0": -1}}'},
+            "startingOffsets",
+            "not allowed as a start",
+            id="json-latest",
+        ),
+        P({"endingOffsets": "earliest"}, "endingOffsets", "not allowed as an ending", id="earliest-end"),
+        P(
+            {"endingOffsets": '{"a": {"0": -2}}'},
+            "endingOffsets",
+            "not allowed as an ending",
+            id="json-earliest",
+        ),
+        P({"startingOffsets": '{"a": {"0": -3}}'}, "startingOffsets", "not a non-negative", id="minus-three"),
+        P({"startingOffsets": '{"a": {"x": 1}}'}, "startingOffsets", "partition 'x'", id="partition-name"),
+        P({"startingOffsets": "soon"}, "startingOffsets", "earliest, latest or JSON", id="word"),
+        P(
+            {"startingOffsets": "earliest", "startingTimestamp": "5"},
+            "startingTimestamp",
+            "conflicts",
+            id="two-starts",
+        ),
+        P({"endingOffsets": "latest", "endingTimestamp": "5"}, "endingTimestamp", "conflicts", id="two-ends"),
+        P({"startingTimestamp": "yesterday"}, "startingTimestamp", "milliseconds", id="timestamp"),
+        P(
+            {"startingOffsetsByTimestamp": '{"a": {"0": -2}}'},
+            "startingOffsetsByTimestamp",
+            "non-negative",
+            id="negative-timestamp",
+        ),
+    ],
+)
 def test_invalid_batch_offsets_name_the_option(options, named, fragment):
     error = error_of(batch, subscribe="a", **options)
     assert error.option == named and fragment in str(error)
@@ -126,9 +160,17 @@ def test_timestamps():
 
 # ---- everything else --------------------------------------------------------------------------
 
+
 def test_scalars():
-    options = batch(subscribe="a", maxOffsetsPerTrigger="100", minPartitions="4", failOnDataLoss="False",
-                    includeHeaders="true", servers="h:1, h:2", pollTimeoutMs="500")
+    options = batch(
+        subscribe="a",
+        maxOffsetsPerTrigger="100",
+        minPartitions="4",
+        failOnDataLoss="False",
+        includeHeaders="true",
+        servers="h:1, h:2",
+        pollTimeoutMs="500",
+    )
     assert (options.max_offsets_per_trigger, options.min_partitions) == (100, 4)
     assert options.fail_on_data_loss is False and options.include_headers is True
     assert options.servers == "h:1, h:2" and options.poll_timeout_ms == 500
@@ -140,15 +182,21 @@ def test_defaults():
     assert options.max_offsets_per_trigger is None and options.min_partitions is None
 
 
-@pytest.mark.parametrize("options, named", [
-    pytest.param({"minPartitions": "0"}, "minPartitions", id="zero"),
-    pytest.param({"maxOffsetsPerTrigger": "many"}, "maxOffsetsPerTrigger", id="word"),
-    pytest.param({"failOnDataLoss": "yes"}, "failOnDataLoss", id="bool"),
-    pytest.param({"servers": "localhost"}, "servers", id="no-port"),
-    pytest.param({"startingOffsetsByTimestampStrategy": "closest"}, "startingOffsetsByTimestampStrategy",
-                 id="strategy"),
-    pytest.param({"startingoffset": "earliest"}, "startingoffset", id="typo"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        pytest.param({"minPartitions": "0"}, "minPartitions", id="zero"),
+        pytest.param({"maxOffsetsPerTrigger": "many"}, "maxOffsetsPerTrigger", id="word"),
+        pytest.param({"failOnDataLoss": "yes"}, "failOnDataLoss", id="bool"),
+        pytest.param({"servers": "localhost"}, "servers", id="no-port"),
+        pytest.param(
+            {"startingOffsetsByTimestampStrategy": "closest"},
+            "startingOffsetsByTimestampStrategy",
+            id="strategy",
+        ),
+        pytest.param({"startingoffset": "earliest"}, "startingoffset", id="typo"),
+    ],
+)
 def test_invalid_scalars_name_the_option(options, named):
     assert error_of(batch, subscribe="a", **options).option == named
 

@@ -1,6 +1,7 @@
 """Reading one offset range (the executor side of batch and streaming reads) against a fake consumer."""
 
 import logging
+
 import pytest
 
 from gateway.client.errors import OffsetOutOfRangeError
@@ -38,8 +39,10 @@ class FakeConsumer:
         if self._position < self.log_start or self._position > self.log_end:
             raise OffsetOutOfRangeError(f"offset {self._position} out of range")
         until = min(self._position + self.chunk, self.log_end)
-        records = [ConsumerRecord("t", 0, o, 1000 + o, 0, b"k", f"v{o}".encode(), (("h", b"x"),))
-                   for o in range(self._position, until)]
+        records = [
+            ConsumerRecord("t", 0, o, 1000 + o, 0, b"k", f"v{o}".encode(), (("h", b"x"),))
+            for o in range(self._position, until)
+        ]
         self._position = until
         return {TP: records} if records else {}
 
@@ -78,16 +81,18 @@ def test_deleted_records_fail_the_task_by_default(monkeypatch):
 
 def test_deleted_records_are_skipped_with_a_warning(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="spark_jobs.source"):
-        offsets = read(monkeypatch, FakeConsumer(50, 100), OffsetRange("t", 0, 0, 60),
-                       fail_on_data_loss=False)
+        offsets = read(
+            monkeypatch, FakeConsumer(50, 100), OffsetRange("t", 0, 0, 60), fail_on_data_loss=False
+        )
     assert offsets == list(range(50, 60))
     assert "failOnDataLoss=false: skipping offsets 0 to 49 (50 records) of t-0" in caplog.text
 
 
 def test_a_range_deleted_entirely_reads_nothing(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="spark_jobs.source"):
-        offsets = read(monkeypatch, FakeConsumer(80, 100), OffsetRange("t", 0, 0, 60),
-                       fail_on_data_loss=False)
+        offsets = read(
+            monkeypatch, FakeConsumer(80, 100), OffsetRange("t", 0, 0, 60), fail_on_data_loss=False
+        )
     assert offsets == []
     assert "skipping offsets 0 to 59 (60 records)" in caplog.text
 

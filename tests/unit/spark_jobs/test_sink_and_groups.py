@@ -33,11 +33,14 @@ def test_value_is_required():
         ensure_writable(schema(key=BinaryType()), WriteOptions(topic="t"))
 
 
-@pytest.mark.parametrize("column, kind, fragment", [
-    pytest.param("value", LongType(), "'value' must be binary or string", id="value"),
-    pytest.param("partition", LongType(), "'partition' must be int", id="partition"),
-    pytest.param("headers", ArrayType(StringType()), "'headers' must be array<struct", id="headers"),
-])
+@pytest.mark.parametrize(
+    "column, kind, fragment",
+    [
+        pytest.param("value", LongType(), "'value' must be binary or string", id="value"),
+        pytest.param("partition", LongType(), "'partition' must be int", id="partition"),
+        pytest.param("headers", ArrayType(StringType()), "'headers' must be array<struct", id="headers"),
+    ],
+)
 def test_wrong_types_name_the_column(column, kind, fragment):
     columns = {"value": BinaryType(), column: kind}
     with pytest.raises(WriteSchemaError, match=fragment):
@@ -48,20 +51,30 @@ def test_a_topic_comes_from_the_option_or_a_column():
     with pytest.raises(WriteSchemaError, match="set the 'topic' option or add a 'topic' column"):
         ensure_writable(schema(value=StringType()), WriteOptions())
     ensure_writable(schema(value=StringType(), topic=StringType()), WriteOptions())
-    ensure_writable(schema(value=StringType(), key=StringType(), partition=IntegerType(),
-                           headers=ArrayType(HEADER_TYPE)), WriteOptions(topic="t"))
+    ensure_writable(
+        schema(value=StringType(), key=StringType(), partition=IntegerType(), headers=ArrayType(HEADER_TYPE)),
+        WriteOptions(topic="t"),
+    )
 
 
 def test_rows_take_the_topic_option_over_the_column():
-    batch = pa.RecordBatch.from_pydict({
-        "value": [b"a", None], "topic": ["col", "col"], "partition": [1, None],
-        "headers": [[{"key": "h", "value": b"x"}], None]})
-    assert list(_rows(batch, "opt")) == [("opt", b"a", None, 1, [("h", b"x")]),
-                                         ("opt", None, None, None, None)]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "value": [b"a", None],
+            "topic": ["col", "col"],
+            "partition": [1, None],
+            "headers": [[{"key": "h", "value": b"x"}], None],
+        }
+    )
+    assert list(_rows(batch, "opt")) == [
+        ("opt", b"a", None, 1, [("h", b"x")]),
+        ("opt", None, None, None, None),
+    ]
     assert [row[0] for row in _rows(batch, None)] == ["col", "col"]
 
 
 # ---- group offsets ------------------------------------------------------------------------------
+
 
 class Groups(gateway_grpc.GatewayServicer):
     def __init__(self):
@@ -70,13 +83,17 @@ class Groups(gateway_grpc.GatewayServicer):
     def CommitOffsets(self, request, context):
         for o in request.offsets:
             self.committed[(o.topic, o.partition)] = (o.offset, request.member_id, request.generation_id)
-        return pb.CommitOffsetsResponse(results=[pb.OffsetCommitResult(topic=o.topic, partition=o.partition)
-                                                 for o in request.offsets])
+        return pb.CommitOffsetsResponse(
+            results=[pb.OffsetCommitResult(topic=o.topic, partition=o.partition) for o in request.offsets]
+        )
 
     def FetchCommittedOffsets(self, request, context):
-        return pb.FetchCommittedOffsetsResponse(offsets=[
-            pb.CommittedOffset(topic=t, partition=p, offset=o)
-            for (t, p), (o, _, _) in self.committed.items()])
+        return pb.FetchCommittedOffsetsResponse(
+            offsets=[
+                pb.CommittedOffset(topic=t, partition=p, offset=o)
+                for (t, p), (o, _, _) in self.committed.items()
+            ]
+        )
 
 
 def serve(servicer=None):

@@ -12,9 +12,15 @@ from storage_node.log.partition_log import PartitionLog
 from storage_node.log.segment import Segment
 
 
-def make_batch(count: int = 1, *, timestamp: int = 1_700_000_000_000, value_size: int = 20,
-               timestamps: list[int] | None = None, compression: Compression = Compression.NONE,
-               tag: int = 0) -> bytes:
+def make_batch(
+    count: int = 1,
+    *,
+    timestamp: int = 1_700_000_000_000,
+    value_size: int = 20,
+    timestamps: list[int] | None = None,
+    compression: Compression = Compression.NONE,
+    tag: int = 0,
+) -> bytes:
     """A producer batch (base offset 0) of ``count`` records; values encode ``tag`` and index."""
     builder = RecordBatchBuilder(compression=compression)
     for i in range(count):
@@ -29,20 +35,35 @@ def config(**overrides) -> LogConfig:
     return LogConfig.from_dict({k.replace("_", "."): v for k, v in overrides.items()})
 
 
-def open_log(directory: Path, clock: ManualClock, cfg: LogConfig | None = None, *, topic: str = "t",
-             partition: int = 0, **kwargs) -> PartitionLog:
+def open_log(
+    directory: Path,
+    clock: ManualClock,
+    cfg: LogConfig | None = None,
+    *,
+    topic: str = "t",
+    partition: int = 0,
+    **kwargs,
+) -> PartitionLog:
     return PartitionLog.open(directory, topic, partition, cfg or config(), clock, **kwargs)
 
 
-def open_segment(directory: Path, base_offset: int, clock: ManualClock,
-                 cfg: LogConfig | None = None) -> Segment:
+def open_segment(
+    directory: Path, base_offset: int, clock: ManualClock, cfg: LogConfig | None = None
+) -> Segment:
     directory.mkdir(parents=True, exist_ok=True)
     return Segment.open(directory, base_offset, cfg or config(), clock)
 
 
-def fill_segment(segment: Segment, batches: int, *, start_offset: int | None = None,
-                 records_per_batch: int = 3, timestamp: int = 1_000, rng: random.Random | None = None,
-                 value_size: int = 20) -> list[tuple[int, int, int]]:
+def fill_segment(
+    segment: Segment,
+    batches: int,
+    *,
+    start_offset: int | None = None,
+    records_per_batch: int = 3,
+    timestamp: int = 1_000,
+    rng: random.Random | None = None,
+    value_size: int = 20,
+) -> list[tuple[int, int, int]]:
     """Append batches with offsets stamped as the partition log would; returns
     ``(base_offset, position, size)`` per batch."""
     offset = segment.next_offset if start_offset is None else start_offset

@@ -73,8 +73,9 @@ def test_a_failed_flush_fails_every_waiter(tmp_path, clock):
 
     async def main():
         partition_log.append(make_batch(5))
-        return await asyncio.gather(*(group_commit.wait_durable(partition_log, i) for i in range(5)),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            *(group_commit.wait_durable(partition_log, i) for i in range(5)), return_exceptions=True
+        )
 
     results = asyncio.run(main())
     assert all(isinstance(r, KafkaStorageError) for r in results)

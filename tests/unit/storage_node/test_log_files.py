@@ -15,8 +15,12 @@ def test_segment_file_names_are_zero_padded_and_parse_back():
     assert files.offset_from_file_name("00000000000000000042.log.deleted") == 42
     assert files.parse_segment_file_name("00000000000000000042.index.deleted") == (42, ".index", ".deleted")
     assert files.parse_segment_file_name("00000000000000000042.log") == (42, ".log", "")
-    for name in ("42.log", "00000000000000000042.txt", "recovery-point-offset-checkpoint",
-                 "00000000000000000042.log.bogus"):
+    for name in (
+        "42.log",
+        "00000000000000000042.txt",
+        "recovery-point-offset-checkpoint",
+        "00000000000000000042.log.bogus",
+    ):
         assert files.parse_segment_file_name(name) is None
     with pytest.raises(ValueError):
         files.filename_prefix_from_offset(-1)

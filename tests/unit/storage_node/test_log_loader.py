@@ -25,8 +25,9 @@ def _fill(log_dir, clock, batches=40, seed=0):
     appended = []
     for i in range(batches):
         count = rng.randint(1, 4)
-        info = partition_log.append(make_batch(count, value_size=rng.randint(5, 60), tag=i,
-                                               timestamp=clock.time_ms() + i))
+        info = partition_log.append(
+            make_batch(count, value_size=rng.randint(5, 60), tag=i, timestamp=clock.time_ms() + i)
+        )
         appended.append(list(range(info.first_offset, info.last_offset + 1)))
     return partition_log, appended
 
@@ -70,8 +71,10 @@ def test_a_deleted_or_corrupted_index_is_rebuilt_after_a_clean_shutdown(tmp_path
     log_dir = tmp_path / "t-0"
     partition_log, appended = _fill(log_dir, clock, batches=80)
     expected = read_all(partition_log)
-    probes = {offset: partition_log.read(offset, 1).slice.position
-              for offset in range(0, partition_log.log_end_offset, 7)}
+    probes = {
+        offset: partition_log.read(offset, 1).slice.position
+        for offset in range(0, partition_log.log_end_offset, 7)
+    }
     partition_log.close()
     for suffix in (files.INDEX_FILE_SUFFIX, files.TIME_INDEX_FILE_SUFFIX):
         for path in sorted(log_dir.glob(f"*{suffix}"))[:2]:
@@ -163,8 +166,9 @@ def test_crash_mid_append_recovers_to_a_batch_boundary(tmp_path, clock):
             size = 100_000 if i % 50 == 49 else 10 + i % 50
             batch = make_batch(1 + i % 3, value_size=size, tag=i)
             info = partition_log.append(batch)
-            for offset, record in zip(range(info.first_offset, info.last_offset + 1),
-                                      next(iter_batches(batch)).records()):
+            for offset, record in zip(
+                range(info.first_offset, info.last_offset + 1), next(iter_batches(batch)).records()
+            ):
                 values[offset] = record.value
 
     thread = threading.Thread(target=writer)
@@ -212,6 +216,7 @@ def test_recovery_resumes_from_the_recovery_point(tmp_path, clock, monkeypatch):
 
     recovered = []
     original = Segment.recover
+
     def recording_recover(self, *args):
         recovered.append(self.base_offset)
         return original(self, *args)

@@ -95,8 +95,9 @@ def test_load_finishes_interrupted_partition_deletes_and_rejects_duplicates(dirs
 
 def test_tick_rolls_idle_segments_applies_retention_and_flushes(dirs, clock):
     manager = _manager(dirs, clock)
-    partition_log = manager.create_partition("t", 0, {"segment.ms": "1000", "retention.ms": "5000",
-                                                      "flush.ms": "500"})
+    partition_log = manager.create_partition(
+        "t", 0, {"segment.ms": "1000", "retention.ms": "5000", "flush.ms": "500"}
+    )
     partition_log.append(make_batch(3, timestamp=clock.time_ms()))
     assert manager.tick().rolled == 0
     clock.advance(1001)

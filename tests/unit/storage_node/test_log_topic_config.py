@@ -22,26 +22,41 @@ def test_defaults_are_kafkas():
 
 
 def test_string_values_are_typed():
-    typed = validate_topic_configs({
-        "retention.ms": "-1", "cleanup.policy": "delete, compact", "unclean.leader.election.enable": "TRUE",
-        "message.timestamp.type": "LogAppendTime", "compression.type": "zstd", "segment.bytes": 14})
-    assert typed == {"retention.ms": -1, "cleanup.policy": ("compact", "delete"),
-                     "unclean.leader.election.enable": True, "message.timestamp.type": "LogAppendTime",
-                     "compression.type": "zstd", "segment.bytes": 14}
+    typed = validate_topic_configs(
+        {
+            "retention.ms": "-1",
+            "cleanup.policy": "delete, compact",
+            "unclean.leader.election.enable": "TRUE",
+            "message.timestamp.type": "LogAppendTime",
+            "compression.type": "zstd",
+            "segment.bytes": 14,
+        }
+    )
+    assert typed == {
+        "retention.ms": -1,
+        "cleanup.policy": ("compact", "delete"),
+        "unclean.leader.election.enable": True,
+        "message.timestamp.type": "LogAppendTime",
+        "compression.type": "zstd",
+        "segment.bytes": 14,
+    }
 
 
-@pytest.mark.parametrize("configs, fragment", [
-    ({"retention.msx": "1"}, "retention.msx"),
-    ({"segment.bytes": "13"}, "segment.bytes"),
-    ({"segment.bytes": str(2**31)}, "segment.bytes"),
-    ({"retention.ms": "-2"}, "retention.ms"),
-    ({"retention.ms": "1h"}, "1h"),
-    ({"flush.messages": True}, "flush.messages"),
-    ({"cleanup.policy": "delete,forever"}, "cleanup.policy"),
-    ({"message.timestamp.type": "createtime"}, "message.timestamp.type"),
-    ({"compression.type": "brotli"}, "compression.type"),
-    ({"unclean.leader.election.enable": "yes"}, "unclean.leader.election.enable"),
-])
+@pytest.mark.parametrize(
+    "configs, fragment",
+    [
+        ({"retention.msx": "1"}, "retention.msx"),
+        ({"segment.bytes": "13"}, "segment.bytes"),
+        ({"segment.bytes": str(2**31)}, "segment.bytes"),
+        ({"retention.ms": "-2"}, "retention.ms"),
+        ({"retention.ms": "1h"}, "1h"),
+        ({"flush.messages": True}, "flush.messages"),
+        ({"cleanup.policy": "delete,forever"}, "cleanup.policy"),
+        ({"message.timestamp.type": "createtime"}, "message.timestamp.type"),
+        ({"compression.type": "brotli"}, "compression.type"),
+        ({"unclean.leader.election.enable": "yes"}, "unclean.leader.election.enable"),
+    ],
+)
 def test_bad_names_and_values_name_the_culprit(configs, fragment):
     with pytest.raises(InvalidConfigError, match=fragment.replace(".", r"\.")):
         validate_topic_configs(configs)

@@ -27,8 +27,9 @@ def test_appends_assign_dense_offsets_across_several_batches(log_dir, clock):
     partition_log = open_log(log_dir, clock)
     payload = make_batch(3) + make_batch(1) + make_batch(5, compression=Compression.GZIP)
     info = partition_log.append(payload, leader_epoch=7)
-    assert info == AppendInfo(first_offset=0, last_offset=8, log_append_time=-1, record_count=9,
-                              log_start_offset=0, batch_count=3)
+    assert info == AppendInfo(
+        first_offset=0, last_offset=8, log_append_time=-1, record_count=9, log_start_offset=0, batch_count=3
+    )
     info = partition_log.append(make_batch(2, compression=Compression.ZSTD))
     assert (info.first_offset, info.last_offset) == (9, 10)
     data = read_all(partition_log)
@@ -163,18 +164,21 @@ def _count_disagrees_with_offset_delta() -> bytes:
     return bytes(data)
 
 
-@pytest.mark.parametrize("payload, error", [
-    pytest.param(b"", InvalidRecordError, id="empty"),
-    pytest.param(_corrupt_crc(make_batch(3)), CorruptRecordError, id="crc"),
-    pytest.param(_wrong_magic(make_batch(3)), CorruptRecordError, id="magic"),
-    pytest.param(_count_disagrees_with_bytes(make_batch(3)), CorruptRecordError, id="count-vs-bytes"),
-    pytest.param(_count_disagrees_with_offset_delta(), InvalidRecordError, id="count-vs-delta"),
-    pytest.param(make_batch(3)[:-5], CorruptRecordError, id="truncated"),
-    pytest.param(make_batch(3) + b"\x00" * 7, CorruptRecordError, id="trailing-bytes"),
-    pytest.param(make_batch(1) + _corrupt_crc(make_batch(2)), CorruptRecordError, id="second-batch-bad"),
-    pytest.param(make_batch(2) + make_batch(400, value_size=100), RecordTooLargeError, id="oversized"),
-    pytest.param(make_batch(1, timestamp=-5), InvalidTimestampError, id="negative-timestamp"),
-])
+@pytest.mark.parametrize(
+    "payload, error",
+    [
+        pytest.param(b"", InvalidRecordError, id="empty"),
+        pytest.param(_corrupt_crc(make_batch(3)), CorruptRecordError, id="crc"),
+        pytest.param(_wrong_magic(make_batch(3)), CorruptRecordError, id="magic"),
+        pytest.param(_count_disagrees_with_bytes(make_batch(3)), CorruptRecordError, id="count-vs-bytes"),
+        pytest.param(_count_disagrees_with_offset_delta(), InvalidRecordError, id="count-vs-delta"),
+        pytest.param(make_batch(3)[:-5], CorruptRecordError, id="truncated"),
+        pytest.param(make_batch(3) + b"\x00" * 7, CorruptRecordError, id="trailing-bytes"),
+        pytest.param(make_batch(1) + _corrupt_crc(make_batch(2)), CorruptRecordError, id="second-batch-bad"),
+        pytest.param(make_batch(2) + make_batch(400, value_size=100), RecordTooLargeError, id="oversized"),
+        pytest.param(make_batch(1, timestamp=-5), InvalidTimestampError, id="negative-timestamp"),
+    ],
+)
 def test_bad_input_is_rejected_and_nothing_is_written(log_dir, clock, payload, error):
     partition_log = open_log(log_dir, clock, config(max_message_bytes=20_000))
     partition_log.append(make_batch(2))
@@ -214,8 +218,9 @@ def test_retention_by_time_never_deletes_the_active_segment(log_dir, clock):
 
 def test_retention_by_size(log_dir, clock):
     batch_size = len(make_batch(1))
-    partition_log = open_log(log_dir, clock, config(segment_bytes=batch_size * 2,
-                                                    retention_bytes=batch_size * 5))
+    partition_log = open_log(
+        log_dir, clock, config(segment_bytes=batch_size * 2, retention_bytes=batch_size * 5)
+    )
     for _ in range(10):
         partition_log.append(make_batch(1))
     assert partition_log.size_in_bytes == 10 * batch_size
@@ -229,8 +234,11 @@ def test_retention_by_size(log_dir, clock):
 
 def test_compact_only_topics_ignore_time_and_size_retention(log_dir, clock):
     batch_size = len(make_batch(1))
-    partition_log = open_log(log_dir, clock, config(segment_bytes=batch_size, retention_bytes=0,
-                                                    retention_ms=0, cleanup_policy="compact"))
+    partition_log = open_log(
+        log_dir,
+        clock,
+        config(segment_bytes=batch_size, retention_bytes=0, retention_ms=0, cleanup_policy="compact"),
+    )
     for _ in range(4):
         partition_log.append(make_batch(1, timestamp=0))
     assert partition_log.delete_old_segments() == 0

@@ -19,8 +19,13 @@ class FakeSegment:
     largest_timestamp: int
 
 
-SEGMENTS = [FakeSegment(0, 100, 1000), FakeSegment(10, 100, 2000), FakeSegment(20, 100, 1500),
-            FakeSegment(30, 100, 4000), FakeSegment(40, 50, 5000)]
+SEGMENTS = [
+    FakeSegment(0, 100, 1000),
+    FakeSegment(10, 100, 2000),
+    FakeSegment(20, 100, 1500),
+    FakeSegment(30, 100, 4000),
+    FakeSegment(40, 50, 5000),
+]
 
 
 def _bases(segments):

@@ -55,7 +55,7 @@ def test_file_format_reopen_and_truncate(tmp_path):
     index.maybe_append(0x0102, BASE + 1)
     index.maybe_append(0x0203, BASE + 7)
     index.close()
-    assert path.read_bytes() == bytes.fromhex("0000000000000102" "00000001" "0000000000000203" "00000007")
+    assert path.read_bytes() == bytes.fromhex("000000000000010200000001000000000000020300000007")
     reopened = TimeIndex.open(path, BASE, 1200)
     reopened.sanity_check()
     reopened.truncate_to(BASE + 7)

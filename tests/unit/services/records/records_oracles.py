@@ -20,7 +20,7 @@ with warnings.catch_warnings():
     # ~200 of them; not ours to fix. Imported here first (conftest loads this module) so the
     # test modules' own ``from kafka...`` imports hit the module cache quietly.
     warnings.simplefilter("ignore", DeprecationWarning)
-    import kafka.codec  # noqa: F401
+    import kafka.codec
     import kafka.record.default_records  # noqa: F401
 
 
@@ -71,17 +71,20 @@ def golden_batch(
 
     The CRC is CRC-32C over attributes .. end unless given; ``batch_length`` likewise.
     """
-    covered = struct.pack(
-        ">hiqqqhii",
-        attributes,
-        last_offset_delta,
-        base_timestamp,
-        max_timestamp,
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        record_count,
-    ) + payload
+    covered = (
+        struct.pack(
+            ">hiqqqhii",
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            record_count,
+        )
+        + payload
+    )
     if crc is None:
         crc = crc32c.crc32c(covered)
     if batch_length is None:
@@ -101,10 +104,21 @@ def rewrite(batch: bytes, fmt: str, offset: int, value: int, *, fix_crc: bool = 
 def with_payload(batch: bytes, payload: bytes, **overrides) -> bytes:
     """``batch``'s header fields around a different payload (length and CRC recomputed)."""
     fields = struct.unpack_from(">qiibIhiqqqhii", batch)
-    names = (
-        "base_offset batch_length partition_leader_epoch magic crc attributes last_offset_delta "
-        "base_timestamp max_timestamp producer_id producer_epoch base_sequence record_count"
-    ).split()
+    names = [
+        "base_offset",
+        "batch_length",
+        "partition_leader_epoch",
+        "magic",
+        "crc",
+        "attributes",
+        "last_offset_delta",
+        "base_timestamp",
+        "max_timestamp",
+        "producer_id",
+        "producer_epoch",
+        "base_sequence",
+        "record_count",
+    ]
     kwargs = dict(zip(names, fields))
     del kwargs["crc"], kwargs["batch_length"]
     kwargs.update(overrides)

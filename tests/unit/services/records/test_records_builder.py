@@ -110,8 +110,13 @@ def test_control_batch_attribute():
 
 def test_same_bytes_as_kafka_python_when_uncompressed():
     theirs = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=False,
-        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
     )
     for delta, (value, timestamp, key, headers) in enumerate(RECORDS):
         theirs.append(delta, timestamp, key, value, list(headers))

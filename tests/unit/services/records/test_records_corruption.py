@@ -61,7 +61,7 @@ def test_flipped_crc_and_magic_bytes_are_detected():
 def test_fields_before_the_crc_are_not_covered():
     # By design (see format.py): the broker rewrites these without recomputing the CRC.
     batch = _small_batch()
-    for position in list(range(0, 8)) + list(range(12, 16)):  # baseOffset, partitionLeaderEpoch
+    for position in list(range(8)) + list(range(12, 16)):  # baseOffset, partitionLeaderEpoch
         corrupted = bytearray(batch)
         corrupted[position] ^= 0xFF
         RecordBatchView(corrupted).validate(deep=True)

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.errors import CorruptRecordError
-from services.records import Compression, RecordBatchBuilder, RecordBatchView
-from services.records import record
+from services.records import Compression, RecordBatchBuilder, RecordBatchView, record
 
 # Every test here runs against the pure-Python codec loops and the C accelerator.
 pytestmark = pytest.mark.usefixtures("codec_backend")

@@ -18,8 +18,12 @@ T0 = 1_700_000_000_000
 
 # Compressible values so that kafka-python keeps the codec (it falls back to none otherwise).
 RECORDS = [
-    (b"key-%d" % i if i % 3 else None, (b"value %d " % i) * (i % 7) if i % 5 else None, T0 + 3 * i - (i % 4),
-     [("trace", b"abc"), ("\u00e9t\u00e9", None)] if i % 4 == 0 else [])
+    (
+        b"key-%d" % i if i % 3 else None,
+        (b"value %d " % i) * (i % 7) if i % 5 else None,
+        T0 + 3 * i - (i % 4),
+        [("trace", b"abc"), ("\u00e9t\u00e9", None)] if i % 4 == 0 else [],
+    )
     for i in range(120)
 ]
 
@@ -47,8 +51,13 @@ def test_kafka_python_reads_our_batches(codec):
 @pytest.mark.parametrize("codec", CODECS)
 def test_we_read_kafka_python_batches(codec):
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=int(codec), is_transactional=False,
-        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+        magic=2,
+        compression_type=int(codec),
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
     )
     for offset, (key, value, timestamp, headers) in enumerate(RECORDS):
         builder.append(offset, timestamp, key, value, headers)
@@ -64,8 +73,13 @@ def test_we_read_kafka_python_batches(codec):
 
 def test_kafka_python_producer_state_round_trips():
     builder = DefaultRecordBatchBuilder(
-        magic=2, compression_type=0, is_transactional=True,
-        producer_id=77, producer_epoch=5, base_sequence=1234, batch_size=1 << 20,
+        magic=2,
+        compression_type=0,
+        is_transactional=True,
+        producer_id=77,
+        producer_epoch=5,
+        base_sequence=1234,
+        batch_size=1 << 20,
     )
     builder.append(0, T0, b"k", b"v", [])
     view = RecordBatchView(bytes(builder.build()))
@@ -90,8 +104,13 @@ def test_kafka_python_producer_state_round_trips():
 def test_random_batches_cross_both_ways(codec, records):
     ours = RecordBatchBuilder(compression=codec)
     theirs = DefaultRecordBatchBuilder(
-        magic=2, compression_type=int(codec), is_transactional=False,
-        producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20,
+        magic=2,
+        compression_type=int(codec),
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
     )
     for offset, (key, value, timestamp) in enumerate(records):
         ours.append(value, timestamp=timestamp, key=key)

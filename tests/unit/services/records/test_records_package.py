@@ -12,8 +12,19 @@ from services.records import format as fmt
 
 ALLOWED_IMPORTS = {
     # os: record.py reads TRIBUTARY_NO_EXTENSIONS to choose the codec backend, nothing else.
-    "__future__", "collections", "enum", "os", "struct", "threading", "typing", "zlib",
-    "crc32c", "lz4", "snappy", "zstandard", "services",
+    "__future__",
+    "collections",
+    "enum",
+    "os",
+    "struct",
+    "threading",
+    "typing",
+    "zlib",
+    "crc32c",
+    "lz4",
+    "snappy",
+    "zstandard",
+    "services",
 }
 
 
@@ -28,7 +39,9 @@ def test_imports_are_pure():
                 roots = {(node.module or "").split(".")[0]}
                 if roots == {"services"}:
                     assert node.module == "services.errors" or node.module.startswith("services.records"), (
-                        path.name, node.module)
+                        path.name,
+                        node.module,
+                    )
             else:
                 continue
             assert roots <= ALLOWED_IMPORTS, (path.name, roots - ALLOWED_IMPORTS)
@@ -36,9 +49,20 @@ def test_imports_are_pure():
 
 def test_public_names():
     expected = {
-        "MAGIC", "LOG_OVERHEAD", "RECORD_BATCH_OVERHEAD", "Compression", "TimestampType", "Record",
-        "RecordBatchBuilder", "RecordBatchView", "iter_batches", "set_base_offset",
-        "set_partition_leader_epoch", "set_log_append_time", "read_batch_header", "BatchHeader",
+        "MAGIC",
+        "LOG_OVERHEAD",
+        "RECORD_BATCH_OVERHEAD",
+        "Compression",
+        "TimestampType",
+        "Record",
+        "RecordBatchBuilder",
+        "RecordBatchView",
+        "iter_batches",
+        "set_base_offset",
+        "set_partition_leader_epoch",
+        "set_log_append_time",
+        "read_batch_header",
+        "BatchHeader",
         "speedups_enabled",
     }
     assert expected <= set(records.__all__)

@@ -85,8 +85,10 @@ def _random_headers(rng: random.Random) -> list:
     if rng.random() < 0.7:
         return []
     keys = ["", "h", "trace-id", "\u00e9t\u00e9", "\u65e5\u672c", "k" * 200]
-    return [(rng.choice(keys), rng.choice([None, b"", rng.randbytes(rng.randint(1, 30))]))
-            for _ in range(rng.randint(1, 4))]
+    return [
+        (rng.choice(keys), rng.choice([None, b"", rng.randbytes(rng.randint(1, 30))]))
+        for _ in range(rng.randint(1, 4))
+    ]
 
 
 def _random_timestamp(rng: random.Random, base: int) -> int:
@@ -96,8 +98,10 @@ def _random_timestamp(rng: random.Random, base: int) -> int:
 
 def _random_records(rng: random.Random, count: int) -> list[tuple]:
     base = rng.choice([T0, 0, -(2**61), 2**61])
-    return [(_random_blob(rng), _random_timestamp(rng, base), _random_blob(rng), _random_headers(rng))
-            for _ in range(count)]
+    return [
+        (_random_blob(rng), _random_timestamp(rng, base), _random_blob(rng), _random_headers(rng))
+        for _ in range(count)
+    ]
 
 
 def _build(backend: str, entries: list[tuple], **builder_kwargs) -> bytes:
@@ -159,7 +163,11 @@ def test_keyword_arguments_match():
     c = require_speedups()
     payload = _build("python", [(b"v", 5, b"k", [])])[61:]
     kwargs = {
-        "data": payload, "count": 1, "base_offset": 9, "base_timestamp": 5, "log_append_time": None,
+        "data": payload,
+        "count": 1,
+        "base_offset": 9,
+        "base_timestamp": 5,
+        "log_append_time": None,
         "last_offset_delta": 0,
     }
     assert c.decode_records(**kwargs) == py_decode(**kwargs)
@@ -227,8 +235,9 @@ HEADER_FIELDS = {
 }
 
 
-@pytest.mark.parametrize("field", ["length", "timestamp_delta", "offset_delta", "key", "value",
-                                   *HEADER_FIELDS])
+@pytest.mark.parametrize(
+    "field", ["length", "timestamp_delta", "offset_delta", "key", "value", *HEADER_FIELDS]
+)
 @pytest.mark.parametrize("encoding", list(ODD_VARINTS.values()), ids=list(ODD_VARINTS))
 def test_every_field_with_odd_varints(field, encoding):
     if field in HEADER_FIELDS:
@@ -316,21 +325,41 @@ def test_count_framed_records_end_argument(end):
 
 
 @settings(max_examples=500, deadline=None)
-@given(data=st.binary(max_size=120), count=st.integers(-1, 12), last=st.integers(-1, 12),
-       append_time=st.sampled_from([None, 7]))
+@given(
+    data=st.binary(max_size=120),
+    count=st.integers(-1, 12),
+    last=st.integers(-1, 12),
+    append_time=st.sampled_from([None, 7]),
+)
 def test_arbitrary_bytes(data, count, last, append_time):
     _same_decode(data, count, 3, T0, append_time, last)
     _same_count(data)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-3, 2**32), st.binary(max_size=9),
-                          st.sampled_from(list(ODD_VARINTS.values()))), min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-(2**63), 2**63 - 1),
+            st.integers(-3, 2**32),
+            st.binary(max_size=9),
+            st.sampled_from(list(ODD_VARINTS.values())),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_structured_records_with_odd_fields(fields):
     """Records whose deltas, lengths and headers are random varints: deeper than random bytes."""
     payload = b"".join(
-        _record({"timestamp_delta": zigzag(ts), "offset_delta": zigzag(delta % 2**31 if delta >= 0 else -1),
-                 "value": nullable(blob), "headers": odd})
+        _record(
+            {
+                "timestamp_delta": zigzag(ts),
+                "offset_delta": zigzag(delta % 2**31 if delta >= 0 else -1),
+                "value": nullable(blob),
+                "headers": odd,
+            }
+        )
         for ts, delta, blob, odd in fields
     )
     _same_decode(payload, len(fields), 0, 0, None, 2**31)
@@ -404,7 +433,9 @@ def _appends(records_bytearray_holder):
         "own-buffer-as-value": {"value": records_bytearray_holder, "timestamp": 1001},
         "own-buffer-view-as-key": {"value": b, "timestamp": 1001, "key": "view-of-own-buffer"},
         "own-buffer-as-header-value": {
-            "value": b, "timestamp": 1001, "headers": [("a", records_bytearray_holder)],
+            "value": b,
+            "timestamp": 1001,
+            "headers": [("a", records_bytearray_holder)],
         },
     }
 
@@ -448,8 +479,13 @@ HEADER_LISTS = st.lists(st.tuples(st.text(max_size=5), st.none() | st.binary(max
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(NULLABLE_BLOBS, st.integers(-(2**62), 2**62), NULLABLE_BLOBS, HEADER_LISTS),
-                min_size=1, max_size=20))
+@given(
+    st.lists(
+        st.tuples(NULLABLE_BLOBS, st.integers(-(2**62), 2**62), NULLABLE_BLOBS, HEADER_LISTS),
+        min_size=1,
+        max_size=20,
+    )
+)
 def test_builder_bytes_match_for_any_records(entries):
     assert _build("c", entries) == _build("python", entries)
 

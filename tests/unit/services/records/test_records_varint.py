@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from .records_oracles import zigzag
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.record.util import decode_varint as kafka_decode_varint
@@ -19,6 +18,8 @@ from services.records.varint import (
     encode_varlong,
     size_of_varint,
 )
+
+from .records_oracles import zigzag
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
