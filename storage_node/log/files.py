@@ -45,6 +45,8 @@ SEGMENT_FILE_SUFFIXES = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUF
 
 RECOVERY_POINT_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE = "log-start-offset-checkpoint"
+#: The high watermark as last checkpointed (Kafka's replication-offset-checkpoint).
+HIGH_WATERMARK_CHECKPOINT_FILE = "replication-offset-checkpoint"
 #: Present only between a clean ``close()`` and the next open; its absence means "recover".
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 

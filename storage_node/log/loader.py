@@ -13,6 +13,9 @@
    recovery point onward: validate batch by batch, truncate at the first bad batch, and delete
    all later segments (the log must stay contiguous). Then make sure one segment exists and
    that the log start offset is not past the log end.
+5. Bring the leader-epoch cache in line with the recovered log: forget epochs past its end,
+   learn the epochs of the batches pass 4 recovered (or of every batch when the checkpoint was
+   never written), and clamp the high watermark checkpoint to the log.
 
 Every decision is logged with the file and byte offset concerned.
 """
@@ -29,6 +32,7 @@ from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.index import CorruptIndexError
+from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache
 from storage_node.log.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ class LoadedLog:
     next_offset: int
     had_clean_shutdown: bool
     truncated_bytes: int
+    leader_epochs: LeaderEpochCache
+    high_watermark: int
 
 
 @dataclass
@@ -97,10 +103,50 @@ def load_log(
 
     next_offset = segments[-1].next_offset
     log_start_offset = max(log_start_checkpoint, segments[0].base_offset)
+    epochs = _fifth_pass_leader_epochs(ctx, segments, recovery_point, had_clean_shutdown, log_start_offset)
+    high_watermark = checkpoint.read_offset_checkpoint(
+        directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
+    )
+    high_watermark = min(max(high_watermark or 0, log_start_offset), next_offset)
     # Only a flush moves the recovery point forward (Kafka's rule): after an unclean shutdown the
     # recovered tail may still be only in the page cache.
     recovery_point = next_offset if had_clean_shutdown else min(recovery_point, next_offset)
-    return LoadedLog(segments, log_start_offset, recovery_point, next_offset, had_clean_shutdown, truncated)
+    return LoadedLog(
+        segments,
+        log_start_offset,
+        recovery_point,
+        next_offset,
+        had_clean_shutdown,
+        truncated,
+        epochs,
+        high_watermark,
+    )
+
+
+def _fifth_pass_leader_epochs(
+    ctx: _Context, segments: list[Segment], recovery_point: int, had_clean_shutdown: bool, log_start: int
+) -> LeaderEpochCache:
+    """The leader-epoch cache as the recovered log says it must be (Kafka assigns the epoch of
+    every batch it recovers). A log without any checkpoint (written before epochs were kept) is
+    scanned whole, once: headers only."""
+    written = (ctx.directory / LEADER_EPOCH_CHECKPOINT_FILE).exists()
+    epochs = LeaderEpochCache.load(ctx.directory)
+    next_offset = segments[-1].next_offset
+    epochs.truncate_from_end(next_offset)
+    if not written:
+        scan_from = 0
+    elif had_clean_shutdown:
+        scan_from = next_offset
+    else:
+        scan_from = max((s.base_offset for s in segments if s.base_offset <= recovery_point), default=0)
+    for segment in segments:
+        if segment.next_offset <= scan_from:
+            continue
+        for _, header in segment.log.batch_headers():
+            if header.partition_leader_epoch >= 0:
+                epochs.assign(header.partition_leader_epoch, header.base_offset)
+    epochs.truncate_from_start(log_start)
+    return epochs
 
 
 def _first_pass_remove_temporary_files(directory: Path) -> list[int]:

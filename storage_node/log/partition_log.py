@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import NamedTuple, TypeVar
 
 from services.clock import Clock
-from services.errors import KafkaStorageError, OffsetOutOfRangeError
+from services.errors import CorruptRecordError, KafkaStorageError, OffsetOutOfRangeError
 from services.records import set_log_append_time
 from services.records.format import INT32_MAX, INT32_MIN
 from services.records.inplace import stamp_validated_batch
 from storage_node.log import checkpoint, files, loader, retention
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache, FileSlice, SegmentFileGoneError
+from storage_node.log.leader_epochs import EpochEndOffset, LeaderEpochCache
+from storage_node.log.replica_validation import ReplicatedBatch, validate_replicated_batches
 from storage_node.log.segment import Segment
 from storage_node.log.segments import Segments
 from storage_node.log.validation import ValidatedBatch, validate_producer_batches
@@ -41,6 +43,15 @@ class AppendInfo:
     log_append_time: int  # the broker timestamp stamped on the batches, -1 for CreateTime topics
     record_count: int
     log_start_offset: int
+    batch_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicatedAppendInfo:
+    """The result of a follower's append: the leader's offsets, as written."""
+
+    first_offset: int
+    last_offset: int
     batch_count: int
 
 
@@ -90,8 +101,12 @@ class PartitionLog:
     clean close and the next open, the ``.clean-shutdown`` marker.
 
     Offsets: dense from ``log_start_offset`` to ``log_end_offset - 1``. ``high_watermark`` is what
-    consumers may read up to; with one replica every append is committed, so it follows the log
-    end, but it is kept as its own field for replication to move (:meth:`update_high_watermark`).
+    consumers may read up to. The log never moves it on its own: replication does
+    (:meth:`maybe_increment_high_watermark` on a leader, :meth:`update_high_watermark` on a
+    follower); it is checkpointed by :meth:`checkpoint_high_watermark` and at close.
+
+    Leader epochs: :attr:`leader_epochs` (``leader_epochs.py``) records the first offset of every
+    leader epoch in the log; appends, truncation and moves of the log start keep it in step.
 
     Durability and crash behaviour: an append is in the page cache when ``append`` returns and on
     disk after :meth:`flush` (by the ``flush.messages``/``flush.ms`` policy in
@@ -131,7 +146,9 @@ class PartitionLog:
         self._log_start_offset = loaded.log_start_offset
         active = loaded.segments[-1]
         self._end = _LogEnd(loaded.next_offset, active.base_offset, active.size)
-        self._high_watermark = loaded.next_offset
+        self._high_watermark = loaded.high_watermark
+        self._checkpointed_high_watermark = loaded.high_watermark
+        self._epochs = loaded.leader_epochs
         self._recovery_point = loaded.recovery_point
         self._last_flush_ms = clock.time_ms()
         self._lock = threading.RLock()
@@ -243,9 +260,57 @@ class PartitionLog:
                 segment.update_config(config)
 
     def update_high_watermark(self, offset: int) -> None:
-        """Move the high watermark (replication's job), clamped to [log start, log end]."""
+        """Set the high watermark (a follower copies its leader's), clamped to [log start, log end]."""
         with self._lock:
             self._high_watermark = max(self._log_start_offset, min(offset, self._next_offset))
+
+    def maybe_increment_high_watermark(self, offset: int) -> bool:
+        """Move the high watermark forward to ``offset`` (a leader's rule: it never goes back);
+        True if it moved. Clamped to the log end."""
+        with self._lock:
+            offset = min(offset, self._next_offset)
+            if offset <= self._high_watermark:
+                return False
+            self._high_watermark = offset
+            return True
+
+    def checkpoint_high_watermark(self) -> bool:
+        """Write the high watermark to its checkpoint file if it changed; True if written.
+
+        Called by the periodic tick and at close, not per append: after a crash the checkpoint may
+        be behind, which is safe (a replica only exposes less until its leader tells it more).
+        """
+        high_watermark = self._high_watermark
+        if high_watermark == self._checkpointed_high_watermark or self._closed:
+            return False
+        checkpoint.write_offset_checkpoint(
+            self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, self.topic, self.partition, high_watermark
+        )
+        self._checkpointed_high_watermark = high_watermark
+        return True
+
+    # ---- leader epochs -------------------------------------------------------------------------
+
+    @property
+    def leader_epochs(self) -> LeaderEpochCache:
+        """Epoch -> start offset of this log (read-only for callers; the log keeps it in step)."""
+        return self._epochs
+
+    @property
+    def latest_epoch(self) -> int:
+        """The epoch of the newest batch (or of the latest assigned leader epoch); -1 if none."""
+        return self._epochs.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> EpochEndOffset:
+        """Where ``epoch`` ends in this log (see ``LeaderEpochCache.end_offset_for``)."""
+        return self._epochs.end_offset_for(epoch, self._next_offset)
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """This replica leads ``epoch`` from the current log end on (called on becoming leader,
+        before any append of the epoch, so followers can truncate against it at once)."""
+        with self._lock:
+            self._ensure_usable()
+            self._epochs.assign(epoch, self._next_offset)
 
     # ---- listeners -----------------------------------------------------------------------------
 
@@ -290,9 +355,10 @@ class PartitionLog:
             log_append_time = now if config.log_append_time else -1
             first_offset = self._next_offset
             self._stamp_batches(payload, batches, first_offset, leader_epoch, log_append_time)
+            if leader_epoch >= 0:
+                self._epochs.assign(leader_epoch, first_offset)
             self._write_batches(payload, batches, first_offset, log_append_time, now)
             last_offset = self._next_offset - 1
-            self._high_watermark = self._next_offset  # one replica: every append is committed
             info = AppendInfo(
                 first_offset,
                 last_offset,
@@ -304,6 +370,56 @@ class PartitionLog:
         self._notify_listeners(info.last_offset + 1)
         self.maybe_flush(by_time=False)
         return info
+
+    @_disk_errors_as_storage_errors
+    def append_replicated(self, data: bytes | bytearray | memoryview) -> ReplicatedAppendInfo:
+        """Append batches copied from the leader, byte for byte (a follower's append).
+
+        Offsets and leader epochs are the leader's: nothing is stamped. Structure and CRC are
+        checked, and the batches must continue this log exactly (the first starts at the log
+        end, each follows the previous, epochs never go back); anything else is
+        CorruptRecordError and nothing is written. Empty ``data`` is a no-op.
+        """
+        batches = validate_replicated_batches(data, self._next_offset, self._epochs.latest_epoch)
+        if not batches:
+            return ReplicatedAppendInfo(self._next_offset, self._next_offset - 1, 0)
+        with self._lock:
+            self._ensure_usable()
+            if batches[0].base_offset != self._next_offset:
+                raise CorruptRecordError(
+                    f"{self.name}: replicated batch starts at {batches[0].base_offset}, "
+                    f"the log ends at {self._next_offset}"
+                )
+            first_offset = self._next_offset
+            self._write_replicated(data, batches)
+            info = ReplicatedAppendInfo(first_offset, self._next_offset - 1, len(batches))
+        self._notify_listeners(info.last_offset + 1)
+        self.maybe_flush(by_time=False)
+        return info
+
+    def _write_replicated(self, data, batches: list[ReplicatedBatch]) -> None:
+        view = memoryview(data)
+        segments_before = self._segments.snapshot()
+        epochs_before = self._epochs.entries
+        first_offset = self._next_offset
+        now = self._clock.time_ms()
+        try:
+            for batch in batches:
+                if batch.leader_epoch >= 0:
+                    self._epochs.assign(batch.leader_epoch, batch.base_offset)
+                segment = self._maybe_roll(batch.size, batch.last_offset, batch.max_timestamp, now)
+                segment.append(
+                    view[batch.position : batch.position + batch.size],
+                    batch.base_offset,
+                    batch.last_offset,
+                    batch.max_timestamp,
+                )
+                self._set_log_end(batch.last_offset + 1, segment)
+        except OSError as exc:
+            self._roll_back_failed_append(first_offset, segments_before, exc)
+            if self._epochs.entries != epochs_before:
+                self._epochs.truncate_from_end(first_offset)
+            raise KafkaStorageError(f"replicated append to {self.name} failed: {exc}") from exc
 
     @staticmethod
     def _stamp_batches(
@@ -599,6 +715,7 @@ class PartitionLog:
                 )
             if offset > self._log_start_offset:
                 self._log_start_offset = offset
+                self._epochs.truncate_from_start(offset)
                 self._checkpoint_log_start_offset()
                 log.info("Log start offset of %s moved to %d by a delete-records request", self.name, offset)
                 self._delete_segments(retention.log_start_offset_breached(offset), "delete records")
@@ -615,6 +732,7 @@ class PartitionLog:
         new_start = max(self._log_start_offset, self._segments.first.base_offset)
         if new_start != self._log_start_offset:
             self._log_start_offset = new_start
+            self._epochs.truncate_from_start(new_start)
             self._checkpoint_log_start_offset()
         for segment in doomed:
             log.info("Deleting segment %s of %s (%s)", segment.base_offset, self.name, reason)
@@ -650,8 +768,41 @@ class PartitionLog:
                     segment.delete()
             self._segments.active.truncate_to(offset)
             self._set_log_end(self._segments.active.next_offset, self._segments.active)
+            self._epochs.truncate_from_end(self._next_offset)
             self._high_watermark = min(self._high_watermark, self._next_offset)
             self._recovery_point = min(self._recovery_point, self._next_offset)
+            log.info("Truncated %s to offset %d", self.name, self._next_offset)
+
+    @_disk_errors_as_storage_errors
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop the whole log and restart it empty at ``offset`` (a follower whose fetch offset
+        fell below its leader's log start, or past its log end after an unclean election).
+
+        Crash safety: segments are deleted first, then the new log start is checkpointed; a crash
+        in between reloads an empty log at the old start, which the next fetch from the leader
+        resolves the same way.
+        """
+        if offset < 0:
+            raise ValueError(f"cannot restart {self.name} at negative offset {offset}")
+        with self._lock:
+            self._ensure_usable()
+            old = self._segments.snapshot()
+            for segment in old:
+                self._segments.remove(segment)
+            for segment in old:
+                segment.delete()
+            segment = Segment.open(
+                self.directory, offset, self._config, self._clock, handle_cache=self._handle_cache
+            )
+            self._segments.add(segment)
+            self._dir_needs_fsync = True
+            self._epochs.clear()
+            self._log_start_offset = offset
+            self._checkpoint_log_start_offset()
+            self._set_log_end(offset, segment)
+            self._high_watermark = offset
+            self._recovery_point = offset
+            log.info("Emptied %s; it restarts at offset %d", self.name, offset)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -669,6 +820,12 @@ class PartitionLog:
                 segment.close()
             if self._failure is None:
                 self._checkpoint_log_start_offset()
+                checkpoint.write_offset_checkpoint(
+                    self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE,
+                    self.topic,
+                    self.partition,
+                    self._high_watermark,
+                )
                 loader.write_clean_shutdown_marker(self.directory)
 
     @_disk_errors_as_storage_errors

@@ -42,9 +42,22 @@ def open_log(
     *,
     topic: str = "t",
     partition: int = 0,
+    commit_appends: bool = True,
     **kwargs,
 ) -> PartitionLog:
-    return PartitionLog.open(directory, topic, partition, cfg or config(), clock, **kwargs)
+    """Open a partition log; with ``commit_appends`` every append is committed at once (the high
+    watermark follows the log end, as when this replica is the whole ISR), which is what tests of
+    the log's own mechanics (retention, reads, delete-records) assume."""
+    partition_log = PartitionLog.open(directory, topic, partition, cfg or config(), clock, **kwargs)
+    if commit_appends:
+        commit_every_append(partition_log)
+    return partition_log
+
+
+def commit_every_append(partition_log: PartitionLog) -> PartitionLog:
+    """Move the high watermark to the log end after every append (a sole in-sync replica)."""
+    partition_log.add_append_listener(lambda log, end: log.maybe_increment_high_watermark(end))
+    return partition_log
 
 
 def open_segment(

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from log_testkit import make_batch, offsets_in, read_all
+from log_testkit import commit_every_append, make_batch, offsets_in, read_all
 
 from services.errors import InvalidConfigError, KafkaStorageError, UnknownTopicOrPartitionError
 from storage_node.log import files
@@ -98,6 +98,7 @@ def test_tick_rolls_idle_segments_applies_retention_and_flushes(dirs, clock):
     partition_log = manager.create_partition(
         "t", 0, {"segment.ms": "1000", "retention.ms": "5000", "flush.ms": "500"}
     )
+    commit_every_append(partition_log)
     partition_log.append(make_batch(3, timestamp=clock.time_ms()))
     assert manager.tick().rolled == 0
     clock.advance(1001)

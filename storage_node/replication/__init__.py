@@ -1,0 +1,2 @@
+"""Replication on a storage node: partition roles, followers fetching from leaders, the high
+watermark, the ISR and acknowledgements (see ``docs/architecture.md``, replication)."""
