@@ -83,6 +83,7 @@ class StorageNodeHandlers:
         try:
             partition_log = self.logs.get(topic, partition)
             info = partition_log.append(data)
+            partition_log.maybe_increment_high_watermark(info.last_offset + 1)
         except errors.TributaryError as exc:
             return AppendResult(topic, partition, error=exc)
         except OSError as exc:
