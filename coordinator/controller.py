@@ -7,8 +7,12 @@ things:
   the metadata cache, place replicas (:mod:`coordinator.placement`), write the topic key;
 * **reconciliation** (:meth:`Controller.reconcile_routine`): one task that repeatedly compares the
   metadata with what should be (:mod:`coordinator.partition_state`) and closes the gap -- pushes
-  CreatePartition to leaders and only then marks partitions ONLINE, marks partitions of lost
-  nodes OFFLINE and brings them back when the node returns, deletes the data of deleted topics.
+  CreatePartition to leaders and only then marks partitions ONLINE, elects new leaders from the
+  ISR when a leader's node is lost (or marks the partition OFFLINE), drops lost nodes from ISRs,
+  tells every replica its role (:mod:`coordinator.replica_roles`), deletes the data of deleted
+  topics.
+* **ISR changes** asked by leaders (:meth:`Controller.alter_partition`, KIP-497), checked by
+  :mod:`coordinator.isr_changes` and written with a compare-and-swap on the state's version.
   Passes run one at a time. Beside them, one background task per (re)registered storage node
   re-pushes its partitions and removes its orphans (a node back with an empty disk may need
   thousands of partitions re-created; that must not hold up elections or new topics). Admin
@@ -18,7 +22,9 @@ things:
 epoch" and "the ``controller`` key is still the one my election created". A deposed controller
 (paused past its lease, cut off from etcd) cannot write anything: its first write fails, it marks
 itself deposed -- which ends its term -- and the caller gets NOT_CONTROLLER naming whoever is
-active now (so the servicer forwards the call there).
+active now (so the servicer forwards the call there). Its calls to storage nodes carry its epoch,
+and nodes refuse an epoch older than the newest they have seen (in a call or in etcd), so it
+cannot change a node either.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator import keys, topic_rules
+from coordinator.isr_changes import IsrChange, validated_isr_change
 from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.model import (
     NO_LEADER,
@@ -45,11 +52,13 @@ from coordinator.model import (
 from coordinator.partition_state import Transition, deleting_topics, plan_node_sync, plan_partitions
 from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
 from coordinator.redirect import ControllerMovedError
+from coordinator.replica_roles import RoleTracker, leader_and_isr
 from coordinator.storage_client import StorageNodes
 from services import errors
 from services.etcd.election import epoch_guard
 from services.etcd.exceptions import EtcdError, EtcdGuardFailedError, NotLeaderError
 from services.etcd.txn import Compare, Op, TxnResult
+from services.leader_and_isr import LeaderAndIsr
 from services.topic_config import TOPIC_CONFIGS, format_topic_config, validate_topic_configs
 
 log = logging.getLogger(__name__)
@@ -58,6 +67,8 @@ log = logging.getLogger(__name__)
 WRITE_BATCH = 100
 #: Attempts of an admin write that lost a compare-and-swap race with the reconcile loop.
 _CAS_ATTEMPTS = 5
+#: Partition states per UpdateLeaderAndIsr call.
+ROLES_BATCH = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,12 @@ class Controller:
         self._synced_incarnations: dict[int, int] = {}
         self._syncs: dict[int, asyncio.Task] = {}
         self._configs_to_push: set[str] = set()
+        self._roles = RoleTracker()
+        #: Replicas that answered that their log is missing, per partition: they may neither lead
+        #: nor stay in the ISR (kept for this term; a new controller learns them again).
+        self._lost: dict[tuple[str, int], set[int]] = {}
+        #: Elections that gave the lead to an out-of-sync replica (records may have been lost).
+        self.unclean_elections = 0
         self._rpc_slots = asyncio.Semaphore(settings.max_parallel_rpcs)
         # Node syncs get their own, smaller share, so a big one never starves the passes.
         self._sync_slots = asyncio.Semaphore(max(1, settings.max_parallel_rpcs // 4))
@@ -357,7 +374,8 @@ class Controller:
 
     async def _do_pass(self) -> None:
         await self._await_own_writes()
-        await self._apply_transitions(plan_partitions(self.cache.state))
+        await self._apply_transitions(plan_partitions(self.cache.state, self._lost))
+        await self._push_roles()
         await self._finish_deletions(deleting_topics(self.cache.state))
         await self._push_altered_configs()
         self._start_node_syncs()
@@ -376,7 +394,7 @@ class Controller:
         return self.cache.state.brokers.get(node_id)
 
     def _create_on(
-        self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int
+        self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int, *, must_exist: bool = False
     ) -> Awaitable[None]:
         broker = self._broker(node_id)
         if broker is None:
@@ -388,7 +406,22 @@ class Controller:
             configs=topic.configs,
             leader_epoch=leader_epoch,
             replicas=topic.assignment[partition],
+            controller_epoch=self.epoch,
+            must_exist=must_exist,
         )
+
+    def _mark_lost(self, node_id: int, topic: str, partition: int, error: errors.TributaryError) -> None:
+        lost = self._lost.setdefault((topic, partition), set())
+        if node_id not in lost:
+            lost.add(node_id)
+            log.error(
+                "node %d lost the log of %s-%d (%s): it may no longer lead it or count as in sync",
+                node_id,
+                topic,
+                partition,
+                error,
+            )
+            self.kick()
 
     # -- partition transitions -------------------------------------------------------------------
 
@@ -396,22 +429,143 @@ class Controller:
         """Push to the nodes that must hold each partition first, then write the new states."""
         if not transitions:
             return
-        ready = [t for t, ok in zip(transitions, await asyncio.gather(*map(self._push, transitions))) if ok]
+        pushed = await asyncio.gather(*map(self._push, transitions))
+        ready = [t for t in pushed if t is not None]
         for start in range(0, len(ready), WRITE_BATCH):
             await self._write_states(ready[start : start + WRITE_BATCH])
 
-    async def _push(self, transition: Transition) -> bool:
+    async def _push(self, transition: Transition) -> Transition | None:
+        """Ask the nodes of a transition to hold the partition (a new leader: to confirm it still
+        does); the transition to write, or None when its required node did not. A new partition's
+        ISR is the replicas that created it."""
         topic = self.cache.state.topics.get(transition.topic)
         if topic is None:
-            return False
-        calls = {
-            node: self._limited(
-                self._create_on(node, topic, transition.partition, transition.record.leader_epoch)
+            return None
+        nodes = transition.push_to
+        outcomes = await asyncio.gather(
+            *(
+                self._confirmed(
+                    node, topic, transition.partition, transition.record.leader_epoch, transition.must_exist
+                )
+                for node in nodes
             )
-            for node in transition.push_to
-        }
-        results = dict(zip(calls, await asyncio.gather(*calls.values())))
-        return transition.required is None or results.get(transition.required, False)
+        )
+        confirmed = {node for node, ok in zip(nodes, outcomes) if ok}
+        if transition.required is not None and transition.required not in confirmed:
+            return None
+        if transition.unclean:
+            self.unclean_elections += 1
+            log.warning(
+                "unclean leader election for %s-%d: node %d was not in sync (ISR %s) and now leads; "
+                "records it never copied are lost",
+                transition.topic,
+                transition.partition,
+                transition.record.leader,
+                list(self.cache.state.partition_record(transition.topic, transition.partition).isr)
+                if self.cache.state.partition_record(transition.topic, transition.partition)
+                else [],
+            )
+        if transition.expected_mod_revision == 0:
+            isr = tuple(r for r in transition.record.isr if r in confirmed)
+            return dataclasses.replace(transition, record=dataclasses.replace(transition.record, isr=isr))
+        return transition
+
+    async def _confirmed(
+        self, node_id: int, topic: TopicRecord, partition: int, leader_epoch: int, must_exist: bool
+    ) -> bool:
+        async with self._rpc_slots:
+            try:
+                await self._create_on(node_id, topic, partition, leader_epoch, must_exist=must_exist)
+                return True
+            except errors.ReplicaNotAvailableError as exc:
+                self._mark_lost(node_id, topic.name, partition, exc)
+                return False
+            except errors.TributaryError as exc:
+                log.warning("storage node call failed (will retry): %s", exc)
+                return False
+
+    # -- replica roles ------------------------------------------------------------------------------
+
+    async def _push_roles(self) -> None:
+        """Tell every live node the partition states it has not acknowledged yet."""
+        state = self.cache.state
+        due = self._roles.due(state)
+        calls = []
+        for node_id, states in due.items():
+            broker = state.brokers.get(node_id)
+            if broker is None:
+                continue
+            for start in range(0, len(states), ROLES_BATCH):
+                calls.append(self._limited(self._push_roles_to(broker, states[start : start + ROLES_BATCH])))
+        await asyncio.gather(*calls)
+
+    async def _push_roles_to(self, broker: BrokerInfo, states: list[LeaderAndIsr]) -> None:
+        state = self.cache.state
+        leaders = {s.leader for s in states if s.leader >= 0}
+        endpoints = [state.brokers[n] for n in leaders if n in state.brokers]
+        configs = {s.topic: dict(state.topics[s.topic].configs) for s in states if s.topic in state.topics}
+        outcomes = await self.storage.update_leader_and_isr(
+            broker, controller_epoch=self.epoch, states=states, leaders=endpoints, topic_configs=configs
+        )
+        applied = {}
+        for s in states:
+            error = outcomes.get(s.key, errors.UnknownServerError("no answer"))
+            if error is None:
+                applied[s.key] = s
+            elif isinstance(error, errors.ReplicaNotAvailableError):
+                self._mark_lost(broker.node_id, s.topic, s.partition, error)
+            elif isinstance(error, errors.FencedLeaderEpochError):
+                applied[s.key] = s  # the node already holds a newer state
+            else:
+                log.info(
+                    "node %d did not take the state of %s-%d: %s", broker.node_id, s.topic, s.partition, error
+                )
+        self._roles.acknowledged(broker.node_id, broker.incarnation, applied)
+
+    # -- ISR changes (AlterPartition) ---------------------------------------------------------------
+
+    async def alter_partition(
+        self, node_id: int, changes: Sequence[IsrChange]
+    ) -> list[LeaderAndIsr | errors.TributaryError]:
+        """Apply a leader's ISR changes: per change the committed state, or the error."""
+        self.ensure_current()
+        await self._await_own_writes()
+        results: list[LeaderAndIsr | errors.TributaryError] = []
+        for change in changes:
+            try:
+                results.append(await self._alter_one(node_id, change))
+            except errors.NotControllerError:
+                raise
+            except errors.TributaryError as exc:
+                results.append(exc)
+        return results
+
+    async def _alter_one(self, node_id: int, change: IsrChange) -> LeaderAndIsr:
+        state = self.cache.state
+        lost = self._lost.get((change.topic, change.partition), ())
+        current, proposed = validated_isr_change(state, node_id, change, lost)
+        topic = state.topics[change.topic]
+        if proposed.isr == current.isr:
+            return leader_and_isr(topic, change.partition, current)
+        key = keys.partition_key(change.topic, change.partition)
+        result = await self._write(
+            [Op.put(key, keys.encode_partition(proposed))], [Compare.mod_revision(key, current.mod_revision)]
+        )
+        if not result.succeeded:
+            raise errors.InvalidUpdateVersionError(
+                f"{change.topic}-{change.partition}: the state changed while the ISR change was written"
+            )
+        log.info(
+            "partition %s-%d: ISR %s -> %s (asked by leader %d, epoch %d)",
+            change.topic,
+            change.partition,
+            list(current.isr),
+            list(proposed.isr),
+            node_id,
+            current.leader_epoch,
+        )
+        committed = dataclasses.replace(proposed, mod_revision=result.revision)
+        return leader_and_isr(topic, change.partition, committed)
 
     async def _write_states(self, batch: list[Transition]) -> None:
         ops = [
@@ -445,11 +599,16 @@ class Controller:
     # -- topic deletion ---------------------------------------------------------------------------
 
     async def _finish_deletions(self, topics: list[TopicRecord]) -> None:
+        """Delete the data of topics marked for deletion on every live replica (each stopped by
+        a role push saying so first: nodes refuse to delete a replica they still serve), then
+        their keys."""
         for topic in topics:
             if any(node in self._syncs for replicas in topic.assignment for node in replicas):
                 continue  # a node sync could re-create what we delete; retried once it is done
             calls = [
-                self._limited(self.storage.delete_partition(broker, topic.name, partition))
+                self._limited(
+                    self.storage.delete_partition(broker, topic.name, partition, controller_epoch=self.epoch)
+                )
                 for partition, replicas in enumerate(topic.assignment)
                 for broker in map(self._broker, replicas)
                 if broker is not None  # offline replicas drop theirs when they return (node sync)
@@ -467,16 +626,15 @@ class Controller:
     # -- configs ------------------------------------------------------------------------------------
 
     async def _push_altered_configs(self) -> None:
-        """Re-send CreatePartition (idempotent) with the topic's new configs to its live replicas."""
+        """Re-send CreatePartition (idempotent) with the topic's new configs to its live replicas
+        that hold its log (a replica without one gets the configs when its role makes it create it)."""
         for name in list(self._configs_to_push):
             topic = self.cache.state.live_topic(name)
             calls = (
                 []
                 if topic is None
                 else [
-                    self._limited(
-                        self._create_on(node, topic, partition, self._leader_epoch(topic, partition))
-                    )
+                    self._limited(self._configure(node, topic, partition))
                     for partition, replicas in enumerate(topic.assignment)
                     for node in replicas
                     if self._broker(node) is not None
@@ -484,6 +642,14 @@ class Controller:
             )
             if all(await asyncio.gather(*calls)):
                 self._configs_to_push.discard(name)
+
+    async def _configure(self, node_id: int, topic: TopicRecord, partition: int) -> None:
+        try:
+            await self._create_on(
+                node_id, topic, partition, self._leader_epoch(topic, partition), must_exist=True
+            )
+        except errors.ReplicaNotAvailableError:
+            pass  # no log there: nothing to configure
 
     def _leader_epoch(self, topic: TopicRecord, partition: int) -> int:
         record = self.cache.state.partition_record(topic.name, partition)
@@ -523,7 +689,10 @@ class Controller:
             return
         plan = plan_node_sync(self.cache.state, broker.node_id, local)  # state read after the listing
         slots = self._sync_slots
-        calls = [self._limited(self.storage.delete_partition(broker, t, p), slots) for t, p in plan.delete]
+        calls = [
+            self._limited(self.storage.delete_partition(broker, t, p, controller_epoch=self.epoch), slots)
+            for t, p in plan.delete
+        ]
         calls += [
             self._limited(self._maybe_create_assigned(broker.node_id, t, p), slots) for t, p in plan.create
         ]
@@ -537,11 +706,16 @@ class Controller:
             )
 
     async def _maybe_create_assigned(self, node_id: int, topic_name: str, partition: int) -> None:
-        """Create one partition on a node, unless its topic was deleted since the sync began."""
+        """Create one partition on a node, unless its topic was deleted since the sync began, or
+        the partition already has a state: then the node's role says whether it may create its
+        log (a follower out of the ISR) or must already hold it (in the ISR), so a node back with
+        an empty disk never gets an empty log under the old offsets."""
         topic = self.cache.state.live_topic(topic_name)
         if topic is None or partition >= topic.partition_count:
             return
-        await self._create_on(node_id, topic, partition, self._leader_epoch(topic, partition))
+        if self.cache.state.partition_record(topic_name, partition) is not None:
+            return
+        await self._create_on(node_id, topic, partition, 0)
 
 
 async def _failed(error: Exception) -> None:

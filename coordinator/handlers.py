@@ -15,6 +15,7 @@ from coordinator import topic_rules
 from coordinator.controller import Controller
 from coordinator.groups.manager import GroupManager
 from coordinator.health import EtcdHealth
+from coordinator.isr_changes import IsrChange
 from coordinator.leadership import Leadership
 from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.model import (
@@ -27,6 +28,7 @@ from coordinator.model import (
 )
 from coordinator.redirect import ControllerMovedError
 from services import errors
+from services.leader_and_isr import LeaderAndIsr
 from services.topic_config import TOPIC_CONFIGS, format_topic_config
 
 
@@ -131,6 +133,11 @@ class CoordinatorHandlers:
 
     async def delete_topic(self, name: str) -> None:
         await self._controller().delete_topic(name)
+
+    async def alter_partition(
+        self, node_id: int, changes: Sequence[IsrChange]
+    ) -> list[LeaderAndIsr | errors.TributaryError]:
+        return await self._controller().alter_partition(node_id, changes)
 
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)

@@ -44,11 +44,18 @@ from coordinator.model import (
     PartitionStatus,
     TopicRecord,
 )
-from services.cluster_keys import BROKERS, BrokerRecord, broker_key  # noqa: F401 -- broker_key: part of the layout
+from services.cluster_keys import (  # noqa: F401 -- broker_key: part of the layout
+    BROKERS,
+    CONTROLLER,
+    CONTROLLER_EPOCH,
+    BrokerRecord,
+    ControllerRecord,
+    broker_key,
+    decode_controller_epoch,
+    encode_controller_epoch,
+)
 
 COORDINATORS = "coordinators/"
-CONTROLLER = "controller"
-CONTROLLER_EPOCH = "controller_epoch"
 CLUSTER_ID = "cluster_id"
 TOPICS = "topics/"
 _PARTITIONS = "partitions"
@@ -158,25 +165,26 @@ def decode_coordinator(raw: bytes) -> CoordinatorInfo:
 
 
 def encode_controller(info: ControllerInfo) -> bytes:
-    return _dump({"coordinator_id": info.coordinator_id, "address": info.address, "epoch": info.epoch})
+    return ControllerRecord(info.coordinator_id, info.address, info.epoch).encode()
 
 
 def decode_controller(raw: bytes) -> ControllerInfo:
-    value = _load(raw)
-    return ControllerInfo(
-        str(value.get("coordinator_id", "")), str(value.get("address", "")), _int(value, "epoch")
-    )
+    try:
+        record = ControllerRecord.decode(raw)
+    except ValueError as exc:
+        raise BadValueError(f"controller: {exc}") from None
+    return ControllerInfo(record.coordinator_id, record.address, record.epoch)
 
 
 def encode_epoch(epoch: int) -> bytes:
-    return str(epoch).encode()
+    return encode_controller_epoch(epoch)
 
 
 def decode_epoch(raw: bytes) -> int:
-    text = raw.decode(errors="replace").strip()
-    if not text.isdigit():
-        raise BadValueError(f"controller epoch must be a decimal integer, got {text!r}")
-    return int(text)
+    try:
+        return decode_controller_epoch(raw)
+    except ValueError as exc:
+        raise BadValueError(str(exc)) from None
 
 
 def encode_topic(topic: TopicRecord) -> bytes:

@@ -10,21 +10,29 @@ Partition transitions (Kafka's partition state machine, leader epoch bumped on e
 leader, including to "no leader"):
 
 * new (no stored state): the first live replica becomes leader once it holds the partition; the
-  other live replicas are asked to create it too. With no live replica it stays PENDING.
-* ONLINE, leader live: nothing to do.
-* ONLINE, leader gone: the first live in-sync replica becomes leader (after it confirms it holds
-  the partition) and the lost node leaves the ISR; with none, OFFLINE with no leader, ISR kept
-  (as Kafka keeps the last in-sync replica, to know who may lead again without losing data).
+  other live replicas are asked to create it too, and those that did form the ISR with it. With no
+  live replica it stays PENDING.
+* ONLINE, leader live: in-sync replicas whose node is gone (lease expired) or which lost their log
+  leave the ISR, leader and epoch unchanged (the leader's own AlterPartition does the same for
+  followers that merely lag).
+* ONLINE, leader gone (or its log lost): the first live in-sync replica in assignment order becomes
+  leader, after confirming it still holds the log, and the lost nodes leave the ISR; with none,
+  OFFLINE with no leader, ISR kept (as Kafka keeps the last in-sync replicas, to know who may lead
+  again without losing data).
 * OFFLINE: as soon as an in-sync replica is live again, it leads (after confirming).
 
-Until replication lands the ISR of a partition is just its leader: followers hold no data, so
-moving leadership to them would lose records. ``unclean.leader.election.enable=true`` on the topic
-allows it anyway, as in Kafka.
+``unclean.leader.election.enable=true`` on the topic lets an out-of-sync live replica lead when no
+in-sync one is live, as in Kafka: records it never copied are lost (the transition says so, for
+the log and the metric).
+
+"Lost" replicas are those that answered that their log is missing (REPLICA_NOT_AVAILABLE): they
+may neither lead nor stay in the ISR, so an empty log never leads under the old offsets; as
+out-of-sync followers they copy the log again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from coordinator.metadata import MetadataState
@@ -45,6 +53,10 @@ class Transition:
     record: PartitionRecord
     push_to: tuple[int, ...] = ()
     required: int | None = None
+    #: The pushed nodes must already hold the log (an election): never create it empty.
+    must_exist: bool = False
+    #: An out-of-sync replica takes over (unclean.leader.election.enable): records may be lost.
+    unclean: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,24 +90,57 @@ def elect_leader(
 
 
 def plan_partition(
-    topic: TopicRecord, partition: int, current: PartitionRecord | None, live: Collection[int]
+    topic: TopicRecord,
+    partition: int,
+    current: PartitionRecord | None,
+    live: Collection[int],
+    lost: Collection[int] = (),
 ) -> Transition | None:
-    """The next state of one partition, or None when it is where it should be."""
+    """The next state of one partition, or None when it is where it should be. ``lost``: the
+    replicas known to have lost this partition's log."""
     if current is None:
         return _plan_new(topic, partition, live)
-    if current.status is PartitionStatus.ONLINE and current.leader in live:
-        return None
-    leader = elect_leader(current.replicas, current.isr, live, unclean=_unclean_allowed(topic))
+    usable = {r for r in live if r not in lost}
+    if current.status is PartitionStatus.ONLINE and current.leader in usable:
+        return _plan_isr_shrink(topic, partition, current, usable)
+    leader = elect_leader(current.replicas, current.isr, usable)
+    unclean = False
+    if leader is None and _unclean_allowed(topic):
+        leader = next((r for r in current.replicas if r in usable), None)
+        leader = leader if leader is not None else next((r for r in current.replicas if r in live), None)
+        unclean = leader is not None
     if leader is not None:
-        isr = _isr_after_election(current.isr, leader, live)
+        isr = (leader,) if unclean else _isr_after_election(current.isr, leader, usable)
         record = PartitionRecord(
             current.replicas, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
         )
-        return Transition(topic.name, partition, current.mod_revision, record, (leader,), leader)
+        return Transition(
+            topic.name,
+            partition,
+            current.mod_revision,
+            record,
+            (leader,),
+            leader,
+            must_exist=not unclean,
+            unclean=unclean,
+        )
     if current.status is PartitionStatus.OFFLINE:
         return None  # still no live in-sync replica: wait
     record = PartitionRecord(
         current.replicas, NO_LEADER, current.leader_epoch + 1, current.isr, PartitionStatus.OFFLINE
+    )
+    return Transition(topic.name, partition, current.mod_revision, record)
+
+
+def _plan_isr_shrink(
+    topic: TopicRecord, partition: int, current: PartitionRecord, usable: Collection[int]
+) -> Transition | None:
+    """Drop in-sync replicas that are gone or lost their log; the leader keeps its epoch."""
+    isr = tuple(r for r in current.isr if r in usable)
+    if isr == current.isr or current.leader not in isr:
+        return None
+    record = PartitionRecord(
+        current.replicas, current.leader, current.leader_epoch, isr, PartitionStatus.ONLINE
     )
     return Transition(topic.name, partition, current.mod_revision, record)
 
@@ -106,7 +151,7 @@ def _plan_new(topic: TopicRecord, partition: int, live: Collection[int]) -> Tran
     if not alive:
         return None  # stays PENDING until a replica is live
     leader = alive[0]
-    record = PartitionRecord(replicas, leader, 0, (leader,), PartitionStatus.ONLINE)
+    record = PartitionRecord(replicas, leader, 0, alive, PartitionStatus.ONLINE)
     return Transition(topic.name, partition, 0, record, alive, leader)
 
 
@@ -116,16 +161,22 @@ def _isr_after_election(isr: tuple[int, ...], leader: int, live: Collection[int]
     return kept if leader in kept else (leader, *kept)
 
 
-def plan_partitions(state: MetadataState) -> list[Transition]:
-    """Every partition transition the current state calls for (topics being deleted excluded)."""
+def plan_partitions(
+    state: MetadataState, lost: Mapping[tuple[str, int], Collection[int]] | None = None
+) -> list[Transition]:
+    """Every partition transition the current state calls for (topics being deleted excluded).
+    ``lost``: per partition, the replicas known to have lost its log."""
     live = set(state.brokers)
+    lost = lost or {}
     transitions = []
     for topic in state.topics.values():
         if topic.deleting:
             continue
         stored = state.partitions.get(topic.name, {})
         for partition in range(topic.partition_count):
-            transition = plan_partition(topic, partition, stored.get(partition), live)
+            transition = plan_partition(
+                topic, partition, stored.get(partition), live, lost.get((topic.name, partition), ())
+            )
             if transition is not None:
                 transitions.append(transition)
     return transitions

@@ -14,9 +14,12 @@ from coordinator import serde
 from coordinator.groups import serde as group_serde
 from coordinator.groups.handlers import GroupHandlers
 from coordinator.handlers import CoordinatorHandlers
+from coordinator.isr_changes import IsrChange
 from coordinator.redirect import ControllerMovedError, Forwarder
+from services import errors
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
+from services.serde import error_to_proto, leader_and_isr_to_proto
 
 #: A watch re-checks etcd health at least this often even when nothing changes.
 WATCH_HEARTBEAT_S = 5.0
@@ -123,6 +126,29 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
             request.topic, request.total_count, validate_only=request.validate_only
         )
         return pb.CreatePartitionsResponse(topic=serde.topic_to_proto(view))
+
+    @_admin
+    async def AlterPartition(self, request, context):
+        changes = [
+            IsrChange(c.topic, c.partition, c.leader_epoch, c.partition_version, tuple(c.new_isr))
+            for c in request.partitions
+        ]
+        outcomes = await self._handlers.alter_partition(request.node_id, changes)
+        results = []
+        for change, outcome in zip(changes, outcomes):
+            if isinstance(outcome, errors.TributaryError):
+                results.append(
+                    pb.AlterPartitionResult(
+                        topic=change.topic, partition=change.partition, error=error_to_proto(outcome)
+                    )
+                )
+            else:
+                results.append(
+                    pb.AlterPartitionResult(
+                        topic=change.topic, partition=change.partition, state=leader_and_isr_to_proto(outcome)
+                    )
+                )
+        return pb.AlterPartitionResponse(partitions=results)
 
     @_admin
     async def AlterTopicConfigs(self, request, context):

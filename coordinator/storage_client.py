@@ -1,4 +1,5 @@
-"""The controller's calls to storage nodes: create, delete and list partitions, list offsets.
+"""The controller's calls to storage nodes: create, delete and list partitions, replica roles
+(UpdateLeaderAndIsr), list offsets. Calls that change a node carry the controller epoch.
 
 One ``grpc.aio`` channel per node address, opened on first use and kept. Every call has a
 deadline, so a paused or partitioned node stalls a reconcile pass for at most that long, and
@@ -17,8 +18,9 @@ import grpc.aio
 from coordinator.model import BrokerInfo
 from services import errors
 from services.grpc_server import DEFAULT_OPTIONS
+from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
-from services.serde import error_from_proto
+from services.serde import error_from_proto, leader_and_isr_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -47,22 +49,54 @@ class StorageNodes:
         configs: Mapping[str, str],
         leader_epoch: int,
         replicas: Sequence[int],
+        controller_epoch: int,
+        must_exist: bool = False,
     ) -> None:
-        """Ask ``broker`` to create (or confirm it has) a partition; idempotent on the node."""
+        """Ask ``broker`` to create (or confirm it has) a partition; idempotent on the node. With
+        ``must_exist`` it only confirms (REPLICA_NOT_AVAILABLE when the log was lost)."""
         request = pb.CreatePartitionRequest(
             topic=topic,
             partition=partition,
             configs=dict(configs),
             leader_epoch=leader_epoch,
             replicas=list(replicas),
+            controller_epoch=controller_epoch,
+            must_exist=must_exist,
         )
         await self._call(broker, "CreatePartition", request)
 
-    async def delete_partition(self, broker: BrokerInfo, topic: str, partition: int) -> None:
+    async def delete_partition(
+        self, broker: BrokerInfo, topic: str, partition: int, *, controller_epoch: int
+    ) -> None:
         """Ask ``broker`` to delete a partition and its data; idempotent on the node."""
-        await self._call(
-            broker, "DeletePartition", pb.DeletePartitionRequest(topic=topic, partition=partition)
+        request = pb.DeletePartitionRequest(
+            topic=topic, partition=partition, controller_epoch=controller_epoch
         )
+        await self._call(broker, "DeletePartition", request)
+
+    async def update_leader_and_isr(
+        self,
+        broker: BrokerInfo,
+        *,
+        controller_epoch: int,
+        states: Sequence[LeaderAndIsr],
+        leaders: Sequence[BrokerInfo],
+        topic_configs: Mapping[str, Mapping[str, str]],
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        """Tell ``broker`` its roles; the per-partition outcome (None = applied)."""
+        request = pb.UpdateLeaderAndIsrRequest(
+            controller_epoch=controller_epoch,
+            partitions=[leader_and_isr_to_proto(s) for s in states],
+            leaders=[
+                pb.ReplicaEndpoint(node_id=b.node_id, host=b.host, fetch_port=b.fetch_port) for b in leaders
+            ],
+            topic_configs={t: pb.TopicConfigs(configs=dict(c)) for t, c in topic_configs.items()},
+        )
+        response = await self._call(broker, "UpdateLeaderAndIsr", request)
+        return {
+            (r.topic, r.partition): error_from_proto(r.error) if r.HasField("error") else None
+            for r in response.partitions
+        }
 
     async def local_partitions(self, broker: BrokerInfo) -> list[tuple[str, int]]:
         """Every partition ``broker`` holds on disk."""

@@ -261,6 +261,37 @@ class ThrottlingQuotaExceededError(TributaryError):
     retriable = True
 
 
+class ReplicaNotAvailableError(TributaryError):
+    """A replica does not hold the partition's log (lost, or never created)."""
+
+    reason, kafka_code, grpc_code = "REPLICA_NOT_AVAILABLE", 9, grpc.StatusCode.UNAVAILABLE
+    retriable = invalid_metadata = True
+
+
+class UnknownLeaderEpochError(TributaryError):
+    """The request carries a leader epoch newer than this replica knows (it will learn it)."""
+
+    reason, kafka_code, grpc_code = "UNKNOWN_LEADER_EPOCH", 76, grpc.StatusCode.UNAVAILABLE
+    retriable = invalid_metadata = True
+
+
+class OffsetNotAvailableError(TributaryError):
+    reason, kafka_code, grpc_code = "OFFSET_NOT_AVAILABLE", 78, grpc.StatusCode.UNAVAILABLE
+    retriable = True
+
+
+class InvalidUpdateVersionError(TributaryError):
+    """An AlterPartition named a partition state version that is no longer current."""
+
+    reason, kafka_code, grpc_code = "INVALID_UPDATE_VERSION", 95, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class IneligibleReplicaError(TributaryError):
+    """An AlterPartition would add a replica that may not join the ISR (not live)."""
+
+    reason, kafka_code, grpc_code = "INELIGIBLE_REPLICA", 107, grpc.StatusCode.FAILED_PRECONDITION
+
+
 def _all_error_classes() -> list[type[TributaryError]]:
     seen: list[type[TributaryError]] = [TributaryError]
     stack = list(TributaryError.__subclasses__())

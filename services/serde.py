@@ -6,6 +6,7 @@ Servicers only translate: they decode with these, call a plain handler, and enco
 from __future__ import annotations
 
 from services import errors
+from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb
 
 
@@ -21,3 +22,29 @@ def error_from_proto(message) -> errors.TributaryError | None:
     if message is None or not message.reason:
         return None
     return errors.make_error(message.reason, message.message)
+
+
+def leader_and_isr_to_proto(state: LeaderAndIsr):
+    return pb.LeaderAndIsr(
+        topic=state.topic,
+        partition=state.partition,
+        replicas=list(state.replicas),
+        leader=state.leader,
+        leader_epoch=state.leader_epoch,
+        isr=list(state.isr),
+        version=state.version,
+        deleting=state.deleting,
+    )
+
+
+def leader_and_isr_from_proto(message) -> LeaderAndIsr:
+    return LeaderAndIsr(
+        topic=message.topic,
+        partition=message.partition,
+        replicas=tuple(message.replicas),
+        leader=message.leader,
+        leader_epoch=message.leader_epoch,
+        isr=tuple(message.isr),
+        version=message.version,
+        deleting=message.deleting,
+    )

@@ -36,6 +36,17 @@ class StorageNodeConfig:
     session_timeout_s: int = 6
     #: fsync before acknowledging acks>=1 appends (group commit keeps it fast).
     flush_before_ack: bool = False
+    #: A follower not caught up with its leader for this long leaves the ISR (Kafka's
+    #: replica.lag.time.max.ms).
+    replica_lag_time_max_ms: int = 30_000
+    #: Long-poll bound of a follower's fetch from its leader (replica.fetch.wait.max.ms).
+    replica_fetch_wait_max_ms: int = 500
+    #: Record bytes per partition per follower fetch (replica.fetch.max.bytes).
+    replica_fetch_max_bytes: int = 1 << 20
+    #: Record bytes per follower fetch response (replica.fetch.response.max.bytes).
+    replica_fetch_response_max_bytes: int = 10 << 20
+    #: Pause after a failed follower fetch (replica.fetch.backoff.ms).
+    replica_fetch_backoff_ms: int = 1_000
     #: Serve fetches with os.sendfile (true) or read+send (false, for comparison benchmarks).
     fetch_zero_copy: bool = True
     #: Period of background work: flush.ms, retention, segment.ms.

@@ -3,22 +3,38 @@
 The servicer (``servicer.py``) only translates protobuf to these calls and back; nothing here sees
 a gRPC context. Multi-partition calls return one result per partition, carrying either the
 outcome or a :class:`~services.errors.TributaryError`, so one bad partition does not fail the rest.
+
+Roles, leadership checks and acknowledgements are the replica manager's
+(``storage_node/replication``): an append reaches a partition only where this node leads it, and
+``acks=all`` answers once the high watermark has passed the records.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services import errors
+from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
 from storage_node.notifier import AppendNotifier
+from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
 log = logging.getLogger(__name__)
 
 EARLIEST = -2
 LATEST = -1
+
+
+class Acks(enum.Enum):
+    """What an append waits for before it is answered."""
+
+    NONE = "none"  # nothing: the answer is not awaited
+    LEADER = "leader"  # this leader's write
+    ALL = "all"  # every in-sync replica (the high watermark)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +62,20 @@ class StorageNodeHandlers:
     """Domain operations of one storage node over its LogManager."""
 
     def __init__(
-        self, logs, notifier: AppendNotifier, *, flush_before_ack: bool = False, telemetry=None
+        self,
+        logs,
+        notifier: AppendNotifier,
+        replicas: ReplicaManager,
+        *,
+        flush_before_ack: bool = False,
+        standalone: bool = False,
+        telemetry=None,
     ) -> None:
         self.logs = logs
         self.notifier = notifier
+        self.replicas = replicas
+        #: No controller: CreatePartition makes this node the sole leader of the partition.
+        self.standalone = standalone
         self.flush_before_ack = flush_before_ack
         self.group_commit = GroupCommit()
         #: Totals since start for DescribeLogDirs' traffic (plain ints: free on the hot path).
@@ -64,13 +90,22 @@ class StorageNodeHandlers:
             self.append = self._observed_append
 
     async def _observed_append(
-        self, topic: str, partition: int, data: bytes, *, acks_none: bool
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        *,
+        acks: Acks,
+        timeout_s: float,
+        leader_epoch: int | None = None,
     ) -> AppendResult:
         """``append`` inside a span, counted (telemetry on)."""
         telemetry = self.telemetry
         span = telemetry.start_append(topic, partition, len(data))
         try:
-            result = await StorageNodeHandlers.append(self, topic, partition, data, acks_none=acks_none)
+            result = await StorageNodeHandlers.append(
+                self, topic, partition, data, acks=acks, timeout_s=timeout_s, leader_epoch=leader_epoch
+            )
         except BaseException:
             if span is not None:
                 span.end()
@@ -78,12 +113,28 @@ class StorageNodeHandlers:
         telemetry.end_append(span, topic, len(data), result)
         return result
 
-    async def append(self, topic: str, partition: int, data: bytes, *, acks_none: bool) -> AppendResult:
-        """Validate and append one partition's batches; wait for fsync when configured."""
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        *,
+        acks: Acks,
+        timeout_s: float,
+        leader_epoch: int | None = None,
+    ) -> AppendResult:
+        """Validate and append one partition's batches where this node leads it.
+
+        ``acks=all``: refused before writing when the ISR is below ``min.insync.replicas``;
+        answered once the high watermark passes the records (or with the error that stopped
+        it: REQUEST_TIMED_OUT after ``timeout_s``, NOT_ENOUGH_REPLICAS_AFTER_APPEND, a lost
+        leadership). With ``flush_before_ack``, ``acks>=1`` also waits for the fsync.
+        """
+        acks_all = acks is Acks.ALL
         try:
-            partition_log = self.logs.get(topic, partition)
-            info = partition_log.append(data)
-            partition_log.maybe_increment_high_watermark(info.last_offset + 1)
+            replica, info = self.replicas.append(
+                topic, partition, data, acks_all=acks_all, leader_epoch=leader_epoch
+            )
         except errors.TributaryError as exc:
             return AppendResult(topic, partition, error=exc)
         except OSError as exc:
@@ -93,9 +144,14 @@ class StorageNodeHandlers:
         self.bytes_in += len(data)
         self.records_in += info.record_count
         self.append_requests += 1
-        if self.flush_before_ack and not acks_none:
+        if acks_all:
             try:
-                await self.group_commit.wait_durable(partition_log, info.last_offset)
+                await replica.wait_committed(info.last_offset + 1, timeout_s)
+            except errors.TributaryError as exc:
+                return AppendResult(topic, partition, error=exc)
+        if self.flush_before_ack and acks is not Acks.NONE:
+            try:
+                await self.group_commit.wait_durable(replica.log, info.last_offset)
             except (ValueError, OSError) as exc:  # truncated or deleted meanwhile; a failed fsync
                 log.error("append to %s-%d is not durable: %s", topic, partition, exc)
                 return AppendResult(
@@ -112,9 +168,12 @@ class StorageNodeHandlers:
         )
 
     def list_offset(self, topic: str, partition: int, *, timestamp: int) -> OffsetResult:
-        """``timestamp`` -2 = earliest, -1 = latest, else the first offset with ts >= timestamp."""
+        """``timestamp`` -2 = earliest, -1 = latest (the high watermark), else the first offset
+        with ts >= timestamp below the high watermark. Only the leader answers."""
         try:
-            partition_log = self.logs.get(topic, partition)
+            replica = self.replicas.get(topic, partition)
+            replica.ensure_leader()
+            partition_log = replica.log
             if timestamp == EARLIEST:
                 return OffsetResult(topic, partition, offset=partition_log.log_start_offset)
             if timestamp == LATEST:
@@ -127,24 +186,63 @@ class StorageNodeHandlers:
         offset, ts = found
         return OffsetResult(topic, partition, offset=offset, timestamp=ts)
 
-    def create_partition(self, topic: str, partition: int, configs: dict[str, str]):
+    def create_partition(
+        self,
+        topic: str,
+        partition: int,
+        configs: dict[str, str],
+        *,
+        controller_epoch: int = 0,
+        leader_epoch: int = 0,
+        must_exist: bool = False,
+    ):
+        """Create the partition's log (idempotent; configs applied), or with ``must_exist`` only
+        confirm it is here (REPLICA_NOT_AVAILABLE when it was lost). A standalone node leads
+        what it creates; with a controller the role comes from UpdateLeaderAndIsr."""
         from services.topic_config import validate_topic_configs
 
+        self.replicas.ensure_controller_epoch(controller_epoch)
         validate_topic_configs(configs)
         try:
             partition_dir_name(topic, partition)  # a name the disk can hold, before anything else
         except ValueError as exc:
             raise errors.InvalidTopicError(str(exc)) from None
-        return self.logs.create_partition(topic, partition, configs)
+        if must_exist:
+            try:
+                self.logs.get(topic, partition)
+            except errors.UnknownTopicOrPartitionError:
+                raise errors.ReplicaNotAvailableError(
+                    f"{topic}-{partition} is not on node {self.replicas.node_id}: its log was lost"
+                ) from None
+        partition_log = self.logs.create_partition(topic, partition, configs)
+        if self.standalone:
+            self.replicas.become_sole_leader(topic, partition, leader_epoch)
+        return partition_log
 
-    def delete_partition(self, topic: str, partition: int) -> None:
+    def delete_partition(self, topic: str, partition: int, *, controller_epoch: int = 0) -> None:
+        """Delete the partition's log (idempotent). Refused while this node is an active replica
+        (POLICY_VIOLATION): the controller stops a replica before deleting it."""
+        self.replicas.stop_replica(controller_epoch, topic, partition)
         try:
             self.logs.delete_partition(topic, partition)
         except errors.UnknownTopicOrPartitionError:
             pass  # idempotent: the coordinator retries deletes
+        self.replicas.forget(topic, partition)
+
+    def update_leader_and_isr(
+        self,
+        controller_epoch: int,
+        states: Iterable[LeaderAndIsr],
+        leaders: Mapping[int, ReplicaEndpoint],
+        topic_configs: Mapping[str, Mapping[str, str]],
+    ) -> list[StateUpdateResult]:
+        return self.replicas.update_leader_and_isr(controller_epoch, states, leaders, topic_configs)
 
     def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
-        partition_log = self.logs.get(topic, partition)
+        """Move the log start (Kafka's DeleteRecords) on the leader; followers follow it."""
+        replica = self.replicas.get(topic, partition)
+        replica.ensure_leader()
+        partition_log = replica.log
         if before_offset == -1:
             before_offset = partition_log.high_watermark
         partition_log.delete_records_before(before_offset)

@@ -1,9 +1,11 @@
 """One storage node process: the log manager, the gRPC service, the fetch port, registration.
 
-Start order: recover every partition from disk, start serving (gRPC and fetch port), then register
-in etcd so nobody routes to the node before it can answer. Stop order (SIGTERM): health
-NOT_SERVING, finish in-flight calls, stop the fetch port, flush and close every log (clean
-shutdown marker: next start skips the recovery scan), revoke the registration lease last.
+Start order: recover every partition from disk, start serving (gRPC and fetch port), follow the
+active controller in etcd, then register so nobody routes to the node before it can answer. Roles
+arrive from the controller after registration (UpdateLeaderAndIsr): until then every partition
+answers NOT_LEADER_OR_FOLLOWER. Stop order (SIGTERM): health NOT_SERVING, finish in-flight
+calls, stop the replica fetchers and the fetch port, flush and close every log (clean shutdown
+marker: next start skips the recovery scan), revoke the registration lease last.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from storage_node.fetch.server import FetchServer
 from storage_node.handlers import StorageNodeHandlers
 from storage_node.log.log_manager import LogManager
 from storage_node.notifier import AppendNotifier
+from storage_node.replication.fetcher import ReplicaFetchers
+from storage_node.replication.manager import ReplicaManager, ReplicationSettings
 from storage_node.servicer import StorageNodeServicer
 
 log = logging.getLogger(__name__)
@@ -56,16 +60,33 @@ class StorageNode:
             max_open_segments=config.max_open_segments,
         )
         self.notifier = AppendNotifier()
+        self.replication_settings = ReplicationSettings(
+            replica_lag_time_max_ms=config.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
+            replica_fetch_max_bytes=config.replica_fetch_max_bytes,
+            replica_fetch_response_max_bytes=config.replica_fetch_response_max_bytes,
+            replica_fetch_backoff_ms=config.replica_fetch_backoff_ms,
+        )
+        self.replicas = ReplicaManager(
+            config.node_id, self.logs, self.notifier, clock, self.replication_settings
+        )
+        self.fetchers = ReplicaFetchers(config.node_id, self.replication_settings, clock)
+        self.controller_channel = None
         self.instruments = None
         if self.telemetry.enabled:
             self.instruments = StorageNodeInstruments(
                 self.telemetry, logs=self.logs, fetch_stats=lambda: self.fetch_server.stats
             )
         self.handlers = StorageNodeHandlers(
-            self.logs, self.notifier, flush_before_ack=config.flush_before_ack, telemetry=self.instruments
+            self.logs,
+            self.notifier,
+            self.replicas,
+            flush_before_ack=config.flush_before_ack,
+            standalone=config.standalone,
+            telemetry=self.instruments,
         )
         self.fetch_server = FetchServer(
-            self.logs.get,
+            self.replicas,
             self.notifier,
             host=config.host,
             port=config.fetch_port,
@@ -75,6 +96,7 @@ class StorageNode:
         self.grpc: GrpcServer | None = None
         self.registration = None
         self._maintenance: asyncio.Task | None = None
+        self._isr_upkeep: asyncio.Task | None = None
 
     async def start(self) -> None:
         self.logs.load()
@@ -89,13 +111,25 @@ class StorageNode:
         )
         await self.fetch_server.start()
         self._maintenance = asyncio.create_task(self._maintenance_routine(), name="log-maintenance")
+        self._isr_upkeep = asyncio.create_task(self._isr_upkeep_routine(), name="isr-upkeep")
         if not self.config.standalone:
             from storage_node.registration import BrokerRegistration
+            from storage_node.replication.controller_channel import ControllerChannel
 
             self.registration = BrokerRegistration.from_config(
                 self.config, grpc_port=self.grpc.port, fetch_port=self.fetch_server.port
             )
+            self.controller_channel = ControllerChannel(self.registration.client, self.replicas)
+            self.replicas.attach(isr_channel=self.controller_channel, fetchers=self.fetchers)
+            await self.controller_channel.start()
             await self.registration.register()
+        else:
+            # No controller: this node is the whole ISR of every partition it holds.
+            self.replicas.attach(isr_channel=None, fetchers=self.fetchers)
+            for partition_log in self.logs.partitions():
+                self.replicas.become_sole_leader(
+                    partition_log.topic, partition_log.partition, max(partition_log.latest_epoch, 0)
+                )
         self._write_ready_file()
         log.info(
             "storage node %d serving: grpc %s:%d, fetch %s:%d",
@@ -128,9 +162,25 @@ class StorageNode:
             except Exception:
                 log.exception("log maintenance failed")
 
+    async def _isr_upkeep_routine(self) -> None:
+        """Leaders drop lagging followers from the ISR; idle fetchers are stopped."""
+        interval = max(0.05, self.replication_settings.replica_lag_time_max_ms / 2000.0)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.replicas.maintain()
+                await self.fetchers.stop_idle()
+            except Exception:
+                log.exception("ISR upkeep failed")
+
     async def stop(self) -> None:
-        if self._maintenance:
-            self._maintenance.cancel()
+        for task in (self._maintenance, self._isr_upkeep):
+            if task is not None:
+                task.cancel()
+        await self.fetchers.stop()
+        if self.controller_channel is not None:
+            await self.controller_channel.stop()
+        self.replicas.stop()
         await self.fetch_server.stop()
         self.logs.close()
         if self.registration is not None:

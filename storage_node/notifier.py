@@ -1,4 +1,5 @@
-"""Wakes fetch long-polls when records are appended to a partition."""
+"""Wakes fetch long-polls when a partition changes: records appended (what followers wait
+for), its high watermark moved (what consumers wait for)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,18 @@ class AppendNotifier:
             return True
         except TimeoutError:
             return False
+
+    async def wait_any(self, keys: list[object], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a change to any of ``keys``; True if one happened."""
+        if timeout <= 0 or not keys:
+            return False
+        loop = asyncio.get_running_loop()
+        futures = []
+        for key in keys:
+            future = self._waiters.get(key)
+            if future is None or future.done():
+                future = loop.create_future()
+                self._waiters[key] = future
+            futures.append(future)
+        done, _ = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        return bool(done)

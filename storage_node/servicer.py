@@ -7,8 +7,18 @@ import asyncio
 from services import errors
 from services.grpc_server import translate_errors
 from services.proto import pb, storage_grpc
-from services.serde import error_to_proto
-from storage_node.handlers import EARLIEST, LATEST, AppendResult, OffsetResult, StorageNodeHandlers
+from services.leader_and_isr import ReplicaEndpoint
+from services.serde import error_to_proto, leader_and_isr_from_proto
+from storage_node.handlers import EARLIEST, LATEST, Acks, AppendResult, OffsetResult, StorageNodeHandlers
+
+_ACKS = {
+    pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
+    pb.ACKS_NONE: Acks.NONE,
+    pb.ACKS_LEADER: Acks.LEADER,
+    pb.ACKS_ALL: Acks.ALL,
+}
+#: Deadline of an acks=all append whose request sets none.
+_DEFAULT_TIMEOUT_MS = 30_000
 
 
 def _append_result_to_proto(result: AppendResult):
@@ -70,14 +80,24 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
 
     @translate_errors
     async def Append(self, request, context):
-        if request.acks not in (pb.ACKS_UNSPECIFIED, pb.ACKS_NONE, pb.ACKS_LEADER, pb.ACKS_ALL):
+        acks = _ACKS.get(request.acks)
+        if acks is None:
             raise errors.InvalidRequiredAcksError(
                 f"acks value {request.acks} is not one of none, leader, all"
             )
-        acks_none = request.acks == pb.ACKS_NONE
+        if request.timeout_ms < 0:
+            raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
+        timeout_s = (request.timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000
         results = await asyncio.gather(
             *(
-                self._handlers.append(p.topic, p.partition, p.record_batches, acks_none=acks_none)
+                self._handlers.append(
+                    p.topic,
+                    p.partition,
+                    p.record_batches,
+                    acks=acks,
+                    timeout_s=timeout_s,
+                    leader_epoch=p.leader_epoch if p.HasField("leader_epoch") else None,
+                )
                 for p in request.partitions
             )
         )
@@ -100,7 +120,12 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
         if not request.topic or request.partition < 0:
             raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
         partition_log = self._handlers.create_partition(
-            request.topic, request.partition, dict(request.configs)
+            request.topic,
+            request.partition,
+            dict(request.configs),
+            controller_epoch=request.controller_epoch,
+            leader_epoch=request.leader_epoch,
+            must_exist=request.must_exist,
         )
         return pb.CreatePartitionResponse(
             log_dir=str(partition_log.directory.parent), log_end_offset=partition_log.log_end_offset
@@ -108,8 +133,25 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
 
     @translate_errors
     async def DeletePartition(self, request, context):
-        self._handlers.delete_partition(request.topic, request.partition)
+        self._handlers.delete_partition(
+            request.topic, request.partition, controller_epoch=request.controller_epoch
+        )
         return pb.DeletePartitionResponse()
+
+    @translate_errors
+    async def UpdateLeaderAndIsr(self, request, context):
+        states = [leader_and_isr_from_proto(p) for p in request.partitions]
+        leaders = {e.node_id: ReplicaEndpoint(e.node_id, e.host, e.fetch_port) for e in request.leaders}
+        configs = {topic: dict(c.configs) for topic, c in request.topic_configs.items()}
+        results = self._handlers.update_leader_and_isr(request.controller_epoch, states, leaders, configs)
+        return pb.UpdateLeaderAndIsrResponse(
+            partitions=[
+                pb.LeaderAndIsrResult(
+                    topic=r.topic, partition=r.partition, error=error_to_proto(r.error) if r.error else None
+                )
+                for r in results
+            ]
+        )
 
     @translate_errors
     async def DeleteRecords(self, request, context):

@@ -3,7 +3,13 @@
 This is the zero-copy read path of the paper: the records go from the segment file's page cache
 to the socket without entering the process. Each connection is one asyncio task handling one
 request at a time, in order (as Kafka does per connection); clients open several connections for
-parallel fetches. The framing is in :mod:`storage_node.fetch.protocol`.
+parallel fetches. The framing is in :mod:`services.fetchport.protocol` (version 0, one partition,
+consumers) and :mod:`services.fetchport.multi` (version 1, many partitions, followers and
+consumers).
+
+What a fetch may see is the replica manager's rule (``storage_node/replication``): consumers read
+from the leader only, below the high watermark; followers read to the log end, and their fetch
+offsets are how the leader learns their positions (the high watermark, the ISR).
 
 A bad frame (wrong size, garbage, truncated) gets an INVALID_REQUEST answer when it can be
 framed and the connection is closed; a client that stalls mid-frame is dropped after
@@ -18,11 +24,11 @@ import errno
 import logging
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from services import errors
-from services.fetchport import protocol
+from services.fetchport import multi, protocol
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)
@@ -121,17 +127,26 @@ async def copy_range(
         done += len(data)
 
 
-class FetchServer:
-    """Serves fetch requests for the partitions ``get_log`` knows.
+class FetchReader(Protocol):
+    """What the fetch port reads through (the replica manager)."""
 
-    ``get_log(topic, partition)`` returns a partition log with ``read(offset, max_bytes)`` giving
-    a FetchInfo (``slice``, ``log_start_offset``, ``log_end_offset``, ``high_watermark``), or raises
-    UnknownTopicOrPartitionError.
-    """
+    def read_for_consumer(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+        """A FetchInfo (``slice``, ``log_start_offset``, ``log_end_offset``, ``high_watermark``)
+        below the high watermark of a partition this node leads, or a TributaryError."""
+
+    def read_for_follower(self, replica_id: int, fetch: multi.PartitionFetch) -> tuple[Any, Any]:
+        """``(FetchInfo, None)`` up to the log end, or ``(None, EpochEndOffset)`` on divergence."""
+
+    def get(self, topic: str, partition: int) -> Any:
+        """The replica (its ``log`` has the offsets an error answer reports)."""
+
+
+class FetchServer:
+    """Serves fetch requests through ``reader`` (see :class:`FetchReader`)."""
 
     def __init__(
         self,
-        get_log: Callable[[str, int], object],
+        reader: FetchReader,
         notifier: AppendNotifier,
         *,
         host: str = "127.0.0.1",
@@ -141,7 +156,7 @@ class FetchServer:
         frame_timeout: float = 30.0,
         telemetry=None,
     ) -> None:
-        self._get_log = get_log
+        self._reader = reader
         self._notifier = notifier
         self._host = host
         self._port = port
@@ -206,18 +221,34 @@ class FetchServer:
             while True:
                 size_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 4), self._idle_timeout)
                 (size,) = protocol.SIZE.unpack(size_bytes)
-                try:
-                    protocol.check_request_size(size)
-                except errors.TributaryError as exc:
-                    await self._answer_error(loop, sock, -1, exc)
+                if not 0 < size <= multi.MAX_MULTI_REQUEST_FRAME:
+                    await self._answer_error(
+                        loop,
+                        sock,
+                        -1,
+                        errors.InvalidRequestError(
+                            f"fetch request frame size {size} outside 1..{multi.MAX_MULTI_REQUEST_FRAME}"
+                        ),
+                    )
                     return
                 body = await asyncio.wait_for(_recv_exactly(loop, sock, size), self._frame_timeout)
+                version = int.from_bytes(body[:2], "big", signed=True) if size >= 2 else -1
                 try:
-                    request = protocol.decode_request_body(body)
+                    if version == multi.MULTI_FETCH_VERSION:
+                        multi_request = multi.decode_request_body(body)
+                    else:
+                        protocol.check_request_size(size)
+                        request = protocol.decode_request_body(body)
                 except errors.TributaryError as exc:
-                    await self._answer_error(loop, sock, -1, exc)
+                    if version == multi.MULTI_FETCH_VERSION:
+                        await loop.sock_sendall(sock, multi.encode_error_response(-1, exc))
+                    else:
+                        await self._answer_error(loop, sock, -1, exc)
                     return
-                await self._serve(loop, sock, request)
+                if version == multi.MULTI_FETCH_VERSION:
+                    await self._serve_multi(loop, sock, multi_request)
+                else:
+                    await self._serve(loop, sock, request)
         except (_PeerClosed, TimeoutError, ConnectionError):
             pass
         except OSError as exc:
@@ -238,8 +269,9 @@ class FetchServer:
         key = (request.topic, request.partition)
         while True:
             try:
-                partition_log = self._get_log(request.topic, request.partition)
-                info = partition_log.read(request.offset, request.max_bytes)
+                info = self._reader.read_for_consumer(
+                    request.topic, request.partition, request.offset, request.max_bytes
+                )
             except errors.TributaryError as exc:
                 await self._answer_error(loop, sock, request.correlation_id, exc)
                 return
@@ -284,3 +316,143 @@ class FetchServer:
             if fd is not None:
                 os.close(fd)
         return length
+
+    # ---- version 1: many partitions, followers and consumers -------------------------------------
+
+    async def _serve_multi(
+        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, request: multi.MultiFetchRequest
+    ):
+        """Read every partition of the request, long-polling until ``min_bytes`` are available
+        (or an error or a divergence is to be reported, or ``max_wait_ms`` passed), then send each
+        partition's header and records (sendfile) in request order."""
+        self.stats.requests += 1
+        deadline = loop.time() + request.max_wait_ms / 1000.0
+        keys = [(p.topic, p.partition) for p in request.partitions]
+        while True:
+            parts = self._read_partitions(request)
+            available = sum(length for _, length, _ in parts)
+            urgent = any(header.error_code or header.diverging_epoch >= 0 for header, _, _ in parts)
+            remaining = deadline - loop.time()
+            if urgent or available >= max(request.min_bytes, 1) or remaining <= 0:
+                break
+            await self._notifier.wait_any(keys, remaining)
+        await self._send_multi(loop, sock, request.correlation_id, parts)
+
+    def _read_partitions(
+        self, request: multi.MultiFetchRequest
+    ) -> list[tuple[multi.PartitionHeader, int, Any]]:
+        """``(header without records_length, record length, FetchInfo or None)`` per partition,
+        within the response's byte budget (the first batch of the response goes whole)."""
+        budget = request.max_bytes
+        parts = []
+        for fetch in request.partitions:
+            header, info = self._read_partition(request, fetch, max(budget, 0))
+            length = info.slice.length if info is not None and info.slice is not None else 0
+            budget -= length
+            parts.append((header, length, info))
+        return parts
+
+    def _read_partition(self, request: multi.MultiFetchRequest, fetch: multi.PartitionFetch, budget: int):
+        topic, partition = fetch.topic, fetch.partition
+        max_bytes = min(fetch.partition_max_bytes, budget) if budget > 0 else 0
+        try:
+            if request.from_follower:
+                info, diverging = self._reader.read_for_follower(request.replica_id, fetch)
+                if diverging is not None:
+                    replica_log = self._reader.get(topic, partition).log
+                    return multi.PartitionHeader(
+                        topic,
+                        partition,
+                        high_watermark=replica_log.high_watermark,
+                        log_start_offset=replica_log.log_start_offset,
+                        log_end_offset=replica_log.log_end_offset,
+                        diverging_epoch=diverging.epoch,
+                        diverging_end_offset=diverging.end_offset,
+                    ), None
+            else:
+                info = self._reader.read_for_consumer(
+                    topic, partition, fetch.fetch_offset, fetch.partition_max_bytes
+                )
+        except errors.TributaryError as exc:
+            return self._error_header(topic, partition, exc), None
+        if max_bytes <= 0 and info.slice is not None:
+            info = type(info)(None, info.log_start_offset, info.log_end_offset, info.high_watermark)
+        return multi.PartitionHeader(
+            topic,
+            partition,
+            high_watermark=info.high_watermark,
+            log_start_offset=info.log_start_offset,
+            log_end_offset=info.log_end_offset,
+        ), info
+
+    def _error_header(
+        self, topic: str, partition: int, error: errors.TributaryError
+    ) -> multi.PartitionHeader:
+        """An error answer, with the partition's offsets when this node has its log (a follower
+        out of range needs them to restart or truncate)."""
+        self.stats.errors += 1
+        bounds = (-1, -1, -1)
+        try:
+            replica_log = self._reader.get(topic, partition).log
+            bounds = (replica_log.high_watermark, replica_log.log_start_offset, replica_log.log_end_offset)
+        except errors.TributaryError:
+            pass
+        return multi.PartitionHeader(
+            topic,
+            partition,
+            error_code=error.kafka_code,
+            high_watermark=bounds[0],
+            log_start_offset=bounds[1],
+            log_end_offset=bounds[2],
+            message=error.message,
+        )
+
+    async def _send_multi(self, loop, sock, correlation_id: int, parts) -> None:
+        fds: list[int | None] = []
+        headers: list[bytes] = []
+        try:
+            for header, length, info in parts:
+                fd = None
+                if length:
+                    try:
+                        fd = os.open(info.slice.path, os.O_RDONLY)
+                    except FileNotFoundError:
+                        length = 0  # deleted by retention meanwhile: an empty answer, fetched again
+                fds.append(fd)
+                headers.append(multi.encode_partition_header(_with_length(header, length)))
+            lengths = [length if fd is not None else 0 for (_, length, _), fd in zip(parts, fds)]
+            body_length = sum(len(h) for h in headers) + sum(lengths)
+            prefix = multi.encode_response_prefix(correlation_id, len(parts), body_length)
+            await _send_header(loop, sock, prefix, more=bool(body_length))
+            sent_total = 0
+            for (header, _, info), head, length, fd in zip(parts, headers, lengths, fds):
+                await _send_header(loop, sock, head, more=bool(length))
+                if length:
+                    send = sendfile_range if self._zero_copy else copy_range
+                    await send(loop, sock, fd, info.slice.position, length)
+                    sent_total += length
+                    if self._telemetry is not None:
+                        self._telemetry.fetched(header.topic, length)
+            if self._zero_copy:
+                self.stats.sendfile_bytes += sent_total
+            else:
+                self.stats.copied_bytes += sent_total
+        finally:
+            for fd in fds:
+                if fd is not None:
+                    os.close(fd)
+
+
+def _with_length(header: multi.PartitionHeader, length: int) -> multi.PartitionHeader:
+    return multi.PartitionHeader(
+        header.topic,
+        header.partition,
+        header.error_code,
+        header.high_watermark,
+        header.log_start_offset,
+        header.log_end_offset,
+        header.diverging_epoch,
+        header.diverging_end_offset,
+        header.message,
+        length,
+    )

@@ -259,7 +259,8 @@ class LogManager:
 
     def tick(self) -> TickResult:
         """One round of periodic work for every partition: roll idle segments past
-        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``.
+        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``, checkpoint the
+        high watermark if it moved.
 
         A partition whose disk fails is logged and skipped; the others still get their turn.
         """
@@ -271,6 +272,7 @@ class LogManager:
                 rolled += partition_log.maybe_roll()
                 deleted += partition_log.delete_old_segments()
                 flushed += partition_log.maybe_flush()
+                partition_log.checkpoint_high_watermark()
             except (KafkaStorageError, OSError):
                 failed += 1
                 log.exception("Periodic work failed for %s", partition_log.name)

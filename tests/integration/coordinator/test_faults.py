@@ -128,13 +128,20 @@ def test_killed_storage_node_goes_offline_within_ttl_and_comes_back(make_cluster
     cluster.wait_active()
     stub = cluster.stub("c1")
     name = unique("victim")
-    topic = call(stub.CreateTopic, pb.CreateTopicRequest(name=name, partitions=6, replication_factor=2)).topic
+    # One replica per partition: the dead node's partitions have nowhere to go but offline.
+    topic = call(stub.CreateTopic, pb.CreateTopicRequest(name=name, partitions=6, replication_factor=1)).topic
+    replicated_name = unique("replicated")
+    replicated = call(
+        stub.CreateTopic, pb.CreateTopicRequest(name=replicated_name, partitions=6, replication_factor=2)
+    ).topic
     doomed = unique("doomed")
     call(stub.CreateTopic, pb.CreateTopicRequest(name=doomed, partitions=3, replication_factor=3))
     victim = 2
     led = {p.partition: p.leader_epoch for p in topic.partitions if p.leader == victim}
     others = {p.partition: p.leader for p in topic.partitions if p.leader != victim}
     assert len(led) == 2
+    moved = {p.partition: p for p in replicated.partitions if p.leader == victim}
+    assert moved
 
     killed_at = time.monotonic()
     cluster.storage[victim].kill()
@@ -160,6 +167,19 @@ def test_killed_storage_node_goes_offline_within_ttl_and_comes_back(make_cluster
         what="leader epochs bumped",
         timeout=5,
     )
+    # With a second in-sync replica the partition moves there instead, and the dead node
+    # leaves the ISR.
+    def failed_over(md):
+        t = topic_of(md, replicated_name)
+        return all(
+            t.partitions[p].state == ONLINE
+            and t.partitions[p].leader not in (victim, -1)
+            and t.partitions[p].leader_epoch == before.leader_epoch + 1
+            and victim not in t.partitions[p].in_sync_replicas
+            for p, before in moved.items()
+        )
+
+    cluster.wait_for(failed_over, what="replicated partitions failed over", timeout=10)
 
     # Deleted while a replica's node is down: the live replicas drop their data now...
     call(stub.DeleteTopic, pb.DeleteTopicRequest(name=doomed))

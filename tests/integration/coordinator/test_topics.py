@@ -166,7 +166,7 @@ def test_replicas_on_distinct_nodes_and_racks(shared_cluster):
     for p in topic.partitions:
         assert len(set(p.replicas)) == 2
         assert {SHARED_RACKS[r] for r in p.replicas} == {"r1", "r2"}, "one replica per rack"
-        assert p.leader == p.replicas[0] and list(p.in_sync_replicas) == [p.leader]
+        assert p.leader == p.replicas[0] and list(p.in_sync_replicas) == list(p.replicas)
     # Replicas (not only leaders) are created on their nodes.
     for node_id in SHARED_RACKS:
         held = {p for t, p in shared_cluster.local_partitions(node_id) if t == name}

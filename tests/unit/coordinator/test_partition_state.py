@@ -32,7 +32,8 @@ def test_new_partition_pushes_to_live_replicas_leader_first():
     transition = plan_partition(t, 0, None, live={1, 2, 3})
     assert transition.push_to == (2, 1, 3) and transition.required == 2
     assert transition.expected_mod_revision == 0
-    assert transition.record == PartitionRecord((2, 1, 3), 2, 0, (2,), ONLINE)
+    # every replica asked to create it starts in the ISR (the controller keeps those that did)
+    assert transition.record == PartitionRecord((2, 1, 3), 2, 0, (2, 1, 3), ONLINE)
 
 
 def test_new_partition_with_preferred_leader_down_takes_the_next():
@@ -46,6 +47,36 @@ def test_new_partition_without_live_replica_stays_pending():
 
 def test_online_with_live_leader_needs_nothing():
     assert plan_partition(topic([[1]]), 0, record([1], 1, 0, [1], ONLINE), live={1}) is None
+
+
+def test_a_gone_follower_leaves_the_isr_without_an_epoch_bump():
+    current = record([1, 2, 3], 1, 4, [1, 2, 3], ONLINE)
+    transition = plan_partition(topic([[1, 2, 3]]), 0, current, live={1, 3})
+    assert transition.record == PartitionRecord((1, 2, 3), 1, 4, (1, 3), ONLINE)
+    assert transition.push_to == () and transition.required is None
+    assert transition.expected_mod_revision == 7
+
+
+def test_a_follower_that_lost_its_log_leaves_the_isr():
+    current = record([1, 2], 1, 4, [1, 2], ONLINE)
+    transition = plan_partition(topic([[1, 2]]), 0, current, live={1, 2}, lost={2})
+    assert transition.record.isr == (1,)
+    assert transition.record.leader_epoch == 4
+
+
+def test_a_leader_that_lost_its_log_hands_over_to_an_in_sync_replica():
+    current = record([1, 2], 1, 4, [1, 2], ONLINE)
+    transition = plan_partition(topic([[1, 2]]), 0, current, live={1, 2}, lost={1})
+    assert transition.record == PartitionRecord((1, 2), 2, 5, (2,), ONLINE)
+    assert transition.must_exist and not transition.unclean
+
+
+def test_a_sole_in_sync_replica_that_lost_its_log_never_leads_again_cleanly():
+    current = record([1], 1, 4, [1], ONLINE)
+    transition = plan_partition(topic([[1]]), 0, current, live={1}, lost={1})
+    assert transition.record == PartitionRecord((1,), NO_LEADER, 5, (1,), OFFLINE)
+    offline = record([1], NO_LEADER, 5, [1], OFFLINE)
+    assert plan_partition(topic([[1]]), 0, offline, live={1}, lost={1}) is None
 
 
 def test_leader_lost_without_other_in_sync_replica_goes_offline_with_bumped_epoch():
@@ -74,7 +105,22 @@ def test_offline_comes_back_when_in_sync_replica_returns():
 def test_unclean_election_config_allows_an_out_of_sync_leader():
     current = record([1, 2], 1, 0, [1], ONLINE)
     t = topic([[1, 2]], **{"unclean.leader.election.enable": "true"})
-    assert plan_partition(t, 0, current, live={2}).record.leader == 2
+    transition = plan_partition(t, 0, current, live={2})
+    assert transition.record == PartitionRecord((1, 2), 2, 1, (2,), ONLINE)
+    assert transition.unclean and not transition.must_exist
+
+
+def test_clean_elections_must_find_the_log_in_place():
+    current = record([1, 2], 1, 0, [1, 2], ONLINE)
+    transition = plan_partition(topic([[1, 2]]), 0, current, live={2})
+    assert transition.must_exist and not transition.unclean
+
+
+def test_unclean_election_may_give_a_lost_sole_replica_an_empty_log():
+    t = topic([[1]], **{"unclean.leader.election.enable": "true"})
+    offline = record([1], NO_LEADER, 5, [1], OFFLINE)
+    transition = plan_partition(t, 0, offline, live={1}, lost={1})
+    assert transition.record.leader == 1 and transition.unclean and not transition.must_exist
 
 
 def state_with(topics, partitions=(), brokers=()):

@@ -1,0 +1,318 @@
+"""The fetch port's multi-partition frames (version 1): pure encoding and decoding, no sockets.
+
+Version 0 (``protocol.py``) fetches one partition per request. Version 1 fetches many, and says
+who is fetching, so that one connection carries everything a follower copies from a leader (one
+fetcher per leader, as Kafka's replica fetchers) and the leader can check leader epochs and
+answer a diverging epoch (KIP-320). Consumers may use it too (``replica_id`` -1).
+
+Every integer is big-endian. Request (client -> node)::
+
+    size                 int32   bytes after this field
+    version              int16   1
+    correlation_id       int32   echoed in the response
+    replica_id           int32   the fetching follower's node id; -1 for a consumer
+    max_wait_ms          int32   long-poll bound; 0 answers at once
+    min_bytes            int32   answer early once this many record bytes are available
+    max_bytes            int32   bound on the record bytes of the whole response
+    partition_count      int32   then, per partition:
+      topic_length       int16   then topic_length bytes of UTF-8
+      partition          int32
+      current_leader_epoch int32 the leader epoch the fetcher knows; -1 = do not check
+      fetch_offset       int64
+      last_fetched_epoch int32   epoch of the fetcher's last batch; -1 = none (no divergence check)
+      partition_max_bytes int32  bound on this partition's record bytes (the first batch goes whole)
+
+Response (node -> client)::
+
+    size                 int32   bytes after this field
+    correlation_id       int32
+    error_code           int16   a request-level error (then partition_count is 0)
+    message_length       int16   then message_length bytes of UTF-8
+    partition_count      int32   then, per partition, in request order:
+      topic_length       int16   then topic bytes
+      partition          int32
+      error_code         int16   Kafka's numeric code, 0 = none
+      high_watermark     int64
+      log_start_offset   int64
+      log_end_offset     int64
+      diverging_epoch    int32   -1 = none; else the fetcher truncates (see ``storage_node.replication``)
+      diverging_end_offset int64
+      message_length     int16   then message_length bytes of UTF-8
+      records_length     int32   then records_length bytes of whole RecordBatch v2 batches
+
+The node writes each partition's records straight from its segment file with ``os.sendfile``;
+this module builds and parses everything around them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from services import errors
+from services.fetchport.protocol import SIZE
+
+MULTI_FETCH_VERSION = 1
+#: ``replica_id`` of a consumer's fetch.
+CONSUMER_REPLICA_ID = -1
+NO_EPOCH = -1
+#: Refuse version-1 request frames larger than this (~25,000 partitions with 20-character names).
+MAX_MULTI_REQUEST_FRAME = 1 << 20
+MAX_TOPIC_BYTES = 249
+
+_REQUEST_FIXED = struct.Struct(">hiiiiii")  # version .. partition_count
+_PARTITION_REQUEST = struct.Struct(">iiqii")  # partition .. partition_max_bytes (after the topic)
+_RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
+_PARTITION_RESPONSE = struct.Struct(">ihqqqiq")  # partition .. diverging_end_offset
+_SHORT = struct.Struct(">h")
+_INT = struct.Struct(">i")
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFetch:
+    """One partition of a multi-partition fetch."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+    current_leader_epoch: int = NO_EPOCH
+    last_fetched_epoch: int = NO_EPOCH
+
+
+@dataclass(frozen=True, slots=True)
+class MultiFetchRequest:
+    correlation_id: int
+    replica_id: int
+    partitions: tuple[PartitionFetch, ...]
+    max_bytes: int
+    min_bytes: int = 1
+    max_wait_ms: int = 0
+
+    @property
+    def from_follower(self) -> bool:
+        return self.replica_id >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionHeader:
+    """A partition's part of a response, before its ``records_length`` record bytes."""
+
+    topic: str
+    partition: int
+    error_code: int = 0
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    log_end_offset: int = -1
+    diverging_epoch: int = NO_EPOCH
+    diverging_end_offset: int = -1
+    message: str = ""
+    records_length: int = 0
+
+    def error(self) -> errors.TributaryError | None:
+        if self.error_code == 0:
+            return None
+        return errors.for_kafka_code(self.error_code)(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionData:
+    """A decoded partition of a response: its header and a view of its record bytes."""
+
+    header: PartitionHeader
+    records: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class MultiFetchResponse:
+    correlation_id: int
+    error_code: int
+    message: str
+    partitions: tuple[PartitionData, ...]
+
+    def error(self) -> errors.TributaryError | None:
+        if self.error_code == 0:
+            return None
+        return errors.for_kafka_code(self.error_code)(self.message)
+
+
+def _string(text: str, limit: int) -> bytes:
+    data = text.encode()
+    if len(data) > limit:
+        raise ValueError(f"string of {len(data)} bytes exceeds {limit}")
+    return _SHORT.pack(len(data)) + data
+
+
+def _message_bytes(message: str) -> bytes:
+    """A length-prefixed message, cut to what an int16 length can say."""
+    data = message.encode()[:32767]
+    return _SHORT.pack(len(data)) + data
+
+
+def _message(error: errors.TributaryError | None) -> bytes:
+    return _message_bytes(error.message if error else "")
+
+
+# ---- requests -----------------------------------------------------------------------------------
+
+
+def encode_request(request: MultiFetchRequest) -> bytes:
+    parts = [
+        _REQUEST_FIXED.pack(
+            MULTI_FETCH_VERSION,
+            request.correlation_id,
+            request.replica_id,
+            request.max_wait_ms,
+            request.min_bytes,
+            request.max_bytes,
+            len(request.partitions),
+        )
+    ]
+    for p in request.partitions:
+        parts.append(_string(p.topic, MAX_TOPIC_BYTES))
+        parts.append(
+            _PARTITION_REQUEST.pack(
+                p.partition,
+                p.current_leader_epoch,
+                p.fetch_offset,
+                p.last_fetched_epoch,
+                p.partition_max_bytes,
+            )
+        )
+    body = b"".join(parts)
+    return SIZE.pack(len(body)) + body
+
+
+def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
+    """Parse a version-1 request body (after the size). InvalidRequestError on bad input."""
+    view = memoryview(body)
+    if len(view) < _REQUEST_FIXED.size:
+        raise errors.InvalidRequestError(f"fetch request of {len(view)} bytes is shorter than its header")
+    version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, count = (
+        _REQUEST_FIXED.unpack_from(view)
+    )
+    if version != MULTI_FETCH_VERSION:
+        raise errors.UnsupportedVersionError(f"multi-partition fetch version {version}")
+    if max_wait_ms < 0 or min_bytes < 0 or max_bytes < 0 or replica_id < CONSUMER_REPLICA_ID:
+        raise errors.InvalidRequestError("fetch request has a negative size, wait or replica id")
+    if count < 0 or count * (_SHORT.size + _PARTITION_REQUEST.size) > len(view) - _REQUEST_FIXED.size:
+        raise errors.InvalidRequestError(f"fetch request announces {count} partitions its frame cannot hold")
+    position = _REQUEST_FIXED.size
+    partitions = []
+    seen: set[tuple[str, int]] = set()
+    for _ in range(count):
+        topic, position = _read_string(view, position, "topic")
+        if position + _PARTITION_REQUEST.size > len(view):
+            raise errors.InvalidRequestError("fetch request is truncated inside a partition")
+        partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
+            view, position
+        )
+        position += _PARTITION_REQUEST.size
+        if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
+            raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")
+        if (topic, partition) in seen:
+            raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
+        seen.add((topic, partition))
+        partitions.append(PartitionFetch(topic, partition, offset, partition_max, leader_epoch, last_epoch))
+    if position != len(view):
+        raise errors.InvalidRequestError(f"fetch request has {len(view) - position} trailing bytes")
+    return MultiFetchRequest(correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms)
+
+
+def _read_string(view: memoryview, position: int, what: str) -> tuple[str, int]:
+    if position + _SHORT.size > len(view):
+        raise errors.InvalidRequestError(f"fetch frame is truncated before a {what}")
+    (length,) = _SHORT.unpack_from(view, position)
+    position += _SHORT.size
+    if length < 0 or position + length > len(view):
+        raise errors.InvalidRequestError(f"fetch frame {what} length {length} runs past the frame")
+    try:
+        return bytes(view[position : position + length]).decode(), position + length
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidRequestError(f"fetch frame {what} is not UTF-8") from exc
+
+
+# ---- responses ----------------------------------------------------------------------------------
+
+
+def encode_partition_header(header: PartitionHeader, error: errors.TributaryError | None = None) -> bytes:
+    """A partition's header bytes; ``header.records_length`` record bytes must follow."""
+    return (
+        _string(header.topic, MAX_TOPIC_BYTES)
+        + _PARTITION_RESPONSE.pack(
+            header.partition,
+            error.kafka_code if error else header.error_code,
+            header.high_watermark,
+            header.log_start_offset,
+            header.log_end_offset,
+            header.diverging_epoch,
+            header.diverging_end_offset,
+        )
+        + (_message(error) if error else _message_bytes(header.message))
+        + _INT.pack(header.records_length)
+    )
+
+
+def encode_response_prefix(
+    correlation_id: int, partition_count: int, body_length: int, error: errors.TributaryError | None = None
+) -> bytes:
+    """The size, fixed part and partition count of a response whose partition headers and
+    records together take ``body_length`` bytes."""
+    fixed = _RESPONSE_FIXED.pack(correlation_id, error.kafka_code if error else 0) + _message(error)
+    fixed += _INT.pack(partition_count)
+    return SIZE.pack(len(fixed) + body_length) + fixed
+
+
+def encode_error_response(correlation_id: int, error: errors.TributaryError) -> bytes:
+    return encode_response_prefix(correlation_id, 0, 0, error)
+
+
+def decode_response_body(body: bytes | bytearray | memoryview) -> MultiFetchResponse:
+    """Parse a whole response body (after the size); record bytes are views into ``body``.
+    CorruptRecordError when the frame is inconsistent."""
+    view = memoryview(body)
+    try:
+        correlation_id, error_code = _RESPONSE_FIXED.unpack_from(view)
+        position = _RESPONSE_FIXED.size
+        message, position = _read_response_string(view, position)
+        (count,) = _INT.unpack_from(view, position)
+        position += _INT.size
+        partitions = []
+        for _ in range(count):
+            topic, position = _read_response_string(view, position)
+            partition, code, high_watermark, log_start, log_end, diverging_epoch, diverging_end = (
+                _PARTITION_RESPONSE.unpack_from(view, position)
+            )
+            position += _PARTITION_RESPONSE.size
+            partition_message, position = _read_response_string(view, position)
+            (records_length,) = _INT.unpack_from(view, position)
+            position += _INT.size
+            if records_length < 0 or position + records_length > len(view):
+                raise errors.CorruptRecordError(f"records of {topic}-{partition} run past the frame")
+            header = PartitionHeader(
+                topic,
+                partition,
+                code,
+                high_watermark,
+                log_start,
+                log_end,
+                diverging_epoch,
+                diverging_end,
+                partition_message,
+                records_length,
+            )
+            partitions.append(PartitionData(header, view[position : position + records_length]))
+            position += records_length
+    except struct.error as exc:
+        raise errors.CorruptRecordError(f"fetch response is truncated: {exc}") from exc
+    if position != len(view):
+        raise errors.CorruptRecordError(f"fetch response has {len(view) - position} trailing bytes")
+    return MultiFetchResponse(correlation_id, error_code, message, tuple(partitions))
+
+
+def _read_response_string(view: memoryview, position: int) -> tuple[str, int]:
+    (length,) = _SHORT.unpack_from(view, position)
+    position += _SHORT.size
+    if length < 0 or position + length > len(view):
+        raise errors.CorruptRecordError("fetch response string runs past the frame")
+    return bytes(view[position : position + length]).decode(errors="replace"), position + length

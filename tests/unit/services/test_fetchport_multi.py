@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services import errors
+from services.fetchport import multi
+
+partition_fetches = st.builds(
+    multi.PartitionFetch,
+    topic=st.text(min_size=1, max_size=40),
+    partition=st.integers(0, 2**31 - 1),
+    fetch_offset=st.integers(-(2**63), 2**63 - 1),
+    partition_max_bytes=st.integers(0, 2**31 - 1),
+    current_leader_epoch=st.integers(-1, 2**31 - 1),
+    last_fetched_epoch=st.integers(-1, 2**31 - 1),
+)
+
+
+def _body(frame: bytes) -> bytes:
+    (size,) = struct.unpack(">i", frame[:4])
+    assert size == len(frame) - 4
+    return frame[4:]
+
+
+@given(
+    correlation_id=st.integers(-(2**31), 2**31 - 1),
+    replica_id=st.integers(-1, 2**31 - 1),
+    partitions=st.lists(partition_fetches, max_size=8, unique_by=lambda p: (p.topic, p.partition)),
+    max_bytes=st.integers(0, 2**31 - 1),
+    min_bytes=st.integers(0, 2**31 - 1),
+    max_wait_ms=st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=200, deadline=None)
+def test_request_round_trip(correlation_id, replica_id, partitions, max_bytes, min_bytes, max_wait_ms):
+    request = multi.MultiFetchRequest(
+        correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms
+    )
+    assert multi.decode_request_body(_body(multi.encode_request(request))) == request
+
+
+def test_request_golden_bytes():
+    request = multi.MultiFetchRequest(9, 2, (multi.PartitionFetch("ab", 3, 42, 1000, 5, 4),), 4096, 1, 500)
+    body = struct.pack(">hiiiiii", 1, 9, 2, 500, 1, 4096, 1) + struct.pack(">h", 2) + b"ab"
+    body += struct.pack(">iiqii", 3, 5, 42, 4, 1000)
+    assert multi.encode_request(request) == struct.pack(">i", len(body)) + body
+
+
+def test_every_truncation_of_a_request_is_refused_cleanly():
+    request = multi.MultiFetchRequest(
+        1, 3, (multi.PartitionFetch("t", 0, 5, 100), multi.PartitionFetch("u", 1, 6, 100)), 1000
+    )
+    body = _body(multi.encode_request(request))
+    for cut in range(len(body)):
+        with pytest.raises(errors.InvalidRequestError):
+            multi.decode_request_body(body[:cut])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda b: b[:2] + struct.pack(">i", 1) + b[6:], None),  # a different correlation id is fine
+        (lambda b: b + b"x", "trailing"),
+        (lambda b: b[:22] + struct.pack(">i", 10_000) + b[26:], "cannot hold"),
+        (lambda b: b[:6] + struct.pack(">i", -5) + b[10:], "negative"),
+    ],
+)
+def test_malformed_requests(mutate, reason):
+    request = multi.MultiFetchRequest(1, 3, (multi.PartitionFetch("t", 0, 5, 100),), 1000)
+    body = mutate(_body(multi.encode_request(request)))
+    if reason is None:
+        assert multi.decode_request_body(body).partitions == request.partitions
+    else:
+        with pytest.raises(errors.InvalidRequestError, match=reason):
+            multi.decode_request_body(body)
+
+
+def test_a_partition_named_twice_is_refused():
+    request = multi.MultiFetchRequest(1, 3, (multi.PartitionFetch("t", 0, 5, 1),) * 2, 1000)
+    with pytest.raises(errors.InvalidRequestError, match="twice"):
+        multi.decode_request_body(_body(multi.encode_request(request)))
+
+
+def test_a_wrong_version_is_unsupported():
+    body = bytearray(_body(multi.encode_request(multi.MultiFetchRequest(1, 3, (), 1000))))
+    body[0:2] = struct.pack(">h", 7)
+    with pytest.raises(errors.UnsupportedVersionError):
+        multi.decode_request_body(bytes(body))
+
+
+def _response(partitions: list[tuple[multi.PartitionHeader, bytes]], error=None) -> bytes:
+    body = b"".join(multi.encode_partition_header(h) + records for h, records in partitions)
+    return multi.encode_response_prefix(77, len(partitions), len(body), error) + body
+
+
+def test_response_round_trip_with_records_errors_and_divergence():
+    parts = [
+        (
+            multi.PartitionHeader(
+                "a", 0, high_watermark=10, log_start_offset=0, log_end_offset=12, records_length=3
+            ),
+            b"xyz",
+        ),
+        (multi.PartitionHeader("b", 4, error_code=6, message="not the leader"), b""),
+        (multi.PartitionHeader("c", 1, diverging_epoch=3, diverging_end_offset=40, log_end_offset=50), b""),
+    ]
+    response = multi.decode_response_body(_body(_response(parts)))
+    assert response.correlation_id == 77 and response.error() is None
+    assert [(p.header, bytes(p.records)) for p in response.partitions] == parts
+    assert isinstance(response.partitions[1].header.error(), errors.NotLeaderOrFollowerError)
+
+
+def test_a_request_level_error_response():
+    frame = multi.encode_error_response(5, errors.InvalidRequestError("bad frame"))
+    response = multi.decode_response_body(_body(frame))
+    assert response.partitions == ()
+    assert isinstance(response.error(), errors.InvalidRequestError)
+    assert response.message == "bad frame"
+
+
+def test_every_truncation_of_a_response_is_corrupt():
+    body = _body(_response([(multi.PartitionHeader("a", 0, records_length=4), b"abcd")]))
+    for cut in range(len(body)):
+        with pytest.raises(errors.CorruptRecordError):
+            multi.decode_response_body(body[:cut])
+    with pytest.raises(errors.CorruptRecordError, match="trailing"):
+        multi.decode_response_body(body + b"!")
