@@ -58,7 +58,7 @@ def spec_to_timestamp(spec) -> int:
     raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")
 
 
-def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = ""):
+def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = "", state=None):
     return pb.PartitionLogInfo(
         topic=topic,
         partition=partition,
@@ -69,6 +69,11 @@ def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir:
         segment_count=partition_log.segment_count,
         log_dir=log_dir,
         recovery_point=partition_log.recovery_point,
+        leader=state.leader if state is not None else -1,
+        leader_epoch=state.leader_epoch if state is not None else -1,
+        isr=list(state.isr) if state is not None else [],
+        state_version=state.version if state is not None else 0,
+        latest_log_epoch=partition_log.latest_epoch,
     )
 
 

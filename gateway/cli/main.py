@@ -105,6 +105,11 @@ def _add_topics(commands) -> None:
     listing.set_defaults(func=topics.list_topics)
     describe = actions.add_parser("describe", help="partitions, leaders, replicas and configs")
     describe.add_argument("name", nargs="?", help="one topic (default: all)")
+    describe.add_argument(
+        "--under-replicated-partitions",
+        action="store_true",
+        help="only partitions with fewer in-sync replicas than replicas",
+    )
     describe.set_defaults(func=topics.describe)
     delete = actions.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("name")

@@ -98,21 +98,36 @@ def parse_pairs(items: Iterable[str], what: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def partition_rows(partitions: Iterable[PartitionMetadata]) -> list[list[object]]:
+def partition_rows(partitions: Iterable[PartitionMetadata], min_isr: int = 1) -> list[list[object]]:
     return [
         [
             p.topic,
             p.partition,
             p.leader if p.leader >= 0 else "none",
+            p.leader_epoch,
             ",".join(map(str, p.replicas)),
             ",".join(map(str, p.isr)),
-            p.state + (f" ({p.error})" if p.error else ""),
+            p.state + (f" ({p.error})" if p.error else "") + _replication_flags(p, min_isr),
         ]
         for p in partitions
     ]
 
 
-PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "REPLICAS", "ISR", "STATE")
+def _replication_flags(p: PartitionMetadata, min_isr: int) -> str:
+    """Kafka's describe flags: fewer in-sync replicas than replicas, or than min.insync.replicas."""
+    flags = []
+    if len(p.isr) < len(p.replicas):
+        flags.append("under-replicated")
+    if len(p.isr) < min_isr:
+        flags.append("under-min-isr")
+    return f" [{', '.join(flags)}]" if flags else ""
+
+
+def is_under_replicated(p: PartitionMetadata) -> bool:
+    return len(p.isr) < len(p.replicas)
+
+
+PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "STATE")
 
 
 def describe_topic(description: TopicDescription) -> str:
@@ -122,7 +137,8 @@ def describe_topic(description: TopicDescription) -> str:
         f"Topic: {description.name}\tPartitionCount: {len(description.partitions)}\t"
         f"ReplicationFactor: {description.replication_factor}\tConfigs: {configs}"
     )
-    return header + "\n" + table(PARTITION_HEADERS, partition_rows(description.partitions))
+    min_isr = int(description.configs.get("min.insync.replicas", "1"))
+    return header + "\n" + table(PARTITION_HEADERS, partition_rows(description.partitions, min_isr))
 
 
 def offsets_table(topic: str, earliest: dict[int, int], latest: dict[int, int]) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from gateway.cli.connect import CliError, connect
-from gateway.cli.output import describe_topic, offsets_table, parse_pairs
+from gateway.cli.output import describe_topic, is_under_replicated, offsets_table, parse_pairs
 from gateway.client import Admin, NewTopic, TopicPartition
 
 CLI_REQUEST_TIMEOUT_MS = 15_000
@@ -38,6 +40,15 @@ def list_topics(args) -> int:
 def describe(args) -> int:
     with _admin(args) as admin:
         descriptions = admin.describe_topics([args.name] if args.name else [])
+    if getattr(args, "under_replicated_partitions", False):
+        descriptions = [
+            dataclasses.replace(d, partitions=tuple(p for p in d.partitions if is_under_replicated(p)))
+            for d in descriptions
+        ]
+        descriptions = [d for d in descriptions if d.partitions]
+        if not descriptions:
+            print("No under-replicated partitions.")
+            return 0
     print("\n\n".join(describe_topic(d) for d in descriptions))
     return 0
 

@@ -37,6 +37,7 @@ class PartitionDirInfo:
     high_watermark: int
     segment_count: int
     recovery_point: int
+    latest_epoch: int
 
     @classmethod
     def of(cls, partition_log: PartitionLog) -> PartitionDirInfo:
@@ -49,6 +50,7 @@ class PartitionDirInfo:
             partition_log.high_watermark,
             partition_log.segment_count,
             partition_log.recovery_point,
+            partition_log.latest_epoch,
         )
 
 
