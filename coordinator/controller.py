@@ -200,8 +200,9 @@ class Controller:
 
         Every check whose cost does not grow with the request comes first, the partition limits
         among them; placement, encoding and the validate-only answer -- the parts that grow with
-        partitions times replicas (~30 ms for 10,000 x 3) -- run in a worker thread, so the
-        event loop (the election lease's keep-alive, every other call) never waits for them."""
+        partitions times replicas (10,000 x 3: ~10, ~4 and ~12 ms; bench/bounds.py) -- run in
+        worker threads, so the event loop (the election lease's keep-alive, every other call)
+        never waits for them."""
         self.ensure_current()
         async with self._growth_lock:
             await self._await_own_writes()

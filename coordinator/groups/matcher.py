@@ -4,8 +4,8 @@ while the topic names stay the same.
 Every metadata change (a leader moving, a node joining, a partition added) makes the group
 manager rebalance the groups with members, and a rebalance needs every member's subscription
 resolved. Matching a pattern is linear in the topics (RE2, :mod:`services.topic_pattern`) but
-adds up: about 1-2 µs per topic and pattern, so 10,000 topics are 10-20 ms a pattern, and a
-hundred patterns take seconds. Run on the event loop, that would hold up heartbeats and the
+adds up: about 1 µs per topic and pattern, so 10,000 topics are ~10 ms a pattern and a hundred
+patterns ~1 s (bench/bounds.py). Run on the event loop, that would hold up heartbeats and the
 controller's lease keep-alive. So:
 
 * matching runs in a worker thread (``asyncio.to_thread``; RE2 releases the GIL while it
