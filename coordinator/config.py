@@ -38,6 +38,7 @@ class CoordinatorConfig:
     storage_rpc_timeout_s: float = 5.0
     #: Replication factor of topics created without one (Kafka's default.replication.factor).
     default_replication_factor: int = 1
+    #: Partition limits, enforced by the active controller (set them alike on every coordinator).
     #: Most partitions one topic may have: CreateTopic and CreatePartitions above it are refused
     #: at once with INVALID_PARTITIONS. 10,000 is far beyond what one topic's consumers need
     #: (Kafka guidance keeps topics in the tens to low thousands) and its metadata record stays
