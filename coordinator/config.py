@@ -38,6 +38,17 @@ class CoordinatorConfig:
     storage_rpc_timeout_s: float = 5.0
     #: Replication factor of topics created without one (Kafka's default.replication.factor).
     default_replication_factor: int = 1
+    #: Partition limits, enforced by the active controller (set them alike on every coordinator).
+    #: Most partitions one topic may have: CreateTopic and CreatePartitions above it are refused
+    #: at once with INVALID_PARTITIONS. 10,000 is far beyond what one topic's consumers need
+    #: (Kafka guidance keeps topics in the tens to low thousands) and its metadata record stays
+    #: under ~170 KiB at replication factor 3, well inside one etcd write.
+    max_partitions_per_topic: int = 10_000
+    #: Most partitions the cluster may hold, all topics together (topics being deleted count until
+    #: they are gone): a create or grow past it is refused with POLICY_VIOLATION. 200,000 is the
+    #: per-cluster ceiling long advised for ZooKeeper-based Kafka; Tributary aims at tens of
+    #: thousands of partitions working well, and this leaves room above that.
+    max_partitions_per_cluster: int = 200_000
     #: Deadline when a standby forwards an admin call to the active controller.
     forward_timeout_s: float = 10.0
     #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
@@ -64,3 +75,11 @@ class CoordinatorConfig:
     metrics_address: str = ""
     log_level: str = "INFO"
     log_file: Path | None = None
+
+
+def config_problem(config: CoordinatorConfig) -> str | None:
+    """What is wrong with settings that parsed but cannot be honoured (None when nothing)."""
+    for name in ("max_partitions_per_topic", "max_partitions_per_cluster"):
+        if getattr(config, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1, not {getattr(config, name)}"
+    return None

@@ -33,6 +33,7 @@ writes; the cache logs and skips such keys rather than failing.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,11 @@ COORDINATORS = "coordinators/"
 CLUSTER_ID = "cluster_id"
 TOPICS = "topics/"
 _PARTITIONS = "partitions"
+
+#: Largest ``topics/<topic>`` value the controller writes. etcd refuses a request larger than its
+#: ``--max-request-bytes`` (1.5 MiB by default); the rest of the transaction (keys, compares) is
+#: small. A topic at the default partition limit (10,000) with replication factor 3 is ~170 KiB.
+MAX_TOPIC_VALUE_BYTES = 1024 * 1024
 
 
 class BadValueError(ValueError):
@@ -198,6 +204,23 @@ def encode_topic(topic: TopicRecord) -> bytes:
             "deleting": topic.deleting,
         }
     )
+
+
+def topic_value_bound(
+    partitions: int, replication_factor: int, node_id_width: int, configs: Mapping[str, str]
+) -> int:
+    """The most bytes :func:`encode_topic` can write for a topic of this shape, without placing it:
+    every node id at most ``node_id_width`` characters. Linear in nothing but ``configs``."""
+    shape = {
+        "topic_id": "0" * 32,
+        "partitions": partitions,
+        "replication_factor": replication_factor,
+        "configs": dict(configs),
+        "assignment": [],
+        "deleting": False,
+    }
+    replica_list = 2 + replication_factor * (node_id_width + 1) - 1  # [1,2,3]
+    return len(_dump(shape)) + partitions * (replica_list + 1)  # a comma after each
 
 
 def decode_topic(name: str, raw: bytes, *, mod_revision: int = 0) -> TopicRecord:

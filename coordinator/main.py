@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from coordinator.config import ENV_PREFIX, CoordinatorConfig
+from coordinator.config import ENV_PREFIX, CoordinatorConfig, config_problem
 from services.entrypoint import build_service_parser, run_service
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         ENV_PREFIX,
         log_name=lambda config: f"coordinator-{config.coordinator_id or 'auto'}",
         run=_run,
+        check=config_problem,
     )
 
 

@@ -182,15 +182,25 @@ class MetadataState:
 
     def leader_counts(self) -> dict[int, int]:
         """Partitions each node leads or is the preferred leader of (placement spreads leaders)."""
-        counts: dict[int, int] = {}
-        for topic in self.topics.values():
-            for replicas in topic.assignment:
-                counts[replicas[0]] = counts.get(replicas[0], 0) + 1
-        return counts
+        return leader_counts(self.topics.values())
+
+    def partition_count(self) -> int:
+        """Partitions of every topic, those being deleted included (they exist until deleted)."""
+        return sum(topic.partition_count for topic in self.topics.values())
 
     def live_racks(self) -> dict[int, str]:
         """Live storage node ids and their racks: the input of placement."""
         return {node_id: broker.rack for node_id, broker in self.brokers.items()}
+
+
+def leader_counts(topics: Iterable[TopicRecord]) -> dict[int, int]:
+    """Partitions each node is the preferred leader of, over ``topics``. Linear in their
+    partitions (200,000 take ~40 ms): the controller runs it in a worker thread."""
+    counts: dict[int, int] = {}
+    for topic in topics:
+        for replicas in topic.assignment:
+            counts[replicas[0]] = counts.get(replicas[0], 0) + 1
+    return counts
 
 
 class MetadataCache:

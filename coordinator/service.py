@@ -84,6 +84,8 @@ class CoordinatorService:
                 admin_wait_s=config.admin_wait_s,
                 max_parallel_rpcs=config.max_parallel_rpcs,
                 default_replication_factor=config.default_replication_factor,
+                max_partitions_per_topic=config.max_partitions_per_topic,
+                max_partitions_per_cluster=config.max_partitions_per_cluster,
             ),
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
         )

@@ -1,18 +1,27 @@
-"""Validation of topic-admin input: names, partition counts, replication factors. Pure.
+"""Validation of topic-admin input: names, partition counts, replication factors, limits. Pure.
 
 The rules are Kafka's (``org.apache.kafka.common.internals.Topic.validate`` and the admin
 manager's checks), and each failure raises the taxonomy error Kafka answers with, with a message
 that says what was wrong and what is allowed.
+
+Beyond Kafka's rules, the cluster's partition limits (settings ``max_partitions_per_topic``,
+``max_partitions_per_cluster``) and the size of the topic's metadata record are checked here,
+before any placement: the work of placing, storing and serving a topic grows with its partitions
+times its replicas, so a request for a million partitions must be refused at once, not after it
+has been built.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection, Mapping
 
+from coordinator import keys
 from services.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidTopicError,
+    PolicyViolationError,
 )
 
 #: Kafka's limit: 249, so that "<topic>-<partition>" directory names stay under 255 bytes.
@@ -20,6 +29,10 @@ MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_CHARS = re.compile(r"[a-zA-Z0-9._-]+")
 #: Kafka's default when a CreateTopics request leaves the replication factor unset.
 DEFAULT_REPLICATION_FACTOR = 1
+#: Defaults of the coordinator settings max_partitions_per_topic / max_partitions_per_cluster
+#: (:class:`coordinator.config.CoordinatorConfig` says why).
+DEFAULT_MAX_PARTITIONS_PER_TOPIC = 10_000
+DEFAULT_MAX_PARTITIONS_PER_CLUSTER = 200_000
 
 
 def ensure_valid_topic_name(name: str) -> None:
@@ -72,4 +85,44 @@ def ensure_valid_new_partition_count(topic: str, current: int, requested_total: 
     if requested_total < current:
         raise InvalidPartitionsError(
             f"Topic {topic} currently has {current} partitions, {requested_total} would not be an increase."
+        )
+
+
+def ensure_within_topic_limit(topic: str, total: int, max_per_topic: int) -> None:
+    """Raise InvalidPartitionsError when ``total`` partitions exceed the per-topic limit."""
+    if total > max_per_topic:
+        raise InvalidPartitionsError(
+            f"Topic {topic}: {total} partitions is more than the {max_per_topic} a topic may have "
+            "(coordinator setting max_partitions_per_topic)"
+        )
+
+
+def ensure_within_cluster_limit(topic: str, added: int, cluster_total: int, max_per_cluster: int) -> None:
+    """Raise PolicyViolationError when ``added`` partitions would take the cluster (now holding
+    ``cluster_total``) past its limit."""
+    if cluster_total + added > max_per_cluster:
+        raise PolicyViolationError(
+            f"Topic {topic}: {added} more partitions would make {cluster_total + added} in the cluster, "
+            f"more than the {max_per_cluster} it may hold (coordinator setting max_partitions_per_cluster; "
+            f"it holds {cluster_total} now)"
+        )
+
+
+def ensure_record_fits(
+    topic: str,
+    partitions: int,
+    replication_factor: int,
+    node_ids: Collection[int],
+    configs: Mapping[str, str],
+) -> None:
+    """Raise PolicyViolationError when the topic's metadata record (one etcd value holding every
+    partition's replica list) could exceed :data:`coordinator.keys.MAX_TOPIC_VALUE_BYTES`."""
+    id_width = max((len(str(node_id)) for node_id in node_ids), default=1)
+    size = keys.topic_value_bound(partitions, replication_factor, id_width, configs)
+    limit = keys.MAX_TOPIC_VALUE_BYTES
+    if size > limit:
+        raise PolicyViolationError(
+            f"Topic {topic}: {partitions} partitions at replication factor {replication_factor} need a "
+            f"metadata record of up to {size // 1024} KiB, more than the {limit // 1024} KiB one etcd "
+            "write may carry; use fewer partitions or a lower replication factor"
         )

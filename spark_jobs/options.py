@@ -9,8 +9,8 @@ Reading (``spark.read`` / ``spark.readStream``):
 
 ==================================== =====================================================
 ``subscribe``                        comma-separated topics            } exactly
-``subscribePattern``                 a regex (Python ``re``, full      } one of
-                                     match) over topic names           } these
+``subscribePattern``                 a regex (RE2 syntax, full match,  } one of
+                                     <= 1,000 chars) over topic names  } these
 ``assign``                           JSON ``{"topic": [0, 1]}``        } three
 ``startingOffsets``                  earliest | latest | JSON ``{"t": {"0": 23, "1": -2}}``
                                      (-2 earliest, -1 latest; unlisted partitions: the
@@ -43,11 +43,12 @@ default all).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.client.structs import TopicPartition
+from services.errors import InvalidRequestError
+from services.topic_pattern import compile_topic_pattern
 from spark_jobs.offsets import (
     EARLIEST,
     LATEST,
@@ -152,7 +153,8 @@ class Subscription:
     def matches(self, topic: str) -> bool:
         """Whether ``topic`` is part of the subscription (assign: one of its topics)."""
         if self.kind == "subscribePattern":
-            return re.fullmatch(self.pattern, topic) is not None
+            assert self.pattern is not None
+            return compile_topic_pattern(self.pattern).matches(topic)
         if self.kind == "assign":
             return any(tp.topic == topic for tp in self.assignment)
         return topic in self.topics
@@ -173,11 +175,12 @@ def _parse_subscription(raw: _Raw) -> Subscription:
             raise OptionError(kind, "names no topic")
         return Subscription(kind, topics=topics)
     if kind == "subscribePattern":
+        pattern = raw.get(kind) or ""
         try:
-            re.compile(raw.get(kind))
-        except re.error as exc:
-            raise OptionError(kind, f"is not a valid regular expression: {exc}") from None
-        return Subscription(kind, pattern=raw.get(kind))
+            compile_topic_pattern(pattern)
+        except InvalidRequestError as exc:
+            raise OptionError(kind, f"is not a valid regular expression: {exc.message}") from None
+        return Subscription(kind, pattern=pattern)
     return Subscription(kind, assignment=_parse_assign(raw))
 
 

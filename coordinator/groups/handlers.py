@@ -9,6 +9,7 @@ reach the manager.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 from coordinator.groups import rules
@@ -41,7 +42,10 @@ class GroupHandlers:
 
     async def join(self, params: JoinParams) -> MemberAssignment:
         manager = self._groups(params.group_id)
-        ensure_valid_subscription(params.subscription)
+        if params.subscription.pattern:  # compiling may take ~0.2 s for the largest patterns
+            await asyncio.to_thread(ensure_valid_subscription, params.subscription)
+        else:
+            ensure_valid_subscription(params.subscription)
         rules.ensure_valid_poll_interval(params.max_poll_interval_ms)
         return await manager.join(params)
 

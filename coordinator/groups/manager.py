@@ -13,8 +13,10 @@ One :class:`GroupManager` per controller term (created, run and cancelled with t
 * **follows** ``groups/`` for member keys etcd deleted (the member stopped heartbeating and its
   lease expired) and removes those members -- on the metadata cache's watch, which sees every
   key of the cluster anyway; **follows topic metadata** (a new topic matching a pattern, added
-  partitions, deleted topics) and rebalances; **expires** committed offsets of empty groups after
-  ``offsets.retention.minutes``.
+  partitions, deleted topics) and rebalances -- subscription patterns matched in a worker
+  thread and kept while the topic names stay the same (:mod:`coordinator.groups.matcher`), so
+  no pattern or topic count makes the event loop wait; **expires** committed offsets of empty
+  groups after ``offsets.retention.minutes``.
 
 A member's session is an etcd lease this controller holds for it (TTL = its session timeout)
 and refreshes on each of its heartbeats -- the coordinator's side of the member's keep-alive.
@@ -157,12 +159,17 @@ class GroupManager:
             if kind is not JoinKind.REJOIN:
                 return await self._join_with_new_lease(entry, params)
             await self._ensure_session(entry, existing.member_id)
+            topics = await self.store.live_topics(entry, params.subscription)
             return await self.store.change(
-                entry, lambda s: s.join(params, self.store.topics())[0], f"{existing.member_id} joined again"
+                entry,
+                lambda s: s.join(params, topics)[0],
+                f"{existing.member_id} joined again",
+                may_rebalance=True,
             )
 
     async def _join_with_new_lease(self, entry: GroupEntry, params: JoinParams) -> MemberAssignment:
         """A new member, or a static member's new incarnation: both get a new id and lease."""
+        topics = await self.store.live_topics(entry, params.subscription)
         try:
             lease = await self.client.grant_lease(rules.lease_ttl_s(params.session_timeout_ms))
         except EtcdError as exc:
@@ -171,8 +178,9 @@ class GroupManager:
         try:
             answer, replaced = await self.store.change(
                 entry,
-                lambda s: s.join(params, self.store.topics(), member_id=member_id, lease_id=lease.id),
+                lambda s: s.join(params, topics, member_id=member_id, lease_id=lease.id),
                 f"{member_id} joined",
+                may_rebalance=True,
             )
         except BaseException:
             await self._revoke_quietly(lease.id)
@@ -223,10 +231,12 @@ class GroupManager:
 
     async def _do_leave(self, group_id: str, member_id: str, instance_id: str) -> Member:
         async with self.store.locked(group_id, create=False) as entry:
+            topics = await self.store.live_topics(entry)
             return await self.store.change(
                 entry,
-                lambda s: s.leave(member_id, instance_id, self.store.topics()),
+                lambda s: s.leave(member_id, instance_id, topics),
                 f"{member_id or instance_id} left",
+                may_rebalance=True,
             )
 
     # ---- sessions -------------------------------------------------------------------------------------
@@ -243,8 +253,9 @@ class GroupManager:
 
     async def _remove(self, entry: GroupEntry, member_id: str, reason: str) -> None:
         log.info("group %s: removing member %s: %s", entry.group_id, member_id, reason)
+        topics = await self.store.live_topics(entry)
         await self.store.change(
-            entry, lambda s: s.remove(member_id, self.store.topics()), f"{member_id}: {reason}"
+            entry, lambda s: s.remove(member_id, topics), f"{member_id}: {reason}", may_rebalance=True
         )
 
     async def _remove_expired(self, group_id: str, member_id: str) -> None:
@@ -262,7 +273,8 @@ class GroupManager:
     async def _rebalance(self, group_id: str, reason: str) -> None:
         with contextlib.suppress(errors.GroupIdNotFoundError):
             async with self.store.locked(group_id, create=False) as entry:
-                await self.store.change(entry, lambda s: s.rebalance(self.store.topics()), reason)
+                topics = await self.store.live_topics(entry)
+                await self.store.change(entry, lambda s: s.rebalance(topics), reason, may_rebalance=True)
 
     # ---- routines ---------------------------------------------------------------------------------
 

@@ -6,12 +6,15 @@ assignments sort and compare deterministically.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services import errors
+from services.topic_pattern import compile_topic_pattern
+
+log = logging.getLogger(__name__)
 
 #: Kafka's assignor names (partition.assignment.strategy), as stored in etcd.
 RANGE = "range"
@@ -56,33 +59,80 @@ def sorted_partitions(partitions: Iterable[TopicPartition]) -> tuple[TopicPartit
 
 @dataclass(frozen=True, slots=True)
 class Subscription:
-    """Explicit topic names, or a regular expression fully matched against topic names."""
+    """Explicit topic names, or a pattern (RE2, :mod:`services.topic_pattern`) fully matched
+    against topic names."""
 
     topics: tuple[str, ...] = ()
     pattern: str = ""
 
-    def resolve(self, topics: Iterable[str]) -> frozenset[str]:
-        """The existing topics this subscription selects (explicit names only if they exist)."""
-        existing = set(topics)
+    def resolve(self, topics: Mapping[str, int]) -> frozenset[str]:
+        """The existing topics this subscription selects (explicit names only if they exist).
+
+        Matches a pattern here and now, in time linear in the number of topics; the group state
+        machine gets patterns matched in advance, off the event loop, through :class:`LiveTopics`.
+        """
         if self.pattern:
-            compiled = re.compile(self.pattern)
-            return frozenset(t for t in existing if compiled.fullmatch(t))
-        return frozenset(t for t in self.topics if t in existing)
+            return select_matching(self.pattern, topics)
+        return frozenset(t for t in self.topics if t in topics)
+
+
+def select_matching(pattern: str, topics: Iterable[str]) -> frozenset[str]:
+    """The topics ``pattern`` selects; none for a stored pattern that no longer compiles (one
+    written before patterns were RE2: nothing can be matched with it, and its member must not
+    stop the rest of the group from being assigned)."""
+    try:
+        compiled = compile_topic_pattern(pattern)
+    except errors.InvalidRequestError as exc:
+        log.warning("subscription pattern %r selects no topic: %s", pattern, exc.message)
+        return frozenset()
+    return compiled.select(topics)
+
+
+class LiveTopics(Mapping[str, int]):
+    """The live topics (name -> partition count) a rebalance sees, with what each subscription
+    pattern selects among them.
+
+    Matching a pattern is linear in the number of topics, but thousands of topics times many
+    patterns is too much work for the event loop, so the group manager builds this off the loop
+    (:class:`~coordinator.groups.matcher.TopicMatcher`) for every pattern the group uses and the
+    state machine only looks the answers up. A pattern it was not built for is matched on the spot.
+    """
+
+    __slots__ = ("_counts", "_selections")
+
+    def __init__(
+        self, counts: Mapping[str, int], selections: Mapping[str, frozenset[str]] | None = None
+    ) -> None:
+        self._counts = counts
+        self._selections = selections or {}
+
+    def select(self, subscription: Subscription) -> frozenset[str]:
+        """The topics ``subscription`` selects among these."""
+        if subscription.pattern:
+            selected = self._selections.get(subscription.pattern)
+            return selected if selected is not None else select_matching(subscription.pattern, self._counts)
+        return subscription.resolve(self._counts)
+
+    def __getitem__(self, topic: str) -> int:
+        return self._counts[topic]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._counts)
+
+    def __len__(self) -> int:
+        return len(self._counts)
 
 
 def ensure_valid_subscription(subscription: Subscription) -> None:
-    """INVALID_REQUEST unless exactly one of topics and pattern is given (and the pattern compiles)."""
+    """INVALID_REQUEST unless exactly one of topics and pattern is given (and the pattern is one:
+    :func:`services.topic_pattern.compile_topic_pattern`). Compiling may take up to ~0.2 s for
+    the largest patterns accepted: callers on an event loop run this in a thread."""
     if subscription.topics and subscription.pattern:
         raise errors.InvalidRequestError("a subscription takes topic names or a pattern, not both")
     if not subscription.topics and not subscription.pattern:
         raise errors.InvalidRequestError("a subscription needs topic names or a pattern")
     if subscription.pattern:
-        try:
-            re.compile(subscription.pattern)
-        except re.error as exc:
-            raise errors.InvalidRequestError(
-                f"invalid subscription pattern {subscription.pattern!r}: {exc}"
-            ) from None
+        compile_topic_pattern(subscription.pattern)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from coordinator.groups.model import (
     PREPARING_REBALANCE,
     STABLE,
     JoinParams,
+    LiveTopics,
     Member,
     MemberAssignment,
     TopicPartition,
@@ -345,14 +346,17 @@ class GroupState:
     # -- assignment -------------------------------------------------------------------------------
 
     def resolved(self, topics: Mapping[str, int]) -> list[MemberSubscription]:
-        """Members as the assignor sees them: subscriptions resolved against ``topics``."""
+        """Members as the assignor sees them: subscriptions resolved against ``topics`` (patterns
+        looked up when ``topics`` is a :class:`LiveTopics` that has them matched, else matched now)."""
+        live = topics if isinstance(topics, LiveTopics) else LiveTopics(topics)
         return [
-            MemberSubscription(m.member_id, m.subscription.resolve(topics), m.instance_id)
+            MemberSubscription(m.member_id, live.select(m.subscription), m.instance_id)
             for m in self.members.values()
         ]
 
     def rebalance(self, topics: Mapping[str, int], *, force: bool = False) -> bool:
-        """Recompute the target from the members and ``topics`` (live topic -> partition count)
+        """Recompute the target from the members and ``topics`` (live topic -> partition count;
+        the manager passes a :class:`LiveTopics` with the patterns matched off the event loop)
         unless neither changed since the last time; bump the generation if the target changed.
         Returns whether it did."""
         members = self.resolved(topics)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from coordinator.groups import keys
-from coordinator.groups.model import CommitParams, OffsetRecord, TopicPartition
+from coordinator.groups.matcher import TopicMatcher
+from coordinator.groups.model import CommitParams, LiveTopics, OffsetRecord, Subscription, TopicPartition
 from coordinator.groups.state import GroupState
 from coordinator.metadata import MetadataCache
 from services import errors
@@ -94,6 +95,7 @@ class GroupStore:
         self.groups: dict[str, GroupEntry] = {}
         self.loaded = asyncio.Event()
         self._topics_memo: tuple[int, dict[str, int]] = (-1, {})
+        self.matcher = TopicMatcher(self.topics)
 
     # ---- loading ----------------------------------------------------------------------------------
 
@@ -131,6 +133,13 @@ class GroupStore:
             self._topics_memo = (state.metadata_revision, counts)
         return self._topics_memo[1]
 
+    async def live_topics(self, entry: GroupEntry, *also: Subscription) -> LiveTopics:
+        """The live topics with the patterns of the group's members (and of ``also``) matched,
+        off the event loop: what every state change that may rebalance is given."""
+        patterns = {m.subscription.pattern for m in entry.state.members.values()}
+        patterns.update(subscription.pattern for subscription in also)
+        return await self.matcher.live_topics(patterns)
+
     # ---- entries and locks ------------------------------------------------------------------------
 
     def entry_for_commit(self, group_id: str) -> GroupEntry:
@@ -163,12 +172,26 @@ class GroupStore:
 
     # ---- changes ------------------------------------------------------------------------------------
 
-    async def change(self, entry: GroupEntry, change: Callable[[GroupState], T], reason: str = "") -> T:
+    async def change(
+        self,
+        entry: GroupEntry,
+        change: Callable[[GroupState], T],
+        reason: str = "",
+        *,
+        may_rebalance: bool = False,
+    ) -> T:
         """Apply ``change`` to a copy of the state, write the difference, keep the copy.
-        The caller holds the entry's lock."""
+        The caller holds the entry's lock.
+
+        ``may_rebalance``: the change may recompute the group's assignment (joins, leaves,
+        removals, topic changes), work that grows with members times subscribed partitions --
+        100 members on 10,000 topics take ~1 s -- so it runs in a worker thread, on the copy no
+        one else sees. Heartbeats never rebalance and stay on the event loop."""
         candidate = entry.state.copy()
-        result = change(candidate)
-        ops = keys.plan_writes(entry.state, candidate)
+        if may_rebalance:
+            result, ops = await asyncio.to_thread(_apply, change, entry.state, candidate)
+        else:
+            result, ops = _apply(change, entry.state, candidate)
         if ops:
             await self.write(entry, ops)
         if candidate.generation != entry.state.generation:
@@ -220,4 +243,13 @@ class GroupStore:
         entry.state_revision, entry.has_state_key = group.state_revision, group.has_state_key
         entry.stale = False
         log.info("group %s reloaded from etcd", group_id)
-        await self.change(entry, lambda s: s.rebalance(self.topics()), "reloaded from etcd")
+        topics = await self.live_topics(entry)
+        await self.change(entry, lambda s: s.rebalance(topics), "reloaded from etcd", may_rebalance=True)
+
+
+def _apply(
+    change: Callable[[GroupState], T], current: GroupState, candidate: GroupState
+) -> tuple[T, list[Op]]:
+    """``change`` applied to ``candidate`` (a copy of ``current``), and the writes it needs."""
+    result = change(candidate)
+    return result, keys.plan_writes(current, candidate)

@@ -88,6 +88,7 @@ from gateway.client.serialization import Deserializer
 from gateway.client.structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
 from services.clock import SYSTEM_CLOCK, Clock
+from services.topic_pattern import compile_topic_pattern
 
 
 @dataclass
@@ -204,14 +205,21 @@ def _as_topics(topics) -> list[str]:
 
 
 def _as_pattern(pattern) -> str | None:
-    """A regular expression (string or compiled), matched in full against topic names."""
+    """A regular expression (string or compiled ``re.Pattern``) in RE2 syntax, matched in full
+    against topic names by the group coordinator (:mod:`services.topic_pattern`)."""
     if pattern is None:
         return None
-    text = pattern.pattern if isinstance(pattern, re.Pattern) else pattern
-    if not isinstance(text, str) or not text:
+    if isinstance(pattern, re.Pattern):
+        if pattern.flags & ~re.UNICODE:
+            raise ValueError(
+                f"the flags of {pattern!r} would be lost: only the pattern text is sent; write them "
+                "inline instead, e.g. (?i) for re.IGNORECASE"
+            )
+        pattern = pattern.pattern
+    if not isinstance(pattern, str) or not pattern:
         raise TypeError(f"pattern must be a non-empty regular expression, not {pattern!r}")
-    re.compile(text)  # re.error now rather than INVALID_REQUEST from the coordinator later
-    return text
+    compile_topic_pattern(pattern)  # INVALID_REQUEST now rather than from the coordinator later
+    return pattern
 
 
 async def _wait_any(events: Iterable[asyncio.Event], timeout: float) -> None:
@@ -365,7 +373,11 @@ class AsyncConsumer:
         of the consumer group ``group_id``; the group decides which partitions this consumer
         reads. ``listener`` (a :class:`~gateway.client.listener.ConsumerRebalanceListener`) hears
         about partitions given and taken. Joining happens in the background; partitions arrive
-        in a later ``poll``. Subscribing again replaces the subscription (and the listener)."""
+        in a later ``poll``. Subscribing again replaces the subscription (and the listener).
+
+        ``pattern`` is RE2 syntax (what Java's and Python's regular expressions share, without
+        backreferences or lookaround), at most 1,000 characters, and matches the whole topic name
+        as in Kafka's Java client; a pattern that is not one raises ``InvalidRequestError``."""
         coordinator = self._ensure_group("subscribe()")
         self._subscription.subscribe(_as_topics(topics), _as_pattern(pattern))
         coordinator.subscribe(listener)

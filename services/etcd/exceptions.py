@@ -20,6 +20,9 @@ import grpc
 _COMPACTED = "required revision has been compacted"
 _FUTURE_REVISION = "required revision is a future revision"
 _LEASE_NOT_FOUND = "requested lease not found"
+#: etcd's refusal of a request over --max-request-bytes (INVALID_ARGUMENT), and gRPC's of a
+#: message over etcd's receive limit (that plus 512 KiB; RESOURCE_EXHAUSTED).
+_TOO_LARGE = ("request is too large", "larger than max")
 
 
 class EtcdError(Exception):
@@ -69,6 +72,14 @@ class EtcdInvalidArgumentError(EtcdError):
     """etcd rejected the request itself (e.g. the same key twice in one txn, too many txn ops)."""
 
 
+class EtcdRequestTooLargeError(EtcdInvalidArgumentError):
+    """The request is larger than etcd accepts (``--max-request-bytes``, 1.5 MiB by default).
+
+    Not retriable, although gRPC reports the larger ones as RESOURCE_EXHAUSTED: the same request
+    is refused every time.
+    """
+
+
 class EtcdPermissionDeniedError(EtcdError):
     """Authentication or authorisation failed."""
 
@@ -111,6 +122,10 @@ def error_class_for(code: grpc.StatusCode, details: str) -> type[EtcdError]:
         return EtcdCompactedError
     if code == grpc.StatusCode.NOT_FOUND and _LEASE_NOT_FOUND not in details:
         return EtcdError
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED) and any(
+        marker in details for marker in _TOO_LARGE
+    ):
+        return EtcdRequestTooLargeError
     return _BY_CODE.get(code, EtcdError)
 
 

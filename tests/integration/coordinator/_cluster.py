@@ -9,6 +9,7 @@ typed taxonomy (``services.errors.error_from_rpc``) so tests assert on reasons, 
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -92,10 +93,17 @@ class Cluster:
         self.storage[node_id] = process
         return process
 
-    def start(self, coordinators: list[str], storage: dict[int, str] | list[int]) -> Cluster:
-        """Start the given coordinators and storage nodes (``{node_id: rack}``) in parallel."""
+    def start(
+        self,
+        coordinators: list[str],
+        storage: dict[int, str] | list[int],
+        *,
+        coordinator_args: tuple[str, ...] = (),
+    ) -> Cluster:
+        """Start the given coordinators (with ``coordinator_args`` added to their flags) and
+        storage nodes (``{node_id: rack}``) in parallel."""
         racks = storage if isinstance(storage, dict) else {n: "" for n in storage}
-        processes = [self.coordinator_process(c) for c in coordinators]
+        processes = [self.coordinator_process(c, *coordinator_args) for c in coordinators]
         processes += [self.storage_process(n, rack) for n, rack in racks.items()]
         with ThreadPoolExecutor(len(processes) or 1) as pool:
             list(pool.map(lambda p: p.start(timeout=30), processes))
@@ -213,6 +221,45 @@ class Cluster:
                 return active
             time.sleep(0.05)
         raise AssertionError(f"no active controller (other than {exclude}) after {timeout}s")
+
+
+class Responsiveness:
+    """Another client, on its own thread, calling ``probe(timeout)`` every ``interval`` seconds
+    while the ``with`` block runs -- to show a service keeps answering while it handles
+    something else. Each call gets ``deadline`` seconds; a slower answer is a failure."""
+
+    def __init__(
+        self, probe: Callable[[float], Any], *, deadline: float = 1.0, interval: float = 0.05
+    ) -> None:
+        self.probe, self.deadline, self.interval = probe, deadline, interval
+        self.latencies: list[float] = []
+        self.failures: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="responsiveness-probe", daemon=True)
+
+    def __enter__(self) -> Responsiveness:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.probe(self.deadline)
+                self.latencies.append(time.monotonic() - started)
+            except Exception as exc:  # noqa: BLE001 -- every failure is reported by assert_answered
+                self.failures.append(exc)
+            self._stop.wait(self.interval)
+
+    def assert_answered(self, *, at_least: int) -> None:
+        """Every probe answered within the deadline, and there were at least ``at_least``."""
+        assert not self.failures, f"the other client's calls failed: {self.failures[:3]}"
+        assert len(self.latencies) >= at_least, f"only {len(self.latencies)} probe calls ran"
+        assert max(self.latencies) < self.deadline
 
 
 def call(method, request, *, timeout: float = 20.0, metadata=None):

@@ -14,6 +14,7 @@ from services.etcd import (
     EtcdCompactedError,
     EtcdGuardFailedError,
     EtcdInvalidArgumentError,
+    EtcdRequestTooLargeError,
     Op,
     epoch_guard,
     increment_counter,
@@ -202,5 +203,28 @@ def test_errors_are_typed_and_keep_the_cause(etcd_client: EtcdClient) -> None:
                 await client.txn([], [Op.put("k", "1"), Op.put("k", "2")])
             assert "duplicate key" in str(duplicate.value)
             assert duplicate.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("size", "code"),
+    [
+        pytest.param(1_700_000, grpc.StatusCode.INVALID_ARGUMENT, id="over-max-request-bytes"),
+        pytest.param(2_500_000, grpc.StatusCode.RESOURCE_EXHAUSTED, id="over-grpc-receive-limit"),
+    ],
+)
+def test_a_request_larger_than_etcd_accepts_is_not_retriable(
+    etcd_client: EtcdClient, size: int, code: grpc.StatusCode
+) -> None:
+    """etcd refuses a write over --max-request-bytes (1.5 MiB), gRPC one over its receive limit
+    (2 MiB) as RESOURCE_EXHAUSTED; both are the same non-retriable error, never "unavailable"."""
+
+    async def scenario() -> None:
+        async with etcd_client as client:
+            with pytest.raises(EtcdRequestTooLargeError) as refused:
+                await client.txn([Compare.absent("big")], [Op.put("big", b"x" * size)])
+            assert refused.value.code == code and not refused.value.retriable
+            assert await client.get("big") is None
 
     run(scenario())

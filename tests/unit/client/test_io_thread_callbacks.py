@@ -2,6 +2,7 @@
 commit callbacks), and ``wakeup()`` interrupting a blocking poll."""
 
 import asyncio
+import re
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 from gateway.client import AsyncConsumer, Consumer, TopicPartition, WakeupError
 from gateway.client.errors import IllegalStateError, InvalidGroupIdError
 from gateway.client.io_thread import IOThread
+from services.errors import InvalidRequestError
 
 #: Nothing listens here: the consumers below never get an answer, which is the point.
 NOWHERE = "127.0.0.1:1"
@@ -133,6 +135,21 @@ def test_group_calls_need_a_group_id_and_do_not_mix_with_assign():
             grouped.assign([TopicPartition("t", 0)])
     finally:
         grouped.close()
+
+
+def test_subscribe_checks_the_pattern_as_the_coordinator_will():
+    consumer = Consumer(servers=NOWHERE, group_id="g")
+    try:
+        with pytest.raises(InvalidRequestError, match="invalid perl operator"):
+            consumer.subscribe(pattern="(?=orders)o.*")  # lookahead: not RE2
+        with pytest.raises(InvalidRequestError, match="at most 1000"):
+            consumer.subscribe(pattern="o" * 1001)
+        with pytest.raises(ValueError, match=r"\(\?i\)"):
+            consumer.subscribe(pattern=re.compile("orders", re.IGNORECASE))  # the flag would be lost
+        consumer.subscribe(pattern=re.compile(r"orders\..*"))
+        assert consumer.subscription() == {r"orders\..*"}
+    finally:
+        consumer.close()
 
 
 @pytest.mark.parametrize(

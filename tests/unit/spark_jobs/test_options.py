@@ -76,6 +76,9 @@ def test_bad_assign_is_explained(value, fragment):
 
 def test_bad_pattern_and_empty_subscribe():
     assert "regular expression" in str(error_of(batch, subscribePattern="("))
+    lookahead = error_of(batch, subscribePattern="(?=act)a.*")  # fine in Python's re, not RE2
+    assert lookahead.option == "subscribePattern" and "invalid perl operator" in str(lookahead)
+    assert "at most 1000" in str(error_of(batch, subscribePattern="a" * 1001))
     assert error_of(batch, subscribe=" , ").option == "subscribe"
 
 
