@@ -101,8 +101,10 @@ class Controller:
         election_guard: Callable[[], Compare],
         settings: ControllerSettings = ControllerSettings(),
         rng: random.Random | None = None,
+        on_unclean_election: Callable[[], None] = lambda: None,
     ) -> None:
         self.client = client
+        self._on_unclean_election = on_unclean_election
         self.cache = cache
         self.storage = storage
         self.epoch = epoch
@@ -502,6 +504,7 @@ class Controller:
             return None
         if transition.unclean:
             self.unclean_elections += 1
+            self._on_unclean_election()
             log.warning(
                 "unclean leader election for %s-%d: node %d was not in sync (ISR %s) and now leads; "
                 "records it never copied are lost",

@@ -66,6 +66,8 @@ class Leadership:
         self.controller: Controller | None = None
         #: The consumer groups of the current term, while this coordinator is the active one.
         self.groups: GroupManager | None = None
+        #: Unclean leader elections made by this coordinator's terms (records may have been lost).
+        self.unclean_elections = 0
         self._election: Election | None = None
 
     @property
@@ -114,6 +116,7 @@ class Leadership:
             election_guard=election.guard,
             settings=self.settings,
             rng=self._rng,
+            on_unclean_election=self._count_unclean_election,
         )
         seen = await self.cache.wait_for(
             lambda s: s.controller is not None and s.controller.epoch == epoch, self.settings.admin_wait_s
@@ -139,6 +142,9 @@ class Leadership:
             for task in (reconcile, group_routine, lost, deposed):
                 task.cancel()
             await asyncio.gather(reconcile, group_routine, lost, deposed, return_exceptions=True)
+
+    def _count_unclean_election(self) -> None:
+        self.unclean_elections += 1
 
     async def _resign(self) -> None:
         controller, self.controller, self.groups = self.controller, None, None

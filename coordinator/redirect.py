@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from services import errors
-from services.grpc_server import DEFAULT_OPTIONS
+from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Forwarder:
     def _stub(self, address: str) -> coordinator_grpc.CoordinatorStub:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=list(DEFAULT_OPTIONS))
+            channel = grpc.aio.insecure_channel(address, options=list(INTERNAL_CHANNEL_OPTIONS))
             entry = (channel, coordinator_grpc.CoordinatorStub(channel))
             self._stubs[address] = entry
         return entry[1]

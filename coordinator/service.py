@@ -103,7 +103,9 @@ class CoordinatorService:
                 self.telemetry,
                 coordinator_id=self.coordinator_id,
                 is_active=lambda: self.leadership.is_active,
-                cluster_health=lambda: cluster_health(self.cache.state),
+                cluster_health=lambda: cluster_health(
+                    self.cache.state, unclean_elections=self.leadership.unclean_elections
+                ),
             )
 
     @property
@@ -213,11 +215,11 @@ def group_settings(config: CoordinatorConfig, *, lag_sampling: bool = False) -> 
     )
 
 
-def cluster_health(state) -> ClusterHealth:
+def cluster_health(state, *, unclean_elections: int = 0) -> ClusterHealth:
     """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
     thread: it only reads (copies the topic map first)."""
     counts = {"online": 0, "offline": 0, "pending": 0}
-    under_replicated = 0
+    under_replicated = under_min_isr = 0
     for topic in list(state.topics.values()):
         if topic.deleting:
             continue
@@ -226,13 +228,24 @@ def cluster_health(state) -> ClusterHealth:
             counts[view.status.value.lower()] += 1
             if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
                 under_replicated += 1
+            if view.status is PartitionStatus.ONLINE and len(view.isr) < _min_isr(topic):
+                under_min_isr += 1
     epoch = state.controller.epoch if state.controller is not None else state.controller_epoch
     return ClusterHealth(
         controller_epoch=epoch,
         live_brokers=len(state.brokers),
         partitions=counts,
         under_replicated=under_replicated,
+        under_min_isr=under_min_isr,
+        unclean_elections=unclean_elections,
     )
+
+
+def _min_isr(topic) -> int:
+    try:
+        return int(topic.configs.get("min.insync.replicas", 1))
+    except ValueError:
+        return 1
 
 
 async def _revoke_quietly(lease) -> None:

@@ -17,7 +17,7 @@ import grpc.aio
 
 from coordinator.model import BrokerInfo
 from services import errors
-from services.grpc_server import DEFAULT_OPTIONS
+from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
 from services.serde import error_from_proto, leader_and_isr_to_proto
@@ -35,7 +35,7 @@ class StorageNodes:
     def _stub(self, broker: BrokerInfo) -> storage_grpc.StorageNodeStub:
         entry = self._stubs.get(broker.address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(broker.address, options=list(DEFAULT_OPTIONS))
+            channel = grpc.aio.insecure_channel(broker.address, options=list(INTERNAL_CHANNEL_OPTIONS))
             entry = (channel, storage_grpc.StorageNodeStub(channel))
             self._stubs[broker.address] = entry
         return entry[1]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import grpc
 
 from services import errors
+from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
 
 log = logging.getLogger(__name__)
@@ -22,13 +23,7 @@ log = logging.getLogger(__name__)
 CONTROLLER_TRAILER = "x-tributary-controller"
 
 #: Reconnect quickly after a peer restarts (gRPC's default backoff grows to two minutes).
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.max_send_message_length", 128 * 1024 * 1024),
-    ("grpc.max_receive_message_length", 128 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1_000),
-)
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = INTERNAL_CHANNEL_OPTIONS
 
 # Codes that say "this coordinator cannot answer now", as opposed to an answer about the request.
 _TRY_ANOTHER = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN}

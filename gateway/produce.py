@@ -286,6 +286,7 @@ class ProduceHandler:
         snapshot = self._router.snapshot
         results: dict[int, PartitionResult] = {}
         by_node: dict = {}
+        epochs: dict[int, int] = {}
         for partition, payload in data.items():
             try:
                 node = snapshot.ensure_leader(topic, partition)
@@ -293,6 +294,8 @@ class ProduceHandler:
                 results[partition] = PartitionResult(partition, error=exc)
                 continue
             by_node.setdefault(node, {})[partition] = payload
+            # The leader checks it: a leader deposed since this metadata answers FENCED_LEADER_EPOCH.
+            epochs[partition] = snapshot.topics[topic].partitions[partition].leader_epoch
         timeout_s = deadline - asyncio.get_running_loop().time()
         answers = await asyncio.gather(
             *(
@@ -302,6 +305,7 @@ class ProduceHandler:
                     payloads,
                     acks=_ACKS_TO_PROTO[acks],
                     timeout_s=timeout_s,
+                    leader_epochs=epochs,
                 )
                 for node, payloads in by_node.items()
             )

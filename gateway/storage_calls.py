@@ -7,6 +7,7 @@ can treat "the node said NOT_LEADER" and "the node is gone" alike.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import grpc
@@ -67,12 +68,18 @@ async def append(
     *,
     acks: int,
     timeout_s: float,
+    leader_epochs: Mapping[int, int] | None = None,
 ) -> dict[int, AppendOutcome]:
-    """Append each partition's batches (``payloads``: partition -> bytes) on one node."""
+    """Append each partition's batches (``payloads``: partition -> bytes) on one node; with
+    ``leader_epochs`` the node checks each partition's leader epoch is the one routed by."""
     request = pb.AppendRequest(acks=acks, timeout_ms=max(1, int(timeout_s * 1000)))
     add = request.partitions.add  # in place: the batch bytes are copied into the message once
+    epochs = leader_epochs or {}
     for partition, data in payloads.items():
-        add(topic=topic, partition=partition, record_batches=data)
+        added = add(topic=topic, partition=partition, record_batches=data)
+        epoch = epochs.get(partition)
+        if epoch is not None:
+            added.leader_epoch = epoch
     try:
         response = await stub.Append(request, timeout=max(timeout_s, 0.001))
     except grpc.RpcError as exc:

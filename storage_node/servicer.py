@@ -180,6 +180,12 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             )
         return pb.DescribeLogDirsResponse(node_id=self._node_id, log_dirs=dirs, traffic=self._traffic())
 
+    def _role(self, topic: str, partition: int):
+        try:
+            return self._handlers.replicas.get(topic, partition).state
+        except errors.TributaryError:
+            return None
+
     def _traffic(self):
         handlers = self._handlers
         stats = self._fetch_stats() if self._fetch_stats else None
@@ -199,7 +205,11 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             key = (partition_log.topic, partition_log.partition)
             if wanted and key not in wanted:
                 continue
-            infos.append(_partition_info_to_proto(*key, partition_log, str(partition_log.directory.parent)))
+            infos.append(
+                _partition_info_to_proto(
+                    *key, partition_log, str(partition_log.directory.parent), self._role(*key)
+                )
+            )
         missing = wanted - {(i.topic, i.partition) for i in infos}
         if missing:
             topic, partition = sorted(missing)[0]

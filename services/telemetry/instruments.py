@@ -352,6 +352,10 @@ class ClusterHealth:
     #: Partitions by state: ``online``, ``offline``, ``pending``.
     partitions: Mapping[str, int] = field(default_factory=dict)
     under_replicated: int = 0
+    #: Online partitions whose ISR is smaller than their topic's min.insync.replicas.
+    under_min_isr: int = 0
+    #: Unclean leader elections this coordinator made (records may have been lost).
+    unclean_elections: int = 0
 
 
 #: How long one computed ClusterHealth serves the gauges of a collection.
@@ -419,6 +423,18 @@ class CoordinatorInstruments:
             [lambda options: [Observation(self._health().under_replicated)]],
             unit="{partition}",
             description="Partitions with fewer in-sync replicas than replicas.",
+        )
+        meter.create_observable_gauge(
+            names.COORDINATOR_PARTITIONS_UNDER_MIN_ISR,
+            [lambda options: [Observation(self._health().under_min_isr)]],
+            unit="{partition}",
+            description="Partitions whose ISR is smaller than min.insync.replicas (acks=all refused).",
+        )
+        meter.create_observable_counter(
+            names.COORDINATOR_UNCLEAN_ELECTIONS,
+            [lambda options: [Observation(self._health().unclean_elections, identity)]],
+            unit="{election}",
+            description="Leader elections that gave the lead to an out-of-sync replica (data loss).",
         )
         meter.create_observable_gauge(
             names.CONSUMER_LAG,

@@ -127,6 +127,11 @@ COORDINATOR_PARTITIONS_OFFLINE: Final = "tributary.coordinator.partitions.offlin
 COORDINATOR_PARTITIONS_UNDER_REPLICATED: Final = (
     "tributary.coordinator.partitions.under_replicated"  # gauge, {partition}
 )
+COORDINATOR_PARTITIONS_UNDER_MIN_ISR: Final = (
+    "tributary.coordinator.partitions.under_min_isr"  # gauge, {partition}
+)
+#: Unclean leader elections (an out-of-sync replica made leader: records may be lost).
+COORDINATOR_UNCLEAN_ELECTIONS: Final = "tributary.coordinator.unclean_elections"  # counter, {election}
 COORDINATOR_BROKERS_LIVE: Final = "tributary.coordinator.brokers.live"  # gauge, {node}
 
 # ---- consumer groups ------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from services import errors
 from services.cluster_keys import CONTROLLER, CONTROLLER_EPOCH, ControllerRecord, decode_controller_epoch
 from services.etcd.client import EtcdClient
 from services.etcd.values import EventType, KeyValue, WatchResync
-from services.grpc_server import DEFAULT_OPTIONS
+from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc, pb
 from services.serde import error_from_proto, leader_and_isr_from_proto
 from storage_node.replication.manager import ReplicaManager
@@ -158,6 +158,6 @@ class ControllerChannel:
                 asyncio.get_running_loop().create_task(old.close())
             self._channel = (
                 active.address,
-                grpc.aio.insecure_channel(active.address, options=list(DEFAULT_OPTIONS)),
+                grpc.aio.insecure_channel(active.address, options=list(INTERNAL_CHANNEL_OPTIONS)),
             )
         return coordinator_grpc.CoordinatorStub(self._channel[1])

@@ -152,8 +152,9 @@ class ReplicaFetcher:
         reader, writer = await self._connect()
         writer.write(multi.encode_request(request))
         await writer.drain()
-        # The leader answers within max_wait; allow for a slow disk and a loaded machine.
-        timeout = request.max_wait_ms / 1000 + 30
+        # The leader answers within max_wait; a few seconds more for a slow disk or a loaded
+        # machine, then it counts as gone (paused, cut off) and the connection is reopened.
+        timeout = request.max_wait_ms / 1000 + 5
         (size,) = SIZE.unpack(await asyncio.wait_for(reader.readexactly(SIZE.size), timeout))
         if size < 0 or size > MAX_RESPONSE_FRAME:
             raise errors.CorruptRecordError(f"fetch response of {size} bytes (at most {MAX_RESPONSE_FRAME})")

@@ -167,6 +167,7 @@ def test_killed_storage_node_goes_offline_within_ttl_and_comes_back(make_cluster
         what="leader epochs bumped",
         timeout=5,
     )
+
     # With a second in-sync replica the partition moves there instead, and the dead node
     # leaves the ISR.
     def failed_over(md):
