@@ -163,7 +163,8 @@ read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int 
     return 0;
 }
 
-/* One-byte varints (nearly every length and delta in a batch) inline; others out of line. */
+/* One- and two-byte varints (nearly every length and delta in a batch: up to 8191) inline;
+ * others out of line. Two bytes cannot exceed either width, so no range check is needed. */
 static inline int
 read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_bytes,
             int64_t *out)
@@ -174,6 +175,12 @@ read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_b
         *out = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
         *pos = p + 1;
         return 1;
+    }
+    if (end - p >= 2 && buf[p + 1] < 0x80) { /* p < end here: buf[p] >= 0x80 */
+        unsigned int raw = (buf[p] & 0x7Fu) | ((unsigned int)buf[p + 1] << 7);
+        *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+        *pos = p + 2;
+        return 2;
     }
     return read_varint_slow(buf, pos, end, max_bytes, out);
 }
