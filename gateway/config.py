@@ -30,6 +30,12 @@ class GatewayConfig:
     max_batch_bytes: int = 1_048_576
     #: acks=none appends still running in the background before new acks=none requests wait.
     max_unacked_appends: int = 1_000
+    #: A typed Fetch answer decodes at most this many records (the rest comes in the next fetch).
+    fetch_max_decoded_records: int = 100_000
+    #: ... and at most this many decompressed record bytes (the first batch always gets a window).
+    fetch_max_decoded_bytes: int = 32 << 20
+    #: Threads that decode typed Fetch answers and build them into protobuf, off the event loop.
+    fetch_decode_threads: int = 2
     #: When set, a JSON file with pid, host and the bound port is written here once serving.
     ready_file: Path | None = None
     #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus

@@ -18,7 +18,9 @@ partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
-unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`).
+unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`): on the decode
+pool's threads, never on the event loop, within the answer's decode budget (see
+:mod:`gateway.decode_pool`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.fetch_assembly import PartitionData, TypedBatch, decode_typed, take_batches
+from gateway.decode_pool import DecodePool
+from gateway.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
 from gateway.metadata import NodeAddress
 from gateway.routing import Router
 from services import errors
@@ -46,6 +49,11 @@ _DEADLINE_GRACE_S = 0.1
 _MAX_LEADER_CHASES = 3
 #: Time kept back from the call's deadline to build and send the answer.
 _ANSWER_MARGIN_S = 0.2
+#: Typed answers decode at most this many records and decompressed bytes (the rest comes in the
+#: next fetch): at ~300 bytes of Python objects and protobuf per record, ~30 MiB and ~100 ms of
+#: decoding and encoding per answer.
+DEFAULT_MAX_DECODED_RECORDS = 100_000
+DEFAULT_MAX_DECODED_BYTES = 32 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +112,19 @@ class _Poll:
 class FetchHandler:
     """Serves fetch requests through the router's fetch-port clients."""
 
-    def __init__(self, router: Router, *, telemetry=None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        decode_pool: DecodePool,
+        *,
+        max_decoded_records: int = DEFAULT_MAX_DECODED_RECORDS,
+        max_decoded_bytes: int = DEFAULT_MAX_DECODED_BYTES,
+        telemetry=None,
+    ) -> None:
         self._router = router
+        self._decode_pool = decode_pool
+        self._max_decoded_records = max_decoded_records
+        self._max_decoded_bytes = max_decoded_bytes
         #: GatewayInstruments when telemetry is on (bytes and records out, fetch-port spans).
         self._telemetry = telemetry
 
@@ -125,7 +144,12 @@ class FetchHandler:
             self._router, command, asyncio.get_running_loop().time() + wait_s, telemetry=self._telemetry
         )
         await session.run()
-        results = [session.finish(p) for p in session.parts]
+        if command.raw_batches:
+            results = [session.finish_raw(p) for p in session.parts]
+        else:
+            budget = DecodeBudget(max_records=self._max_decoded_records, max_bytes=self._max_decoded_bytes)
+            results = await self._decode_pool.run(session.finish_typed, budget)
+            self._decode_pool.account(budget.records, budget.payload_bytes)
         if self._telemetry is not None:
             for part, result in zip(session.parts, results, strict=True):
                 self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
@@ -298,18 +322,40 @@ class _FetchSession:
         except errors.TributaryError:
             return False
 
-    def finish(self, part: PartitionData) -> FetchedPartition:
-        """The partition's result: raw bytes as fetched, or decoded records."""
-        raw, batches, error = b"", [], part.error
-        if self._command.raw_batches:
-            raw = part.raw()
-        elif part.chunks:
-            try:
-                batches = decode_typed(part.chunks, part.fetch_offset)
-            except errors.CorruptRecordError as exc:
-                log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, exc)
-                error, batches = exc, []
-        next_offset = part.fetch_offset if error is not None and not raw and not batches else part.next_offset
+    def finish_raw(self, part: PartitionData) -> FetchedPartition:
+        """The partition's result as the batches the node sent."""
+        raw = part.raw()
+        next_offset = part.fetch_offset if part.error is not None and not raw else part.next_offset
+        return self._result(part, part.error, next_offset, [], raw)
+
+    def finish_typed(self, budget: DecodeBudget) -> list[FetchedPartition]:
+        """Every partition's decoded records, in request order, within ``budget``. Runs on a
+        decode pool thread: it reads the parts, which the loop no longer touches."""
+        results = []
+        for part in self.parts:
+            if part.error is not None or not part.chunks:
+                results.append(self._result(part, part.error, part.fetch_offset))
+                continue
+            decoded = decode_typed(
+                part.chunks,
+                topic=part.topic,
+                partition=part.partition,
+                fetch_offset=part.fetch_offset,
+                budget=budget,
+            )
+            if decoded.error is not None:
+                log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, decoded.error)
+            results.append(self._result(part, decoded.error, decoded.next_offset, decoded.batches))
+        return results
+
+    @staticmethod
+    def _result(
+        part: PartitionData,
+        error: errors.TributaryError | None,
+        next_offset: int,
+        batches: list[TypedBatch] | None = None,
+        raw: bytes = b"",
+    ) -> FetchedPartition:
         return FetchedPartition(
             part.topic,
             part.partition,
@@ -317,6 +363,6 @@ class _FetchSession:
             part.high_watermark,
             part.log_start_offset,
             next_offset,
-            batches,
+            batches or [],
             raw,
         )

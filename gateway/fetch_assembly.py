@@ -1,5 +1,9 @@
 """Pure fetch-result assembly: trim fetched bytes to the byte budgets, decode typed records.
 
+Typed decoding has budgets of its own (:class:`DecodeBudget`): a batch of a few MB on the wire
+can hold millions of records, so an answer stops at a bound on decoded records and bytes and the
+rest comes in the next fetch. A batch that cannot be decoded ends its partition's records there.
+
 Byte budgets follow the Kafka rules the public proto promises:
 
 * a partition returns at most its ``max_bytes``, and the response at most the request's
@@ -19,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services import errors
-from services.records import Record, RecordBatchView, TimestampType, iter_batches
+from services.records import RECORD_BATCH_OVERHEAD, Record, TimestampType, iter_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,21 +112,100 @@ class PartitionData:
 TypedBatch = tuple[TimestampType, list[Record]]
 
 
-def decode_typed(chunks: list[bytes], fetch_offset: int) -> list[TypedBatch]:
-    """Decode whole batches (CRC checked, as Kafka consumers do), skipping records below
-    ``fetch_offset`` and control batches. Raises CorruptRecordError on bad bytes."""
+class DecodeBudget:
+    """What one typed answer may still decode, shared by its partitions in request order.
+
+    Two bounds: records (each costs a few hundred bytes of Python objects and protobuf, whatever
+    its size) and decompressed record bytes. The first batch with records gets a window of at
+    least one record whatever the bounds say, so every answer makes progress; after that an
+    answer stops at the first batch that does not fit, and the rest comes in the next fetch.
+    """
+
+    __slots__ = ("bytes_left", "payload_bytes", "records", "records_left")
+
+    def __init__(self, *, max_records: int, max_bytes: int) -> None:
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError("decode bounds must be positive")
+        self.records_left = max_records
+        self.bytes_left = max_bytes
+        #: Spent so far: what the answer holds, for memory accounting.
+        self.records = 0
+        self.payload_bytes = 0
+
+    def window(self, payload_size: int) -> int | None:
+        """The most records a batch with ``payload_size`` decompressed bytes may return, or
+        None when the answer is full."""
+        if self.records and (self.records_left <= 0 or payload_size > self.bytes_left):
+            return None
+        return max(1, self.records_left)
+
+    def full_before(self, batch_size: int) -> bool:
+        """Whether the answer is full before even decompressing a batch of ``batch_size`` bytes
+        (its records take at least the bytes after the header)."""
+        return bool(self.records) and (
+            self.records_left <= 0 or batch_size - RECORD_BATCH_OVERHEAD > self.bytes_left
+        )
+
+    def spend(self, records: int, payload_size: int) -> None:
+        self.records_left -= records
+        self.bytes_left -= payload_size
+        self.records += records
+        self.payload_bytes += payload_size
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedPartition:
+    """One partition's typed result: the records, where the next fetch starts, or the error."""
+
+    batches: list[TypedBatch]
+    #: One past the last record returned (past trailing control batches), else the fetch offset.
+    next_offset: int
+    error: errors.CorruptRecordError | None = None
+
+
+def decode_typed(
+    chunks: list[bytes], *, topic: str, partition: int, fetch_offset: int, budget: DecodeBudget
+) -> DecodedPartition:
+    """Decode whole batches (CRC checked, as Kafka consumers do) within ``budget``, skipping
+    records below ``fetch_offset`` and control batches.
+
+    A corrupt batch (stored by an older version) ends the result before it: the records in front
+    of it are returned, and the fetch that starts at it gets the error -- a CorruptRecordError
+    naming the batch's offsets and where to fetch from to skip it.
+    """
     decoded: list[TypedBatch] = []
+    next_offset = fetch_offset
     for chunk in chunks:
         for batch in iter_batches(chunk):
-            if batch.is_control or batch.last_offset < fetch_offset:
+            if batch.last_offset < next_offset:
+                continue  # wholly before the position (the first batch may start earlier)
+            if batch.is_control:
+                next_offset = batch.next_offset
                 continue
-            decoded.append((batch.timestamp_type, _records_from(batch, fetch_offset)))
-    return decoded
-
-
-def _records_from(batch: RecordBatchView, fetch_offset: int) -> list[Record]:
-    batch.validate()
-    records = list(batch.records())
-    if batch.base_offset < fetch_offset:
-        records = [r for r in records if r.offset >= fetch_offset]
-    return records
+            if budget.full_before(batch.size_in_bytes):
+                return DecodedPartition(decoded, next_offset)
+            try:
+                batch.validate()
+                payload = batch.payload()
+                window = budget.window(len(payload))
+                if window is None:
+                    return DecodedPartition(decoded, next_offset)
+                records = batch.read_records(payload, first_offset=next_offset, max_records=window)
+            except errors.CorruptRecordError as exc:
+                if decoded:
+                    return DecodedPartition(decoded, next_offset)
+                error = errors.CorruptRecordError.unreadable_batch(
+                    exc,
+                    topic=topic,
+                    partition=partition,
+                    base_offset=batch.base_offset,
+                    next_offset=batch.next_offset,
+                )
+                return DecodedPartition([], fetch_offset, error)
+            budget.spend(len(records), len(payload))
+            if records:
+                decoded.append((batch.timestamp_type, records))
+            if len(records) == window:  # the window is full: the batch may hold more
+                return DecodedPartition(decoded, records[-1].offset + 1)
+            next_offset = batch.next_offset
+    return DecodedPartition(decoded, next_offset)

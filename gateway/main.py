@@ -27,6 +27,16 @@ async def _run(config: GatewayConfig) -> None:
     await GatewayService(config).run()
 
 
+def _check(config: GatewayConfig) -> str | None:
+    """A message for settings the gateway cannot run with, else None."""
+    if not config.coordinators:
+        return "--coordinators needs at least one host:port"
+    for name in ("fetch_max_decoded_records", "fetch_max_decoded_bytes", "fetch_decode_threads"):
+        if getattr(config, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_service(
         build_parser(),
@@ -34,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         GatewayConfig,
         ENV_PREFIX,
         log_name=lambda config: "gateway",
-        check=lambda config: None if config.coordinators else "--coordinators needs at least one host:port",
+        check=_check,
         run=_run,
     )
 

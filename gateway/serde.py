@@ -123,7 +123,25 @@ def produce_error_to_proto(request, error: errors.TributaryError):
 # ---- fetch ----------------------------------------------------------------------------------
 
 
+#: Isolation levels a Fetch may ask for. READ_COMMITTED needs the last stable offset and the
+#: aborted-transaction index, which come with transactions (a later issue): until then it is
+#: refused rather than served as READ_UNCOMMITTED, which would be a silent downgrade.
+_SERVED_ISOLATION_LEVELS = (pb.ISOLATION_LEVEL_UNSPECIFIED, pb.ISOLATION_LEVEL_READ_UNCOMMITTED)
+
+
+def _ensure_served_isolation_level(level: int) -> None:
+    if level in _SERVED_ISOLATION_LEVELS:
+        return
+    if level == pb.ISOLATION_LEVEL_READ_COMMITTED:
+        raise errors.InvalidRequestError(
+            "isolation_level READ_COMMITTED is not supported yet: there are no transactions, "
+            "so no last stable offset to stop at; use READ_UNCOMMITTED"
+        )
+    raise errors.InvalidRequestError(f"unknown isolation_level {level}")
+
+
 def fetch_command_from_proto(request) -> FetchCommand:
+    _ensure_served_isolation_level(request.isolation_level)
     return FetchCommand(
         partitions=tuple(
             PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)

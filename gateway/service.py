@@ -14,6 +14,7 @@ import os
 from gateway.admin import Forwarder
 from gateway.config import GatewayConfig
 from gateway.coordinators import CoordinatorPool
+from gateway.decode_pool import DecodePool
 from gateway.fetch import FetchHandler
 from gateway.offsets import OffsetsHandler
 from gateway.produce import ProduceHandler
@@ -53,6 +54,7 @@ class GatewayService:
         self.coordinators: CoordinatorPool | None = None
         self.router: Router | None = None
         self.produce: ProduceHandler | None = None
+        self.decode_pool: DecodePool | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -71,11 +73,20 @@ class GatewayService:
             max_unacked=config.max_unacked_appends,
             telemetry=self.instruments,
         )
+        self.decode_pool = DecodePool(threads=config.fetch_decode_threads)
+        fetch = FetchHandler(
+            self.router,
+            self.decode_pool,
+            max_decoded_records=config.fetch_max_decoded_records,
+            max_decoded_bytes=config.fetch_max_decoded_bytes,
+            telemetry=self.instruments,
+        )
         servicer = GatewayServicer(
             self.produce,
-            FetchHandler(self.router, telemetry=self.instruments),
+            fetch,
             OffsetsHandler(self.router),
             Forwarder(self.coordinators, cache, timeout_s=config.admin_timeout_ms / 1000.0),
+            self.decode_pool,
             default_timeout_ms=config.default_timeout_ms,
         )
         self.grpc = await create_server(
@@ -109,6 +120,8 @@ class GatewayService:
             await self.router.close()
         if self.coordinators is not None:
             await self.coordinators.close()
+        if self.decode_pool is not None:
+            self.decode_pool.close()
         if self._owns_telemetry:
             self.telemetry.shutdown()  # flushes the last spans and metrics
         log.info("gateway stopped")

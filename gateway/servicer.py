@@ -12,6 +12,7 @@ import logging
 
 from gateway import serde
 from gateway.admin import Forwarder
+from gateway.decode_pool import DecodePool
 from gateway.fetch import FetchHandler
 from gateway.offsets import OffsetsHandler
 from gateway.produce import ProduceHandler
@@ -50,11 +51,13 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         fetch: FetchHandler,
         offsets: OffsetsHandler,
         forwarder: Forwarder,
+        decode_pool: DecodePool,
         *,
         default_timeout_ms: int = 30_000,
     ) -> None:
         self._produce = produce
         self._fetch = fetch
+        self._decode_pool = decode_pool
         self._offsets = offsets
         self._forwarder = forwarder
         self._default_timeout_s = default_timeout_ms / 1000.0
@@ -110,7 +113,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def Fetch(self, request, context):
         command = serde.fetch_command_from_proto(request)
         results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
-        return serde.fetch_response_to_proto(results)
+        if command.raw_batches:
+            return serde.fetch_response_to_proto(results)
+        # Typed records become protobuf on the decode pool too, and once the answer is sent the
+        # pool may hand memory back (see gateway/decode_pool.py).
+        context.add_done_callback(self._decode_pool.answer_sent)
+        return await self._decode_pool.run(serde.fetch_response_to_proto, results)
 
     @translate_errors
     async def ListOffsets(self, request, context):

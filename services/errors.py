@@ -35,7 +35,8 @@ _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 class TributaryError(Exception):
-    """Root of the taxonomy. Subclasses only set class attributes."""
+    """Root of the taxonomy. Subclasses set class attributes (and CorruptRecordError carries
+    where the bad batch is)."""
 
     reason: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
     kafka_code: ClassVar[int] = -1
@@ -64,9 +65,48 @@ class CorruptRecordError(TributaryError):
     Kafka marks this retriable because it may be a network fault; here gRPC and the fetch port
     already protect the bytes in transit, so a corrupt batch is the sender's data and sending the
     same bytes again cannot succeed.
+
+    When a consumer meets a stored batch it cannot read, the error also says where it is (as
+    Kafka's ``RecordDeserializationException`` carries its partition and offset): ``topic``,
+    ``partition``, ``offset`` (the batch's base offset) and ``next_offset`` (the first offset
+    after it: seek there to skip it). They are None otherwise.
     """
 
     reason, kafka_code, grpc_code = "CORRUPT_MESSAGE", 2, grpc.StatusCode.INVALID_ARGUMENT
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+        next_offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.next_offset = next_offset
+
+    @classmethod
+    def unreadable_batch(
+        cls, cause: CorruptRecordError, *, topic: str, partition: int, base_offset: int, next_offset: int
+    ) -> CorruptRecordError:
+        """What a consumer reports for a stored batch it cannot read: which batch, and where to
+        continue to skip it (``next_offset``: the offset after the batch, at least one past its
+        base even when its header is damaged too). Keeps ``cause`` as the cause."""
+        next_offset = max(next_offset, base_offset + 1)
+        error = cls(
+            f"record batch at offsets {base_offset}..{next_offset - 1} of {topic}-{partition} cannot be "
+            f"read ({cause.message}); to skip it, continue from offset {next_offset}",
+            topic=topic,
+            partition=partition,
+            offset=base_offset,
+            next_offset=next_offset,
+        )
+        error.__cause__ = cause
+        return error
 
 
 class UnknownTopicOrPartitionError(TributaryError):

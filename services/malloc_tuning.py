@@ -11,12 +11,18 @@ A fixed threshold also turns off glibc's dynamic threshold, and the raised trim 
 freed heap memory for reuse instead of giving it back after every request. The cost is resident
 memory that stays at the high-water mark of in-flight requests, which the gRPC message size limit
 already bounds. ``GLIBC_TUNABLES`` set by an operator wins: we leave it alone.
+
+A process that now and then builds far more than a request's bytes -- the gateway decoding a
+typed fetch answer: Python objects and protobuf for tens of thousands of records, in worker
+threads whose malloc arenas the trim threshold never shrinks -- calls :func:`release_free_memory`
+after it, so that a rare large answer does not leave its peak resident.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 
@@ -32,17 +38,38 @@ MMAP_THRESHOLD_BYTES = 32 << 20
 TRIM_THRESHOLD_BYTES = 128 << 20
 
 
+@functools.cache
+def _libc():
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def release_free_memory() -> bool:
+    """Give the free memory of every malloc arena back to the system (glibc's ``malloc_trim(0)``);
+    False where there is no such call. Takes milliseconds for hundreds of MiB: call it off the
+    event loop, after large work, not per request."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:  # not glibc
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True
+
+
 def keep_large_buffers_in_heap() -> bool:
     """Raise glibc's mmap and trim thresholds for this process; False where that is not possible
     (not glibc, or the operator tuned malloc through ``GLIBC_TUNABLES``)."""
     if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # musl, macOS: no mallopt
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # no libc found; musl, macOS: no mallopt
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

@@ -14,7 +14,11 @@
 
 Errors found for a partition (out of range with ``auto_offset_reset='none'``, unknown topic or
 partition, a corrupt batch) are kept and raised by the next ``poll`` that has no records to
-return, as Kafka's consumer raises them from ``poll``.
+return, as Kafka's consumer raises them from ``poll``. A batch that cannot be read (stored by an
+older storage node, which checked less) is raised once the records before it are consumed, as a
+``CorruptRecordError`` carrying its topic, partition, base offset and ``next_offset``; the position
+stays at the batch, so every poll raises it again until the application seeks past it
+(``consumer.seek(TopicPartition(e.topic, e.partition), e.next_offset)``), as with Kafka.
 """
 
 from __future__ import annotations
@@ -41,10 +45,9 @@ log = logging.getLogger(__name__)
 
 #: Chunks buffered per partition: the one being consumed and the next one, prefetched.
 PREFETCH_DEPTH = 2
-_ISOLATION = {
-    "read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
-    "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED,
-}
+#: The isolation levels served. read_committed comes with transactions (a later issue); the
+#: gateway refuses it too, so it can never quietly read uncommitted data.
+_ISOLATION = {"read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED}
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
 
 
@@ -116,17 +119,39 @@ class PartitionRecords:
             for view in iter_batches(raw, allow_partial_tail=True):
                 if view.next_offset <= fetch_offset:
                     continue  # wholly before the position (the first batch may start earlier)
-                if check_crcs:
-                    view.validate()
+                if check_crcs and not self._crc_ok(view):
+                    return
                 self._batches.append(view)
                 self.next_fetch_offset = view.next_offset
-        except CorruptRecordError as exc:
-            self.error = self._corrupt(exc)
+        except CorruptRecordError as exc:  # a damaged batch length: the walk cannot go past it
+            self.error = self._corrupt(exc, None)
 
-    def _corrupt(self, exc: CorruptRecordError) -> CorruptRecordError:
+    def _crc_ok(self, view: RecordBatchView) -> bool:
+        try:
+            view.validate()
+        except CorruptRecordError as exc:
+            self.error = self._corrupt(exc, view)
+            return False
+        return True
+
+    def _corrupt(self, exc: CorruptRecordError, view: RecordBatchView | None) -> CorruptRecordError:
+        """The error for the batch the chunk stops at: ``view`` when it could be read as a batch,
+        else (a damaged length) the batch at ``next_fetch_offset``, whose end is unknown."""
+        tp = self.topic_partition
+        if view is not None:
+            return CorruptRecordError.unreadable_batch(
+                exc,
+                topic=tp.topic,
+                partition=tp.partition,
+                base_offset=view.base_offset,
+                next_offset=view.next_offset,
+            )
         error = CorruptRecordError(
-            f"record batch for partition {self.topic_partition} at offset "
-            f"{self.next_fetch_offset} is invalid: {exc.message}"
+            f"record batch at offset {self.next_fetch_offset} of {tp} cannot be read ({exc.message}); "
+            "its length is damaged, so where it ends is unknown",
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=self.next_fetch_offset,
         )
         error.__cause__ = exc
         return error
@@ -171,7 +196,7 @@ class PartitionRecords:
             try:
                 records = list(view.records())
             except CorruptRecordError as exc:
-                self.error = self._corrupt(exc)
+                self.error = self._corrupt(exc, view)
                 self._batches = self._batches[: self._batch_index - 1]
                 self.next_fetch_offset = view.base_offset
                 return False
@@ -204,6 +229,11 @@ class Fetcher:
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
     ) -> None:
+        if isolation_level == "read_committed":
+            raise ValueError(
+                "isolation_level='read_committed' is not supported yet: there are no transactions; "
+                "use 'read_uncommitted'"
+            )
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client

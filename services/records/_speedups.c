@@ -4,8 +4,8 @@
  * It accelerates three loops that run once per record and dominate the codec's cost in Python:
  *
  *   decode_records        record.py's decode_records: the consumer path (fetch, iterate a batch).
- *   count_framed_records  record.py's count_framed_records: the storage node's framing check on
- *                         every append.
+ *   validate_records      record.py's validate_records: the storage node's check of every record
+ *                         of every batch it is asked to append.
  *   append_record         the per-record encode inside builder.py's RecordBatchBuilder.append:
  *                         the producer path.
  *
@@ -16,7 +16,7 @@
  * record.py chooses between the two at import (see ``speedups_enabled``); setting the
  * environment variable TRIBUTARY_NO_EXTENSIONS to a non-empty value selects the Python code.
  *
- * decode_records and count_framed_records parse untrusted bytes from the network. The rules
+ * decode_records and validate_records parse untrusted bytes from the network. The rules
  * that keep them memory-safe on any input:
  *   - every byte is read through an index compared against the end of the buffer (and, inside
  *     a record, the end of that record) immediately before the read;
@@ -122,13 +122,11 @@ parse_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject 
 /* Decode a zigzag varint (max_bytes 5) or varlong (max_bytes 10) starting at buf[*pos], as
  * varint.py's _decode does: nothing at or beyond ``end`` is read (CorruptRecordError
  * "truncated"), at most max_bytes bytes are read, and bits beyond 32 (varint) or 64 (varlong)
- * in the last byte are rejected. ``limit`` is the physical size of ``buf``; a read at or past it
- * raises IndexError, which happens only in count_framed_records when the caller's ``end`` lies
- * beyond the data, exactly where the Python raises IndexError. Returns the number of bytes read
- * (and advances *pos), or 0 with an exception set. */
+ * in the last byte are rejected. ``end`` never lies beyond the buffer. Returns the number of
+ * bytes read (and advances *pos), or 0 with an exception set. */
 static int
-read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t limit,
-                 int max_bytes, int64_t *out)
+read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_bytes,
+                 int64_t *out)
 {
     Py_ssize_t start = *pos, p = *pos;
     uint64_t raw = 0;
@@ -139,10 +137,6 @@ read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_s
         if (p >= end) {
             PyErr_Format(corrupt_error, "truncated %s at byte %zd",
                          max_bytes == VARINT_MAX_BYTES ? "varint" : "varlong", start);
-            return 0;
-        }
-        if (p >= limit) {
-            PyErr_SetString(PyExc_IndexError, "index out of range");
             return 0;
         }
         b = buf[p++];
@@ -169,7 +163,8 @@ read_varint_slow(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_s
     return 0;
 }
 
-/* One-byte varints (nearly every length and delta in a batch) inline; others out of line. */
+/* One- and two-byte varints (nearly every length and delta in a batch: up to 8191) inline;
+ * others out of line. Two bytes cannot exceed either width, so no range check is needed. */
 static inline int
 read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_bytes,
             int64_t *out)
@@ -181,7 +176,13 @@ read_varint(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, int max_b
         *pos = p + 1;
         return 1;
     }
-    return read_varint_slow(buf, pos, end, end, max_bytes, out);
+    if (end - p >= 2 && buf[p + 1] < 0x80) { /* p < end here: buf[p] >= 0x80 */
+        unsigned int raw = (buf[p] & 0x7Fu) | ((unsigned int)buf[p + 1] << 7);
+        *out = (int64_t)(raw >> 1) ^ -(int64_t)(raw & 1);
+        *pos = p + 2;
+        return 2;
+    }
+    return read_varint_slow(buf, pos, end, max_bytes, out);
 }
 
 /* ``base + delta`` as a new Python int. ``base_fits`` says that ``base`` is an exact int whose
@@ -483,32 +484,215 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* walking a record without building it: validate_records, and the records a window skips      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Whether a header key is UTF-8 as Python's strict decoder (decode_headers) takes it. ASCII,
+ * nearly every key, is settled here; anything else goes to PyUnicode_DecodeUTF8 itself, so the
+ * answer is the decoder's by construction. Returns 1, or 0 with an exception set. */
+static int
+check_header_key(const unsigned char *key, Py_ssize_t size, Py_ssize_t index)
+{
+    Py_ssize_t i;
+    PyObject *decoded;
+
+    for (i = 0; i < size; i++) {
+        if (key[i] & 0x80) {
+            break;
+        }
+    }
+    if (i == size) {
+        return 1;
+    }
+    decoded = PyUnicode_DecodeUTF8((const char *)key, size, NULL);
+    if (decoded != NULL) {
+        Py_DECREF(decoded);
+        return 1;
+    }
+    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+        PyErr_Clear();
+        PyErr_Format(corrupt_error, "record %zd has a header key that is not UTF-8", index);
+    }
+    return 0;
+}
+
+/* Past a nullable length-prefixed field (key, value, header value) inside buf[*pos..rend): its
+ * length is -1 (null) or fits before rend. Sets *size; returns the length varint's size in bytes,
+ * or 0 with an exception set. */
+static int
+skip_nullable(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t rend, Py_ssize_t index,
+              const char *what, int64_t *size)
+{
+    int size_bytes = read_varint(buf, pos, rend, VARINT_MAX_BYTES, size);
+
+    if (!size_bytes) {
+        return 0;
+    }
+    if (*size < -1 || *size > rend - *pos) {
+        PyErr_Format(corrupt_error, "record %zd has %s length %lld with %zd bytes left", index,
+                     what, (long long)*size, rend - *pos);
+        return 0;
+    }
+    if (*size > 0) {
+        *pos += (Py_ssize_t)*size;
+    }
+    return size_bytes;
+}
+
+/* One record at buf[*pos], checked field by field as decode_one checks it, building nothing:
+ * the same inputs fail (the tests compare the two on malformed data). Its offset delta goes to
+ * *offset_delta for the caller's rule. Advances *pos; returns 1, or 0 with an exception set. */
+static int
+walk_record(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t index,
+            int64_t *offset_delta)
+{
+    Py_ssize_t p = *pos, rend;
+    int64_t length, timestamp_delta, size, header_count, i;
+    int size_bytes;
+
+    if (p >= end) {
+        PyErr_Format(corrupt_error, "the records end before record %zd", index);
+        return 0;
+    }
+    if (!read_varint(buf, &p, end, VARINT_MAX_BYTES, &length)) {
+        return 0;
+    }
+    /* The six one-byte fields after the length; also keeps the attributes byte in the record. */
+    if (length < MIN_RECORD_SIZE - 1 || length > end - p) {
+        PyErr_Format(corrupt_error, "record %zd has length %lld with %zd bytes left", index,
+                     (long long)length, end - p);
+        return 0;
+    }
+    rend = p + (Py_ssize_t)length;
+    p += 1; /* attributes: int8, unused */
+    if (!read_varint(buf, &p, rend, VARLONG_MAX_BYTES, &timestamp_delta) ||
+        !read_varint(buf, &p, rend, VARINT_MAX_BYTES, offset_delta) ||
+        !skip_nullable(buf, &p, rend, index, "key", &size)) {
+        return 0;
+    }
+    size_bytes = skip_nullable(buf, &p, rend, index, "value", &size);
+    if (!size_bytes) {
+        return 0;
+    }
+    if (size == -1 && size_bytes == 2) { /* see decode_one: the two-byte path reads lengths >= 0 */
+        PyErr_Format(corrupt_error, "record %zd has a null value length in two bytes", index);
+        return 0;
+    }
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &header_count)) {
+        return 0;
+    }
+    /* Each header takes at least two bytes (two zero lengths); header_count is an int32. */
+    if (header_count < 0 || 2 * header_count > rend - p) {
+        PyErr_Format(corrupt_error, "record %zd has header count %lld with %zd bytes left", index,
+                     (long long)header_count, rend - p);
+        return 0;
+    }
+    for (i = 0; i < header_count; i++) {
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            return 0;
+        }
+        if (size < 0 || size > rend - p) {
+            PyErr_Format(corrupt_error, "record %zd has header key length %lld with %zd bytes left",
+                         index, (long long)size, rend - p);
+            return 0;
+        }
+        if (!check_header_key(buf + p, (Py_ssize_t)size, index)) {
+            return 0;
+        }
+        p += (Py_ssize_t)size;
+        if (!skip_nullable(buf, &p, rend, index, "header value", &size)) {
+            return 0;
+        }
+    }
+    if (p != rend) {
+        PyErr_Format(corrupt_error, "record %zd is %lld bytes but its fields take %lld", index,
+                     (long long)length, (long long)(length + p - rend));
+        return 0;
+    }
+    *pos = p;
+    return 1;
+}
+
 static const char *const decode_records_names[] = {
     "data", "count", "base_offset", "base_timestamp", "log_append_time", "last_offset_delta",
+    "first_offset", "max_records",
 };
 
 PyDoc_STRVAR(decode_records_doc,
-"decode_records(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta)\n"
+"decode_records(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta,\n"
+"               first_offset=None, max_records=None)\n"
 "--\n\n"
 "C version of services.records.record.decode_records (the reference): decode exactly\n"
 "``count`` records that must fill ``data`` (any contiguous buffer) exactly, as a list of\n"
-"Record. Keys and values are bytes. Raises CorruptRecordError for malformed data.");
+"Record. Keys and values are bytes. Raises CorruptRecordError for malformed data. Records\n"
+"below ``first_offset`` are checked but not returned; decoding stops once ``max_records``\n"
+"are in the list.");
+
+/* The window arguments of decode_records. *first_delta: records whose offset delta is below it
+ * are skipped (first_offset - base_offset, clamped to int64: deltas are int32s). *limit: the
+ * most records to return, -1 for all. Returns 0, or -1 with an exception set. */
+static int
+parse_window(PyObject *first_offset, PyObject *max_records, PyObject *base_offset,
+             int64_t *first_delta, Py_ssize_t *limit)
+{
+    long long value;
+    int overflow;
+
+    *first_delta = -1;
+    *limit = -1;
+    if (first_offset != NULL && first_offset != Py_None) {
+        PyObject *difference;
+        if (!PyLong_Check(first_offset)) {
+            PyErr_Format(PyExc_TypeError, "first_offset must be an int, not %.100s",
+                         Py_TYPE(first_offset)->tp_name);
+            return -1;
+        }
+        difference = PyNumber_Subtract(first_offset, base_offset);
+        if (difference == NULL) {
+            return -1;
+        }
+        value = PyLong_AsLongLongAndOverflow(difference, &overflow);
+        Py_DECREF(difference);
+        if (value == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        *first_delta = overflow > 0 ? INT64_MAX : overflow < 0 ? INT64_MIN : (int64_t)value;
+    }
+    if (max_records != NULL && max_records != Py_None) {
+        if (!PyLong_Check(max_records)) {
+            PyErr_Format(PyExc_TypeError, "max_records must be an int, not %.100s",
+                         Py_TYPE(max_records)->tp_name);
+            return -1;
+        }
+        value = PyLong_AsLongLongAndOverflow(max_records, &overflow);
+        if (value == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (overflow < 0 || (overflow == 0 && value < 1)) {
+            PyErr_Format(PyExc_ValueError, "max_records must be at least 1, not %S", max_records);
+            return -1;
+        }
+        *limit = (overflow > 0 || value > PY_SSIZE_T_MAX) ? -1 : (Py_ssize_t)value;
+    }
+    return 0;
+}
 
 static PyObject *
 decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *argv[6];
+    PyObject *argv[8];
     PyObject *data, *count_obj, *base_offset, *base_timestamp, *log_append_time, *last_delta;
     PyObject *records = NULL, *previous = NULL;
     Py_buffer view;
     const unsigned char *buf;
-    Py_ssize_t end, pos = 0, i, count;
+    Py_ssize_t end, pos = 0, i, count, slots, taken = 0, limit;
     long long requested;
-    int64_t previous_delta = -1, base_offset_value = 0, base_timestamp_value = 0;
+    int64_t previous_delta = -1, base_offset_value = 0, base_timestamp_value = 0, first_delta;
     int overflow, base_offset_fits, base_timestamp_fits, exceeds;
 
     (void)module;
-    if (parse_args("decode_records", args, nargs, kwnames, decode_records_names, 6, 6, argv) < 0) {
+    if (parse_args("decode_records", args, nargs, kwnames, decode_records_names, 6, 8, argv) < 0) {
         return NULL;
     }
     data = argv[0];
@@ -543,22 +727,54 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
         goto error;
     }
     count = (overflow < 0 || requested < 0) ? 0 : (Py_ssize_t)requested;
+    if (parse_window(argv[6], argv[7], base_offset, &first_delta, &limit) < 0) {
+        goto error;
+    }
 
     base_offset_fits = exact_int64(base_offset, &base_offset_value);
     base_timestamp_fits = exact_int64(base_timestamp, &base_timestamp_value);
-    /* Bounded by len(data) / 7 entries, checked above. */
-    records = PyList_New(count);
+    /* Bounded by len(data) / 7 entries, checked above, and by the window's limit. Slots not
+     * filled (records skipped below first_offset) are cut off at the end. */
+    slots = (limit >= 0 && limit < count) ? limit : count;
+    records = PyList_New(slots);
     if (records == NULL) {
         goto error;
     }
-    for (i = 0; i < count; i++) {
+    i = 0;
+    /* Records below the window: walked, not built. Offset deltas increase, so once one reaches
+     * first_delta every later one does too; that record is walked again by decode_one. */
+    if (first_delta > 0) {
+        for (; i < count; i++) {
+            Py_ssize_t start = pos;
+            int64_t offset_delta;
+            if (!walk_record(buf, &pos, end, i, &offset_delta)) {
+                goto error;
+            }
+            if (offset_delta <= previous_delta) {
+                PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                             (long long)offset_delta, (long long)previous_delta);
+                goto error;
+            }
+            if (offset_delta >= first_delta) {
+                pos = start;
+                break;
+            }
+            previous_delta = offset_delta;
+        }
+    }
+    for (; i < count; i++) {
         PyObject *record = decode_one(buf, &pos, end, &previous_delta, base_offset,
                                       base_offset_fits, base_offset_value, base_timestamp,
                                       base_timestamp_fits, base_timestamp_value, log_append_time);
         if (record == NULL) {
             goto error;
         }
-        PyList_SET_ITEM(records, i, record); /* steals */
+        PyList_SET_ITEM(records, taken, record); /* steals */
+        taken += 1;
+        if (taken == limit) {
+            PyBuffer_Release(&view);
+            return records; /* the window is full: the rest of the batch is not read */
+        }
     }
     if (pos != end) {
         PyErr_Format(corrupt_error, "%zd bytes left after %zd records", end - pos, count);
@@ -580,6 +796,9 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     }
     Py_DECREF(previous);
     PyBuffer_Release(&view);
+    /* Skipped records left slots at the end, all NULL: a shorter list (dealloc and every list
+     * operation look at ob_size only). */
+    Py_SET_SIZE(records, taken);
     return records;
 
 error:
@@ -590,95 +809,76 @@ error:
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* count_framed_records                                                                       */
+/* validate_records                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-static const char *const count_framed_records_names[] = {"data", "end"};
+static const char *const validate_records_names[] = {"data", "count"};
 
-PyDoc_STRVAR(count_framed_records_doc,
-"count_framed_records(data, end=None)\n"
+PyDoc_STRVAR(validate_records_doc,
+"validate_records(data, count)\n"
 "--\n\n"
-"C version of services.records.record.count_framed_records (the reference): how many\n"
-"length-prefixed records fill ``data[:end]`` exactly, reading only the prefixes. ``end`` is\n"
-"an int or None. Raises CorruptRecordError when a length is impossible or the last record\n"
-"overruns or underruns.");
+"C version of services.records.record.validate_records (the reference): check that exactly\n"
+"``count`` well-formed records fill ``data`` (any contiguous buffer), with offset deltas\n"
+"0 .. count - 1 in order, building nothing. Returns None; raises CorruptRecordError.");
 
 static PyObject *
-count_framed_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                     PyObject *kwnames)
+validate_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     PyObject *argv[2];
     Py_buffer view;
     const unsigned char *buf;
-    Py_ssize_t len, end, pos = 0, count = 0;
-    int64_t length;
+    Py_ssize_t end, pos = 0, i, count;
+    long long requested;
+    int overflow;
+    int64_t offset_delta;
 
     (void)module;
-    if (parse_args("count_framed_records", args, nargs, kwnames, count_framed_records_names, 1,
-                   2, argv) < 0) {
+    if (parse_args("validate_records", args, nargs, kwnames, validate_records_names, 2, 2, argv) <
+        0) {
         return NULL;
     }
     if (ensure_initialised() < 0) {
+        return NULL;
+    }
+    if (!PyLong_Check(argv[1])) {
+        PyErr_Format(PyExc_TypeError, "count must be an int, not %.100s",
+                     Py_TYPE(argv[1])->tp_name);
         return NULL;
     }
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
     buf = (const unsigned char *)view.buf;
-    len = view.len;
-    if (argv[1] == NULL || argv[1] == Py_None) {
-        end = len;
+    end = view.len;
+    requested = PyLong_AsLongLongAndOverflow(argv[1], &overflow);
+    if (requested == -1 && PyErr_Occurred()) {
+        goto error;
     }
-    else {
-        /* Clamped on overflow: positions never exceed len + 2**31, so a huge end behaves the
-         * same as the exact one. */
-        end = PyNumber_AsSsize_t(argv[1], NULL);
-        if (end == -1 && PyErr_Occurred()) {
+    /* record.py: count < 0 or count * MIN_RECORD_SIZE > len(data), without overflow. */
+    if (overflow != 0 || requested < 0 || requested > end / MIN_RECORD_SIZE) {
+        PyErr_Format(corrupt_error, "record count %S cannot fit in %zd bytes of records", argv[1],
+                     end);
+        goto error;
+    }
+    count = (Py_ssize_t)requested;
+    for (i = 0; i < count; i++) {
+        if (!walk_record(buf, &pos, end, i, &offset_delta)) {
+            goto error;
+        }
+        if (offset_delta != i) {
+            PyErr_Format(corrupt_error,
+                         "record %zd has offset delta %lld; a producer's records must have "
+                         "offset deltas 0..%zd in order",
+                         i, (long long)offset_delta, count - 1);
             goto error;
         }
     }
-    /* The Python loop, including its IndexError when ``end`` lies beyond the data: every read
-     * below checks ``len`` (the physical size) as well as ``end``. */
-    while (pos < end) {
-        unsigned int b;
-        if (pos >= len) {
-            PyErr_SetString(PyExc_IndexError, "index out of range");
-            goto error;
-        }
-        b = buf[pos];
-        if (b < 0x80) {
-            length = (int64_t)(b >> 1) ^ -(int64_t)(b & 1);
-            pos += 1;
-        }
-        else {
-            int two_bytes = 0;
-            if (pos + 1 < end) {
-                if (pos + 1 >= len) {
-                    PyErr_SetString(PyExc_IndexError, "index out of range");
-                    goto error;
-                }
-                two_bytes = buf[pos + 1] < 0x80;
-            }
-            if (two_bytes) {
-                uint64_t raw = (b & 0x7F) | ((uint64_t)buf[pos + 1] << 7);
-                length = (int64_t)((raw >> 1) ^ (~(raw & 1) + 1));
-                pos += 2;
-            }
-            else if (!read_varint_slow(buf, &pos, end, len, VARINT_MAX_BYTES, &length)) {
-                goto error;
-            }
-        }
-        /* pos <= end here (reads stop before end), so end - pos cannot overflow. */
-        if (length < MIN_RECORD_SIZE - 1 || length > end - pos) {
-            PyErr_Format(corrupt_error, "record %zd has length %lld with %zd bytes left", count,
-                         (long long)length, end - pos);
-            goto error;
-        }
-        pos += (Py_ssize_t)length;
-        count += 1;
+    if (pos != end) {
+        PyErr_Format(corrupt_error, "%zd bytes left after %zd records", end - pos, count);
+        goto error;
     }
     PyBuffer_Release(&view);
-    return PyLong_FromSsize_t(count);
+    Py_RETURN_NONE;
 
 error:
     PyBuffer_Release(&view);
@@ -1031,8 +1231,8 @@ static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
      decode_records_doc},
-    {"count_framed_records", (PyCFunction)(void (*)(void))count_framed_records,
-     METH_FASTCALL | METH_KEYWORDS, count_framed_records_doc},
+    {"validate_records", (PyCFunction)(void (*)(void))validate_records,
+     METH_FASTCALL | METH_KEYWORDS, validate_records_doc},
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      append_record_doc},
     {NULL, NULL, 0, NULL},

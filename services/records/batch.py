@@ -3,11 +3,14 @@
 The storage node needs only the header properties, :meth:`RecordBatchView.validate` and
 :attr:`~RecordBatchView.buffer`; consumers iterate the view.
 
-Validation has two depths, chosen by the caller:
+Validation has three depths, chosen by the caller:
 
 * header (``validate()``): lengths, magic, CRC-32C, codec id and the record-count / offset-delta
-  invariants. Cheap: one CRC pass over the batch, no decompression. What the storage node runs.
-* deep (``validate(deep=True)``): additionally decompresses and decodes every record and checks
+  invariants. Cheap: one CRC pass over the batch, no decompression.
+* records (``validate_records()``, after ``validate()``): decompresses within a bound and walks
+  every record field by field without building anything, requiring offset deltas 0..n-1: what
+  the storage node runs on a producer's batch, so nothing it stores can fail a consumer.
+* deep (``validate(deep=True)``): decompresses and decodes every record into objects and checks
   that they fill the batch exactly with strictly increasing offset deltas.
 
 Thread-safety: a view is immutable and safe to share; it does not copy ``buffer``, so the bytes
@@ -229,15 +232,17 @@ class RecordBatchView:
             )
         self._ensure_valid_structure()
         if deep:
-            self._decode()
+            self.read_records()
 
-    def validate_framing(self) -> None:
-        """Check that exactly ``record_count`` length-prefixed records fill the payload.
+    def validate_records(self, max_decompressed_size: int = MAX_DECOMPRESSED_SIZE) -> None:
+        """Check every record as a broker must before storing a producer's batch (Kafka's
+        ``LogValidator``): exactly ``record_count`` well-formed records fill the payload, with
+        offset deltas 0 .. ``record_count - 1`` in order (see
+        :func:`services.records.record.validate_records` for each check).
 
-        What a broker needs on the append path, at a fraction of ``validate(deep=True)``'s cost:
-        it decompresses (bounded) but reads only each record's length prefix. Call it after
-        :meth:`validate`. A record whose inner fields are malformed while its length is right
-        still passes; consumers' decoding reports that as CORRUPT_MESSAGE.
+        Call it after :meth:`validate`. A compressed payload is decompressed first, refused as
+        soon as its output would pass ``max_decompressed_size`` (nothing beyond the bound is
+        allocated). Raises :class:`CorruptRecordError`.
         """
         self._ensure_valid_structure()
         header = self._header
@@ -245,16 +250,12 @@ class RecordBatchView:
         payload = self._view[RECORDS_OFFSET:]
         # The C walk reads the memoryview in place; the Python one wants bytes (indexing bytes is
         # ~2x faster there, and copying 16 KiB costs far less than that).
+        data: bytes | memoryview
         if codec:
-            data = decompress(codec, payload, MAX_DECOMPRESSED_SIZE)
+            data = decompress(codec, payload, max_decompressed_size)
         else:
             data = payload if _record.speedups_enabled() else payload.tobytes()
-        found = _record.count_framed_records(data)
-        if found != header.record_count:
-            raise CorruptRecordError(
-                f"batch at base offset {header.base_offset} says {header.record_count} records "
-                f"but its bytes hold {found}"
-            )
+        _record.validate_records(data, header.record_count)
 
     def _ensure_valid_structure(self) -> None:
         """The header checks that need no CRC: what decoding relies on. Done once per view."""
@@ -288,25 +289,47 @@ class RecordBatchView:
         corrupt batch raises :class:`CorruptRecordError` before yielding anything. Does not check
         the CRC: call :meth:`validate` first when the bytes come from outside.
         """
-        return iter(self._decode())
+        return iter(self.read_records())
 
     def __iter__(self) -> Iterator[Record]:
-        return iter(self._decode())
+        return iter(self.read_records())
 
-    def _decode(self) -> list[Record]:
+    def payload(self) -> bytes:
+        """The records' bytes: decompressed (within ``MAX_DECOMPRESSED_SIZE``), or copied out of
+        an uncompressed batch. For callers that account for decoded sizes before
+        :meth:`read_records`; raises :class:`CorruptRecordError`."""
+        self._ensure_valid_structure()
+        codec = self._header.attributes & COMPRESSION_CODEC_MASK
+        payload = self._view[RECORDS_OFFSET:]
+        return decompress(codec, payload, MAX_DECOMPRESSED_SIZE) if codec else payload.tobytes()
+
+    def read_records(
+        self,
+        payload: bytes | None = None,
+        *,
+        first_offset: int | None = None,
+        max_records: int | None = None,
+    ) -> list[Record]:
+        """A window of the records: those at or above ``first_offset``, at most ``max_records``.
+
+        For readers that must bound what one call builds (a fetch answer over a batch of
+        millions of records): records below the window are checked but never built, and
+        decoding stops once the window is full, so the records after it are not read (their
+        faults show to the call that reaches them). ``payload`` is :meth:`payload`'s result when
+        the caller already has it. Like :meth:`records`, this does not check the CRC.
+        """
         self._ensure_valid_structure()
         header = self._header
         attributes = header.attributes
-        codec = attributes & COMPRESSION_CODEC_MASK
-        payload = self._view[RECORDS_OFFSET:]
-        data = decompress(codec, payload, MAX_DECOMPRESSED_SIZE) if codec else payload.tobytes()
         return _record.decode_records(
-            data,
+            self.payload() if payload is None else payload,
             header.record_count,
             header.base_offset,
             header.base_timestamp,
             header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
             header.last_offset_delta,
+            first_offset,
+            max_records,
         )
 
     def __repr__(self) -> str:

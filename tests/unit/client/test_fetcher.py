@@ -255,3 +255,63 @@ def test_a_rejected_fetch_is_raised():
     FetchHandler(f, {TP0: 0}).handle_error(InvalidRequestError("bad request"))
     with pytest.raises(InvalidRequestError):
         f.drain(10)
+
+
+def poisoned(base_offset: int, count: int) -> bytes:
+    """A batch an older storage node stored: its CRC is right, its records are not (the header
+    says one record fewer than there are)."""
+    import struct
+
+    import crc32c
+
+    bad = bytearray(batch(base_offset, count))
+    struct.pack_into(">i", bad, 57, count - 1)
+    struct.pack_into(">I", bad, 17, crc32c.crc32c(bytes(bad[21:])))
+    return bytes(bad)
+
+
+@pytest.mark.parametrize("check_crcs", [True, False])
+def test_an_unreadable_batch_is_named_by_its_own_offsets_and_can_be_skipped(check_crcs):
+    # The issue's case: good records 0-10, a bad batch at 11-16, a good one after. The error used
+    # to name 17 -- the end of the fetched chunk -- instead of 11.
+    f, sub = fetcher(positions={TP0: 0})
+    f.check_crcs = check_crcs
+    answer(f, TP0, 0, result(TP0, batch(0, 11) + poisoned(11, 6) + batch(17, 2)))
+    assert offsets(f.drain(100)[TP0]) == list(range(11))
+    with pytest.raises(CorruptRecordError) as info:
+        f.drain(100)
+    error = info.value
+    assert (error.topic, error.partition, error.offset, error.next_offset) == ("t", 0, 11, 17)
+    assert "offsets 11..16 of t-0" in error.message and "continue from offset 17" in error.message
+    assert sub.position(TP0) == 11
+    # Fetched again from 11 (no seek), it is raised again: nothing is skipped silently.
+    answer(f, TP0, 11, result(TP0, poisoned(11, 6) + batch(17, 2)))
+    with pytest.raises(CorruptRecordError):
+        f.drain(100)
+    # Skipping is the application's explicit choice, as in Kafka: seek to next_offset.
+    sub.seek(TP0, error.next_offset)
+    f.discard(TP0)
+    answer(f, TP0, 17, result(TP0, batch(17, 2)))
+    assert offsets(f.drain(100)[TP0]) == [17, 18]
+
+
+def test_a_crc_failure_names_the_batch_too():
+    bad = bytearray(batch(5, 3))
+    bad[-1] ^= 0xFF
+    chunk = PartitionRecords(TP1, 0, batch(0, 5) + bytes(bad))
+    assert (chunk.error.partition, chunk.error.offset, chunk.error.next_offset) == (1, 5, 8)
+
+
+def test_a_damaged_batch_length_names_where_the_chunk_stops():
+    bad = bytearray(batch(5, 3))
+    bad[8:12] = (3).to_bytes(4, "big")  # below the minimum batch length
+    chunk = PartitionRecords(TP0, 0, batch(0, 5) + bytes(bad))
+    assert (chunk.error.offset, chunk.error.next_offset) == (5, None)
+    assert offsets(chunk.take(10, 0)) == [0, 1, 2, 3, 4]
+
+
+def test_read_committed_is_refused_until_transactions_exist():
+    with pytest.raises(ValueError, match="read_committed' is not supported yet"):
+        Fetcher(_Client(), SubscriptionState("earliest"), isolation_level="read_committed")
+    with pytest.raises(ValueError, match="isolation_level must be one of read_uncommitted"):
+        Fetcher(_Client(), SubscriptionState("earliest"), isolation_level="serializable")

@@ -1,6 +1,9 @@
+import struct
+
+import crc32c
 import pytest
 
-from gateway.fetch_assembly import PartitionData, decode_typed, take_batches
+from gateway.fetch_assembly import DecodeBudget, PartitionData, decode_typed, take_batches
 from services import errors
 from services.records import Compression, RecordBatchBuilder, TimestampType
 
@@ -112,12 +115,21 @@ def test_partition_data_keeps_untrimmed_chunks_without_copying():
     assert part2.raw() == B0 and part2.next_offset == 5 and part2.size == SIZE
 
 
+def decode(chunks, fetch_offset=0, *, max_records=1 << 20, max_bytes=1 << 30, budget=None):
+    budget = budget or DecodeBudget(max_records=max_records, max_bytes=max_bytes)
+    return decode_typed(chunks, topic="t", partition=3, fetch_offset=fetch_offset, budget=budget)
+
+
+def offsets_of(decoded) -> list[int]:
+    return [r.offset for _, records in decoded.batches for r in records]
+
+
 def test_decode_typed_skips_records_below_the_fetch_offset():
-    decoded = decode_typed([log_of(B0, B1)], fetch_offset=3)
-    offsets = [r.offset for _, records in decoded for r in records]
-    assert offsets == list(range(3, 10))
-    assert all(ts_type == TimestampType.CREATE_TIME for ts_type, _ in decoded)
-    first = decoded[0][1][0]
+    decoded = decode([log_of(B0, B1)], fetch_offset=3)
+    assert offsets_of(decoded) == list(range(3, 10))
+    assert (decoded.next_offset, decoded.error) == (10, None)
+    assert all(ts_type == TimestampType.CREATE_TIME for ts_type, _ in decoded.batches)
+    first = decoded.batches[0][1][0]
     assert (first.key, first.timestamp, first.value) == (b"k3", 1003, bytes([3]) * 10)
 
 
@@ -128,17 +140,93 @@ def test_decode_typed_skips_records_below_the_fetch_offset():
 )
 def test_decode_typed_decompresses(compression):
     data = batch(0, 20, 100, compression)
-    decoded = decode_typed([data], fetch_offset=0)
-    assert [r.offset for r in decoded[0][1]] == list(range(20))
-
-
-def test_decode_typed_checks_the_crc():
-    bad = bytearray(B0)
-    bad[-1] ^= 0xFF
-    with pytest.raises(errors.CorruptRecordError):
-        decode_typed([bytes(bad)], fetch_offset=0)
+    assert offsets_of(decode([data])) == list(range(20))
 
 
 def test_decode_typed_across_chunks():
-    decoded = decode_typed([B0, log_of(B1, B2)], fetch_offset=0)
-    assert [r.offset for _, records in decoded for r in records] == list(range(15))
+    assert offsets_of(decode([B0, log_of(B1, B2)])) == list(range(15))
+
+
+# --- a batch that cannot be read (stored by an older version) --------------------------------
+
+
+def corrupt(data: bytes) -> bytes:
+    bad = bytearray(data)
+    bad[-1] ^= 0xFF  # fails the CRC
+    return bytes(bad)
+
+
+def poisoned(base_offset: int) -> bytes:
+    """A batch whose CRC is right and whose header count does not match its records: what the
+    old framing check let in for every reproduction of the issue."""
+    bad = bytearray(batch(base_offset, 6))
+    struct.pack_into(">i", bad, 57, 5)  # record count 5 for 6 records
+    struct.pack_into(">I", bad, 17, crc32c.crc32c(bytes(bad[21:])))
+    return bytes(bad)
+
+
+@pytest.mark.parametrize("bad", [corrupt(batch(5, 6)), poisoned(5)], ids=["crc", "records"])
+def test_the_records_before_a_bad_batch_are_returned_and_the_next_fetch_gets_the_error(bad):
+    log = log_of(B0, bad, batch(11, 3))  # 0-4 good, 5-10 bad, 11-13 good
+    first = decode([log], fetch_offset=0)
+    assert (offsets_of(first), first.next_offset, first.error) == (list(range(5)), 5, None)
+    second = decode([log_of(bad, batch(11, 3))], fetch_offset=first.next_offset)
+    assert (second.batches, second.next_offset) == ([], 5)
+    error = second.error
+    assert isinstance(error, errors.CorruptRecordError)
+    assert (error.topic, error.partition, error.offset, error.next_offset) == ("t", 3, 5, 11)
+    assert "offsets 5..10 of t-3" in error.message and "continue from offset 11" in error.message
+    skipped = decode([batch(11, 3)], fetch_offset=error.next_offset)
+    assert offsets_of(skipped) == [11, 12, 13]
+
+
+def test_a_fetch_starting_inside_a_bad_batch_names_the_batch():
+    error = decode([poisoned(5)], fetch_offset=8).error
+    assert (error.offset, error.next_offset) == (5, 11)
+
+
+# --- the decode budget ---------------------------------------------------------------------
+
+
+def test_a_record_bound_cuts_inside_a_batch_and_the_next_fetch_goes_on_from_there():
+    big = batch(0, 50)
+    offsets, fetch_offset = [], 0
+    while fetch_offset < 50:
+        decoded = decode([big], fetch_offset, max_records=7)
+        got = offsets_of(decoded)
+        assert 0 < len(got) <= 7 and decoded.next_offset == got[-1] + 1
+        offsets += got
+        fetch_offset = decoded.next_offset
+    assert offsets == list(range(50))
+
+
+def test_the_budget_is_shared_by_the_answers_partitions():
+    budget = DecodeBudget(max_records=8, max_bytes=1 << 30)
+    first = decode([LOG], budget=budget)
+    second = decode([LOG], budget=budget)
+    assert offsets_of(first) == list(range(8)) and first.next_offset == 8
+    assert (offsets_of(second), second.next_offset) == ([], 0)  # full: next time
+    assert (budget.records, budget.records_left) == (8, 0)
+
+
+def test_a_byte_bound_stops_at_a_batch_boundary_but_the_first_batch_always_gets_a_window():
+    payload = len(B0) - 61
+    decoded = decode([LOG], max_bytes=payload + 10)
+    assert (offsets_of(decoded), decoded.next_offset) == (list(range(5)), 5)
+    tiny = decode([LOG], max_bytes=1)
+    assert offsets_of(tiny) == list(range(5))  # progress whatever the bound
+
+
+def test_the_issues_three_million_record_batch_is_decoded_in_bounded_windows():
+    from tests.batch_faults import huge_zstd_batch
+
+    huge = huge_zstd_batch(300_000)
+    decoded = decode([huge], 0, max_records=100_000)
+    assert (len(offsets_of(decoded)), decoded.next_offset) == (100_000, 100_000)
+    tail = decode([huge], 299_990, max_records=100_000)
+    assert offsets_of(tail) == list(range(299_990, 300_000)) and tail.next_offset == 300_000
+
+
+def test_budget_bounds_must_be_positive():
+    with pytest.raises(ValueError):
+        DecodeBudget(max_records=0, max_bytes=1)

@@ -288,6 +288,33 @@ def test_request_errors(run_with_cluster):
     run_with_cluster(scenario)
 
 
+@pytest.mark.parametrize(
+    "level, message",
+    [
+        (pb.ISOLATION_LEVEL_READ_COMMITTED, "READ_COMMITTED is not supported yet"),
+        (7, "unknown isolation_level 7"),
+    ],
+    ids=["read-committed", "unknown"],
+)
+def test_fetch_isolation_levels_not_served_are_refused(run_with_cluster, level, message):
+    async def scenario(cluster):
+        cluster.create_topic("t", 1)
+        stub = cluster.stub()
+        for raw in (False, True):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await fetch_all(stub, "t", [0], isolation_level=level, raw_batches=raw)
+            assert (info.value.code(), rpc_reason(info.value)) == (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "INVALID_REQUEST",
+            )
+            assert message in info.value.details()
+        for served in (pb.ISOLATION_LEVEL_UNSPECIFIED, pb.ISOLATION_LEVEL_READ_UNCOMMITTED):
+            answer = await fetch_all(stub, "t", [0], isolation_level=served)
+            assert not answer.partitions[0].HasField("error")
+
+    run_with_cluster(scenario)
+
+
 def test_per_partition_errors_do_not_fail_the_rest(run_with_cluster):
     async def scenario(cluster):
         cluster.create_topic("t", 2)

@@ -1,6 +1,6 @@
 """The two backends of the record codec's per-record loops, for tests that run against both.
 
-``services.records.record`` binds ``decode_records`` and ``count_framed_records``, and
+``services.records.record`` binds ``decode_records`` and ``validate_records``, and
 ``services.records.builder`` binds ``_append_record``, to the C accelerator or to the pure-Python
 code at import. :func:`use_backend` rebinds all three, so one test body can run against either.
 """
@@ -28,10 +28,10 @@ def use_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     """Point every dispatch point of the record codec at ``"python"`` or ``"c"``."""
     if backend == "c":
         speedups = require_speedups()
-        decode, count, append = speedups.decode_records, speedups.count_framed_records, speedups.append_record
+        decode, validate, append = speedups.decode_records, speedups.validate_records, speedups.append_record
     else:
         assert backend == "python", backend
-        decode, count, append = record_module.py_decode_records, record_module.py_count_framed_records, None
+        decode, validate, append = record_module.py_decode_records, record_module.py_validate_records, None
     monkeypatch.setattr(record_module, "decode_records", decode)
-    monkeypatch.setattr(record_module, "count_framed_records", count)
+    monkeypatch.setattr(record_module, "validate_records", validate)
     monkeypatch.setattr(builder_module, "_append_record", append)

@@ -32,7 +32,7 @@ from .records_backends import require_speedups, use_backend
 from .records_oracles import nullable, zigzag
 
 py_decode = record_module.py_decode_records
-py_count = record_module.py_count_framed_records
+py_validate = record_module.py_validate_records
 T0 = 1_700_000_000_000
 
 
@@ -60,10 +60,23 @@ def _same_decode(data, *args) -> tuple:
     return expected
 
 
-def _same_count(data, *args) -> tuple:
+def _same_validate(data, count) -> tuple:
+    """Both backends' validate_records agree, and what they accept both decoders decode: a
+    record the storage node lets in can never fail a consumer."""
     c = require_speedups()
-    expected = _outcome(py_count, data, *args)
-    assert _outcome(c.count_framed_records, data, *args) == expected, (bytes(data).hex(), args)
+    expected = _outcome(py_validate, data, count)
+    assert _outcome(c.validate_records, data, count) == expected, (bytes(data).hex(), count)
+    if expected[0] == "ok":
+        assert len(_same_decode(data, count, 0, T0, None, count - 1)[1]) == count
+    return expected
+
+
+def _same_window(data, count, base_offset, first_offset, max_records) -> tuple:
+    """A windowed decode matches across backends and is the matching slice of the full one."""
+    c = require_speedups()
+    args = (data, count, base_offset, T0, None, 2**40, first_offset, max_records)
+    expected = _outcome(py_decode, *args)
+    assert _outcome(c.decode_records, *args) == expected, (bytes(data).hex(), args[1:])
     return expected
 
 
@@ -133,7 +146,7 @@ def test_random_valid_batches_encode_and_decode_the_same(size):
         args = (size, base_offset, view.base_timestamp, None, size - 1)
         assert _same_decode(payload, *args) == ("ok", expected)
         assert _same_decode(payload, size, base_offset, view.base_timestamp, 12345, size - 1)[0] == "ok"
-        assert _same_count(payload) == ("ok", size)
+        assert _same_validate(payload, size) == ("ok", None)
 
 
 @pytest.mark.parametrize("size", [1, 1000])
@@ -156,7 +169,7 @@ def test_other_buffers_decode_like_bytes():
     assert c.decode_records(bytearray(payload), *args) == expected
     assert c.decode_records(memoryview(payload), *args) == expected
     assert c.decode_records(memoryview(b"junk" + payload + b"junk")[4:-4], *args) == expected
-    assert c.count_framed_records(memoryview(payload)) == c.count_framed_records(bytearray(payload)) == 40
+    assert c.validate_records(memoryview(payload), 40) is c.validate_records(bytearray(payload), 40) is None
 
 
 def test_keyword_arguments_match():
@@ -171,7 +184,7 @@ def test_keyword_arguments_match():
         "last_offset_delta": 0,
     }
     assert c.decode_records(**kwargs) == py_decode(**kwargs)
-    assert c.count_framed_records(data=payload, end=None) == py_count(data=payload, end=None) == 1
+    assert c.validate_records(data=payload, count=1) is py_validate(data=payload, count=1) is None
     for bad in (dict(kwargs, extra=1), {k: v for k, v in kwargs.items() if k != "count"}):
         for fn in (c.decode_records, py_decode):
             with pytest.raises(TypeError):
@@ -254,7 +267,8 @@ def test_every_field_with_odd_varints(field, encoding):
                 # A generous last offset delta lets a wrongly accepted huge offset delta through.
                 for last_offset_delta in (5, 2**40):
                     _same_decode(payload, count_arg, 100, T0, None, last_offset_delta)
-            _same_count(payload)
+                _same_validate(payload, count_arg)
+                _same_window(payload, count_arg, 100, 101, 1)
 
 
 def _seed_payloads() -> list[tuple[bytes, int]]:
@@ -273,7 +287,8 @@ def test_every_truncation_and_extension():
             for data in (payload[:cut], payload[:cut] + b"\x00", payload[cut:]):
                 for count_arg in (count, count - 1, 1):
                     _same_decode(data, count_arg, 0, T0, None, count - 1)
-                _same_count(data)
+                    _same_validate(data, count_arg)
+                    _same_window(data, count_arg, 0, count - 1, 1)
         _same_decode(payload + b"\x00", count, 0, T0, None, count - 1)
         _same_decode(payload + payload[:5], count, 0, T0, None, count - 1)
 
@@ -285,7 +300,8 @@ def test_every_byte_flipped():
                 data = bytearray(payload)
                 data[position] ^= mask
                 _same_decode(bytes(data), count, 0, T0, None, count - 1)
-                _same_count(bytes(data))
+                _same_validate(bytes(data), count)
+                _same_window(bytes(data), count, 0, 1, 2)
 
 
 def test_random_mutations():
@@ -304,7 +320,8 @@ def test_random_mutations():
             else:
                 del data[position : position + rng.randint(1, 6)]
         _same_decode(bytes(data), count, 0, T0, rng.choice([None, T0]), count - 1)
-        _same_count(bytes(data))
+        _same_validate(bytes(data), count)
+        _same_window(bytes(data), count, 0, rng.randint(-1, count), rng.choice([None, 1, 2, 5]))
 
 
 @pytest.mark.parametrize("count", [0, -1, -(2**70), 3, 4, 5, 6, 2**31 - 1, 2**40, 2**70])
@@ -315,13 +332,57 @@ def test_counts_and_last_offset_deltas(count, last_offset_delta):
     _same_decode(b"", count, 0, T0, None, last_offset_delta)
 
 
-@pytest.mark.parametrize("end", [None, 0, 1, 10, -1, -(2**70), 2**70, "len-1", "len", "len+1", "len+50"])
-def test_count_framed_records_end_argument(end):
-    for payload, _ in _seed_payloads():
-        # Past the data: record lengths overrun it, or a varint's first byte is its last byte.
-        for data in (payload, payload[:-3], payload + b"\x80", payload + b"\x81\x80", b"\x80"):
-            resolved = len(data) + int(end[3:] or 0) if isinstance(end, str) else end
-            _same_count(data, resolved)
+@pytest.mark.parametrize("first_offset", [None, -(2**70), 99, 100, 101, 102, 103, 104, 2**70])
+@pytest.mark.parametrize("max_records", [None, 1, 2, 3, 4, 5, 2**70])
+def test_decode_windows_are_slices_of_the_whole(first_offset, max_records):
+    for payload, count in _seed_payloads():
+        whole = py_decode(payload, count, 100, T0, None, count - 1)
+        wanted = [r for r in whole if first_offset is None or r.offset >= first_offset][:max_records]
+        assert _same_window(payload, count, 100, first_offset, max_records) == ("ok", wanted)
+
+
+def test_decode_window_stops_reading_where_it_is_full():
+    payload, count = _seed_payloads()[-1]  # four records; break the last one
+    broken = payload[:-1] + b"\x7f"
+    assert _same_window(broken, count, 0, None, None) == ("raised", CorruptRecordError)
+    assert _same_window(broken, count, 0, None, 3)[0] == "ok"
+    assert _same_window(broken, count, 0, 1, 3)[0] == "raised"  # the window reaches it
+
+
+@pytest.mark.parametrize("max_records", [0, -1, -(2**70)])
+def test_decode_window_of_no_records_is_a_caller_bug(max_records):
+    payload, count = _seed_payloads()[0]
+    assert _same_window(payload, count, 0, None, max_records) == ("raised", ValueError)
+
+
+def test_offset_deltas_must_be_the_record_index():
+    records_ = [_record({"offset_delta": zigzag(d)}) for d in (0, 1, 2)]
+    assert _same_validate(b"".join(records_), 3) == ("ok", None)
+    for deltas in ((0, 0, 1), (0, 2, 3), (1, 2, 3), (0, 1, 1), (0, 2, 1)):
+        payload = b"".join(_record({"offset_delta": zigzag(d)}) for d in deltas)
+        assert _same_validate(payload, 3) == ("raised", CorruptRecordError), deltas
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        zigzag(10**6),  # the count alone: a million headers in a few bytes
+        zigzag(3) + zigzag(1) + b"h" + nullable(b"x"),  # more than are there
+        zigzag(1) + zigzag(5) + b"h" + nullable(b"x"),  # key length past the record
+        zigzag(1) + zigzag(1) + b"\xff" + nullable(b"x"),  # key not UTF-8
+        zigzag(1) + zigzag(1) + b"h" + zigzag(9) + b"x",  # value length past the record
+        zigzag(1) + zigzag(-1) + nullable(b"x"),  # a null key
+    ],
+    ids=["million", "too-many", "key-overrun", "key-not-utf8", "value-overrun", "null-key"],
+)
+def test_malformed_headers_are_refused(headers):
+    assert _same_validate(_record({"headers": headers}), 1) == ("raised", CorruptRecordError)
+
+
+def test_key_running_past_its_record_is_refused():
+    # The record length is right for the bytes, the key length says more: framing alone passes it.
+    body = b"\x00" + zigzag(0) + zigzag(0) + zigzag(40) + b"key" + nullable(b"v") + zigzag(0)
+    assert _same_validate(zigzag(len(body)) + body, 1) == ("raised", CorruptRecordError)
 
 
 @settings(max_examples=500, deadline=None)
@@ -333,7 +394,8 @@ def test_count_framed_records_end_argument(end):
 )
 def test_arbitrary_bytes(data, count, last, append_time):
     _same_decode(data, count, 3, T0, append_time, last)
-    _same_count(data)
+    _same_validate(data, count)
+    _same_window(data, count, 3, 4, 1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -363,7 +425,8 @@ def test_structured_records_with_odd_fields(fields):
         for ts, delta, blob, odd in fields
     )
     _same_decode(payload, len(fields), 0, 0, None, 2**31)
-    _same_count(payload)
+    _same_validate(payload, len(fields))
+    _same_window(payload, len(fields), 0, 2**30, 1)
 
 
 def test_bad_data_types():
@@ -372,11 +435,14 @@ def test_bad_data_types():
         with pytest.raises(TypeError):
             c.decode_records(data, 1, 0, 0, None, 0)
         with pytest.raises(TypeError):
-            c.count_framed_records(data)
+            c.validate_records(data, 1)
     with pytest.raises(TypeError):
         c.decode_records(b"", "1", 0, 0, None, 0)
     with pytest.raises(TypeError):
-        c.count_framed_records(b"", "1")
+        c.validate_records(b"", "1")
+    for window in (("1", None), (None, "1"), (1.5, None)):
+        with pytest.raises(TypeError):
+            c.decode_records(b"", 0, 0, 0, None, 0, *window)
 
 
 # --- the builder -------------------------------------------------------------------------------
@@ -525,7 +591,7 @@ def test_extension_is_built_and_used_unless_disabled():
     disabled = bool(os.environ.get("TRIBUTARY_NO_EXTENSIONS"))
     assert records.speedups_enabled() is not disabled
     assert (record_module.decode_records is speedups.decode_records) is not disabled
-    assert (record_module.count_framed_records is speedups.count_framed_records) is not disabled
+    assert (record_module.validate_records is speedups.validate_records) is not disabled
     assert (builder_module._append_record is speedups.append_record) is not disabled
 
 
@@ -570,8 +636,13 @@ def test_no_leaks_on_success_or_error_paths():
         lambda: _outcome(c.decode_records, payload, count, 0, T0, None, 0),
         lambda: _outcome(c.decode_records, bad_utf8, 1, 0, T0, None, 0),
         lambda: _outcome(c.decode_records, payload + b"\x00", count, 0, T0, None, count - 1),
-        lambda: c.count_framed_records(payload),
-        lambda: _outcome(c.count_framed_records, payload[:-1], len(payload)),
+        lambda: c.validate_records(payload, count),
+        lambda: _outcome(c.validate_records, payload[:-1], count),
+        lambda: _outcome(c.validate_records, bad_utf8, 1),
+        lambda: _outcome(c.validate_records, _record({"headers": "\u00e9".encode() * 2}), 1),
+        lambda: c.decode_records(payload, count, 2**70, T0, None, count - 1, 2**70 + 2, 1),
+        lambda: _outcome(c.decode_records, payload[:-1], count, 0, T0, None, count - 1, 2),
+        lambda: _outcome(c.decode_records, payload, count, 0, T0, None, count - 1, None, 0),
         lambda: c.append_record(bytearray(), T0, T0 - 5, 0, b"k", bytearray(b"v"), [("h", None)]),
         lambda: c.append_record(bytearray(), T0, T0, 0, b"k", memoryview(b"v")[::-1], ()),
         lambda: c.append_record(bytearray(), T0, T0, 0, array.array("b", [1]), b"v", [("h", "str")]),
