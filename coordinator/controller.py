@@ -803,6 +803,7 @@ def _grow_topic(topic: TopicRecord, total: int, racks: Mapping[int, str], rng: r
 def canonical_configs(configs: Mapping[str, str]) -> dict[str, str]:
     """Validated topic configs in their canonical string form (InvalidConfigError if not valid)."""
     typed = validate_topic_configs(dict(configs))
+    topic_rules.ensure_supported_configs(typed)
     return {name: format_topic_config(name, value) for name, value in sorted(typed.items())}
 
 

@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 
 from coordinator import keys
 from services.errors import (
+    InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidTopicError,
@@ -126,3 +127,29 @@ def ensure_record_fits(
             f"metadata record of up to {size // 1024} KiB, more than the {limit // 1024} KiB one etcd "
             "write may carry; use fewer partitions or a lower replication factor"
         )
+
+
+#: Topic config values that are valid Kafka but not honoured yet: refused at create and alter
+#: rather than stored and silently ignored.
+_NOT_SUPPORTED_YET = {
+    "cleanup.policy": (
+        lambda value: "compact" in value,
+        "cleanup.policy=compact is not supported yet (there is no log cleaner): use delete",
+    ),
+    "compression.type": (
+        lambda value: value != "producer",
+        "compression.type other than 'producer' is not supported yet: batches keep the producer's "
+        "compression (set it on the producer)",
+    ),
+}
+
+
+def ensure_supported_configs(typed: Mapping[str, object]) -> None:
+    """INVALID_CONFIG for a setting this cluster would accept but not honour."""
+    for name, (unsupported, reason) in _NOT_SUPPORTED_YET.items():
+        value = typed.get(name)
+        if value is None:
+            continue
+        text = ",".join(value) if isinstance(value, (tuple, list)) else str(value)
+        if unsupported(text):
+            raise InvalidConfigError(f"{reason} (got {name}={text})")

@@ -9,14 +9,14 @@ user input, :func:`resolve_topic_configs` for "defaults overlaid with overrides"
 Values arrive as strings (gRPC maps, CLI flags, etcd) or already typed (Python callers); both are
 accepted and the typed form is returned. Defaults are Kafka's, except where noted in the doc.
 
-Not implemented yet, but accepted so topics created today keep their settings:
+Valid here but not honoured yet, so the controller refuses them at create and alter
+(``coordinator.topic_rules.ensure_supported_configs``) rather than storing and ignoring them:
 
-* ``cleanup.policy=compact`` -- there is no log cleaner yet. A compacted topic keeps every record;
-  only the log-start-offset retention applies to it (as in Kafka, time and size retention apply
-  only when the policy contains ``delete``).
-* ``compression.type`` -- stored only. Batches keep the producer's compression (Kafka's
-  ``producer`` value); the storage node never recompresses.
-* ``min.insync.replicas``, ``unclean.leader.election.enable`` -- used once replication lands.
+* ``cleanup.policy=compact`` -- there is no log cleaner yet.
+* ``compression.type`` other than ``producer`` -- batches keep the producer's compression; the
+  storage node never recompresses.
+
+(The log layer still parses them, so values stored by earlier versions load.)
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator import keys
+from coordinator import keys, topic_rules
 from coordinator.main import main as coordinator_main
 from coordinator.model import TopicRecord
 from coordinator.placement import assign_replicas
@@ -19,6 +19,7 @@ from coordinator.topic_rules import (
     resolve_replication_factor,
 )
 from services.errors import (
+    InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidTopicError,
@@ -121,3 +122,26 @@ def test_the_record_bound_is_never_below_the_encoded_record(nodes, partitions, d
 def test_a_partition_limit_below_one_is_refused_at_start(flag, capsys):
     assert coordinator_main([flag, "0"]) == 2
     assert f"{flag} must be at least 1, not 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("configs", "reason"),
+    [
+        ({"cleanup.policy": "compact"}, "compact is not supported yet"),
+        ({"cleanup.policy": "delete,compact"}, "compact is not supported yet"),
+        ({"compression.type": "zstd"}, "compression.type other than 'producer'"),
+    ],
+)
+def test_settings_accepted_by_kafka_but_not_honoured_yet_are_refused(configs, reason):
+    from services.topic_config import validate_topic_configs
+
+    with pytest.raises(InvalidConfigError, match=reason):
+        topic_rules.ensure_supported_configs(validate_topic_configs(configs))
+
+
+def test_supported_settings_pass():
+    from services.topic_config import validate_topic_configs
+
+    topic_rules.ensure_supported_configs(
+        validate_topic_configs({"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "2"})
+    )
