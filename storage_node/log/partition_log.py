@@ -752,10 +752,14 @@ class PartitionLog:
     @_disk_errors_as_storage_errors
     def truncate_to(self, offset: int) -> None:
         """Remove every offset >= ``offset`` (a follower diverging from its leader). Offsets
-        below the log start cannot be truncated to; ``offset`` >= log end is a no-op."""
+        below the log start cannot be truncated to; ``offset`` >= log end cuts nothing but an
+        epoch entry at the log end (Kafka does the same)."""
         with self._lock:
             self._ensure_usable()
             if offset >= self._next_offset:
+                # Nothing to cut, but an epoch may start at the log end with no batch of it (this
+                # replica led that epoch and wrote nothing): it is not this log's history.
+                self._epochs.truncate_from_end(self._next_offset)
                 return
             if offset < self._log_start_offset:
                 raise OffsetOutOfRangeError(

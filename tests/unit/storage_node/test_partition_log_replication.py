@@ -170,3 +170,15 @@ def test_a_torn_tail_takes_its_epoch_with_it(leader, clock):
     crashed = open_log(leader.directory, clock, commit_appends=False)
     assert crashed.log_end_offset == 2
     assert crashed.leader_epochs.entries == ((0, 0),)
+
+
+def test_a_former_leader_that_wrote_nothing_in_its_epoch_forgets_that_epoch_when_truncated(leader):
+    """It led epoch 5 without appending, then follows a leader that never had epoch 5: the
+    leader answers that the follower's epoch 4 history ends at the log end, so "truncate to the
+    log end" must drop the empty epoch 5, or every fetch would diverge again (Kafka's rule)."""
+    leader.append(make_batch(3), leader_epoch=4)
+    leader.assign_leader_epoch(5)
+    assert leader.latest_epoch == 5
+    leader.truncate_to(leader.log_end_offset)
+    assert leader.leader_epochs.entries == ((4, 0),)
+    assert leader.log_end_offset == 3
