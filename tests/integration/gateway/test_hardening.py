@@ -1,0 +1,184 @@
+"""Bad input against a real cluster (etcd, a coordinator, a storage node, a gateway, each a process).
+
+Each test sends one reproduction of a hardening-issue item and checks two things: the answer is
+fast and clear (the right status and Kafka reason, or the bound), and the cluster stays responsive
+meanwhile -- another client's admin call answers within a second while the bad request is handled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from deploy.local_cluster import LocalCluster, LocalClusterSpec
+from services import errors
+from services.proto import pb
+
+pytestmark = pytest.mark.integration
+
+CALL_TIMEOUT = 30
+#: How fast another client's call must answer while a bad request is being handled.
+RESPONSIVE_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = LocalClusterSpec(storage_nodes=1, coordinators=1, gateways=1, session_timeout_s=2)
+    with LocalCluster(tmp_path_factory.mktemp("hardening-cluster"), spec) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def channel(cluster):
+    opened = grpc.insecure_channel(cluster.gateway_addresses()[0])
+    yield opened
+    opened.close()
+
+
+def _gateway_call(channel, method: str, request_type, response_type):
+    return channel.unary_unary(
+        f"/tributary.v1.Gateway/{method}",
+        request_serializer=request_type.SerializeToString,
+        response_deserializer=response_type.FromString,
+    )
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+def while_responsive(cluster, bad_request: Callable[[], object]) -> object:
+    """Run ``bad_request`` on a thread while another client (its own channel) lists topics over
+    and over; every listing must answer within RESPONSIVE_S. Returns what ``bad_request`` returned
+    or raised (an exception is returned, not raised)."""
+    outcome: list[object] = []
+
+    def run():
+        try:
+            outcome.append(bad_request())
+        except Exception as exc:  # noqa: BLE001 -- handed to the test to inspect
+            outcome.append(exc)
+
+    other = grpc.insecure_channel(cluster.gateway_addresses()[0])
+    list_topics = _gateway_call(other, "ListTopics", pb.ListTopicsRequest, pb.ListTopicsResponse)
+    list_topics(pb.ListTopicsRequest(), timeout=CALL_TIMEOUT)  # connected before the clock starts
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        calls = 0
+        while worker.is_alive() or calls == 0:
+            started = time.monotonic()
+            list_topics(pb.ListTopicsRequest(), timeout=CALL_TIMEOUT)
+            took = time.monotonic() - started
+            assert took < RESPONSIVE_S, f"another client's ListTopics took {took:.2f}s"
+            calls += 1
+    finally:
+        worker.join(CALL_TIMEOUT)
+        other.close()
+    assert len(outcome) == 1
+    return outcome[0]
+
+
+# ---- item 8: long configs beyond 64 bits ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, value, expected_range",
+    [
+        ("retention.ms", str(2**64), f"between -1 and {2**63 - 1}"),
+        ("retention.bytes", "1" + "0" * 30, f"between -1 and {2**63 - 1}"),
+        ("segment.ms", str(2**63), f"between 1 and {2**63 - 1}"),
+        ("segment.bytes", str(2**31), f"between 14 and {2**31 - 1}"),
+    ],
+)
+def test_create_and_alter_refuse_an_integer_config_beyond_its_type(
+    cluster, channel, name, value, expected_range
+):
+    create = _gateway_call(channel, "CreateTopic", pb.CreateTopicRequest, pb.CreateTopicResponse)
+    topic = unique("wide-config")
+    bad = pb.CreateTopicRequest(name=topic, partitions=1, configs={name: value})
+    started = time.monotonic()
+    exc = while_responsive(cluster, lambda: create(bad, timeout=CALL_TIMEOUT))
+    assert time.monotonic() - started < 5
+    assert isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    error = errors.error_from_rpc(exc)
+    assert isinstance(error, errors.InvalidConfigError)
+    assert f"configuration {name}: value must be {expected_range}" in error.message
+    listed = _gateway_call(channel, "ListTopics", pb.ListTopicsRequest, pb.ListTopicsResponse)(
+        pb.ListTopicsRequest(), timeout=CALL_TIMEOUT
+    )
+    assert topic not in listed.names  # nothing was created
+
+    # The same value through AlterTopicConfigs on an existing topic: refused, old value kept.
+    create(pb.CreateTopicRequest(name=topic, partitions=1, configs={name: "1000"}), timeout=CALL_TIMEOUT)
+    alter = _gateway_call(
+        channel, "AlterTopicConfigs", pb.AlterTopicConfigsRequest, pb.AlterTopicConfigsResponse
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        alter(pb.AlterTopicConfigsRequest(topic=topic, set={name: value}), timeout=CALL_TIMEOUT)
+    assert isinstance(errors.error_from_rpc(info.value), errors.InvalidConfigError)
+    described = _gateway_call(channel, "DescribeTopics", pb.DescribeTopicsRequest, pb.DescribeTopicsResponse)(
+        pb.DescribeTopicsRequest(names=[topic]), timeout=CALL_TIMEOUT
+    )
+    configs = {c.name: c.value for c in described.topics[0].configs}
+    assert configs[name] == "1000"
+
+
+# ---- item 8: undecodable request bodies --------------------------------------------------------
+
+#: Bytes no protobuf message parses: a field tag with wire type 7 (does not exist).
+UNDECODABLE = b"\x0f\xff\xff\xff\xff"
+
+
+def _raw_unary(address: str, method: str, body: bytes):
+    with grpc.insecure_channel(address) as raw:
+        call = raw.unary_unary(method)  # no serializers: the bytes go as they are
+        return call(body, timeout=CALL_TIMEOUT)
+
+
+def _raw_stream(address: str, method: str, body: bytes):
+    with grpc.insecure_channel(address) as raw:
+        call = raw.stream_stream(method)
+        return list(call(iter([body]), timeout=CALL_TIMEOUT))
+
+
+def _service_addresses(cluster) -> dict[str, str]:
+    storage = cluster.storage_nodes[0].info
+    return {
+        "tributary.v1.Gateway": cluster.gateway_addresses()[0],
+        "tributary.v1.Coordinator": cluster.coordinator_addresses()[0],
+        "tributary.v1.StorageNode": f"{storage['host']}:{storage['grpc_port']}",
+    }
+
+
+@pytest.mark.parametrize(
+    "service, method, streaming",
+    [
+        ("tributary.v1.Gateway", "Produce", False),
+        ("tributary.v1.Gateway", "ProduceStream", True),
+        ("tributary.v1.Gateway", "CreateTopic", False),
+        ("tributary.v1.Coordinator", "GetMetadata", False),
+        ("tributary.v1.Coordinator", "CreateTopic", False),
+        ("tributary.v1.StorageNode", "Append", False),
+        ("tributary.v1.StorageNode", "CreatePartition", False),
+        ("grpc.health.v1.Health", "Check", False),
+    ],
+)
+def test_undecodable_request_body_is_invalid_argument_on_every_service(cluster, service, method, streaming):
+    addresses = _service_addresses(cluster)
+    targets = [addresses[service]] if service in addresses else list(addresses.values())
+    for address in targets:
+        send = _raw_stream if streaming else _raw_unary
+        exc = while_responsive(
+            cluster, lambda address=address, send=send: send(address, f"/{service}/{method}", UNDECODABLE)
+        )
+        assert isinstance(exc, grpc.RpcError), exc
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, (address, exc.code(), exc.details())
+        error = errors.error_from_rpc(exc)
+        assert isinstance(error, errors.InvalidRequestError)
+        assert f"/{service}/{method}" in error.message and "is not a valid" in error.message
