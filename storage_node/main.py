@@ -8,6 +8,7 @@ import sys
 from services.entrypoint import build_service_parser, run_service
 from services.malloc_tuning import keep_large_buffers_in_heap
 from storage_node.config import ENV_PREFIX, StorageNodeConfig
+from storage_node.descriptors import raise_descriptor_limit
 from storage_node.registration import NodeIdInUseError
 
 #: Exit code when another live node holds this node id.
@@ -28,6 +29,7 @@ async def _run(config: StorageNodeConfig) -> None:
     from storage_node.node import StorageNode  # after logging is configured: imports log
 
     keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
+    raise_descriptor_limit()  # the fetch port's share is sized from it: storage_node/descriptors.py
 
     await StorageNode(config).run()
 

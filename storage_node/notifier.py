@@ -20,16 +20,21 @@ class AppendNotifier:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def wait(self, key: object, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the next append to ``key``; True if one happened."""
-        if timeout <= 0:
-            return False
+    def next_append(self, key: object) -> asyncio.Future[None]:
+        """The future the next append to ``key`` completes. Shared by every waiter: await it
+        through ``asyncio.shield`` or ``asyncio.wait``, never cancel it."""
         future = self._waiters.get(key)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
             self._waiters[key] = future
+        return future
+
+    async def wait(self, key: object, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the next append to ``key``; True if one happened."""
+        if timeout <= 0:
+            return False
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            await asyncio.wait_for(asyncio.shield(self.next_append(key)), timeout)
             return True
         except TimeoutError:
             return False

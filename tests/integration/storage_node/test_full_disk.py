@@ -9,8 +9,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,11 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from deploy.processes import ServiceProcess
 from services import errors
 from services.proto import pb
 
-from .conftest import NodeHandle, make_batch
+from .conftest import NodeHandle, make_batch, start_node_wrapped
 
 TMPFS_SIZE = "1m"
 
@@ -31,28 +28,11 @@ def _start_node_on_tmpfs(tmp_path: Path) -> tuple[NodeHandle, Path]:
     """A node whose log dir is on a fresh tmpfs; returns it and the log dir as seen from here."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    run = tmp_path / "run"
-    run.mkdir()
-    process = ServiceProcess(
-        name="full",
-        module="storage_node.main",
-        args=["--node-id", "0", "--log-dirs", str(disk / "data"), "--standalone", "true"],
-        ready_file=run / "full.ready.json",
-        log_file=run / "full.log",
-    )
     script = f'mount -t tmpfs -o size={TMPFS_SIZE} tmpfs "{disk}" && exec "$@"'
-    command = [sys.executable, "-m", process.module, *process.args, "--ready-file", str(process.ready_file)]
-    with open(process.log_file, "ab") as log:
-        process.popen = subprocess.Popen(
-            [shutil.which("unshare") or "unshare", "-rm", "sh", "-c", script, "sh", *command],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-    process.wait_ready()
+    wrapper = [shutil.which("unshare") or "unshare", "-rm", "sh", "-c", script, "sh"]
+    node = start_node_wrapped(tmp_path, "full", wrapper, "--log-dirs", str(disk / "data"))
     # The tmpfs is visible only inside the node's mount namespace: reach it through its root.
-    return NodeHandle(process), Path(f"/proc/{process.pid}/root") / disk.relative_to("/") / "data"
+    return node, Path(f"/proc/{node.process.pid}/root") / disk.relative_to("/") / "data"
 
 
 def _fill(directory: Path) -> Path:
