@@ -7,7 +7,7 @@ import sys
 
 from gateway.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
-from services.malloc_tuning import keep_large_buffers_in_heap
+from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +24,12 @@ async def _run(config: GatewayConfig) -> None:
 
     keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
 
-    await GatewayService(config).run()
+    trimmer = start_heap_trimmer()  # and give a burst's memory back once it is over
+    try:
+        await GatewayService(config).run()
+    finally:
+        if trimmer is not None:
+            trimmer.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -182,3 +182,57 @@ def test_undecodable_request_body_is_invalid_argument_on_every_service(cluster, 
         error = errors.error_from_rpc(exc)
         assert isinstance(error, errors.InvalidRequestError)
         assert f"/{service}/{method}" in error.message and "is not a valid" in error.message
+
+
+# ---- item 8: the memory of a huge request -----------------------------------------------------
+
+#: Resident memory a process may keep after a burst: the trimmer's RETAINED_FREE_BYTES (64 MiB)
+#: plus room for what is not heap (gRPC's and Python's own). Before the trimmer a 100 MB request
+#: left ~125 MiB on the gateway and ~190 MiB on the storage node, for good.
+KEPT_AFTER_BURST_MIB = 100
+
+
+def _resident_mib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_the_memory_of_a_huge_request_is_given_back_after_it_is_answered(cluster, channel):
+    big = grpc.insecure_channel(
+        cluster.gateway_addresses()[0],
+        options=[("grpc.max_send_message_length", 128 << 20), ("grpc.max_receive_message_length", 128 << 20)],
+    )
+    produce = _gateway_call(big, "Produce", pb.ProduceRequest, pb.ProduceResponse)
+    create = _gateway_call(channel, "CreateTopic", pb.CreateTopicRequest, pb.CreateTopicResponse)
+    topic = unique("huge")
+    create(pb.CreateTopicRequest(name=topic, partitions=1), timeout=CALL_TIMEOUT)
+    deadline = time.monotonic() + 15
+    while True:  # the partition is online once a small produce goes through
+        answer = produce(
+            pb.ProduceRequest(topic=topic, records=[pb.ProduceRecord(value=b"warm")]), timeout=30
+        )
+        if not any(p.HasField("error") for p in answer.partitions):
+            break
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.1)
+    pids = {"gateway": cluster.gateways[0].pid, "storage node": cluster.storage_nodes[0].pid}
+    before = {name: _resident_mib(pid) for name, pid in pids.items()}
+    # 100 records of 1 MB: a 100 MB request, under the 128 MiB message limit.
+    huge = pb.ProduceRequest(
+        topic=topic, records=[pb.ProduceRecord(value=bytes([i]) * 1_000_000) for i in range(100)]
+    )
+    answer = while_responsive(cluster, lambda: produce(huge, timeout=120))
+    big.close()
+    assert isinstance(answer, pb.ProduceResponse), answer
+    assert not any(p.HasField("error") for p in answer.partitions)
+    assert len(answer.records) == 100 and answer.records[-1].offset == 100
+    deadline = time.monotonic() + 10
+    while True:
+        after = {name: _resident_mib(pid) for name, pid in pids.items()}
+        if all(after[name] <= before[name] + KEPT_AFTER_BURST_MIB for name in pids):
+            break
+        assert time.monotonic() < deadline, f"resident MiB before {before}, still {after}"
+        time.sleep(0.2)
