@@ -13,7 +13,8 @@ from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimme
 def build_parser() -> argparse.ArgumentParser:
     return build_service_parser(
         "tributary-gateway",
-        "Run a Tributary gateway: the public Gateway gRPC service (produce, fetch, offsets, metadata, admin).",
+        "Run a Tributary gateway: the public Gateway gRPC service "
+        "(produce, fetch, offsets, metadata, admin).",
         GatewayConfig,
         ENV_PREFIX,
     )
