@@ -30,6 +30,10 @@ class GatewayConfig:
     max_batch_bytes: int = 1_048_576
     #: acks=none appends still running in the background before new acks=none requests wait.
     max_unacked_appends: int = 1_000
+    #: A ProduceStream with no request (and no answer owed) this long is ended with a retriable
+    #: NETWORK_EXCEPTION, as Kafka closes connections idle for connections.max.idle.ms (10 min);
+    #: the SDK opens a new stream on its next send. 0 = never.
+    produce_stream_max_idle_ms: int = 600_000
     #: When set, a JSON file with pid, host and the bound port is written here once serving.
     ready_file: Path | None = None
     #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus

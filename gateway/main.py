@@ -33,6 +33,14 @@ async def _run(config: GatewayConfig) -> None:
             trimmer.cancel()
 
 
+def _check(config: GatewayConfig) -> str | None:
+    if not config.coordinators:
+        return "--coordinators needs at least one host:port"
+    if config.produce_stream_max_idle_ms < 0:
+        return "--produce-stream-max-idle-ms must be 0 (never) or more"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_service(
         build_parser(),
@@ -40,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         GatewayConfig,
         ENV_PREFIX,
         log_name=lambda config: "gateway",
-        check=lambda config: None if config.coordinators else "--coordinators needs at least one host:port",
+        check=_check,
         run=_run,
     )
 

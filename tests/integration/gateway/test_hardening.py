@@ -7,6 +7,7 @@ meanwhile -- another client's admin call answers within a second while the bad r
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -26,9 +27,19 @@ CALL_TIMEOUT = 30
 RESPONSIVE_S = 1.0
 
 
+#: The gateway's produce_stream_max_idle_ms here (10 min by default).
+STREAM_MAX_IDLE_MS = 1500
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    spec = LocalClusterSpec(storage_nodes=1, coordinators=1, gateways=1, session_timeout_s=2)
+    spec = LocalClusterSpec(
+        storage_nodes=1,
+        coordinators=1,
+        gateways=1,
+        session_timeout_s=2,
+        gateway_args=["--produce-stream-max-idle-ms", str(STREAM_MAX_IDLE_MS)],
+    )
     with LocalCluster(tmp_path_factory.mktemp("hardening-cluster"), spec) as local:
         yield local
 
@@ -236,3 +247,87 @@ def test_the_memory_of_a_huge_request_is_given_back_after_it_is_answered(cluster
             break
         assert time.monotonic() < deadline, f"resident MiB before {before}, still {after}"
         time.sleep(0.2)
+
+
+# ---- item 8: idle ProduceStreams --------------------------------------------------------------
+
+
+def _create_online(channel, topic: str) -> None:
+    create = _gateway_call(channel, "CreateTopic", pb.CreateTopicRequest, pb.CreateTopicResponse)
+    create(pb.CreateTopicRequest(name=topic, partitions=1), timeout=CALL_TIMEOUT)
+    metadata = _gateway_call(channel, "GetMetadata", pb.GetMetadataRequest, pb.GetMetadataResponse)
+    deadline = time.monotonic() + 15
+    while (
+        metadata(pb.GetMetadataRequest(topics=[topic]), timeout=CALL_TIMEOUT).topics[0].partitions[0].state
+        != pb.PARTITION_STATE_ONLINE
+    ):
+        assert time.monotonic() < deadline, f"{topic} never came online"
+        time.sleep(0.05)
+
+
+def test_an_idle_produce_stream_is_ended_by_the_gateway_with_a_clear_status(cluster, channel):
+    topic = unique("idle-stream")
+    _create_online(channel, topic)
+    stream = channel.stream_stream(
+        "/tributary.v1.Gateway/ProduceStream",
+        request_serializer=pb.ProduceRequest.SerializeToString,
+        response_deserializer=pb.ProduceResponse.FromString,
+    )
+    first_answered: list[float] = []
+    done = threading.Event()
+
+    def requests():
+        yield pb.ProduceRequest(topic=topic, correlation_id=1, records=[pb.ProduceRecord(value=b"a")])
+        done.wait(CALL_TIMEOUT)  # then nothing more, without ending the stream
+
+    def idle_stream():
+        answers = stream(requests(), timeout=CALL_TIMEOUT)
+        assert next(answers).correlation_id == 1
+        first_answered.append(time.monotonic())
+        try:
+            next(answers)
+        except grpc.RpcError as exc:
+            return exc, time.monotonic() - first_answered[0]
+        raise AssertionError("the stream went on")
+
+    try:
+        exc, idle_s = while_responsive(cluster, idle_stream)
+    finally:
+        done.set()
+    assert STREAM_MAX_IDLE_MS / 1000 - 0.1 <= idle_s < STREAM_MAX_IDLE_MS / 1000 + 2
+    assert exc.code() == grpc.StatusCode.UNAVAILABLE
+    error = errors.error_from_rpc(exc)
+    assert isinstance(error, errors.NetworkError) and error.retriable
+    assert f"produce_stream_max_idle_ms={STREAM_MAX_IDLE_MS}" in error.message
+
+
+def test_a_producer_idle_past_the_gateway_timeout_still_sends(cluster, channel):
+    from gateway.client import AsyncProducer
+
+    topic = unique("idle-producer")
+    _create_online(channel, topic)
+
+    async def scenario():
+        # connections_max_idle_ms=0: the client never ends the stream itself, so it is the
+        # gateway that ends it and the SDK that has to cope.
+        async with AsyncProducer(
+            servers=cluster.gateway_addresses()[0], connections_max_idle_ms=0
+        ) as producer:
+            first = await producer.send_and_wait(topic, b"before")
+            transport = producer._core.sender.transport
+            idle_stream = transport._stream
+            deadline = time.monotonic() + STREAM_MAX_IDLE_MS / 1000 + 5
+            while not idle_stream.broken:  # the gateway ends it
+                assert time.monotonic() < deadline, "the gateway never ended the idle stream"
+                await asyncio.sleep(0.05)
+            second = await asyncio.wait_for(producer.send_and_wait(topic, b"after"), 10)
+            assert transport._stream is not idle_stream
+            # The producer's own bound: a stream idle past it is replaced before the next send.
+            transport._max_idle_s = 0.2
+            reused_stream = transport._stream
+            await asyncio.sleep(0.3)
+            third = await asyncio.wait_for(producer.send_and_wait(topic, b"later"), 10)
+            assert transport._stream is not reused_stream and not reused_stream.pending
+            return first.offset, second.offset, third.offset
+
+    assert while_responsive(cluster, lambda: asyncio.run(scenario())) == (0, 1, 2)
