@@ -68,7 +68,7 @@ BAD_CREATES = [
     pytest.param(
         dict(name="ok-min", partitions=1, configs={"segment.bytes": "1"}),
         errors.InvalidConfigError,
-        "at least 14",
+        "value must be between 14 and 2147483647",
         id="config-below-minimum",
     ),
     pytest.param(
