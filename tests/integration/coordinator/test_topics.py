@@ -127,7 +127,7 @@ def test_bad_partition_and_config_changes_are_refused(shared_cluster):
         call(stub.CreatePartitions, pb.CreatePartitionsRequest(topic=unique("nope"), total_count=9))
     with pytest.raises(errors.InvalidConfigError, match="Unknown topic config name: bogus"):
         call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(topic=name, set={"bogus": "1"}))
-    with pytest.raises(errors.InvalidConfigError, match="retention.bytes"):
+    with pytest.raises(errors.InvalidConfigError, match=r"retention\.bytes"):
         call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(topic=name, set={"retention.bytes": "-7"}))
     with pytest.raises(errors.InvalidConfigError, match="Unknown topic config name: bogus"):
         call(stub.AlterTopicConfigs, pb.AlterTopicConfigsRequest(topic=name, delete=["bogus"]))
