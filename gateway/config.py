@@ -36,6 +36,10 @@ class GatewayConfig:
     fetch_max_decoded_bytes: int = 32 << 20
     #: Threads that decode typed Fetch answers and build them into protobuf, off the event loop.
     fetch_decode_threads: int = 2
+    #: A ProduceStream with no request (and no answer owed) this long is ended with a retriable
+    #: NETWORK_EXCEPTION, as Kafka closes connections idle for connections.max.idle.ms (10 min);
+    #: the SDK opens a new stream on its next send. 0 = never.
+    produce_stream_max_idle_ms: int = 600_000
     #: When set, a JSON file with pid, host and the bound port is written here once serving.
     ready_file: Path | None = None
     #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus

@@ -7,13 +7,14 @@ import sys
 
 from gateway.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
-from services.malloc_tuning import keep_large_buffers_in_heap
+from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
 
 
 def build_parser() -> argparse.ArgumentParser:
     return build_service_parser(
         "tributary-gateway",
-        "Run a Tributary gateway: the public Gateway gRPC service (produce, fetch, offsets, metadata, admin).",
+        "Run a Tributary gateway: the public Gateway gRPC service "
+        "(produce, fetch, offsets, metadata, admin).",
         GatewayConfig,
         ENV_PREFIX,
     )
@@ -24,7 +25,20 @@ async def _run(config: GatewayConfig) -> None:
 
     keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
 
-    await GatewayService(config).run()
+    trimmer = start_heap_trimmer()  # and give a burst's memory back once it is over
+    try:
+        await GatewayService(config).run()
+    finally:
+        if trimmer is not None:
+            trimmer.cancel()
+
+
+def _check(config: GatewayConfig) -> str | None:
+    if not config.coordinators:
+        return "--coordinators needs at least one host:port"
+    if config.produce_stream_max_idle_ms < 0:
+        return "--produce-stream-max-idle-ms must be 0 (never) or more"
+    return None
 
 
 def _check(config: GatewayConfig) -> str | None:

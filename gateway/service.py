@@ -88,6 +88,7 @@ class GatewayService:
             Forwarder(self.coordinators, cache, timeout_s=config.admin_timeout_ms / 1000.0),
             self.decode_pool,
             default_timeout_ms=config.default_timeout_ms,
+            stream_max_idle_ms=config.produce_stream_max_idle_ms,
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",

@@ -24,6 +24,28 @@ log = logging.getLogger(__name__)
 
 #: ProduceStream requests being served at once per stream; the stream stops reading beyond it.
 MAX_STREAM_IN_FLIGHT = 1_000
+#: Kafka's connections.max.idle.ms: a ProduceStream without a request this long is ended.
+DEFAULT_STREAM_MAX_IDLE_MS = 600_000
+
+
+class _StreamActivity:
+    """What the idle check of one ProduceStream looks at: answers still owed, and when the stream
+    last moved (a request in or an answer out). Owed answers mean it is not idle, however long
+    they take."""
+
+    __slots__ = ("last", "owed")
+
+    def __init__(self, now: float) -> None:
+        self.last = now
+        self.owed = 0
+
+    def received(self, now: float) -> None:
+        self.owed += 1
+        self.last = now
+
+    def answered(self, now: float) -> None:
+        self.owed -= 1
+        self.last = now
 
 
 async def _encode_outcome(outcome):
@@ -54,6 +76,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         decode_pool: DecodePool,
         *,
         default_timeout_ms: int = 30_000,
+        stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
     ) -> None:
         self._produce = produce
         self._fetch = fetch
@@ -61,6 +84,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self._offsets = offsets
         self._forwarder = forwarder
         self._default_timeout_s = default_timeout_ms / 1000.0
+        #: None = streams are never ended for idleness.
+        self._stream_max_idle_s = stream_max_idle_ms / 1000.0 if stream_max_idle_ms > 0 else None
 
     # ---- data plane ------------------------------------------------------------------------
 
@@ -73,12 +98,20 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def ProduceStream(self, request_iterator, context):
+        """Answers in request order. A stream with no request and no answer owed for
+        ``stream_max_idle_ms`` is ended with NETWORK_EXCEPTION (UNAVAILABLE, retriable), as a
+        Kafka broker closes a connection idle for connections.max.idle.ms; clients open a new
+        stream for their next request."""
+        loop = asyncio.get_running_loop()
+        activity = _StreamActivity(loop.time())
         in_flight: asyncio.Queue = asyncio.Queue(MAX_STREAM_IN_FLIGHT)
-        reader = asyncio.create_task(self._read_stream(request_iterator, context, in_flight))
+        reader = asyncio.create_task(self._read_stream(request_iterator, context, in_flight, activity))
         try:
             while (task := await in_flight.get()) is not None:
-                yield await task
-            await reader  # re-raises a failure to read the stream
+                answer = await task
+                activity.answered(loop.time())
+                yield answer
+            await reader  # re-raises a failure to read the stream (or its idleness)
         finally:
             reader.cancel()
             while not in_flight.empty():
@@ -86,15 +119,44 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 if task is not None:
                     task.cancel()
 
-    async def _read_stream(self, request_iterator, context, in_flight: asyncio.Queue) -> None:
+    async def _read_stream(
+        self, request_iterator, context, in_flight: asyncio.Queue, activity: _StreamActivity
+    ) -> None:
         """Plan and queue each request as it arrives, in order; appends run while more come in."""
         queues = self._produce.stream_queues()
         try:
-            async for request in request_iterator:
+            async for request in self._requests_until_idle(request_iterator, activity):
                 await in_flight.put(await self._start_in_stream(request, context, queues))
                 await queues.wait_for_room()
         finally:
             await in_flight.put(None)
+
+    async def _requests_until_idle(self, request_iterator, activity: _StreamActivity):
+        """The stream's requests; raises NetworkError once it has been idle too long."""
+        loop = asyncio.get_running_loop()
+        idle_s = self._stream_max_idle_s
+        iterator = aiter(request_iterator)
+        while True:
+            next_request = asyncio.ensure_future(anext(iterator))
+            try:
+                while not next_request.done():
+                    idle_for = loop.time() - activity.last
+                    if idle_s is not None and not activity.owed and idle_for >= idle_s:
+                        raise errors.NetworkError(
+                            f"ProduceStream ended by the gateway: idle for {idle_for * 1000:.0f} ms "
+                            f"(produce_stream_max_idle_ms={idle_s * 1000:.0f}); open a new stream"
+                        )
+                    wait_s = None if idle_s is None else (idle_s if activity.owed else idle_s - idle_for)
+                    await asyncio.wait({next_request}, timeout=wait_s)
+            except BaseException:
+                next_request.cancel()
+                raise
+            try:
+                request = next_request.result()
+            except StopAsyncIteration:
+                return
+            activity.received(loop.time())
+            yield request
 
     async def _start_in_stream(self, request, context, queues) -> asyncio.Future:
         """A future of the request's answer; a request that fails as a whole is answered in-band."""

@@ -7,6 +7,9 @@
   ``services.errors`` and the client sees the right status + ``ErrorInfo``; anything unexpected
   is logged with its traceback and answered as ``UNKNOWN_SERVER_ERROR`` instead of a bare
   gRPC "Exception calling application".
+* every method :func:`create_server` hosts decodes its own request bodies
+  (:mod:`services.grpc_decoding`), so a body that is not the method's message is answered
+  INVALID_ARGUMENT with reason ``INVALID_REQUEST``; grpc.aio's own answer would be UNKNOWN.
 * :func:`run_until_signalled` serves until SIGTERM/SIGINT, flips health to NOT_SERVING, lets
   in-flight calls finish within a grace period, then runs the service's own cleanup.
 """
@@ -20,12 +23,14 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from services import errors
+from services.grpc_decoding import DecodingRegistrar
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +71,7 @@ INTERNAL_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
 class ServiceRegistration:
     """One servicer to host: the generated ``add_*_to_server`` function, the servicer, its name."""
 
-    add_to_server: Callable[[object, grpc.aio.Server], None]
+    add_to_server: Callable[[object, Any], None]  # given a stand-in for the server
     servicer: object
     service_name: str
 
@@ -77,19 +82,19 @@ class GrpcServer:
 
     server: grpc.aio.Server
     port: int
-    health: health.HealthServicer
+    health: health.aio.HealthServicer
     service_names: list[str] = field(default_factory=list)
 
-    def set_serving(self, serving: bool) -> None:
+    async def set_serving(self, serving: bool) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         for name in ["", *self.service_names]:
-            self.health.set(name, status)
+            await self.health.set(name, status)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop accepting calls; give in-flight ones ``grace`` seconds."""
-        self.health.enter_graceful_shutdown()
+        await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
 
 
@@ -105,23 +110,28 @@ async def create_server(
     Registers grpc.health.v1 (every service SERVING once started) and server reflection.
     """
     server = grpc.aio.server(interceptors=list(interceptors), options=list(options))
+    registrar = DecodingRegistrar(server)
     registrations = list(registrations)
     names = []
     for reg in registrations:
-        reg.add_to_server(reg.servicer, server)
+        reg.add_to_server(reg.servicer, registrar)
         names.append(reg.service_name)
-    health_servicer = health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-        server,
+    # The asyncio servicer: the sync one runs each Watch in a pool thread that blocks until the
+    # status changes (a watcher kept a thread, and process exit waited for it).
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer(
+            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
+        ),
+        registrar,
     )
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC server to {address}")
     await server.start()
     hosted = GrpcServer(server=server, port=port, health=health_servicer, service_names=names)
-    hosted.set_serving(True)
+    await hosted.set_serving(True)
     return hosted
 
 

@@ -30,6 +30,10 @@ from services.errors import InvalidConfigError
 #: Java's Long.MAX_VALUE and Integer.MAX_VALUE, Kafka's "never"/"unbounded" values.
 LONG_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
+#: The other ends of Kafka's LONG and INT config types: every integer config is one of the two,
+#: so a value is never wider than the int64 / int32 fields it ends up in.
+LONG_MIN = -(2**63)
+INT_MIN = -(2**31)
 
 CLEANUP_POLICY_DELETE = "delete"
 CLEANUP_POLICY_COMPACT = "compact"
@@ -52,6 +56,23 @@ def parse_int(value: Any) -> int:
         if text and (text.isdigit() or (text[0] in "+-" and text[1:].isdigit())):
             return int(text)
     raise ValueError(f"expected an integer, got {value!r}")
+
+
+def parse_long(value: Any) -> int:
+    """A Kafka LONG config: an integer that :class:`ConfigDef` bounds to the signed 64-bit range."""
+    return parse_int(value)
+
+
+def parse_int32(value: Any) -> int:
+    """A Kafka INT config: an integer that :class:`ConfigDef` bounds to the signed 32-bit range."""
+    return parse_int(value)
+
+
+#: The range each integer type allows; a config's own ``min``/``max`` narrow it.
+_TYPE_RANGES: dict[Callable[[Any], Any], tuple[int, int]] = {
+    parse_long: (LONG_MIN, LONG_MAX),
+    parse_int32: (INT_MIN, INT_MAX),
+}
 
 
 def parse_bool(value: Any) -> bool:
@@ -82,6 +103,12 @@ def parse_list(value: Any) -> tuple[str, ...]:
     return tuple(sorted(set(items)))
 
 
+def _shown(raw: Any, limit: int = 64) -> str:
+    """``raw`` as an error message quotes it: cut short, so a megabyte value is not echoed back."""
+    text = repr(raw)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class ConfigDef:
     """One topic config: how to parse it, its default, and what values are legal."""
@@ -94,30 +121,45 @@ class ConfigDef:
     max: int | None = None
     choices: tuple[str, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.parse is parse_int:
+            raise TypeError(f"{self.name}: integer configs are parse_long or parse_int32 (bounded)")
+        type_range = _TYPE_RANGES.get(self.parse)
+        if type_range is not None:  # every integer config is bounded at both ends
+            low, high = type_range
+            object.__setattr__(self, "min", low if self.min is None else max(self.min, low))
+            object.__setattr__(self, "max", high if self.max is None else min(self.max, high))
+
+    def range_text(self) -> str:
+        """The legal range in words, as error messages give it."""
+        if self.min is not None and self.max is not None:
+            return f"value must be between {self.min} and {self.max}"
+        if self.min is not None:
+            return f"value must be at least {self.min}"
+        return f"value must be at most {self.max}"
+
     def validate(self, raw: Any) -> Any:
         """The typed value for ``raw``, or InvalidConfigError naming this config and the value."""
         try:
             value = self.parse(raw)
         except ValueError as exc:
-            raise InvalidConfigError(f"Invalid value {raw!r} for configuration {self.name}: {exc}") from None
+            raise InvalidConfigError(
+                f"Invalid value {_shown(raw)} for configuration {self.name}: {exc}"
+            ) from None
         self._ensure_in_range(value, raw)
         return value
 
     def _ensure_in_range(self, value: Any, raw: Any) -> None:
-        if self.min is not None and value < self.min:
+        if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
             raise InvalidConfigError(
-                f"Invalid value {raw!r} for configuration {self.name}: value must be at least {self.min}"
-            )
-        if self.max is not None and value > self.max:
-            raise InvalidConfigError(
-                f"Invalid value {raw!r} for configuration {self.name}: value must be at most {self.max}"
+                f"Invalid value {_shown(raw)} for configuration {self.name}: {self.range_text()}"
             )
         if self.choices is not None:
             values = value if isinstance(value, tuple) else (value,)
             bad = [v for v in values if v not in self.choices]
             if bad:
                 raise InvalidConfigError(
-                    f"Invalid value {raw!r} for configuration {self.name}: "
+                    f"Invalid value {_shown(raw)} for configuration {self.name}: "
                     f"must be one of {', '.join(self.choices)}"
                 )
 
@@ -130,7 +172,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
     for d in (
         ConfigDef(
             "segment.bytes",
-            parse_int,
+            parse_int32,
             1024 * 1024 * 1024,
             min=14,
             max=INT_MAX,
@@ -139,14 +181,14 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "segment.ms",
-            parse_int,
+            parse_long,
             7 * _DAY_MS,
             min=1,
             doc="Roll the active segment once it is this old, so time retention can delete it.",
         ),
         ConfigDef(
             "segment.index.bytes",
-            parse_int,
+            parse_int32,
             10 * 1024 * 1024,
             min=12,
             max=INT_MAX,
@@ -155,7 +197,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "index.interval.bytes",
-            parse_int,
+            parse_int32,
             4096,
             min=0,
             max=INT_MAX,
@@ -163,21 +205,21 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "retention.ms",
-            parse_int,
+            parse_long,
             7 * _DAY_MS,
             min=-1,
             doc="Delete segments whose newest record is older than this; -1 keeps them forever.",
         ),
         ConfigDef(
             "retention.bytes",
-            parse_int,
+            parse_long,
             -1,
             min=-1,
             doc="Delete the oldest segments while the partition is larger than this; -1 = no limit.",
         ),
         ConfigDef(
             "flush.messages",
-            parse_int,
+            parse_long,
             LONG_MAX,
             min=1,
             doc="fsync after this many unflushed records (the paper's M). Kafka's default: "
@@ -186,14 +228,14 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "flush.ms",
-            parse_int,
+            parse_long,
             LONG_MAX,
             min=0,
             doc="fsync once the oldest unflushed data is this old (the paper's T). Default: never.",
         ),
         ConfigDef(
             "max.message.bytes",
-            parse_int,
+            parse_int32,
             1048588,
             min=0,
             max=INT_MAX,
@@ -217,7 +259,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "min.insync.replicas",
-            parse_int,
+            parse_int32,
             1,
             min=1,
             doc="Replicas that must have a write for acks=all to succeed.",
@@ -231,7 +273,7 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
         ),
         ConfigDef(
             "file.delete.delay.ms",
-            parse_int,
+            parse_long,
             60_000,
             min=0,
             doc="Grace period before a deleted segment's files are removed. Stored only: "

@@ -53,6 +53,17 @@ class StorageNodeConfig:
     maintenance_interval_ms: int = 1000
     #: Open segment file handles kept beyond the active segments (bounded file descriptors).
     max_open_segments: int = 1024
+    #: Most fetch-port connections open at once (Kafka's max.connections); 0 = as many as the
+    #: descriptor rule allows: half of RLIMIT_NOFILE at two descriptors per connection, the other
+    #: half kept for the log, gRPC and etcd (storage_node/descriptors.py). A value that does not
+    #: fit the rule stops the node at start.
+    fetch_max_connections: int = 0
+    #: Most fetch-port connections from one client address (Kafka's max.connections.per.ip);
+    #: 0 = no per-address bound. Connections over a cap get an error frame and are closed.
+    fetch_max_connections_per_ip: int = 1024
+    #: Longest a fetch-port long poll waits, whatever max_wait_ms it asked for (Kafka's
+    #: fetch.max.wait.ms bound); a longer request is answered at this bound, maybe empty.
+    fetch_max_wait_ms: int = 30_000
     #: Topic config defaults for partitions created here (Kafka names: retention.ms=...).
     default_topic_configs: dict[str, str] = field(default_factory=dict)
     #: Start without etcd (tests and benchmarks of the node alone).

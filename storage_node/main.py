@@ -6,8 +6,9 @@ import argparse
 import sys
 
 from services.entrypoint import build_service_parser, run_service
-from services.malloc_tuning import keep_large_buffers_in_heap
+from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
 from storage_node.config import ENV_PREFIX, StorageNodeConfig
+from storage_node.descriptors import raise_descriptor_limit
 from storage_node.registration import NodeIdInUseError
 
 #: Exit code when another live node holds this node id.
@@ -28,8 +29,14 @@ async def _run(config: StorageNodeConfig) -> None:
     from storage_node.node import StorageNode  # after logging is configured: imports log
 
     keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
+    raise_descriptor_limit()  # the fetch port's share is sized from it: storage_node/descriptors.py
 
-    await StorageNode(config).run()
+    trimmer = start_heap_trimmer()  # and give a burst's memory back once it is over
+    try:
+        await StorageNode(config).run()
+    finally:
+        if trimmer is not None:
+            trimmer.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,12 +16,14 @@ import os
 from pathlib import Path
 
 from services.clock import SYSTEM_CLOCK
+from services.config import ConfigError
 from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import STORAGE_SERVICE, storage_grpc
 from services.telemetry import StorageNodeInstruments, Telemetry, setup_telemetry
 from storage_node.config import StorageNodeConfig
-from storage_node.fetch.server import FetchServer
+from storage_node.descriptors import DescriptorBudget, current_descriptor_limit
+from storage_node.fetch.server import FetchLimits, FetchServer
 from storage_node.handlers import StorageNodeHandlers
 from storage_node.log.log_manager import LogManager
 from storage_node.notifier import AppendNotifier
@@ -30,6 +32,20 @@ from storage_node.replication.manager import ReplicaManager, ReplicationSettings
 from storage_node.servicer import StorageNodeServicer
 
 log = logging.getLogger(__name__)
+
+
+def _fetch_limits(config: StorageNodeConfig, descriptors: DescriptorBudget) -> FetchLimits:
+    try:
+        return FetchLimits(
+            max_connections=descriptors.fetch_connections,
+            max_connections_per_ip=config.fetch_max_connections_per_ip,
+            max_wait_ms=config.fetch_max_wait_ms,
+        )
+    except ValueError as exc:
+        raise ConfigError(
+            "fetch.max.connections.per.ip and fetch.max.wait.ms must not be negative "
+            f"(got {config.fetch_max_connections_per_ip} and {config.fetch_max_wait_ms})"
+        ) from exc
 
 
 class StorageNode:
@@ -85,12 +101,18 @@ class StorageNode:
             standalone=config.standalone,
             telemetry=self.instruments,
         )
+        self.descriptors = DescriptorBudget.plan(
+            current_descriptor_limit(),
+            max_open_segments=config.max_open_segments,
+            fetch_max_connections=config.fetch_max_connections,
+        )
         self.fetch_server = FetchServer(
             self.replicas,
             self.notifier,
             host=config.host,
             port=config.fetch_port,
             zero_copy=config.fetch_zero_copy,
+            limits=_fetch_limits(config, self.descriptors),
             telemetry=self.instruments,
         )
         self.grpc: GrpcServer | None = None
@@ -131,13 +153,20 @@ class StorageNode:
                     partition_log.topic, partition_log.partition, max(partition_log.latest_epoch, 0)
                 )
         self._write_ready_file()
+        limits = self.fetch_server.limits
         log.info(
-            "storage node %d serving: grpc %s:%d, fetch %s:%d",
+            "storage node %d serving: grpc %s:%d, fetch %s:%d (at most %d connections, %s per "
+            "address, long polls up to %d ms; descriptor limit %d, %d kept for the log)",
             self.config.node_id,
             self.config.host,
             self.grpc.port,
             self.config.host,
             self.fetch_server.port,
+            limits.max_connections,
+            limits.max_connections_per_ip or "any",
+            limits.max_wait_ms,
+            self.descriptors.limit,
+            self.descriptors.reserved,
         )
 
     def _write_ready_file(self) -> None:

@@ -7,7 +7,8 @@ import asyncio
 
 
 class AppendNotifier:
-    """One future per partition, completed (and replaced) on every append.
+    """One future per partition, completed (and replaced) on every append and every move of its
+    high watermark.
 
     Long-polling readers ``await wait(key, timeout)``; the appender calls ``notify(key)`` after
     the records are in the log. Must be used from the event loop's thread.
@@ -21,31 +22,21 @@ class AppendNotifier:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def wait(self, key: object, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the next append to ``key``; True if one happened."""
-        if timeout <= 0:
-            return False
+    def next_append(self, key: object) -> asyncio.Future[None]:
+        """The future the next append to ``key`` completes. Shared by every waiter: await it
+        through ``asyncio.shield`` or ``asyncio.wait``, never cancel it."""
         future = self._waiters.get(key)
         if future is None or future.done():
             future = asyncio.get_running_loop().create_future()
             self._waiters[key] = future
+        return future
+
+    async def wait(self, key: object, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the next append to ``key``; True if one happened."""
+        if timeout <= 0:
+            return False
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout)
+            await asyncio.wait_for(asyncio.shield(self.next_append(key)), timeout)
             return True
         except TimeoutError:
             return False
-
-    async def wait_any(self, keys: list[object], timeout: float) -> bool:
-        """Wait up to ``timeout`` s for a change to any of ``keys``; True if one happened."""
-        if timeout <= 0 or not keys:
-            return False
-        loop = asyncio.get_running_loop()
-        futures = []
-        for key in keys:
-            future = self._waiters.get(key)
-            if future is None or future.done():
-                future = loop.create_future()
-                self._waiters[key] = future
-            futures.append(future)
-        done, _ = await asyncio.wait(futures, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        return bool(done)

@@ -17,8 +17,11 @@ from services.cluster_keys import BrokerRecord, broker_key, cluster_prefix
 from services.etcd.client import EtcdClient
 from services.etcd.connection import tls_from_files
 from services.etcd.exceptions import EtcdError
+from services.log_limit import RepeatedLog
 
 log = logging.getLogger(__name__)
+#: Retry loops against an unreachable etcd log once, then a count (every 0.5 s flooded the log).
+_repeats = RepeatedLog(log)
 
 
 class NodeIdInUseError(RuntimeError):
@@ -65,8 +68,9 @@ class BrokerRegistration:
             except EtcdError as exc:
                 if loop.time() > deadline:
                     raise
-                log.warning("etcd not reachable for registration (%s); retrying", exc)
+                _repeats.warning("etcd not reachable for registration (%s); retrying", exc)
                 await asyncio.sleep(0.5)
+        _repeats.ended()
         self._watchdog = asyncio.create_task(self._lease_watchdog_routine(), name="registration-watchdog")
 
     async def _try_register(self) -> None:
@@ -113,11 +117,12 @@ class BrokerRegistration:
                     await self._try_register()
                     break
                 except NodeIdInUseError as exc:
-                    log.error("%s", exc)
+                    _repeats.error("%s", exc, key="node id in use")
                     await asyncio.sleep(self.ttl)
                 except EtcdError as exc:
-                    log.warning("etcd not reachable to re-register (%s); retrying", exc)
+                    _repeats.warning("etcd not reachable to re-register (%s); retrying", exc)
                     await asyncio.sleep(0.5)
+            _repeats.ended()
 
     async def deregister(self) -> None:
         """Stop keeping the lease alive and revoke it, so the node leaves at once (not after TTL)."""

@@ -195,6 +195,10 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             append_requests=handlers.append_requests,
             bytes_out=(stats.sendfile_bytes + stats.copied_bytes) if stats else 0,
             fetch_requests=stats.requests if stats else 0,
+            fetch_connections=stats.connections if stats else 0,
+            fetch_connections_refused=stats.connections_refused if stats else 0,
+            fetch_polls_cancelled=stats.polls_cancelled if stats else 0,
+            fetch_waits_capped=stats.waits_capped if stats else 0,
         )
 
     @translate_errors

@@ -95,6 +95,9 @@ class ProducerConfig:
     value_serializer: Serializer | None = None
     #: "stream" pipelines requests on ProduceStream; "unary" makes one Produce call per request.
     transport: str = "stream"
+    #: A ProduceStream idle this long is ended before the next request opens a new one (Kafka's
+    #: producer default, a minute under the gateway's 10 min); 0 = never.
+    connections_max_idle_ms: int = 540_000
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
@@ -130,7 +133,7 @@ class ProducerConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms"):
+        for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms", "connections_max_idle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
 
@@ -193,7 +196,9 @@ class ProducerCore:
             delivery_timeout_ms=self.config.delivery_timeout_ms,
         )
         transport = (
-            StreamTransport(self.client) if self.config.transport == "stream" else UnaryTransport(self.client)
+            StreamTransport(self.client, max_idle_s=self.config.connections_max_idle_ms / 1000.0 or None)
+            if self.config.transport == "stream"
+            else UnaryTransport(self.client)
         )
         self.sender = Sender(
             client=self.client,

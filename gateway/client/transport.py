@@ -19,7 +19,14 @@ record per request from ~2,500 to ~4,000 msg/s: the gateway's stream reading is 
 
 When a stream breaks, every request waiting on it fails. If the gateway ended the stream with an
 error status, the first unanswered request is the one it was processing and gets that error; the
-others get a retriable ``NetworkError`` (they were never looked at).
+others get a retriable ``NetworkError`` (they were never looked at). The next request opens a new
+stream -- also after the gateway ended an idle one (its ``produce_stream_max_idle_ms``, 10 min).
+
+Idle streams: a stream with nothing written or read for ``max_idle_s`` (the producer's
+``connections_max_idle_ms``, 9 min as in Kafka's producer, a minute under the gateway's 10) is
+ended by the client before the next request goes out on a new one. Kafka picks its client
+default below the broker's for the same reason: a request written the moment the server gives
+up on the stream would be lost, and an acks=0 request would be lost without anyone knowing.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from gateway.client.errors import NetworkError, RequestTimedOutError, TributaryE
 from services.proto import pb
 
 log = logging.getLogger(__name__)
+
+#: Kafka's producer default for connections.max.idle.ms (540000 ms), below the gateway's 10 min.
+DEFAULT_MAX_IDLE_S = 540.0
 
 
 class UnaryTransport:
@@ -70,13 +80,15 @@ def unacked_response(request):
 class _Stream:
     """One open ``ProduceStream`` call with the futures of its unanswered requests, in order."""
 
-    def __init__(self, endpoint: Endpoint, call) -> None:
+    def __init__(self, endpoint: Endpoint, call, now: float) -> None:
         self.endpoint = endpoint
         self.call = call
         self.pending: dict[int, asyncio.Future] = {}
         self.write_lock = asyncio.Lock()
         self.reader: asyncio.Task | None = None
         self.broken = False
+        #: Event-loop time of the last write or answer.
+        self.last_active = now
         #: The gateway has answered on this stream, so it implements ProduceStream: from then on
         #: acks=0 requests need not wait for their answers (see ``StreamTransport.send``).
         self.confirmed = False
@@ -90,11 +102,14 @@ class StreamTransport:
 
     preserves_order = True
 
-    def __init__(self, client: GatewayClient) -> None:
+    def __init__(self, client: GatewayClient, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S) -> None:
         self._client = client
         self._stream: _Stream | None = None
         self._correlation = itertools.count(1)
         self._unary: UnaryTransport | None = None
+        #: Streams idle this long are ended before the next request (None: never).
+        self._max_idle_s = max_idle_s
+        self._retiring: set[asyncio.Task] = set()
 
     async def send(self, request, timeout_s: float):
         if self._unary is not None:
@@ -131,14 +146,33 @@ class StreamTransport:
             return await self._unary.send(request, timeout_s)
 
     def _open_stream(self) -> _Stream:
+        loop = asyncio.get_running_loop()
+        self._maybe_retire_idle_stream(loop.time())
         if self._stream is None or self._stream.broken:
             endpoint = self._client.pool.current()
-            stream = _Stream(endpoint, endpoint.stub.ProduceStream())
-            stream.reader = asyncio.get_running_loop().create_task(self._read_routine(stream))
+            stream = _Stream(endpoint, endpoint.stub.ProduceStream(), loop.time())
+            stream.reader = loop.create_task(self._read_routine(stream))
             self._stream = stream
         return self._stream
 
+    def _maybe_retire_idle_stream(self, now: float) -> None:
+        """End the current stream if it has been idle ``max_idle_s`` (see the module docstring)."""
+        stream = self._stream
+        if (
+            stream is None
+            or stream.broken
+            or self._max_idle_s is None
+            or stream.pending
+            or now - stream.last_active < self._max_idle_s
+        ):
+            return
+        self._stream = None
+        task = asyncio.get_running_loop().create_task(self._end_stream(stream, 5.0))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     async def _write(self, stream: _Stream, request) -> None:
+        stream.last_active = asyncio.get_running_loop().time()
         try:
             async with stream.write_lock:
                 await stream.call.write(request)
@@ -155,6 +189,7 @@ class StreamTransport:
                 if response is grpc.aio.EOF:
                     break
                 stream.confirmed = True
+                stream.last_active = asyncio.get_running_loop().time()
                 future = stream.pending.pop(response.correlation_id, None)
                 if future is not None and not future.done():
                     future.set_result(response)
@@ -190,8 +225,12 @@ class StreamTransport:
     async def close(self, timeout_s: float = 30.0) -> None:
         """End the stream once the gateway has read everything written (up to ``timeout_s``)."""
         stream, self._stream = self._stream, None
-        if stream is None:
-            return
+        if self._retiring:
+            await asyncio.wait(self._retiring, timeout=timeout_s)
+        if stream is not None:
+            await self._end_stream(stream, timeout_s)
+
+    async def _end_stream(self, stream: _Stream, timeout_s: float) -> None:
         try:
             if not stream.broken and not stream.call.done():
                 await stream.call.done_writing()

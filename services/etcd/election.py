@@ -28,6 +28,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from services.log_limit import RepeatedLog
+
 from .connection import Backoff
 from .exceptions import (
     EtcdClosedError,
@@ -46,6 +48,9 @@ if TYPE_CHECKING:
     from .client import EtcdClient
 
 log = logging.getLogger(__name__)
+#: A campaign retrying through an etcd outage logs once, then a count of the retries.
+_repeats = RepeatedLog(log)
+_CAMPAIGN_RETRY = "campaign for %r: etcd unavailable, retrying: %s"
 
 _UNSET = object()
 
@@ -159,12 +164,13 @@ class Election:
             while True:
                 try:
                     holder = await self._do_acquire(await self._live_lease())
+                    _repeats.ended(_CAMPAIGN_RETRY)
                     if holder is None:
                         break
                     await self._wait_until_vacant(holder)
                     backoff.reset()
                 except EtcdUnavailableError as error:
-                    log.info("campaign for %r: etcd unavailable, retrying: %s", self.key, error)
+                    _repeats.info(_CAMPAIGN_RETRY, self.key, error)
                     await asyncio.sleep(backoff.next_delay())
                 except EtcdLeaseNotFoundError:
                     # Our lease expired before the keep-alive noticed (e.g. a long outage).

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
+from services.log_limit import RepeatedLog
+
 from . import _rpc
 from .connection import REQUIRE_LEADER_METADATA, Backoff, Stubs
 from .exceptions import EtcdClosedError, EtcdError, EtcdUnavailableError, translate_rpc_error
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from .client import EtcdClient
 
 log = logging.getLogger(__name__)
+#: Reconnect loops during an etcd outage log once, then a count of the retries.
+_repeats = RepeatedLog(log)
+_STREAM_BROKE = "watch stream to %s broke (%s); reconnecting in %.2fs"
 
 _END = object()  # queue sentinel: the watch is over
 _ENDPOINT_FAILURE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -231,6 +236,7 @@ class Watcher:
 
     async def _stream_routine(self) -> None:
         backoff = Backoff()
+        broken = False
         while not self._closed:
             if not self._watches:
                 self._wake.clear()
@@ -241,6 +247,9 @@ class Watcher:
             try:
                 await self._connect(call)
                 async for response in call:
+                    if broken:  # the stream works again: report the retries not logged yet
+                        broken = False
+                        _repeats.ended(_STREAM_BROKE)
                     backoff.reset()
                     self._dispatch(response)
                 reason = "etcd ended the watch stream"
@@ -252,10 +261,9 @@ class Watcher:
             finally:
                 self._disconnect(call)
             if not self._closed:
+                broken = True
                 delay = backoff.next_delay()
-                log.info(
-                    "watch stream to %s broke (%s); reconnecting in %.2fs", stubs.endpoint, reason, delay
-                )
+                _repeats.info(_STREAM_BROKE, stubs.endpoint, reason, delay)
                 await asyncio.sleep(delay)
 
     async def _connect(self, call: Any) -> None:
@@ -356,8 +364,9 @@ class Watcher:
             except EtcdClosedError:
                 return
             except EtcdError as error:
-                log.info("re-listing a compacted watch failed, retrying: %s", error)
+                _repeats.info("re-listing a compacted watch failed, retrying: %s", error)
                 await asyncio.sleep(backoff.next_delay())
+        _repeats.ended("re-listing a compacted watch failed, retrying: %s")
         watch.deliver_resync(WatchResync(tuple(kvs), revision, compact_revision))
         watch.resyncing = False
         watch.created.set()

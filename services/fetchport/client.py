@@ -38,7 +38,8 @@ class _Connection:
         records = await self.reader.readexactly(header.records_length) if header.records_length else b""
         if header.correlation_id not in (request.correlation_id, -1):
             raise errors.CorruptRecordError(
-                f"fetch response for correlation id {header.correlation_id}, expected {request.correlation_id}"
+                f"fetch response for correlation id {header.correlation_id}, "
+                f"expected {request.correlation_id}"
             )
         return FetchResult(header, records)
 
@@ -95,7 +96,10 @@ class FetchClient:
             except BaseException:
                 conn.close()
                 raise
-            self._idle.append(conn)
+            if result.header.correlation_id == -1:
+                conn.close()  # the node answers -1 to what it will not serve, then closes
+            else:
+                self._idle.append(conn)
             return result
 
     async def close(self) -> None:

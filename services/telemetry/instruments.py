@@ -80,7 +80,7 @@ class StorageNodeInstruments:
 
     ``logs`` is the node's LogManager (``partitions()``); ``fetch_stats()`` returns the fetch
     server's FetchStats (``sendfile_bytes``, ``copied_bytes``, ``requests``, ``errors``,
-    ``connections``).
+    ``connections``, ``connections_refused``, ``polls_cancelled``).
     """
 
     def __init__(self, telemetry, *, logs, fetch_stats: Callable[[], object]) -> None:
@@ -149,6 +149,18 @@ class StorageNodeInstruments:
             [self._stat("connections")],
             unit="{connection}",
             description="Open fetch-port connections.",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_CONNECTIONS_REFUSED,
+            [self._stat("connections_refused")],
+            unit="{connection}",
+            description="Fetch-port connections refused at a connection cap.",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_POLLS_CANCELLED,
+            [self._stat("polls_cancelled")],
+            unit="{request}",
+            description="Fetch-port long polls ended because their client disconnected.",
         )
         for name, attribute, unit, description in (
             (names.STORAGE_LOG_END_OFFSET, "log_end_offset", "{offset}", "Next offset to be written."),

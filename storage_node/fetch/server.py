@@ -15,6 +15,21 @@ A bad frame (wrong size, garbage, truncated) gets an INVALID_REQUEST answer when
 framed and the connection is closed; a client that stalls mid-frame is dropped after
 ``frame_timeout`` seconds, an idle one after ``idle_timeout``. None of this touches other
 connections or the stored data.
+
+Bounds (:class:`FetchLimits`), the same for every connection whatever it asks for:
+
+* connections: at most ``max_connections`` open (sized so the log keeps its descriptors, see
+  ``storage_node/descriptors.py``) and ``max_connections_per_ip`` per client address, as Kafka's
+  ``max.connections`` and ``max.connections.per.ip``. A connection over either cap is accepted,
+  answered with one THROTTLING_QUOTA_EXCEEDED error frame (correlation id -1) saying which cap,
+  closed, and counted in ``FetchStats.connections_refused``.
+* long polls: ``max_wait_ms`` is capped at ``max_wait_ms`` (default 30 s, ``fetch.max.wait.ms``).
+  A request asking for more is served, not refused: the wait is an upper bound and answering
+  earlier with what there is (maybe nothing) is always within the contract -- consumers poll
+  again, as they do after any empty answer -- so existing clients keep working, while a
+  2^31-1 ms request no longer parks a connection for 24 days. Counted in ``waits_capped``.
+* a long poll whose client disconnects ends at once (the socket is watched for EOF while it
+  waits; ``polls_cancelled``), instead of holding its descriptor until the wait runs out.
 """
 
 from __future__ import annotations
@@ -24,11 +39,14 @@ import errno
 import logging
 import os
 import socket
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services import errors
 from services.fetchport import multi, protocol
+from services.log_limit import RepeatedLog
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)
@@ -37,19 +55,84 @@ log = logging.getLogger(__name__)
 SEND_BUFFER_BYTES = 4 * 1024 * 1024
 
 
+#: Kafka's fetch.max.wait.ms bound: a long poll answers within this, whatever it asked for.
+DEFAULT_MAX_WAIT_MS = 30_000
+#: Default cap per client address: room for 16 gateways on one host at their default 64
+#: connections per node, far below what a node's descriptor budget allows.
+DEFAULT_MAX_CONNECTIONS_PER_IP = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    """What one storage node lets fetch-port clients hold (see the module docstring)."""
+
+    #: Most connections open at once (all clients together).
+    max_connections: int = 1024
+    #: Most connections from one client address; 0 = no per-address bound.
+    max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP
+    #: Longest a long poll waits, whatever ``max_wait_ms`` the request asked for.
+    max_wait_ms: int = DEFAULT_MAX_WAIT_MS
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1 or self.max_connections_per_ip < 0 or self.max_wait_ms < 0:
+            raise ValueError(f"fetch limits out of range: {self}")
+
+
 @dataclass
 class FetchStats:
-    """Counters exported as metrics: bytes served through sendfile and through read+send."""
+    """Counters exported as metrics: bytes served through sendfile and through read+send, and
+    what the :class:`FetchLimits` turned away."""
 
     requests: int = 0
     sendfile_bytes: int = 0
     copied_bytes: int = 0
     errors: int = 0
     connections: int = 0
+    #: Connections closed at accept because a connection cap was reached.
+    connections_refused: int = 0
+    #: Long polls ended because their client disconnected while they waited.
+    polls_cancelled: int = 0
+    #: Requests whose ``max_wait_ms`` was above the cap.
+    waits_capped: int = 0
 
 
 class _PeerClosed(Exception):
     pass
+
+
+class _Connection:
+    """One accepted client socket and the address its per-address count is kept under."""
+
+    __slots__ = ("host", "loop", "sock")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, host: str) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.host = host
+
+    def watch_for_close(self) -> asyncio.Future[None]:
+        """A future done when the peer closes the connection (EOF or reset), for a long poll to
+        wait on; call :meth:`stop_watching` after. The socket is only peeked at: if the client
+        sends its next request early, watching stops and the request stays unread."""
+        closed: asyncio.Future[None] = self.loop.create_future()
+        sock = self.sock
+
+        def on_readable() -> None:
+            try:
+                peeked = sock.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                return
+            except OSError:  # reset by the peer
+                peeked = b""
+            self.stop_watching()
+            if not peeked and not closed.done():
+                closed.set_result(None)
+
+        self.loop.add_reader(sock.fileno(), on_readable)
+        return closed
+
+    def stop_watching(self) -> None:
+        self.loop.remove_reader(self.sock.fileno())
 
 
 async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
@@ -154,6 +237,7 @@ class FetchServer:
         zero_copy: bool = True,
         idle_timeout: float = 600.0,
         frame_timeout: float = 30.0,
+        limits: FetchLimits | None = None,
         telemetry=None,
     ) -> None:
         self._reader = reader
@@ -163,10 +247,13 @@ class FetchServer:
         self._zero_copy = zero_copy
         self._idle_timeout = idle_timeout
         self._frame_timeout = frame_timeout
+        self.limits = limits or FetchLimits()
         self._listener: socket.socket | None = None
         self._accept_task: asyncio.Task | None = None
         self._connections: set[asyncio.Task] = set()
+        self._connections_per_host: Counter[str] = Counter()
         self.stats = FetchStats()
+        self._refusals_log = RepeatedLog(log)
         #: StorageNodeInstruments when telemetry is on (bytes out per topic), else None.
         self._telemetry = telemetry
 
@@ -200,23 +287,59 @@ class FetchServer:
         assert self._listener is not None
         while True:
             try:
-                sock, _ = await loop.sock_accept(self._listener)
+                sock, address = await loop.sock_accept(self._listener)
             except OSError as exc:  # e.g. EMFILE: keep serving the connections we have
-                log.warning("fetch port accept failed: %s", exc)
+                self._refusals_log.warning("fetch port accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
             sock.setblocking(False)
+            host = address[0]
+            refusal = self._refusal(host)
+            if refusal is not None:
+                self._refuse(sock, host, refusal)
+                continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A send buffer that holds a whole default-sized fetch lets one sendfile call hand
             # it all to the kernel instead of waking up per 200 KiB of buffer space.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-            task = asyncio.create_task(self._connection_routine(sock))
+            self.stats.connections += 1
+            self._connections_per_host[host] += 1
+            task = asyncio.create_task(self._connection_routine(_Connection(loop, sock, host)))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
 
-    async def _connection_routine(self, sock: socket.socket) -> None:
+    def _refusal(self, host: str) -> str | None:
+        """Why a new connection from ``host`` must be refused, or None."""
+        limits = self.limits
+        if self.stats.connections >= limits.max_connections:
+            return (
+                f"the fetch port has {self.stats.connections} connections open, its limit "
+                f"(fetch.max.connections={limits.max_connections})"
+            )
+        per_ip = limits.max_connections_per_ip
+        if per_ip and self._connections_per_host[host] >= per_ip:
+            return (
+                f"{self._connections_per_host[host]} fetch-port connections are open from {host}, "
+                f"the limit per address (fetch.max.connections.per.ip={per_ip})"
+            )
+        return None
+
+    def _refuse(self, sock: socket.socket, host: str, reason: str) -> None:
+        """Answer one error frame, if the socket takes it without waiting, and close."""
+        self.stats.connections_refused += 1
+        self._refusals_log.warning("fetch port refused a connection from %s: %s", host, reason)
+        error = errors.ThrottlingQuotaExceededError(
+            f"connection refused: {reason}; close idle connections or retry later"
+        )
+        try:
+            sock.send(protocol.encode_response_header(-1, error=error))
+        except OSError:
+            pass  # the peer is gone already, or its buffer is full: the close says enough
+        sock.close()
+
+    async def _connection_routine(self, conn: _Connection) -> None:
         loop = asyncio.get_running_loop()
-        self.stats.connections += 1
+        sock = conn.sock
         try:
             while True:
                 size_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 4), self._idle_timeout)
@@ -246,26 +369,52 @@ class FetchServer:
                         await self._answer_error(loop, sock, -1, exc)
                     return
                 if version == multi.MULTI_FETCH_VERSION:
-                    await self._serve_multi(loop, sock, multi_request)
+                    await self._serve_multi(loop, conn, multi_request)
                 else:
-                    await self._serve(loop, sock, request)
+                    await self._serve(loop, conn, request)
         except (_PeerClosed, TimeoutError, ConnectionError):
             pass
         except OSError as exc:
             log.warning("fetch connection dropped: %s", exc)
         finally:
             self.stats.connections -= 1
+            self._connections_per_host[conn.host] -= 1
+            if not self._connections_per_host[conn.host]:
+                del self._connections_per_host[conn.host]
             sock.close()
 
     async def _answer_error(self, loop, sock, correlation_id: int, error: errors.TributaryError) -> None:
         self.stats.errors += 1
         await loop.sock_sendall(sock, protocol.encode_response_header(correlation_id, error=error))
 
+    def _poll_deadline(self, loop: asyncio.AbstractEventLoop, max_wait_ms: int) -> float:
+        """When a long poll asking for ``max_wait_ms`` must answer: capped by the limits."""
+        if max_wait_ms > self.limits.max_wait_ms:
+            self.stats.waits_capped += 1
+            max_wait_ms = self.limits.max_wait_ms
+        return loop.time() + max_wait_ms / 1000.0
+
+    async def _wait_for_appends(self, conn: _Connection, keys: Iterable[object], timeout: float) -> None:
+        """Wait until one of the partitions ``keys`` gets an append or ``timeout`` s pass.
+
+        Raises _PeerClosed when the client disconnects meanwhile, so the poll ends at once.
+        """
+        appended = [self._notifier.next_append(key) for key in keys]
+        closed = conn.watch_for_close()
+        try:
+            await asyncio.wait([*appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            conn.stop_watching()
+        if closed.done():
+            self.stats.polls_cancelled += 1
+            raise _PeerClosed()
+
     async def _serve(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, request: protocol.FetchRequest
+        self, loop: asyncio.AbstractEventLoop, conn: _Connection, request: protocol.FetchRequest
     ):
         self.stats.requests += 1
-        deadline = loop.time() + request.max_wait_ms / 1000.0
+        sock = conn.sock
+        deadline = self._poll_deadline(loop, request.max_wait_ms)
         key = (request.topic, request.partition)
         while True:
             try:
@@ -279,7 +428,7 @@ class FetchServer:
             remaining = deadline - loop.time()
             if available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
-            await self._notifier.wait(key, remaining)
+            await self._wait_for_appends(conn, (key,), remaining)
         sent = await self._send_slice(loop, sock, request.correlation_id, info)
         if self._telemetry is not None:
             self._telemetry.fetched(request.topic, sent)
@@ -320,13 +469,13 @@ class FetchServer:
     # ---- version 1: many partitions, followers and consumers -------------------------------------
 
     async def _serve_multi(
-        self, loop: asyncio.AbstractEventLoop, sock: socket.socket, request: multi.MultiFetchRequest
+        self, loop: asyncio.AbstractEventLoop, conn: _Connection, request: multi.MultiFetchRequest
     ):
         """Read every partition of the request, long-polling until ``min_bytes`` are available
         (or an error or a divergence is to be reported, or ``max_wait_ms`` passed), then send each
         partition's header and records (sendfile) in request order."""
         self.stats.requests += 1
-        deadline = loop.time() + request.max_wait_ms / 1000.0
+        deadline = self._poll_deadline(loop, request.max_wait_ms)
         keys = [(p.topic, p.partition) for p in request.partitions]
         while True:
             parts = self._read_partitions(request)
@@ -335,8 +484,8 @@ class FetchServer:
             remaining = deadline - loop.time()
             if urgent or available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
-            await self._notifier.wait_any(keys, remaining)
-        await self._send_multi(loop, sock, request.correlation_id, parts)
+            await self._wait_for_appends(conn, keys, remaining)
+        await self._send_multi(loop, conn.sock, request.correlation_id, parts)
 
     def _read_partitions(
         self, request: multi.MultiFetchRequest

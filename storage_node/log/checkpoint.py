@@ -47,6 +47,9 @@ def write_atomically(path: Path, data: bytes) -> None:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. ENOSPC: leave no half-written file behind
+        raise
     finally:
         os.close(fd)
     os.replace(tmp, path)

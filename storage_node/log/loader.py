@@ -96,10 +96,14 @@ def load_log(
     swaps = _first_pass_remove_temporary_files(directory)
     _second_pass_complete_swaps(ctx, swaps)
     segments = _third_pass_load_segments(ctx, recovery_point, had_clean_shutdown)
-    truncated = 0
-    if not had_clean_shutdown:
-        segments, truncated = _fourth_pass_recover(ctx, segments, recovery_point)
-    segments = _ensure_log_start_not_past_end(ctx, segments, log_start_checkpoint)
+    try:
+        truncated = 0
+        if not had_clean_shutdown:
+            segments, truncated = _fourth_pass_recover(ctx, segments, recovery_point)
+        segments = _ensure_log_start_not_past_end(ctx, segments, log_start_checkpoint)
+    except BaseException:
+        close_segments(segments)  # a failed load (a full disk) must not keep file handles
+        raise
 
     next_offset = segments[-1].next_offset
     log_start_offset = max(log_start_checkpoint, segments[0].base_offset)
@@ -189,16 +193,23 @@ def _first_pass_remove_temporary_files(directory: Path) -> list[int]:
 def _second_pass_complete_swaps(ctx: _Context, swaps: list[int]) -> None:
     for base_offset in swaps:
         swap = ctx.open_segment(base_offset, files.SWAP_FILE_SUFFIX)
-        swap.recover()
-        next_offset = swap.next_offset
-        for path in ctx.directory.iterdir():
-            parsed = files.parse_segment_file_name(path.name)
-            if parsed and parsed[2] == "" and base_offset <= parsed[0] < max(next_offset, base_offset + 1):
-                log.info("Deleting %s, replaced by swap segment %d", path, base_offset)
-                path.unlink()
-        swap.change_file_suffixes("")
-        swap.close()
+        try:
+            _complete_swap(ctx, swap)
+        finally:
+            swap.close()
         checkpoint.fsync_dir(ctx.directory)
+
+
+def _complete_swap(ctx: _Context, swap: Segment) -> None:
+    base_offset = swap.base_offset
+    swap.recover()
+    next_offset = swap.next_offset
+    for path in ctx.directory.iterdir():
+        parsed = files.parse_segment_file_name(path.name)
+        if parsed and parsed[2] == "" and base_offset <= parsed[0] < max(next_offset, base_offset + 1):
+            log.info("Deleting %s, replaced by swap segment %d", path, base_offset)
+            path.unlink()
+    swap.change_file_suffixes("")
 
 
 def _third_pass_load_segments(ctx: _Context, recovery_point: int, had_clean_shutdown: bool) -> list[Segment]:
@@ -217,12 +228,25 @@ def _third_pass_load_segments(ctx: _Context, recovery_point: int, had_clean_shut
     # Pass 4 recovers the segment holding the recovery point and every later one.
     first_unflushed = max((b for b in bases if b <= recovery_point), default=0)
     segments: list[Segment] = []
-    for base_offset in bases:
-        segment = ctx.open_segment(base_offset)
-        if had_clean_shutdown or base_offset < first_unflushed:
-            _sanity_check_or_recover(segment)
-        segments.append(segment)
+    try:
+        for base_offset in bases:
+            segment = ctx.open_segment(base_offset)
+            segments.append(segment)
+            if had_clean_shutdown or base_offset < first_unflushed:
+                _sanity_check_or_recover(segment)
+    except BaseException:
+        close_segments(segments)
+        raise
     return segments
+
+
+def close_segments(segments: list[Segment]) -> None:
+    """Release the file handles of segments a failed open leaves behind (nothing is written)."""
+    for segment in segments:
+        try:
+            segment.close()
+        except OSError as exc:
+            log.warning("Closing %s after a failed open failed: %s", segment.log.path, exc)
 
 
 def _sanity_check_or_recover(segment: Segment) -> None:

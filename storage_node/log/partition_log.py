@@ -169,18 +169,30 @@ class PartitionLog:
         *,
         handle_cache: FileHandleCache | None = None,
     ) -> PartitionLog:
-        """Open (creating if needed) and recover the partition directory ``directory``."""
-        if not directory.exists():
-            directory.mkdir(parents=True)
-            checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
-        loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
+        """Open (creating if needed) and recover the partition directory ``directory``.
+
+        Raises KafkaStorageError when the disk fails (a full disk: ENOSPC). A failed open keeps
+        no file open, and a directory this call created is removed again, so retrying on a full
+        disk costs nothing.
+        """
+        created = not directory.exists()
+        try:
+            if created:
+                directory.mkdir(parents=True)
+                checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
+            loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
+            try:
+                cls._write_open_checkpoints(directory, topic, partition, loaded)
+            except BaseException:
+                loader.close_segments(loaded.segments)
+                raise
+        except OSError as exc:
+            if created:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise KafkaStorageError(
+                f"{files.partition_dir_name(topic, partition)}: open failed: {exc}"
+            ) from exc
         partition_log = cls(directory, topic, partition, config, clock, loaded, handle_cache)
-        partition_log._checkpoint_log_start_offset()
-        checkpoint.write_offset_checkpoint(
-            directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition, loaded.recovery_point
-        )
-        # From here on a crash must be treated as unclean.
-        loader.remove_clean_shutdown_marker(directory)
         log.info(
             "Loaded %s: log start %d, log end %d, recovery point %d, %d segments%s",
             partition_log.name,
@@ -193,6 +205,19 @@ class PartitionLog:
             else f" (recovered, {loaded.truncated_bytes} bytes truncated)",
         )
         return partition_log
+
+    @staticmethod
+    def _write_open_checkpoints(
+        directory: Path, topic: str, partition: int, loaded: loader.LoadedLog
+    ) -> None:
+        checkpoint.write_offset_checkpoint(
+            directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, topic, partition, loaded.log_start_offset
+        )
+        checkpoint.write_offset_checkpoint(
+            directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition, loaded.recovery_point
+        )
+        # From here on a crash must be treated as unclean.
+        loader.remove_clean_shutdown_marker(directory)
 
     # ---- state ---------------------------------------------------------------------------------
 

@@ -124,8 +124,12 @@ class Segment:
         log_records = FileRecords.open(
             files.log_file(directory, base_offset, file_suffix), handle_cache=handle_cache
         )
-        offset_index = OffsetIndex.open(index_path, base_offset, config.segment_index_bytes)
-        time_index = TimeIndex.open(time_index_path, base_offset, config.segment_index_bytes)
+        try:
+            offset_index = OffsetIndex.open(index_path, base_offset, config.segment_index_bytes)
+            time_index = TimeIndex.open(time_index_path, base_offset, config.segment_index_bytes)
+        except BaseException:
+            log_records.close()  # e.g. ENOSPC creating an index: release the .log handle
+            raise
         return cls(
             directory,
             base_offset,

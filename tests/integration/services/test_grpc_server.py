@@ -118,6 +118,27 @@ def test_streaming_error_after_some_answers():
     assert isinstance(errors.error_from_rpc(exc), errors.InvalidTopicError)
 
 
+def test_an_undecodable_message_mid_stream_is_invalid_request_after_the_earlier_answers():
+    async def body(channel):
+        raw = channel.stream_stream("/tributary.v1.Gateway/ProduceStream")
+        messages = [pb.ProduceRequest(topic="a", correlation_id=1).SerializeToString(), b"\x0f\xff"]
+        got = []
+        try:
+            async for response in raw(iter(messages)):
+                got.append(pb.ProduceResponse.FromString(response).correlation_id)
+        except grpc.aio.AioRpcError as exc:
+            after = await gateway_grpc.GatewayStub(channel).Produce(pb.ProduceRequest(topic="fine"))
+            return got, exc, after
+
+    got, exc, after = asyncio.run(_with_server(body))
+    assert got == [1]
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    typed = errors.error_from_rpc(exc)
+    assert isinstance(typed, errors.InvalidRequestError)
+    assert "not a valid tributary.v1.ProduceRequest" in typed.message
+    assert after.topic == "fine"
+
+
 SIGTERM_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
 
 import grpc
@@ -84,6 +87,31 @@ def start_node(tmp_path, name="node", *extra: str) -> NodeHandle:
         ["--node-id", "0", "--log-dirs", str(tmp_path / f"{name}-data"), "--standalone", "true", *extra],
         tmp_path / "run",
     )
+    return NodeHandle(process)
+
+
+def start_node_wrapped(tmp_path, name: str, wrapper: list[str], *args: str) -> NodeHandle:
+    """A node launched through ``wrapper`` (``prlimit ...``, ``unshare ...``), which must end by
+    exec'ing the command it is given, so the process is the node. ``args`` are the node's flags."""
+    run = tmp_path / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    process = ServiceProcess(
+        name=name,
+        module="storage_node.main",
+        args=["--node-id", "0", "--standalone", "true", *args],
+        ready_file=run / f"{name}.ready.json",
+        log_file=run / f"{name}.log",
+    )
+    command = [sys.executable, "-m", process.module, *process.args, "--ready-file", str(process.ready_file)]
+    with open(process.log_file, "ab") as log:
+        process.popen = subprocess.Popen(
+            [*wrapper, *command],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+    process.wait_ready()
     return NodeHandle(process)
 
 

@@ -7,10 +7,12 @@ import json
 import time
 import uuid
 
+import grpc
 import pytest
 
 from deploy.processes import ServiceStartError, start_service
 from services.etcd.client import EtcdClient
+from services.proto import pb, storage_grpc
 
 
 def _broker(etcd, cluster, node_id):
@@ -95,3 +97,40 @@ def test_kill_9_registration_expires_with_the_lease(tmp_path, etcd):
         assert _broker(etcd, cluster, 2)["grpc_port"] == again.info["grpc_port"]
     finally:
         again.stop()
+
+
+def test_an_etcd_outage_is_logged_once_then_counted_not_every_retry(tmp_path, etcd_factory):
+    """Issue item 8: the node wrote a warning per 0.5 s retry for as long as etcd was down."""
+    etcd = etcd_factory()
+    cluster = f"reg-{uuid.uuid4().hex[:8]}"
+    node = _start(tmp_path, etcd, cluster, "outage", node_id=3, ttl=2)
+    channel = grpc.insecure_channel(f"127.0.0.1:{node.info['grpc_port']}")
+    stub = storage_grpc.StorageNodeStub(channel)
+    try:
+        stub.CreatePartition(pb.CreatePartitionRequest(topic="during", partition=0), timeout=5)
+        logged_before = len(node.log_file.read_text().splitlines())
+        etcd.kill()
+        down_until = time.monotonic() + 6  # 3 TTLs: the lease is lost and re-registering retries
+        while time.monotonic() < down_until:  # the node keeps serving meanwhile
+            started = time.monotonic()
+            stub.DescribeLogDirs(pb.DescribeLogDirsRequest(), timeout=5)
+            assert time.monotonic() - started < 1.0
+            time.sleep(0.2)
+        etcd.start()
+        assert _wait_for(
+            lambda: any("registered as brokers/3" in line for line in _lines_since(node, logged_before)),
+            timeout=20,
+        )
+        assert _broker(etcd, cluster, 3)["grpc_port"] == node.info["grpc_port"]
+    finally:
+        channel.close()
+        node.stop()
+    outage = [line for line in _lines_since(node, logged_before) if "etcd not reachable" in line]
+    # One line when it started, one with the count when it ended: not one per retry (~16 of them).
+    assert len(outage) == 2, outage
+    (summary,) = [line for line in outage if "more in the last" in line]
+    assert int(summary.rsplit("(", 1)[1].split()[0]) >= 8
+
+
+def _lines_since(node, first: int) -> list[str]:
+    return node.log_file.read_text().splitlines()[first:]

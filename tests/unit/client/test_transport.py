@@ -50,8 +50,14 @@ class Unimplemented(grpc.RpcError):
     """What a gateway without ProduceStream answers the stream with."""
 
 
-def transport_with(call: ScriptedCall, unary_calls: list | None = None) -> StreamTransport:
-    endpoint = SimpleNamespace(address="gw:1", stub=SimpleNamespace(ProduceStream=lambda: call))
+def transport_with(call, unary_calls: list | None = None, **settings) -> StreamTransport:
+    """A transport on ``call`` (a ScriptedCall, or a list of them: one per stream opened)."""
+    calls = call if isinstance(call, list) else None
+
+    def open_stream():
+        return calls.pop(0) if calls is not None else call
+
+    endpoint = SimpleNamespace(address="gw:1", stub=SimpleNamespace(ProduceStream=open_stream))
 
     def translate(endpoint, exc):
         return UnsupportedVersionError("no ProduceStream") if isinstance(exc, Unimplemented) else exc
@@ -64,7 +70,7 @@ def transport_with(call: ScriptedCall, unary_calls: list | None = None) -> Strea
         )
 
     pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=translate)
-    return StreamTransport(SimpleNamespace(pool=pool, call=unary))
+    return StreamTransport(SimpleNamespace(pool=pool, call=unary), **settings)
 
 
 def request(acks: int, partitions=(0,)) -> pb.ProduceRequest:
@@ -175,3 +181,61 @@ def test_close_lets_the_gateway_finish_the_stream_before_cancelling_it():
         return early
 
     assert asyncio.run(run()) == (False, False)
+
+
+def _answer(correlation_id: int, offset: int = 0) -> pb.ProduceResponse:
+    return pb.ProduceResponse(
+        correlation_id=correlation_id, partitions=[pb.PartitionProduceResult(partition=0, base_offset=offset)]
+    )
+
+
+class IdleEnded(grpc.RpcError):
+    """The gateway ending a stream idle past its produce_stream_max_idle_ms."""
+
+
+def test_a_stream_the_gateway_ended_for_idleness_is_replaced_on_the_next_send():
+    async def run():
+        first, second = ScriptedCall(), ScriptedCall()
+        transport = transport_with([first, second], max_idle_s=None)
+        transport._client.pool.translate = lambda endpoint, exc: NetworkError("idle for 600000 ms")
+        sending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await first.answers.put(_answer(1, 10))
+        assert (await sending).partitions[0].base_offset == 10
+        await first.answers.put(IdleEnded())  # the gateway gives up on the idle stream
+        for _ in range(100):
+            if transport._stream.broken:
+                break
+            await asyncio.sleep(0.01)
+        sending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await second.answers.put(_answer(2, 11))
+        answer = await asyncio.wait_for(sending, 1.0)
+        assert [r.correlation_id for r in second.written] == [2]  # on a new stream
+        await transport.close()
+        return answer, first.written
+
+    answer, first_written = asyncio.run(run())
+    assert answer.partitions[0].base_offset == 11 and len(first_written) == 1
+
+
+def test_a_stream_idle_past_max_idle_is_ended_by_the_client_before_the_next_request():
+    async def run():
+        first, second = ScriptedCall(), ScriptedCall()
+        transport = transport_with([first, second], max_idle_s=0.2)
+        sending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await first.answers.put(_answer(1))
+        await sending
+        await asyncio.sleep(0.1)  # not idle long enough yet: the same stream
+        sending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await first.answers.put(_answer(2))
+        await sending
+        await asyncio.sleep(0.3)  # now idle past max_idle_s
+        sending = asyncio.ensure_future(transport.send(request(pb.ACKS_LEADER), 5.0))
+        await second.answers.put(_answer(3))
+        await asyncio.wait_for(sending, 1.0)
+        await transport.close()
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert [r.correlation_id for r in first.written] == [1, 2]
+    assert [r.correlation_id for r in second.written] == [3]
+    assert first.cancelled  # ended: written to the end (done_writing), then closed

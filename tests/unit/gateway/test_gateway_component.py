@@ -402,6 +402,61 @@ def test_produce_stream_pipelines_and_answers_in_order(run_with_cluster):
     run_with_cluster(scenario)
 
 
+def _open_stream(stub):
+    """A ProduceStream fed from a queue: ``(call, queue)``; put requests, None to end writing."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def requests():
+        while (request := await queue.get()) is not None:
+            yield request
+
+    return stub.ProduceStream(requests()), queue
+
+
+def test_an_idle_produce_stream_is_ended_with_a_retriable_status(run_with_cluster):
+    async def scenario(cluster):
+        cluster.create_topic("t", 1)
+        call, queue = _open_stream(cluster.stub())
+        await queue.put(pb.ProduceRequest(topic="t", correlation_id=1, records=[typed(b"a")]))
+        assert (await call.read()).correlation_id == 1
+        answered = time.monotonic()
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+        idle = time.monotonic() - answered
+        assert 0.25 <= idle < 2.0
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        error = errors.error_from_rpc(info.value)
+        assert isinstance(error, errors.NetworkError) and error.retriable
+        assert "idle for" in error.message and "produce_stream_max_idle_ms=300" in error.message
+        # A new stream works at once.
+        answers = [
+            a
+            async for a in cluster.stub().ProduceStream(
+                iter([pb.ProduceRequest(topic="t", records=[typed(b"b")])])
+            )
+        ]
+        assert answers[0].records[0].offset == 1
+
+    run_with_cluster(scenario, produce_stream_max_idle_ms=300)
+
+
+def test_a_stream_owed_an_answer_is_not_idle(run_with_cluster):
+    async def scenario(cluster):
+        cluster.create_topic("t", 1)
+        for node in cluster.nodes.values():
+            node.append_delay = 1.0  # the answer takes over three idle periods
+        call, queue = _open_stream(cluster.stub())
+        await queue.put(pb.ProduceRequest(topic="t", correlation_id=7, records=[typed(b"slow")]))
+        answer = await call.read()
+        assert answer.correlation_id == 7 and answer.records[0].offset == 0
+        await queue.put(pb.ProduceRequest(topic="t", correlation_id=8, records=[typed(b"next")]))
+        assert (await call.read()).correlation_id == 8  # the stream was kept
+        await queue.put(None)
+        assert await call.read() is grpc.aio.EOF
+
+    run_with_cluster(scenario, produce_stream_max_idle_ms=300)
+
+
 def test_acks_none_answers_without_offsets_and_still_writes(run_with_cluster):
     async def scenario(cluster):
         cluster.create_topic("t", 1)

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 from log_testkit import commit_every_append, make_batch, offsets_in, read_all
 
 from services.errors import InvalidConfigError, KafkaStorageError, UnknownTopicOrPartitionError
-from storage_node.log import files
+from storage_node.log import checkpoint, files
 from storage_node.log.log_manager import LogManager
+from storage_node.log.time_index import TimeIndex
 
 
 @pytest.fixture
@@ -40,7 +44,7 @@ def test_create_is_idempotent_and_applies_new_configs(dirs, clock):
     first = manager.create_partition("t", 0, {"retention.ms": "1000"})
     again = manager.create_partition("t", 0, {"retention.ms": "5000"})
     assert again is first and first.config.retention_ms == 5000 and first.config.segment_bytes == 2000
-    with pytest.raises(InvalidConfigError, match="retention.ms"):
+    with pytest.raises(InvalidConfigError, match=r"retention\.ms"):
         manager.create_partition("t", 1, {"retention.ms": "soon"})
     assert manager.get("t", 0).config.retention_ms == 5000  # a rejected config changes nothing
     manager.update_topic_config("t", {"retention.ms": "7"})
@@ -133,4 +137,62 @@ def test_delete_partition_removes_its_directory(dirs, clock):
     assert not directory.exists()
     assert manager.partitions() == []
     assert files.parse_partition_dir_name(directory.name) == ("t", 0)
+    manager.close()
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    "failing_point",
+    [
+        "checkpoint",  # the first data written: the log-start checkpoint
+        "time_index",  # creating the second index file, after the .log is open
+        "recovery_checkpoint",  # the second checkpoint, after the first succeeded
+    ],
+)
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
+def test_create_partition_on_a_full_disk_keeps_no_file_open(
+    dirs, clock, monkeypatch, failing_point, existing
+):
+    """Issue item 7: each failed CreatePartition retry on a full disk left a segment file open."""
+    if existing:  # a partition directory with data, not loaded yet (as after a restart)
+        first = _manager(dirs[:1], clock)
+        first.create_partition("full", 0).append(make_batch(3))
+        first.close()
+    manager = LogManager(dirs[:1], clock, {"segment.bytes": "2000"})
+    real_write = checkpoint.write_atomically
+    writes = []
+
+    def second_write_fails(path, data):
+        writes.append(path)
+        if len(writes) % 2 == 0:
+            _no_space()
+        real_write(path, data)
+
+    if failing_point == "checkpoint":
+        monkeypatch.setattr(checkpoint, "write_atomically", _no_space)
+    elif failing_point == "recovery_checkpoint":
+        monkeypatch.setattr(checkpoint, "write_atomically", second_write_fails)
+    else:
+        monkeypatch.setattr(TimeIndex, "open", classmethod(_no_space))
+    before = _open_fds()
+    for _ in range(20):
+        with pytest.raises(KafkaStorageError, match="No space left"):
+            manager.create_partition("full", 0)
+    assert _open_fds() == before
+    assert len(manager.handle_cache) == 0
+    with pytest.raises(UnknownTopicOrPartitionError):
+        manager.get("full", 0)
+    partition_dir = dirs[0] / "full-0"
+    assert partition_dir.exists() == existing  # a directory only this call created is removed
+    if existing:
+        assert not [p for p in partition_dir.iterdir() if p.name.endswith(files.TEMP_FILE_SUFFIX)]
+    monkeypatch.undo()  # the disk has room again: the same call succeeds
+    assert manager.create_partition("full", 0).log_end_offset == (3 if existing else 0)
     manager.close()

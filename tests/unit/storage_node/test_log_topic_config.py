@@ -67,3 +67,65 @@ def test_log_config_overlays_layers_and_round_trips():
     assert cfg.retention_ms == 200 and not cfg.delete_enabled and not cfg.log_append_time
     assert LogConfig.from_dict(cfg.to_dict()) == cfg
     assert set(cfg.to_dict()) == set(topic_config.TOPIC_CONFIGS)
+
+
+#: Kafka's type of each integer config: LONG (int64) or INT (int32).
+_LONG_CONFIGS = (
+    "segment.ms",
+    "retention.ms",
+    "retention.bytes",
+    "flush.messages",
+    "flush.ms",
+    "file.delete.delay.ms",
+)
+_INT_CONFIGS = (
+    "segment.bytes",
+    "segment.index.bytes",
+    "index.interval.bytes",
+    "max.message.bytes",
+    "min.insync.replicas",
+)
+
+
+def test_every_integer_config_is_typed_and_bounded_at_both_ends():
+    integer_configs = {
+        name
+        for name, d in topic_config.TOPIC_CONFIGS.items()
+        if isinstance(d.default, int) and not isinstance(d.default, bool)
+    }
+    assert integer_configs == set(_LONG_CONFIGS) | set(_INT_CONFIGS)
+    for name in _LONG_CONFIGS:
+        definition = topic_config.TOPIC_CONFIGS[name]
+        assert definition.min >= topic_config.LONG_MIN and definition.max == topic_config.LONG_MAX
+    for name in _INT_CONFIGS:
+        definition = topic_config.TOPIC_CONFIGS[name]
+        assert definition.min >= topic_config.INT_MIN and definition.max == topic_config.INT_MAX
+
+
+@pytest.mark.parametrize("name", _LONG_CONFIGS)
+def test_long_configs_refuse_values_beyond_64_bits_naming_the_range(name):
+    """Issue item 8: retention.ms=2^64 (and beyond) was accepted."""
+    definition = topic_config.TOPIC_CONFIGS[name]
+    assert validate_topic_configs({name: str(2**63 - 1)}) == {name: 2**63 - 1}
+    for raw in (str(2**63), str(2**64), "9" * 40, 2**64, str(-(2**63) - 1)):
+        with pytest.raises(InvalidConfigError) as info:
+            validate_topic_configs({name: raw})
+        assert info.value.message.endswith(
+            f"for configuration {name}: value must be between {definition.min} and {2**63 - 1}"
+        )
+
+
+@pytest.mark.parametrize("name", _INT_CONFIGS)
+def test_int_configs_refuse_values_beyond_32_bits_naming_the_range(name):
+    definition = topic_config.TOPIC_CONFIGS[name]
+    assert validate_topic_configs({name: str(2**31 - 1)}) == {name: 2**31 - 1}
+    with pytest.raises(
+        InvalidConfigError, match=rf"{name}: value must be between {definition.min} and {2**31 - 1}$"
+    ):
+        validate_topic_configs({name: str(2**31)})
+
+
+def test_a_huge_value_is_not_echoed_back_whole():
+    with pytest.raises(InvalidConfigError) as info:
+        validate_topic_configs({"retention.ms": "9" * 100_000})
+    assert len(info.value.message) < 300 and "retention.ms" in info.value.message
