@@ -112,7 +112,7 @@ PRODUCER_SETTINGS = {
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def chaos_cluster(tmp_path):
     spec = LocalClusterSpec(
         storage_nodes=len(NODES),
         coordinators=1,
@@ -169,7 +169,8 @@ def log_counts(cluster: LocalCluster) -> dict[str, int]:
     return {"isr_shrinks": shrinks, "isr_expansions": expansions, "truncations": truncations}
 
 
-def test_acknowledged_records_survive_killed_and_paused_leaders(cluster):
+def test_acknowledged_records_survive_killed_and_paused_leaders(chaos_cluster):
+    cluster = chaos_cluster
     started = time.monotonic()
     admin = Admin(servers=cluster.gateway)
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, REPLICAS, TOPIC_CONFIGS)])
