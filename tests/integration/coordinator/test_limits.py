@@ -126,6 +126,7 @@ def test_a_write_etcd_refuses_as_too_large_is_not_retriable(make_cluster, etcd_f
     # refusal comes from etcd itself, and must not be reported as "try again".
     small_etcd = etcd_factory(extra_args=("--max-request-bytes", "16384"))
     cluster = make_cluster(small_etcd).start(["c1"], [1])
+    cluster.wait_active()
     before = _controller(cluster)
     name = unique("too-big")
     error, seconds = _timed(cluster.stub().CreateTopic, pb.CreateTopicRequest(name=name, partitions=5_000))

@@ -68,7 +68,8 @@ del blocks
 kept = resident_bytes()
 assert trimmer.should_trim()
 trimmer.trim()
-print(held >> 20, kept >> 20, resident_bytes() >> 20, trimmer.should_trim())
+again = trimmer.should_trim()  # before anything else allocates (reading /proc does)
+print(held >> 20, kept >> 20, resident_bytes() >> 20, again)
 """
 
 
