@@ -326,6 +326,51 @@ class InvalidUpdateVersionError(TributaryError):
     reason, kafka_code, grpc_code = "INVALID_UPDATE_VERSION", 95, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class DuplicateSequenceNumberError(TributaryError):
+    reason, kafka_code, grpc_code = "DUPLICATE_SEQUENCE_NUMBER", 46, grpc.StatusCode.ALREADY_EXISTS
+
+
+class InvalidProducerEpochError(TributaryError):
+    """A batch of an older epoch of its producer (a zombie, or a producer whose epoch was bumped)."""
+
+    reason, kafka_code, grpc_code = "INVALID_PRODUCER_EPOCH", 47, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class InvalidTxnStateError(TributaryError):
+    reason, kafka_code, grpc_code = "INVALID_TXN_STATE", 48, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class InvalidProducerIdMappingError(TributaryError):
+    reason, kafka_code, grpc_code = "INVALID_PRODUCER_ID_MAPPING", 49, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class InvalidTransactionTimeoutError(TributaryError):
+    reason, kafka_code, grpc_code = "INVALID_TRANSACTION_TIMEOUT", 50, grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ConcurrentTransactionsError(TributaryError):
+    """The previous transaction of this producer is still being completed: retry shortly."""
+
+    reason, kafka_code, grpc_code = "CONCURRENT_TRANSACTIONS", 51, grpc.StatusCode.UNAVAILABLE
+    retriable = True
+
+
+class TransactionCoordinatorFencedError(TributaryError):
+    reason, kafka_code, grpc_code = "TRANSACTION_COORDINATOR_FENCED", 52, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnknownProducerIdError(TributaryError):
+    """The partition has no state for this producer (expired, or removed with old segments)."""
+
+    reason, kafka_code, grpc_code = "UNKNOWN_PRODUCER_ID", 59, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ProducerFencedError(TributaryError):
+    """A newer instance with the same transactional id took over: this one must stop."""
+
+    reason, kafka_code, grpc_code = "PRODUCER_FENCED", 90, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 
