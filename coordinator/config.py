@@ -62,6 +62,22 @@ class CoordinatorConfig:
     offsets_retention_check_interval_s: float = 600.0
     #: Longest metadata string a commit may store per partition (offset.metadata.max.bytes).
     offset_metadata_max_bytes: int = 4_096
+    #: Transactions: the longest transaction timeout a producer may ask for (Kafka's
+    #: transaction.max.timeout.ms, 15 min); InitProducerId above it is INVALID_TRANSACTION_TIMEOUT.
+    transaction_max_timeout_ms: int = 900_000
+    #: How often the active controller looks for transactions open longer than their timeout and
+    #: aborts them, fencing their producer (Kafka's
+    #: transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s).
+    transaction_abort_check_interval_ms: int = 10_000
+    #: A transactional id with no transaction for this long is forgotten: its etcd key is deleted,
+    #: and its next InitProducerId starts it over with a new producer id (Kafka's
+    #: transactional.id.expiration.ms, 7 days) ...
+    transactional_id_expiration_ms: int = 604_800_000
+    #: ... checked this often (transaction.remove.expired.transaction.cleanup.interval.ms, 1 h).
+    transaction_remove_expired_interval_ms: int = 3_600_000
+    #: Producer ids the active controller takes from etcd's counter at a time: one etcd write per
+    #: this many InitProducerId calls (ids left in a block when a term ends are never used).
+    producer_id_block_size: int = 1_000
     #: When set, a JSON file with the pid and bound port is written here once the service serves.
     ready_file: Path | None = None
     #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
@@ -79,7 +95,15 @@ class CoordinatorConfig:
 
 def config_problem(config: CoordinatorConfig) -> str | None:
     """What is wrong with settings that parsed but cannot be honoured (None when nothing)."""
-    for name in ("max_partitions_per_topic", "max_partitions_per_cluster"):
+    for name in (
+        "max_partitions_per_topic",
+        "max_partitions_per_cluster",
+        "transaction_max_timeout_ms",
+        "transaction_abort_check_interval_ms",
+        "transactional_id_expiration_ms",
+        "transaction_remove_expired_interval_ms",
+        "producer_id_block_size",
+    ):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, not {getattr(config, name)}"
     return None
