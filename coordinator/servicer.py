@@ -20,6 +20,7 @@ from coordinator.isr_changes import IsrChange
 from coordinator.redirect import ControllerMovedError, Forwarder
 from coordinator.transactions import serde as txn_serde
 from coordinator.transactions.handlers import TransactionHandlers
+from coordinator.transactions.offload import off_loop_if_large
 from services import errors
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
@@ -231,10 +232,13 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
 
     @_admin
     async def AddPartitionsToTxn(self, request, context):
-        results = await self._transactions.add_partitions(
-            txn_serde.producer_from_proto(request), txn_serde.partitions_from_proto(request.partitions)
+        # A request may name hundreds of thousands of partitions: decoded and encoded off the loop.
+        size = len(request.partitions)
+        partitions = await off_loop_if_large(size, txn_serde.partitions_from_proto, request.partitions)
+        results = await self._transactions.add_partitions(txn_serde.producer_from_proto(request), partitions)
+        return pb.AddPartitionsToTxnResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
         )
-        return pb.AddPartitionsToTxnResponse(results=txn_serde.results_to_proto(results))
 
     @_admin
     async def AddOffsetsToTxn(self, request, context):
@@ -243,8 +247,12 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
 
     @_admin
     async def TxnOffsetCommit(self, request, context):
-        results = await self._transactions.txn_offset_commit(txn_serde.txn_offset_commit_from_proto(request))
-        return pb.TxnOffsetCommitResponse(results=txn_serde.results_to_proto(results))
+        size = len(request.offsets)
+        params = await off_loop_if_large(size, txn_serde.txn_offset_commit_from_proto, request)
+        results = await self._transactions.txn_offset_commit(params)
+        return pb.TxnOffsetCommitResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
+        )
 
     @_admin
     async def EndTxn(self, request, context):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from coordinator.groups.manager import GroupManager
 from coordinator.groups.model import PartitionResult, TopicPartition
 from coordinator.groups.tasks import OwnedTasks, restarting
-from coordinator.metadata import MetadataCache
+from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.storage_client import StorageNodes
 from coordinator.transactions import state
 from coordinator.transactions.markers import MarkerWriter, split_deleted
@@ -49,8 +49,9 @@ from coordinator.transactions.model import (
     TxnOffsetCommitParams,
     TxnState,
 )
+from coordinator.transactions.offload import off_loop_if_large
 from coordinator.transactions.producer_ids import ProducerIdManager
-from coordinator.transactions.store import TxnEntry, TxnStore, off_loop_if_large
+from coordinator.transactions.store import TxnEntry, TxnStore
 from services import errors
 from services.clock import SYSTEM_CLOCK, Clock
 from services.etcd.connection import Backoff
@@ -209,34 +210,29 @@ class TransactionManager:
         """AddPartitionsToTxn. Partitions that do not exist are UNKNOWN_TOPIC_OR_PARTITION and
         then nothing is added (the others are OPERATION_NOT_ATTEMPTED), as Kafka."""
         await self.store.ready()
-        wanted = list(dict.fromkeys(partitions))
-        _, unknown = await off_loop_if_large(len(wanted), split_deleted, self.cache.state, wanted)
-        if unknown:
-            return [
-                PartitionResult(
-                    tp,
-                    errors.UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
-                    if tp in unknown
-                    else errors.OperationNotAttemptedError("another partition of the request does not exist"),
-                )
-                for tp in wanted
-            ]
-        await self.tasks.detached(
-            self._change(producer, lambda meta, now: state.add_partitions(meta, producer, wanted, now))
+        wanted, results, refused = await off_loop_if_large(
+            len(partitions), check_partitions_to_add, self.cache.state, partitions
         )
-        return [PartitionResult(tp) for tp in wanted]
+        if not refused:
+            await self.tasks.detached(
+                self._change(
+                    producer, len(wanted), lambda meta, now: state.add_partitions(meta, producer, wanted, now)
+                )
+            )
+        return results
 
     async def add_offsets(self, producer: ProducerRef, group_id: str) -> None:
         """AddOffsetsToTxn: offsets of ``group_id`` may be staged in the transaction."""
         await self.store.ready()
         await self.tasks.detached(
-            self._change(producer, lambda meta, now: state.add_group(meta, producer, group_id, now))
+            self._change(producer, 1, lambda meta, now: state.add_group(meta, producer, group_id, now))
         )
 
-    async def _change(self, producer: ProducerRef, change) -> None:
+    async def _change(self, producer: ProducerRef, size: int, change) -> None:
         async with self.store.locked(producer.transactional_id, create=False) as entry:
-            after = change(entry.meta, self.clock.time_ms())
-            if after is not entry.meta:
+            meta = entry.meta
+            after = await off_loop_if_large(size, change, meta, self.clock.time_ms())
+            if after is not meta:
                 await self.store.write(entry, after)
 
     async def txn_offset_commit(self, params: TxnOffsetCommitParams) -> list[PartitionResult]:
@@ -254,8 +250,11 @@ class TransactionManager:
                 len(params.offsets),
                 lambda: offsets.check_partitions(params.offsets, generation=params.generation),
             )
-            after = state.stage_offsets(entry.meta, producer, group_id, records, self.clock.time_ms())
-            if after is not entry.meta:
+            meta = entry.meta
+            after = await off_loop_if_large(
+                len(records), state.stage_offsets, meta, producer, group_id, records, self.clock.time_ms()
+            )
+            if after is not meta:
                 await self.store.write(entry, after)
         return results
 
@@ -437,6 +436,28 @@ class TransactionManager:
                     meta.last_update_ms,
                     meta.producer_id,
                 )
+
+
+def check_partitions_to_add(
+    metadata: MetadataState, partitions: Sequence[TopicPartition]
+) -> tuple[list[TopicPartition], list[PartitionResult], bool]:
+    """The distinct partitions of an AddPartitionsToTxn, their results, and whether the request
+    is refused (a partition does not exist: then nothing is added). Linear in the request."""
+    wanted = list(dict.fromkeys(partitions))
+    _, unknown = split_deleted(metadata, wanted)
+    if not unknown:
+        return wanted, [PartitionResult(tp) for tp in wanted], False
+    not_attempted = errors.OperationNotAttemptedError("another partition of the request does not exist")
+    results = [
+        PartitionResult(
+            tp,
+            errors.UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
+            if tp in unknown
+            else not_attempted,
+        )
+        for tp in wanted
+    ]
+    return wanted, results, True
 
 
 def _same_decision(current: TxnMetadata, decided: TxnMetadata) -> bool:

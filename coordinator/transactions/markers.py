@@ -29,7 +29,7 @@ from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.model import BrokerInfo, PartitionStatus
 from coordinator.storage_client import StorageNodes
 from coordinator.transactions.model import TxnMarker
-from coordinator.transactions.store import off_loop_if_large
+from coordinator.transactions.offload import off_loop_if_large
 from services import errors
 from services.etcd.connection import Backoff
 from services.log_limit import RepeatedLog

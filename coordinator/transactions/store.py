@@ -22,16 +22,12 @@ from dataclasses import dataclass, field
 from coordinator.groups.store import TXN_OPS
 from coordinator.transactions import keys
 from coordinator.transactions.model import TxnMetadata, TxnState
+from coordinator.transactions.offload import off_loop_if_large
 from services import errors
 from services.etcd.exceptions import EtcdError
 from services.etcd.txn import Compare, Op
 
 log = logging.getLogger(__name__)
-
-#: Metadata of more partitions and staged offsets than this is encoded and decoded in a worker
-#: thread (a transaction of 40,000 partitions takes ~30 ms to encode): the event loop -- election
-#: keep-alive, every other call -- does not wait on it.
-OFF_LOOP_SIZE = 2_000
 
 
 @dataclass
@@ -200,17 +196,14 @@ class TxnStore:
         except EtcdError as exc:
             raise errors.CoordinatorNotAvailableError(f"etcd is unavailable: {exc}") from exc
         problems: list[str] = []
-        meta = keys.decoded_or_none(kv, problems) if kv is not None else None
+        meta = (
+            await off_loop_if_large(len(kv.value) // 32, keys.decoded_or_none, kv, problems)
+            if kv is not None
+            else None
+        )
         for problem in problems:
             log.error("a transactional id with a bad value is treated as new: %s", problem)
         entry.mod_revision = kv.mod_revision if kv is not None else 0
         self._keep(entry, meta)
         entry.stale = False
         log.info("transactional id %s reloaded from etcd", entry.transactional_id)
-
-
-async def off_loop_if_large(size: int, function, *args):
-    """``function(*args)``, in a worker thread when ``size`` says it may take milliseconds."""
-    if size < OFF_LOOP_SIZE:
-        return function(*args)
-    return await asyncio.to_thread(function, *args)
