@@ -11,6 +11,7 @@ Roles, leadership checks and acknowledgements are the replica manager's
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,17 @@ log = logging.getLogger(__name__)
 
 EARLIEST = -2
 LATEST = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A transaction coordinator's decision for one producer, to write on some partitions."""
+
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+    partitions: tuple[tuple[str, int], ...]
 
 
 class Acks(enum.Enum):
@@ -141,8 +153,9 @@ class StorageNodeHandlers:
             log.error("append to %s-%d failed: %s", topic, partition, exc)
             return AppendResult(topic, partition, error=errors.KafkaStorageError(str(exc)))
         self.notifier.notify((topic, partition))
-        self.bytes_in += len(data)
-        self.records_in += info.record_count
+        if not info.duplicate:
+            self.bytes_in += len(data)
+            self.records_in += info.record_count
         self.append_requests += 1
         if acks_all:
             try:
@@ -237,6 +250,34 @@ class StorageNodeHandlers:
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> list[StateUpdateResult]:
         return self.replicas.update_leader_and_isr(controller_epoch, states, leaders, topic_configs)
+
+    async def write_txn_markers(
+        self, markers: Iterable[TxnMarker], *, timeout_s: float
+    ) -> list[tuple[int, str, int, errors.TributaryError | None]]:
+        """End transactions on partitions this node leads: each marker is appended and answered
+        once committed (the high watermark passed it), as Kafka writes markers with acks=all.
+        One ``(producer id, topic, partition, error or None)`` per marker partition."""
+
+        async def one(marker: TxnMarker, topic: str, partition: int):
+            try:
+                replica = self.replicas.get(topic, partition)
+                offset = replica.append_marker(
+                    producer_id=marker.producer_id,
+                    producer_epoch=marker.producer_epoch,
+                    commit=marker.commit,
+                    coordinator_epoch=marker.coordinator_epoch,
+                )
+                self.notifier.notify((topic, partition))
+                await replica.wait_committed(offset + 1, timeout_s)
+            except errors.TributaryError as exc:
+                return marker.producer_id, topic, partition, exc
+            return marker.producer_id, topic, partition, None
+
+        return list(
+            await asyncio.gather(
+                *(one(m, topic, partition) for m in markers for topic, partition in m.partitions)
+            )
+        )
 
     def delete_records(self, topic: str, partition: int, before_offset: int) -> int:
         """Move the log start (Kafka's DeleteRecords) on the leader; followers follow it."""

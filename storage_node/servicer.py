@@ -6,10 +6,18 @@ import asyncio
 
 from services import errors
 from services.grpc_server import translate_errors
-from services.proto import pb, storage_grpc
 from services.leader_and_isr import ReplicaEndpoint
+from services.proto import pb, storage_grpc
 from services.serde import error_to_proto, leader_and_isr_from_proto
-from storage_node.handlers import EARLIEST, LATEST, Acks, AppendResult, OffsetResult, StorageNodeHandlers
+from storage_node.handlers import (
+    EARLIEST,
+    LATEST,
+    Acks,
+    AppendResult,
+    OffsetResult,
+    StorageNodeHandlers,
+    TxnMarker,
+)
 
 _ACKS = {
     pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
@@ -142,6 +150,34 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             request.topic, request.partition, controller_epoch=request.controller_epoch
         )
         return pb.DeletePartitionResponse()
+
+    @translate_errors
+    async def WriteTxnMarkers(self, request, context):
+        markers = [
+            TxnMarker(
+                m.producer_id,
+                m.producer_epoch,
+                m.commit,
+                m.coordinator_epoch,
+                tuple((tp.topic, tp.partition) for tp in m.partitions),
+            )
+            for m in request.markers
+        ]
+        remaining = context.time_remaining()
+        timeout_s = max(0.001, (30.0 if remaining is None else remaining) - 0.05)
+        outcomes = await self._handlers.write_txn_markers(markers, timeout_s=timeout_s)
+        by_producer: dict[int, list] = {}
+        for producer_id, topic, partition, error in outcomes:
+            by_producer.setdefault(producer_id, []).append(
+                pb.PartitionError(
+                    topic=topic, partition=partition, error=error_to_proto(error) if error else None
+                )
+            )
+        return pb.WriteTxnMarkersResponse(
+            markers=[
+                pb.TxnMarkerResult(producer_id=pid, results=results) for pid, results in by_producer.items()
+            ]
+        )
 
     @translate_errors
     async def UpdateLeaderAndIsr(self, request, context):

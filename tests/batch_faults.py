@@ -110,7 +110,7 @@ POISON_PILLS = {
 }
 
 
-# --- item 8: header states nothing here honours --------------------------------------------
+# --- item 8: header states a producer may not send --------------------------------------------
 
 
 def transactional_without_producer_id() -> bytes:
@@ -147,9 +147,7 @@ def log_append_time_from_producer() -> bytes:
 
 HEADER_FAULTS = {
     "transactional-without-producer-id": transactional_without_producer_id,
-    "transactional": transactional,
     "control": control,
-    "idempotent": idempotent,
     "producer-id-without-epoch": producer_id_without_epoch,
     "producer-id-without-sequence": producer_id_without_sequence,
     "negative-producer-id": negative_producer_id,

@@ -14,6 +14,8 @@ Every integer is big-endian. Request (client -> node)::
     max_wait_ms          int32   long-poll bound; 0 answers at once
     min_bytes            int32   answer early once this many record bytes are available
     max_bytes            int32   bound on the record bytes of the whole response
+    isolation_level      int8    0 read_uncommitted (to the high watermark), 1 read_committed (to
+                                 the last stable offset, aborted transactions listed); followers 0
     partition_count      int32   then, per partition:
       topic_length       int16   then topic_length bytes of UTF-8
       partition          int32
@@ -37,6 +39,11 @@ Response (node -> client)::
       log_end_offset     int64
       diverging_epoch    int32   -1 = none; else the fetcher truncates (see ``storage_node.replication``)
       diverging_end_offset int64
+      last_stable_offset int64   -1 unless read_committed
+      aborted_count      int32   then per aborted transaction overlapping the records:
+        producer_id      int64
+        first_offset     int64   (read_committed drops the producer's records from here to its
+                                 ABORT marker)
       message_length     int16   then message_length bytes of UTF-8
       records_length     int32   then records_length bytes of whole RecordBatch v2 batches
 
@@ -53,6 +60,8 @@ from services import errors
 from services.fetchport.protocol import SIZE
 
 MULTI_FETCH_VERSION = 1
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
 #: ``replica_id`` of a consumer's fetch.
 CONSUMER_REPLICA_ID = -1
 NO_EPOCH = -1
@@ -60,10 +69,11 @@ NO_EPOCH = -1
 MAX_MULTI_REQUEST_FRAME = 1 << 20
 MAX_TOPIC_BYTES = 249
 
-_REQUEST_FIXED = struct.Struct(">hiiiiii")  # version .. partition_count
+_REQUEST_FIXED = struct.Struct(">hiiiiibi")  # version .. isolation_level, partition_count
 _PARTITION_REQUEST = struct.Struct(">iiqii")  # partition .. partition_max_bytes (after the topic)
 _RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
-_PARTITION_RESPONSE = struct.Struct(">ihqqqiq")  # partition .. diverging_end_offset
+_PARTITION_RESPONSE = struct.Struct(">ihqqqiqq")  # partition .. last_stable_offset
+_ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _SHORT = struct.Struct(">h")
 _INT = struct.Struct(">i")
 
@@ -88,6 +98,7 @@ class MultiFetchRequest:
     max_bytes: int
     min_bytes: int = 1
     max_wait_ms: int = 0
+    isolation_level: int = READ_UNCOMMITTED
 
     @property
     def from_follower(self) -> bool:
@@ -108,6 +119,9 @@ class PartitionHeader:
     diverging_end_offset: int = -1
     message: str = ""
     records_length: int = 0
+    last_stable_offset: int = -1
+    #: ``(producer_id, first_offset)`` of aborted transactions overlapping the records.
+    aborted: tuple[tuple[int, int], ...] = ()
 
     def error(self) -> errors.TributaryError | None:
         if self.error_code == 0:
@@ -165,6 +179,7 @@ def encode_request(request: MultiFetchRequest) -> bytes:
             request.max_wait_ms,
             request.min_bytes,
             request.max_bytes,
+            request.isolation_level,
             len(request.partitions),
         )
     ]
@@ -188,13 +203,15 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
     view = memoryview(body)
     if len(view) < _REQUEST_FIXED.size:
         raise errors.InvalidRequestError(f"fetch request of {len(view)} bytes is shorter than its header")
-    version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, count = (
+    version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, isolation, count = (
         _REQUEST_FIXED.unpack_from(view)
     )
     if version != MULTI_FETCH_VERSION:
         raise errors.UnsupportedVersionError(f"multi-partition fetch version {version}")
     if max_wait_ms < 0 or min_bytes < 0 or max_bytes < 0 or replica_id < CONSUMER_REPLICA_ID:
         raise errors.InvalidRequestError("fetch request has a negative size, wait or replica id")
+    if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+        raise errors.InvalidRequestError(f"fetch request isolation level {isolation} is not 0 or 1")
     if count < 0 or count * (_SHORT.size + _PARTITION_REQUEST.size) > len(view) - _REQUEST_FIXED.size:
         raise errors.InvalidRequestError(f"fetch request announces {count} partitions its frame cannot hold")
     position = _REQUEST_FIXED.size
@@ -216,7 +233,9 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
         partitions.append(PartitionFetch(topic, partition, offset, partition_max, leader_epoch, last_epoch))
     if position != len(view):
         raise errors.InvalidRequestError(f"fetch request has {len(view) - position} trailing bytes")
-    return MultiFetchRequest(correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms)
+    return MultiFetchRequest(
+        correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms, isolation
+    )
 
 
 def _read_string(view: memoryview, position: int, what: str) -> tuple[str, int]:
@@ -247,7 +266,10 @@ def encode_partition_header(header: PartitionHeader, error: errors.TributaryErro
             header.log_end_offset,
             header.diverging_epoch,
             header.diverging_end_offset,
+            header.last_stable_offset,
         )
+        + _INT.pack(len(header.aborted))
+        + b"".join(_ABORTED.pack(pid, first) for pid, first in header.aborted)
         + (_message(error) if error else _message_bytes(header.message))
         + _INT.pack(header.records_length)
     )
@@ -280,10 +302,20 @@ def decode_response_body(body: bytes | bytearray | memoryview) -> MultiFetchResp
         partitions = []
         for _ in range(count):
             topic, position = _read_response_string(view, position)
-            partition, code, high_watermark, log_start, log_end, diverging_epoch, diverging_end = (
+            partition, code, high_watermark, log_start, log_end, diverging_epoch, diverging_end, lso = (
                 _PARTITION_RESPONSE.unpack_from(view, position)
             )
             position += _PARTITION_RESPONSE.size
+            (aborted_count,) = _INT.unpack_from(view, position)
+            position += _INT.size
+            if aborted_count < 0 or position + aborted_count * _ABORTED.size > len(view):
+                raise errors.CorruptRecordError(
+                    f"aborted transactions of {topic}-{partition} run past the frame"
+                )
+            aborted = tuple(
+                _ABORTED.unpack_from(view, position + i * _ABORTED.size) for i in range(aborted_count)
+            )
+            position += aborted_count * _ABORTED.size
             partition_message, position = _read_response_string(view, position)
             (records_length,) = _INT.unpack_from(view, position)
             position += _INT.size
@@ -300,6 +332,8 @@ def decode_response_body(body: bytes | bytearray | memoryview) -> MultiFetchResp
                 diverging_end,
                 partition_message,
                 records_length,
+                lso,
+                aborted,
             )
             partitions.append(PartitionData(header, view[position : position + records_length]))
             position += records_length

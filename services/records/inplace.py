@@ -18,6 +18,7 @@ from services.records.batch import RecordBatchView, as_byte_view
 from services.records.format import (
     ATTRIBUTES_OFFSET,
     BASE_OFFSET_OFFSET,
+    BASE_SEQUENCE_OFFSET,
     CRC_OFFSET,
     INT16,
     INT32,
@@ -29,7 +30,10 @@ from services.records.format import (
     MAGIC,
     MAX_TIMESTAMP_OFFSET,
     PARTITION_LEADER_EPOCH_OFFSET,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
     TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_MASK,
     UINT32,
 )
 
@@ -86,6 +90,27 @@ def set_log_append_time(buf, timestamp_ms: int) -> None:
         return
     INT16.pack_into(view, ATTRIBUTES_OFFSET, batch.attributes | TIMESTAMP_TYPE_MASK)
     INT64.pack_into(view, MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    UINT32.pack_into(view, CRC_OFFSET, crc32c.crc32c(view[ATTRIBUTES_OFFSET:]))
+
+
+def set_producer_state(
+    buf, producer_id: int, producer_epoch: int, base_sequence: int, *, transactional: bool = False
+) -> None:
+    """Write the producer id, epoch and base sequence (and the transactional bit) of a producer's
+    batch; recompute the CRC. An idempotent producer numbers a batch when it is first sent, and
+    renumbers it when its epoch is bumped (KIP-360), without re-encoding the records."""
+    _ensure_range("producer_id", producer_id, -1, INT64_MAX)
+    _ensure_range("producer_epoch", producer_epoch, -1, 2**15 - 1)
+    _ensure_range("base_sequence", base_sequence, -1, INT32_MAX)
+    view, batch = _writable_batch(buf)
+    _ensure_magic(batch)
+    attributes = (
+        batch.attributes | TRANSACTIONAL_MASK if transactional else batch.attributes & ~TRANSACTIONAL_MASK
+    )
+    INT16.pack_into(view, ATTRIBUTES_OFFSET, attributes)
+    INT64.pack_into(view, PRODUCER_ID_OFFSET, producer_id)
+    INT16.pack_into(view, PRODUCER_EPOCH_OFFSET, producer_epoch)
+    INT32.pack_into(view, BASE_SEQUENCE_OFFSET, base_sequence)
     UINT32.pack_into(view, CRC_OFFSET, crc32c.crc32c(view[ATTRIBUTES_OFFSET:]))
 
 

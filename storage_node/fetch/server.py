@@ -35,6 +35,7 @@ Bounds (:class:`FetchLimits`), the same for every connection whatever it asks fo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import logging
 import os
@@ -213,9 +214,15 @@ async def copy_range(
 class FetchReader(Protocol):
     """What the fetch port reads through (the replica manager)."""
 
-    def read_for_consumer(self, topic: str, partition: int, offset: int, max_bytes: int) -> Any:
+    def read_for_consumer(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, committed: bool = False
+    ) -> Any:
         """A FetchInfo (``slice``, ``log_start_offset``, ``log_end_offset``, ``high_watermark``)
-        below the high watermark of a partition this node leads, or a TributaryError."""
+        below the high watermark (the last stable offset when ``committed``) of a partition this
+        node leads, or a TributaryError."""
+
+    def committed_view(self, topic: str, partition: int, offset: int) -> tuple[int, list[tuple[int, int]]]:
+        """The last stable offset and the aborted transactions from ``offset`` (read_committed)."""
 
     def read_for_follower(self, replica_id: int, fetch: multi.PartitionFetch) -> tuple[Any, Any]:
         """``(FetchInfo, None)`` up to the log end, or ``(None, EpochEndOffset)`` on divergence."""
@@ -519,20 +526,26 @@ class FetchServer:
                         diverging_end_offset=diverging.end_offset,
                     ), None
             else:
+                committed = request.isolation_level == multi.READ_COMMITTED
                 info = self._reader.read_for_consumer(
-                    topic, partition, fetch.fetch_offset, fetch.partition_max_bytes
+                    topic, partition, fetch.fetch_offset, fetch.partition_max_bytes, committed=committed
                 )
+                if committed:
+                    last_stable, aborted = self._reader.committed_view(topic, partition, fetch.fetch_offset)
         except errors.TributaryError as exc:
             return self._error_header(topic, partition, exc), None
         if max_bytes <= 0 and info.slice is not None:
             info = type(info)(None, info.log_start_offset, info.log_end_offset, info.high_watermark)
-        return multi.PartitionHeader(
+        header = multi.PartitionHeader(
             topic,
             partition,
             high_watermark=info.high_watermark,
             log_start_offset=info.log_start_offset,
             log_end_offset=info.log_end_offset,
-        ), info
+        )
+        if not request.from_follower and request.isolation_level == multi.READ_COMMITTED:
+            header = dataclasses.replace(header, last_stable_offset=last_stable, aborted=tuple(aborted))
+        return header, info
 
     def _error_header(
         self, topic: str, partition: int, error: errors.TributaryError
@@ -593,15 +606,4 @@ class FetchServer:
 
 
 def _with_length(header: multi.PartitionHeader, length: int) -> multi.PartitionHeader:
-    return multi.PartitionHeader(
-        header.topic,
-        header.partition,
-        header.error_code,
-        header.high_watermark,
-        header.log_start_offset,
-        header.log_end_offset,
-        header.diverging_epoch,
-        header.diverging_end_offset,
-        header.message,
-        length,
-    )
+    return dataclasses.replace(header, records_length=length)

@@ -16,6 +16,9 @@
 5. Bring the leader-epoch cache in line with the recovered log: forget epochs past its end,
    learn the epochs of the batches pass 4 recovered (or of every batch when the checkpoint was
    never written), and clamp the high watermark checkpoint to the log.
+6. Producer state and aborted transactions: load the newest producer-state snapshot at or below
+   the log end and replay the batches after it (``producer_replay.py``), rebuilding the
+   aborted-transaction index for that range; snapshots past the log end are deleted.
 
 Every decision is logged with the file and byte offset concerned.
 """
@@ -33,7 +36,10 @@ from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.index import CorruptIndexError
 from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache
+from storage_node.log.producer_replay import replay_segments
+from storage_node.log.producer_state import ProducerStateManager
 from storage_node.log.segment import Segment
+from storage_node.log.transaction_index import AbortedTransactions
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +56,8 @@ class LoadedLog:
     truncated_bytes: int
     leader_epochs: LeaderEpochCache
     high_watermark: int
+    producers: ProducerStateManager
+    aborted: AbortedTransactions
 
 
 @dataclass
@@ -112,6 +120,7 @@ def load_log(
         directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
     )
     high_watermark = min(max(high_watermark or 0, log_start_offset), next_offset)
+    producers, aborted = _sixth_pass_producer_state(ctx, segments, next_offset, topic, partition)
     # Only a flush moves the recovery point forward (Kafka's rule): after an unclean shutdown the
     # recovered tail may still be only in the page cache.
     recovery_point = next_offset if had_clean_shutdown else min(recovery_point, next_offset)
@@ -124,7 +133,25 @@ def load_log(
         truncated,
         epochs,
         high_watermark,
+        producers,
+        aborted,
     )
+
+
+def _sixth_pass_producer_state(
+    ctx: _Context, segments: list[Segment], next_offset: int, topic: str, partition: int
+) -> tuple[ProducerStateManager, AbortedTransactions]:
+    producers = ProducerStateManager(ctx.directory, files.partition_dir_name(topic, partition))
+    producers.delete_snapshots(above=next_offset)
+    start = producers.load(next_offset)
+    aborted = AbortedTransactions.load(ctx.directory)
+    aborted.truncate_from(next_offset)
+    replayed = replay_segments(segments, producers, aborted, start)
+    if replayed:
+        log.info(
+            "Rebuilt the producer state of %s from offset %d (%d batches)", ctx.directory, start, replayed
+        )
+    return producers, aborted
 
 
 def _fifth_pass_leader_epochs(

@@ -17,12 +17,16 @@ from typing import NamedTuple, TypeVar
 from services.clock import Clock
 from services.errors import CorruptRecordError, KafkaStorageError, OffsetOutOfRangeError
 from services.records import set_log_append_time
+from services.records.control import marker_batch
 from services.records.format import INT32_MAX, INT32_MIN
+from services.records.header import read_batch_header
 from services.records.inplace import stamp_validated_batch
 from storage_node.log import checkpoint, files, loader, retention
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache, FileSlice, SegmentFileGoneError
 from storage_node.log.leader_epochs import EpochEndOffset, LeaderEpochCache
+from storage_node.log.producer_replay import batch_facts, marker_of, replay_segments
+from storage_node.log.producer_state import AbortedTransaction, ProducerStateManager
 from storage_node.log.replica_validation import ReplicatedBatch, validate_replicated_batches
 from storage_node.log.segment import Segment
 from storage_node.log.segments import Segments
@@ -44,6 +48,8 @@ class AppendInfo:
     record_count: int
     log_start_offset: int
     batch_count: int
+    #: The batch was a producer's retry of one already in the log: nothing was written.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +155,8 @@ class PartitionLog:
         self._high_watermark = loaded.high_watermark
         self._checkpointed_high_watermark = loaded.high_watermark
         self._epochs = loaded.leader_epochs
+        self._producers = loaded.producers
+        self._aborted = loaded.aborted
         self._recovery_point = loaded.recovery_point
         self._last_flush_ms = clock.time_ms()
         self._lock = threading.RLock()
@@ -376,6 +384,18 @@ class PartitionLog:
         payload = bytearray(data)
         with self._lock:
             self._ensure_usable()
+            duplicate = self._producers.check(batches[0].facts) if batches[0].facts.producer_id >= 0 else None
+            if duplicate is not None:
+                # A retry of a batch already appended: answer with its offsets, write nothing.
+                return AppendInfo(
+                    duplicate.first_offset,
+                    duplicate.last_offset,
+                    -1,
+                    batches[0].record_count,
+                    self._log_start_offset,
+                    0,
+                    duplicate=True,
+                )
             now = self._clock.time_ms()
             log_append_time = now if config.log_append_time else -1
             first_offset = self._next_offset
@@ -384,6 +404,8 @@ class PartitionLog:
                 self._epochs.assign(leader_epoch, first_offset)
             self._write_batches(payload, batches, first_offset, log_append_time, now)
             last_offset = self._next_offset - 1
+            if batches[0].facts.producer_id >= 0:
+                self._producers.update(batches[0].facts, first_offset, last_offset)
             info = AppendInfo(
                 first_offset,
                 last_offset,
@@ -440,11 +462,102 @@ class PartitionLog:
                     batch.max_timestamp,
                 )
                 self._set_log_end(batch.last_offset + 1, segment)
+                self._apply_to_producer_state(view[batch.position : batch.position + batch.size], segment)
         except OSError as exc:
             self._roll_back_failed_append(first_offset, segments_before, exc)
             if self._epochs.entries != epochs_before:
                 self._epochs.truncate_from_end(first_offset)
             raise KafkaStorageError(f"replicated append to {self.name} failed: {exc}") from exc
+
+    def _apply_to_producer_state(self, batch_bytes, segment: Segment) -> None:
+        """Track a batch written as it is (a follower's copy, a marker) in the producer state and,
+        for an ABORT marker, the aborted-transaction index."""
+        header = read_batch_header(batch_bytes)
+        facts = batch_facts(header)
+        if facts.producer_id < 0:
+            self._producers.map_end_offset = header.last_offset + 1
+            return
+        commit, coordinator_epoch = marker_of(batch_bytes) if facts.is_control else (None, -1)
+        ended = self._producers.update(
+            facts,
+            header.base_offset,
+            header.last_offset,
+            marker_commit=commit,
+            coordinator_epoch=coordinator_epoch,
+        )
+        if ended is not None:
+            self._aborted.append(segment.base_offset, ended)
+
+    @_disk_errors_as_storage_errors
+    def append_marker(
+        self,
+        *,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+    ) -> int:
+        """End a producer's transaction on this partition (a leader, on the transaction
+        coordinator's request): append a COMMIT or ABORT control batch; returns its offset.
+
+        INVALID_PRODUCER_EPOCH / TRANSACTION_COORDINATOR_FENCED for a marker older than what this
+        partition has seen of the producer. A marker for a producer with no open transaction here
+        is still written (the coordinator retries markers; the second one is harmless).
+        """
+        with self._lock:
+            self._ensure_usable()
+            self._producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            now = self._clock.time_ms()
+            payload = bytearray(
+                marker_batch(
+                    producer_id=producer_id,
+                    producer_epoch=producer_epoch,
+                    commit=commit,
+                    coordinator_epoch=coordinator_epoch,
+                    timestamp=now,
+                )
+            )
+            offset = self._next_offset
+            stamp_validated_batch(payload, 0, offset, leader_epoch)
+            if leader_epoch >= 0:
+                self._epochs.assign(leader_epoch, offset)
+            segments_before = self._segments.snapshot()
+            try:
+                segment = self._maybe_roll(len(payload), offset, now, now)
+                segment.append(memoryview(payload), offset, offset, now)
+                self._set_log_end(offset + 1, segment)
+            except OSError as exc:
+                self._roll_back_failed_append(offset, segments_before, exc)
+                raise KafkaStorageError(f"marker append to {self.name} failed: {exc}") from exc
+            self._apply_to_producer_state(memoryview(payload), segment)
+        self._notify_listeners(offset + 1)
+        self.maybe_flush(by_time=False)
+        return offset
+
+    # ---- transactions --------------------------------------------------------------------------
+
+    @property
+    def last_stable_offset(self) -> int:
+        """What a read_committed consumer may read up to: the first offset of the oldest open
+        transaction, or the high watermark when that is lower (or none is open)."""
+        first_open = self._producers.first_unstable_offset()
+        high_watermark = self._high_watermark
+        return high_watermark if first_open is None else min(first_open, high_watermark)
+
+    def aborted_transactions(self, first_offset: int, upper_offset: int) -> list[AbortedTransaction]:
+        """The aborted transactions with records in ``[first_offset, upper_offset)``."""
+        return self._aborted.overlapping(first_offset, upper_offset)
+
+    @property
+    def producer_state(self) -> ProducerStateManager:
+        """For tools and tests: the producer state (do not mutate)."""
+        return self._producers
+
+    def expire_producers(self, expiration_ms: int) -> list[int]:
+        """Forget producers idle longer than ``expiration_ms`` (producer.id.expiration.ms)."""
+        with self._lock:
+            return self._producers.expire(self._clock.time_ms(), expiration_ms)
 
     @staticmethod
     def _stamp_batches(
@@ -565,6 +678,8 @@ class PartitionLog:
             self.directory, base_offset, self._config, self._clock, handle_cache=self._handle_cache
         )
         self._segments.add(segment)
+        # Recovery replays producer state from the newest snapshot: one per segment bounds it.
+        self._producers.take_snapshot(base_offset)
         self._dir_needs_fsync = True
         log.info("Rolled %s to a new segment at offset %d (%s)", self.name, base_offset, reason)
         return segment
@@ -762,6 +877,8 @@ class PartitionLog:
         for segment in doomed:
             log.info("Deleting segment %s of %s (%s)", segment.base_offset, self.name, reason)
             segment.delete()
+        self._aborted.forget_segments(s.base_offset for s in doomed)
+        self._producers.delete_old_snapshots(self._log_start_offset)
         return len(doomed)
 
     def _checkpoint_log_start_offset(self) -> None:
@@ -798,6 +915,7 @@ class PartitionLog:
             self._segments.active.truncate_to(offset)
             self._set_log_end(self._segments.active.next_offset, self._segments.active)
             self._epochs.truncate_from_end(self._next_offset)
+            self._reload_producer_state()
             self._high_watermark = min(self._high_watermark, self._next_offset)
             self._recovery_point = min(self._recovery_point, self._next_offset)
             log.info("Truncated %s to offset %d", self.name, self._next_offset)
@@ -826,12 +944,24 @@ class PartitionLog:
             self._segments.add(segment)
             self._dir_needs_fsync = True
             self._epochs.clear()
+            self._producers.delete_snapshots(above=-1)
+            self._producers.load(0)
+            self._producers.map_end_offset = offset
+            self._aborted.clear()
             self._log_start_offset = offset
             self._checkpoint_log_start_offset()
             self._set_log_end(offset, segment)
             self._high_watermark = offset
             self._recovery_point = offset
             log.info("Emptied %s; it restarts at offset %d", self.name, offset)
+
+    def _reload_producer_state(self) -> None:
+        """After a truncation: the newest snapshot at or below the new log end, then a replay."""
+        end = self._next_offset
+        self._producers.delete_snapshots(above=end)
+        self._aborted.truncate_from(end)
+        start = self._producers.load(end)
+        replay_segments(self._segments.snapshot(), self._producers, self._aborted, start)
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -849,6 +979,7 @@ class PartitionLog:
                 segment.close()
             if self._failure is None:
                 self._checkpoint_log_start_offset()
+                self._producers.take_snapshot(self._next_offset)
                 checkpoint.write_offset_checkpoint(
                     self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE,
                     self.topic,

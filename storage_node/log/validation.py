@@ -16,10 +16,12 @@ from services.records.batch import as_byte_view
 from services.records.format import (
     CONTROL_MASK,
     NO_PRODUCER_ID,
+    NO_SEQUENCE,
     NO_TIMESTAMP,
     TIMESTAMP_TYPE_MASK,
     TRANSACTIONAL_MASK,
 )
+from storage_node.log.producer_state import BatchFacts
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,8 @@ class ValidatedBatch:
     last_offset_delta: int
     max_timestamp: int
     timestamp_type: TimestampType
+    #: What the producer state checks (producer id -1: a plain batch).
+    facts: BatchFacts
 
 
 def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: int) -> list[ValidatedBatch]:
@@ -41,8 +45,10 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
     * a truncated batch, a bad length, wrong magic, a CRC mismatch -> CorruptRecordError;
     * a batch larger than ``max.message.bytes`` or than a whole segment -> RecordTooLargeError;
     * an empty batch, a record count that disagrees with ``lastOffsetDelta`` (producer batches are
-      dense), a control batch (only the broker writes those), a transactional batch, a producer
-      id (idempotence) or an invalid producer id / epoch / sequence -> InvalidRecordError;
+      dense), a control batch (only the broker writes those), a transactional batch without a
+      producer id, an invalid producer id / epoch / sequence, or an idempotent batch that is not
+      the payload's only batch (Kafka's rule: one batch per partition per request, so a retry is
+      recognised whole) -> InvalidRecordError;
     * a negative timestamp other than -1 (no timestamp), or the LogAppendTime bit (only the
       broker chooses that) -> InvalidTimestampError;
     * any record that is not well-formed -- a length, key, value or header running past its
@@ -66,6 +72,7 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
         batch.validate()
         _ensure_producer_batch(batch.header, position)
         _ensure_valid_records(batch, position)
+        header = batch.header
         validated.append(
             ValidatedBatch(
                 position,
@@ -74,9 +81,23 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
                 batch.last_offset_delta,
                 batch.max_timestamp,
                 batch.timestamp_type,
+                BatchFacts(
+                    header.producer_id,
+                    header.producer_epoch,
+                    header.base_sequence,
+                    header.record_count,
+                    bool(header.attributes & TRANSACTIONAL_MASK),
+                    False,
+                    header.max_timestamp,
+                ),
             )
         )
         position += batch.size_in_bytes
+    if len(validated) > 1 and any(b.facts.producer_id != NO_PRODUCER_ID for b in validated):
+        raise InvalidRecordError(
+            f"a payload with an idempotent or transactional batch must hold that one batch only "
+            f"(it holds {len(validated)})"
+        )
     return validated
 
 
@@ -102,22 +123,24 @@ def _ensure_valid_records(batch: RecordBatchView, position: int) -> None:
 
 
 #: Attribute bits a producer must not set: the broker writes control batches and chooses
-#: LogAppendTime; transactions are not supported yet.
-_REFUSED_ATTRIBUTES = CONTROL_MASK | TIMESTAMP_TYPE_MASK | TRANSACTIONAL_MASK
+#: LogAppendTime.
+_REFUSED_ATTRIBUTES = CONTROL_MASK | TIMESTAMP_TYPE_MASK
 
 
 def _ensure_producer_batch(header: BatchHeader, position: int) -> None:
-    """The header rules for a client's batch (Kafka's ``LogValidator.validateBatch``), plus a
-    refusal of what nothing here honours yet: transactions and idempotence."""
-    _, _, _, _, _, attributes, last_offset_delta, base_ts, max_ts, producer_id, _, _, count = header
+    """The header rules for a client's batch (Kafka's ``LogValidator.validateBatch``)."""
+    attributes, last_offset_delta, base_ts, max_ts, producer_id, epoch, sequence, count = header[5:]
     # Every rule at once for the batches that pass (this runs per batch appended); the slow path
     # below finds which rule a refused batch broke.
     if (
         0 < count == last_offset_delta + 1
         and not attributes & _REFUSED_ATTRIBUTES
-        and producer_id == NO_PRODUCER_ID
         and base_ts >= NO_TIMESTAMP
         and max_ts >= NO_TIMESTAMP
+        and (
+            (producer_id == NO_PRODUCER_ID and not attributes & TRANSACTIONAL_MASK)
+            or (producer_id >= 0 and epoch >= 0 and sequence >= 0)
+        )
     ):
         return
     _refuse_producer_batch(header, f"batch at byte {position}")
@@ -148,25 +171,18 @@ def _refuse_producer_batch(header: BatchHeader, where: str) -> None:
 
 
 def _refuse_producer_state(header: BatchHeader, where: str) -> None:
-    # Transactions and idempotence need producer state on the node (sequence numbers per producer
-    # id, transaction markers, the last stable offset); none exists yet, so such a batch would be
-    # stored with guarantees nobody gives. Refused with the precise fault, as Kafka refuses a
-    # transactional batch without a producer id or a producer id without a sequence.
+    # Kafka's rules: a transactional batch needs a producer id; a producer id needs an epoch and
+    # a base sequence; ids other than -1 are non-negative.
     producer_id, epoch, sequence = header.producer_id, header.producer_epoch, header.base_sequence
-    if header.attributes & TRANSACTIONAL_MASK:
-        missing = " and has no producer id" if producer_id == NO_PRODUCER_ID else ""
-        raise InvalidRecordError(f"{where} is transactional{missing}; transactions are not supported yet")
+    if header.attributes & TRANSACTIONAL_MASK and producer_id == NO_PRODUCER_ID:
+        raise InvalidRecordError(f"{where} is transactional and has no producer id")
     if producer_id == NO_PRODUCER_ID:
         return
     if producer_id < NO_PRODUCER_ID:
         raise InvalidRecordError(f"{where} has producer id {producer_id}; -1 means none, others are >= 0")
     if epoch < 0:
         raise InvalidRecordError(f"{where} has producer id {producer_id} with invalid producer epoch {epoch}")
-    if sequence < 0:
+    if sequence < 0 or sequence == NO_SEQUENCE:
         raise InvalidRecordError(
             f"{where} has producer id {producer_id} with invalid base sequence {sequence}"
         )
-    raise InvalidRecordError(
-        f"{where} has producer id {producer_id}: idempotent produce is not supported yet "
-        "(nothing deduplicates by sequence); send producer id -1"
-    )

@@ -177,7 +177,8 @@ class ReplicaManager:
     ) -> None:
         if self.node_id not in state.replicas:
             raise errors.NotLeaderOrFollowerError(
-                f"node {self.node_id} is not a replica of {state.topic}-{state.partition} ({list(state.replicas)})"
+                f"node {self.node_id} is not a replica of {state.topic}-{state.partition} "
+                f"({list(state.replicas)})"
             )
         replica = self._replica_for_state(state, configs)
         if not replica.apply_state(state):
@@ -245,8 +246,13 @@ class ReplicaManager:
         replica = self.get(topic, partition)
         return replica, replica.append_as_leader(data, acks_all=acks_all, leader_epoch=leader_epoch)
 
-    def read_for_consumer(self, topic: str, partition: int, offset: int, max_bytes: int) -> FetchInfo:
-        return self.get(topic, partition).read_for_consumer(offset, max_bytes)
+    def read_for_consumer(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, committed: bool = False
+    ) -> FetchInfo:
+        return self.get(topic, partition).read_for_consumer(offset, max_bytes, committed=committed)
+
+    def committed_view(self, topic: str, partition: int, offset: int) -> tuple[int, list[tuple[int, int]]]:
+        return self.get(topic, partition).committed_view(offset)
 
     def read_for_follower(
         self, replica_id: int, fetch: PartitionFetch

@@ -122,7 +122,8 @@ class Partition:
         if current is not None:
             if state.leader_epoch < current.leader_epoch:
                 raise errors.FencedLeaderEpochError(
-                    f"{self.name}: state of leader epoch {state.leader_epoch} is older than {current.leader_epoch}"
+                    f"{self.name}: state of leader epoch {state.leader_epoch} is older than "
+                    f"{current.leader_epoch}"
                 )
             if not state.newer_than(current) and state.deleting == current.deleting:
                 return False
@@ -194,7 +195,8 @@ class Partition:
                 )
             if leader_epoch > state.leader_epoch:
                 raise errors.UnknownLeaderEpochError(
-                    f"{self.name}: leader epoch {leader_epoch} is newer than this leader's {state.leader_epoch}"
+                    f"{self.name}: leader epoch {leader_epoch} is newer than this leader's "
+                    f"{state.leader_epoch}"
                 )
         return state
 
@@ -210,6 +212,21 @@ class Partition:
         info = self.log.append(data, leader_epoch=state.leader_epoch)
         self._maybe_increment_high_watermark()
         return info
+
+    def append_marker(
+        self, *, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int
+    ) -> int:
+        """Write a transaction marker as leader; its offset (then :meth:`wait_committed`)."""
+        state = self.ensure_leader()
+        offset = self.log.append_marker(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            commit=commit,
+            coordinator_epoch=coordinator_epoch,
+            leader_epoch=state.leader_epoch,
+        )
+        self._maybe_increment_high_watermark()
+        return offset
 
     def _ensure_enough_replicas(
         self, state: LeaderAndIsr, error: type[errors.TributaryError], when: str
@@ -236,7 +253,8 @@ class Partition:
             except TimeoutError:
                 raise errors.RequestTimedOutError(
                     f"{self.name}: offset {required_offset - 1} was not replicated to the ISR "
-                    f"{list(self.isr)} within {timeout_s * 1000:.0f} ms (high watermark {self.log.high_watermark})"
+                    f"{list(self.isr)} within {timeout_s * 1000:.0f} ms "
+                    f"(high watermark {self.log.high_watermark})"
                 ) from None
         state = self.ensure_leader()
         self._ensure_enough_replicas(state, errors.NotEnoughReplicasAfterAppendError, "when it was committed")
@@ -256,10 +274,21 @@ class Partition:
 
     # ---- reads -----------------------------------------------------------------------------------
 
-    def read_for_consumer(self, offset: int, max_bytes: int, leader_epoch: int | None = None) -> FetchInfo:
-        """A consumer's read: only the leader serves it, and only below the high watermark."""
+    def read_for_consumer(
+        self, offset: int, max_bytes: int, leader_epoch: int | None = None, *, committed: bool = False
+    ) -> FetchInfo:
+        """A consumer's read: only the leader serves it, and only below the high watermark --
+        below the last stable offset for a read_committed consumer."""
         self.ensure_leader(leader_epoch)
-        return self.log.read(offset, max_bytes, max_offset=self.log.high_watermark)
+        bound = self.log.last_stable_offset if committed else self.log.high_watermark
+        return self.log.read(offset, max_bytes, max_offset=bound)
+
+    def committed_view(self, offset: int) -> tuple[int, list[tuple[int, int]]]:
+        """For a read_committed fetch from ``offset``: the last stable offset and the aborted
+        transactions (producer id, first offset) with records between the two."""
+        last_stable = self.log.last_stable_offset
+        aborted = self.log.aborted_transactions(offset, last_stable)
+        return last_stable, [(a.producer_id, a.first_offset) for a in aborted]
 
     def read_for_follower(
         self, replica_id: int, fetch: PartitionFetch

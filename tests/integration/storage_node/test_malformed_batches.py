@@ -32,7 +32,7 @@ CASES = [
     ),
     pytest.param(batch_faults.control, "INVALID_RECORD", "control batch", id="control"),
     pytest.param(
-        batch_faults.idempotent, "INVALID_RECORD", "idempotent produce is not supported yet", id="idempotent"
+        batch_faults.idempotent, "INVALID_RECORD", "must hold that one batch only", id="idempotent-not-alone"
     ),
     pytest.param(
         batch_faults.producer_id_without_epoch,

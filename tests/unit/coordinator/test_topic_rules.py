@@ -143,5 +143,7 @@ def test_supported_settings_pass():
     from services.topic_config import validate_topic_configs
 
     topic_rules.ensure_supported_configs(
-        validate_topic_configs({"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "2"})
+        validate_topic_configs(
+            {"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "2"}
+        )
     )

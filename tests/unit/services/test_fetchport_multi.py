@@ -44,7 +44,7 @@ def test_request_round_trip(correlation_id, replica_id, partitions, max_bytes, m
 
 def test_request_golden_bytes():
     request = multi.MultiFetchRequest(9, 2, (multi.PartitionFetch("ab", 3, 42, 1000, 5, 4),), 4096, 1, 500)
-    body = struct.pack(">hiiiiii", 1, 9, 2, 500, 1, 4096, 1) + struct.pack(">h", 2) + b"ab"
+    body = struct.pack(">hiiiiibi", 1, 9, 2, 500, 1, 4096, 0, 1) + struct.pack(">h", 2) + b"ab"
     body += struct.pack(">iiqii", 3, 5, 42, 4, 1000)
     assert multi.encode_request(request) == struct.pack(">i", len(body)) + body
 
@@ -64,7 +64,8 @@ def test_every_truncation_of_a_request_is_refused_cleanly():
     [
         (lambda b: b[:2] + struct.pack(">i", 1) + b[6:], None),  # a different correlation id is fine
         (lambda b: b + b"x", "trailing"),
-        (lambda b: b[:22] + struct.pack(">i", 10_000) + b[26:], "cannot hold"),
+        (lambda b: b[:23] + struct.pack(">i", 10_000) + b[27:], "cannot hold"),
+        (lambda b: b[:22] + b"\x07" + b[23:], "isolation level 7"),
         (lambda b: b[:6] + struct.pack(">i", -5) + b[10:], "negative"),
     ],
 )
@@ -105,6 +106,10 @@ def test_response_round_trip_with_records_errors_and_divergence():
             b"xyz",
         ),
         (multi.PartitionHeader("b", 4, error_code=6, message="not the leader"), b""),
+        (
+            multi.PartitionHeader("d", 2, last_stable_offset=8, aborted=((7, 3), (9, 5)), records_length=2),
+            b"rc",
+        ),
         (multi.PartitionHeader("c", 1, diverging_epoch=3, diverging_end_offset=40, log_end_offset=50), b""),
     ]
     response = multi.decode_response_body(_body(_response(parts)))

@@ -60,18 +60,28 @@ def test_well_formed_batches_of_every_codec_pass(compression):
     "build, match",
     [
         (batch_faults.transactional_without_producer_id, "transactional and has no producer id"),
-        (batch_faults.transactional, "transactional; transactions are not supported yet"),
         (batch_faults.control, "control batch; only the broker writes those"),
-        (batch_faults.idempotent, "producer id 7: idempotent produce is not supported yet"),
         (batch_faults.producer_id_without_epoch, "invalid producer epoch -1"),
         (batch_faults.producer_id_without_sequence, "invalid base sequence -1"),
         (batch_faults.negative_producer_id, "producer id -5; -1 means none"),
     ],
     ids=list(batch_faults.HEADER_FAULTS),
 )
-def test_header_states_nothing_here_honours_are_invalid_records(build, match):
+def test_header_states_a_producer_may_not_send_are_invalid_records(build, match):
     with pytest.raises(InvalidRecordError, match=match):
         validate_producer_batches(build(), **LIMITS)
+
+
+@pytest.mark.parametrize(
+    "build", [batch_faults.idempotent, batch_faults.transactional], ids=["idempotent", "transactional"]
+)
+def test_an_idempotent_or_transactional_batch_passes_alone_and_carries_its_producer(build):
+    (validated,) = validate_producer_batches(build(), **LIMITS)
+    facts = validated.facts
+    assert (facts.producer_id, facts.producer_epoch, facts.base_sequence) == (7, 0, 0)
+    assert facts.is_transactional == (build is batch_faults.transactional)
+    with pytest.raises(InvalidRecordError, match="must hold that one batch only"):
+        validate_producer_batches(make_batch(1) + build(), **LIMITS)
 
 
 def test_log_append_time_set_by_a_producer_is_an_invalid_timestamp():

@@ -125,3 +125,24 @@ def test_truncated_or_foreign_batches_are_corrupt():
         set_log_append_time(old_magic, 5)
     with pytest.raises(CorruptRecordError, match="magic"):
         set_partition_leader_epoch(old_magic, 5)
+
+
+def test_set_producer_state_numbers_a_batch_and_keeps_it_valid():
+    from services.records import RecordBatchBuilder, iter_batches
+    from services.records.inplace import set_producer_state
+
+    builder = RecordBatchBuilder()
+    for i in range(3):
+        builder.append(b"v%d" % i, timestamp=1_000 + i, key=b"k")
+    data = bytearray(builder.build())
+    set_producer_state(data, 7, 2, 40, transactional=True)
+    (batch,) = iter_batches(bytes(data))
+    batch.validate(deep=True)
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence) == (7, 2, 40)
+    assert batch.is_transactional and [r.value for r in batch.records()] == [b"v0", b"v1", b"v2"]
+    set_producer_state(data, 7, 3, 0)
+    (batch,) = iter_batches(bytes(data))
+    batch.validate()
+    assert (batch.producer_epoch, batch.base_sequence, batch.is_transactional) == (3, 0, False)
+    with pytest.raises(TypeError):
+        set_producer_state(bytes(data), 7, 3, 0)
