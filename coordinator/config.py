@@ -31,7 +31,9 @@ class CoordinatorConfig:
     session_timeout_s: int = 6
     #: Controller: reconcile pass period without changes (retries of failed storage-node calls).
     reconcile_interval_s: float = 1.0
-    #: Controller: how long admin calls wait for partitions to come online / data to be deleted.
+    #: Controller: how long admin calls wait for partitions to come online / data to be deleted
+    #: (and, halved, how long EndTxn waits for its transaction's markers before answering: the
+    #: outcome is decided and recorded by then, the markers follow).
     admin_wait_s: float = 10.0
     #: Controller: storage-node RPCs in flight at once, and the deadline of each.
     max_parallel_rpcs: int = 64

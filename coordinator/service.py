@@ -228,7 +228,9 @@ def transaction_settings(config: CoordinatorConfig) -> TransactionSettings:
         abort_check_interval_s=config.transaction_abort_check_interval_ms / 1000,
         expiration_check_interval_s=config.transaction_remove_expired_interval_ms / 1000,
         producer_id_block_size=config.producer_id_block_size,
-        complete_wait_s=config.admin_wait_s,
+        # Well inside the deadline of a standby forwarding the call, so an EndTxn that waits the
+        # whole time still gets its answer back through the standby.
+        complete_wait_s=min(config.admin_wait_s, config.forward_timeout_s) / 2,
         load_wait_s=config.admin_wait_s,
     )
 

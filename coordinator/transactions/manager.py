@@ -77,8 +77,9 @@ class TransactionSettings:
     expiration_check_interval_s: float = 3600.0
     #: Producer ids taken from etcd's counter at a time.
     producer_id_block_size: int = 1_000
-    #: How long EndTxn (and InitProducerId aborting an open transaction) waits for completion.
-    complete_wait_s: float = 10.0
+    #: How long EndTxn (and InitProducerId aborting an open transaction) waits for completion
+    #: (the service uses half of admin_wait_s / forward_timeout_s, whichever is shorter).
+    complete_wait_s: float = 5.0
     #: How long a call at the start of a term waits for the transactional ids to be loaded.
     load_wait_s: float = 10.0
 
