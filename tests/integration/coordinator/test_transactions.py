@@ -1,10 +1,11 @@
 """The transaction coordinator with real etcd, coordinator and storage-node processes: producer
 ids across a failover, fencing, timeouts, a coordinator killed between PREPARE and COMPLETE,
-offsets that count only when the transaction commits, and bad requests that change nothing.
+offsets that count only when the transaction commits, read_committed following the outcome, and
+bad requests that change nothing.
 
-Transactions with partitions need storage nodes that take ``WriteTxnMarkers``; those tests are
-named ``..._with_markers`` / ``with_partition=True``. The others (offsets only: no markers to
-write) exercise the same coordinator paths end to end.
+Tests named ``with-markers`` / ``..._with_markers`` write markers to partition leaders and read
+them back from the segment files; the ``offsets-only`` variants (no partition in the transaction,
+no marker) exercise the same coordinator paths without them.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from services import errors
 from services.cluster_keys import cluster_prefix
 from services.etcd import EtcdClient
 from services.etcd.embedded import EmbeddedEtcd
+from services.fetchport import multi
+from services.fetchport.protocol import SIZE
 from services.proto import pb
-from services.records import iter_batches
+from services.records import RecordBatchBuilder, iter_batches
 from services.records.control import parse_marker
 
 from ._cluster import TTL_S, Cluster, call, rpc_code, unique
@@ -327,6 +330,71 @@ def test_offsets_become_the_groups_only_when_the_transaction_commits(cluster, wi
     expected = [(producer.producer_id, producer.epoch, commit, epoch) for commit in (False, True)]
     for partition in (0, 1):  # one ABORT, one COMMIT, in order; none without partitions
         assert markers_on_disk(cluster, topic, partition) == (expected if with_partition else [])
+
+
+def transactional_batch(producer: Producer, values: list[bytes], *, seq: int) -> bytes:
+    builder = RecordBatchBuilder(
+        producer_id=producer.producer_id,
+        producer_epoch=producer.epoch,
+        base_sequence=seq,
+        is_transactional=True,
+    )
+    for value in values:
+        builder.append(value, timestamp=int(time.time() * 1000))
+    return builder.build()
+
+
+def append(cluster: Cluster, topic: str, data: bytes, node_id: int = 1):
+    request = pb.AppendRequest(
+        partitions=[pb.PartitionAppend(topic=topic, partition=0, record_batches=data)], acks=pb.ACKS_ALL
+    )
+    return cluster.storage_stub(node_id).Append(request, timeout=10).partitions[0]
+
+
+def read_committed(cluster: Cluster, topic: str, node_id: int = 1) -> multi.PartitionHeader:
+    """The header of a read_committed consumer fetch from offset 0 (last stable offset, aborted)."""
+
+    async def fetch():
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", cluster.storage[node_id].info["fetch_port"]
+        )
+        request = multi.MultiFetchRequest(
+            1,
+            multi.CONSUMER_REPLICA_ID,
+            (multi.PartitionFetch(topic, 0, 0, 1 << 20),),
+            1 << 20,
+            isolation_level=multi.READ_COMMITTED,
+        )
+        writer.write(multi.encode_request(request))
+        await writer.drain()
+        (size,) = SIZE.unpack(await reader.readexactly(4))
+        body = await reader.readexactly(size)
+        writer.close()
+        return multi.decode_response_body(body).partitions[0].header
+
+    return asyncio.run(fetch())
+
+
+def test_records_become_readable_on_commit_and_a_fenced_producer_cannot_write_with_markers(cluster):
+    """The coordinator and the storage nodes together: read_committed stops at an open
+    transaction, moves past it when it commits, lists it when a new instance aborts it, and the
+    fenced instance's next batch is refused by the partition leader."""
+    topic = create_topic(cluster, partitions=1)
+    producer = Producer(cluster, unique("tid")).init()
+    producer.add_partitions((topic, 0))
+    assert append(cluster, topic, transactional_batch(producer, [b"a", b"b"], seq=0)).base_offset == 0
+    assert read_committed(cluster, topic).last_stable_offset == 0  # open: nothing readable yet
+    producer.end(commit=True)  # COMMIT marker at offset 2
+    header = read_committed(cluster, topic)
+    assert (header.last_stable_offset, header.aborted) == (3, ())
+
+    producer.add_partitions((topic, 0))
+    assert append(cluster, topic, transactional_batch(producer, [b"c"], seq=2)).base_offset == 3
+    Producer(cluster, producer.transactional_id).init()  # aborts it: ABORT marker at offset 4
+    refused = append(cluster, topic, transactional_batch(producer, [b"d"], seq=3))
+    assert refused.error.reason == "INVALID_PRODUCER_EPOCH"
+    header = read_committed(cluster, topic)
+    assert (header.last_stable_offset, header.aborted) == (5, ((producer.producer_id, 3),))
 
 
 # ---- failover between PREPARE and COMPLETE ----------------------------------------------------------------
