@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deploy.processes import ServiceProcess
+from launcher.processes import ServiceProcess
 from services.etcd.embedded import EmbeddedEtcd
 from services.proto import gateway_grpc, pb
 

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from deploy.processes import ServiceProcess, ServiceStartError, log_tail, start_service
+from launcher.processes import ServiceProcess, ServiceStartError, log_tail, start_service
 
 CLUSTER_FILE = "cluster.json"
 LAUNCH_FILE = "launch.json"
