@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
-from gateway.partitioner import StickyPartitioner, partition_for_key
 from services import errors
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression, RecordBatchBuilder
 
 Headers = tuple[tuple[str, "bytes | None"], ...]

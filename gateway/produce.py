@@ -42,11 +42,11 @@ from gateway.batching import (
     plan_typed,
 )
 from gateway.metadata import TopicRoute
-from gateway.partitioner import StickyPartitioner
 from gateway.retry import retry_partitions
 from gateway.routing import Router
 from services import errors
 from services.clock import SYSTEM_CLOCK, Clock
+from services.partitioner import StickyPartitioner
 from services.proto import pb
 
 log = logging.getLogger(__name__)

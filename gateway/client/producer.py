@@ -64,8 +64,8 @@ from gateway.client.sender import Sender, acks_to_proto
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
 from gateway.client.transport import StreamTransport, UnaryTransport
-from gateway.partitioner import StickyPartitioner, partition_for_key
 from services.clock import SYSTEM_CLOCK, Clock
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression
 
 log = logging.getLogger(__name__)

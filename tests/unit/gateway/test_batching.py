@@ -13,8 +13,8 @@ from gateway.batching import (
     plan_raw,
     plan_typed,
 )
-from gateway.partitioner import StickyPartitioner, partition_for_key
 from services import errors
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression, RecordBatchBuilder, iter_batches
 
 NOW = 1_700_000_000_000

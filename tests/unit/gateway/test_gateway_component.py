@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from gateway.partitioner import partition_for_key
 from services import errors
+from services.partitioner import partition_for_key
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
 
