@@ -1,7 +1,7 @@
 import asyncio
 
-from gateway.append_queue import AppendQueues, AppendResult, count_offsets
-from gateway.batching import Acks
+from gateway.server.append_queue import AppendQueues, AppendResult, count_offsets
+from gateway.server.batching import Acks
 from services import errors
 from services.records import RecordBatchBuilder, iter_batches
 

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from gateway.batching import (
+from gateway.server.batching import (
     ProduceCommand,
     RecordIn,
     assign_partitions,

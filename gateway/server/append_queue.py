@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from gateway.batching import Acks
+from gateway.server.batching import Acks
 from services import errors
 from services.records import iter_batches
 

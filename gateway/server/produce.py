@@ -15,7 +15,7 @@ Behaviour, as a Kafka user expects it:
 * ProduceStream keeps each partition's appends in request order: requests are planned one after
   another as they arrive and queued per partition on the stream's ``AppendQueues``, which keep
   one append in flight per partition and merge what queued up behind it
-  (``gateway/append_queue.py``). Concurrent unary Produce calls are not ordered among
+  (``gateway/server/append_queue.py``). Concurrent unary Produce calls are not ordered among
   themselves (a client that needs order waits for each answer, or uses the stream).
 * acks=NONE: the appends are started and the answer goes back at once, with offsets -1. They
   still run to completion (with retries) in the background. Back-pressure, not loss, bounds
@@ -31,9 +31,9 @@ import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from gateway import storage_calls
-from gateway.append_queue import AppendQueues, AppendResult
-from gateway.batching import (
+from gateway.server import storage_calls
+from gateway.server.append_queue import AppendQueues, AppendResult
+from gateway.server.batching import (
     Acks,
     PartitionPayload,
     ProduceCommand,
@@ -41,9 +41,9 @@ from gateway.batching import (
     plan_raw,
     plan_typed,
 )
-from gateway.metadata import TopicRoute
-from gateway.retry import retry_partitions
-from gateway.routing import Router
+from gateway.server.cluster_snapshot import TopicRoute
+from gateway.server.partition_retry import retry_partitions
+from gateway.server.routing import Router
 from services import errors
 from services.clock import SYSTEM_CLOCK, Clock
 from services.partitioner import StickyPartitioner
@@ -212,7 +212,7 @@ class ProduceHandler:
         return self._outcome_when_appended(plan, futures)
 
     def stream_queues(self) -> AppendQueues:
-        """Fresh per-stream append queues (see ``gateway/append_queue.py``)."""
+        """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
         queues = AppendQueues(self.append_partition)
         self._stream_queues.add(queues)
         return queues

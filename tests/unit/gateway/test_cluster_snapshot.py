@@ -1,7 +1,7 @@
 import pytest
 
-from gateway.admin import cached_metadata
-from gateway.metadata import DEFAULT_MAX_MESSAGE_BYTES, ClusterSnapshot, NodeAddress
+from gateway.server.admin_forwarder import cached_metadata
+from gateway.server.cluster_snapshot import DEFAULT_MAX_MESSAGE_BYTES, ClusterSnapshot, NodeAddress
 from services import errors
 from services.proto import pb
 from services.serde import error_to_proto

@@ -18,9 +18,9 @@ partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
-unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`): on the decode
+unless ``raw_batches`` is set, decoded here (see :mod:`gateway.server.fetch_assembly`): on the decode
 pool's threads, never on the event loop, within the answer's decode budget (see
-:mod:`gateway.decode_pool`).
+:mod:`gateway.server.decode_pool`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.decode_pool import DecodePool
-from gateway.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
-from gateway.metadata import NodeAddress
-from gateway.routing import Router
+from gateway.server.cluster_snapshot import NodeAddress
+from gateway.server.decode_pool import DecodePool
+from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
+from gateway.server.routing import Router
 from services import errors
 from services.fetchport.protocol import FetchResponseHeader
 

@@ -1,6 +1,6 @@
 """Pure produce planning: validate a request, choose each record's partition, build the batches.
 
-Nothing here does I/O. The produce handler (``gateway/produce.py``) plans with these functions,
+Nothing here does I/O. The produce handler (``gateway/server/produce.py``) plans with these functions,
 then sends each partition's bytes to its leader.
 
 Partition choice is Kafka's default partitioner, in order: the record's explicit partition; else

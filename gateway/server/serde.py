@@ -6,17 +6,17 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 
 from __future__ import annotations
 
-from gateway.batching import Acks, ProduceCommand, RecordIn
-from gateway.fetch import (
+from gateway.server.batching import Acks, ProduceCommand, RecordIn
+from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
     FetchCommand,
     FetchedPartition,
     PartitionFetch,
 )
-from gateway.offsets import EARLIEST, LATEST, OffsetQuery
-from gateway.produce import PartitionResult, ProduceOutcome
-from gateway.storage_calls import OffsetOutcome
+from gateway.server.offsets import EARLIEST, LATEST, OffsetQuery
+from gateway.server.produce import PartitionResult, ProduceOutcome
+from gateway.server.storage_calls import OffsetOutcome
 from services import errors
 from services.proto import pb
 from services.records import Compression, TimestampType

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway import storage_calls
-from gateway.retry import retry_partitions
-from gateway.routing import Router
-from gateway.storage_calls import EARLIEST, LATEST, OffsetOutcome
+from gateway.server import storage_calls
+from gateway.server.partition_retry import retry_partitions
+from gateway.server.routing import Router
+from gateway.server.storage_calls import EARLIEST, LATEST, OffsetOutcome
 from services import errors
 
 __all__ = ["EARLIEST", "LATEST", "OffsetQuery", "OffsetsHandler"]
