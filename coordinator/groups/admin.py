@@ -22,7 +22,6 @@ from coordinator.groups.model import (
     OffsetRecord,
     PartitionLag,
     ResetSpec,
-    TopicPartition,
     sorted_partitions,
 )
 from coordinator.groups.offsets import check_commit_partition, expired_offsets, offsets_of_deleted_topics
@@ -32,6 +31,7 @@ from coordinator.groups.tasks import OwnedTasks
 from coordinator.storage_client import StorageNodes
 from services import errors
 from services.etcd.txn import Op
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from coordinator.groups.model import TopicPartition
 from coordinator.metadata import MetadataState
 from coordinator.model import BrokerInfo, PartitionStatus
 from coordinator.storage_client import StorageNodes
 from services import errors
+from services.topic_partition import TopicPartition
 
 #: Kafka's ListOffsets conventions.
 EARLIEST = -2
