@@ -20,7 +20,7 @@ from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
-from services.serde import error_from_proto, leader_and_isr_to_proto
+from services.serde import error_from_proto, leader_and_isr_to_proto, offset_spec_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,9 @@ class StorageNodes:
         after that timestamp, -1 when there is none). Per-partition errors are returned, not raised."""
         request = pb.ListPartitionOffsetsRequest(
             partitions=[
-                pb.PartitionOffsetQuery(topic=topic, partition=partition, spec=_offset_spec(timestamp))
+                pb.PartitionOffsetQuery(
+                    topic=topic, partition=partition, spec=offset_spec_to_proto(timestamp)
+                )
                 for topic, partition, timestamp in queries
             ]
         )
@@ -134,11 +136,3 @@ class StorageNodes:
         entries, self._stubs = list(self._stubs.values()), {}
         for channel, _ in entries:
             await channel.close()
-
-
-def _offset_spec(timestamp: int):
-    if timestamp == -2:
-        return pb.OffsetSpec(earliest=True)
-    if timestamp == -1:
-        return pb.OffsetSpec(latest=True)
-    return pb.OffsetSpec(timestamp=timestamp)

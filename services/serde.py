@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from services import errors
 from services.leader_and_isr import LeaderAndIsr
+from services.offset_spec import EARLIEST, LATEST
 from services.proto import pb
 
 
@@ -48,3 +49,29 @@ def leader_and_isr_from_proto(message) -> LeaderAndIsr:
         version=message.version,
         deleting=message.deleting,
     )
+
+
+def offset_spec_to_proto(timestamp: int):
+    """The ``OffsetSpec`` of a Kafka-style lookup timestamp (:mod:`services.offset_spec`)."""
+    if timestamp == EARLIEST:
+        return pb.OffsetSpec(earliest=True)
+    if timestamp == LATEST:
+        return pb.OffsetSpec(latest=True)
+    return pb.OffsetSpec(timestamp=timestamp)
+
+
+def offset_spec_from_proto(spec) -> int:
+    """An ``OffsetSpec`` as a Kafka-style lookup timestamp: EARLIEST, LATEST or ms >= 0.
+
+    Raises INVALID_REQUEST for a negative timestamp or a spec that sets none of the three.
+    """
+    which = spec.WhichOneof("spec")
+    if which == "earliest":
+        return EARLIEST
+    if which == "latest":
+        return LATEST
+    if which == "timestamp":
+        if spec.timestamp < 0:
+            raise errors.InvalidRequestError(f"timestamp {spec.timestamp} is negative")
+        return spec.timestamp
+    raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")

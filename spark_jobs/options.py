@@ -48,10 +48,9 @@ from dataclasses import dataclass
 
 from gateway.client.structs import TopicPartition
 from services.errors import InvalidRequestError
+from services.offset_spec import EARLIEST, LATEST
 from services.topic_pattern import compile_topic_pattern
 from spark_jobs.offsets import (
-    EARLIEST,
-    LATEST,
     Earliest,
     GlobalTimestamp,
     Latest,
@@ -243,7 +242,7 @@ def _parse_timestamp(raw: _Raw, name: str) -> int:
 
 def _parse_bound(raw: _Raw, names: tuple[str, str, str]) -> OffsetBound | None:
     """One of (offsets, offsets-by-timestamp, timestamp) options; at most one may be given."""
-    offsets_name, by_ts_name, ts_name = names
+    _offsets_name, by_ts_name, ts_name = names
     given = raw.given(names)
     if len(given) > 1:
         raise OptionError(given[1], f"conflicts with {given[0]}: give only one of {', '.join(names)}")

@@ -18,15 +18,13 @@ from dataclasses import dataclass
 
 from services import errors
 from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
+from services.offset_spec import EARLIEST, LATEST
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
 from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
 log = logging.getLogger(__name__)
-
-EARLIEST = -2
-LATEST = -1
 
 
 class Acks(enum.Enum):

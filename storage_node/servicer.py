@@ -6,10 +6,10 @@ import asyncio
 
 from services import errors
 from services.grpc_server import translate_errors
-from services.proto import pb, storage_grpc
 from services.leader_and_isr import ReplicaEndpoint
-from services.serde import error_to_proto, leader_and_isr_from_proto
-from storage_node.handlers import EARLIEST, LATEST, Acks, AppendResult, OffsetResult, StorageNodeHandlers
+from services.proto import pb, storage_grpc
+from services.serde import error_to_proto, leader_and_isr_from_proto, offset_spec_from_proto
+from storage_node.handlers import Acks, AppendResult, OffsetResult, StorageNodeHandlers
 
 _ACKS = {
     pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
@@ -42,20 +42,6 @@ def _offset_result_to_proto(result: OffsetResult):
         timestamp=result.timestamp,
         error=error_to_proto(result.error) if result.error else None,
     )
-
-
-def spec_to_timestamp(spec) -> int:
-    """OffsetSpec -> Kafka's ListOffsets timestamp convention (-2 earliest, -1 latest, else ms)."""
-    which = spec.WhichOneof("spec")
-    if which == "earliest":
-        return EARLIEST
-    if which == "latest":
-        return LATEST
-    if which == "timestamp":
-        if spec.timestamp < 0:
-            raise errors.InvalidRequestError(f"timestamp {spec.timestamp} is negative")
-        return spec.timestamp
-    raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")
 
 
 def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = "", state=None):
@@ -113,7 +99,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
         results = []
         for query in request.partitions:
             try:
-                timestamp = spec_to_timestamp(query.spec)
+                timestamp = offset_spec_from_proto(query.spec)
             except errors.TributaryError as exc:
                 results.append(OffsetResult(query.topic, query.partition, error=exc))
                 continue

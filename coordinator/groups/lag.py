@@ -16,10 +16,6 @@ from coordinator.storage_client import StorageNodes
 from services import errors
 from services.topic_partition import TopicPartition
 
-#: Kafka's ListOffsets conventions.
-EARLIEST = -2
-LATEST = -1
-
 OffsetOrError = int | errors.TributaryError
 
 

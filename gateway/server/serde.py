@@ -14,13 +14,13 @@ from gateway.server.fetch import (
     FetchedPartition,
     PartitionFetch,
 )
-from gateway.server.offsets import EARLIEST, LATEST, OffsetQuery
+from gateway.server.offsets import OffsetQuery
 from gateway.server.produce import PartitionResult, ProduceOutcome
 from gateway.server.storage_calls import OffsetOutcome
 from services import errors
 from services.proto import pb
 from services.records import Compression, TimestampType
-from services.serde import error_to_proto
+from services.serde import error_to_proto, offset_spec_from_proto
 
 _ACKS = {
     pb.ACKS_UNSPECIFIED: Acks.ALL,
@@ -199,19 +199,16 @@ def fetch_response_to_proto(results: list[FetchedPartition]):
 # ---- list offsets ---------------------------------------------------------------------------
 
 
-def _spec_to_timestamp(spec) -> int | None:
-    which = spec.WhichOneof("spec")
-    if which == "earliest":
-        return EARLIEST
-    if which == "latest":
-        return LATEST
-    if which == "timestamp" and spec.timestamp >= 0:
-        return spec.timestamp
-    return None
+def _offset_query_from_proto(query) -> OffsetQuery:
+    """A bad spec fails only its own partition (INVALID_REQUEST), not the request."""
+    try:
+        return OffsetQuery(query.topic, query.partition, offset_spec_from_proto(query.spec))
+    except errors.TributaryError as exc:
+        return OffsetQuery(query.topic, query.partition, None, exc)
 
 
 def offset_queries_from_proto(request) -> list[OffsetQuery]:
-    return [OffsetQuery(p.topic, p.partition, _spec_to_timestamp(p.spec)) for p in request.partitions]
+    return [_offset_query_from_proto(p) for p in request.partitions]
 
 
 def offsets_to_proto(outcomes: list[OffsetOutcome]):

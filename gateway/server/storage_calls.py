@@ -14,11 +14,7 @@ import grpc
 
 from services import errors
 from services.proto import pb, storage_grpc
-from services.serde import error_from_proto
-
-#: Kafka's ListOffsets timestamps: -2 = earliest, -1 = latest.
-EARLIEST = -2
-LATEST = -1
+from services.serde import error_from_proto, offset_spec_to_proto
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +86,6 @@ async def append(
     return {p: outcomes.get(p) or AppendOutcome(p, error=missing) for p in payloads}
 
 
-def _offset_spec(timestamp: int):
-    if timestamp == EARLIEST:
-        return pb.OffsetSpec(earliest=True)
-    if timestamp == LATEST:
-        return pb.OffsetSpec(latest=True)
-    return pb.OffsetSpec(timestamp=timestamp)
-
-
 async def list_offsets(
     stub: storage_grpc.StorageNodeStub,
     queries: list[tuple[str, int, int]],
@@ -107,7 +95,8 @@ async def list_offsets(
     """Look up offsets on one node; ``queries`` are (topic, partition, Kafka-style timestamp)."""
     request = pb.ListPartitionOffsetsRequest(
         partitions=[
-            pb.PartitionOffsetQuery(topic=t, partition=p, spec=_offset_spec(ts)) for t, p, ts in queries
+            pb.PartitionOffsetQuery(topic=t, partition=p, spec=offset_spec_to_proto(ts))
+            for t, p, ts in queries
         ]
     )
     try:

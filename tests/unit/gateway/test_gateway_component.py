@@ -574,6 +574,27 @@ def test_list_offsets(run_with_cluster):
     run_with_cluster(scenario)
 
 
+def test_list_offsets_bad_spec_fails_only_its_partition(run_with_cluster):
+    async def scenario(cluster):
+        cluster.create_topic("t", 2)
+        stub = cluster.stub()
+        answer = await stub.ListOffsets(
+            pb.ListOffsetsRequest(
+                partitions=[
+                    pb.ListOffsetsPartition(topic="t", partition=0, spec=pb.OffsetSpec(timestamp=-5)),
+                    pb.ListOffsetsPartition(topic="t", partition=1, spec=pb.OffsetSpec(earliest=True)),
+                ]
+            )
+        )
+        assert [(p.partition, p.offset, p.error.reason) for p in answer.partitions] == [
+            (0, -1, "INVALID_REQUEST"),
+            (1, 0, ""),
+        ]
+        assert "negative" in answer.partitions[0].error.message
+
+    run_with_cluster(scenario)
+
+
 def test_metadata_falls_back_to_polling_without_watch(run_with_cluster):
     async def scenario(cluster):
         stub = cluster.stub()
