@@ -6,6 +6,7 @@ Servicers only translate: they decode with these, call a plain handler, and enco
 from __future__ import annotations
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
 from services.proto import pb
@@ -23,6 +24,21 @@ def error_from_proto(message) -> errors.TributaryError | None:
     if message is None or not message.reason:
         return None
     return errors.make_error(message.reason, message.message)
+
+
+def broker_address_to_proto(address: BrokerAddress):
+    return pb.BrokerInfo(
+        node_id=address.node_id,
+        host=address.host,
+        grpc_port=address.grpc_port,
+        fetch_port=address.fetch_port,
+        rack=address.rack,
+    )
+
+
+def broker_address_from_proto(message) -> BrokerAddress:
+    """A ``BrokerInfo`` message (cluster metadata) as a :class:`BrokerAddress`."""
+    return BrokerAddress(message.node_id, message.host, message.grpc_port, message.fetch_port, message.rack)
 
 
 def leader_and_isr_to_proto(state: LeaderAndIsr):

@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services import errors
-from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
+from services.broker_address import BrokerAddress
+from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
@@ -231,7 +232,7 @@ class StorageNodeHandlers:
         self,
         controller_epoch: int,
         states: Iterable[LeaderAndIsr],
-        leaders: Mapping[int, ReplicaEndpoint],
+        leaders: Mapping[int, BrokerAddress],
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> list[StateUpdateResult]:
         return self.replicas.update_leader_and_isr(controller_epoch, states, leaders, topic_configs)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.grpc_server import translate_errors
-from services.leader_and_isr import ReplicaEndpoint
 from services.proto import pb, storage_grpc
 from services.serde import error_to_proto, leader_and_isr_from_proto, offset_spec_from_proto
 from storage_node.handlers import Acks, AppendResult, OffsetResult, StorageNodeHandlers
@@ -132,7 +132,9 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     @translate_errors
     async def UpdateLeaderAndIsr(self, request, context):
         states = [leader_and_isr_from_proto(p) for p in request.partitions]
-        leaders = {e.node_id: ReplicaEndpoint(e.node_id, e.host, e.fetch_port) for e in request.leaders}
+        leaders = {
+            e.node_id: BrokerAddress(e.node_id, e.host, fetch_port=e.fetch_port) for e in request.leaders
+        }
         configs = {topic: dict(c.configs) for topic, c in request.topic_configs.items()}
         results = self._handlers.update_leader_and_isr(request.controller_epoch, states, leaders, configs)
         return pb.UpdateLeaderAndIsrResponse(

@@ -24,9 +24,10 @@ from collections.abc import Callable
 
 import grpc
 
-from gateway.server.cluster_snapshot import ClusterSnapshot, NodeAddress, TopicRoute
+from gateway.server.cluster_snapshot import ClusterSnapshot, TopicRoute
 from gateway.server.coordinators import CHANNEL_OPTIONS, CoordinatorPool
 from services import errors
+from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
 
@@ -176,7 +177,7 @@ class NodeClients:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._fetchers: dict[tuple[str, int], FetchClient] = {}
 
-    def storage(self, node: NodeAddress) -> storage_grpc.StorageNodeStub:
+    def storage(self, node: BrokerAddress) -> storage_grpc.StorageNodeStub:
         channel = self._channels.get(node.grpc_target)
         if channel is None:
             target = node.grpc_target
@@ -187,7 +188,7 @@ class NodeClients:
             self._channels[target] = channel
         return storage_grpc.StorageNodeStub(channel)
 
-    def fetcher(self, node: NodeAddress) -> FetchClient:
+    def fetcher(self, node: BrokerAddress) -> FetchClient:
         key = (node.host, node.fetch_port)
         client = self._fetchers.get(key)
         if client is None:
