@@ -11,12 +11,13 @@ Roles, leadership checks and acknowledgements are the replica manager's
 
 from __future__ import annotations
 
-import enum
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
 from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
@@ -26,26 +27,6 @@ from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
 log = logging.getLogger(__name__)
-
-
-class Acks(enum.Enum):
-    """What an append waits for before it is answered."""
-
-    NONE = "none"  # nothing: the answer is not awaited
-    LEADER = "leader"  # this leader's write
-    ALL = "all"  # every in-sync replica (the high watermark)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    topic: str
-    partition: int
-    error: errors.TributaryError | None = None
-    base_offset: int = -1
-    last_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    record_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,30 +8,17 @@ from services import errors
 from services.broker_address import BrokerAddress
 from services.grpc_server import translate_errors
 from services.proto import pb, storage_grpc
-from services.serde import error_to_proto, leader_and_isr_from_proto, offset_spec_from_proto
-from storage_node.handlers import Acks, AppendResult, OffsetResult, StorageNodeHandlers
+from services.serde import (
+    acks_from_proto,
+    append_result_to_proto,
+    error_to_proto,
+    leader_and_isr_from_proto,
+    offset_spec_from_proto,
+)
+from storage_node.handlers import OffsetResult, StorageNodeHandlers
 
-_ACKS = {
-    pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
-    pb.ACKS_NONE: Acks.NONE,
-    pb.ACKS_LEADER: Acks.LEADER,
-    pb.ACKS_ALL: Acks.ALL,
-}
 #: Deadline of an acks=all append whose request sets none.
 _DEFAULT_TIMEOUT_MS = 30_000
-
-
-def _append_result_to_proto(result: AppendResult):
-    return pb.PartitionAppendResult(
-        topic=result.topic,
-        partition=result.partition,
-        error=error_to_proto(result.error) if result.error else None,
-        base_offset=result.base_offset,
-        last_offset=result.last_offset,
-        log_append_time=result.log_append_time,
-        log_start_offset=result.log_start_offset,
-        record_count=result.record_count,
-    )
 
 
 def _offset_result_to_proto(result: OffsetResult):
@@ -71,11 +58,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
 
     @translate_errors
     async def Append(self, request, context):
-        acks = _ACKS.get(request.acks)
-        if acks is None:
-            raise errors.InvalidRequiredAcksError(
-                f"acks value {request.acks} is not one of none, leader, all"
-            )
+        acks = acks_from_proto(request.acks)
         if request.timeout_ms < 0:
             raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
         timeout_s = (request.timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000
@@ -92,7 +75,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                 for p in request.partitions
             )
         )
-        return pb.AppendResponse(partitions=[_append_result_to_proto(r) for r in results])
+        return pb.AppendResponse(partitions=[append_result_to_proto(r) for r in results])
 
     @translate_errors
     async def ListPartitionOffsets(self, request, context):

@@ -17,22 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import NamedTuple
 
 from services import errors
+from services.acks import Acks
 from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression, RecordBatchBuilder
 
 Headers = tuple[tuple[str, "bytes | None"], ...]
-
-
-class Acks(IntEnum):
-    """Kafka's acks values."""
-
-    NONE = 0
-    LEADER = 1
-    ALL = -1
 
 
 class RecordIn(NamedTuple):

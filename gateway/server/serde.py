@@ -6,7 +6,7 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 
 from __future__ import annotations
 
-from gateway.server.batching import Acks, ProduceCommand, RecordIn
+from gateway.server.batching import ProduceCommand, RecordIn
 from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
@@ -15,19 +15,14 @@ from gateway.server.fetch import (
     PartitionFetch,
 )
 from gateway.server.offsets import OffsetQuery
-from gateway.server.produce import PartitionResult, ProduceOutcome
+from gateway.server.produce import ProduceOutcome
 from gateway.server.storage_calls import OffsetOutcome
 from services import errors
+from services.append_result import AppendResult
 from services.proto import pb
 from services.records import Compression, TimestampType
-from services.serde import error_to_proto, offset_spec_from_proto
+from services.serde import acks_from_proto, error_to_proto, offset_spec_from_proto
 
-_ACKS = {
-    pb.ACKS_UNSPECIFIED: Acks.ALL,
-    pb.ACKS_NONE: Acks.NONE,
-    pb.ACKS_LEADER: Acks.LEADER,
-    pb.ACKS_ALL: Acks.ALL,
-}
 _COMPRESSION = {
     pb.COMPRESSION_UNSPECIFIED: Compression.NONE,
     pb.COMPRESSION_NONE: Compression.NONE,
@@ -58,9 +53,7 @@ def _record_from_proto(record) -> RecordIn:
 
 
 def produce_command_from_proto(request) -> ProduceCommand:
-    acks = _ACKS.get(request.acks)
-    if acks is None:
-        raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+    acks = acks_from_proto(request.acks)
     compression = _COMPRESSION.get(request.compression)
     if compression is None:
         raise errors.InvalidRequestError(f"unknown compression {request.compression}")
@@ -75,7 +68,7 @@ def produce_command_from_proto(request) -> ProduceCommand:
     )
 
 
-def _partition_result_to_proto(result: PartitionResult):
+def _partition_result_to_proto(result: AppendResult):
     return pb.PartitionProduceResult(
         partition=result.partition,
         base_offset=result.base_offset,
