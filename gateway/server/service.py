@@ -20,11 +20,12 @@ from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
 from gateway.server.routing import MetadataWatch, NodeClients, Router
 from gateway.server.servicer import GatewayServicer
+from gateway.server.telemetry import GatewayInstruments
 from services.clock import SYSTEM_CLOCK, Clock
 from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
-from services.telemetry import GatewayInstruments, Telemetry, setup_telemetry
+from services.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 
