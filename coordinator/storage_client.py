@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class StorageNodes:
-    """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.BrokerInfo`."""
+    """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.RegisteredBroker`."""
 
     def __init__(self, *, timeout: float = 5.0) -> None:
         self.timeout = timeout
