@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.config import ServiceConfig
+
 ENV_PREFIX = "TRIBUTARY_COORDINATOR"
 
 
 @dataclass
-class CoordinatorConfig:
+class CoordinatorConfig(ServiceConfig):
     #: Stable id of this coordinator; empty = "<hostname>-<port>" once the port is bound.
     coordinator_id: str = ""
     #: Address other coordinators and gateways use to reach this one; also the bind address.
@@ -20,9 +22,11 @@ class CoordinatorConfig:
     etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
     #: Deadline of each etcd call, seconds.
     etcd_timeout_s: float = 5.0
-    #: TLS to etcd: CA bundle, client certificate and key (all optional).
+    #: TLS to etcd: the CA bundle that signed etcd's certificate (optional).
     etcd_ca_file: Path | None = None
+    #: TLS to etcd: this coordinator's client certificate, for etcd's --client-cert-auth (optional).
     etcd_cert_file: Path | None = None
+    #: TLS to etcd: the key of ``etcd_cert_file`` (optional).
     etcd_key_file: Path | None = None
     #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
     cluster: str = "local"
@@ -33,8 +37,9 @@ class CoordinatorConfig:
     reconcile_interval_s: float = 1.0
     #: Controller: how long admin calls wait for partitions to come online / data to be deleted.
     admin_wait_s: float = 10.0
-    #: Controller: storage-node RPCs in flight at once, and the deadline of each.
+    #: Controller: storage-node RPCs in flight at once.
     max_parallel_rpcs: int = 64
+    #: Controller: the deadline of each storage-node RPC, seconds.
     storage_rpc_timeout_s: float = 5.0
     #: Replication factor of topics created without one (Kafka's default.replication.factor).
     default_replication_factor: int = 1
@@ -53,28 +58,22 @@ class CoordinatorConfig:
     forward_timeout_s: float = 10.0
     #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
     health_interval_s: float = 0.5
-    #: Consumer groups: accepted session timeouts (Kafka's group.min/max.session.timeout.ms).
+    #: Consumer groups: the shortest session timeout a member may ask for
+    #: (Kafka's group.min.session.timeout.ms).
     group_min_session_timeout_ms: int = 6_000
+    #: Consumer groups: the longest session timeout a member may ask for
+    #: (Kafka's group.max.session.timeout.ms).
     group_max_session_timeout_ms: int = 1_800_000
     #: Committed offsets of a group without members expire this long after it emptied (Kafka's
-    #: offsets.retention.minutes, 7 days), checked this often (offsets.retention.check.interval.ms).
+    #: offsets.retention.minutes, 7 days).
     offsets_retention_minutes: int = 10_080
+    #: How often expired offsets are looked for, seconds (offsets.retention.check.interval.ms).
     offsets_retention_check_interval_s: float = 600.0
     #: Longest metadata string a commit may store per partition (offset.metadata.max.bytes).
     offset_metadata_max_bytes: int = 4_096
-    #: When set, a JSON file with the pid and bound port is written here once the service serves.
-    ready_file: Path | None = None
-    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
-    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
     #: With a metrics exporter on: how often the active controller samples every group's lag
     #: per partition into the ``tributary.consumer.lag`` gauge (seconds).
     lag_sample_interval_s: float = 10.0
-    telemetry_exporter: str = ""
-    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
-    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
-    metrics_address: str = ""
-    log_level: str = "INFO"
-    log_file: Path | None = None
 
 
 def config_problem(config: CoordinatorConfig) -> str | None:

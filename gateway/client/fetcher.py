@@ -318,7 +318,7 @@ class Fetcher:
             self._fetch_task.cancel()
 
     async def _do_fetch(self, offsets: dict[TopicPartition, int]) -> None:
-        handler = FetchHandler(self, offsets)
+        handler = SendFetchHandler(self, offsets)
         timeout_ms = self.client.request_timeout_ms + self.fetch_max_wait_ms
         try:
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)
@@ -545,7 +545,7 @@ class Fetcher:
         await asyncio.gather(*self._background, return_exceptions=True)
 
 
-class FetchHandler:
+class SendFetchHandler:
     """One Fetch request: ``create_request`` / ``handle_response`` / ``handle_error``.
 
     It remembers the offset it asked for per partition; the fetcher decides whether the answer

@@ -27,10 +27,10 @@ import logging
 from dataclasses import dataclass
 
 from services import errors
+from services.broker_address import BrokerAddress as ReplicaEndpoint
 from services.clock import Clock
 from services.fetchport import multi
 from services.fetchport.protocol import MAX_RESPONSE_FRAME, SIZE
-from services.leader_and_isr import ReplicaEndpoint
 from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.replication import rules
 from storage_node.replication.manager import ReplicationSettings

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services import errors
+from services.broker_address import BrokerAddress as ReplicaEndpoint
 from services.clock import Clock
 from services.fetchport.multi import PartitionFetch
-from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
+from services.leader_and_isr import LeaderAndIsr
 from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.log.log_manager import LogManager
 from storage_node.log.partition_log import AppendInfo, FetchInfo

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gateway.client.errors import CorruptRecordError, OffsetOutOfRangeError
-from gateway.client.fetcher import PREFETCH_DEPTH, Fetcher, FetchHandler, PartitionRecords
+from gateway.client.fetcher import PREFETCH_DEPTH, Fetcher, PartitionRecords, SendFetchHandler
 from gateway.client.metadata import MetadataCache
 from gateway.client.structs import ConsumerRecord, TopicPartition
 from gateway.client.subscription import SubscriptionState
@@ -140,7 +140,7 @@ def result(tp, raw=b"", *, error=None, high_watermark=100):
 
 def answer(f, tp, offset, partition_result):
     """The fetcher gets ``partition_result`` as the answer to a fetch of ``tp`` from ``offset``."""
-    handler = FetchHandler(f, {tp: offset})
+    handler = SendFetchHandler(f, {tp: offset})
     request = handler.create_request()
     assert request.raw_batches and request.partitions[0].offset == offset
     handler.handle_response(pb.FetchResponse(partitions=[partition_result]))
@@ -241,7 +241,7 @@ def test_a_failed_fetch_call_backs_off_quietly():
     from gateway.client.errors import NetworkError
 
     f, sub = fetcher()
-    FetchHandler(f, {TP0: 0, TP1: 0}).handle_error(NetworkError("gateway gone"))
+    SendFetchHandler(f, {TP0: 0, TP1: 0}).handle_error(NetworkError("gateway gone"))
     assert f.drain(10) == {}, "retriable: not the application's problem"
     assert f.fetch_candidates(now=f.client.clock.monotonic()) == {}
     f.client.clock.advance(f.retry_backoff_ms)
@@ -252,7 +252,7 @@ def test_a_rejected_fetch_is_raised():
     from gateway.client.errors import InvalidRequestError
 
     f, sub = fetcher()
-    FetchHandler(f, {TP0: 0}).handle_error(InvalidRequestError("bad request"))
+    SendFetchHandler(f, {TP0: 0}).handle_error(InvalidRequestError("bad request"))
     with pytest.raises(InvalidRequestError):
         f.drain(10)
 

@@ -10,8 +10,8 @@ import time
 import grpc
 import pytest
 
-from gateway.partitioner import partition_for_key
 from services import errors
+from services.partitioner import partition_for_key
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
 
@@ -570,6 +570,27 @@ def test_list_offsets(run_with_cluster):
                 )
             )
         assert rpc_reason(info.value) == "INVALID_REQUEST"
+
+    run_with_cluster(scenario)
+
+
+def test_list_offsets_bad_spec_fails_only_its_partition(run_with_cluster):
+    async def scenario(cluster):
+        cluster.create_topic("t", 2)
+        stub = cluster.stub()
+        answer = await stub.ListOffsets(
+            pb.ListOffsetsRequest(
+                partitions=[
+                    pb.ListOffsetsPartition(topic="t", partition=0, spec=pb.OffsetSpec(timestamp=-5)),
+                    pb.ListOffsetsPartition(topic="t", partition=1, spec=pb.OffsetSpec(earliest=True)),
+                ]
+            )
+        )
+        assert [(p.partition, p.offset, p.error.reason) for p in answer.partitions] == [
+            (0, -1, "INVALID_REQUEST"),
+            (1, 0, ""),
+        ]
+        assert "negative" in answer.partitions[0].error.message
 
     run_with_cluster(scenario)
 

@@ -18,9 +18,9 @@ partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
-unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`): on the decode
+unless ``raw_batches`` is set, decoded here (see :mod:`gateway.server.fetch_assembly`): on the decode
 pool's threads, never on the event loop, within the answer's decode budget (see
-:mod:`gateway.decode_pool`).
+:mod:`gateway.server.decode_pool`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.decode_pool import DecodePool
-from gateway.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
-from gateway.metadata import NodeAddress
-from gateway.routing import Router
+from gateway.server.decode_pool import DecodePool
+from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
+from gateway.server.routing import Router
 from services import errors
+from services.broker_address import BrokerAddress
 from services.fetchport.protocol import FetchResponseHeader
 
 log = logging.getLogger(__name__)
@@ -262,7 +262,7 @@ class _FetchSession:
 
     async def _poll(self, index: int, *, long_poll: bool) -> _Poll:
         part = self.parts[index]
-        node: NodeAddress | None = None
+        node: BrokerAddress | None = None
         reconnected = False
         for _ in range(_MAX_LEADER_CHASES):
             try:
@@ -289,7 +289,7 @@ class _FetchSession:
                 return _Poll(error=error)
         return _Poll(error=error)
 
-    async def _read(self, node: NodeAddress, part: PartitionData, wait_ms: int):
+    async def _read(self, node: BrokerAddress, part: PartitionData, wait_ms: int):
         """One fetch-port request for ``part`` (inside a CLIENT span when tracing)."""
         read = self._router.clients.fetcher(node).fetch(
             part.topic,
@@ -310,11 +310,11 @@ class _FetchSession:
         self._telemetry.end_fetch_port_read(span, len(result.records), result.header.error())
         return result
 
-    async def _leader(self, topic: str, partition: int) -> NodeAddress:
+    async def _leader(self, topic: str, partition: int) -> BrokerAddress:
         await self._router.topic(topic)  # refreshes once for a topic the cache does not know
         return self._router.snapshot.ensure_leader(topic, partition)
 
-    async def _leader_changed(self, topic: str, partition: int, node: NodeAddress | None) -> bool:
+    async def _leader_changed(self, topic: str, partition: int, node: BrokerAddress | None) -> bool:
         """Refresh the metadata; True when it now names another (reachable) leader address."""
         snapshot = await self._router.refresh()
         try:

@@ -6,28 +6,23 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 
 from __future__ import annotations
 
-from gateway.batching import Acks, ProduceCommand, RecordIn
-from gateway.fetch import (
+from gateway.server.batching import ProduceCommand, RecordIn
+from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
     FetchCommand,
     FetchedPartition,
     PartitionFetch,
 )
-from gateway.offsets import EARLIEST, LATEST, OffsetQuery
-from gateway.produce import PartitionResult, ProduceOutcome
-from gateway.storage_calls import OffsetOutcome
+from gateway.server.offsets import OffsetQuery
+from gateway.server.produce import ProduceOutcome
+from gateway.server.storage_calls import OffsetOutcome
 from services import errors
+from services.append_result import AppendResult
 from services.proto import pb
 from services.records import Compression, TimestampType
-from services.serde import error_to_proto
+from services.serde import acks_from_proto, error_to_proto, offset_spec_from_proto
 
-_ACKS = {
-    pb.ACKS_UNSPECIFIED: Acks.ALL,
-    pb.ACKS_NONE: Acks.NONE,
-    pb.ACKS_LEADER: Acks.LEADER,
-    pb.ACKS_ALL: Acks.ALL,
-}
 _COMPRESSION = {
     pb.COMPRESSION_UNSPECIFIED: Compression.NONE,
     pb.COMPRESSION_NONE: Compression.NONE,
@@ -58,9 +53,7 @@ def _record_from_proto(record) -> RecordIn:
 
 
 def produce_command_from_proto(request) -> ProduceCommand:
-    acks = _ACKS.get(request.acks)
-    if acks is None:
-        raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+    acks = acks_from_proto(request.acks)
     compression = _COMPRESSION.get(request.compression)
     if compression is None:
         raise errors.InvalidRequestError(f"unknown compression {request.compression}")
@@ -75,7 +68,7 @@ def produce_command_from_proto(request) -> ProduceCommand:
     )
 
 
-def _partition_result_to_proto(result: PartitionResult):
+def _partition_result_to_proto(result: AppendResult):
     return pb.PartitionProduceResult(
         partition=result.partition,
         base_offset=result.base_offset,
@@ -199,19 +192,16 @@ def fetch_response_to_proto(results: list[FetchedPartition]):
 # ---- list offsets ---------------------------------------------------------------------------
 
 
-def _spec_to_timestamp(spec) -> int | None:
-    which = spec.WhichOneof("spec")
-    if which == "earliest":
-        return EARLIEST
-    if which == "latest":
-        return LATEST
-    if which == "timestamp" and spec.timestamp >= 0:
-        return spec.timestamp
-    return None
+def _offset_query_from_proto(query) -> OffsetQuery:
+    """A bad spec fails only its own partition (INVALID_REQUEST), not the request."""
+    try:
+        return OffsetQuery(query.topic, query.partition, offset_spec_from_proto(query.spec))
+    except errors.TributaryError as exc:
+        return OffsetQuery(query.topic, query.partition, None, exc)
 
 
 def offset_queries_from_proto(request) -> list[OffsetQuery]:
-    return [OffsetQuery(p.topic, p.partition, _spec_to_timestamp(p.spec)) for p in request.partitions]
+    return [_offset_query_from_proto(p) for p in request.partitions]
 
 
 def offsets_to_proto(outcomes: list[OffsetOutcome]):
