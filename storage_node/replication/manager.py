@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services import errors
-from services.broker_address import BrokerAddress as ReplicaEndpoint
+from services.broker_address import BrokerAddress
 from services.clock import Clock
 from services.fetchport.multi import PartitionFetch
 from services.leader_and_isr import LeaderAndIsr
@@ -50,7 +50,7 @@ class IsrChannel(Protocol):
 class FollowerFetchers(Protocol):
     """The replica fetchers: which partitions follow which leader."""
 
-    def follow(self, partition: Partition, leader: ReplicaEndpoint) -> None: ...
+    def follow(self, partition: Partition, leader: BrokerAddress) -> None: ...
 
     def unfollow(self, key: tuple[str, int]) -> None: ...
 
@@ -159,7 +159,7 @@ class ReplicaManager:
         self,
         controller_epoch: int,
         states: Iterable[LeaderAndIsr],
-        leaders: Mapping[int, ReplicaEndpoint],
+        leaders: Mapping[int, BrokerAddress],
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> list[StateUpdateResult]:
         """Apply the controller's partition states; one result per state."""
@@ -174,7 +174,7 @@ class ReplicaManager:
         return results
 
     def _apply(
-        self, state: LeaderAndIsr, leaders: Mapping[int, ReplicaEndpoint], configs: Mapping[str, str] | None
+        self, state: LeaderAndIsr, leaders: Mapping[int, BrokerAddress], configs: Mapping[str, str] | None
     ) -> None:
         if self.node_id not in state.replicas:
             raise errors.NotLeaderOrFollowerError(
