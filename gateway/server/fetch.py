@@ -35,6 +35,7 @@ from gateway.server.routing import Router
 from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.protocol import FetchResponseHeader
+from services.records.aborted import AbortedTransactionFilter
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class FetchCommand:
     max_wait_ms: int = 0
     max_bytes: int = DEFAULT_TOTAL_MAX_BYTES
     raw_batches: bool = False
+    #: Only records below the last stable offset, none of an aborted transaction.
+    read_committed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,10 @@ class FetchedPartition:
     batches: list[TypedBatch]
     #: Raw results (``raw_batches`` true): the batches as the node sent them.
     raw: bytes = b""
+    #: read_committed: the last stable offset, and (raw results) the aborted transactions
+    #: overlapping the batches, as (producer id, first offset).
+    last_stable_offset: int = -1
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 def ensure_valid_fetch(command: FetchCommand) -> None:
@@ -107,6 +114,7 @@ class _Poll:
     header: FetchResponseHeader | None = None
     records: bytes = b""
     error: errors.TributaryError | None = None
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 class FetchHandler:
@@ -203,6 +211,7 @@ class _FetchSession:
         header = poll.header
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
+        part.aborted.update(poll.aborted)
         taken = take_batches(
             poll.records,
             fetch_offset=part.next_offset,
@@ -275,7 +284,7 @@ class _FetchSession:
                 result = await self._read(node, part, wait_ms)
                 error = result.header.error()
                 if error is None:
-                    return _Poll(result.header, result.records)
+                    return _Poll(result.header, result.records, aborted=result.aborted)
             except errors.NetworkError as exc:
                 # A pooled connection the node dropped (it restarted on the same address): the
                 # client has closed it, so one more try goes out on a fresh connection.
@@ -298,6 +307,7 @@ class _FetchSession:
             max_bytes=max(1, min(part.room, self._total_room)),
             min_bytes=1,
             max_wait_ms=wait_ms,
+            read_committed=self._command.read_committed,
         )
         if self._telemetry is None:
             return await read
@@ -342,20 +352,22 @@ class _FetchSession:
                 partition=part.partition,
                 fetch_offset=part.fetch_offset,
                 budget=budget,
+                aborted=AbortedTransactionFilter(part.aborted) if self._command.read_committed else None,
             )
             if decoded.error is not None:
                 log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, decoded.error)
             results.append(self._result(part, decoded.error, decoded.next_offset, decoded.batches))
         return results
 
-    @staticmethod
     def _result(
+        self,
         part: PartitionData,
         error: errors.TributaryError | None,
         next_offset: int,
         batches: list[TypedBatch] | None = None,
         raw: bytes = b"",
     ) -> FetchedPartition:
+        committed = self._command.read_committed
         return FetchedPartition(
             part.topic,
             part.partition,
@@ -365,4 +377,8 @@ class _FetchSession:
             next_offset,
             batches or [],
             raw,
+            # the node bounds a read_committed read by the last stable offset, carried as the
+            # answer's high watermark (FetchResult)
+            part.high_watermark if committed else -1,
+            tuple(sorted(part.aborted, key=lambda a: a[1])) if committed and raw else (),
         )

@@ -116,25 +116,22 @@ def produce_error_to_proto(request, error: errors.TributaryError):
 # ---- fetch ----------------------------------------------------------------------------------
 
 
-#: Isolation levels a Fetch may ask for. READ_COMMITTED needs the last stable offset and the
-#: aborted-transaction index, which come with transactions (a later issue): until then it is
-#: refused rather than served as READ_UNCOMMITTED, which would be a silent downgrade.
-_SERVED_ISOLATION_LEVELS = (pb.ISOLATION_LEVEL_UNSPECIFIED, pb.ISOLATION_LEVEL_READ_UNCOMMITTED)
+_ISOLATION_LEVELS = {
+    pb.ISOLATION_LEVEL_UNSPECIFIED: False,
+    pb.ISOLATION_LEVEL_READ_UNCOMMITTED: False,
+    pb.ISOLATION_LEVEL_READ_COMMITTED: True,
+}
 
 
-def _ensure_served_isolation_level(level: int) -> None:
-    if level in _SERVED_ISOLATION_LEVELS:
-        return
-    if level == pb.ISOLATION_LEVEL_READ_COMMITTED:
-        raise errors.InvalidRequestError(
-            "isolation_level READ_COMMITTED is not supported yet: there are no transactions, "
-            "so no last stable offset to stop at; use READ_UNCOMMITTED"
-        )
-    raise errors.InvalidRequestError(f"unknown isolation_level {level}")
+def _read_committed(level: int) -> bool:
+    try:
+        return _ISOLATION_LEVELS[level]
+    except KeyError:
+        raise errors.InvalidRequestError(f"unknown isolation_level {level}") from None
 
 
 def fetch_command_from_proto(request) -> FetchCommand:
-    _ensure_served_isolation_level(request.isolation_level)
+    read_committed = _read_committed(request.isolation_level)
     return FetchCommand(
         partitions=tuple(
             PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)
@@ -144,6 +141,7 @@ def fetch_command_from_proto(request) -> FetchCommand:
         max_wait_ms=request.max_wait_ms,
         max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
         raw_batches=request.raw_batches,
+        read_committed=read_committed,
     )
 
 
@@ -175,6 +173,11 @@ def _fill_fetch_result(message, result: FetchedPartition) -> None:
     message.high_watermark = result.high_watermark
     message.log_start_offset = result.log_start_offset
     message.next_offset = result.next_offset
+    if result.last_stable_offset >= 0:
+        message.last_stable_offset = result.last_stable_offset
+        add = message.aborted_transactions.add
+        for producer_id, first_offset in result.aborted:
+            add(producer_id=producer_id, first_offset=first_offset)
     if result.raw:
         message.record_batches = result.raw
     if result.batches:

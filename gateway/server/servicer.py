@@ -216,3 +216,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     DescribeGroup = _forward("DescribeGroup")
     ResetGroupOffsets = _forward("ResetGroupOffsets")
     DeleteGroup = _forward("DeleteGroup")
+
+    # ---- idempotent and transactional producers (forwarded to the controller) ---------------
+
+    InitProducerId = _forward("InitProducerId")
+    AddPartitionsToTxn = _forward("AddPartitionsToTxn")
+    AddOffsetsToTxn = _forward("AddOffsetsToTxn")
+    TxnOffsetCommit = _forward("TxnOffsetCommit")
+    EndTxn = _forward("EndTxn")
