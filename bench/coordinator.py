@@ -2,7 +2,7 @@
 crashed controller is replaced.
 
 Runs a real local cluster -- an embedded etcd (fsync on), two coordinators, storage nodes --
-through ``deploy.processes``, and prints a report:
+through ``launcher.processes``, and prints a report:
 
 1. **create**: wall time of one CreateTopic of N partitions (default 1,000) until every
    partition is ONLINE (its leader created it), at replication factor 1 and 3.
@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from deploy.processes import ServiceProcess, start_service
+from launcher.processes import ServiceProcess, start_service
 from services import errors
 from services.etcd.embedded import EmbeddedEtcd
 from services.proto import coordinator_grpc, pb

@@ -2,7 +2,7 @@
 cooperative, and committed-offset throughput.
 
 Runs a real local cluster -- an embedded etcd (fsync on), one coordinator, one storage node --
-through ``deploy.processes``; group members are asyncio tasks on raw gRPC stubs that follow the
+through ``launcher.processes``; group members are asyncio tasks on raw gRPC stubs that follow the
 protocol an SDK implements (join; heartbeat every ``session/3``, at once after a revocation and
 every 100 ms while partitions are pending; report what they still own). Prints a report:
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from deploy.processes import ServiceProcess, start_service
+from launcher.processes import ServiceProcess, start_service
 from services import errors
 from services.etcd.embedded import EmbeddedEtcd
 from services.proto import coordinator_grpc, pb

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         rows = run(args.gateway, args.messages, args.consume_messages)
     else:
-        from deploy.local_cluster import LocalCluster, LocalClusterSpec
+        from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
         with tempfile.TemporaryDirectory(prefix="tributary-paper-") as directory:
             print("  starting a local cluster ...", file=sys.stderr, flush=True)

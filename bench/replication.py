@@ -32,8 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec  # noqa: E402
 from gateway.client import Admin, NewTopic, Producer  # noqa: E402
+from launcher.local_cluster import LocalCluster, LocalClusterSpec  # noqa: E402
 from services.proto import pb, storage_grpc  # noqa: E402
 
 RECORD_BYTES = 200

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         rows = run(args.gateway, args)
     else:
-        from deploy.local_cluster import LocalCluster, LocalClusterSpec
+        from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
         with tempfile.TemporaryDirectory(prefix="tributary-bench-spark-") as directory:
             progress("starting a local cluster ...")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 
-from deploy.processes import start_service
+from launcher.processes import start_service
 from services.fetchport import protocol
 from services.proto import pb, storage_grpc
 from services.records import RecordBatchBuilder

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.config import ServiceConfig
+
 ENV_PREFIX = "TRIBUTARY_COORDINATOR"
 
 
 @dataclass
-class CoordinatorConfig:
+class CoordinatorConfig(ServiceConfig):
     #: Stable id of this coordinator; empty = "<hostname>-<port>" once the port is bound.
     coordinator_id: str = ""
     #: Address other coordinators and gateways use to reach this one; also the bind address.
@@ -20,9 +22,11 @@ class CoordinatorConfig:
     etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
     #: Deadline of each etcd call, seconds.
     etcd_timeout_s: float = 5.0
-    #: TLS to etcd: CA bundle, client certificate and key (all optional).
+    #: TLS to etcd: the CA bundle that signed etcd's certificate (optional).
     etcd_ca_file: Path | None = None
+    #: TLS to etcd: this coordinator's client certificate, for etcd's --client-cert-auth (optional).
     etcd_cert_file: Path | None = None
+    #: TLS to etcd: the key of ``etcd_cert_file`` (optional).
     etcd_key_file: Path | None = None
     #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
     cluster: str = "local"
@@ -35,8 +39,9 @@ class CoordinatorConfig:
     #: (and, halved, how long EndTxn waits for its transaction's markers before answering: the
     #: outcome is decided and recorded by then, the markers follow).
     admin_wait_s: float = 10.0
-    #: Controller: storage-node RPCs in flight at once, and the deadline of each.
+    #: Controller: storage-node RPCs in flight at once.
     max_parallel_rpcs: int = 64
+    #: Controller: the deadline of each storage-node RPC, seconds.
     storage_rpc_timeout_s: float = 5.0
     #: Replication factor of topics created without one (Kafka's default.replication.factor).
     default_replication_factor: int = 1
@@ -55,44 +60,39 @@ class CoordinatorConfig:
     forward_timeout_s: float = 10.0
     #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
     health_interval_s: float = 0.5
-    #: Consumer groups: accepted session timeouts (Kafka's group.min/max.session.timeout.ms).
+    #: Consumer groups: the shortest session timeout a member may ask for
+    #: (Kafka's group.min.session.timeout.ms).
     group_min_session_timeout_ms: int = 6_000
+    #: Consumer groups: the longest session timeout a member may ask for
+    #: (Kafka's group.max.session.timeout.ms).
     group_max_session_timeout_ms: int = 1_800_000
     #: Committed offsets of a group without members expire this long after it emptied (Kafka's
-    #: offsets.retention.minutes, 7 days), checked this often (offsets.retention.check.interval.ms).
+    #: offsets.retention.minutes, 7 days).
     offsets_retention_minutes: int = 10_080
+    #: How often expired offsets are looked for, seconds (offsets.retention.check.interval.ms).
     offsets_retention_check_interval_s: float = 600.0
     #: Longest metadata string a commit may store per partition (offset.metadata.max.bytes).
     offset_metadata_max_bytes: int = 4_096
     #: Transactions: the longest transaction timeout a producer may ask for (Kafka's
     #: transaction.max.timeout.ms, 15 min); InitProducerId above it is INVALID_TRANSACTION_TIMEOUT.
     transaction_max_timeout_ms: int = 900_000
-    #: How often the active controller looks for transactions open longer than their timeout and
-    #: aborts them, fencing their producer (Kafka's
+    #: Transactions: how often the active controller looks for transactions open longer than their
+    #: timeout and aborts them, fencing their producer (Kafka's
     #: transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s).
     transaction_abort_check_interval_ms: int = 10_000
-    #: A transactional id with no transaction for this long is forgotten: its etcd key is deleted,
-    #: and its next InitProducerId starts it over with a new producer id (Kafka's
-    #: transactional.id.expiration.ms, 7 days) ...
+    #: Transactions: a transactional id with no transaction for this long is forgotten -- its etcd
+    #: key is deleted, and its next InitProducerId starts it over with a new producer id (Kafka's
+    #: transactional.id.expiration.ms, 7 days).
     transactional_id_expiration_ms: int = 604_800_000
-    #: ... checked this often (transaction.remove.expired.transaction.cleanup.interval.ms, 1 h).
+    #: Transactions: how often transactional ids are checked for expiry (Kafka's
+    #: transaction.remove.expired.transaction.cleanup.interval.ms, 1 h).
     transaction_remove_expired_interval_ms: int = 3_600_000
-    #: Producer ids the active controller takes from etcd's counter at a time: one etcd write per
-    #: this many InitProducerId calls (ids left in a block when a term ends are never used).
+    #: Transactions: producer ids the active controller takes from etcd's counter at a time, so one
+    #: etcd write serves this many InitProducerId calls (ids left when a term ends are never used).
     producer_id_block_size: int = 1_000
-    #: When set, a JSON file with the pid and bound port is written here once the service serves.
-    ready_file: Path | None = None
-    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
-    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
     #: With a metrics exporter on: how often the active controller samples every group's lag
     #: per partition into the ``tributary.consumer.lag`` gauge (seconds).
     lag_sample_interval_s: float = 10.0
-    telemetry_exporter: str = ""
-    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
-    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
-    metrics_address: str = ""
-    log_level: str = "INFO"
-    log_file: Path | None = None
 
 
 def config_problem(config: CoordinatorConfig) -> str | None:

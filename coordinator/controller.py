@@ -42,9 +42,9 @@ from coordinator.isr_changes import IsrChange, validated_isr_change
 from coordinator.metadata import MetadataCache, MetadataState, leader_counts
 from coordinator.model import (
     NO_LEADER,
-    BrokerInfo,
     PartitionStatus,
     PartitionView,
+    RegisteredBroker,
     TopicRecord,
     TopicSpec,
     TopicView,
@@ -439,7 +439,7 @@ class Controller:
                 log.warning("storage node call failed (will retry): %s", exc)
                 return False
 
-    def _broker(self, node_id: int) -> BrokerInfo | None:
+    def _broker(self, node_id: int) -> RegisteredBroker | None:
         return self.cache.state.brokers.get(node_id)
 
     def _create_on(
@@ -549,7 +549,7 @@ class Controller:
                 calls.append(self._limited(self._push_roles_to(broker, states[start : start + ROLES_BATCH])))
         await asyncio.gather(*calls)
 
-    async def _push_roles_to(self, broker: BrokerInfo, states: list[LeaderAndIsr]) -> None:
+    async def _push_roles_to(self, broker: RegisteredBroker, states: list[LeaderAndIsr]) -> None:
         state = self.cache.state
         leaders = {s.leader for s in states if s.leader >= 0}
         endpoints = [state.brokers[n] for n in leaders if n in state.brokers]
@@ -729,7 +729,7 @@ class Controller:
         for task in self._syncs.values():
             task.cancel()
 
-    async def _sync_node(self, broker: BrokerInfo) -> None:
+    async def _sync_node(self, broker: RegisteredBroker) -> None:
         """Give ``broker`` everything assigned to it, and drop what it holds but should not
         (partitions of topics deleted while it was away)."""
         try:

@@ -40,20 +40,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from coordinator.model import (
-    BrokerInfo,
     ControllerInfo,
     CoordinatorInfo,
     PartitionRecord,
     PartitionStatus,
+    RegisteredBroker,
     TopicRecord,
 )
 from services.cluster_keys import (  # noqa: F401 -- broker_key: part of the layout
     BROKERS,
     CONTROLLER,
     CONTROLLER_EPOCH,
-    BrokerRecord,
     ControllerRecord,
     broker_key,
+    decode_broker_record,
     decode_controller_epoch,
     encode_controller_epoch,
 )
@@ -150,13 +150,13 @@ def _int_list(value: dict[str, Any], name: str) -> tuple[int, ...]:
     return tuple(items)
 
 
-def decode_broker(raw: bytes, *, incarnation: int) -> BrokerInfo:
+def decode_broker(raw: bytes, *, incarnation: int) -> RegisteredBroker:
     """A storage node's registration (``incarnation``: the key's create revision)."""
     try:
-        record = BrokerRecord.decode(raw)
+        record = decode_broker_record(raw)
     except ValueError as exc:
         raise BadValueError(str(exc)) from None
-    return BrokerInfo(
+    return RegisteredBroker(
         record.node_id, record.host, record.grpc_port, record.fetch_port, record.rack, incarnation=incarnation
     )
 

@@ -29,12 +29,12 @@ from typing import Any
 from coordinator import keys
 from coordinator.model import (
     NO_LEADER,
-    BrokerInfo,
     ControllerInfo,
     CoordinatorInfo,
     PartitionRecord,
     PartitionStatus,
     PartitionView,
+    RegisteredBroker,
     TopicRecord,
     TopicView,
 )
@@ -51,7 +51,7 @@ class MetadataState:
         self.revision = 0
         #: The revision of the last change to metadata (group keys excluded); what clients see.
         self.metadata_revision = 0
-        self.brokers: dict[int, BrokerInfo] = {}
+        self.brokers: dict[int, RegisteredBroker] = {}
         self.coordinators: dict[str, CoordinatorInfo] = {}
         self.controller: ControllerInfo | None = None
         self.controller_epoch = 0

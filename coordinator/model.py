@@ -10,6 +10,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from services.broker_address import BrokerAddress
+
 #: Kafka's "no leader" node id.
 NO_LEADER = -1
 
@@ -28,21 +30,12 @@ class PartitionStatus(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerInfo:
-    """A live storage node. ``incarnation`` is the create revision of its registration key: a
-    node that restarted (re-registered) has a new one, so the controller knows to re-push its
-    partitions."""
+class RegisteredBroker(BrokerAddress):
+    """A live storage node: its address as registered, and ``incarnation``, the create revision
+    of its registration key -- a node that restarted (re-registered) has a new one, so the
+    controller knows to re-push its partitions."""
 
-    node_id: int
-    host: str
-    grpc_port: int
-    fetch_port: int
-    rack: str = ""
     incarnation: int = 0
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +153,7 @@ class TopicLookup:
 class ClusterMetadata:
     """What GetMetadata answers: live nodes, the requested topics, the controller, the revision."""
 
-    brokers: tuple[BrokerInfo, ...]
+    brokers: tuple[RegisteredBroker, ...]
     topics: tuple[TopicLookup, ...]
     controller: ControllerInfo | None
     revision: int

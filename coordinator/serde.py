@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from coordinator.model import (
-    BrokerInfo,
     ClusterMetadata,
     ConfigValue,
     ControllerStatus,
@@ -15,23 +14,13 @@ from coordinator.model import (
 )
 from services import errors
 from services.proto import pb
-from services.serde import error_to_proto
+from services.serde import broker_address_to_proto, error_to_proto
 
 _STATES = {
     PartitionStatus.PENDING: pb.PARTITION_STATE_PENDING,
     PartitionStatus.ONLINE: pb.PARTITION_STATE_ONLINE,
     PartitionStatus.OFFLINE: pb.PARTITION_STATE_OFFLINE,
 }
-
-
-def broker_to_proto(broker: BrokerInfo):
-    return pb.BrokerInfo(
-        node_id=broker.node_id,
-        host=broker.host,
-        grpc_port=broker.grpc_port,
-        fetch_port=broker.fetch_port,
-        rack=broker.rack,
-    )
 
 
 def _partition_error(partition: PartitionView):
@@ -97,7 +86,7 @@ def description_to_proto(lookup: TopicLookup):
 def metadata_to_proto(metadata: ClusterMetadata):
     controller = metadata.controller
     return pb.GetMetadataResponse(
-        brokers=[broker_to_proto(b) for b in metadata.brokers],
+        brokers=[broker_address_to_proto(b) for b in metadata.brokers],
         topics=[lookup_to_proto(t) for t in metadata.topics],
         controller_id=controller.coordinator_id if controller else "",
         controller_epoch=controller.epoch if controller else 0,

@@ -31,6 +31,7 @@ from coordinator.model import CoordinatorInfo, PartitionStatus
 from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
+from coordinator.telemetry import ClusterHealth, CoordinatorInstruments
 from coordinator.transactions.handlers import TransactionHandlers
 from coordinator.transactions.manager import TransactionSettings
 from services.cluster_keys import cluster_prefix
@@ -40,7 +41,7 @@ from services.etcd.connection import Backoff, tls_from_files
 from services.etcd.exceptions import EtcdError
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
-from services.telemetry import ClusterHealth, CoordinatorInstruments, Telemetry, setup_telemetry
+from services.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 

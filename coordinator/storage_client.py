@@ -16,35 +16,35 @@ from collections.abc import Mapping, Sequence
 import grpc
 import grpc.aio
 
-from coordinator.model import BrokerInfo
+from coordinator.model import RegisteredBroker
 from coordinator.transactions.model import TxnMarker
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
-from services.serde import error_from_proto, leader_and_isr_to_proto
+from services.serde import error_from_proto, leader_and_isr_to_proto, offset_spec_to_proto
 
 log = logging.getLogger(__name__)
 
 
 class StorageNodes:
-    """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.BrokerInfo`."""
+    """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.RegisteredBroker`."""
 
     def __init__(self, *, timeout: float = 5.0) -> None:
         self.timeout = timeout
         self._stubs: dict[str, tuple[grpc.aio.Channel, storage_grpc.StorageNodeStub]] = {}
 
-    def _stub(self, broker: BrokerInfo) -> storage_grpc.StorageNodeStub:
-        entry = self._stubs.get(broker.address)
+    def _stub(self, broker: RegisteredBroker) -> storage_grpc.StorageNodeStub:
+        entry = self._stubs.get(broker.grpc_target)
         if entry is None:
-            channel = grpc.aio.insecure_channel(broker.address, options=list(INTERNAL_CHANNEL_OPTIONS))
+            channel = grpc.aio.insecure_channel(broker.grpc_target, options=list(INTERNAL_CHANNEL_OPTIONS))
             entry = (channel, storage_grpc.StorageNodeStub(channel))
-            self._stubs[broker.address] = entry
+            self._stubs[broker.grpc_target] = entry
         return entry[1]
 
     async def create_partition(
         self,
-        broker: BrokerInfo,
+        broker: RegisteredBroker,
         topic: str,
         partition: int,
         *,
@@ -68,7 +68,7 @@ class StorageNodes:
         await self._call(broker, "CreatePartition", request)
 
     async def delete_partition(
-        self, broker: BrokerInfo, topic: str, partition: int, *, controller_epoch: int
+        self, broker: RegisteredBroker, topic: str, partition: int, *, controller_epoch: int
     ) -> None:
         """Ask ``broker`` to delete a partition and its data; idempotent on the node."""
         request = pb.DeletePartitionRequest(
@@ -78,11 +78,11 @@ class StorageNodes:
 
     async def update_leader_and_isr(
         self,
-        broker: BrokerInfo,
+        broker: RegisteredBroker,
         *,
         controller_epoch: int,
         states: Sequence[LeaderAndIsr],
-        leaders: Sequence[BrokerInfo],
+        leaders: Sequence[RegisteredBroker],
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> dict[tuple[str, int], errors.TributaryError | None]:
         """Tell ``broker`` its roles; the per-partition outcome (None = applied)."""
@@ -100,14 +100,14 @@ class StorageNodes:
             for r in response.partitions
         }
 
-    async def local_partitions(self, broker: BrokerInfo) -> list[tuple[str, int]]:
+    async def local_partitions(self, broker: RegisteredBroker) -> list[tuple[str, int]]:
         """Every partition ``broker`` holds on disk."""
         response = await self._call(broker, "DescribePartitions", pb.DescribePartitionsRequest())
         return [(p.topic, p.partition) for p in response.partitions]
 
     async def list_offsets(
         self,
-        broker: BrokerInfo,
+        broker: RegisteredBroker,
         queries: Sequence[tuple[str, int, int]],
     ) -> list[tuple[str, int, int, errors.TributaryError | None]]:
         """Offsets of partitions ``broker`` leads: each query is (topic, partition, timestamp) with
@@ -115,7 +115,9 @@ class StorageNodes:
         after that timestamp, -1 when there is none). Per-partition errors are returned, not raised."""
         request = pb.ListPartitionOffsetsRequest(
             partitions=[
-                pb.PartitionOffsetQuery(topic=topic, partition=partition, spec=_offset_spec(timestamp))
+                pb.PartitionOffsetQuery(
+                    topic=topic, partition=partition, spec=offset_spec_to_proto(timestamp)
+                )
                 for topic, partition, timestamp in queries
             ]
         )
@@ -126,7 +128,7 @@ class StorageNodes:
         ]
 
     async def write_txn_markers(
-        self, broker: BrokerInfo, markers: Sequence[TxnMarker]
+        self, broker: RegisteredBroker, markers: Sequence[TxnMarker]
     ) -> dict[int, dict[tuple[str, int], errors.TributaryError | None]]:
         """Ask ``broker`` to append COMMIT / ABORT markers to partitions it leads: per producer id,
         the per-partition outcome (None = written). A partition missing from the answer was not."""
@@ -151,7 +153,7 @@ class StorageNodes:
             for answer in response.markers
         }
 
-    async def _call(self, broker: BrokerInfo, method: str, request):
+    async def _call(self, broker: RegisteredBroker, method: str, request):
         rpc = getattr(self._stub(broker), method)
         try:
             return await rpc(request, timeout=self.timeout)
@@ -162,11 +164,3 @@ class StorageNodes:
         entries, self._stubs = list(self._stubs.values()), {}
         for channel, _ in entries:
             await channel.close()
-
-
-def _offset_spec(timestamp: int):
-    if timestamp == -2:
-        return pb.OffsetSpec(earliest=True)
-    if timestamp == -1:
-        return pb.OffsetSpec(latest=True)
-    return pb.OffsetSpec(timestamp=timestamp)

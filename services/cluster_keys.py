@@ -11,7 +11,9 @@ rest of the layout is the coordinator's alone (``coordinator/keys.py``).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from services.broker_address import BrokerAddress
 
 BROKERS = "brokers/"
 CONTROLLER = "controller"
@@ -29,35 +31,27 @@ def broker_key(node_id: int) -> str:
     return f"{BROKERS}{node_id}"
 
 
-@dataclass(frozen=True, slots=True)
-class BrokerRecord:
+def encode_broker_record(address: BrokerAddress) -> str:
     """The JSON value at ``brokers/<node_id>``: where a live storage node serves."""
+    fields = ("node_id", "host", "grpc_port", "fetch_port", "rack")  # not a subclass's extras
+    return json.dumps({name: getattr(address, name) for name in fields}, sort_keys=True)
 
-    node_id: int
-    host: str
-    grpc_port: int
-    fetch_port: int
-    rack: str = ""
 
-    def encode(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def decode(cls, raw: bytes | str) -> BrokerRecord:
-        """Raises ValueError for a value that is not what :meth:`encode` writes."""
-        try:
-            value = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError("expected a JSON object")
-        return cls(
-            node_id=_int(value, "node_id"),
-            host=str(value.get("host", "")),
-            grpc_port=_int(value, "grpc_port", 0),
-            fetch_port=_int(value, "fetch_port", 0),
-            rack=str(value.get("rack") or ""),
-        )
+def decode_broker_record(raw: bytes | str) -> BrokerAddress:
+    """Raises ValueError for a value that is not what :func:`encode_broker_record` writes."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    return BrokerAddress(
+        node_id=_int(value, "node_id"),
+        host=str(value.get("host", "")),
+        grpc_port=_int(value, "grpc_port", 0),
+        fetch_port=_int(value, "fetch_port", 0),
+        rack=str(value.get("rack") or ""),
+    )
 
 
 def _int(value: dict, name: str, default: int | None = None) -> int:

@@ -10,6 +10,11 @@ Values are coerced by the field's annotation: int, float, bool, str, Path, ``lis
 (comma-separated) and ``dict[str, str]`` (``k=v,k=v``). Unknown names and bad values raise
 :class:`ConfigError` naming the source, the key and the value.
 
+Each setting is documented by a ``#:`` comment right above its field (the Sphinx convention);
+:func:`field_docs` reads those comments from the class source, so they are also each flag's
+``--help`` text. Settings every service has are in :class:`ServiceConfig`, the base class of the
+three services' config dataclasses.
+
 Topic configs (``retention.ms`` ...) are not service settings; they live in
 ``services.topic_config``.
 """
@@ -17,12 +22,18 @@ Topic configs (``retention.ms`` ...) are not service settings; they live in
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import functools
+import inspect
 import json
 import os
+import textwrap
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,57 +47,141 @@ class ConfigError(ValueError):
     """A configuration source named an unknown setting or gave a value of the wrong type."""
 
 
+@dataclass
+class ServiceConfig:
+    """Settings every service process has (subclasses add the service's own before these)."""
+
+    #: When set, a JSON file with the pid and the bound ports is written here once the service
+    #: serves (what launchers wait for).
+    ready_file: Path | None = None
+    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
+    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
+    telemetry_exporter: str = ""
+    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
+    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
+    metrics_address: str = ""
+    #: Log level: DEBUG, INFO, WARNING, ERROR or CRITICAL.
+    log_level: str = "INFO"
+    #: Also log to this file (logs always go to stderr).
+    log_file: Path | None = None
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its ``#:`` comment, for dataclass ``cls`` and its dataclass bases.
+
+    A comment documents the one field right below it; several ``#:`` lines join into one text.
+    Fields without one are left out, as is everything when the source cannot be read.
+    """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+@functools.cache
+def _own_field_docs(klass: type) -> dict[str, str]:
+    try:
+        lines, _ = inspect.getsourcelines(klass)
+    except (OSError, TypeError):  # no source shipped: the flags keep their defaults as help
+        return {}
+    classdef = ast.parse(textwrap.dedent("".join(lines))).body[0]
+    docs = {}
+    for node in getattr(classdef, "body", []):
+        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+            continue
+        comment: list[str] = []
+        row = node.lineno - 2  # the line above the field (lines are 0-based, linenos 1-based)
+        while row >= 0 and lines[row].strip().startswith("#:"):
+            comment.insert(0, lines[row].strip()[2:].strip())
+            row -= 1
+        if comment:
+            docs[node.target.id] = " ".join(part for part in comment if part)
+    return docs
+
+
+def _help_order(cls: type) -> list[dataclasses.Field]:
+    """The fields as ``--help`` lists them: the class's own first, then what it inherits."""
+    fields = dataclasses.fields(cls)
+    order: list[str] = []
+    for klass in cls.__mro__:
+        order += [name for name in vars(klass).get("__annotations__", {}) if name not in order]
+    rank = {name: index for index, name in enumerate(order)}
+    return sorted(fields, key=lambda f: rank.get(f.name, len(rank)))
+
+
 def normalize_key(key: str) -> str:
     """``log.dirs`` / ``log-dirs`` / ``LOG_DIRS`` -> ``log_dirs``."""
     return key.strip().replace(".", "_").replace("-", "_").lower()
 
 
 def _coerce(value: Any, annotation: Any, key: str, source: str) -> Any:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        if value is None or (isinstance(value, str) and value.lower() in ("", "none", "null")):
-            if type(None) in args:
-                return None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if type(None) in args and _is_null(value):
+            return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], key, source)
     try:
-        if origin is list:
-            items = value.split(",") if isinstance(value, str) else list(value)
-            return [
-                _coerce(item.strip() if isinstance(item, str) else item, args[0], key, source)
-                for item in items
-                if not (isinstance(item, str) and not item.strip())
-            ]
-        if origin is dict:
-            if isinstance(value, str):
-                pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
-                if any(len(p) != 2 for p in pairs):
-                    raise ValueError("expected k=v pairs separated by commas")
-                return {k.strip(): v.strip() for k, v in pairs}
-            return {str(k): str(v) for k, v in dict(value).items()}
-        if annotation is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text in _TRUE:
-                return True
-            if text in _FALSE:
-                return False
-            raise ValueError("expected true or false")
-        if annotation is int:
-            if isinstance(value, bool):
-                raise ValueError("expected an integer")
-            return int(value)
-        if annotation is float:
-            return float(value)
-        if annotation is Path:
-            return Path(value).expanduser()
-        if annotation is str:
-            return str(value)
+        return _convert(value, annotation, key, source)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: bad value {value!r} for {key!r}: {exc}") from exc
-    return value
+
+
+def _is_null(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.lower() in ("", "none", "null"))
+
+
+def _convert(value: Any, annotation: Any, key: str, source: str) -> Any:
+    """``value`` as ``annotation`` (a value of another annotation is returned as is)."""
+    origin = typing.get_origin(annotation)
+    if origin is list:
+        item_type = typing.get_args(annotation)[0]
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return [
+            _coerce(item.strip() if isinstance(item, str) else item, item_type, key, source)
+            for item in items
+            if not (isinstance(item, str) and not item.strip())
+        ]
+    if origin is dict:
+        return _to_dict(value)
+    convert = _SCALARS.get(annotation)
+    return value if convert is None else convert(value)
+
+
+def _to_dict(value: Any) -> dict[str, str]:
+    if isinstance(value, str):
+        pairs = [p.split("=", 1) for p in value.split(",") if p.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError("expected k=v pairs separated by commas")
+        return {k.strip(): v.strip() for k, v in pairs}
+    return {str(k): str(v) for k, v in dict(value).items()}
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer")
+    return int(value)
+
+
+_SCALARS: dict[Any, Any] = {
+    bool: _to_bool,
+    int: _to_int,
+    float: float,
+    Path: lambda value: Path(value).expanduser(),
+    str: str,
+}
 
 
 def _fields(cls: type) -> dict[str, Any]:
@@ -96,10 +191,8 @@ def _fields(cls: type) -> dict[str, Any]:
 
 def _read_file(path: Path) -> dict[str, Any]:
     try:
-        if path.suffix == ".json":
-            data = json.loads(path.read_text())
-        else:
-            data = tomllib.loads(path.read_text())
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if not isinstance(data, dict):
@@ -149,18 +242,23 @@ def load_config(
 def add_config_arguments(
     parser: argparse.ArgumentParser, cls: type, *, help_text: Mapping[str, str] = {}
 ) -> None:
-    """Add one ``--field-name`` flag per dataclass field (all default to None = not given)."""
-    for f in dataclasses.fields(cls):
+    """Add one ``--field-name`` flag per dataclass field (all default to None = not given).
+
+    Each flag's help is ``help_text[name]``, else the field's ``metadata["help"]``, else its
+    ``#:`` comment (:func:`field_docs`), followed by the default.
+    """
+    docs = field_docs(cls)
+    for f in _help_order(cls):
         default = f.default if f.default is not dataclasses.MISSING else None
         if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = f.default_factory()  # type: ignore[misc]
-        text = help_text.get(f.name) or f.metadata.get("help", "")
+        text = help_text.get(f.name) or f.metadata.get("help", "") or docs.get(f.name, "")
         parser.add_argument(
             f"--{f.name.replace('_', '-')}",
             dest=f.name,
             default=None,
             metavar=f.name.upper(),
-            help=f"{text} (default: {default})".strip(),
+            help=f"{text} (default: {default})".strip().replace("%", "%%"),  # argparse formats help
         )
 
 

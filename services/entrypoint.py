@@ -84,7 +84,7 @@ def run_service(
 
 def write_ready_file(path: Path | None, info: Mapping[str, object]) -> None:
     """Announce a started service: ``info`` as JSON at ``path`` (nothing when None), replaced
-    atomically so a launcher polling for it never reads half a file (``deploy/processes.py``)."""
+    atomically so a launcher polling for it never reads half a file (``launcher/processes.py``)."""
     if path is None:
         return
     tmp = Path(f"{path}.tmp")

@@ -39,12 +39,3 @@ class LeaderAndIsr:
         if self.leader_epoch != other.leader_epoch:
             return self.leader_epoch > other.leader_epoch
         return self.version > other.version
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaEndpoint:
-    """Where a leader's fetch port is, for its followers."""
-
-    node_id: int
-    host: str
-    fetch_port: int

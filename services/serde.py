@@ -6,7 +6,11 @@ Servicers only translate: they decode with these, call a plain handler, and enco
 from __future__ import annotations
 
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
+from services.offset_spec import EARLIEST, LATEST
 from services.proto import pb
 
 
@@ -22,6 +26,21 @@ def error_from_proto(message) -> errors.TributaryError | None:
     if message is None or not message.reason:
         return None
     return errors.make_error(message.reason, message.message)
+
+
+def broker_address_to_proto(address: BrokerAddress):
+    return pb.BrokerInfo(
+        node_id=address.node_id,
+        host=address.host,
+        grpc_port=address.grpc_port,
+        fetch_port=address.fetch_port,
+        rack=address.rack,
+    )
+
+
+def broker_address_from_proto(message) -> BrokerAddress:
+    """A ``BrokerInfo`` message (cluster metadata) as a :class:`BrokerAddress`."""
+    return BrokerAddress(message.node_id, message.host, message.grpc_port, message.fetch_port, message.rack)
 
 
 def leader_and_isr_to_proto(state: LeaderAndIsr):
@@ -47,4 +66,77 @@ def leader_and_isr_from_proto(message) -> LeaderAndIsr:
         isr=tuple(message.isr),
         version=message.version,
         deleting=message.deleting,
+    )
+
+
+def offset_spec_to_proto(timestamp: int):
+    """The ``OffsetSpec`` of a Kafka-style lookup timestamp (:mod:`services.offset_spec`)."""
+    if timestamp == EARLIEST:
+        return pb.OffsetSpec(earliest=True)
+    if timestamp == LATEST:
+        return pb.OffsetSpec(latest=True)
+    return pb.OffsetSpec(timestamp=timestamp)
+
+
+def offset_spec_from_proto(spec) -> int:
+    """An ``OffsetSpec`` as a Kafka-style lookup timestamp: EARLIEST, LATEST or ms >= 0.
+
+    Raises INVALID_REQUEST for a negative timestamp or a spec that sets none of the three.
+    """
+    which = spec.WhichOneof("spec")
+    if which == "earliest":
+        return EARLIEST
+    if which == "latest":
+        return LATEST
+    if which == "timestamp":
+        if spec.timestamp < 0:
+            raise errors.InvalidRequestError(f"timestamp {spec.timestamp} is negative")
+        return spec.timestamp
+    raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")
+
+
+_ACKS_TO_PROTO = {Acks.NONE: pb.ACKS_NONE, Acks.LEADER: pb.ACKS_LEADER, Acks.ALL: pb.ACKS_ALL}
+_ACKS_FROM_PROTO = {
+    pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
+    pb.ACKS_NONE: Acks.NONE,
+    pb.ACKS_LEADER: Acks.LEADER,
+    pb.ACKS_ALL: Acks.ALL,
+}
+
+
+def acks_to_proto(acks: Acks) -> int:
+    return _ACKS_TO_PROTO[acks]
+
+
+def acks_from_proto(value: int) -> Acks:
+    """A request's ``acks`` (unspecified = all); an unknown number is INVALID_REQUIRED_ACKS."""
+    acks = _ACKS_FROM_PROTO.get(value)
+    if acks is None:
+        raise errors.InvalidRequiredAcksError(f"acks value {value} is not one of none, leader, all")
+    return acks
+
+
+def append_result_to_proto(result: AppendResult):
+    return pb.PartitionAppendResult(
+        topic=result.topic,
+        partition=result.partition,
+        error=error_to_proto(result.error) if result.error is not None else None,
+        base_offset=result.base_offset,
+        last_offset=result.last_offset,
+        log_append_time=result.log_append_time,
+        log_start_offset=result.log_start_offset,
+        record_count=result.record_count,
+    )
+
+
+def append_result_from_proto(message) -> AppendResult:
+    return AppendResult(
+        topic=message.topic,
+        partition=message.partition,
+        base_offset=message.base_offset,
+        last_offset=message.last_offset,
+        log_append_time=message.log_append_time,
+        log_start_offset=message.log_start_offset,
+        record_count=message.record_count,
+        error=error_from_proto(message.error) if message.HasField("error") else None,
     )

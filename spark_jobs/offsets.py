@@ -23,10 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from gateway.client.structs import TopicPartition
-
-#: Kafka's sentinels inside offset JSON: -2 = the earliest offset, -1 = the latest.
-EARLIEST = -2
-LATEST = -1
+from services.offset_spec import EARLIEST, LATEST
 
 Offsets = dict[TopicPartition, int]
 

@@ -47,11 +47,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.client.structs import TopicPartition
+from services.acks import Acks
 from services.errors import InvalidRequestError
+from services.offset_spec import EARLIEST, LATEST
 from services.topic_pattern import compile_topic_pattern
 from spark_jobs.offsets import (
-    EARLIEST,
-    LATEST,
     Earliest,
     GlobalTimestamp,
     Latest,
@@ -79,7 +79,6 @@ WRITE_OPTIONS = ("topic", "servers", "compression", "acks")
 #: Options Spark itself passes along (``load(path)``, a stream writer's ``checkpointLocation``).
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
-_ACKS = {"all": "all", "-1": "all", "1": 1, "0": 0}
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 
 
@@ -243,7 +242,7 @@ def _parse_timestamp(raw: _Raw, name: str) -> int:
 
 def _parse_bound(raw: _Raw, names: tuple[str, str, str]) -> OffsetBound | None:
     """One of (offsets, offsets-by-timestamp, timestamp) options; at most one may be given."""
-    offsets_name, by_ts_name, ts_name = names
+    _offsets_name, by_ts_name, ts_name = names
     given = raw.given(names)
     if len(given) > 1:
         raise OptionError(given[1], f"conflicts with {given[0]}: give only one of {', '.join(names)}")
@@ -368,7 +367,7 @@ class WriteOptions:
     topic: str | None = None
     servers: str | None = None
     compression: str = "none"
-    acks: int | str = "all"
+    acks: Acks = Acks.ALL
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -379,11 +378,13 @@ class WriteOptions:
                 "compression", f"must be one of {', '.join(_COMPRESSIONS)}, not {compression!r}"
             )
         acks = (raw.get("acks") or "all").lower()
-        if acks not in _ACKS:
-            raise OptionError("acks", f"must be all, 1 or 0, not {acks!r}")
+        try:
+            parsed_acks = Acks.parse(acks)
+        except ValueError:
+            raise OptionError("acks", f"must be all, 1 or 0, not {acks!r}") from None
         return cls(
             topic=raw.get("topic") or None,
             servers=_parse_servers(raw),
             compression=compression,
-            acks=_ACKS[acks],
+            acks=parsed_acks,
         )

@@ -34,10 +34,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from services.offset_spec import EARLIEST, LATEST
 from spark_jobs.cluster import ClusterView, resolve_addresses, resolve_offsets
 from spark_jobs.offsets import (
-    EARLIEST,
-    LATEST,
     OffsetRange,
     Offsets,
     offsets_from_json,

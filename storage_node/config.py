@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.config import ServiceConfig
+
 ENV_PREFIX = "TRIBUTARY_STORAGE"
 
 
 @dataclass
-class StorageNodeConfig:
+class StorageNodeConfig(ServiceConfig):
     #: Stable id of this node (Kafka's node.id / broker.id); unique among live nodes.
     node_id: int = 0
     #: Address clients use to reach this node; also the bind address.
@@ -24,9 +26,11 @@ class StorageNodeConfig:
     etcd_endpoints: list[str] = field(default_factory=lambda: ["127.0.0.1:2379"])
     #: Deadline of each etcd call, seconds.
     etcd_timeout_s: float = 5.0
-    #: TLS to etcd: CA bundle, client certificate and key (all optional; as the coordinator's).
+    #: TLS to etcd: the CA bundle that signed etcd's certificate (optional; as the coordinator's).
     etcd_ca_file: Path | None = None
+    #: TLS to etcd: this node's client certificate, for etcd's --client-cert-auth (optional).
     etcd_cert_file: Path | None = None
+    #: TLS to etcd: the key of ``etcd_cert_file`` (optional).
     etcd_key_file: Path | None = None
     #: Cluster name: keys live under /tributary/<cluster>/ in etcd.
     cluster: str = "local"
@@ -68,13 +72,3 @@ class StorageNodeConfig:
     default_topic_configs: dict[str, str] = field(default_factory=dict)
     #: Start without etcd (tests and benchmarks of the node alone).
     standalone: bool = False
-    #: When set, a JSON file with the bound ports is written here once the node serves.
-    ready_file: Path | None = None
-    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
-    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
-    telemetry_exporter: str = ""
-    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
-    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
-    metrics_address: str = ""
-    log_level: str = "INFO"
-    log_file: Path | None = None

@@ -12,22 +12,22 @@ Roles, leadership checks and acknowledgements are the replica manager's
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services import errors
-from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.broker_address import BrokerAddress
+from services.leader_and_isr import LeaderAndIsr
+from services.offset_spec import EARLIEST, LATEST
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
 from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
 log = logging.getLogger(__name__)
-
-EARLIEST = -2
-LATEST = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,26 +39,6 @@ class TxnMarker:
     commit: bool
     coordinator_epoch: int
     partitions: tuple[tuple[str, int], ...]
-
-
-class Acks(enum.Enum):
-    """What an append waits for before it is answered."""
-
-    NONE = "none"  # nothing: the answer is not awaited
-    LEADER = "leader"  # this leader's write
-    ALL = "all"  # every in-sync replica (the high watermark)
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    topic: str
-    partition: int
-    error: errors.TributaryError | None = None
-    base_offset: int = -1
-    last_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    record_count: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,7 +226,7 @@ class StorageNodeHandlers:
         self,
         controller_epoch: int,
         states: Iterable[LeaderAndIsr],
-        leaders: Mapping[int, ReplicaEndpoint],
+        leaders: Mapping[int, BrokerAddress],
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> list[StateUpdateResult]:
         return self.replicas.update_leader_and_isr(controller_epoch, states, leaders, topic_configs)

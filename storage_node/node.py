@@ -20,7 +20,7 @@ from services.config import ConfigError
 from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import STORAGE_SERVICE, storage_grpc
-from services.telemetry import StorageNodeInstruments, Telemetry, setup_telemetry
+from services.telemetry import Telemetry, setup_telemetry
 from storage_node.config import StorageNodeConfig
 from storage_node.descriptors import DescriptorBudget, current_descriptor_limit
 from storage_node.fetch.server import FetchLimits, FetchServer
@@ -30,6 +30,7 @@ from storage_node.notifier import AppendNotifier
 from storage_node.replication.fetcher import ReplicaFetchers
 from storage_node.replication.manager import ReplicaManager, ReplicationSettings
 from storage_node.servicer import StorageNodeServicer
+from storage_node.telemetry import StorageNodeInstruments
 
 log = logging.getLogger(__name__)
 

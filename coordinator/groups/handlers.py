@@ -24,9 +24,9 @@ from coordinator.groups.model import (
     MemberAssignment,
     PartitionResult,
     ResetSpec,
-    TopicPartition,
     ensure_valid_subscription,
 )
+from services.topic_partition import TopicPartition
 
 
 class GroupHandlers:

@@ -34,11 +34,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.groups.model import Member, OffsetRecord, Subscription, TopicPartition
+from coordinator.groups.model import Member, OffsetRecord, Subscription
 from coordinator.groups.state import GroupState
 from services.clock import Clock
 from services.etcd.txn import Op
 from services.etcd.values import KeyValue
+from services.topic_partition import TopicPartition
 
 GROUPS = "groups/"
 MEMBERS = "members"

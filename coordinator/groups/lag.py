@@ -10,15 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
-from coordinator.groups.model import TopicPartition
 from coordinator.metadata import MetadataState
-from coordinator.model import BrokerInfo, PartitionStatus
+from coordinator.model import PartitionStatus, RegisteredBroker
 from coordinator.storage_client import StorageNodes
 from services import errors
-
-#: Kafka's ListOffsets conventions.
-EARLIEST = -2
-LATEST = -1
+from services.topic_partition import TopicPartition
 
 OffsetOrError = int | errors.TributaryError
 
@@ -44,7 +40,7 @@ async def log_offsets(
     return results
 
 
-def _leader(state: MetadataState, tp: TopicPartition) -> BrokerInfo | errors.TributaryError:
+def _leader(state: MetadataState, tp: TopicPartition) -> RegisteredBroker | errors.TributaryError:
     topic = state.live_topic(tp.topic)
     if topic is None or not 0 <= tp.partition < topic.partition_count:
         return errors.UnknownTopicOrPartitionError(f"{tp.topic}-{tp.partition} does not exist")
@@ -56,7 +52,7 @@ def _leader(state: MetadataState, tp: TopicPartition) -> BrokerInfo | errors.Tri
 
 
 async def _ask(
-    storage: StorageNodes, broker: BrokerInfo, tps: list[TopicPartition], timestamp: int
+    storage: StorageNodes, broker: RegisteredBroker, tps: list[TopicPartition], timestamp: int
 ) -> dict[TopicPartition, OffsetOrError]:
     try:
         answers = await storage.list_offsets(broker, [(tp.topic, tp.partition, timestamp) for tp in tps])

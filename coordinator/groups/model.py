@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 from services import errors
+from services.topic_partition import TopicPartition
 from services.topic_pattern import compile_topic_pattern
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,6 @@ def protocol_of(assignor: str) -> str:
 
 def heartbeat_interval_ms(session_timeout_ms: int) -> int:
     return max(1, min(MAX_HEARTBEAT_INTERVAL_MS, session_timeout_ms // 3))
-
-
-class TopicPartition(NamedTuple):
-    topic: str
-    partition: int
 
 
 def sorted_partitions(partitions: Iterable[TopicPartition]) -> tuple[TopicPartition, ...]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from coordinator.groups.model import OffsetCommit, OffsetRecord, TopicPartition
+from coordinator.groups.model import OffsetCommit, OffsetRecord
 from services import errors
+from services.topic_partition import TopicPartition
 
 
 def check_commit_partition(

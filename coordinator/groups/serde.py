@@ -22,11 +22,11 @@ from coordinator.groups.model import (
     PartitionResult,
     ResetSpec,
     Subscription,
-    TopicPartition,
 )
 from services import errors
 from services.proto import pb
 from services.serde import error_to_proto
+from services.topic_partition import TopicPartition
 
 _ASSIGNORS = {
     pb.ASSIGNOR_RANGE: RANGE,

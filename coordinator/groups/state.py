@@ -45,13 +45,13 @@ from coordinator.groups.model import (
     LiveTopics,
     Member,
     MemberAssignment,
-    TopicPartition,
     heartbeat_interval_ms,
     protocol_of,
     sorted_partitions,
 )
 from services import errors
 from services.clock import Clock
+from services.topic_partition import TopicPartition
 
 #: Replaced member ids remembered for FENCED_INSTANCE_ID answers (per group, oldest dropped).
 MAX_FENCED = 1000

@@ -24,13 +24,14 @@ from typing import TypeVar
 
 from coordinator.groups import keys
 from coordinator.groups.matcher import TopicMatcher
-from coordinator.groups.model import CommitParams, LiveTopics, OffsetRecord, Subscription, TopicPartition
+from coordinator.groups.model import CommitParams, LiveTopics, OffsetRecord, Subscription
 from coordinator.groups.state import GroupState
 from coordinator.metadata import MetadataCache
 from services import errors
 from services.clock import Clock
 from services.etcd.exceptions import EtcdLeaseNotFoundError
 from services.etcd.txn import Compare, Op
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,12 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from coordinator.groups import keys
-from coordinator.groups.model import OffsetCommit, OffsetRecord, PartitionResult, TopicPartition
+from coordinator.groups.model import OffsetCommit, OffsetRecord, PartitionResult
 from coordinator.groups.offsets import check_commit_partition
 from coordinator.groups.store import GroupStore
 from services import errors
 from services.etcd.txn import Op
+from services.topic_partition import TopicPartition
 
 
 class TransactionalOffsets:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from coordinator.groups import rules as group_rules
-from coordinator.groups.model import PartitionResult, TopicPartition
+from coordinator.groups.model import PartitionResult
 from coordinator.transactions import state
 from coordinator.transactions.manager import TransactionManager
 from coordinator.transactions.model import (
@@ -21,6 +21,7 @@ from coordinator.transactions.model import (
     ProducerRef,
     TxnOffsetCommitParams,
 )
+from services.topic_partition import TopicPartition
 
 
 class TransactionHandlers:

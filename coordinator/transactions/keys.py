@@ -26,9 +26,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from coordinator.groups.model import OffsetRecord, TopicPartition
+from coordinator.groups.model import OffsetRecord
 from coordinator.transactions.model import TxnMetadata, TxnState
 from services.etcd.values import KeyValue
+from services.topic_partition import TopicPartition
 
 PRODUCER_IDS = "producer_ids"
 TRANSACTIONS = "transactions/"

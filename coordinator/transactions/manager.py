@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coordinator.groups.manager import GroupManager
-from coordinator.groups.model import PartitionResult, TopicPartition
+from coordinator.groups.model import PartitionResult
 from coordinator.groups.tasks import OwnedTasks, restarting
 from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.storage_client import StorageNodes
@@ -56,6 +56,7 @@ from services import errors
 from services.clock import SYSTEM_CLOCK, Clock
 from services.etcd.connection import Backoff
 from services.etcd.exceptions import EtcdError
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -23,16 +23,16 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from coordinator.groups.model import TopicPartition
 from coordinator.groups.tasks import OwnedTasks
 from coordinator.metadata import MetadataCache, MetadataState
-from coordinator.model import BrokerInfo, PartitionStatus
+from coordinator.model import PartitionStatus, RegisteredBroker
 from coordinator.storage_client import StorageNodes
 from coordinator.transactions.model import TxnMarker
 from coordinator.transactions.offload import off_loop_if_large
 from services import errors
 from services.etcd.connection import Backoff
 from services.log_limit import RepeatedLog
+from services.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def chunks(partitions: list[TopicPartition], size: int) -> list[list[TopicPartit
 
 @dataclass
 class _Pending:
-    broker: BrokerInfo
+    broker: RegisteredBroker
     marker: TxnMarker
     future: asyncio.Future
 
@@ -122,7 +122,7 @@ class _NodeQueue:
         self.sending = False
 
     async def submit(
-        self, broker: BrokerInfo, marker: TxnMarker
+        self, broker: RegisteredBroker, marker: TxnMarker
     ) -> dict[tuple[str, int], errors.TributaryError | None]:
         future = asyncio.get_running_loop().create_future()
         self.pending.append(_Pending(broker, marker, future))
@@ -227,7 +227,7 @@ class MarkerWriter:
             await self.cache.wait_for_metadata_after(state.metadata_revision, backoff.next_delay())
 
     async def _write_to(
-        self, broker: BrokerInfo, marker: TxnMarker, partitions: list[TopicPartition]
+        self, broker: RegisteredBroker, marker: TxnMarker, partitions: list[TopicPartition]
     ) -> set[TopicPartition]:
         """The partitions of ``partitions`` that have the marker after one request to ``broker``."""
         queue = self._queues.get(broker.node_id)
@@ -264,7 +264,7 @@ class MarkerWriter:
         return written
 
 
-def _ensure_current(error: errors.TributaryError, broker: BrokerInfo) -> None:
+def _ensure_current(error: errors.TributaryError, broker: RegisteredBroker) -> None:
     if isinstance(error, _NEWER_CONTROLLER):
         raise errors.NotControllerError(
             f"storage node {broker.node_id} has seen a newer controller ({error}); this term is over"

@@ -9,7 +9,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator.groups.model import OffsetCommit, OffsetRecord, TopicPartition
+from coordinator.groups.model import OffsetCommit, OffsetRecord
+from services.topic_partition import TopicPartition
 
 #: "No producer id / epoch" in requests and in the stored metadata (Kafka's NO_PRODUCER_ID and
 #: NO_PRODUCER_EPOCH).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coordinator.groups.model import OffsetCommit, PartitionResult, TopicPartition
+from coordinator.groups.model import OffsetCommit, PartitionResult
 from coordinator.transactions.model import (
     InitProducerIdParams,
     ProducerIdAndEpoch,
@@ -13,6 +13,7 @@ from coordinator.transactions.model import (
 )
 from services.proto import pb
 from services.serde import error_to_proto
+from services.topic_partition import TopicPartition
 
 
 def init_from_proto(request) -> InitProducerIdParams:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from coordinator.groups.model import OffsetRecord, TopicPartition
+from coordinator.groups.model import OffsetRecord
 from coordinator.transactions.model import (
     MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
@@ -39,6 +39,7 @@ from coordinator.transactions.model import (
     epoch_exhausted,
 )
 from services import errors
+from services.topic_partition import TopicPartition
 
 #: Longest transactional id accepted: it is a path segment of an etcd key (as group ids are).
 MAX_TRANSACTIONAL_ID_LENGTH = 249

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from deploy.local_cluster import (
+from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
+from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, table
+from gateway.client import Admin
+from gateway.client.servers import START_HINT
+from launcher.local_cluster import (
     LocalClusterSpec,
     cluster_down,
     cluster_status,
@@ -12,11 +16,7 @@ from deploy.local_cluster import (
     read_cluster_file,
     read_launch_file,
 )
-from deploy.processes import ServiceStartError
-from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
-from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, table
-from gateway.client import Admin
-from gateway.client.servers import START_HINT
+from launcher.processes import ServiceStartError
 
 
 def _spec(args):

@@ -18,7 +18,7 @@ from gateway.cli.connect import CliError, connect
 from gateway.cli.output import Progress, table
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import TopicAlreadyExistsError
-from gateway.partitioner import partition_for_key
+from services.partitioner import partition_for_key
 
 PAGES = ("/", "/pricing", "/docs", "/docs/quickstart", "/blog", "/signup", "/login", "/account")
 USERS = 500

@@ -60,12 +60,13 @@ from gateway.client.errors import (
 from gateway.client.futures import FutureRecordMetadata, wait_for_result
 from gateway.client.io_thread import IOThread
 from gateway.client.retry import RetryPolicy
-from gateway.client.sender import Sender, acks_to_proto
+from gateway.client.sender import Sender
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
 from gateway.client.transport import StreamTransport, UnaryTransport
-from gateway.partitioner import StickyPartitioner, partition_for_key
+from services.acks import Acks
 from services.clock import SYSTEM_CLOCK, Clock
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class ProducerConfig:
         return config
 
     def validate(self) -> None:
-        acks_to_proto(self.acks)
+        Acks.parse(self.acks)
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
@@ -188,7 +189,7 @@ class ProducerCore:
             return
         self.loop = asyncio.get_running_loop()
         # acks=0: the client learns of no failure worth retrying (Kafka ignores retries there too).
-        retries = 0 if acks_to_proto(self.config.acks) == acks_to_proto(0) else self.config.retries
+        retries = 0 if Acks.parse(self.config.acks) is Acks.NONE else self.config.retries
         policy = RetryPolicy(
             retries=retries,
             retry_backoff_ms=self.config.retry_backoff_ms,

@@ -26,29 +26,13 @@ from gateway.client.client import GatewayClient
 from gateway.client.errors import IllegalStateError, RequestTimedOutError, TributaryError
 from gateway.client.retry import RetryPolicy
 from gateway.client.structs import TopicPartition
+from services.acks import Acks
 from services.proto import pb
-from services.serde import error_from_proto
+from services.serde import acks_to_proto, error_from_proto
 
 log = logging.getLogger(__name__)
 
-ACKS = {
-    0: pb.ACKS_NONE,
-    1: pb.ACKS_LEADER,
-    -1: pb.ACKS_ALL,
-    "all": pb.ACKS_ALL,
-    "0": pb.ACKS_NONE,
-    "1": pb.ACKS_LEADER,
-    "-1": pb.ACKS_ALL,
-}
-
 _correlation_ids = itertools.count(1)
-
-
-def acks_to_proto(acks) -> int:
-    try:
-        return ACKS[acks]
-    except (KeyError, TypeError):
-        raise ValueError(f"acks must be 0, 1 or 'all' (-1), not {acks!r}") from None
 
 
 class SendProduceHandler:
@@ -120,7 +104,7 @@ class Sender:
         self.accumulator = accumulator
         self.policy = policy
         self.transport = transport
-        self.acks = acks_to_proto(acks)
+        self.acks = acks_to_proto(Acks.parse(acks))
         self.max_in_flight = max(1, max_in_flight)
         self.max_request_size = max_request_size
         self.request_timeout_ms = request_timeout_ms

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+# Re-exported: one definition for the SDK, the coordinator and Spark.
+from services.topic_partition import TopicPartition as TopicPartition
+
 #: A record header: a string key and a bytes value (``None`` = null), as in Kafka.
 Header = tuple[str, "bytes | None"]
 
 #: ``ConsumerRecord.timestamp_type`` values (Kafka's ``TimestampType`` ids).
 CREATE_TIME = 0
 LOG_APPEND_TIME = 1
-
-
-class TopicPartition(NamedTuple):
-    """A topic and a partition number."""
-
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}-{self.partition}"
 
 
 class RecordMetadata(NamedTuple):

@@ -21,7 +21,9 @@ SDK (``gateway/client``), which must not configure providers itself -- the appli
 Consumer-group code: :func:`record_consumer_lag` / :func:`forget_consumer_lag` or
 :func:`register_consumer_lag_source` (see :mod:`services.telemetry.lag`).
 
-Names of everything emitted: :mod:`services.telemetry.names`.
+Names of everything emitted: :mod:`services.telemetry.names`. Each service's instruments live in
+that service (``storage_node/telemetry.py``, ``coordinator/telemetry.py``,
+``gateway/server/telemetry.py``), built from :mod:`services.telemetry.metrics`.
 """
 
 from __future__ import annotations
@@ -33,13 +35,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 
 from services.telemetry import names
-from services.telemetry.instruments import (
-    ClientInstruments,
-    ClusterHealth,
-    CoordinatorInstruments,
-    GatewayInstruments,
-    StorageNodeInstruments,
-)
+from services.telemetry.client import ClientInstruments
 from services.telemetry.lag import (
     CONSUMER_LAG,
     ConsumerLagRegistry,
@@ -60,12 +56,8 @@ from services.telemetry.setup import VERSION, PrometheusEndpoint, Telemetry
 __all__ = [
     "CONSUMER_LAG",
     "ClientInstruments",
-    "ClusterHealth",
     "ConsumerLagRegistry",
-    "CoordinatorInstruments",
-    "GatewayInstruments",
     "PrometheusEndpoint",
-    "StorageNodeInstruments",
     "Telemetry",
     "TelemetryConfigError",
     "TelemetrySettings",

@@ -46,9 +46,8 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
     * a batch larger than ``max.message.bytes`` or than a whole segment -> RecordTooLargeError;
     * an empty batch, a record count that disagrees with ``lastOffsetDelta`` (producer batches are
       dense), a control batch (only the broker writes those), a transactional batch without a
-      producer id, an invalid producer id / epoch / sequence, or an idempotent batch that is not
-      the payload's only batch (Kafka's rule: one batch per partition per request, so a retry is
-      recognised whole) -> InvalidRecordError;
+      producer id, an invalid producer id / epoch / sequence, or a payload mixing an idempotent
+      producer's batches with other producers' -> InvalidRecordError;
     * a negative timestamp other than -1 (no timestamp), or the LogAppendTime bit (only the
       broker chooses that) -> InvalidTimestampError;
     * any record that is not well-formed -- a length, key, value or header running past its
@@ -93,10 +92,15 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
             )
         )
         position += batch.size_in_bytes
-    if len(validated) > 1 and any(b.facts.producer_id != NO_PRODUCER_ID for b in validated):
+    producers = {(b.facts.producer_id, b.facts.producer_epoch, b.facts.is_transactional) for b in validated}
+    if (
+        len(validated) > 1
+        and any(b.facts.producer_id != NO_PRODUCER_ID for b in validated)
+        and len(producers) > 1
+    ):
         raise InvalidRecordError(
-            f"a payload with an idempotent or transactional batch must hold that one batch only "
-            f"(it holds {len(validated)})"
+            "the batches of a payload with an idempotent or transactional batch must all come from "
+            f"that one producer and epoch (found {len(producers)} producer states)"
         )
     return validated
 

@@ -27,10 +27,10 @@ import logging
 from dataclasses import dataclass
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.clock import Clock
 from services.fetchport import multi
 from services.fetchport.protocol import MAX_RESPONSE_FRAME, SIZE
-from services.leader_and_isr import ReplicaEndpoint
 from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.replication import rules
 from storage_node.replication.manager import ReplicationSettings
@@ -52,7 +52,7 @@ class ReplicaFetcher:
     """Copies the partitions this node follows from one leader. See the module docstring."""
 
     def __init__(
-        self, node_id: int, leader: ReplicaEndpoint, settings: ReplicationSettings, clock: Clock
+        self, node_id: int, leader: BrokerAddress, settings: ReplicationSettings, clock: Clock
     ) -> None:
         self.node_id = node_id
         self.leader = leader
@@ -287,10 +287,10 @@ class ReplicaFetchers:
         self.node_id = node_id
         self.settings = settings
         self.clock = clock
-        self._fetchers: dict[ReplicaEndpoint, ReplicaFetcher] = {}
-        self._following: dict[tuple[str, int], ReplicaEndpoint] = {}
+        self._fetchers: dict[BrokerAddress, ReplicaFetcher] = {}
+        self._following: dict[tuple[str, int], BrokerAddress] = {}
 
-    def follow(self, partition: Partition, leader: ReplicaEndpoint) -> None:
+    def follow(self, partition: Partition, leader: BrokerAddress) -> None:
         current = self._following.get(partition.key)
         if current is not None and current != leader:
             self._fetchers[current].remove(partition.key)

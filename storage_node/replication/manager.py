@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.clock import Clock
 from services.fetchport.multi import PartitionFetch
-from services.leader_and_isr import LeaderAndIsr, ReplicaEndpoint
+from services.leader_and_isr import LeaderAndIsr
 from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.log.log_manager import LogManager
 from storage_node.log.partition_log import AppendInfo, FetchInfo
@@ -49,7 +50,7 @@ class IsrChannel(Protocol):
 class FollowerFetchers(Protocol):
     """The replica fetchers: which partitions follow which leader."""
 
-    def follow(self, partition: Partition, leader: ReplicaEndpoint) -> None: ...
+    def follow(self, partition: Partition, leader: BrokerAddress) -> None: ...
 
     def unfollow(self, key: tuple[str, int]) -> None: ...
 
@@ -158,7 +159,7 @@ class ReplicaManager:
         self,
         controller_epoch: int,
         states: Iterable[LeaderAndIsr],
-        leaders: Mapping[int, ReplicaEndpoint],
+        leaders: Mapping[int, BrokerAddress],
         topic_configs: Mapping[str, Mapping[str, str]],
     ) -> list[StateUpdateResult]:
         """Apply the controller's partition states; one result per state."""
@@ -173,7 +174,7 @@ class ReplicaManager:
         return results
 
     def _apply(
-        self, state: LeaderAndIsr, leaders: Mapping[int, ReplicaEndpoint], configs: Mapping[str, str] | None
+        self, state: LeaderAndIsr, leaders: Mapping[int, BrokerAddress], configs: Mapping[str, str] | None
     ) -> None:
         if self.node_id not in state.replicas:
             raise errors.NotLeaderOrFollowerError(

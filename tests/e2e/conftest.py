@@ -22,8 +22,8 @@ from typing import NamedTuple
 import grpc
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, NewTopic, Producer
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.proto import pb, storage_grpc
 from spark_jobs.session import spark_session
 

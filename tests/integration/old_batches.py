@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from deploy.local_cluster import LocalCluster
+from launcher.local_cluster import LocalCluster
 from services.records import iter_batches, read_batch_header, set_base_offset, set_partition_leader_epoch
 from storage_node.log.files import CLEAN_SHUTDOWN_FILE
 

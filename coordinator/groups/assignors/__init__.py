@@ -19,7 +19,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from coordinator.groups.assignors import range_assignor, round_robin, sticky
 from coordinator.groups.assignors.common import Assignment, MemberSubscription, member_order_key
-from coordinator.groups.model import COOPERATIVE_STICKY, RANGE, ROUND_ROBIN, STICKY, TopicPartition
+from coordinator.groups.model import COOPERATIVE_STICKY, RANGE, ROUND_ROBIN, STICKY
+from services.topic_partition import TopicPartition
 
 AssignFunction = Callable[
     [Sequence[MemberSubscription], Mapping[str, int], Mapping[str, Collection[TopicPartition]]], Assignment

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from coordinator.groups.model import TopicPartition
+from services.topic_partition import TopicPartition
 
 #: Member id -> the partitions assigned to it.
 Assignment = dict[str, frozenset[TopicPartition]]

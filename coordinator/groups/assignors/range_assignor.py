@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from coordinator.groups.assignors.common import Assignment, MemberSubscription, frozen, member_order_key
-from coordinator.groups.model import TopicPartition
+from services.topic_partition import TopicPartition
 
 
 def assign(

@@ -12,7 +12,7 @@ from coordinator.groups.assignors.common import (
     member_order_key,
     topic_partitions,
 )
-from coordinator.groups.model import TopicPartition
+from services.topic_partition import TopicPartition
 
 
 def assign(

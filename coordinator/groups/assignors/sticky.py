@@ -29,7 +29,7 @@ from coordinator.groups.assignors.common import (
     member_order_key,
     topic_partitions,
 )
-from coordinator.groups.model import TopicPartition
+from services.topic_partition import TopicPartition
 
 _Loads = dict[str, set[TopicPartition]]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local_cluster import LocalCluster, process_alive, read_cluster_file
-from gateway.partitioner import partition_for_key
+from launcher.local_cluster import LocalCluster, process_alive, read_cluster_file
+from services.partitioner import partition_for_key
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local_cluster import LocalCluster
+from launcher.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

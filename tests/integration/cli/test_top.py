@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, NewTopic, Producer
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
 pytestmark = pytest.mark.integration
 

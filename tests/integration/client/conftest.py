@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, NewTopic
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
 
 @pytest.fixture(scope="session")

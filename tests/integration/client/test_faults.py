@@ -10,8 +10,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
 pytestmark = pytest.mark.integration
 

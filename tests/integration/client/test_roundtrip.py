@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from gateway.client import Consumer, Producer, TopicPartition
-from gateway.partitioner import partition_for_key
+from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, iter_batches
 

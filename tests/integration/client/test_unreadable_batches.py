@@ -15,9 +15,9 @@ import uuid
 import crc32c
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import CorruptRecordError
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from tests import batch_faults
 from tests.integration.old_batches import plant, wait_for
 from tests.integration.responsiveness import PROBE_DEADLINE_S, while_repeating

@@ -1,7 +1,7 @@
 """Helpers for coordinator tests: a real cluster of etcd, coordinator and storage-node processes.
 
 Every :class:`Cluster` has its own cluster name (etcd prefix), so tests sharing the session etcd
-cannot see each other's keys. Processes are started through ``deploy.processes`` -- the launch
+cannot see each other's keys. Processes are started through ``launcher.processes`` -- the launch
 path users get -- several at once, and are killed at the end of the test whatever happened.
 Calls go through the Coordinator gRPC API with a synchronous channel; failures come back as the
 typed taxonomy (``services.errors.error_from_rpc``) so tests assert on reasons, not strings.
@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from deploy.processes import ServiceProcess
+from launcher.processes import ServiceProcess
 from services import errors
 from services.etcd.embedded import EmbeddedEtcd
 from services.proto import coordinator_grpc, pb, storage_grpc

@@ -103,7 +103,7 @@ def test_tls_with_client_certificates(tmp_path: Path, etcd_factory: Callable[...
 def test_storage_node_registers_over_tls(tmp_path: Path, etcd_factory: Callable[..., EmbeddedEtcd]) -> None:
     """A real storage node process given the etcd TLS settings registers itself (with a client
     certificate that etcd requires), and the registration is readable over TLS."""
-    from deploy.processes import start_service
+    from launcher.processes import start_service
     from services.cluster_keys import cluster_prefix
 
     _make_certificates(tmp_path)

@@ -20,8 +20,8 @@ import crc32c
 import grpc
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
-from gateway.fetch import DEFAULT_MAX_DECODED_RECORDS
+from gateway.server.fetch import DEFAULT_MAX_DECODED_RECORDS
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
 from services.proto import gateway_grpc, pb
 from tests import batch_faults

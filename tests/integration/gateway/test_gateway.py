@@ -16,9 +16,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
-from gateway.partitioner import partition_for_key
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
+from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, RecordBatchBuilder, iter_batches
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
 from services.proto import pb
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from deploy.processes import ServiceProcess
+from launcher.processes import ServiceProcess
 from services.etcd.embedded import EmbeddedEtcd
 from services.proto import gateway_grpc, pb
 
@@ -37,7 +37,7 @@ class GroupCluster(Cluster):
         order = sorted(("c1", "c2"), key=lambda c: c == active)
         self.gateway = ServiceProcess(
             name="gateway",
-            module="gateway.main",
+            module="gateway.server.main",
             args=["--coordinators", ",".join(self.address(c) for c in order)],
             ready_file=self.run_dir / "gateway.ready.json",
             log_file=self.run_dir / "gateway.log",

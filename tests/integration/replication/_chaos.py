@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
-from deploy.local_cluster import LocalCluster
 from gateway.client import Admin, Consumer, ConsumerRecord, PartitionMetadata, Producer, TopicPartition
 from gateway.client.errors import TributaryError
+from launcher.local_cluster import LocalCluster
 from services.records import iter_batches
 
 #: Violations quoted in an assertion message (the count is always given).

@@ -12,8 +12,8 @@ from typing import TypeVar
 
 import grpc
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, NewTopic
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.proto import pb, storage_grpc
 from services.records import iter_batches
 

@@ -29,8 +29,8 @@ from collections import Counter
 
 import pytest
 
-from deploy.local_cluster import LocalCluster, LocalClusterSpec
 from gateway.client import Admin, NewTopic, TopicPartition
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from tests.integration.replication._chaos import (
     ConsumerLog,
     LeaderWatch,

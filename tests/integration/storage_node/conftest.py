@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from deploy.processes import ServiceProcess, start_service
+from launcher.processes import ServiceProcess, start_service
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
 from services.records import RecordBatchBuilder

@@ -10,7 +10,7 @@ import uuid
 import grpc
 import pytest
 
-from deploy.processes import ServiceStartError, start_service
+from launcher.processes import ServiceStartError, start_service
 from services.etcd.client import EtcdClient
 from services.proto import pb, storage_grpc
 

@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from coordinator.config import CoordinatorConfig
 from coordinator.service import CoordinatorService
-from gateway.config import GatewayConfig
-from gateway.service import GatewayService
+from gateway.server.config import GatewayConfig
+from gateway.server.service import GatewayService
 from services.proto import gateway_grpc, pb
 from services.telemetry import PrometheusEndpoint, Telemetry, client_interceptors, telemetry_settings
 from storage_node.config import StorageNodeConfig

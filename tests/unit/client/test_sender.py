@@ -14,12 +14,13 @@ from gateway.client.errors import (
 )
 from gateway.client.metadata import MetadataCache
 from gateway.client.retry import RetryPolicy
-from gateway.client.sender import Sender, acks_to_proto
+from gateway.client.sender import Sender
 from gateway.client.structs import TopicPartition
+from services.acks import Acks
 from services.clock import SYSTEM_CLOCK
 from services.proto import pb
 from services.records import iter_batches
-from services.serde import error_to_proto
+from services.serde import acks_to_proto, error_to_proto
 
 
 class _Client:
@@ -232,7 +233,7 @@ def test_retries_limit():
 
 
 def test_acks_values():
-    assert acks_to_proto("all") == acks_to_proto(-1) == pb.ACKS_ALL
-    assert acks_to_proto(1) == pb.ACKS_LEADER and acks_to_proto(0) == pb.ACKS_NONE
+    assert acks_to_proto(Acks.parse("all")) == acks_to_proto(Acks.parse(-1)) == pb.ACKS_ALL
+    assert acks_to_proto(Acks.parse(1)) == pb.ACKS_LEADER and acks_to_proto(Acks.parse(0)) == pb.ACKS_NONE
     with pytest.raises(ValueError):
-        acks_to_proto(2)
+        Acks.parse(2)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.groups.assignors import ASSIGNORS, MemberSubscription, range_assignor, round_robin, sticky
-from coordinator.groups.model import TopicPartition as TP
+from services.topic_partition import TopicPartition as TP
 
 
 def members(*ids: str, topics=("t",)) -> list[MemberSubscription]:

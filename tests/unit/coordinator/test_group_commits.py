@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from coordinator.groups.commits import CommitBatcher, take_batch
 from coordinator.groups.model import CommitParams, JoinParams, OffsetCommit, Subscription
-from coordinator.groups.model import TopicPartition as TP
 from coordinator.groups.state import GroupState
 from coordinator.groups.store import TXN_OPS, PendingCommit
 from services import errors
 from services.clock import ManualClock
+from services.topic_partition import TopicPartition as TP
 
 
 class FakeStore:

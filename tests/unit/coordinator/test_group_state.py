@@ -16,12 +16,12 @@ from coordinator.groups.model import (
     OffsetRecord,
     Subscription,
 )
-from coordinator.groups.model import TopicPartition as TP
 from coordinator.groups.offsets import expired_offsets, offsets_of_deleted_topics
 from coordinator.groups.state import GroupState, JoinKind
 from services import errors
 from services.clock import ManualClock
 from services.etcd.values import KeyValue
+from services.topic_partition import TopicPartition as TP
 
 TOPICS = {"t": 6}
 

@@ -128,9 +128,9 @@ def state_with(topics, partitions=(), brokers=()):
     state.topics = {t.name: t for t in topics}
     for name, p, rec in partitions:
         state.partitions.setdefault(name, {})[p] = rec
-    from coordinator.model import BrokerInfo
+    from coordinator.model import RegisteredBroker
 
-    state.brokers = {b: BrokerInfo(b, "h", 1, 2) for b in brokers}
+    state.brokers = {b: RegisteredBroker(b, "h", 1, 2) for b in brokers}
     return state
 
 

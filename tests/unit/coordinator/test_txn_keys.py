@@ -8,10 +8,10 @@ import pytest
 
 from coordinator import keys as metadata_keys
 from coordinator.groups.model import OffsetRecord
-from coordinator.groups.model import TopicPartition as TP
 from coordinator.transactions import keys
 from coordinator.transactions.model import TxnMetadata, TxnState
 from services.etcd.values import KeyValue
+from services.topic_partition import TopicPartition as TP
 
 
 def sample() -> TxnMetadata:

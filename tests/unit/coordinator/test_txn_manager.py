@@ -15,7 +15,6 @@ from coordinator import keys as metadata_keys
 from coordinator.groups import keys as group_keys
 from coordinator.groups.manager import GroupManager
 from coordinator.groups.model import JoinParams, OffsetCommit, OffsetRecord, Subscription
-from coordinator.groups.model import TopicPartition as TP
 from coordinator.groups.state import GroupState
 from coordinator.groups.store import TXN_OPS, GroupEntry
 from coordinator.metadata import MetadataCache
@@ -31,9 +30,11 @@ from coordinator.transactions.model import (
     TxnState,
 )
 from services import errors
+from services.broker_address import BrokerAddress
 from services.clock import ManualClock
-from services.cluster_keys import BrokerRecord
+from services.cluster_keys import encode_broker_record
 from services.etcd.values import EventType, KeyValue, WatchEvent, WatchResync
+from services.topic_partition import TopicPartition as TP
 
 from ._fake_etcd import FakeController, FakeEtcd
 
@@ -94,7 +95,10 @@ def _kv(key: str, value: bytes | str) -> KeyValue:
 
 def scene(offline: tuple[int, ...] = ()) -> list[KeyValue]:
     kvs = [
-        _kv(metadata_keys.broker_key(n), BrokerRecord(n, "127.0.0.1", 9000 + n, 9100 + n).encode())
+        _kv(
+            metadata_keys.broker_key(n),
+            encode_broker_record(BrokerAddress(n, "127.0.0.1", 9000 + n, 9100 + n)),
+        )
         for n in (1, 2)
     ]
     topic = TopicRecord("t", "id-t", 1, {}, tuple((LEADERS[p],) for p in range(4)))

@@ -9,7 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.groups.model import OffsetRecord
-from coordinator.groups.model import TopicPartition as TP
 from coordinator.transactions import state
 from coordinator.transactions.model import (
     MAX_PRODUCER_EPOCH,
@@ -19,6 +18,7 @@ from coordinator.transactions.model import (
     TxnState,
 )
 from services import errors
+from services.topic_partition import TopicPartition as TP
 
 TID = "tx"
 NOW = 1_000_000

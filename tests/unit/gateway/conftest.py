@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import grpc
 import pytest
 
-from gateway.config import GatewayConfig
-from gateway.service import GatewayService
+from gateway.server.config import GatewayConfig
+from gateway.server.service import GatewayService
 from services import errors
 from services.fetchport import protocol
 from services.grpc_server import ServiceRegistration, create_server, translate_errors

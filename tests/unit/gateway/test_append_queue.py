@@ -1,8 +1,9 @@
 import asyncio
 
-from gateway.append_queue import AppendQueues, AppendResult, count_offsets
-from gateway.batching import Acks
+from gateway.server.append_queue import AppendQueues, count_offsets
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
 from services.records import RecordBatchBuilder, iter_batches
 
 FAR = 1e12  # a deadline nobody reaches
@@ -34,12 +35,18 @@ class FakeLog:
             for b in batches:
                 b.validate()
         except errors.CorruptRecordError as exc:
-            return AppendResult(error=exc)
+            return AppendResult(topic, partition, error=exc)
         base = self.next_offset.get(partition, 0)
         for b in batches:
             self.values.setdefault(partition, []).extend(r.value for r in b.records())
             self.next_offset[partition] = self.next_offset.get(partition, 0) + b.last_offset_delta + 1
-        return AppendResult(base_offset=base, record_count=sum(b.record_count for b in batches))
+        return AppendResult(
+            topic,
+            partition,
+            base_offset=base,
+            last_offset=self.next_offset[partition] - 1,
+            record_count=sum(b.record_count for b in batches),
+        )
 
 
 def run(coro):
@@ -68,7 +75,8 @@ def test_requests_queued_behind_an_append_go_out_merged_and_in_order():
 
     log, results = run(scenario())
     assert [r.base_offset for r in results] == list(range(0, 20, 2))
-    assert all(r.record_count == 2 and r.error is None for r in results)
+    assert [r.last_offset for r in results] == list(range(1, 20, 2))  # each request's own share
+    assert all((r.topic, r.partition, r.record_count, r.error) == ("t", 0, 2, None) for r in results)
     assert len(log.calls) == 2  # the first alone, the nine queued behind it merged
     assert log.values[0] == [f"{i}{s}".encode() for i in range(10) for s in "ab"]
 
@@ -135,7 +143,7 @@ def test_a_retriable_failure_fails_the_whole_group_with_it():
         async def appender(topic, partition, data, acks, deadline):
             calls.append(data)
             await asyncio.sleep(0.01)
-            return AppendResult(error=errors.LeaderNotAvailableError("no leader"))
+            return AppendResult(topic, partition, error=errors.LeaderNotAvailableError("no leader"))
 
         queues = AppendQueues(appender)
         results = await asyncio.gather(*(queues.submit("t", 0, batch(b"v"), Acks.ALL, FAR) for _ in range(4)))

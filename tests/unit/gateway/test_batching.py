@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from gateway.batching import (
+from gateway.server.batching import (
     ProduceCommand,
     RecordIn,
     assign_partitions,
@@ -13,8 +13,8 @@ from gateway.batching import (
     plan_raw,
     plan_typed,
 )
-from gateway.partitioner import StickyPartitioner, partition_for_key
 from services import errors
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression, RecordBatchBuilder, iter_batches
 
 NOW = 1_700_000_000_000

@@ -3,7 +3,7 @@ import struct
 import crc32c
 import pytest
 
-from gateway.fetch_assembly import DecodeBudget, PartitionData, decode_typed, take_batches
+from gateway.server.fetch_assembly import DecodeBudget, PartitionData, decode_typed, take_batches
 from services import errors
 from services.records import Compression, RecordBatchBuilder, TimestampType
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.cluster_keys import BrokerRecord, broker_key, cluster_prefix
+from services.broker_address import BrokerAddress
+from services.cluster_keys import broker_key, cluster_prefix, decode_broker_record, encode_broker_record
 
 
 def test_round_trip_and_layout():
-    record = BrokerRecord(3, "10.0.0.5", 9094, 9095, "rack-a")
-    assert BrokerRecord.decode(record.encode()) == record
-    assert BrokerRecord.decode(record.encode().encode()) == record
+    record = BrokerAddress(3, "10.0.0.5", 9094, 9095, "rack-a")
+    assert decode_broker_record(encode_broker_record(record)) == record
+    assert decode_broker_record(encode_broker_record(record).encode()) == record
     assert broker_key(3) == "brokers/3" and cluster_prefix("prod") == "/tributary/prod/"
 
 
@@ -28,4 +29,12 @@ def test_round_trip_and_layout():
 )
 def test_bad_values_are_refused(raw):
     with pytest.raises(ValueError):
-        BrokerRecord.decode(raw)
+        decode_broker_record(raw)
+
+
+def test_the_record_holds_the_address_only():
+    """A subclass's extra fields (the coordinator's incarnation) never reach etcd."""
+    from coordinator.model import RegisteredBroker
+
+    registered = RegisteredBroker(3, "h", 1, 2, "r", incarnation=7)
+    assert decode_broker_record(encode_broker_record(registered)) == BrokerAddress(3, "h", 1, 2, "r")

@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from services.config import ConfigError, add_config_arguments, config_from_args, load_config
+from services.config import (
+    ConfigError,
+    ServiceConfig,
+    add_config_arguments,
+    config_from_args,
+    field_docs,
+    load_config,
+)
 
 
 @dataclass
@@ -88,3 +95,46 @@ def test_flags_from_dataclass():
     args = parser.parse_args(["--node-id", "9", "--log-dirs", "/d1,/d2"])
     cfg = config_from_args(Example, args, env_prefix="NOPE_NOT_SET")
     assert cfg.node_id == 9 and cfg.log_dirs == [Path("/d1"), Path("/d2")]
+
+
+@dataclass
+class Documented(ServiceConfig):
+    #: Stable id of this example
+    #: (two lines join).
+    node_id: int = 0
+    undocumented: str = ""
+    # a plain comment is not a doc
+    plain: int = 1
+    #: 100% of the ratio.
+    ratio: float = 0.5
+
+
+def test_field_docs_are_the_hash_colon_comments():
+    docs = field_docs(Documented)
+    assert docs["node_id"] == "Stable id of this example (two lines join)."
+    assert docs["ratio"] == "100% of the ratio."
+    assert "undocumented" not in docs and "plain" not in docs
+    assert docs["log_level"].startswith("Log level")  # inherited from ServiceConfig
+
+
+def test_help_shows_docs_own_fields_first():
+    parser = argparse.ArgumentParser(prog="example")
+    add_config_arguments(parser, Documented)
+    text = " ".join(parser.format_help().split())
+    assert "Stable id of this example (two lines join). (default: 0)" in text
+    assert "100% of the ratio. (default: 0.5)" in text  # a % survives argparse's formatting
+    assert text.index("--node-id") < text.index("--ratio") < text.index("--ready-file")
+    assert text.index("--ready-file") < text.index("--log-file")
+
+
+def test_flags_without_source_still_work():
+    namespace: dict = {}
+    exec(  # a class whose source inspect cannot find: no docs, same flags
+        "from dataclasses import dataclass\n@dataclass\nclass NoSource:\n    #: lost\n    size: int = 1\n",
+        namespace,
+    )
+    cls = namespace["NoSource"]
+    assert field_docs(cls) == {}
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, cls)
+    assert parser.parse_args(["--size", "3"]).size == "3"

@@ -3,6 +3,7 @@
 import pytest
 
 from gateway.client.structs import TopicPartition
+from services.acks import Acks
 from spark_jobs.offsets import Earliest, GlobalTimestamp, Latest, SpecificOffsets, SpecificTimestamps
 from spark_jobs.options import OptionError, ReadOptions, WriteOptions
 
@@ -216,7 +217,8 @@ def test_path_passed_by_spark_is_tolerated():
 def test_write_options():
     options = WriteOptions.parse({"topic": "t", "compression": "LZ4", "acks": "1"})
     assert (options.topic, options.compression, options.acks) == ("t", "lz4", 1)
-    assert WriteOptions.parse({}).acks == "all"
+    assert WriteOptions.parse({}).acks is Acks.ALL
+    assert WriteOptions.parse({"acks": "-1"}).acks is Acks.ALL
     with pytest.raises(OptionError, match="compression"):
         WriteOptions.parse({"compression": "brotli"})
     with pytest.raises(OptionError, match="acks"):

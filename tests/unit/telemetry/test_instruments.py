@@ -10,17 +10,11 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from coordinator.telemetry import ClusterHealth, CoordinatorInstruments
+from gateway.server.telemetry import GatewayInstruments, count_records
 from services.records import RecordBatchBuilder
-from services.telemetry import (
-    ClusterHealth,
-    ConsumerLagRegistry,
-    CoordinatorInstruments,
-    GatewayInstruments,
-    Telemetry,
-    names,
-    telemetry_settings,
-)
-from services.telemetry.instruments import count_records
+from services.telemetry import ConsumerLagRegistry, Telemetry, names, telemetry_settings
+from storage_node.telemetry import StorageNodeInstruments
 
 
 def make(*, traces: bool = True, metrics: bool = True):
@@ -119,8 +113,6 @@ class FakeLogs:
 
 
 def test_storage_gauges_observe_the_log_manager_at_collection_time():
-    from services.telemetry import StorageNodeInstruments
-
     telemetry, _, reader = make(traces=False)
 
     @dataclass

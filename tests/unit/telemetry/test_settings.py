@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.config import CoordinatorConfig
-from gateway.config import GatewayConfig
+from gateway.server.config import GatewayConfig
 from services.config import ConfigError, load_config
 from services.telemetry import TelemetryConfigError, telemetry_settings
 from services.telemetry.settings import DEFAULT_PROMETHEUS_PORT, parse_resource_attributes

@@ -1,8 +1,9 @@
 import pytest
 
-from gateway.admin import cached_metadata
-from gateway.metadata import DEFAULT_MAX_MESSAGE_BYTES, ClusterSnapshot, NodeAddress
+from gateway.server.admin_forwarder import cached_metadata
+from gateway.server.cluster_snapshot import DEFAULT_MAX_MESSAGE_BYTES, ClusterSnapshot
 from services import errors
+from services.broker_address import BrokerAddress
 from services.proto import pb
 from services.serde import error_to_proto
 
@@ -35,7 +36,7 @@ def metadata(revision=5):
 def test_leader_lookup():
     snapshot = ClusterSnapshot.from_proto(metadata())
     assert snapshot.revision == 5
-    assert snapshot.ensure_leader("t", 0) == NodeAddress(0, "h0", 100, 200)
+    assert snapshot.ensure_leader("t", 0) == BrokerAddress(0, "h0", 100, 200)
     assert snapshot.ensure_leader("t", 1).grpc_target == "h1:101"
     assert snapshot.topics["t"].partition_count == 5
 

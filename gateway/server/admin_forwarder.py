@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.coordinators import CoordinatorPool
-from gateway.routing import MetadataCache
+from gateway.server.coordinators import CoordinatorPool
+from gateway.server.routing import MetadataWatch
 from services import errors
 from services.proto import pb
 from services.serde import error_to_proto
@@ -37,7 +37,7 @@ class Forwarder:
     """Sends the gateway's admin, group and metadata calls to the coordinators."""
 
     def __init__(
-        self, coordinators: CoordinatorPool, cache: MetadataCache, *, timeout_s: float = 30.0
+        self, coordinators: CoordinatorPool, cache: MetadataWatch, *, timeout_s: float = 30.0
     ) -> None:
         self._coordinators = coordinators
         self._cache = cache

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from services import errors
 from services.records import RECORD_BATCH_OVERHEAD, Record, TimestampType, iter_batches
+from services.records.aborted import AbortedTransactionFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,8 @@ class PartitionData:
     high_watermark: int = -1
     log_start_offset: int = -1
     error: errors.TributaryError | None = None
+    #: read_committed: the aborted transactions (producer id, first offset) met so far.
+    aborted: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.next_offset < 0:
@@ -164,10 +167,17 @@ class DecodedPartition:
 
 
 def decode_typed(
-    chunks: list[bytes], *, topic: str, partition: int, fetch_offset: int, budget: DecodeBudget
+    chunks: list[bytes],
+    *,
+    topic: str,
+    partition: int,
+    fetch_offset: int,
+    budget: DecodeBudget,
+    aborted: AbortedTransactionFilter | None = None,
 ) -> DecodedPartition:
     """Decode whole batches (CRC checked, as Kafka consumers do) within ``budget``, skipping
-    records below ``fetch_offset`` and control batches.
+    records below ``fetch_offset`` and control batches -- and, for a read_committed fetch
+    (``aborted``), the batches of aborted transactions.
 
     A corrupt batch (stored by an older version) ends the result before it: the records in front
     of it are returned, and the fetch that starts at it gets the error -- a CorruptRecordError
@@ -179,7 +189,9 @@ def decode_typed(
         for batch in iter_batches(chunk):
             if batch.last_offset < next_offset:
                 continue  # wholly before the position (the first batch may start earlier)
-            if batch.is_control:
+            # Control batches (markers) are never records; read_committed also drops aborted ones.
+            dropped = aborted.drops(batch) if aborted is not None else batch.is_control
+            if dropped:
                 next_offset = batch.next_offset
                 continue
             if budget.full_before(batch.size_in_bytes):

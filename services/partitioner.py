@@ -1,5 +1,8 @@
 """Kafka's default partitioning, so a key lands on the partition a Kafka client would pick.
 
+Shared by the gateway (typed produce requests) and the SDK (the producer picks partitions
+itself), so both place a key where the other -- and a Kafka client -- would.
+
 * explicit partition: used as is (validated by the caller);
 * key present: ``toPositive(murmur2(key)) % partition_count`` -- Kafka's ``Utils.murmur2`` (seed
   0x9747b28c, 32-bit signed arithmetic) and ``toPositive`` (``& 0x7fffffff``);

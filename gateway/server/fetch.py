@@ -18,9 +18,9 @@ partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
-unless ``raw_batches`` is set, decoded here (see :mod:`gateway.fetch_assembly`): on the decode
+unless ``raw_batches`` is set, decoded here (see :mod:`gateway.server.fetch_assembly`): on the decode
 pool's threads, never on the event loop, within the answer's decode budget (see
-:mod:`gateway.decode_pool`).
+:mod:`gateway.server.decode_pool`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from gateway.decode_pool import DecodePool
-from gateway.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
-from gateway.metadata import NodeAddress
-from gateway.routing import Router
+from gateway.server.decode_pool import DecodePool
+from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
+from gateway.server.routing import Router
 from services import errors
+from services.broker_address import BrokerAddress
 from services.fetchport.protocol import FetchResponseHeader
+from services.records.aborted import AbortedTransactionFilter
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,8 @@ class FetchCommand:
     max_wait_ms: int = 0
     max_bytes: int = DEFAULT_TOTAL_MAX_BYTES
     raw_batches: bool = False
+    #: Only records below the last stable offset, none of an aborted transaction.
+    read_committed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,10 @@ class FetchedPartition:
     batches: list[TypedBatch]
     #: Raw results (``raw_batches`` true): the batches as the node sent them.
     raw: bytes = b""
+    #: read_committed: the last stable offset, and (raw results) the aborted transactions
+    #: overlapping the batches, as (producer id, first offset).
+    last_stable_offset: int = -1
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 def ensure_valid_fetch(command: FetchCommand) -> None:
@@ -107,6 +114,7 @@ class _Poll:
     header: FetchResponseHeader | None = None
     records: bytes = b""
     error: errors.TributaryError | None = None
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 class FetchHandler:
@@ -203,6 +211,7 @@ class _FetchSession:
         header = poll.header
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
+        part.aborted.update(poll.aborted)
         taken = take_batches(
             poll.records,
             fetch_offset=part.next_offset,
@@ -262,7 +271,7 @@ class _FetchSession:
 
     async def _poll(self, index: int, *, long_poll: bool) -> _Poll:
         part = self.parts[index]
-        node: NodeAddress | None = None
+        node: BrokerAddress | None = None
         reconnected = False
         for _ in range(_MAX_LEADER_CHASES):
             try:
@@ -275,7 +284,7 @@ class _FetchSession:
                 result = await self._read(node, part, wait_ms)
                 error = result.header.error()
                 if error is None:
-                    return _Poll(result.header, result.records)
+                    return _Poll(result.header, result.records, aborted=result.aborted)
             except errors.NetworkError as exc:
                 # A pooled connection the node dropped (it restarted on the same address): the
                 # client has closed it, so one more try goes out on a fresh connection.
@@ -289,7 +298,7 @@ class _FetchSession:
                 return _Poll(error=error)
         return _Poll(error=error)
 
-    async def _read(self, node: NodeAddress, part: PartitionData, wait_ms: int):
+    async def _read(self, node: BrokerAddress, part: PartitionData, wait_ms: int):
         """One fetch-port request for ``part`` (inside a CLIENT span when tracing)."""
         read = self._router.clients.fetcher(node).fetch(
             part.topic,
@@ -298,6 +307,7 @@ class _FetchSession:
             max_bytes=max(1, min(part.room, self._total_room)),
             min_bytes=1,
             max_wait_ms=wait_ms,
+            read_committed=self._command.read_committed,
         )
         if self._telemetry is None:
             return await read
@@ -310,11 +320,11 @@ class _FetchSession:
         self._telemetry.end_fetch_port_read(span, len(result.records), result.header.error())
         return result
 
-    async def _leader(self, topic: str, partition: int) -> NodeAddress:
+    async def _leader(self, topic: str, partition: int) -> BrokerAddress:
         await self._router.topic(topic)  # refreshes once for a topic the cache does not know
         return self._router.snapshot.ensure_leader(topic, partition)
 
-    async def _leader_changed(self, topic: str, partition: int, node: NodeAddress | None) -> bool:
+    async def _leader_changed(self, topic: str, partition: int, node: BrokerAddress | None) -> bool:
         """Refresh the metadata; True when it now names another (reachable) leader address."""
         snapshot = await self._router.refresh()
         try:
@@ -342,20 +352,22 @@ class _FetchSession:
                 partition=part.partition,
                 fetch_offset=part.fetch_offset,
                 budget=budget,
+                aborted=AbortedTransactionFilter(part.aborted) if self._command.read_committed else None,
             )
             if decoded.error is not None:
                 log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, decoded.error)
             results.append(self._result(part, decoded.error, decoded.next_offset, decoded.batches))
         return results
 
-    @staticmethod
     def _result(
+        self,
         part: PartitionData,
         error: errors.TributaryError | None,
         next_offset: int,
         batches: list[TypedBatch] | None = None,
         raw: bytes = b"",
     ) -> FetchedPartition:
+        committed = self._command.read_committed
         return FetchedPartition(
             part.topic,
             part.partition,
@@ -365,4 +377,8 @@ class _FetchSession:
             next_offset,
             batches or [],
             raw,
+            # the node bounds a read_committed read by the last stable offset, carried as the
+            # answer's high watermark (FetchResult)
+            part.high_watermark if committed else -1,
+            tuple(sorted(part.aborted, key=lambda a: a[1])) if committed and raw else (),
         )

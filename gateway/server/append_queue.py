@@ -26,8 +26,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from gateway.batching import Acks
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
 from services.records import iter_batches
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,6 @@ log = logging.getLogger(__name__)
 MAX_MERGED_BYTES = 8 << 20
 #: Bytes a stream may have queued before it stops reading requests (acks=none back-pressure).
 MAX_QUEUED_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    """One request's share of an append (``error`` unset on success)."""
-
-    base_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    record_count: int = 0
-    error: errors.TributaryError | None = None
 
 
 #: ``append(topic, partition, data, acks, deadline)``: one partition's append, retried within
@@ -100,9 +90,12 @@ def split_result(result: AppendResult, group: list[_Pending]) -> list[AppendResu
     base = result.base_offset
     for pending in group:
         offsets, records = pending.counts or (0, 0)
-        shares.append(replace(result, base_offset=base if base >= 0 else -1, record_count=records))
         if base >= 0:
+            share = replace(result, base_offset=base, last_offset=base + offsets - 1, record_count=records)
             base += offsets
+        else:
+            share = replace(result, base_offset=-1, last_offset=-1, record_count=records)
+        shares.append(share)
     return shares
 
 
@@ -153,7 +146,7 @@ class AppendQueues:
                     shares = await self._do_group(key, group)
                 except Exception as exc:
                     log.exception("append to %s-%d failed", *key)
-                    shares = [AppendResult(error=errors.UnknownServerError(repr(exc)))] * len(group)
+                    shares = [AppendResult(*key, error=errors.UnknownServerError(repr(exc)))] * len(group)
                 for pending, share in zip(group, shares, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(share)

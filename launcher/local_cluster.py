@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from deploy.processes import ServiceProcess, ServiceStartError, log_tail, start_service
+from launcher.processes import ServiceProcess, ServiceStartError, log_tail, start_service
 
 CLUSTER_FILE = "cluster.json"
 LAUNCH_FILE = "launch.json"
@@ -396,7 +396,9 @@ class LocalCluster:
             *self._port_args(name, port),
             *self.spec.gateway_args,
         ]
-        process = start_service(name, "gateway.main", args, self.run_dir, env=self.spec.env, timeout=timeout)
+        process = start_service(
+            name, "gateway.server.main", args, self.run_dir, env=self.spec.env, timeout=timeout
+        )
         self._replace(self.gateways, index, process)
         self._last_ports[name] = process.info["grpc_port"]
         return process
@@ -469,7 +471,7 @@ class LocalCluster:
         for node_id, entry in (described.get("storage_nodes") or {}).items():
             self.storage_nodes[int(node_id)] = self._adopted(f"storage-{node_id}", "storage_node.main", entry)
         for index, entry in enumerate(described.get("gateways", [])):
-            self.gateways.append(self._adopted(f"gateway-{index}", "gateway.main", entry))
+            self.gateways.append(self._adopted(f"gateway-{index}", "gateway.server.main", entry))
 
     def _adopted(self, name: str, module: str, entry: dict) -> AdoptedProcess:
         return AdoptedProcess(

@@ -14,25 +14,12 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from services import errors
+from services.broker_address import BrokerAddress
 from services.proto import pb
-from services.serde import error_from_proto
+from services.serde import broker_address_from_proto, error_from_proto
 
 #: Kafka's default ``max.message.bytes`` (1 MiB + the 12-byte log overhead).
 DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
-
-
-@dataclass(frozen=True, slots=True)
-class NodeAddress:
-    """Where a storage node serves gRPC and its fetch port."""
-
-    node_id: int
-    host: str
-    grpc_port: int
-    fetch_port: int
-
-    @property
-    def grpc_target(self) -> str:
-        return f"{self.host}:{self.grpc_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +76,7 @@ class ClusterSnapshot:
     """One consistent view of brokers and topics at an etcd ``revision``."""
 
     revision: int
-    nodes: Mapping[int, NodeAddress]
+    nodes: Mapping[int, BrokerAddress]
     topics: Mapping[str, TopicRoute]
     #: The response the snapshot was built from (served as is by GetMetadata fallbacks).
     source: object = None
@@ -100,9 +87,7 @@ class ClusterSnapshot:
 
     @classmethod
     def from_proto(cls, response) -> ClusterSnapshot:
-        nodes = {
-            b.node_id: NodeAddress(b.node_id, b.host, b.grpc_port, b.fetch_port) for b in response.brokers
-        }
+        nodes = {b.node_id: broker_address_from_proto(b) for b in response.brokers}
         topics = {t.name: _topic_from_proto(t) for t in response.topics if not t.HasField("error")}
         return cls(response.revision, MappingProxyType(nodes), MappingProxyType(topics), response)
 
@@ -112,7 +97,7 @@ class ClusterSnapshot:
             raise errors.UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         return route
 
-    def ensure_leader(self, topic: str, partition: int) -> NodeAddress:
+    def ensure_leader(self, topic: str, partition: int) -> BrokerAddress:
         """The leader's address, or a retriable error naming why there is none."""
         route = self.ensure_topic(topic).ensure_partition(partition)
         if route.error is not None:

@@ -24,7 +24,8 @@ MIN_ATTEMPT_S = 0.02
 
 
 class HasError(Protocol):
-    error: errors.TributaryError | None
+    @property
+    def error(self) -> errors.TributaryError | None: ...  # read-only: results are frozen
 
 
 R = TypeVar("R", bound=HasError)

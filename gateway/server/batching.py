@@ -1,6 +1,6 @@
 """Pure produce planning: validate a request, choose each record's partition, build the batches.
 
-Nothing here does I/O. The produce handler (``gateway/produce.py``) plans with these functions,
+Nothing here does I/O. The produce handler (``gateway/server/produce.py``) plans with these functions,
 then sends each partition's bytes to its leader.
 
 Partition choice is Kafka's default partitioner, in order: the record's explicit partition; else
@@ -17,22 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import NamedTuple
 
-from gateway.partitioner import StickyPartitioner, partition_for_key
 from services import errors
+from services.acks import Acks
+from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression, RecordBatchBuilder
 
 Headers = tuple[tuple[str, "bytes | None"], ...]
-
-
-class Acks(IntEnum):
-    """Kafka's acks values."""
-
-    NONE = 0
-    LEADER = 1
-    ALL = -1
 
 
 class RecordIn(NamedTuple):

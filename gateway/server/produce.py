@@ -15,7 +15,7 @@ Behaviour, as a Kafka user expects it:
 * ProduceStream keeps each partition's appends in request order: requests are planned one after
   another as they arrive and queued per partition on the stream's ``AppendQueues``, which keep
   one append in flight per partition and merge what queued up behind it
-  (``gateway/append_queue.py``). Concurrent unary Produce calls are not ordered among
+  (``gateway/server/append_queue.py``). Concurrent unary Produce calls are not ordered among
   themselves (a client that needs order waits for each answer, or uses the stream).
 * acks=NONE: the appends are started and the answer goes back at once, with offsets -1. They
   still run to completion (with retries) in the background. Back-pressure, not loss, bounds
@@ -31,39 +31,25 @@ import weakref
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
-from gateway import storage_calls
-from gateway.append_queue import AppendQueues, AppendResult
-from gateway.batching import (
-    Acks,
+from gateway.server import storage_calls
+from gateway.server.append_queue import AppendQueues
+from gateway.server.batching import (
     PartitionPayload,
     ProduceCommand,
     ensure_valid_command,
     plan_raw,
     plan_typed,
 )
-from gateway.metadata import TopicRoute
-from gateway.partitioner import StickyPartitioner
-from gateway.retry import retry_partitions
-from gateway.routing import Router
+from gateway.server.cluster_snapshot import TopicRoute
+from gateway.server.partition_retry import retry_partitions
+from gateway.server.routing import Router
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
 from services.clock import SYSTEM_CLOCK, Clock
-from services.proto import pb
+from services.partitioner import StickyPartitioner
 
 log = logging.getLogger(__name__)
-
-_ACKS_TO_PROTO = {Acks.NONE: pb.ACKS_NONE, Acks.LEADER: pb.ACKS_LEADER, Acks.ALL: pb.ACKS_ALL}
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionResult:
-    """One partition's answer to a produce (``error`` unset on success; offsets -1 when unknown)."""
-
-    partition: int
-    base_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    record_count: int = 0
-    error: errors.TributaryError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +61,7 @@ class ProducePlan:
     assignment: list[int]
     payloads: dict[int, PartitionPayload]
     #: Partitions that failed before sending (beyond the topic's partition count).
-    failed: dict[int, PartitionResult]
+    failed: dict[int, AppendResult]
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +72,12 @@ class ProduceOutcome:
     #: (partition, offset) per typed record, in request order; offset -1 when not known.
     records: list[tuple[int, int]]
     #: One per partition the request named, ascending.
-    partitions: list[PartitionResult]
+    partitions: list[AppendResult]
     correlation_id: int = 0
 
 
 def _record_offsets(
-    assignment: list[int], payloads: dict[int, PartitionPayload], results: dict[int, PartitionResult]
+    assignment: list[int], payloads: dict[int, PartitionPayload], results: dict[int, AppendResult]
 ) -> list[tuple[int, int]]:
     offsets = [-1] * len(assignment)
     for partition, payload in payloads.items():
@@ -102,15 +88,16 @@ def _record_offsets(
     return list(zip(assignment, offsets, strict=True))
 
 
-def _unacked_results(plan: ProducePlan) -> dict[int, PartitionResult]:
+def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
     """acks=none: no offsets are known when the answer goes back."""
+    topic = plan.command.topic
     return {
-        p: PartitionResult(p, record_count=len(payload.record_indexes))
+        p: AppendResult(topic, p, record_count=len(payload.record_indexes))
         for p, payload in plan.payloads.items()
     }
 
 
-def _outcome(plan: ProducePlan, sent: dict[int, PartitionResult]) -> ProduceOutcome:
+def _outcome(plan: ProducePlan, sent: dict[int, AppendResult]) -> ProduceOutcome:
     results = {**plan.failed, **sent}
     command = plan.command
     return ProduceOutcome(
@@ -121,8 +108,9 @@ def _outcome(plan: ProducePlan, sent: dict[int, PartitionResult]) -> ProduceOutc
     )
 
 
-def _unknown_partition(topic: TopicRoute, partition: int) -> PartitionResult:
-    return PartitionResult(
+def _unknown_partition(topic: TopicRoute, partition: int) -> AppendResult:
+    return AppendResult(
+        topic.name,
         partition,
         error=errors.UnknownTopicOrPartitionError(
             f"topic {topic.name!r} has {topic.partition_count} partitions; "
@@ -212,7 +200,7 @@ class ProduceHandler:
         return self._outcome_when_appended(plan, futures)
 
     def stream_queues(self) -> AppendQueues:
-        """Fresh per-stream append queues (see ``gateway/append_queue.py``)."""
+        """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
         queues = AppendQueues(self.append_partition)
         self._stream_queues.add(queues)
         return queues
@@ -221,14 +209,7 @@ class ProduceHandler:
         self, topic: str, partition: int, data: bytes, acks: Acks, deadline: float
     ) -> AppendResult:
         """One partition's append with retries: the stream queues' appender."""
-        result = (await self._append_with_retries(topic, {partition: data}, acks, deadline))[partition]
-        return AppendResult(
-            result.base_offset,
-            result.log_append_time,
-            result.log_start_offset,
-            result.record_count,
-            result.error,
-        )
+        return (await self._append_with_retries(topic, {partition: data}, acks, deadline))[partition]
 
     async def _outcome_when_appended(
         self, plan: ProducePlan, futures: dict[int, asyncio.Future]
@@ -236,17 +217,9 @@ class ProduceHandler:
         if plan.command.acks == Acks.NONE:
             return _outcome(plan, _unacked_results(plan))
         shares = await asyncio.gather(*futures.values())
-        return _outcome(
-            plan,
-            {
-                p: PartitionResult(
-                    p, s.base_offset, s.log_append_time, s.log_start_offset, s.record_count, s.error
-                )
-                for p, s in zip(futures, shares, strict=True)
-            },
-        )
+        return _outcome(plan, dict(zip(futures, shares, strict=True)))
 
-    async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, PartitionResult]:
+    async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, AppendResult]:
         command = plan.command
         if not plan.payloads:
             return {}
@@ -273,25 +246,25 @@ class ProduceHandler:
 
     async def _append_with_retries(
         self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
-    ) -> dict[int, PartitionResult]:
-        async def attempt(partitions: list[int], deadline: float) -> dict[int, PartitionResult]:
+    ) -> dict[int, AppendResult]:
+        async def attempt(partitions: list[int], deadline: float) -> dict[int, AppendResult]:
             return await self._do_append_round(topic, {p: data[p] for p in partitions}, acks, deadline)
 
         return await retry_partitions(data, attempt, refresh=self._router.refresh, deadline=deadline)
 
     async def _do_append_round(
         self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
-    ) -> dict[int, PartitionResult]:
+    ) -> dict[int, AppendResult]:
         """One Append per leader node, concurrently; a partition without a leader fails this round."""
         snapshot = self._router.snapshot
-        results: dict[int, PartitionResult] = {}
+        results: dict[int, AppendResult] = {}
         by_node: dict = {}
         epochs: dict[int, int] = {}
         for partition, payload in data.items():
             try:
                 node = snapshot.ensure_leader(topic, partition)
             except errors.TributaryError as exc:
-                results[partition] = PartitionResult(partition, error=exc)
+                results[partition] = AppendResult(topic, partition, error=exc)
                 continue
             by_node.setdefault(node, {})[partition] = payload
             # The leader checks it: a leader deposed since this metadata answers FENCED_LEADER_EPOCH.
@@ -303,7 +276,7 @@ class ProduceHandler:
                     self._router.clients.storage(node),
                     topic,
                     payloads,
-                    acks=_ACKS_TO_PROTO[acks],
+                    acks=acks,
                     timeout_s=timeout_s,
                     leader_epochs=epochs,
                 )
@@ -311,15 +284,7 @@ class ProduceHandler:
             )
         )
         for answer in answers:
-            for partition, outcome in answer.items():
-                results[partition] = PartitionResult(
-                    partition,
-                    outcome.base_offset,
-                    outcome.log_append_time,
-                    outcome.log_start_offset,
-                    outcome.record_count,
-                    outcome.error,
-                )
+            results.update(answer)
         return results
 
     async def close(self) -> None:

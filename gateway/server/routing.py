@@ -1,10 +1,10 @@
 """Where requests go: the watch-fed metadata cache, leader lookup, and clients per storage node.
 
-* :class:`MetadataCache` keeps the latest :class:`~gateway.metadata.ClusterSnapshot`. Its
+* :class:`MetadataWatch` keeps the latest :class:`~gateway.server.cluster_snapshot.ClusterSnapshot`. Its
   ``_watch_routine`` follows ``Coordinator.WatchMetadata`` on one coordinator, failing over to the
   next when the stream breaks; against a coordinator without WatchMetadata (UNIMPLEMENTED) it
   polls GetMetadata instead (every ``poll_interval_s``), trying the watch again every minute.
-  :meth:`MetadataCache.refresh` fetches a fresh snapshot at once (coalesced: concurrent callers
+  :meth:`MetadataWatch.refresh` fetches a fresh snapshot at once (coalesced: concurrent callers
   share one call) -- what request handlers do after a retriable ``invalid_metadata`` error,
   because the watch may lag behind what a storage node just said, and for a topic the cache
   does not know (it may have been created a moment ago).
@@ -24,9 +24,10 @@ from collections.abc import Callable
 
 import grpc
 
-from gateway.coordinators import CHANNEL_OPTIONS, CoordinatorPool
-from gateway.metadata import ClusterSnapshot, NodeAddress, TopicRoute
+from gateway.server.cluster_snapshot import ClusterSnapshot, TopicRoute
+from gateway.server.coordinators import CHANNEL_OPTIONS, CoordinatorPool
 from services import errors
+from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
 
@@ -37,7 +38,7 @@ _WATCH_BACKOFF_MAX_S = 2.0
 _WATCH_RETRY_S = 60.0
 
 
-class MetadataCache:
+class MetadataWatch:
     """The latest snapshot, kept current by a watch, refreshable on demand."""
 
     def __init__(
@@ -176,7 +177,7 @@ class NodeClients:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._fetchers: dict[tuple[str, int], FetchClient] = {}
 
-    def storage(self, node: NodeAddress) -> storage_grpc.StorageNodeStub:
+    def storage(self, node: BrokerAddress) -> storage_grpc.StorageNodeStub:
         channel = self._channels.get(node.grpc_target)
         if channel is None:
             target = node.grpc_target
@@ -187,7 +188,7 @@ class NodeClients:
             self._channels[target] = channel
         return storage_grpc.StorageNodeStub(channel)
 
-    def fetcher(self, node: NodeAddress) -> FetchClient:
+    def fetcher(self, node: BrokerAddress) -> FetchClient:
         key = (node.host, node.fetch_port)
         client = self._fetchers.get(key)
         if client is None:
@@ -214,7 +215,7 @@ class NodeClients:
 class Router:
     """Metadata cache + node clients: what produce, fetch and offsets handlers are given."""
 
-    def __init__(self, cache: MetadataCache, clients: NodeClients) -> None:
+    def __init__(self, cache: MetadataWatch, clients: NodeClients) -> None:
         self.cache = cache
         self.clients = clients
         self._pruner: asyncio.Task | None = None

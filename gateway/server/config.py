@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
+
+from services.config import ServiceConfig
 
 ENV_PREFIX = "TRIBUTARY_GATEWAY"
 
 
 @dataclass
-class GatewayConfig:
+class GatewayConfig(ServiceConfig):
     #: Bind address of the public Gateway gRPC service; also written to the ready file.
     host: str = "127.0.0.1"
     #: gRPC port (0 = any free port).
@@ -40,13 +41,3 @@ class GatewayConfig:
     #: NETWORK_EXCEPTION, as Kafka closes connections idle for connections.max.idle.ms (10 min);
     #: the SDK opens a new stream on its next send. 0 = never.
     produce_stream_max_idle_ms: int = 600_000
-    #: When set, a JSON file with pid, host and the bound port is written here once serving.
-    ready_file: Path | None = None
-    #: Telemetry exporters, comma-separated: none, console, otlp (traces and metrics), prometheus
-    #: (metrics). Empty = the OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER variables (default none).
-    telemetry_exporter: str = ""
-    #: Serve Prometheus metrics (/metrics) at this address: ``host:port`` or ``port`` (host = ``host``;
-    #: port 0 = any free port). Empty = no endpoint (unless OTEL_METRICS_EXPORTER names prometheus).
-    metrics_address: str = ""
-    log_level: str = "INFO"
-    log_file: Path | None = None

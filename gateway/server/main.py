@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gateway.config import ENV_PREFIX, GatewayConfig
+from gateway.server.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
 from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _run(config: GatewayConfig) -> None:
-    from gateway.service import GatewayService  # after logging is configured: imports log
+    from gateway.server.service import GatewayService  # after logging is configured: imports log
 
     keep_large_buffers_in_heap()  # megabyte requests: see services/malloc_tuning.py
 

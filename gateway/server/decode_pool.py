@@ -6,7 +6,7 @@ client of the gateway for ~4.6 s and left the process at ~900 MiB.
 
 Three parts answer it:
 
-* bounds per answer (:class:`gateway.fetch_assembly.DecodeBudget`: records and decompressed
+* bounds per answer (:class:`gateway.server.fetch_assembly.DecodeBudget`: records and decompressed
   bytes; the rest comes in the next fetch) cap what one answer builds;
 * this pool runs what remains -- decompressing, decoding within the bounds, building the protobuf
   answer -- on a few threads, so the loop keeps answering everyone else. The threads hold the GIL

@@ -1,6 +1,6 @@
 """The public Gateway gRPC servicer: protobuf in, one handler call, protobuf out.
 
-Each data-plane RPC decodes with :mod:`gateway.serde`, calls one handler and encodes the answer;
+Each data-plane RPC decodes with :mod:`gateway.server.serde`, calls one handler and encodes the answer;
 errors raised as the taxonomy become a status with the Kafka reason (``translate_errors``).
 Admin, metadata and group RPCs carry the coordinator's own messages and are forwarded as they are.
 """
@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway import serde
-from gateway.admin import Forwarder
-from gateway.decode_pool import DecodePool
-from gateway.fetch import FetchHandler
-from gateway.offsets import OffsetsHandler
-from gateway.produce import ProduceHandler
+from gateway.server import serde
+from gateway.server.admin_forwarder import Forwarder
+from gateway.server.decode_pool import DecodePool
+from gateway.server.fetch import FetchHandler
+from gateway.server.offsets import OffsetsHandler
+from gateway.server.produce import ProduceHandler
 from services import errors
 from services.grpc_server import translate_errors
 from services.proto import gateway_grpc
@@ -178,7 +178,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if command.raw_batches:
             return serde.fetch_response_to_proto(results)
         # Typed records become protobuf on the decode pool too, and once the answer is sent the
-        # pool may hand memory back (see gateway/decode_pool.py).
+        # pool may hand memory back (see gateway/server/decode_pool.py).
         context.add_done_callback(self._decode_pool.answer_sent)
         return await self._decode_pool.run(serde.fetch_response_to_proto, results)
 
@@ -216,3 +216,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     DescribeGroup = _forward("DescribeGroup")
     ResetGroupOffsets = _forward("ResetGroupOffsets")
     DeleteGroup = _forward("DeleteGroup")
+
+    # ---- idempotent and transactional producers (forwarded to the controller) ---------------
+
+    InitProducerId = _forward("InitProducerId")
+    AddPartitionsToTxn = _forward("AddPartitionsToTxn")
+    AddOffsetsToTxn = _forward("AddOffsetsToTxn")
+    TxnOffsetCommit = _forward("TxnOffsetCommit")
+    EndTxn = _forward("EndTxn")

@@ -10,21 +10,21 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from gateway import storage_calls
-from gateway.retry import retry_partitions
-from gateway.routing import Router
-from gateway.storage_calls import EARLIEST, LATEST, OffsetOutcome
+from gateway.server import storage_calls
+from gateway.server.partition_retry import retry_partitions
+from gateway.server.routing import Router
+from gateway.server.storage_calls import OffsetOutcome
 from services import errors
-
-__all__ = ["EARLIEST", "LATEST", "OffsetQuery", "OffsetsHandler"]
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetQuery:
     topic: str
     partition: int
-    #: Kafka's convention: -2 earliest, -1 latest, else a timestamp in ms. None = no valid spec.
+    #: Kafka's convention (:mod:`services.offset_spec`): EARLIEST, LATEST or a timestamp in ms.
+    #: None when the request's spec was invalid; ``error`` says why.
     timestamp: int | None
+    error: errors.TributaryError | None = None
 
 
 def ensure_valid_queries(queries: list[OffsetQuery]) -> None:
@@ -57,10 +57,8 @@ class OffsetsHandler:
         final: dict[int, OffsetOutcome] = {}
         for index, q in enumerate(queries):
             try:
-                if q.timestamp is None:
-                    raise errors.InvalidRequestError(
-                        "offset spec must set earliest, latest or a timestamp >= 0"
-                    )
+                if q.error is not None:
+                    raise q.error
                 (await self._router.topic(q.topic)).ensure_partition(q.partition)
             except errors.TributaryError as exc:
                 final[index] = OffsetOutcome(q.topic, q.partition, error=exc)

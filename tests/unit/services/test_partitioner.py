@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.partitioner import StickyPartitioner, murmur2, partition_for_key
+from services.partitioner import StickyPartitioner, murmur2, partition_for_key
 
 # Kafka's own org.apache.kafka.common.utils.UtilsTest.testMurmur2 vectors (Java ints).
 KAFKA_VECTORS = {

@@ -6,28 +6,23 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 
 from __future__ import annotations
 
-from gateway.batching import Acks, ProduceCommand, RecordIn
-from gateway.fetch import (
+from gateway.server.batching import ProduceCommand, RecordIn
+from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
     FetchCommand,
     FetchedPartition,
     PartitionFetch,
 )
-from gateway.offsets import EARLIEST, LATEST, OffsetQuery
-from gateway.produce import PartitionResult, ProduceOutcome
-from gateway.storage_calls import OffsetOutcome
+from gateway.server.offsets import OffsetQuery
+from gateway.server.produce import ProduceOutcome
+from gateway.server.storage_calls import OffsetOutcome
 from services import errors
+from services.append_result import AppendResult
 from services.proto import pb
 from services.records import Compression, TimestampType
-from services.serde import error_to_proto
+from services.serde import acks_from_proto, error_to_proto, offset_spec_from_proto
 
-_ACKS = {
-    pb.ACKS_UNSPECIFIED: Acks.ALL,
-    pb.ACKS_NONE: Acks.NONE,
-    pb.ACKS_LEADER: Acks.LEADER,
-    pb.ACKS_ALL: Acks.ALL,
-}
 _COMPRESSION = {
     pb.COMPRESSION_UNSPECIFIED: Compression.NONE,
     pb.COMPRESSION_NONE: Compression.NONE,
@@ -58,9 +53,7 @@ def _record_from_proto(record) -> RecordIn:
 
 
 def produce_command_from_proto(request) -> ProduceCommand:
-    acks = _ACKS.get(request.acks)
-    if acks is None:
-        raise errors.InvalidRequiredAcksError(f"acks value {request.acks} is not one of none, leader, all")
+    acks = acks_from_proto(request.acks)
     compression = _COMPRESSION.get(request.compression)
     if compression is None:
         raise errors.InvalidRequestError(f"unknown compression {request.compression}")
@@ -75,7 +68,7 @@ def produce_command_from_proto(request) -> ProduceCommand:
     )
 
 
-def _partition_result_to_proto(result: PartitionResult):
+def _partition_result_to_proto(result: AppendResult):
     return pb.PartitionProduceResult(
         partition=result.partition,
         base_offset=result.base_offset,
@@ -123,25 +116,22 @@ def produce_error_to_proto(request, error: errors.TributaryError):
 # ---- fetch ----------------------------------------------------------------------------------
 
 
-#: Isolation levels a Fetch may ask for. READ_COMMITTED needs the last stable offset and the
-#: aborted-transaction index, which come with transactions (a later issue): until then it is
-#: refused rather than served as READ_UNCOMMITTED, which would be a silent downgrade.
-_SERVED_ISOLATION_LEVELS = (pb.ISOLATION_LEVEL_UNSPECIFIED, pb.ISOLATION_LEVEL_READ_UNCOMMITTED)
+_ISOLATION_LEVELS = {
+    pb.ISOLATION_LEVEL_UNSPECIFIED: False,
+    pb.ISOLATION_LEVEL_READ_UNCOMMITTED: False,
+    pb.ISOLATION_LEVEL_READ_COMMITTED: True,
+}
 
 
-def _ensure_served_isolation_level(level: int) -> None:
-    if level in _SERVED_ISOLATION_LEVELS:
-        return
-    if level == pb.ISOLATION_LEVEL_READ_COMMITTED:
-        raise errors.InvalidRequestError(
-            "isolation_level READ_COMMITTED is not supported yet: there are no transactions, "
-            "so no last stable offset to stop at; use READ_UNCOMMITTED"
-        )
-    raise errors.InvalidRequestError(f"unknown isolation_level {level}")
+def _read_committed(level: int) -> bool:
+    try:
+        return _ISOLATION_LEVELS[level]
+    except KeyError:
+        raise errors.InvalidRequestError(f"unknown isolation_level {level}") from None
 
 
 def fetch_command_from_proto(request) -> FetchCommand:
-    _ensure_served_isolation_level(request.isolation_level)
+    read_committed = _read_committed(request.isolation_level)
     return FetchCommand(
         partitions=tuple(
             PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)
@@ -151,6 +141,7 @@ def fetch_command_from_proto(request) -> FetchCommand:
         max_wait_ms=request.max_wait_ms,
         max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
         raw_batches=request.raw_batches,
+        read_committed=read_committed,
     )
 
 
@@ -182,6 +173,11 @@ def _fill_fetch_result(message, result: FetchedPartition) -> None:
     message.high_watermark = result.high_watermark
     message.log_start_offset = result.log_start_offset
     message.next_offset = result.next_offset
+    if result.last_stable_offset >= 0:
+        message.last_stable_offset = result.last_stable_offset
+        add = message.aborted_transactions.add
+        for producer_id, first_offset in result.aborted:
+            add(producer_id=producer_id, first_offset=first_offset)
     if result.raw:
         message.record_batches = result.raw
     if result.batches:
@@ -199,19 +195,16 @@ def fetch_response_to_proto(results: list[FetchedPartition]):
 # ---- list offsets ---------------------------------------------------------------------------
 
 
-def _spec_to_timestamp(spec) -> int | None:
-    which = spec.WhichOneof("spec")
-    if which == "earliest":
-        return EARLIEST
-    if which == "latest":
-        return LATEST
-    if which == "timestamp" and spec.timestamp >= 0:
-        return spec.timestamp
-    return None
+def _offset_query_from_proto(query) -> OffsetQuery:
+    """A bad spec fails only its own partition (INVALID_REQUEST), not the request."""
+    try:
+        return OffsetQuery(query.topic, query.partition, offset_spec_from_proto(query.spec))
+    except errors.TributaryError as exc:
+        return OffsetQuery(query.topic, query.partition, None, exc)
 
 
 def offset_queries_from_proto(request) -> list[OffsetQuery]:
-    return [OffsetQuery(p.topic, p.partition, _spec_to_timestamp(p.spec)) for p in request.partitions]
+    return [_offset_query_from_proto(p) for p in request.partitions]
 
 
 def offsets_to_proto(outcomes: list[OffsetOutcome]):

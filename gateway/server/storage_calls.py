@@ -13,25 +13,10 @@ from dataclasses import dataclass
 import grpc
 
 from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
 from services.proto import pb, storage_grpc
-from services.serde import error_from_proto
-
-#: Kafka's ListOffsets timestamps: -2 = earliest, -1 = latest.
-EARLIEST = -2
-LATEST = -1
-
-
-@dataclass(frozen=True, slots=True)
-class AppendOutcome:
-    """One partition's answer to an append (``error`` unset on success)."""
-
-    partition: int
-    base_offset: int = -1
-    last_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-    record_count: int = 0
-    error: errors.TributaryError | None = None
+from services.serde import acks_to_proto, append_result_from_proto, error_from_proto, offset_spec_to_proto
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,30 +34,18 @@ def _failed_call(exc: grpc.RpcError) -> errors.TributaryError:
     return errors.error_from_rpc(exc)
 
 
-def _append_outcome_from_proto(result) -> AppendOutcome:
-    return AppendOutcome(
-        partition=result.partition,
-        base_offset=result.base_offset,
-        last_offset=result.last_offset,
-        log_append_time=result.log_append_time,
-        log_start_offset=result.log_start_offset,
-        record_count=result.record_count,
-        error=error_from_proto(result.error) if result.HasField("error") else None,
-    )
-
-
 async def append(
     stub: storage_grpc.StorageNodeStub,
     topic: str,
     payloads: dict[int, bytes],
     *,
-    acks: int,
+    acks: Acks,
     timeout_s: float,
     leader_epochs: Mapping[int, int] | None = None,
-) -> dict[int, AppendOutcome]:
+) -> dict[int, AppendResult]:
     """Append each partition's batches (``payloads``: partition -> bytes) on one node; with
     ``leader_epochs`` the node checks each partition's leader epoch is the one routed by."""
-    request = pb.AppendRequest(acks=acks, timeout_ms=max(1, int(timeout_s * 1000)))
+    request = pb.AppendRequest(acks=acks_to_proto(acks), timeout_ms=max(1, int(timeout_s * 1000)))
     add = request.partitions.add  # in place: the batch bytes are copied into the message once
     epochs = leader_epochs or {}
     for partition, data in payloads.items():
@@ -84,18 +57,10 @@ async def append(
         response = await stub.Append(request, timeout=max(timeout_s, 0.001))
     except grpc.RpcError as exc:
         error = _failed_call(exc)
-        return {p: AppendOutcome(p, error=error) for p in payloads}
-    outcomes = {r.partition: _append_outcome_from_proto(r) for r in response.partitions if r.topic == topic}
+        return {p: AppendResult(topic, p, error=error) for p in payloads}
+    results = {r.partition: append_result_from_proto(r) for r in response.partitions if r.topic == topic}
     missing = errors.UnknownServerError("the storage node did not answer for this partition")
-    return {p: outcomes.get(p) or AppendOutcome(p, error=missing) for p in payloads}
-
-
-def _offset_spec(timestamp: int):
-    if timestamp == EARLIEST:
-        return pb.OffsetSpec(earliest=True)
-    if timestamp == LATEST:
-        return pb.OffsetSpec(latest=True)
-    return pb.OffsetSpec(timestamp=timestamp)
+    return {p: results.get(p) or AppendResult(topic, p, error=missing) for p in payloads}
 
 
 async def list_offsets(
@@ -107,7 +72,8 @@ async def list_offsets(
     """Look up offsets on one node; ``queries`` are (topic, partition, Kafka-style timestamp)."""
     request = pb.ListPartitionOffsetsRequest(
         partitions=[
-            pb.PartitionOffsetQuery(topic=t, partition=p, spec=_offset_spec(ts)) for t, p, ts in queries
+            pb.PartitionOffsetQuery(topic=t, partition=p, spec=offset_spec_to_proto(ts))
+            for t, p, ts in queries
         ]
     )
     try:

@@ -11,20 +11,21 @@ from __future__ import annotations
 import logging
 import os
 
-from gateway.admin import Forwarder
-from gateway.config import GatewayConfig
-from gateway.coordinators import CoordinatorPool
-from gateway.decode_pool import DecodePool
-from gateway.fetch import FetchHandler
-from gateway.offsets import OffsetsHandler
-from gateway.produce import ProduceHandler
-from gateway.routing import MetadataCache, NodeClients, Router
-from gateway.servicer import GatewayServicer
+from gateway.server.admin_forwarder import Forwarder
+from gateway.server.config import GatewayConfig
+from gateway.server.coordinators import CoordinatorPool
+from gateway.server.decode_pool import DecodePool
+from gateway.server.fetch import FetchHandler
+from gateway.server.offsets import OffsetsHandler
+from gateway.server.produce import ProduceHandler
+from gateway.server.routing import MetadataWatch, NodeClients, Router
+from gateway.server.servicer import GatewayServicer
+from gateway.server.telemetry import GatewayInstruments
 from services.clock import SYSTEM_CLOCK, Clock
 from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
-from services.telemetry import GatewayInstruments, Telemetry, setup_telemetry
+from services.telemetry import Telemetry, setup_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class GatewayService:
         config = self.config
         interceptors = self.telemetry.client_interceptors if self.telemetry.enabled else None
         self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
-        cache = MetadataCache(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
+        cache = MetadataWatch(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
         self.router = Router(
             cache, NodeClients(fetch_connections=config.fetch_connections_per_node, interceptors=interceptors)
         )

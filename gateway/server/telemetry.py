@@ -1,0 +1,130 @@
+"""The gateway's instruments (built only when telemetry is on; see
+:mod:`services.telemetry.metrics`): produce batch sizes, what Fetch returned, fetch-port spans."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from services.records import RECORD_BATCH_OVERHEAD, read_batch_header
+from services.telemetry import names
+from services.telemetry.metrics import (
+    BATCH_BYTES_BUCKETS,
+    BATCH_RECORDS_BUCKETS,
+    RunningTotals,
+    TopicAttributes,
+)
+
+
+def count_records(data) -> int:
+    """Records in concatenated batches, from their headers alone (stops at the first bad one;
+    the storage node is the one that validates)."""
+    total = pos = 0
+    end = len(data)
+    while end - pos >= RECORD_BATCH_OVERHEAD:
+        header = read_batch_header(data, pos)
+        if header.batch_length <= 0:
+            break
+        total += max(header.record_count, 0)
+        pos += header.size_in_bytes
+    return total
+
+
+class GatewayInstruments:
+    """Produce batch sizes, what Fetch returned, and spans around fetch-port reads."""
+
+    def __init__(self, telemetry) -> None:
+        self._tracer = telemetry.tracer
+        self._topics = TopicAttributes()
+        self._batch_records = self._batch_bytes = self._records_out = self._bytes_out = None
+        meter = telemetry.meter
+        if meter is None:
+            return
+        self._batch_records = meter.create_histogram(
+            names.GATEWAY_PRODUCE_BATCH_RECORDS,
+            unit="{record}",
+            description="Records per partition batch sent by a produce, per topic.",
+            explicit_bucket_boundaries_advisory=BATCH_RECORDS_BUCKETS,
+        )
+        self._batch_bytes = meter.create_histogram(
+            names.GATEWAY_PRODUCE_BATCH_SIZE,
+            unit="By",
+            description="Bytes per partition batch sent by a produce, per topic.",
+            explicit_bucket_boundaries_advisory=BATCH_BYTES_BUCKETS,
+        )
+        self._records_out = RunningTotals(
+            meter,
+            names.GATEWAY_FETCHED_RECORDS,
+            unit="{record}",
+            description="Records (offsets) returned by Fetch, per topic.",
+            attributes=self._topics.__getitem__,
+        )
+        self._bytes_out = RunningTotals(
+            meter,
+            names.GATEWAY_FETCHED_BYTES,
+            unit="By",
+            description="Record batch bytes returned by Fetch, per topic.",
+            attributes=self._topics.__getitem__,
+        )
+
+    def produce_planned(self, topic: str, payloads: Iterable) -> None:
+        """One observation per partition payload (``data``, ``record_indexes``) of a produce;
+        the totals go on the current (Produce server) span as messaging attributes."""
+        records_total = bytes_total = 0
+        attributes = self._topics[topic]
+        for payload in payloads:
+            records = len(payload.record_indexes) or count_records(payload.data)
+            size = len(payload.data)
+            records_total += records
+            bytes_total += size
+            if self._batch_records is not None:
+                self._batch_records.record(records, attributes)
+                self._batch_bytes.record(size, attributes)
+        if self._tracer is not None:
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                        names.MESSAGING_OPERATION_TYPE: "send",
+                        names.MESSAGING_DESTINATION_NAME: topic,
+                        names.MESSAGING_BATCH_MESSAGE_COUNT: records_total,
+                        names.ATTR_BATCH_BYTES: bytes_total,
+                    }
+                )
+
+    def fetched(self, topic: str, records: int, size: int) -> None:
+        if self._records_out is not None and (records or size):
+            self._records_out.add(topic, records)
+            self._bytes_out.add(topic, size)
+
+    def start_fetch_port_read(self, topic: str, partition: int, host: str, port: int):
+        """A CLIENT span around one fetch-port request (that protocol carries no trace context)."""
+        if self._tracer is None:
+            return None
+        return self._tracer.start_span(
+            f"{names.SPAN_FETCH_PORT} {topic}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                names.MESSAGING_OPERATION_TYPE: "receive",
+                names.MESSAGING_OPERATION_NAME: names.SPAN_FETCH_PORT,
+                names.MESSAGING_DESTINATION_NAME: topic,
+                names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
+                names.SERVER_ADDRESS: host,
+                names.SERVER_PORT: port,
+            },
+        )
+
+    @staticmethod
+    def end_fetch_port_read(span, size: int, error=None) -> None:
+        if span is None:
+            return
+        span.set_attribute(names.ATTR_BATCH_BYTES, size)
+        if error is not None:
+            reason = getattr(error, "reason", type(error).__name__)
+            span.set_attributes({names.ERROR_TYPE: reason, names.ATTR_ERROR_REASON: reason})
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()

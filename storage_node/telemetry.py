@@ -1,0 +1,174 @@
+"""The storage node's instruments (built only when telemetry is on; see
+:mod:`services.telemetry.metrics`): append counters and span, fetch-port bytes, log gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from services.telemetry import names
+from services.telemetry.metrics import RunningTotals, TopicAttributes, partition_attributes
+
+
+class StorageNodeInstruments:
+    """Append counters and span, fetch-port bytes, and per-partition log gauges of one node.
+
+    ``logs`` is the node's LogManager (``partitions()``); ``fetch_stats()`` returns the fetch
+    server's FetchStats (``sendfile_bytes``, ``copied_bytes``, ``requests``, ``errors``,
+    ``connections``, ``connections_refused``, ``polls_cancelled``).
+    """
+
+    def __init__(self, telemetry, *, logs, fetch_stats: Callable[[], object]) -> None:
+        self._tracer = telemetry.tracer
+        self._logs = logs
+        self._fetch_stats = fetch_stats
+        topics = self._topics = TopicAttributes()
+        self._records_in = self._bytes_in = self._errors = self._bytes_out = None
+        meter = telemetry.meter
+        if meter is None:
+            return
+        self._records_in = RunningTotals(
+            meter,
+            names.STORAGE_APPENDED_RECORDS,
+            unit="{record}",
+            description="Records appended, per topic.",
+            attributes=topics.__getitem__,
+        )
+        self._bytes_in = RunningTotals(
+            meter,
+            names.STORAGE_APPENDED_BYTES,
+            unit="By",
+            description="Record batch bytes appended, per topic.",
+            attributes=topics.__getitem__,
+        )
+        self._errors = RunningTotals(
+            meter,
+            names.STORAGE_APPEND_ERRORS,
+            unit="{append}",
+            description="Appends of a partition's batches that failed, per topic and reason.",
+            attributes=lambda key: {names.MESSAGING_DESTINATION_NAME: key[0], names.ERROR_TYPE: key[1]},
+        )
+        self._bytes_out = RunningTotals(
+            meter,
+            names.STORAGE_FETCHED_BYTES,
+            unit="By",
+            description="Bytes served by the fetch port, per topic.",
+            attributes=topics.__getitem__,
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_SENDFILE_BYTES,
+            [self._stat("sendfile_bytes")],
+            unit="By",
+            description="Bytes the fetch port sent with os.sendfile (zero-copy).",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_COPIED_BYTES,
+            [self._stat("copied_bytes")],
+            unit="By",
+            description="Bytes the fetch port sent through read+send (fetch_zero_copy=false).",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_REQUESTS,
+            [self._stat("requests")],
+            unit="{request}",
+            description="Fetch requests served by the fetch port.",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_ERRORS,
+            [self._stat("errors")],
+            unit="{request}",
+            description="Fetch-port requests answered with an error.",
+        )
+        meter.create_observable_up_down_counter(
+            names.STORAGE_FETCH_CONNECTIONS,
+            [self._stat("connections")],
+            unit="{connection}",
+            description="Open fetch-port connections.",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_CONNECTIONS_REFUSED,
+            [self._stat("connections_refused")],
+            unit="{connection}",
+            description="Fetch-port connections refused at a connection cap.",
+        )
+        meter.create_observable_counter(
+            names.STORAGE_FETCH_POLLS_CANCELLED,
+            [self._stat("polls_cancelled")],
+            unit="{request}",
+            description="Fetch-port long polls ended because their client disconnected.",
+        )
+        for name, attribute, unit, description in (
+            (names.STORAGE_LOG_END_OFFSET, "log_end_offset", "{offset}", "Next offset to be written."),
+            (names.STORAGE_LOG_START_OFFSET, "log_start_offset", "{offset}", "First offset still kept."),
+            (names.STORAGE_LOG_SIZE, "size_in_bytes", "By", "Bytes of segment data."),
+            (names.STORAGE_LOG_SEGMENTS, "segment_count", "{segment}", "Segments on disk."),
+        ):
+            meter.create_observable_gauge(
+                name,
+                [self._per_partition(attribute)],
+                unit=unit,
+                description=f"{description} Per hosted partition.",
+            )
+
+    def _stat(self, attribute: str):
+        def observe(options: CallbackOptions) -> list[Observation]:
+            return [Observation(getattr(self._fetch_stats(), attribute))]
+
+        return observe
+
+    def _per_partition(self, attribute: str):
+        def observe(options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(getattr(log, attribute), partition_attributes(log.topic, log.partition))
+                for log in self._logs.partitions()
+                if not log.closed
+            ]
+
+        return observe
+
+    def start_append(self, topic: str, partition: int, size: int):
+        """The span around one partition's append (a child of the Append server span), or None."""
+        if self._tracer is None:
+            return None
+        return self._tracer.start_span(
+            f"{names.SPAN_STORAGE_APPEND} {topic}",
+            kind=SpanKind.INTERNAL,
+            attributes={
+                names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                names.MESSAGING_DESTINATION_NAME: topic,
+                names.MESSAGING_DESTINATION_PARTITION_ID: str(partition),
+                names.MESSAGING_OPERATION_NAME: names.SPAN_STORAGE_APPEND,
+                names.ATTR_BATCH_BYTES: size,
+            },
+        )
+
+    def end_append(self, span, topic: str, size: int, result) -> None:
+        """Count an append's outcome (``result``: an AppendResult) and end its span."""
+        error = result.error
+        if self._records_in is not None:
+            if error is None:
+                self._records_in.add(topic, result.record_count)
+                self._bytes_in.add(topic, size)
+            else:
+                self._errors.add((topic, error.reason), 1)
+        if span is None:
+            return
+        if error is None:
+            span.set_attributes(
+                {
+                    names.MESSAGING_BATCH_MESSAGE_COUNT: result.record_count,
+                    names.ATTR_BASE_OFFSET: result.base_offset,
+                    names.ATTR_LAST_OFFSET: result.last_offset,
+                }
+            )
+        else:
+            span.set_attributes({names.ERROR_TYPE: error.reason, names.ATTR_ERROR_REASON: error.reason})
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()
+
+    def fetched(self, topic: str, size: int) -> None:
+        """Bytes the fetch port sent for ``topic`` (one response)."""
+        if self._bytes_out is not None and size:
+            self._bytes_out.add(topic, size)
