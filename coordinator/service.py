@@ -32,6 +32,8 @@ from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
 from coordinator.telemetry import ClusterHealth, CoordinatorInstruments
+from coordinator.transactions.handlers import TransactionHandlers
+from coordinator.transactions.manager import TransactionSettings
 from services.cluster_keys import cluster_prefix
 from services.entrypoint import write_ready_file
 from services.etcd.client import EtcdClient
@@ -89,6 +91,7 @@ class CoordinatorService:
                 max_partitions_per_cluster=config.max_partitions_per_cluster,
             ),
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
+            transaction_settings=transaction_settings(config),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
         self.handlers = CoordinatorHandlers(
@@ -115,7 +118,10 @@ class CoordinatorService:
 
     async def start(self) -> None:
         servicer = CoordinatorServicer(
-            self.handlers, self.forwarder, GroupHandlers(self.handlers.group_manager)
+            self.handlers,
+            self.forwarder,
+            GroupHandlers(self.handlers.group_manager),
+            TransactionHandlers(self.handlers.transaction_manager),
         )
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
@@ -212,6 +218,20 @@ def group_settings(config: CoordinatorConfig, *, lag_sampling: bool = False) -> 
         offsets_retention_ms=config.offsets_retention_minutes * 60_000,
         offsets_retention_check_interval_s=config.offsets_retention_check_interval_s,
         offset_metadata_max_bytes=config.offset_metadata_max_bytes,
+        load_wait_s=config.admin_wait_s,
+    )
+
+
+def transaction_settings(config: CoordinatorConfig) -> TransactionSettings:
+    return TransactionSettings(
+        max_timeout_ms=config.transaction_max_timeout_ms,
+        id_expiration_ms=config.transactional_id_expiration_ms,
+        abort_check_interval_s=config.transaction_abort_check_interval_ms / 1000,
+        expiration_check_interval_s=config.transaction_remove_expired_interval_ms / 1000,
+        producer_id_block_size=config.producer_id_block_size,
+        # Well inside the deadline of a standby forwarding the call, so an EndTxn that waits the
+        # whole time still gets its answer back through the standby.
+        complete_wait_s=min(config.admin_wait_s, config.forward_timeout_s) / 2,
         load_wait_s=config.admin_wait_s,
     )
 

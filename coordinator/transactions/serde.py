@@ -1,0 +1,54 @@
+"""``*_to_proto`` / ``*_from_proto`` for the transaction RPCs (transactions.proto)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coordinator.groups.model import OffsetCommit, PartitionResult
+from coordinator.transactions.model import (
+    InitProducerIdParams,
+    ProducerIdAndEpoch,
+    ProducerRef,
+    TxnOffsetCommitParams,
+)
+from services.proto import pb
+from services.serde import error_to_proto
+from services.topic_partition import TopicPartition
+
+
+def init_from_proto(request) -> InitProducerIdParams:
+    return InitProducerIdParams(
+        request.transactional_id, request.transaction_timeout_ms, request.producer_id, request.producer_epoch
+    )
+
+
+def init_to_proto(answer: ProducerIdAndEpoch):
+    return pb.InitProducerIdResponse(producer_id=answer.producer_id, producer_epoch=answer.epoch)
+
+
+def producer_from_proto(request) -> ProducerRef:
+    """The producer of any transactional request (they share the three field names)."""
+    return ProducerRef(request.transactional_id, request.producer_id, request.producer_epoch)
+
+
+def partitions_from_proto(partitions) -> list[TopicPartition]:
+    return [TopicPartition(p.topic, p.partition) for p in partitions]
+
+
+def txn_offset_commit_from_proto(request) -> TxnOffsetCommitParams:
+    return TxnOffsetCommitParams(
+        producer=producer_from_proto(request),
+        group_id=request.group_id,
+        generation=request.generation_id,
+        member_id=request.member_id,
+        offsets=tuple(OffsetCommit(o.topic, o.partition, o.offset, o.metadata) for o in request.offsets),
+    )
+
+
+def results_to_proto(results: Sequence[PartitionResult]) -> list:
+    return [
+        pb.PartitionError(topic=r.tp.topic, partition=r.tp.partition, error=error_to_proto(r.error))
+        if r.error is not None
+        else pb.PartitionError(topic=r.tp.topic, partition=r.tp.partition)
+        for r in results
+    ]
