@@ -160,21 +160,25 @@ class StorageNodeHandlers:
             record_count=info.record_count,
         )
 
-    def list_offset(self, topic: str, partition: int, *, timestamp: int) -> OffsetResult:
-        """``timestamp`` -2 = earliest, -1 = latest (the high watermark), else the first offset
-        with ts >= timestamp below the high watermark. Only the leader answers."""
+    def list_offset(
+        self, topic: str, partition: int, *, timestamp: int, read_committed: bool = False
+    ) -> OffsetResult:
+        """``timestamp`` -2 = earliest, -1 = latest (the high watermark; with ``read_committed``
+        the last stable offset), else the first offset with ts >= timestamp below that end.
+        Only the leader answers."""
         try:
             replica = self.replicas.get(topic, partition)
             replica.ensure_leader()
             partition_log = replica.log
+            end = partition_log.last_stable_offset if read_committed else partition_log.high_watermark
             if timestamp == EARLIEST:
                 return OffsetResult(topic, partition, offset=partition_log.log_start_offset)
             if timestamp == LATEST:
-                return OffsetResult(topic, partition, offset=partition_log.high_watermark)
+                return OffsetResult(topic, partition, offset=end)
             found = partition_log.offset_for_timestamp(timestamp)
         except errors.TributaryError as exc:
             return OffsetResult(topic, partition, error=exc)
-        if found is None:
+        if found is None or found[0] >= end:
             return OffsetResult(topic, partition)
         offset, ts = found
         return OffsetResult(topic, partition, offset=offset, timestamp=ts)

@@ -86,7 +86,11 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             except errors.TributaryError as exc:
                 results.append(OffsetResult(query.topic, query.partition, error=exc))
                 continue
-            results.append(self._handlers.list_offset(query.topic, query.partition, timestamp=timestamp))
+            results.append(
+                self._handlers.list_offset(
+                    query.topic, query.partition, timestamp=timestamp, read_committed=request.read_committed
+                )
+            )
         return pb.ListPartitionOffsetsResponse(partitions=[_offset_result_to_proto(r) for r in results])
 
     @translate_errors

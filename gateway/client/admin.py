@@ -193,14 +193,22 @@ class AsyncAdmin:
         return cluster_from_proto(response), described
 
     async def list_offsets(
-        self, specs: Mapping[TopicPartition, Any]
+        self, specs: Mapping[TopicPartition, Any], *, isolation_level: str = "read_uncommitted"
     ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """``{tp: "earliest" | "latest" | timestamp_ms}`` -> ``{tp: OffsetAndTimestamp}``.
 
-        A timestamp with no record at or after it gives offset -1. Raises the first
-        per-partition error (e.g. ``UnknownTopicOrPartitionError``).
+        A timestamp with no record at or after it gives offset -1. With
+        ``isolation_level="read_committed"``, "latest" is the last stable offset (where a
+        read_committed consumer's reading ends). Raises the first per-partition error (e.g.
+        ``UnknownTopicOrPartitionError``).
         """
-        results = await list_offsets(self._client, {TopicPartition(*tp): spec for tp, spec in specs.items()})
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("isolation_level must be read_uncommitted or read_committed")
+        results = await list_offsets(
+            self._client,
+            {TopicPartition(*tp): spec for tp, spec in specs.items()},
+            read_committed=isolation_level == "read_committed",
+        )
         for result in results.values():
             if isinstance(result, TributaryError):
                 raise result

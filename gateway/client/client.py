@@ -130,10 +130,11 @@ def offset_spec(spec) -> object:
     raise ValueError(f"offset spec must be 'earliest', 'latest' or a timestamp in ms, not {spec!r}")
 
 
-async def list_offsets(client: GatewayClient, specs: dict) -> dict:
+async def list_offsets(client: GatewayClient, specs: dict, *, read_committed: bool = False) -> dict:
     """One ListOffsets call: ``{tp: spec}`` -> ``{tp: OffsetAndTimestamp | TributaryError}``.
 
-    A timestamp with no record at or after it gives ``OffsetAndTimestamp(-1, -1)``.
+    A timestamp with no record at or after it gives ``OffsetAndTimestamp(-1, -1)``. With
+    ``read_committed``, "latest" is the last stable offset (Kafka's isolation-level lookup).
     """
     if not specs:
         return {}
@@ -141,7 +142,10 @@ async def list_offsets(client: GatewayClient, specs: dict) -> dict:
         partitions=[
             pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, spec=offset_spec(spec))
             for tp, spec in specs.items()
-        ]
+        ],
+        isolation_level=(
+            pb.ISOLATION_LEVEL_READ_COMMITTED if read_committed else pb.ISOLATION_LEVEL_UNSPECIFIED
+        ),
     )
     response = await client.call_with_retry("ListOffsets", request)
     results: dict = {}

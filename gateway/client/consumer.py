@@ -85,7 +85,13 @@ from gateway.client.group_coordinator import CommitCallback, GroupCoordinator, G
 from gateway.client.group_serde import as_offset_and_metadata, assignor_to_proto
 from gateway.client.io_thread import IOThread, call_directly
 from gateway.client.serialization import Deserializer
-from gateway.client.structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from gateway.client.structs import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
 from services.clock import SYSTEM_CLOCK, Clock
 from services.topic_pattern import compile_topic_pattern
@@ -366,6 +372,20 @@ class AsyncConsumer:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._subscription.assigned_partitions()
 
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id of this consumer, for
+        ``producer.send_offsets_to_transaction`` (needs a ``group_id``)."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise IllegalStateError("group_metadata() needs a consumer created with a group_id")
+        membership = coordinator.membership
+        return ConsumerGroupMetadata(
+            coordinator.settings.group_id,
+            membership.generation,
+            membership.member_id,
+            coordinator.settings.group_instance_id,
+        )
+
     def subscribe(
         self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
     ) -> None:
@@ -542,12 +562,15 @@ class AsyncConsumer:
         return {tp: r.offset for tp, r in results.items()}
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The offset after the last record of each partition (the high watermark)."""
+        """The offset after the last record of each partition: the high watermark, or with
+        ``isolation_level="read_committed"`` the last stable offset (Kafka's rule)."""
         results = await self._list_offsets({tp: "latest" for tp in _as_partitions(partitions)})
         return {tp: r.offset for tp, r in results.items()}
 
     async def _list_offsets(self, specs: dict) -> dict[TopicPartition, OffsetAndTimestamp]:
-        results = await list_offsets(self._client, specs)
+        results = await list_offsets(
+            self._client, specs, read_committed=self.config.isolation_level == "read_committed"
+        )
         for result in results.values():
             if isinstance(result, TributaryError):
                 raise result
@@ -711,6 +734,10 @@ class Consumer:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._io.call(self._core.assignment)
 
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id of this consumer (see ``AsyncConsumer``)."""
+        return self._io.call(self._core.group_metadata)
+
     def subscribe(
         self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
     ) -> None:
@@ -817,7 +844,8 @@ class Consumer:
         return self._run(self._core.beginning_offsets(list(partitions)))
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The offset after the last record of each partition (the high watermark)."""
+        """The offset after the last record of each partition: the high watermark, or with
+        ``isolation_level="read_committed"`` the last stable offset (Kafka's rule)."""
         return self._run(self._core.end_offsets(list(partitions)))
 
     def topics(self) -> set[str]:

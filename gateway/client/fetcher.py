@@ -46,8 +46,8 @@ log = logging.getLogger(__name__)
 
 #: Chunks buffered per partition: the one being consumed and the next one, prefetched.
 PREFETCH_DEPTH = 2
-#: The isolation levels served. read_committed comes with transactions (a later issue); the
-#: gateway refuses it too, so it can never quietly read uncommitted data.
+#: The isolation levels: read_committed stops at the last stable offset and drops the records of
+#: aborted transactions (see services/records/aborted.py).
 _ISOLATION = {
     "read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
     "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED,
@@ -447,7 +447,11 @@ class Fetcher:
                     ),
                 )
         try:
-            results = await list_offsets(self.client, {tp: s for tp, (s, _) in awaiting.items()})
+            results = await list_offsets(
+                self.client,
+                {tp: s for tp, (s, _) in awaiting.items()},
+                read_committed=self.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED,
+            )
         except TributaryError as exc:
             for tp in awaiting:
                 self.handle_partition_error(tp, -1, exc)

@@ -75,6 +75,18 @@ class OffsetAndMetadata(NamedTuple):
     metadata: str = ""
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    """Who a group consumer is (``consumer.group_metadata()``), for
+    ``producer.send_offsets_to_transaction``: the coordinator accepts the staged offsets only
+    from the group's current generation, so a consumer that lost its partitions to a rebalance
+    cannot commit a transaction's offsets over the new owner's (KIP-447)."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+
 class BrokerMetadata(NamedTuple):
     """A storage node as cluster metadata describes it."""
 

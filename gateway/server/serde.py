@@ -123,7 +123,8 @@ _ISOLATION_LEVELS = {
 }
 
 
-def _read_committed(level: int) -> bool:
+def read_committed_from_proto(level: int) -> bool:
+    """Whether an ``IsolationLevel`` asks for committed data only (INVALID_REQUEST if unknown)."""
     try:
         return _ISOLATION_LEVELS[level]
     except KeyError:
@@ -131,7 +132,7 @@ def _read_committed(level: int) -> bool:
 
 
 def fetch_command_from_proto(request) -> FetchCommand:
-    read_committed = _read_committed(request.isolation_level)
+    read_committed = read_committed_from_proto(request.isolation_level)
     return FetchCommand(
         partitions=tuple(
             PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)

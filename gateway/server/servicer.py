@@ -188,7 +188,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         timeout = self._default_timeout_s if remaining is None else min(self._default_timeout_s, remaining)
         deadline = asyncio.get_running_loop().time() + timeout
         outcomes = await self._offsets.list_offsets(
-            serde.offset_queries_from_proto(request), deadline=deadline
+            serde.offset_queries_from_proto(request),
+            deadline=deadline,
+            read_committed=serde.read_committed_from_proto(request.isolation_level),
         )
         return serde.offsets_to_proto(outcomes)
 

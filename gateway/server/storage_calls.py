@@ -68,13 +68,15 @@ async def list_offsets(
     queries: list[tuple[str, int, int]],
     *,
     timeout_s: float,
+    read_committed: bool = False,
 ) -> dict[tuple[str, int], OffsetOutcome]:
     """Look up offsets on one node; ``queries`` are (topic, partition, Kafka-style timestamp)."""
     request = pb.ListPartitionOffsetsRequest(
         partitions=[
             pb.PartitionOffsetQuery(topic=t, partition=p, spec=offset_spec_to_proto(ts))
             for t, p, ts in queries
-        ]
+        ],
+        read_committed=read_committed,
     )
     try:
         response = await stub.ListPartitionOffsets(request, timeout=max(timeout_s, 0.001))
