@@ -92,17 +92,25 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
             )
         )
         position += batch.size_in_bytes
-    producers = {(b.facts.producer_id, b.facts.producer_epoch, b.facts.is_transactional) for b in validated}
-    if (
-        len(validated) > 1
-        and any(b.facts.producer_id != NO_PRODUCER_ID for b in validated)
-        and len(producers) > 1
-    ):
-        raise InvalidRecordError(
-            "the batches of a payload with an idempotent or transactional batch must all come from "
-            f"that one producer and epoch (found {len(producers)} producer states)"
-        )
+    _ensure_one_producer(validated)
     return validated
+
+
+def _ensure_one_producer(validated: list[ValidatedBatch]) -> None:
+    """A payload with an idempotent or transactional batch is one producer's unit (appended and
+    deduplicated whole): every batch must carry the same producer id, epoch and transactional bit."""
+    if len(validated) < 2 or all(b.facts.producer_id == NO_PRODUCER_ID for b in validated):
+        return
+    first = validated[0].facts
+    wanted = (first.producer_id, first.producer_epoch, first.is_transactional)
+    for b in validated[1:]:
+        if (b.facts.producer_id, b.facts.producer_epoch, b.facts.is_transactional) != wanted:
+            raise InvalidRecordError(
+                f"batch at byte {b.position}: the batches of a payload with an idempotent or "
+                "transactional batch must all come from that one producer and epoch (the first "
+                f"is producer {first.producer_id} epoch {first.producer_epoch}, this one producer "
+                f"{b.facts.producer_id} epoch {b.facts.producer_epoch})"
+            )
 
 
 def _ensure_size_allowed(batch: RecordBatchView, max_message_bytes: int, segment_bytes: int) -> None:
