@@ -9,6 +9,7 @@
     tributary produce TOPIC [--key-separator SEP] [--header k=v ...]
     tributary consume TOPIC [--from-beginning | --offset N --partition P | --from-timestamp MS]
                             [--group GROUP] [--max-messages N] [--format text|json]
+                            [--isolation-level read_committed]
     tributary offsets TOPIC [--time MS]
     tributary groups list | describe GROUP [--format text|json] | delete GROUP
     tributary groups reset-offsets GROUP --topic T (--to-earliest | --to-latest | --to-timestamp MS
@@ -176,6 +177,12 @@ def _add_consume(commands) -> None:
         help="text: the value (and key with --print-key); json: one object per line",
     )
     consume.add_argument("--print-key", action="store_true", help="text format: print key<TAB>value")
+    consume.add_argument(
+        "--isolation-level",
+        choices=["read_uncommitted", "read_committed"],
+        default="read_uncommitted",
+        help="read_committed: only records of committed transactions (Kafka's console consumer option)",
+    )
     consume.add_argument(
         "--group",
         metavar="GROUP",

@@ -23,7 +23,12 @@ import logging
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
-from gateway.client.errors import IllegalStateError, RequestTimedOutError, TributaryError
+from gateway.client.errors import (
+    IllegalStateError,
+    RequestTimedOutError,
+    TransactionAbortedError,
+    TributaryError,
+)
 from gateway.client.retry import RetryPolicy
 from gateway.client.structs import TopicPartition
 from gateway.client.transaction_manager import TransactionManager
@@ -302,8 +307,9 @@ class Sender:
 
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
         self.metrics["batches-failed"] += 1
-        if self.transaction_manager is not None and self.transaction_manager.transactional:
-            self.transaction_manager.fail_transaction(error)
+        manager = self.transaction_manager
+        if manager is not None and manager.transactional and not isinstance(error, TransactionAbortedError):
+            manager.fail_transaction(error)
         self.accumulator.complete(batch)
         batch.result.complete(error=error)
 

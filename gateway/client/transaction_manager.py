@@ -80,6 +80,9 @@ class TransactionManager:
         self._init_lock = asyncio.Lock()
         #: Partitions added to the open transaction (AddPartitionsToTxn answered).
         self._partitions: set[TopicPartition] = set()
+        #: Whether the coordinator knows of the open transaction (a partition or group was added);
+        #: if not, commit and abort end it here, with no EndTxn (as Kafka's client).
+        self._started = False
         self._failure: BaseException | None = None
 
     @property
@@ -172,6 +175,7 @@ class TransactionManager:
     def begin(self) -> None:
         self.ensure_state(TxnState.READY)
         self._partitions.clear()
+        self._started = False
         self._failure = None
         self.state = TxnState.IN_TRANSACTION
 
@@ -196,6 +200,7 @@ class TransactionManager:
             self.fail_transaction(error)
             raise error
         self._partitions.update(new)
+        self._started = True
 
     async def send_offsets(
         self,
@@ -216,6 +221,7 @@ class TransactionManager:
             "AddOffsetsToTxn",
             pb.AddOffsetsToTxnRequest(group_id=group_id, **common),
         )
+        self._started = True
         request = pb.TxnOffsetCommitRequest(
             group_id=group_id,
             generation_id=generation_id,
@@ -241,8 +247,10 @@ class TransactionManager:
             producer_epoch=self.producer_epoch,
             commit=commit,
         )
-        await self._call_checked(self._call_until_settled, "EndTxn", request)
+        if self._started:
+            await self._call_checked(self._call_until_settled, "EndTxn", request)
         self._partitions.clear()
+        self._started = False
         if not commit and self._failure is not None:
             # A batch of the aborted transaction failed: the leader may or may not have written
             # it, so its partition's sequence is unknown. A new epoch starts every partition's

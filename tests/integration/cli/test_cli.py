@@ -172,6 +172,42 @@ def test_consume_from_timestamp(data_dir):
     assert result.stdout.splitlines() == ["late-1", "late-2"]
 
 
+def test_consume_read_committed_skips_aborted_and_open_transactions(data_dir):
+    from gateway.client import Producer
+
+    ok(tributary(data_dir, "topics", "create", "txn-lines", "--partitions", "1"))
+    servers = read_cluster_file(data_dir)["gateway"]
+    with Producer(servers=servers, transactional_id="cli-test") as producer:
+        producer.init_transactions()
+        for outcome in ("kept", "dropped", "pending"):
+            producer.begin_transaction()
+            for i in range(3):
+                producer.send("txn-lines", f"{outcome}-{i}".encode())
+            producer.flush()
+            if outcome == "kept":
+                producer.commit_transaction()
+            elif outcome == "dropped":
+                producer.abort_transaction()
+        committed = ok(
+            tributary(
+                data_dir,
+                "consume",
+                "txn-lines",
+                "--from-beginning",
+                "--isolation-level",
+                "read_committed",
+                "--timeout-ms",
+                "3000",
+            )
+        )
+        everything = ok(
+            tributary(data_dir, "consume", "txn-lines", "--from-beginning", "--max-messages", "9")
+        )
+        producer.abort_transaction()
+    assert committed.stdout.splitlines() == ["kept-0", "kept-1", "kept-2"]
+    assert len(everything.stdout.splitlines()) == 9
+
+
 def test_demo(data_dir):
     result = ok(tributary(data_dir, "demo", "--records", "2000"))
     assert "check: OK" in result.stdout

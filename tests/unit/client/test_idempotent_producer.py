@@ -226,7 +226,13 @@ def test_transactions_follow_kafkas_state_machine():
         assert manager.state is TxnState.READY
         # The failed batch's sequence is unknown: the abort is followed by an epoch bump.
         assert (manager.producer_epoch, client.calls[-1][0]) == (1, "InitProducerId")
+        # A transaction the coordinator never heard of (nothing sent) ends without EndTxn.
         manager.begin()
+        calls = len(client.calls)
+        await manager.end(commit=True)
+        assert len(client.calls) == calls and manager.state is TxnState.READY
+        manager.begin()
+        await manager.add_partitions([TP])
         client.fail_with["EndTxn"] = errors.ProducerFencedError("a newer instance has epoch 5")
         with pytest.raises(errors.ProducerFencedError):
             await manager.end(commit=True)
