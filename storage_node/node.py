@@ -75,6 +75,8 @@ class StorageNode:
             clock,
             dict(config.default_topic_configs),
             max_open_segments=config.max_open_segments,
+            producer_id_expiration_ms=config.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
         self.notifier = AppendNotifier()
         self.replication_settings = ReplicationSettings(
