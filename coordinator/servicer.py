@@ -255,6 +255,17 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
         )
 
     @_admin
+    async def VerifyTxnPartitions(self, request, context):
+        size = len(request.partitions)
+        partitions = await off_loop_if_large(size, txn_serde.partitions_from_proto, request.partitions)
+        results = await self._transactions.verify_partitions(
+            request.producer_id, request.producer_epoch, partitions
+        )
+        return pb.VerifyTxnPartitionsResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
+        )
+
+    @_admin
     async def EndTxn(self, request, context):
         await self._transactions.end_txn(txn_serde.producer_from_proto(request), request.commit)
         return pb.EndTxnResponse()

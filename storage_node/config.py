@@ -60,6 +60,11 @@ class StorageNodeConfig(ServiceConfig):
     #: An idempotent producer idle this long, with no transaction open, is forgotten by the
     #: partitions (producer.id.expiration.ms); its next batch moves it to a new epoch.
     producer_id_expiration_ms: int = 86_400_000
+    #: A transactional batch that would open a transaction on a partition is appended only once
+    #: the transaction coordinator confirms the partition was added to it (Kafka's
+    #: transaction.partition.verification.enable, KIP-890); without it, a client that skips
+    #: AddPartitionsToTxn can hold the partition's last stable offset back for good.
+    transaction_verification: bool = True
     #: How often partitions look for such producers (producer.id.expiration.check.interval.ms).
     producer_id_expiration_check_interval_ms: int = 600_000
     #: Most fetch-port connections open at once (Kafka's max.connections); 0 = as many as the

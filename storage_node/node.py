@@ -146,6 +146,8 @@ class StorageNode:
             )
             self.controller_channel = ControllerChannel(self.registration.client, self.replicas)
             self.replicas.attach(isr_channel=self.controller_channel, fetchers=self.fetchers)
+            if self.config.transaction_verification:
+                self.handlers.transaction_verifier = self.controller_channel
             await self.controller_channel.start()
             await self.registration.register()
         else:

@@ -21,6 +21,7 @@ from coordinator.transactions.model import (
     ProducerRef,
     TxnOffsetCommitParams,
 )
+from services import errors
 from services.topic_partition import TopicPartition
 
 
@@ -41,6 +42,13 @@ class TransactionHandlers:
     ) -> list[PartitionResult]:
         state.ensure_valid_transactional_id(producer.transactional_id)
         return await self._locate().add_partitions(producer, partitions)
+
+    async def verify_partitions(
+        self, producer_id: int, producer_epoch: int, partitions: Sequence[TopicPartition]
+    ) -> list[PartitionResult]:
+        if producer_id < 0 or producer_epoch < 0:
+            raise errors.InvalidRequestError("verification needs a producer id and epoch >= 0")
+        return await self._locate().verify_partitions(producer_id, producer_epoch, partitions)
 
     async def add_offsets(self, producer: ProducerRef, group_id: str) -> None:
         state.ensure_valid_transactional_id(producer.transactional_id)

@@ -223,6 +223,19 @@ class TransactionManager:
             )
         return results
 
+    async def verify_partitions(
+        self, producer_id: int, producer_epoch: int, partitions: Sequence[TopicPartition]
+    ) -> list[PartitionResult]:
+        """Whether ``producer_id``'s transaction is open, at ``producer_epoch``, with each partition
+        added: what a partition leader asks before the first transactional batch of a transaction
+        (reads memory only; the active controller's memory is what etcd holds)."""
+        await self.store.ready()
+        meta = self.store.for_producer(producer_id)
+        return [
+            PartitionResult(tp, state.verification_error(meta, producer_id, producer_epoch, tp))
+            for tp in partitions
+        ]
+
     async def add_offsets(self, producer: ProducerRef, group_id: str) -> None:
         """AddOffsetsToTxn: offsets of ``group_id`` may be staged in the transaction."""
         await self.store.ready()

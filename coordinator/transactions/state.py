@@ -254,6 +254,34 @@ def add_partitions(
     return _begin_or_continue(meta, now_ms, partitions=meta.partitions | added)
 
 
+def verification_error(
+    meta: TxnMetadata | None, producer_id: int, producer_epoch: int, tp: TopicPartition
+) -> errors.TributaryError | None:
+    """Why a partition leader must refuse ``producer_id``'s first transactional batch to ``tp``
+    (None: its transaction is open with ``tp`` added, at this epoch)."""
+    if meta is None or meta.producer_id != producer_id:
+        return errors.InvalidProducerIdMappingError(
+            f"producer id {producer_id} belongs to no transactional id; call InitProducerId"
+        )
+    if producer_epoch < meta.producer_epoch:
+        return errors.InvalidProducerEpochError(
+            f"producer {producer_id} epoch {producer_epoch} is fenced: epoch {meta.producer_epoch} "
+            f"of transactional id {meta.transactional_id!r} took over"
+        )
+    if producer_epoch > meta.producer_epoch:
+        return errors.InvalidProducerEpochError(
+            f"producer {producer_id} epoch {producer_epoch} was never handed out "
+            f"(current epoch {meta.producer_epoch})"
+        )
+    if meta.state is not TxnState.ONGOING or tp not in meta.partitions:
+        return errors.InvalidTxnStateError(
+            f"{tp.topic}-{tp.partition} is not in an open transaction of transactional id "
+            f"{meta.transactional_id!r} ({meta.state.name}): call AddPartitionsToTxn before "
+            "producing to it"
+        )
+    return None
+
+
 def add_group(meta: TxnMetadata | None, producer: ProducerRef, group_id: str, now_ms: int) -> TxnMetadata:
     """AddOffsetsToTxn: offsets of ``group_id`` may be staged in the transaction."""
     meta = ensure_producer(meta, producer)

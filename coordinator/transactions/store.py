@@ -64,6 +64,8 @@ class TxnStore:
         self.entries: dict[str, TxnEntry] = {}
         #: Ids with an ONGOING transaction: what the timeout check looks at.
         self.ongoing: set[str] = set()
+        #: Producer id -> its transactional id (partition leaders verify by producer id).
+        self.by_producer: dict[int, str] = {}
         self.loaded = asyncio.Event()
 
     # ---- loading ----------------------------------------------------------------------------------
@@ -76,6 +78,7 @@ class TxnStore:
             log.error("a transactional id with a bad value is treated as new: %s", problem)
         self.entries = {}
         self.ongoing = set()
+        self.by_producer = {}
         for transactional_id, (meta, mod_revision) in loaded.items():
             entry = self.entries[transactional_id] = TxnEntry(transactional_id, mod_revision=mod_revision)
             self._keep(entry, meta)
@@ -131,15 +134,30 @@ class TxnStore:
     def _forget(self, entry: TxnEntry) -> None:
         entry.removed = True
         self.ongoing.discard(entry.transactional_id)
+        self._unindex(entry)
         if self.entries.get(entry.transactional_id) is entry:
             del self.entries[entry.transactional_id]
 
     def _keep(self, entry: TxnEntry, meta: TxnMetadata | None) -> None:
+        self._unindex(entry)
         entry.meta = meta
+        if meta is not None:
+            self.by_producer[meta.producer_id] = entry.transactional_id
         if meta is not None and meta.state is TxnState.ONGOING:
             self.ongoing.add(entry.transactional_id)
         else:
             self.ongoing.discard(entry.transactional_id)
+
+    def _unindex(self, entry: TxnEntry) -> None:
+        old = entry.meta
+        if old is not None and self.by_producer.get(old.producer_id) == entry.transactional_id:
+            del self.by_producer[old.producer_id]
+
+    def for_producer(self, producer_id: int) -> TxnMetadata | None:
+        """The metadata of the transactional id whose current producer id this is, if any."""
+        transactional_id = self.by_producer.get(producer_id)
+        entry = self.entries.get(transactional_id) if transactional_id is not None else None
+        return entry.meta if entry is not None else None
 
     # ---- writes ---------------------------------------------------------------------------------------
 

@@ -558,6 +558,14 @@ class PartitionLog:
         """For tools and tests: the producer state (do not mutate)."""
         return self._producers
 
+    def transaction_open(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether ``producer_id`` at ``producer_epoch`` has a transaction open on this partition
+        (its first transactional batch here was appended, no marker since)."""
+        entry = self._producers.producers.get(producer_id)
+        return (
+            entry is not None and entry.epoch == producer_epoch and entry.transaction_first_offset is not None
+        )
+
     def expire_producers(self, expiration_ms: int) -> list[int]:
         """Forget producers idle longer than ``expiration_ms`` (producer.id.expiration.ms)."""
         with self._lock:

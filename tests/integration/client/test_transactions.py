@@ -9,6 +9,7 @@ import itertools
 import time
 import uuid
 
+import grpc
 import pytest
 
 from gateway.client import (
@@ -20,7 +21,9 @@ from gateway.client import (
     TopicPartition,
     TransactionAbortedError,
 )
-from services.records import iter_batches
+from services import errors
+from services.proto import gateway_grpc, pb
+from services.records import RecordBatchBuilder, iter_batches
 
 pytestmark = pytest.mark.integration
 
@@ -195,3 +198,97 @@ def test_the_producer_refuses_what_the_transaction_state_does_not_allow(servers,
         idempotent.begin_transaction()
     with pytest.raises(ValueError, match="acks='all'"):
         Producer(servers=servers, transactional_id="x", acks=1)
+
+
+# ---- what a client in another language can get wrong (raw gateway RPCs) --------------------------
+
+
+@pytest.fixture
+def gateway(servers):
+    with grpc.insecure_channel(servers.split(",")[0]) as channel:
+        yield gateway_grpc.GatewayStub(channel)
+
+
+def raw_batch(producer_id: int, epoch: int, sequence: int, *, transactional: bool, count: int = 2) -> bytes:
+    builder = RecordBatchBuilder(
+        producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence, is_transactional=transactional
+    )
+    for i in range(count):
+        builder.append(b"raw-%d" % (sequence + i), timestamp=int(time.time() * 1000))
+    return builder.build()
+
+
+def produce_raw(gateway, topic: str, data: bytes):
+    answer = gateway.Produce(
+        pb.ProduceRequest(
+            topic=topic, acks=pb.ACKS_ALL, batches=[pb.PartitionBatches(partition=0, record_batches=data)]
+        ),
+        timeout=20,
+    )
+    return answer.partitions[0]
+
+
+def log_end(gateway, topic: str) -> int:
+    answer = gateway.ListOffsets(
+        pb.ListOffsetsRequest(
+            partitions=[pb.ListOffsetsPartition(topic=topic, partition=0, spec=pb.OffsetSpec(latest=True))]
+        ),
+        timeout=20,
+    )
+    return answer.partitions[0].offset
+
+
+def test_raw_misuse_gets_a_typed_error_and_stores_nothing(gateway, make_topic):
+    topic = make_topic(1)
+    tid = f"raw-{uuid.uuid4().hex[:8]}"
+    init = gateway.InitProducerId(
+        pb.InitProducerIdRequest(
+            transactional_id=tid, transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1
+        ),
+        timeout=20,
+    )
+    pid, epoch = init.producer_id, init.producer_epoch
+    common = {"transactional_id": tid, "producer_id": pid, "producer_epoch": epoch}
+
+    # A transactional batch before AddPartitionsToTxn would open a transaction no one ends.
+    refused = produce_raw(gateway, topic, raw_batch(pid, epoch, 0, transactional=True))
+    assert refused.error.reason == "INVALID_TXN_STATE", refused
+    assert "AddPartitionsToTxn" in refused.error.message and log_end(gateway, topic) == 0
+    # Committing with nothing begun.
+    with pytest.raises(grpc.RpcError) as info:
+        gateway.EndTxn(pb.EndTxnRequest(commit=True, **common), timeout=20)
+    assert errors.error_from_rpc(info.value).reason == "INVALID_TXN_STATE"
+
+    added = gateway.AddPartitionsToTxn(
+        pb.AddPartitionsToTxnRequest(partitions=[pb.TopicPartition(topic=topic, partition=0)], **common),
+        timeout=20,
+    )
+    assert not any(r.HasField("error") for r in added.results)
+    accepted = produce_raw(gateway, topic, raw_batch(pid, epoch, 0, transactional=True))
+    assert not accepted.HasField("error") and accepted.base_offset == 0
+    # A sequence gap, then an epoch the coordinator never handed out: typed, nothing written.
+    gap = produce_raw(gateway, topic, raw_batch(pid, epoch, 5, transactional=True))
+    assert gap.error.reason == "OUT_OF_ORDER_SEQUENCE_NUMBER", gap
+    assert log_end(gateway, topic) == 2
+    # A retry of the accepted batch is answered with its first offsets, not written again.
+    again = produce_raw(gateway, topic, raw_batch(pid, epoch, 0, transactional=True))
+    assert not again.HasField("error") and again.base_offset == 0 and log_end(gateway, topic) == 2
+
+    gateway.EndTxn(pb.EndTxnRequest(commit=False, **common), timeout=20)
+    bumped = gateway.InitProducerId(
+        pb.InitProducerIdRequest(
+            transactional_id=tid, transaction_timeout_ms=60_000, producer_id=pid, producer_epoch=epoch
+        ),
+        timeout=20,
+    )
+    assert bumped.producer_epoch > epoch
+    end = log_end(gateway, topic)
+    stale = produce_raw(gateway, topic, raw_batch(pid, epoch, 2, transactional=True))
+    assert stale.error.reason == "INVALID_PRODUCER_EPOCH", stale
+    # An idempotent producer id claimed as transactional: no transactional id has it.
+    idempotent = gateway.InitProducerId(
+        pb.InitProducerIdRequest(producer_id=-1, producer_epoch=-1), timeout=20
+    )
+    orphan = produce_raw(gateway, topic, raw_batch(idempotent.producer_id, 0, 0, transactional=True))
+    assert orphan.error.reason == "INVALID_PRODUCER_ID_MAPPING", orphan
+    assert log_end(gateway, topic) == end

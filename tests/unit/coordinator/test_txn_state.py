@@ -291,3 +291,23 @@ def _apply(meta: TxnMetadata, operation: str, now: int, next_id: int) -> TxnMeta
     if meta.state is not TxnState.ONGOING:  # "fence": the timeout check only fences open ones
         raise errors.InvalidTxnStateError("nothing open")
     return state.fence_ongoing(meta, now)
+
+
+# ---- partition leaders' verification (KIP-890) -------------------------------------------------------
+
+
+def test_a_leader_may_append_a_transactional_batch_only_to_a_partition_of_the_open_transaction():
+    meta = ongoing()
+    assert state.verification_error(meta, 7, 0, TP("t", 0)) is None
+    assert isinstance(state.verification_error(meta, 7, 0, TP("t", 2)), errors.InvalidTxnStateError)
+    assert isinstance(state.verification_error(fresh(), 7, 0, TP("t", 0)), errors.InvalidTxnStateError)
+    assert isinstance(state.verification_error(None, 7, 0, TP("t", 0)), errors.InvalidProducerIdMappingError)
+    assert isinstance(state.verification_error(meta, 8, 0, TP("t", 0)), errors.InvalidProducerIdMappingError)
+    bumped = state.init_producer(
+        state.complete(state.end_transaction(meta, ref(meta), False, NOW), NOW), None, 60_000, NOW
+    )
+    fenced = state.verification_error(ongoing(bumped), 7, 0, TP("t", 0))
+    assert isinstance(fenced, errors.InvalidProducerEpochError) and "fenced" in fenced.message
+    assert isinstance(state.verification_error(meta, 7, 3, TP("t", 0)), errors.InvalidProducerEpochError)
+    decided = state.end_transaction(meta, ref(meta), True, NOW)
+    assert isinstance(state.verification_error(decided, 7, 0, TP("t", 0)), errors.InvalidTxnStateError)
