@@ -29,7 +29,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from services import errors
+from services import errors, reflection_v1
 from services.grpc_decoding import DecodingRegistrar
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,8 @@ async def create_server(
 ) -> GrpcServer:
     """Build, bind and start a server; ``address`` may use port 0 (the bound port is returned).
 
-    Registers grpc.health.v1 (every service SERVING once started) and server reflection.
+    Registers grpc.health.v1 (every service SERVING once started) and server reflection (v1 and
+    v1alpha).
     """
     server = grpc.aio.server(interceptors=list(interceptors), options=list(options))
     registrar = DecodingRegistrar(server)
@@ -120,12 +121,17 @@ async def create_server(
     # status changes (a watcher kept a thread, and process exit waited for it).
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        reflection.aio.ReflectionServicer(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
-        ),
-        registrar,
+    # Reflection under both names: v1 for current tools, v1alpha for older ones.
+    reflection_servicer = reflection.aio.ReflectionServicer(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection_v1.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        ]
     )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, registrar)
+    reflection_v1.add_v1_to_server(reflection_servicer, registrar)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC server to {address}")

@@ -119,7 +119,7 @@ def delete_records(cluster, admin):
         port = cluster.storage_nodes[leader].info["grpc_port"]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             response = storage_grpc.StorageNodeStub(channel).DeleteRecords(
-                pb.DeleteRecordsRequest(topic=topic, partition=partition, before_offset=before), timeout=10
+                pb.DeletePartitionRecordsRequest(topic=topic, partition=partition, before_offset=before), timeout=10
             )
         return response.log_start_offset
 
