@@ -13,6 +13,7 @@ import logging
 from gateway.server import serde
 from gateway.server.admin_forwarder import Forwarder
 from gateway.server.decode_pool import DecodePool
+from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
@@ -74,6 +75,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         offsets: OffsetsHandler,
         forwarder: Forwarder,
         decode_pool: DecodePool,
+        delete_records: DeleteRecordsHandler,
         *,
         default_timeout_ms: int = 30_000,
         stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
@@ -83,6 +85,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self._decode_pool = decode_pool
         self._offsets = offsets
         self._forwarder = forwarder
+        self._delete_records = delete_records
         self._default_timeout_s = default_timeout_ms / 1000.0
         #: None = streams are never ended for idleness.
         self._stream_max_idle_s = stream_max_idle_ms / 1000.0 if stream_max_idle_ms > 0 else None
@@ -182,15 +185,30 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         context.add_done_callback(self._decode_pool.answer_sent)
         return await self._decode_pool.run(serde.fetch_response_to_proto, results)
 
+    def _deadline(self, context, timeout_ms: int = 0) -> float:
+        """The loop time by which to answer: ``timeout_ms`` (0 = the default), within the call's
+        own deadline."""
+        timeout = timeout_ms / 1000.0 if timeout_ms > 0 else self._default_timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        return asyncio.get_running_loop().time() + timeout
+
     @translate_errors
     async def ListOffsets(self, request, context):
-        remaining = context.time_remaining()
-        timeout = self._default_timeout_s if remaining is None else min(self._default_timeout_s, remaining)
-        deadline = asyncio.get_running_loop().time() + timeout
         outcomes = await self._offsets.list_offsets(
-            serde.offset_queries_from_proto(request), deadline=deadline
+            serde.offset_queries_from_proto(request), deadline=self._deadline(context)
         )
         return serde.offsets_to_proto(outcomes)
+
+    @translate_errors
+    async def DeleteRecords(self, request, context):
+        if request.timeout_ms < 0:
+            raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
+        outcomes = await self._delete_records.delete_records(
+            serde.deletions_from_proto(request), deadline=self._deadline(context, request.timeout_ms)
+        )
+        return serde.deletions_to_proto(outcomes)
 
     # ---- metadata and admin (forwarded) ------------------------------------------------------
 
