@@ -30,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from services import errors, reflection_v1
+from services.client_id import client_id_from_metadata
 from services.grpc_decoding import DecodingRegistrar
 
 log = logging.getLogger(__name__)
@@ -141,8 +142,12 @@ async def create_server(
     return hosted
 
 
-def _unexpected(method_name: str, exc: BaseException) -> errors.TributaryError:
-    log.exception("unexpected error in %s", method_name, exc_info=exc)
+def _unexpected(method_name: str, exc: BaseException, context) -> errors.TributaryError:
+    try:
+        caller = f" (client {client_id_from_metadata(context.invocation_metadata())!r} at {context.peer()})"
+    except Exception:  # noqa: BLE001 -- a context without metadata must not hide the error
+        caller = ""
+    log.exception("unexpected error in %s%s", method_name, caller, exc_info=exc)
     return errors.TributaryError(f"{type(exc).__name__}: {exc}")
 
 
@@ -162,7 +167,7 @@ def translate_errors(method):
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
-                await errors.abort_with_error(context, _unexpected(name, exc))
+                await errors.abort_with_error(context, _unexpected(name, exc, context))
 
         return stream_wrapper
 
@@ -175,7 +180,7 @@ def translate_errors(method):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
-            await errors.abort_with_error(context, _unexpected(name, exc))
+            await errors.abort_with_error(context, _unexpected(name, exc, context))
 
     return unary_wrapper
 

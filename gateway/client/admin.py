@@ -61,8 +61,11 @@ class AsyncAdmin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
-        self._client = GatewayClient(servers, request_timeout_ms=request_timeout_ms, clock=clock)
+        self._client = GatewayClient(
+            servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+        )
 
     @property
     def addresses(self) -> list[str]:
@@ -318,11 +321,14 @@ class Admin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:
-            return AsyncAdmin(servers=servers, request_timeout_ms=request_timeout_ms, clock=clock)
+            return AsyncAdmin(
+                servers=servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+            )
 
         try:
             self._core = self._io.run(create())

@@ -255,6 +255,7 @@ class AsyncConsumer:
             metadata_max_age_ms=self.config.metadata_max_age_ms,
             retry_backoff_ms=self.config.retry_backoff_ms,
             clock=clock,
+            client_id=self.config.client_id,
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
         c = self.config

@@ -166,6 +166,7 @@ class ProducerCore:
             metadata_max_age_ms=config.metadata_max_age_ms,
             retry_backoff_ms=config.retry_backoff_ms,
             clock=clock,
+            client_id=config.client_id,
         )
         self.pool = BufferPool(config.buffer_memory)
         self.accumulator = RecordAccumulator(

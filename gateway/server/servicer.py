@@ -12,6 +12,7 @@ import logging
 
 from gateway.server import serde
 from gateway.server.admin_forwarder import Forwarder
+from gateway.server.clients import ClientLog
 from gateway.server.decode_pool import DecodePool
 from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
@@ -57,6 +58,7 @@ def _forward(method: str):
     """A servicer method that forwards ``method`` to a coordinator unchanged."""
 
     async def forward(self, request, context):
+        self._clients.seen(context, method)
         return await self._forwarder.forward(method, request, rpc_remaining_s=context.time_remaining())
 
     forward.__name__ = method
@@ -86,6 +88,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self._offsets = offsets
         self._forwarder = forwarder
         self._delete_records = delete_records
+        self._clients = ClientLog()
         self._default_timeout_s = default_timeout_ms / 1000.0
         #: None = streams are never ended for idleness.
         self._stream_max_idle_s = stream_max_idle_ms / 1000.0 if stream_max_idle_ms > 0 else None
@@ -94,6 +97,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def Produce(self, request, context):
+        self._clients.seen(context, "Produce")
         command = serde.produce_command_from_proto(request)
         deadline = self._produce.deadline_for(command, context.time_remaining())
         outcome = await self._produce.produce(command, deadline=deadline)
@@ -105,6 +109,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         ``stream_max_idle_ms`` is ended with NETWORK_EXCEPTION (UNAVAILABLE, retriable), as a
         Kafka broker closes a connection idle for connections.max.idle.ms; clients open a new
         stream for their next request."""
+        self._clients.seen(context, "ProduceStream")
         loop = asyncio.get_running_loop()
         activity = _StreamActivity(loop.time())
         in_flight: asyncio.Queue = asyncio.Queue(MAX_STREAM_IN_FLIGHT)
@@ -176,6 +181,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def Fetch(self, request, context):
+        self._clients.seen(context, "Fetch")
         command = serde.fetch_command_from_proto(request)
         results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
         if command.raw_batches:
@@ -225,7 +231,15 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     # ---- consumer groups (forwarded to the controller) ---------------------------------------
 
-    JoinGroup = _forward("JoinGroup")
+    @translate_errors
+    async def JoinGroup(self, request, context):
+        """Forwarded; an empty ``client_id`` is filled from the call's ``tributary-client-id``
+        metadata, so ``groups describe`` shows every member's client."""
+        client_id = self._clients.seen(context, "JoinGroup")
+        if not request.client_id and client_id:
+            request.client_id = client_id
+        return await self._forwarder.forward("JoinGroup", request, rpc_remaining_s=context.time_remaining())
+
     Heartbeat = _forward("Heartbeat")
     LeaveGroup = _forward("LeaveGroup")
     CommitOffsets = _forward("CommitOffsets")
