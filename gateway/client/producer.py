@@ -63,6 +63,7 @@ from gateway.client.retry import RetryPolicy
 from gateway.client.sender import Sender
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
+from gateway.client.telemetry import ProducerTelemetry
 from gateway.client.transport import StreamTransport, UnaryTransport
 from services.acks import Acks
 from services.clock import SYSTEM_CLOCK, Clock
@@ -176,6 +177,8 @@ class ProducerCore:
             pool=self.pool,
         )
         self.sticky = StickyPartitioner()
+        #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
+        self.telemetry = ProducerTelemetry.create(config.client_id, self.client.addresses)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sender: Sender | None = None
         self._sender_task: asyncio.Task | None = None
@@ -412,6 +415,7 @@ class AsyncProducer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         await core.start()
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
@@ -420,7 +424,10 @@ class AsyncProducer:
         chosen = core.choose_partition(topic, record, partition, count)
         await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     async def send_and_wait(
         self,
@@ -523,6 +530,7 @@ class Producer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
         if core.needs_metadata(topic, partition, count):
@@ -530,7 +538,10 @@ class Producer:
         chosen = core.choose_partition(topic, record, partition, count)
         core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""
