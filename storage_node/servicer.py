@@ -164,7 +164,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     @translate_errors
     async def DeleteRecords(self, request, context):
         start = self._handlers.delete_records(request.topic, request.partition, request.before_offset)
-        return pb.DeleteRecordsResponse(log_start_offset=start)
+        return pb.DeletePartitionRecordsResponse(log_start_offset=start)
 
     @translate_errors
     async def DescribeLogDirs(self, request, context):

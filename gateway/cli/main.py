@@ -11,6 +11,7 @@
                             [--group GROUP] [--max-messages N] [--format text|json]
                             [--isolation-level read_committed]
     tributary offsets TOPIC [--time MS]
+    tributary delete-records (--topic T --partition P --offset N | --offset-json-file FILE)
     tributary groups list | describe GROUP [--format text|json] | delete GROUP
     tributary groups reset-offsets GROUP --topic T (--to-earliest | --to-latest | --to-timestamp MS
                                                     | --to-offset N) [--dry-run]
@@ -206,6 +207,34 @@ def _add_offsets(commands) -> None:
     offsets.set_defaults(func=topics.offsets)
 
 
+def _offset_or_high_watermark(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"{text}: an offset is >= 0, or -1 for the high watermark")
+    return value
+
+
+def _add_delete_records(commands) -> None:
+    parser = commands.add_parser(
+        "delete-records", help="delete the records below an offset (the partition's log start moves there)"
+    )
+    parser.add_argument("--topic", metavar="T")
+    parser.add_argument("--partition", type=_non_negative, metavar="P")
+    parser.add_argument(
+        "--offset",
+        type=_offset_or_high_watermark,
+        metavar="N",
+        help="records below N are deleted; -1 = the high watermark (everything consumers can read)",
+    )
+    parser.add_argument(
+        "--offset-json-file",
+        metavar="FILE",
+        help='Kafka\'s format: {"partitions": [{"topic": "t", "partition": 0, "offset": 10}], "version": 1}',
+    )
+    _common(parser)
+    parser.set_defaults(func=topics.delete_records)
+
+
 def _add_groups(commands) -> None:
     parser = commands.add_parser("groups", help="list, describe (with lag), reset and delete consumer groups")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -278,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_produce,
         _add_consume,
         _add_offsets,
+        _add_delete_records,
         _add_groups,
         _add_top,
         _add_demo,

@@ -1,6 +1,7 @@
 """Administration: topics (create, delete, describe, list, add partitions, alter configs),
-cluster metadata, offsets, and consumer groups (list, describe with lag, committed offsets,
-reset, delete). ``AsyncAdmin`` for asyncio, ``Admin`` for threads (same methods).
+cluster metadata, offsets, deleting records below an offset, and consumer groups (list,
+describe with lag, committed offsets, reset, delete). ``AsyncAdmin`` for asyncio, ``Admin`` for
+threads (same methods).
 
 Every failure raises the typed error the gateway reported, e.g. ``TopicAlreadyExistsError``
 (``TOPIC_ALREADY_EXISTS``), ``InvalidPartitionsError``, ``InvalidConfigError``,
@@ -60,8 +61,11 @@ class AsyncAdmin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
-        self._client = GatewayClient(servers, request_timeout_ms=request_timeout_ms, clock=clock)
+        self._client = GatewayClient(
+            servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+        )
 
     @property
     def addresses(self) -> list[str]:
@@ -214,6 +218,28 @@ class AsyncAdmin:
                 raise result
         return results
 
+    async def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete the records of each partition below its offset (Kafka's ``deleteRecords``):
+        ``{tp: offset}``, where -1 means the high watermark (every record consumers can read).
+        Returns ``{tp: new log start offset}`` (Kafka's low watermark). The log start never
+        moves back. Raises the first per-partition error, e.g. ``OffsetOutOfRangeError`` for an
+        offset above the high watermark or ``UnknownTopicOrPartitionError`` (the other
+        partitions' deletions still happen)."""
+        request = pb.DeleteRecordsRequest(
+            partitions=[
+                pb.DeleteRecordsPartition(topic=tp[0], partition=tp[1], offset=int(offset))
+                for tp, offset in offsets.items()
+            ],
+            timeout_ms=self._client.request_timeout_ms,
+        )
+        response = await self._client.call("DeleteRecords", request)
+        result: dict[TopicPartition, int] = {}
+        for item in response.partitions:
+            if item.HasField("error") and item.error.reason:
+                raise error_from_proto(item.error)
+            result[TopicPartition(item.topic, item.partition)] = item.log_start_offset
+        return result
+
     # -- consumer groups -------------------------------------------------------------------
 
     async def list_consumer_groups(self) -> list[GroupListing]:
@@ -303,11 +329,14 @@ class Admin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:
-            return AsyncAdmin(servers=servers, request_timeout_ms=request_timeout_ms, clock=clock)
+            return AsyncAdmin(
+                servers=servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+            )
 
         try:
             self._core = self._io.run(create())
@@ -336,6 +365,7 @@ class Admin:
     describe_cluster = _sync("describe_cluster")
     metadata = _sync("metadata")
     list_offsets = _sync("list_offsets")
+    delete_records = _sync("delete_records")
     list_consumer_groups = _sync("list_consumer_groups")
     describe_consumer_group = _sync("describe_consumer_group")
     list_consumer_group_offsets = _sync("list_consumer_group_offsets")

@@ -37,8 +37,11 @@ class GatewayClient:
         metadata_max_age_ms: int = 300_000,
         retry_backoff_ms: int = 100,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "",
     ) -> None:
         self.addresses = resolve_servers(servers)
+        #: Kafka's client.id: sent in every call's metadata (``tributary-client-id``).
+        self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.clock = clock
@@ -50,7 +53,7 @@ class GatewayClient:
         # Channels are created lazily, on the loop that first uses them (gRPC asyncio channels
         # belong to the loop they were created on).
         if self._pool is None:
-            self._pool = GatewayPool(self.addresses, monotonic=self.clock.monotonic)
+            self._pool = GatewayPool(self.addresses, monotonic=self.clock.monotonic, client_id=self.client_id)
         return self._pool
 
     async def call(self, method: str, request, *, timeout_ms: int | None = None, failover: bool = True):

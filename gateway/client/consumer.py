@@ -93,6 +93,7 @@ from gateway.client.structs import (
     TopicPartition,
 )
 from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
+from gateway.client.telemetry import ConsumerTelemetry
 from services.clock import SYSTEM_CLOCK, Clock
 from services.topic_pattern import compile_topic_pattern
 
@@ -261,8 +262,13 @@ class AsyncConsumer:
             metadata_max_age_ms=self.config.metadata_max_age_ms,
             retry_backoff_ms=self.config.retry_backoff_ms,
             clock=clock,
+            client_id=self.config.client_id,
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
+        #: Spans and metrics of the polls, on the application's OpenTelemetry SDK (None: off).
+        self._telemetry = ConsumerTelemetry.create(
+            self.config.client_id, self.config.group_id, self._client.addresses
+        )
         c = self.config
         self._fetcher = Fetcher(
             self._client,
@@ -617,15 +623,21 @@ class AsyncConsumer:
                 "the consumer is not subscribed to any topic nor assigned any partition; "
                 "call subscribe() or assign() first"
             )
+        telemetry = self._telemetry
+        started = telemetry.now() if telemetry is not None else 0
         await self.start()
         coordinator = self._coordinator
         if coordinator is None:
-            return await self._poll_records(timeout_ms, max_records, only)
-        coordinator.poll_started()
-        try:
-            return await self._poll_records(timeout_ms, max_records, only)
-        finally:
-            coordinator.poll_finished()
+            records = await self._poll_records(timeout_ms, max_records, only)
+        else:
+            coordinator.poll_started()
+            try:
+                records = await self._poll_records(timeout_ms, max_records, only)
+            finally:
+                coordinator.poll_finished()
+        if telemetry is not None:
+            telemetry.polled(records, started)
+        return records
 
     async def _poll_records(
         self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None

@@ -72,6 +72,7 @@ from gateway.client.retry import RetryPolicy
 from gateway.client.sender import Sender
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
+from gateway.client.telemetry import ProducerTelemetry
 from gateway.client.transaction_manager import TransactionManager, TxnState
 from gateway.client.transport import StreamTransport, UnaryTransport
 from services.acks import Acks
@@ -215,6 +216,7 @@ class ProducerCore:
             metadata_max_age_ms=config.metadata_max_age_ms,
             retry_backoff_ms=config.retry_backoff_ms,
             clock=clock,
+            client_id=config.client_id,
         )
         self.pool = BufferPool(config.buffer_memory)
         self.accumulator = RecordAccumulator(
@@ -234,6 +236,8 @@ class ProducerCore:
             else None
         )
         self.sticky = StickyPartitioner()
+        #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
+        self.telemetry = ProducerTelemetry.create(config.client_id, self.client.addresses)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sender: Sender | None = None
         self._sender_task: asyncio.Task | None = None
@@ -544,6 +548,7 @@ class AsyncProducer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         await core.start()
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
@@ -552,7 +557,10 @@ class AsyncProducer:
         chosen = core.choose_partition(topic, record, partition, count)
         await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     async def send_and_wait(
         self,
@@ -686,6 +694,7 @@ class Producer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
         if core.needs_metadata(topic, partition, count):
@@ -693,7 +702,10 @@ class Producer:
         chosen = core.choose_partition(topic, record, partition, count)
         core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""

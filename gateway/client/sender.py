@@ -31,6 +31,7 @@ from gateway.client.errors import (
 )
 from gateway.client.retry import RetryPolicy
 from gateway.client.structs import TopicPartition
+from gateway.client.telemetry import request_context
 from gateway.client.transaction_manager import TransactionManager
 from services import errors
 from services.acks import Acks
@@ -197,7 +198,9 @@ class Sender:
     def _start(self, handler: SendProduceHandler) -> None:
         if not self._pipeline:
             self._muted.update(handler.topic_partitions)
-        task = asyncio.get_running_loop().create_task(self._do_produce(handler))
+        # Traced sends: the request continues its first record's trace (gateway/client/telemetry.py).
+        context = request_context(b.result for batches in handler.partitions.values() for b in batches)
+        task = asyncio.get_running_loop().create_task(self._do_produce(handler), context=context)
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 

@@ -39,9 +39,13 @@ from services.records.aborted import AbortedTransactionFilter
 
 log = logging.getLogger(__name__)
 
-#: Kafka's consumer defaults (max.partition.fetch.bytes, fetch.max.bytes).
+#: Kafka's consumer default max.partition.fetch.bytes.
 DEFAULT_PARTITION_MAX_BYTES = 1 << 20
-DEFAULT_TOTAL_MAX_BYTES = 50 << 20
+#: A request's max_bytes when it sets none: gRPC clients in every language refuse answers over
+#: 4 MiB unless told otherwise, so a default request gets a default-sized answer (Kafka's own
+#: fetch.max.bytes, 50 MiB, would not fit). The MiB left is room for the per-partition entries
+#: and the estimate's slack. Clients that raise their receive limit ask for more (the SDK does).
+DEFAULT_TOTAL_MAX_BYTES = 3 << 20
 #: Cap on a long poll, so a typo cannot park a connection for days.
 MAX_WAIT_CAP_MS = 300_000
 #: How long past the deadline to wait for polls the nodes are about to answer (their own
@@ -155,7 +159,12 @@ class FetchHandler:
         if command.raw_batches:
             results = [session.finish_raw(p) for p in session.parts]
         else:
-            budget = DecodeBudget(max_records=self._max_decoded_records, max_bytes=self._max_decoded_bytes)
+            # max_bytes bounds the answer, typed records included (decoded they can be far
+            # larger than the batches read).
+            budget = DecodeBudget(
+                max_records=self._max_decoded_records,
+                max_bytes=min(self._max_decoded_bytes, command.max_bytes),
+            )
             results = await self._decode_pool.run(session.finish_typed, budget)
             self._decode_pool.account(budget.records, budget.payload_bytes)
         if self._telemetry is not None:

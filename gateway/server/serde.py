@@ -7,6 +7,7 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 from __future__ import annotations
 
 from gateway.server.batching import ProduceCommand, RecordIn
+from gateway.server.delete_records import RecordDeletion
 from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
@@ -16,7 +17,7 @@ from gateway.server.fetch import (
 )
 from gateway.server.offsets import OffsetQuery
 from gateway.server.produce import ProduceOutcome
-from gateway.server.storage_calls import OffsetOutcome
+from gateway.server.storage_calls import DeletionOutcome, OffsetOutcome
 from services import errors
 from services.append_result import AppendResult
 from services.proto import pb
@@ -216,6 +217,27 @@ def offsets_to_proto(outcomes: list[OffsetOutcome]):
                 partition=o.partition,
                 offset=o.offset,
                 timestamp=o.timestamp,
+                error=error_to_proto(o.error) if o.error is not None else None,
+            )
+            for o in outcomes
+        ]
+    )
+
+
+# ---- delete records -------------------------------------------------------------------------
+
+
+def deletions_from_proto(request) -> list[RecordDeletion]:
+    return [RecordDeletion(p.topic, p.partition, p.offset) for p in request.partitions]
+
+
+def deletions_to_proto(outcomes: list[DeletionOutcome]):
+    return pb.DeleteRecordsResponse(
+        partitions=[
+            pb.DeleteRecordsPartitionResult(
+                topic=o.topic,
+                partition=o.partition,
+                log_start_offset=o.log_start_offset,
                 error=error_to_proto(o.error) if o.error is not None else None,
             )
             for o in outcomes
