@@ -108,7 +108,9 @@ class CoordinatorService:
                 coordinator_id=self.coordinator_id,
                 is_active=lambda: self.leadership.is_active,
                 cluster_health=lambda: cluster_health(
-                    self.cache.state, unclean_elections=self.leadership.unclean_elections
+                    self.cache.state,
+                    unclean_elections=self.leadership.unclean_elections,
+                    transactions=self.leadership.transactions,
                 ),
             )
 
@@ -236,7 +238,7 @@ def transaction_settings(config: CoordinatorConfig) -> TransactionSettings:
     )
 
 
-def cluster_health(state, *, unclean_elections: int = 0) -> ClusterHealth:
+def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> ClusterHealth:
     """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
     thread: it only reads (copies the topic map first)."""
     counts = {"online": 0, "offline": 0, "pending": 0}
@@ -259,6 +261,7 @@ def cluster_health(state, *, unclean_elections: int = 0) -> ClusterHealth:
         under_replicated=under_replicated,
         under_min_isr=under_min_isr,
         unclean_elections=unclean_elections,
+        **(transactions.health() if transactions is not None else {}),
     )
 
 

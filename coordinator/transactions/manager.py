@@ -223,6 +223,22 @@ class TransactionManager:
             )
         return results
 
+    def health(self) -> dict[str, int]:
+        """Gauges: transactional ids, open transactions, the oldest one's age in ms. Runs on the
+        metrics exporter's thread: reads copies only."""
+        entries = dict(self.store.entries)
+        starts = [
+            e.meta.start_ms
+            for tid in list(self.store.ongoing)
+            if (e := entries.get(tid)) is not None and e.meta is not None and e.meta.start_ms >= 0
+        ]
+        now = self.clock.time_ms()
+        return {
+            "transactional_ids": len(entries),
+            "open_transactions": len(starts),
+            "oldest_open_transaction_ms": max(0, now - min(starts)) if starts else 0,
+        }
+
     async def verify_partitions(
         self, producer_id: int, producer_epoch: int, partitions: Sequence[TopicPartition]
     ) -> list[PartitionResult]:
