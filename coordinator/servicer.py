@@ -255,6 +255,17 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
         )
 
     @_admin
+    async def DescribeTransactions(self, request, context):
+        named = list(request.transactional_ids)
+        described = await self._transactions.describe(named, list(request.states))
+        return pb.DescribeTransactionsResponse(
+            transactions=await off_loop_if_large(
+                len(described),
+                lambda: [txn_serde.description_to_proto(d, with_partitions=bool(named)) for d in described],
+            )
+        )
+
+    @_admin
     async def VerifyTxnPartitions(self, request, context):
         size = len(request.partitions)
         partitions = await off_loop_if_large(size, txn_serde.partitions_from_proto, request.partitions)

@@ -347,6 +347,10 @@ class InvalidTxnStateError(TributaryError):
     reason, kafka_code, grpc_code = "INVALID_TXN_STATE", 48, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class TransactionalIdNotFoundError(TributaryError):
+    reason, kafka_code, grpc_code = "TRANSACTIONAL_ID_NOT_FOUND", 105, grpc.StatusCode.NOT_FOUND
+
+
 class InvalidProducerIdMappingError(TributaryError):
     reason, kafka_code, grpc_code = "INVALID_PRODUCER_ID_MAPPING", 49, grpc.StatusCode.FAILED_PRECONDITION
 

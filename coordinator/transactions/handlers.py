@@ -24,6 +24,9 @@ from coordinator.transactions.model import (
 from services import errors
 from services.topic_partition import TopicPartition
 
+#: Transactional ids one DescribeTransactions may name (listing every id has no such bound).
+MAX_DESCRIBED_IDS = 10_000
+
 
 class TransactionHandlers:
     """The Coordinator service's transaction operations, on the active controller's manager."""
@@ -49,6 +52,18 @@ class TransactionHandlers:
         if producer_id < 0 or producer_epoch < 0:
             raise errors.InvalidRequestError("verification needs a producer id and epoch >= 0")
         return await self._locate().verify_partitions(producer_id, producer_epoch, partitions)
+
+    async def describe(self, transactional_ids: Sequence[str], states: Sequence[str]) -> list:
+        """Metadata per named id (or ``(id, error)``), or every id's in ``states``."""
+        if len(transactional_ids) > MAX_DESCRIBED_IDS:
+            raise errors.InvalidRequestError(
+                f"{len(transactional_ids)} transactional ids named; at most {MAX_DESCRIBED_IDS} per request"
+            )
+        described = await self._locate().describe(transactional_ids, states)
+        return [
+            (tid, item) if isinstance(item, errors.TributaryError) else item
+            for tid, item in zip(transactional_ids or [None] * len(described), described, strict=True)
+        ]
 
     async def add_offsets(self, producer: ProducerRef, group_id: str) -> None:
         state.ensure_valid_transactional_id(producer.transactional_id)

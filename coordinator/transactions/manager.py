@@ -223,6 +223,35 @@ class TransactionManager:
             )
         return results
 
+    async def describe(
+        self, transactional_ids: Sequence[str], states: Sequence[str]
+    ) -> list[TxnMetadata | errors.TributaryError]:
+        """The named ids' metadata (TRANSACTIONAL_ID_NOT_FOUND for unknown ones), or every id's
+        (in ``states``, by Kafka name, when given), sorted by id. Reads memory only."""
+        await self.store.ready()
+        known = {member.kafka_name: member for member in TxnState}
+        unknown = [name for name in states if name not in known]
+        if unknown:
+            raise errors.InvalidRequestError(
+                f"unknown transaction state {unknown[0]!r}; one of {', '.join(known)}"
+            )
+        wanted = {known[name] for name in states}
+        if transactional_ids:
+            described: list[TxnMetadata | errors.TributaryError] = []
+            for transactional_id in transactional_ids:
+                entry = self.store.entries.get(transactional_id)
+                if entry is None or entry.meta is None:
+                    described.append(
+                        errors.TransactionalIdNotFoundError(
+                            f"transactional id {transactional_id!r} is unknown"
+                        )
+                    )
+                else:
+                    described.append(entry.meta)
+            return described
+        metas = [e.meta for e in self.store.entries.values() if e.meta is not None]
+        return sorted((m for m in metas if not wanted or m.state in wanted), key=lambda m: m.transactional_id)
+
     def health(self) -> dict[str, int]:
         """Gauges: transactional ids, open transactions, the oldest one's age in ms. Runs on the
         metrics exporter's thread: reads copies only."""

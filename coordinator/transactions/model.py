@@ -45,6 +45,11 @@ class TxnState(enum.Enum):
         return self in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 
     @property
+    def kafka_name(self) -> str:
+        """Kafka's name of the state, as its tools print it (``PrepareCommit``)."""
+        return "".join(word.capitalize() for word in self.value.split("_"))
+
+    @property
     def idle(self) -> bool:
         """No transaction open or ending: a new one may begin, the id may expire."""
         return self in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)

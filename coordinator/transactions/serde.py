@@ -52,3 +52,24 @@ def results_to_proto(results: Sequence[PartitionResult]) -> list:
         else pb.PartitionError(topic=r.tp.topic, partition=r.tp.partition)
         for r in results
     ]
+
+
+def description_to_proto(described, *, with_partitions: bool):
+    """A DescribeTransactions entry: the metadata (partitions only when asked), or the error
+    (a ``(transactional_id, error)`` pair)."""
+    if isinstance(described, tuple):
+        transactional_id, error = described
+        return pb.TransactionDescription(transactional_id=transactional_id, error=error_to_proto(error))
+    meta = described
+    partitions = sorted(meta.partitions) if with_partitions else []
+    return pb.TransactionDescription(
+        transactional_id=meta.transactional_id,
+        state=meta.state.kafka_name,
+        producer_id=meta.producer_id,
+        producer_epoch=meta.producer_epoch,
+        transaction_timeout_ms=meta.timeout_ms,
+        start_ms=meta.start_ms,
+        partition_count=len(meta.partitions),
+        partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in partitions],
+        groups=sorted(meta.groups),
+    )

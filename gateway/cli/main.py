@@ -16,6 +16,7 @@
     tributary groups reset-offsets GROUP --topic T (--to-earliest | --to-latest | --to-timestamp MS
                                                     | --to-offset N) [--dry-run]
     tributary groups list | describe G | reset-offsets G --topic T --to-... | delete G
+    tributary transactions list [--state Ongoing] | describe ID [--format text|json]
     tributary top [--interval S] [--iterations N]
     tributary demo [--records N]
 
@@ -31,7 +32,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import cluster, console, demo, groups, top, topics
+from gateway.cli import cluster, console, demo, groups, top, topics, transactions
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -276,6 +277,10 @@ def _add_groups(commands) -> None:
         _common(sub)
 
 
+def _add_transactions(commands) -> None:
+    transactions.add_parser(commands, _common)
+
+
 def _add_top(commands) -> None:
     top.add_parser(commands, _common)
 
@@ -309,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_offsets,
         _add_delete_records,
         _add_groups,
+        _add_transactions,
         _add_top,
         _add_demo,
     ):

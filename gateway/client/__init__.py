@@ -57,6 +57,7 @@ from gateway.client.structs import (
     RecordMetadata,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
 )
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "TopicDescription",
     "TopicPartition",
     "TransactionAbortedError",
+    "TransactionDescription",
     "TributaryError",
     "WakeupError",
     "json_deserializer",

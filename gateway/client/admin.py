@@ -42,6 +42,7 @@ from gateway.client.structs import (
     OffsetAndTimestamp,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
 )
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
@@ -240,6 +241,37 @@ class AsyncAdmin:
             result[TopicPartition(item.topic, item.partition)] = item.log_start_offset
         return result
 
+    # -- transactions ----------------------------------------------------------------------
+
+    async def describe_transactions(
+        self, transactional_ids: Iterable[str] = (), *, states: Iterable[str] = ()
+    ) -> list[TransactionDescription]:
+        """The named transactional ids with their partitions (``TransactionalIdNotFoundError``
+        for an unknown one), or -- naming none -- every id, optionally only those in ``states``
+        (Kafka's names: ``Ongoing``, ``PrepareCommit``, ...), sorted by id."""
+        request = pb.DescribeTransactionsRequest(
+            transactional_ids=list(transactional_ids), states=list(states)
+        )
+        response = await self._client.call("DescribeTransactions", request)
+        described = []
+        for item in response.transactions:
+            if item.HasField("error") and item.error.reason:
+                raise error_from_proto(item.error)
+            described.append(
+                TransactionDescription(
+                    item.transactional_id,
+                    item.state,
+                    item.producer_id,
+                    item.producer_epoch,
+                    item.transaction_timeout_ms,
+                    item.start_ms,
+                    item.partition_count,
+                    tuple(TopicPartition(p.topic, p.partition) for p in item.partitions),
+                    tuple(item.groups),
+                )
+            )
+        return described
+
     # -- consumer groups -------------------------------------------------------------------
 
     async def list_consumer_groups(self) -> list[GroupListing]:
@@ -355,6 +387,7 @@ class Admin:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    describe_transactions = _sync("describe_transactions")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")
     delete_topics = _sync("delete_topics")

@@ -163,6 +163,26 @@ class GroupListing(NamedTuple):
     member_count: int
 
 
+class TransactionDescription(NamedTuple):
+    """A transactional id as the transaction coordinator holds it (``describe_transactions``).
+
+    ``state`` is Kafka's: ``Empty``, ``Ongoing`` (a transaction is open), ``PrepareCommit`` /
+    ``PrepareAbort`` (decided, markers being written), ``CompleteCommit`` / ``CompleteAbort``.
+    ``start_ms`` is when the open transaction began (-1: none); ``partitions`` are listed only
+    for ids named in the call.
+    """
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    start_ms: int
+    partition_count: int
+    partitions: tuple[TopicPartition, ...] = ()
+    groups: tuple[str, ...] = ()
+
+
 class MemberDescription(NamedTuple):
     """One member of a group: who it is, what it subscribed to, what it is assigned and holds.
 

@@ -258,3 +258,4 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     AddOffsetsToTxn = _forward("AddOffsetsToTxn")
     TxnOffsetCommit = _forward("TxnOffsetCommit")
     EndTxn = _forward("EndTxn")
+    DescribeTransactions = _forward("DescribeTransactions")
