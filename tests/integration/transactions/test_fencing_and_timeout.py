@@ -8,7 +8,9 @@
 * A transaction left open (its producer hangs) is aborted by the coordinator after its
   ``transaction_timeout_ms``, not before: the last stable offset, stuck at its first record
   while it is open, moves to the high watermark, read_committed readers move past it to the
-  records committed behind it, and its producer is fenced.
+  records committed behind it, and its producer is fenced. Once with a producer in this process
+  that never commits, once with an application process frozen with SIGSTOP mid-transaction:
+  when it wakes it is fenced, and a successor finishes the input exactly once.
 
 Real processes: a LocalCluster of etcd, a coordinator (checking for timed-out transactions every
 200 ms), 3 storage nodes and a gateway; topics RF 3 with ``min.insync.replicas=2``.
@@ -272,3 +274,80 @@ def test_a_transaction_left_open_is_aborted_after_its_timeout_and_readers_move_p
     assert markers[0].offset == first_offset + 15
     uncommitted = read_topic(servers, topic, 1, isolation_level="read_uncommitted", timeout_s=30)
     assert values(uncommitted)[:10] == [b"hung-%d" % i for i in range(10)]
+
+
+def test_a_frozen_application_s_transaction_is_aborted_after_its_timeout_and_a_successor_finishes(
+    cluster: LocalCluster, admin: Admin, tmp_path
+):
+    source, sink, group = "frozen-in", "frozen-out", "frozen-app"
+    new_topics(admin, source, sink)
+    records = 2_000
+    with Producer(servers=cluster.gateway) as producer:
+        for i in range(records):
+            producer.send(source, b"%d" % i, partition=i % PARTITIONS)
+        producer.flush(30)
+    timeout_ms = 2_000
+    common = [
+        "--servers", cluster.gateway, "--input", source, "--output", sink, "--group", group,
+        "--transactional-id", "frozen-app", "--instance-id", "frozen-app-0",
+        "--transaction-timeout-ms", str(timeout_ms),
+    ]  # fmt: skip
+    log_file = tmp_path / "apps.log"
+    app = AppProcess([*common, "--polls-per-txn", "4", "--max-records", "10", "--pause-ms", "60"], log_file)
+    successor: AppProcess | None = None
+
+    def open_transaction_with_records() -> bool:
+        stable, high = (end_offsets(admin, sink, PARTITIONS, committed=c) for c in (True, False))
+        return stable != high
+
+    try:
+        # Freeze it while a transaction of it holds records in the output (LSO below the HW). It
+        # may commit between the look and the SIGSTOP: then look again (a few tries).
+        for _attempt in range(5):
+            wait_until(open_transaction_with_records, 30, "a transaction with records open", interval_s=0.01)
+            app.popen.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            if open_transaction_with_records():
+                break
+            app.popen.send_signal(signal.SIGCONT)
+        else:
+            raise AssertionError("never froze the application inside a transaction")
+        frozen_lines = len(app.lines)
+        aborted_s = wait_until(
+            lambda: not open_transaction_with_records() and time.monotonic() - frozen_at,
+            timeout_ms / 1000 + 15,
+            "the coordinator aborts the frozen application's transaction",
+            interval_s=0.05,
+        )
+        committed_offsets = {
+            tp.partition: o.offset for tp, o in admin.list_consumer_group_offsets(group).items()
+        }
+        app.popen.send_signal(signal.SIGCONT)
+        status = app.wait_exit(60)
+        woke = [line.words for line in app.lines[frozen_lines:]]
+        print(f"\nfrozen application: aborted {aborted_s:.1f} s after the freeze; after waking: {woke}")
+        assert status == 4 and woke[-1][0] == "fenced", f"the application woke up and was not fenced: {woke}"
+        assert "committed" not in [words[0] for words in woke]
+
+        successor = AppProcess([*common, "--pause-ms", "0", "--max-records", "500"], log_file)
+        wait_until(
+            lambda: (
+                {tp.partition: o.offset for tp, o in admin.list_consumer_group_offsets(group).items()}
+                == end_offsets(admin, source, PARTITIONS)
+            ),
+            60,
+            "the successor processes the rest of the input",
+        )
+    finally:
+        app.popen.send_signal(signal.SIGCONT)
+        app.stop()
+        if successor is not None:
+            successor.stop()
+
+    assert sum(committed_offsets.values()) < records, "the input was all processed before the freeze"
+    committed = read_topic(cluster.gateway, sink, PARTITIONS, isolation_level="read_committed", timeout_s=30)
+    for partition, found in committed.items():
+        expected = [b"%d" % i + SUFFIX for i in range(partition, records, PARTITIONS)]
+        assert [r.value for r in found] == expected, f"p{partition}: not the transformed input once each"
+    stable, high = (end_offsets(admin, sink, PARTITIONS, committed=c) for c in (True, False))
+    assert stable == high, "a transaction is still open"
