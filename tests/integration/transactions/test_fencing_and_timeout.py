@@ -201,7 +201,7 @@ def test_a_frozen_application_instance_replaced_by_a_new_one_cannot_commit_when_
         expected = [b"%d" % i + SUFFIX for i in range(partition, records, PARTITIONS)]
         got = [r.value for r in found]
         assert got == expected, f"p{partition}: not the transformed input once each, in order"
-        by_zombie = {int(r.header("txn")) for r in found if r.header("writer") == b"zombie"}
+        by_zombie = {int(r.header("txn") or -1) for r in found if r.header("writer") == b"zombie"}
         assert by_zombie <= committed_by_zombie, (
             f"p{partition}: records of the zombie's transactions {sorted(by_zombie - committed_by_zombie)} "
             f"are committed; it committed only {sorted(committed_by_zombie)} before it was frozen"

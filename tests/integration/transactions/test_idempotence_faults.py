@@ -29,12 +29,15 @@ duplicates anything depends on timing: not asserted.)
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import random
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -58,7 +61,7 @@ TOPIC_CONFIGS = {"min.insync.replicas": "2", "message.timestamp.type": "LogAppen
 #: About 100 bytes a record, and batches that hold one: a request carries as many batches of a
 #: partition as records arrived during the previous request's round trip.
 PAD = b"." * 90
-PRODUCER_SETTINGS = {
+PRODUCER_SETTINGS: dict[str, Any] = {
     "batch_size": 200,
     "linger_ms": 5,
     "request_timeout_ms": 5_000,
@@ -150,9 +153,9 @@ class History:
         with self.lock:
             return len(self.acks) + len(self.failures)
 
-    def acked(self) -> int:
+    def acked_at_least(self, count: int) -> bool:
         with self.lock:
-            return len(self.acks)
+            return len(self.acks) >= count
 
     def settled_below(self, count: int) -> bool:
         """Whether records 0 .. count - 1 are all acknowledged or failed."""
@@ -250,11 +253,11 @@ def gateway_kill_mid_append(
     frozen: list[int] = []
 
     def freeze(node: int) -> None:
-        nodes[node].signal(signal.SIGSTOP)
+        os.kill(nodes[node].pid, signal.SIGSTOP)
         frozen.append(node)
 
     def thaw(node: int) -> None:
-        nodes[node].signal(signal.SIGCONT)
+        os.kill(nodes[node].pid, signal.SIGCONT)
         frozen.remove(node)
 
     try:
@@ -376,9 +379,10 @@ def run_plan(cluster: LocalCluster, plan: Plan) -> Run:
     try:
         load.start()
         for share, kind in plan.faults:
-            wanted = int(share * plan.records)
             wait_until(
-                lambda wanted=wanted: history.acked() >= wanted, FAULT_TIMEOUT_S, f"{share:.0%} acknowledged"
+                functools.partial(history.acked_at_least, int(share * plan.records)),
+                FAULT_TIMEOUT_S,
+                f"{share:.0%} acknowledged",
             )
             if kind == "gateway-kill-mid-append":
                 fault = gateway_kill_mid_append(cluster, faults, view, load, rng)
@@ -388,9 +392,8 @@ def run_plan(cluster: LocalCluster, plan: Plan) -> Run:
                 fault = leader_kill(faults, load, rng)
             done.append(fault)
             # The records sent before the fault settle before the next one.
-            before = fault.sent_before
             wait_until(
-                lambda before=before: history.settled_below(before),
+                functools.partial(history.settled_below, fault.sent_before),
                 FAULT_TIMEOUT_S,
                 f"records sent before the {kind} settle",
             )
