@@ -154,12 +154,16 @@ class TransactionManager:
     def ensure_state(self, *allowed: TxnState) -> None:
         if self.state in allowed:
             return
+        # Chained to the failure, so an application can tell a fenced producer (close it) from
+        # a failed transaction (abort it) by the error, not by parsing the message.
         if self.state is TxnState.FATAL:
-            raise IllegalStateError(f"the producer cannot go on after a fatal error: {self._failure}")
+            raise IllegalStateError(
+                f"the producer cannot go on after a fatal error: {self._failure}"
+            ) from self._failure
         if self.state is TxnState.ABORTABLE_ERROR:
             raise IllegalStateError(
                 f"the transaction failed ({self._failure}); abort_transaction() must be called"
-            )
+            ) from self._failure
         wanted = " or ".join(s.value for s in allowed)
         raise IllegalStateError(f"the producer is {self.state.value}; this needs it {wanted}")
 

@@ -387,11 +387,12 @@ class PartitionLog:
             idempotent = batches[0].facts.producer_id >= 0
             duplicate = self._producers.check_payload([b.facts for b in batches]) if idempotent else None
             if duplicate is not None:
-                # A retry of batches already appended: answer with their offsets, write nothing.
+                # A retry of batches already appended: answer as the first append was answered
+                # (offsets, and the append time on a LogAppendTime topic), write nothing.
                 return AppendInfo(
-                    duplicate[0],
-                    duplicate[1],
-                    -1,
+                    duplicate.first_offset,
+                    duplicate.last_offset,
+                    duplicate.max_timestamp if config.log_append_time else -1,
                     sum(b.record_count for b in batches),
                     self._log_start_offset,
                     0,
@@ -408,7 +409,10 @@ class PartitionLog:
             if idempotent:
                 offset = first_offset
                 for batch in batches:
-                    self._producers.update(batch.facts, offset, offset + batch.last_offset_delta)
+                    facts = batch.facts
+                    if log_append_time >= 0:  # the timestamp stored, as a follower will read it
+                        facts = facts._replace(max_timestamp=log_append_time)
+                    self._producers.update(facts, offset, offset + batch.last_offset_delta)
                     offset += batch.last_offset_delta + 1
             info = AppendInfo(
                 first_offset,

@@ -78,6 +78,17 @@ class BatchEntry:
     last_sequence: int
     first_offset: int
     last_offset: int
+    #: The batch's max timestamp as stored (the append time on a LogAppendTime topic): a retry is
+    #: answered with it, as the first append was (-1 in snapshots older than this field).
+    max_timestamp: int = -1
+
+
+class Duplicate(NamedTuple):
+    """Where an earlier append of a retried payload went: offsets and stored max timestamp."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
 
 
 @dataclass(slots=True)
@@ -172,9 +183,9 @@ class ProducerStateManager:
             )
         return None
 
-    def check_payload(self, batches: list[BatchFacts]) -> tuple[int, int] | None:
-        """Check one producer's consecutive batches of a payload (appended as a unit); the
-        ``(first offset, last offset)`` they got earlier when the payload is a retry, else None.
+    def check_payload(self, batches: list[BatchFacts]) -> Duplicate | None:
+        """Check one producer's consecutive batches of a payload (appended as a unit); where they
+        went earlier (offsets, stored max timestamp) when the payload is a retry, else None.
 
         A retry must be a retry of all of it: the first batch a duplicate and every one after it
         a duplicate right behind it (a payload is written atomically, so a resend of the same
@@ -192,7 +203,7 @@ class ProducerStateManager:
                         f"{batches[0].base_sequence} with batches that are not all duplicates of one append"
                     )
                 last = found
-            return first.first_offset, last.last_offset
+            return Duplicate(first.first_offset, last.last_offset, last.max_timestamp)
         for before, after in itertools.pairwise(batches):
             if not in_sequence(before.last_sequence, after.base_sequence):
                 raise errors.OutOfOrderSequenceNumberError(
@@ -245,7 +256,11 @@ class ProducerStateManager:
         entry.last_timestamp = max(entry.last_timestamp, facts.max_timestamp)
         if facts.is_control:
             return self._end_transaction(entry, last_offset, bool(marker_commit), coordinator_epoch)
-        entry.batches.append(BatchEntry(facts.base_sequence, facts.last_sequence, first_offset, last_offset))
+        entry.batches.append(
+            BatchEntry(
+                facts.base_sequence, facts.last_sequence, first_offset, last_offset, facts.max_timestamp
+            )
+        )
         if facts.is_transactional and entry.transaction_first_offset is None:
             entry.transaction_first_offset = first_offset
         return None
@@ -367,7 +382,8 @@ def _entry_to_json(entry: ProducerEntry) -> dict:
         "producer_id": entry.producer_id,
         "epoch": entry.epoch,
         "batches": [
-            [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset] for b in entry.batches
+            [b.first_sequence, b.last_sequence, b.first_offset, b.last_offset, b.max_timestamp]
+            for b in entry.batches
         ],
         "last_timestamp": entry.last_timestamp,
         "transaction_first_offset": entry.transaction_first_offset,
@@ -387,8 +403,12 @@ def _read_snapshot(path: Path) -> dict[int, ProducerEntry] | None:
         entries = {}
         for item in value["producers"]:
             entry = ProducerEntry(int(item["producer_id"]), int(item["epoch"]))
-            for first_seq, last_seq, first_off, last_off in item["batches"]:
-                entry.batches.append(BatchEntry(int(first_seq), int(last_seq), int(first_off), int(last_off)))
+            for first_seq, last_seq, first_off, last_off, *timestamp in item["batches"]:
+                entry.batches.append(
+                    BatchEntry(
+                        int(first_seq), int(last_seq), int(first_off), int(last_off), *map(int, timestamp)
+                    )
+                )
             entry.last_timestamp = int(item["last_timestamp"])
             txn = item.get("transaction_first_offset")
             entry.transaction_first_offset = None if txn is None else int(txn)

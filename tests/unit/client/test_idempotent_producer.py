@@ -220,8 +220,9 @@ def test_transactions_follow_kafkas_state_machine():
         assert [m for m, _ in client.calls].count("AddPartitionsToTxn") == 1
         manager.fail_transaction(errors.NotEnoughReplicasError("2 of 3 in sync"))
         assert manager.state is TxnState.ABORTABLE_ERROR
-        with pytest.raises(IllegalStateError, match="abort_transaction"):
+        with pytest.raises(IllegalStateError, match="abort_transaction") as refused:
             manager.ensure_state(TxnState.IN_TRANSACTION)
+        assert isinstance(refused.value.__cause__, errors.NotEnoughReplicasError)
         await manager.end(commit=False)
         assert manager.state is TxnState.READY
         # The failed batch's sequence is unknown: the abort is followed by an epoch bump.
@@ -237,7 +238,9 @@ def test_transactions_follow_kafkas_state_machine():
         with pytest.raises(errors.ProducerFencedError):
             await manager.end(commit=True)
         assert manager.state is TxnState.FATAL
-        with pytest.raises(IllegalStateError, match="fatal"):
+        with pytest.raises(IllegalStateError, match="fatal") as refused:
             manager.begin()
+        # What made it fatal is the cause: an application tells "fenced, close" from the error.
+        assert isinstance(refused.value.__cause__, errors.ProducerFencedError)
 
     asyncio.run(run())

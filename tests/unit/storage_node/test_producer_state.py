@@ -113,6 +113,32 @@ def test_a_retried_batch_is_answered_with_its_first_offsets_and_not_written_agai
     assert plog.log_end_offset == end + 3
 
 
+def test_a_retry_on_a_log_append_time_topic_is_answered_with_the_first_append_time(tmp_path, clock):
+    # As Kafka's broker: the answer to a retry says what the first answer said, and what a
+    # consumer will read -- not "no timestamp", which made the client report its own clock.
+    directory = tmp_path / "t-0"
+    plog = open_log(directory, clock, config(message_timestamp_type="LogAppendTime", segment_bytes=600))
+    first = plog.append(producer_batch(2, seq=0, tag=b"x" * 40))
+    assert first.log_append_time == clock.time_ms()
+    clock.advance(5_000)
+    retry = plog.append(producer_batch(2, seq=0, tag=b"x" * 40))
+    assert retry.duplicate and retry.log_append_time == first.log_append_time
+    [stored] = [b.max_timestamp for b in iter_batches(read_all(plog))]
+    assert stored == first.log_append_time
+    for i in range(1, 6):  # rolls segments: the state is snapshotted, then reloaded after a crash
+        plog.append(producer_batch(2, seq=2 * i, tag=b"x" * 40))
+    last = plog.append(producer_batch(2, seq=12, tag=b"x" * 40))
+    crashed = open_log(directory, clock, config(message_timestamp_type="LogAppendTime", segment_bytes=600))
+    clock.advance(5_000)
+    assert crashed.append(producer_batch(2, seq=12, tag=b"x" * 40)).log_append_time == last.log_append_time
+    crashed.close()  # a snapshot at the log end: the state below comes from it alone
+    reopened = open_log(directory, clock, config(message_timestamp_type="LogAppendTime", segment_bytes=600))
+    assert reopened.append(producer_batch(2, seq=12, tag=b"x" * 40)).log_append_time == last.log_append_time
+    created = open_log(tmp_path / "u-0", clock)  # CreateTime: no broker time to report
+    created.append(producer_batch(1))
+    assert created.append(producer_batch(1)).log_append_time == -1
+
+
 def test_the_state_survives_a_crash_and_a_clean_restart(tmp_path, clock):
     directory = tmp_path / "t-0"
     plog = open_log(directory, clock, config(segment_bytes=600))
