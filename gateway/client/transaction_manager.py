@@ -157,6 +157,12 @@ class TransactionManager:
         # Chained to the failure, so an application can tell a fenced producer (close it) from
         # a failed transaction (abort it) by the error, not by parsing the message.
         if self.state is TxnState.FATAL:
+            if isinstance(self._failure, errors.ProducerFencedError | errors.InvalidProducerEpochError):
+                # Kafka's producer throws ProducerFencedException here: close, do not abort.
+                raise errors.ProducerFencedError(
+                    f"a newer instance with transactional id {self.transactional_id!r} took over "
+                    f"({self._failure}); close this producer"
+                ) from self._failure
             raise IllegalStateError(
                 f"the producer cannot go on after a fatal error: {self._failure}"
             ) from self._failure

@@ -238,9 +238,9 @@ def test_transactions_follow_kafkas_state_machine():
         with pytest.raises(errors.ProducerFencedError):
             await manager.end(commit=True)
         assert manager.state is TxnState.FATAL
-        with pytest.raises(IllegalStateError, match="fatal") as refused:
+        # Fenced: every later call raises ProducerFencedError (Kafka's), caused by the fencing.
+        with pytest.raises(errors.ProducerFencedError, match="close this producer") as refused:
             manager.begin()
-        # What made it fatal is the cause: an application tells "fenced, close" from the error.
         assert isinstance(refused.value.__cause__, errors.ProducerFencedError)
 
     asyncio.run(run())
