@@ -16,9 +16,8 @@ Rules:
   survives retries).
 * A drain takes, per ready partition, the first batch and the complete ones behind it, up to
   ``max_request_size`` per request, and rotates where it starts so no partition starves. For an
-  idempotent producer a retried batch goes alone, and other batches at most
-  ``IDEMPOTENT_BATCHES_PER_PARTITION`` (5) per partition: what a leader remembers to recognise
-  each of them when retried.
+  idempotent producer a retried batch goes alone (a partition leader remembers a request's
+  batches as one run, so it recognises each of them retried alone: producer_state.py).
 * Buffer memory is reserved per record before it is appended and released when its batch
   completes (acknowledged or failed for good); :class:`BufferPool` blocks the appender, or makes
   it wait asynchronously, while the buffer is full.
@@ -246,13 +245,6 @@ class ReadyCheck:
 #: A drained request: the topic and, per partition, the batches to send in order.
 RequestPlan = tuple[str, dict[int, list[ProducerBatch]]]
 
-#: Most batches of one partition an idempotent producer puts in one request: the batches a
-#: partition leader remembers per producer to recognise retries (Kafka's 5, the storage node's
-#: ``producer_state.BATCHES_KEPT``). A request whose answer is lost is retried batch by batch, and
-#: each retry must find its batch among those the leader remembers: the first of a longer request
-#: would be forgotten, refused as out of sequence, and the whole request written again.
-IDEMPOTENT_BATCHES_PER_PARTITION = 5
-
 
 class RecordAccumulator:
     """Per-partition queues of :class:`ProducerBatch`. See the module docstring for the rules."""
@@ -269,8 +261,7 @@ class RecordAccumulator:
         self.batch_size = max(1, batch_size)
         #: An idempotent producer sends a retried batch in a request of its own: then a retry is
         #: always a whole earlier append or none of it, which the leader can tell (see
-        #: transaction_manager.py); and at most IDEMPOTENT_BATCHES_PER_PARTITION batches of a
-        #: partition in one request, so the leader still remembers each when it is retried.
+        #: transaction_manager.py).
         self.retried_alone = retried_alone
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
@@ -438,13 +429,7 @@ class RecordAccumulator:
             if (
                 taken
                 and self.retried_alone
-                and (
-                    batch.attempts
-                    or taken[0].attempts
-                    or batch.prebuilt
-                    or taken[0].prebuilt
-                    or len(taken) >= IDEMPOTENT_BATCHES_PER_PARTITION
-                )
+                and (batch.attempts or taken[0].attempts or batch.prebuilt or taken[0].prebuilt)
             ):
                 break
             if taken:

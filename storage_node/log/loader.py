@@ -141,7 +141,9 @@ def load_log(
 def _sixth_pass_producer_state(
     ctx: _Context, segments: list[Segment], next_offset: int, topic: str, partition: int
 ) -> tuple[ProducerStateManager, AbortedTransactions]:
-    producers = ProducerStateManager(ctx.directory, files.partition_dir_name(topic, partition))
+    producers = ProducerStateManager(
+        ctx.directory, files.partition_dir_name(topic, partition), log_append_time=ctx.config.log_append_time
+    )
     producers.delete_snapshots(above=next_offset)
     start = producers.load(next_offset)
     aborted = AbortedTransactions.load(ctx.directory)

@@ -289,6 +289,7 @@ class PartitionLog:
         """Apply new topic configs; they take effect from the next append, roll or retention pass."""
         with self._lock:
             self._config = config
+            self._producers.log_append_time = config.log_append_time
             for segment in self._segments:
                 segment.update_config(config)
 

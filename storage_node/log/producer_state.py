@@ -1,12 +1,18 @@
 """Producer state of one partition: idempotence and transactions (Kafka's ``ProducerStateManager``).
 
 For every producer id that wrote to the partition, the state keeps its epoch, the sequence ranges
-and offsets of its last :data:`BATCHES_KEPT` batches, the time of its last write, and -- while it
-has a transaction open on the partition -- the offset where that transaction began. From it:
+and offsets of its last :data:`BATCHES_KEPT` runs of batches, the time of its last write, and --
+while it has a transaction open on the partition -- the offset where that transaction began.
+A *run* is batches that follow each other in both sequence and offset (one request's batches
+always do: a payload is appended as a unit), kept as one range: a request of many batches is
+remembered whole, so the retry of any batch of it -- producers retry a lost request batch by
+batch -- is recognised, where Kafka's one-entry-per-batch window of 5 would have forgotten its
+first batches. From it:
 
 * **idempotence**: a leader checks each producer batch before appending it
-  (:meth:`ProducerStateManager.check`): a batch seen before (same epoch and sequence range) is a
-  retry and is answered with the offsets it got the first time; a gap in the sequence is
+  (:meth:`ProducerStateManager.check`): a batch seen before (same epoch, its sequence range
+  within a remembered run) is a retry and is answered with the offsets it got the first time
+  (sequences and offsets advance together within a run); a gap in the sequence is
   OUT_OF_ORDER_SEQUENCE_NUMBER; an older epoch INVALID_PRODUCER_EPOCH; a producer the partition has
   no state for that does not start at sequence 0, UNKNOWN_PRODUCER_ID (KIP-360: the producer bumps
   its epoch and starts again);
@@ -48,7 +54,7 @@ from storage_node.log import checkpoint
 
 log = logging.getLogger(__name__)
 
-#: Batches remembered per producer for duplicate detection: Kafka's 5 (max in-flight requests).
+#: Runs of batches remembered per producer for duplicate detection (Kafka keeps 5 batches).
 BATCHES_KEPT = 5
 SNAPSHOT_SUFFIX = ".snapshot"
 _SNAPSHOT_VERSION = 1
@@ -109,12 +115,45 @@ class ProducerEntry:
         return self.batches[-1].last_sequence if self.batches else -1
 
     def find_duplicate(self, facts: BatchFacts) -> BatchEntry | None:
+        """The earlier append of ``facts``' sequence range: a remembered run holding it, narrowed
+        to the batch (offsets advance with sequences within a run)."""
         if facts.producer_epoch != self.epoch:
             return None
+        first, last = facts.base_sequence, facts.last_sequence
         for entry in self.batches:
-            if entry.first_sequence == facts.base_sequence and entry.last_sequence == facts.last_sequence:
+            if entry.first_sequence == first and entry.last_sequence == last:
                 return entry
+            if entry.first_sequence <= first <= last <= entry.last_sequence:  # runs never wrap
+                return BatchEntry(
+                    first,
+                    last,
+                    entry.first_offset + (first - entry.first_sequence),
+                    entry.first_offset + (last - entry.first_sequence),
+                    entry.max_timestamp,
+                )
         return None
+
+    def remember(self, batch: BatchEntry, *, same_time_only: bool) -> None:
+        """Add an appended batch, extending the last run when it follows it in sequence and offset
+        (and, with ``same_time_only``, was stamped with the same time: on a LogAppendTime topic a
+        retry is answered with its batch's append time)."""
+        if self.batches:
+            run = self.batches[-1]
+            if (
+                run.first_sequence <= run.last_sequence < batch.first_sequence <= batch.last_sequence
+                and batch.first_sequence == run.last_sequence + 1
+                and batch.first_offset == run.last_offset + 1
+                and (not same_time_only or batch.max_timestamp == run.max_timestamp)
+            ):
+                self.batches[-1] = BatchEntry(
+                    run.first_sequence,
+                    batch.last_sequence,
+                    run.first_offset,
+                    batch.last_offset,
+                    max(run.max_timestamp, batch.max_timestamp),
+                )
+                return
+        self.batches.append(batch)
 
 
 class AbortedTransaction(NamedTuple):
@@ -133,9 +172,13 @@ def in_sequence(last_sequence: int, next_sequence: int) -> bool:
 class ProducerStateManager:
     """The producer state of one partition. See the module docstring."""
 
-    def __init__(self, directory: Path | None, partition_name: str = "") -> None:
+    def __init__(
+        self, directory: Path | None, partition_name: str = "", *, log_append_time: bool = False
+    ) -> None:
         self._directory = directory
         self._name = partition_name
+        #: The topic stamps batches with their append time: runs join only batches of one time.
+        self.log_append_time = log_append_time
         self.producers: dict[int, ProducerEntry] = {}
         #: The offset up to which the state reflects the log (the next offset to apply).
         self.map_end_offset = 0
@@ -256,10 +299,11 @@ class ProducerStateManager:
         entry.last_timestamp = max(entry.last_timestamp, facts.max_timestamp)
         if facts.is_control:
             return self._end_transaction(entry, last_offset, bool(marker_commit), coordinator_epoch)
-        entry.batches.append(
+        entry.remember(
             BatchEntry(
                 facts.base_sequence, facts.last_sequence, first_offset, last_offset, facts.max_timestamp
-            )
+            ),
+            same_time_only=self.log_append_time,
         )
         if facts.is_transactional and entry.transaction_first_offset is None:
             entry.transaction_first_offset = first_offset

@@ -109,24 +109,6 @@ def test_drain_respects_max_requests():
     assert len(acc.ready(T0).ready) == 1
 
 
-def test_an_idempotent_request_carries_no_more_batches_of_a_partition_than_a_leader_remembers():
-    # A lost answer is retried batch by batch; the leader recognises a retry only among the last
-    # 5 batches it wrote for the producer, so a request of 6 would have its first batch refused
-    # as out of sequence and be written again whole.
-    acc = RecordAccumulator(batch_size=100, linger_ms=0, retried_alone=True)
-    for i in range(12):
-        append(acc, value=bytes([i]) * 40)
-        append(acc, TP1, value=bytes([i]) * 40)
-    plans = acc.drain([TP0, TP1], T0, max_request_size=10**6, max_requests=10)
-    assert [len(batches) for batches in plans[0][1].values()] == [5, 5]
-    rest = acc.drain([TP0], T0, max_request_size=10**6, max_requests=10)[0][1][0]
-    assert [r.value[0] for b in rest for r in records_of(b)] == list(range(5, 10)), "the next five, in order"
-    plain = RecordAccumulator(batch_size=100, linger_ms=0)
-    for i in range(12):
-        append(plain, value=bytes([i]) * 40)
-    assert len(plain.drain([TP0], T0, max_request_size=10**6, max_requests=10)[0][1][0]) == 12
-
-
 def test_reenqueue_puts_batches_back_in_front_in_order_and_backs_off():
     acc = RecordAccumulator(batch_size=100, linger_ms=0)
     for i in range(3):

@@ -38,19 +38,47 @@ def plog(tmp_path, clock):
 # ---- the pure state ---------------------------------------------------------------------------
 
 
-def test_sequences_must_follow_and_duplicates_of_the_last_five_batches_are_recognised():
+def test_sequences_must_follow_and_duplicates_of_the_last_five_runs_are_recognised():
     state = ProducerStateManager(None)
     assert state.check(facts(0, 3)) is None
     state.update(facts(0, 3), 0, 2)
     for n in range(1, 6):
-        state.update(facts(3 * n, 3), 3 * n, 3 * n + 2)
-    # the oldest kept batch is the second one; the first fell out of the window of five
-    assert state.check(facts(3, 3)).first_offset == 3
+        # another producer's record between each two: every batch starts a run of its own
+        state.update(facts(3 * n, 3), 4 * n, 4 * n + 2)
+    # the oldest kept run is the second batch; the first fell out of the window of five
+    assert state.check(facts(3, 3)).first_offset == 4
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         state.check(facts(0, 3))
     with pytest.raises(errors.OutOfOrderSequenceNumberError, match="sent sequence 19 after 17"):
         state.check(facts(19))
     assert state.check(facts(18)) is None
+
+
+def test_a_request_of_many_batches_is_one_run_so_each_batch_retried_alone_is_recognised():
+    # A producer sends 40 batches of 3 records in one request (offsets follow sequences), its
+    # answer is lost, and it retries batch by batch: every one is a duplicate with its offsets.
+    state = ProducerStateManager(None)
+    for n in range(40):
+        state.check(facts(3 * n, 3))
+        state.update(facts(3 * n, 3), 100 + 3 * n, 100 + 3 * n + 2)
+    for n in (0, 17, 39):
+        duplicate = state.check(facts(3 * n, 3))
+        assert (duplicate.first_offset, duplicate.last_offset) == (100 + 3 * n, 102 + 3 * n)
+    first, last = state.check_payload([facts(0, 3), facts(3, 3)])[:2]
+    assert (first, last) == (100, 105)
+    with pytest.raises(errors.OutOfOrderSequenceNumberError):
+        state.check(facts(121))  # a gap after the run
+    assert state.check(facts(120)) is None
+
+
+def test_on_a_log_append_time_topic_runs_join_only_batches_stamped_alike():
+    state = ProducerStateManager(None, log_append_time=True)
+    state.update(BatchFacts(PID, 0, 0, 2, False, False, 5_000), 0, 1)
+    state.update(BatchFacts(PID, 0, 2, 2, False, False, 5_000), 2, 3)  # same append
+    state.update(BatchFacts(PID, 0, 4, 2, False, False, 6_000), 4, 5)  # a later append
+    assert state.check(BatchFacts(PID, 0, 2, 2, False, False, 1)).max_timestamp == 5_000
+    assert state.check(BatchFacts(PID, 0, 4, 2, False, False, 1)).max_timestamp == 6_000
+    assert len(state.producers[PID].batches) == 2
 
 
 def test_epochs_unknown_producers_and_wrapping_sequences():
