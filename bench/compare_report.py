@@ -393,51 +393,52 @@ def profile_section(profile: dict | None) -> list[str]:
 LEVERS = {
     "unbatched": (
         "One record per request costs one gRPC message per record, and gRPC Python bounds that before any of "
-        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, no "
-        "Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded stack on "
-        "this machine. The gateway reaches about half of that with its real work behind it; py-spy puts ~90% of "
-        "its time in grpc's own machinery (stream reads and writes, the poller thread, the unary `Append` to the "
-        "storage node), and the SDK no longer waits for acks=0 answers, so the client is not the limit. The "
-        "paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture decision, ARCHITECTURE "
-        "section 3 routes produce through `Gateway.Produce`): a produce path that is not one gRPC message per "
-        "record -- a raw TCP produce port with the fetch port's framing (acks=0 unanswered, as in Kafka), or "
-        "clients that write to the partition leader's storage node directly, as Kafka clients do -- keeping "
-        "gRPC for other languages."
+        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, "
+        "no Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded "
+        "stack on this machine. The gateway reaches about half of that with its real work behind it; py-spy "
+        "puts ~90% of its time in grpc's own machinery (stream reads and writes, the poller thread, the "
+        "unary `Append` to the storage node), and the SDK no longer waits for acks=0 answers, so the client "
+        "is not the limit. The paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture "
+        "decision, ARCHITECTURE section 3 routes produce through `Gateway.Produce`): a produce path that is "
+        "not one gRPC message per record -- a raw TCP produce port with the fetch port's framing (acks=0 "
+        "unanswered, as in Kafka), or clients that write to the partition leader's storage node directly, as "
+        "Kafka clients do -- keeping gRPC for other languages."
     ),
     "batched": (
-        "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round trip "
-        "per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
-        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the gateway), "
-        "not on the record codec (now C). The peers ahead answer from one process (Redis: in memory, one round "
-        "trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited (the paper's "
-        "setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 requests/s of 50. "
-        "Next lever: the same as unbatched, plus a long-lived gateway -> storage stream instead of a unary "
-        "call per request."
+        "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round "
+        "trip per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
+        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the "
+        "gateway), not on the record codec (now C). The peers ahead answer from one process (Redis: in "
+        "memory, one round trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited "
+        "(the paper's setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 "
+        "requests/s of 50. Next lever: the same as unbatched, plus a long-lived gateway -> storage stream "
+        "instead of a unary call per request."
     ),
     "consume": (
-        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the record "
-        "walk and decode are C since this run's codec accelerator); the storage node serves the bytes with "
-        "sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched batch, a value "
-        "materialized when the application touches it) and build the ConsumerRecord tuples in C too."
+        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the "
+        "record walk and decode are C since this run's codec accelerator); the storage node serves the bytes "
+        "with sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched "
+        "batch, a value materialized when the application touches it) and build the ConsumerRecord tuples in "
+        "C too."
     ),
     "latency": (
-        "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage node, "
-        "then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each hop is an "
-        "asyncio wake-up on a shared 2-core machine, and the peers are one server process. Next lever: serve the "
-        "consumer's long poll from the storage node's fetch port directly (the SDK already speaks it), taking the "
-        "gateway hop out of the fetch path, and wake it from the append."
+        "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage "
+        "node, then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each "
+        "hop is an asyncio wake-up on a shared 2-core machine, and the peers are one server process. Next "
+        "lever: serve the consumer's long poll from the storage node's fetch port directly (the SDK already "
+        "speaks it), taking the gateway hop out of the fetch path, and wake it from the append."
     ),
     "retained": (
-        "Tributary's produce and consume rates do not fall as the retained log grows (the paper's claim holds: "
-        "compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB too, so the "
-        "lever is the one for the plain produce / consume rows."
+        "Tributary's produce and consume rates do not fall as the retained log grows (the paper's claim "
+        "holds: compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB "
+        "too, so the lever is the one for the plain produce / consume rows."
     ),
     "partitions": (
         "Produce with many partitions is the per-request gRPC cost again (timed flushes already run on the "
         "background tick, never inside an append; compare the row without flush.ms). Consume: one consumer "
-        "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from the "
-        "gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: only "
-        "partitions with data in the response) and one fetch-port request per storage node for all its "
+        "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from "
+        "the gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: "
+        "only partitions with data in the response) and one fetch-port request per storage node for all its "
         "partitions."
     ),
 }
@@ -562,36 +563,38 @@ def write(
     out: list[str] = []
     add = out.append
     add(
-        "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis Streams"
+        "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis "
+        "Streams"
     )
     add("")
     add(
-        f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: "
-        f"200-byte messages, {sizes['messages']:,} per produce experiment, {sizes.get('consume_messages', 0):,} "
-        f"for the consume experiment, {sizes.get('retained_messages', 0):,} for the retained-data and "
+        f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: 200-byte "
+        f"messages, {sizes['messages']:,} per produce experiment, {sizes.get('consume_messages', 0):,} for "
+        f"the consume experiment, {sizes.get('retained_messages', 0):,} for the retained-data and "
         f"{sizes.get('partition_messages', 0):,} for the partition experiments; the same payloads for every "
-        f"broker, each broker alone on loopback on this machine, one after the other. Retained-data levels "
-        f"{', '.join(f'{v:,} MB' for v in sizes['retained_mb'])}; partitions {', '.join(map(str, sizes['partitions']))}; "
-        f"latency at {', '.join(f'{r:,}' for r in sizes['rates'])} msg/s. Every message of every produce row was read "
-        "back and its count and checksum (sum of CRC-32s) checked; a row that did not check out shows its error "
-        "instead of a number."
+        "broker, each broker alone on loopback on this machine, one after the other. Retained-data levels "
+        f"{', '.join(f'{v:,} MB' for v in sizes['retained_mb'])}; partitions "
+        f"{', '.join(map(str, sizes['partitions']))}; latency at "
+        f"{', '.join(f'{r:,}' for r in sizes['rates'])} msg/s. Every message of every produce row was read "
+        "back and its count and checksum (sum of CRC-32s) checked; a row that did not check out shows its "
+        "error instead of a number."
     )
     add("")
     add("## Headline")
     add("")
     add(
-        "msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ Tributary's "
-        'ms), so above 1.00× means Tributary is ahead. "Tributary ÷ best peer" is the smallest of those ratios. '
-        f"† = measured over less than {SHORT_S} s (the message count is small for that broker's speed): on this "
-        "shared machine such a figure moves by ±30% between runs; rerun with a larger `--messages` / `--full` "
-        "to pin it down."
+        "msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ "
+        'Tributary\'s ms), so above 1.00× means Tributary is ahead. "Tributary ÷ best peer" is the smallest '
+        f"of those ratios. † = measured over less than {SHORT_S} s (the message count is small for that "
+        "broker's speed): on this shared machine such a figure moves by ±30% between runs; rerun with a "
+        "larger `--messages` / `--full` to pin it down."
     )
     add("")
     out.extend(headline_table(res, rows))
     add("")
     add(
-        "Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two machines "
-        "over 1 Gb; here: everything on one shared 2-core VM):"
+        "Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two "
+        "machines over 1 Gb; here: everything on one shared 2-core VM):"
     )
     add("")
     add("| experiment | Tributary row | Tributary msg/s | Kafka 2011 | ratio | met? |")
@@ -614,9 +617,10 @@ def write(
     add("## Targets")
     add("")
     met_rows = [r for r in rows if r["met"] is True]
+    any_na = any(r["met"] is None for r in rows)
     add(
         f"Ahead of every peer in {len(met_rows)} of {len(rows)} comparable rows"
-        f"{'' if not [r for r in rows if r['met'] is None] else ' (rows marked n/a lack a number for Tributary or a peer)'}; "
+        f"{' (rows marked n/a lack a number for Tributary or a peer)' if any_na else ''}; "
         f"ahead of the paper's Kafka in {3 - len(paper_misses)} of 3."
     )
     add("")
@@ -697,9 +701,9 @@ def write(
         add(f"![latency]({images['latency']})")
         add("")
     add(
-        "Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); the "
-        "producer sends one at a time at the target rate, a consumer subscribed before the first probe records "
-        "its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll."
+        "Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); "
+        "the producer sends one at a time at the target rate, a consumer subscribed before the first probe "
+        "records its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll."
     )
     add("")
     add("| broker | target rate | sent at | probes | p50 ms | p99 ms | p99.9 ms | max ms |")
@@ -714,8 +718,9 @@ def write(
                 continue
             e = r.extra
             add(
-                f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | {fmt_ms(e['p50_ms'])} | "
-                f"{fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | {fmt_ms(e['max_ms'])} |"
+                f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | "
+                f"{fmt_ms(e['p50_ms'])} | {fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | "
+                f"{fmt_ms(e['max_ms'])} |"
             )
     add("")
     add("## Throughput as the retained log grows")
@@ -757,10 +762,10 @@ def write(
         add(f"![partitions]({images['partitions']})")
         add("")
     add(
-        "A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream key. "
-        f"max({sizes.get('partition_messages', sizes['messages']):,}, 100 × partitions) messages, batches of 50 "
-        "round-robin over the partitions, "
-        "one batch in flight; one consumer reads all partitions."
+        "A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream "
+        f"key. max({sizes.get('partition_messages', sizes['messages']):,}, 100 × partitions) messages, "
+        "batches of 50 round-robin over the partitions, one batch in flight; one consumer reads all "
+        "partitions."
     )
     add("")
     add(
@@ -789,10 +794,10 @@ def write(
     add(f"- {machine.get('platform')}, Python {machine.get('python')}")
     la0, la1 = machine.get("loadavg_start", (0, 0, 0)), machine.get("loadavg_end", (0, 0, 0))
     add(
-        f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end "
-        f"{la1[0]:.2f} / {la1[1]:.2f} / {la1[2]:.2f}. The machine is shared with other engineers' test runs, so "
-        "part of the CPU went elsewhere during this run; every broker saw the same conditions only "
-        "approximately (per-broker load averages below)."
+        f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end {la1[0]:.2f} / "
+        f"{la1[1]:.2f} / {la1[2]:.2f}. The machine is shared with other engineers' test runs, so part of the "
+        "CPU went elsewhere during this run; every broker saw the same conditions only approximately "
+        "(per-broker load averages below)."
     )
     add("")
     add("## Brokers, clients, settings")
@@ -827,22 +832,23 @@ def write(
             add(f"- {TITLES.get(r.peer, r.peer)}, {r.label}: `{r.error.splitlines()[0][:300]}`")
         add("")
     add(
-        "Install what the benchmark needs (it does this itself when something is missing and it runs as root):"
+        "Install what the benchmark needs (it does this itself when something is missing and it runs as "
+        "root):"
     )
     add("")
     add("```")
     add("apt-get install -y --no-install-recommends rabbitmq-server activemq nats-server redis-server")
     add(
         "apt-get install -y --no-install-recommends libgrpc-java protobuf-compiler-grpc-java-plugin "
-        "libprotobuf-java protobuf-compiler libnetty-java libperfmark-java libgeronimo-annotation-1.3-spec-java"
-        "   # the Java stub client"
+        "libprotobuf-java protobuf-compiler libnetty-java libperfmark-java "
+        "libgeronimo-annotation-1.3-spec-java   # the Java stub client"
     )
     add(".venv/bin/pip install pika stomp.py nats-py redis hiredis matplotlib py-spy")
     add("```")
     add("")
     add(
-        f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time series: "
-        f"`{path.with_suffix('.json').name}`."
+        f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time "
+        f"series: `{path.with_suffix('.json').name}`."
     )
     add("")
     path.write_text("\n".join(out))

@@ -222,7 +222,8 @@ def report_create(cluster: BenchCluster, args: argparse.Namespace) -> None:
     create1 = bench_create(cluster, args.partitions, 1)
     create3 = bench_create(cluster, args.partitions, rf3)
     print(
-        f"create {args.partitions} partitions, rf 1: {create1:.2f}s ({args.partitions / create1:.0f} partitions/s)"
+        f"create {args.partitions} partitions, rf 1: {create1:.2f}s "
+        f"({args.partitions / create1:.0f} partitions/s)"
     )
     print(
         f"create {args.partitions} partitions, rf {rf3}: {create3:.2f}s "

@@ -262,7 +262,8 @@ def report_rebalance(name: str, results: list[dict], session_ms: int) -> None:
     for key in ("detect", "handoff", "total"):
         print(f"  {key:8} {_summary([r[key] for r in results])}")
     print(
-        f"  partitions revoked from survivors per trial: median {statistics.median(r['revoked'] for r in results):.0f}"
+        "  partitions revoked from survivors per trial: median "
+        f"{statistics.median(r['revoked'] for r in results):.0f}"
     )
 
 
@@ -287,8 +288,8 @@ async def main_async(args: argparse.Namespace, address: str) -> None:
         for concurrency in args.concurrency:
             result = await commit_rate(address, concurrency=concurrency, seconds=args.commit_seconds)
             print(
-                f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms   "
-                f"p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}"
+                f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms "
+                f"  p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}"
             )
 
 

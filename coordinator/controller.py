@@ -818,7 +818,8 @@ def ensure_no_collision(state: MetadataState, name: str) -> None:
     for other in state.topics:
         if other.replace(".", "_") == normalized:
             raise errors.InvalidTopicError(
-                f"Topic '{name}' collides with existing topic: {other} (a '.' and a '_' are the same in metric names)"
+                f"Topic '{name}' collides with existing topic: {other} "
+                "(a '.' and a '_' are the same in metric names)"
             )
 
 

@@ -15,7 +15,8 @@
 * batched: client-built RecordBatch v2 of exactly 50 records, one batch per request, ``acks=1``
   and one request in flight per partition (the SDK mutes a partition while its batch is in
   flight; ``max_in_flight=2`` -- with 1 the SDK's sender stalls, see ``produce_unbatched``): the
-  broker acknowledges each batch before the next goes, as every peer's batched mode. ``acks=0`` with 16 in flight is the paper's Kafka setting (reported too).
+  broker acknowledges each batch before the next goes, as every peer's batched mode. ``acks=0``
+  with 16 in flight is the paper's Kafka setting (reported too).
 * consume: ``Consumer`` with manual assignment, 200 KB fetches (``max_partition_fetch_bytes`` =
   ``fetch_max_bytes``), up to 1,000 records per poll, records decoded and CRC-checked in the client.
 """

@@ -147,7 +147,8 @@ class GroupState:
                 f"static member {instance_id or self.fenced.get(member_id)}"
             )
         raise errors.UnknownMemberIdError(
-            f"member {member_id!r} is not in group {self.group_id} (it left, timed out or was removed); join again"
+            f"member {member_id!r} is not in group {self.group_id} "
+            "(it left, timed out or was removed); join again"
         )
 
     def poll_expired(self, member_id: str) -> bool:
@@ -400,8 +401,8 @@ class GroupState:
         self.ensure_member(member_id, instance_id)
         if generation != self.generation:
             raise errors.IllegalGenerationError(
-                f"generation {generation} is not group {self.group_id}'s current generation {self.generation}; "
-                "heartbeat to learn the new one"
+                f"generation {generation} is not group {self.group_id}'s current generation "
+                f"{self.generation}; heartbeat to learn the new one"
             )
 
     def commit_conflict(self, member_id: str, tp: TopicPartition) -> str | None:

@@ -122,8 +122,8 @@ class BufferPool:
 
     def _timeout(self, size: int, timeout_s: float) -> RequestTimedOutError:
         return RequestTimedOutError(
-            f"failed to allocate {size} bytes of buffer_memory within max_block_ms ({timeout_s * 1000:.0f} ms); "
-            f"{self._available} of {self.total_bytes} free"
+            f"failed to allocate {size} bytes of buffer_memory within max_block_ms "
+            f"({timeout_s * 1000:.0f} ms); {self._available} of {self.total_bytes} free"
         )
 
 
