@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -127,7 +128,7 @@ def walk_ours(fetch_buffer: bytes) -> int:
     count = 0
     for view in iter_batches(fetch_buffer):
         view.validate()
-        for record in view:
+        for _record in view:
             count += 1
     return count
 
@@ -201,8 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             if decode_kafka_python(encoded) != value_bytes:
                 raise RuntimeError("interop check failed: our batch read back wrong by kafka-python")
             for direction, ours, theirs in (
-                ("encode", lambda: encode_ours(batches, codec), lambda: encode_kafka_python(batches, codec)),
-                ("decode", lambda: decode_ours(encoded), lambda: decode_kafka_python(encoded)),
+                (
+                    "encode",
+                    partial(encode_ours, batches, codec),
+                    partial(encode_kafka_python, batches, codec),
+                ),
+                ("decode", partial(decode_ours, encoded), partial(decode_kafka_python, encoded)),
             ):
                 ours_s, theirs_s = _best_interleaved([ours, theirs], args.repeat)
                 case = f"{direction} {codec.name.lower()} x{batch_size}"

@@ -147,7 +147,10 @@ def headline_table(res: Results, rows: list[dict]) -> list[str]:
     for row in rows:
         fmt = fmt_rate if row["kind"] == "rate" else fmt_ms
         short = row.get("short", {})
-        mark = lambda peer: "†" if short.get(peer) else ""  # noqa: E731
+
+        def mark(peer: str, short: dict = short) -> str:
+            return "†" if short.get(peer) else ""
+
         cells = [row["label"], f"**{fmt(row['values'].get('tributary'))}**{mark('tributary')}"]
         for peer in res.others:
             value = row["values"].get(peer)
@@ -632,7 +635,7 @@ def write(
                 f"{TITLES[p]} ({fmt_ratio(v)})" for p, v in row["ratios"].items() if v is not None and v < 1.0
             ]
             add(f"- **{row['label']}** — behind {', '.join(behind)}.")
-        for label, experiment, value, target in paper_misses:
+        for label, _experiment, value, target in paper_misses:
             add(f"- **{label}** vs Kafka 2011 — {fmt_rate(value)} of {target:,} msg/s.")
         add("")
         add("Where the time goes and the next lever, per missed experiment (profile below):")

@@ -273,9 +273,8 @@ class Tributary(Peer):
                 for value in payloads[k : k + batch]:
                     futures.append(producer.send(topic, value, partition=partition))
                 # counted when the broker acknowledges the batch (on the producer's I/O thread)
-                futures[-1].add_callback(
-                    lambda _metadata, size=min(batch, len(payloads) - k): meter.add(size)
-                )
+                sent = min(batch, len(payloads) - k)
+                futures[-1].add_callback(lambda _metadata, sent=sent: meter.add(sent))
             producer.flush(timeout=600)
             if acks == 0:
                 self._barrier(dest, expected, admin)

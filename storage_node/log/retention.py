@@ -11,6 +11,7 @@ Pure functions of their inputs: time comes in as ``now_ms`` from the injected cl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -78,7 +79,7 @@ def deletable_segments(
     base offset <= high watermark): retention must not delete records not yet committed.
     """
     deletable: list[RetainedSegment] = []
-    for segment, next_segment in zip(segments, segments[1:]):
+    for segment, next_segment in itertools.pairwise(segments):
         if next_segment.base_offset > high_watermark or not should_delete(segment, next_segment):
             break
         deletable.append(segment)

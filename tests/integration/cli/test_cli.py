@@ -134,7 +134,7 @@ def test_produce_and_consume_round_trip(data_dir):
         assert record["headers"] == [["source", "cli"]]
         assert record["partition"] == partition_for_key(record["key"].encode(), 4)
         by_partition[record["partition"]].append(record)
-    for partition, items in by_partition.items():
+    for items in by_partition.values():
         assert [r["offset"] for r in items] == list(range(len(items)))
     expected = defaultdict(list)
     for line in lines:

@@ -46,9 +46,11 @@ def poll_error(consumer: Consumer, timeout_s: float = 15.0) -> BaseException:
 
 
 def test_unknown_topic(servers, admin, make_topic):
-    with Producer(servers=servers, max_block_ms=1500) as producer:
-        with pytest.raises(UnknownTopicOrPartitionError) as produced:
-            producer.send("no-such-topic", b"x")
+    with (
+        Producer(servers=servers, max_block_ms=1500) as producer,
+        pytest.raises(UnknownTopicOrPartitionError) as produced,
+    ):
+        producer.send("no-such-topic", b"x")
     assert produced.value.reason == "UNKNOWN_TOPIC_OR_PARTITION" and produced.value.retriable
     with Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition("no-such-topic", 0)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 
@@ -88,7 +89,7 @@ def test_null_keys_spread_over_partitions_in_sticky_batches(servers, make_topic)
         producer.flush()
     partitions = [f.get(0).partition for f in futures]
     assert len(set(partitions)) > 1, "a full batch moves the sticky partition on"
-    switches = sum(1 for a, b in zip(partitions, partitions[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(partitions) if a != b)
     assert switches < 100, "but records stick to a partition for a whole batch"
 
 

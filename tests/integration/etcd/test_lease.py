@@ -67,7 +67,9 @@ def test_keep_alive_reports_loss_when_the_lease_is_revoked_elsewhere(etcd_client
         async with etcd_client as client, client.with_prefix(client.prefix) as other:
             losses: list[tuple[Lease, str]] = []
             lease = await client.grant_lease(1)
-            async with client.keep_alive(lease, on_lost=lambda l, r: losses.append((l, r))) as keep_alive:
+            async with client.keep_alive(
+                lease, on_lost=lambda lost, reason: losses.append((lost, reason))
+            ) as keep_alive:
                 await asyncio.sleep(0.5)
                 assert not keep_alive.lost.is_set()
                 await other.revoke_lease(lease.id)

@@ -180,7 +180,7 @@ def test_member_that_stops_polling_is_removed(cluster, members):
     stuck.stop()
     stuck.polled = False  # its heartbeat thread runs, the application does not poll
     deadline = time.monotonic() + 5
-    with pytest.raises(errors.UnknownMemberIdError, match="max.poll.interval.ms"):
+    with pytest.raises(errors.UnknownMemberIdError, match=r"max\.poll\.interval\.ms"):
         while time.monotonic() < deadline:  # heartbeats keep the session alive, but say "not polled"
             stuck.heartbeat()
             time.sleep(0.3)
