@@ -673,7 +673,7 @@ def machine_info(data_dir: Path) -> dict:
 # ---- main -------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -716,10 +716,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render", metavar="JSON", help="only rewrite the report (and plots) from a raw results file"
     )
-    args = parser.parse_args(argv)
-    if args.render:
-        return render(Path(args.render))
+    return parser
 
+
+def _sizes_and_peers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict, list[str]]:
+    """The experiment sizes (the default or --full, with the options' overrides) and the peers."""
     sizes = dict(FULL if args.full else DEFAULT)
     if args.messages:
         sizes["messages"] = args.messages
@@ -733,6 +734,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in peers:
         if name not in ALL:
             parser.error(f"unknown peer {name!r}; choose from {', '.join(ALL)}")
+    return sizes, peers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.render:
+        return render(Path(args.render))
+    sizes, peers = _sizes_and_peers(args, parser)
 
     def stop_on_sigterm(_signum, _frame):
         raise KeyboardInterrupt  # so that every broker is stopped (finally blocks) and the report written

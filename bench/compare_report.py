@@ -222,8 +222,14 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     except ImportError:
         return {}
     made: dict[str, str] = {}
+    for plot in (_plot_producer, _plot_consumer, _plot_scaling, _plot_latency):
+        made.update(plot(plt, directory, stem, res, sizes))
+    return made
 
-    # Figure 4: producer throughput against data sent.
+
+def _plot_producer(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Figure 4: producer throughput against data sent."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for peer in res.peers:
         for experiment, style, label in (
@@ -250,7 +256,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     ax.grid(True, which="both", alpha=0.3)
     made["fig4"] = save(fig, directory, f"{stem}-fig4-producer.png")
 
-    # Figure 5: consumer throughput against data consumed.
+    return made
+
+
+def _plot_consumer(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Figure 5: consumer throughput against data consumed."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for peer in res.peers:
         r = res.get(peer, "consume")
@@ -269,7 +280,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     ax.grid(True, which="both", alpha=0.3)
     made["fig5"] = save(fig, directory, f"{stem}-fig5-consumer.png")
 
-    # Retained data and partitions: rate against size / count.
+    return made
+
+
+def _plot_scaling(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Retained data and partitions: rate against size / count."""
+    made: dict[str, str] = {}
     for name, keys, xlabel, values, logx in (
         (
             "retained",
@@ -310,7 +326,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
         fig.suptitle("Throughput as the retained log grows" if name == "retained" else "Many partitions")
         made[name] = save(fig, directory, f"{stem}-{name}.png")
 
-    # Latency: p50 and p99 per peer and rate.
+    return made
+
+
+def _plot_latency(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Latency: p50 and p99 per peer and rate."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(res.peers))
     for i, peer in enumerate(res.peers):
@@ -463,63 +484,88 @@ def cpu_line(data: dict | None) -> str:
     return f"CPU in cores during the profiled run: {shares}"
 
 
+def _unbatched_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = [cpu_line(phase_of(profile, "produce, unbatched"))]
+    java, sdk = res.rate("tributary", "variant-java-unbatched"), res.rate("tributary", "unbatched")
+    if java and sdk:
+        parts.append(f"Java stub client {java:,.0f} msg/s vs the SDK's {sdk:,.0f} msg/s")
+    return parts
+
+
+def _batched_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = [cpu_line(phase_of(profile, "produce, batched"))]
+    rate = res.rate("tributary", "batched")
+    if rate:
+        parts.append(f"{1e3 * BATCH_RECORDS / rate:.2f} ms per acknowledged 50-record batch")
+    java = res.rate("tributary", "variant-java-batched")
+    if java:
+        parts.append(f"Java stub client {java:,.0f} msg/s")
+    return parts
+
+
+def _consume_evidence(res: Results, profile: dict | None) -> list[str]:
+    data = phase_of(profile, "consume")
+    parts = [cpu_line(data)]
+    if data:
+        client = next((v for k, v in data["processes"].items() if k.startswith("client")), None)
+        if client and client["functions"]:
+            name, share = client["functions"][0]
+            parts.append(f"the client's top function `{name}` has {share:.0%} of its samples")
+    return parts
+
+
+def _partitions_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = []
+    for experiment in sorted(
+        {r.experiment for r in res.results if r.experiment.startswith("variant-partitions-noflush@")}
+    ):
+        count = experiment.split("@")[1]
+        without, with_ = (
+            res.rate("tributary", experiment),
+            res.rate("tributary", f"partitions-produce@{count}"),
+        )
+        if without and with_:
+            parts.append(
+                f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
+                f"{without:,.0f} msg/s on a topic without it"
+            )
+    for experiment in sorted(
+        {r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
+        key=lambda e: int(e.split("@")[1]),
+    ):
+        value = res.rate("tributary", experiment)
+        if value:
+            parts.append(f"consume over {experiment.split('@')[1]} partitions {value:,.0f} msg/s")
+    return parts
+
+
+def _latency_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = []
+    for experiment in sorted({r.experiment for r in res.results if r.experiment.startswith("latency@")}):
+        trib = res.latency("tributary", experiment, "p50_ms")
+        best = [(res.latency(p, experiment, "p50_ms"), p) for p in res.others]
+        best = [b for b in best if b[0] is not None]
+        if trib and best:
+            value, peer = min(best)
+            parts.append(
+                f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, {TITLES[peer]} {value:.2f} ms"
+            )
+    return parts
+
+
+_EVIDENCE = {
+    "unbatched": _unbatched_evidence,
+    "batched": _batched_evidence,
+    "consume": _consume_evidence,
+    "partitions": _partitions_evidence,
+    "latency": _latency_evidence,
+}
+
+
 def evidence(key: str, res: Results, profile: dict | None) -> str:
     """This run's numbers behind a lever."""
-    parts = []
-    if key == "unbatched":
-        parts.append(cpu_line(phase_of(profile, "produce, unbatched")))
-        java, sdk = res.rate("tributary", "variant-java-unbatched"), res.rate("tributary", "unbatched")
-        if java and sdk:
-            parts.append(f"Java stub client {java:,.0f} msg/s vs the SDK's {sdk:,.0f} msg/s")
-    elif key == "batched":
-        parts.append(cpu_line(phase_of(profile, "produce, batched")))
-        rate = res.rate("tributary", "batched")
-        if rate:
-            parts.append(f"{1e3 * BATCH_RECORDS / rate:.2f} ms per acknowledged 50-record batch")
-        java = res.rate("tributary", "variant-java-batched")
-        if java:
-            parts.append(f"Java stub client {java:,.0f} msg/s")
-    elif key == "consume":
-        data = phase_of(profile, "consume")
-        parts.append(cpu_line(data))
-        if data:
-            client = next((v for k, v in data["processes"].items() if k.startswith("client")), None)
-            if client and client["functions"]:
-                name, share = client["functions"][0]
-                parts.append(f"the client's top function `{name}` has {share:.0%} of its samples")
-    elif key == "partitions":
-        for experiment in sorted(
-            {r.experiment for r in res.results if r.experiment.startswith("variant-partitions-noflush@")}
-        ):
-            count = experiment.split("@")[1]
-            without, with_ = (
-                res.rate("tributary", experiment),
-                res.rate("tributary", f"partitions-produce@{count}"),
-            )
-            if without and with_:
-                parts.append(
-                    f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
-                    f"{without:,.0f} msg/s on a topic without it"
-                )
-        for experiment in sorted(
-            {r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
-            key=lambda e: int(e.split("@")[1]),
-        ):
-            value = res.rate("tributary", experiment)
-            if value:
-                parts.append(f"consume over {experiment.split('@')[1]} partitions {value:,.0f} msg/s")
-    elif key == "latency":
-        for experiment in sorted({r.experiment for r in res.results if r.experiment.startswith("latency@")}):
-            trib = res.latency("tributary", experiment, "p50_ms")
-            best = [(res.latency(p, experiment, "p50_ms"), p) for p in res.others]
-            best = [b for b in best if b[0] is not None]
-            if trib and best:
-                value, peer = min(best)
-                parts.append(
-                    f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, "
-                    f"{TITLES[peer]} {value:.2f} ms"
-                )
-    parts = [p for p in parts if p]
+    gather = _EVIDENCE.get(key)
+    parts = [p for p in (gather(res, profile) if gather else []) if p]
     return ("This run: " + "; ".join(parts) + ". ") if parts else ""
 
 
@@ -561,10 +607,27 @@ def write(
     rows = headline_rows(res, sizes)
     images = plots(directory, stem, res, sizes)
     info = runner.peer_info
-    minutes = (finished - started).total_seconds() / 60
 
+    out = _intro(started, finished, command, sizes)
+    headline, paper_misses = _headline(res, rows)
+    out += headline
+    out += _targets(res, rows, paper_misses, profile)
+    out += _producer(res, runner, info, images)
+    out += _consumer(res, images)
+    out += _latency(res, sizes, images)
+    out += _retained(res, sizes, images)
+    out += _partitions(res, sizes, images)
+    out += _machine(machine)
+    out += _brokers(res, runner, info, command, path)
+    path.write_text("\n".join(out))
+    return path
+
+
+def _intro(started: dt.datetime, finished: dt.datetime, command: str, sizes: dict) -> list[str]:
+    """The title and what was run."""
     out: list[str] = []
     add = out.append
+    minutes = (finished - started).total_seconds() / 60
     add(
         "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis "
         "Streams"
@@ -583,6 +646,13 @@ def write(
         "error instead of a number."
     )
     add("")
+    return out
+
+
+def _headline(res: Results, rows: list[dict]) -> tuple[list[str], list[tuple]]:
+    """The headline table and the paper's rows; also the paper rows Tributary missed."""
+    out: list[str] = []
+    add = out.append
     add("## Headline")
     add("")
     add(
@@ -615,7 +685,13 @@ def write(
         )
     add("")
 
-    # targets
+    return out, paper_misses
+
+
+def _targets(res: Results, rows: list[dict], paper_misses: list[tuple], profile: dict | None) -> list[str]:
+    """What was missed, where the time goes, and the profile."""
+    out: list[str] = []
+    add = out.append
     missed_rows = [r for r in rows if r["met"] is False]
     add("## Targets")
     add("")
@@ -661,7 +737,13 @@ def write(
     out.extend(profile_section(profile))
     add("")
 
-    # figures and detailed tables
+    return out
+
+
+def _producer(res: Results, runner, info: dict, images: dict[str, str]) -> list[str]:
+    """Figure 4's section and how each broker was driven."""
+    out: list[str] = []
+    add = out.append
     add("## Producer (cf. Figure 4)")
     add("")
     if "fig4" in images:
@@ -686,6 +768,13 @@ def write(
             f"| {TITLES[peer]} | {i.get('unbatched', '')} | {i.get('batched', '')} | {i.get('consume', '')} |"
         )
     add("")
+    return out
+
+
+def _consumer(res: Results, images: dict[str, str]) -> list[str]:
+    """Figure 5's section."""
+    out: list[str] = []
+    add = out.append
     add("## Consumer (cf. Figure 5)")
     add("")
     if "fig5" in images:
@@ -698,6 +787,13 @@ def write(
         if r is not None:
             add(detail_row(r, mode=False))
     add("")
+    return out
+
+
+def _latency(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """The end-to-end latency section."""
+    out: list[str] = []
+    add = out.append
     add("## End-to-end latency (produce -> consumed)")
     add("")
     if "latency" in images:
@@ -726,6 +822,13 @@ def write(
                 f"{fmt_ms(e['max_ms'])} |"
             )
     add("")
+    return out
+
+
+def _retained(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """Throughput against the retained log."""
+    out: list[str] = []
+    add = out.append
     add("## Throughput as the retained log grows")
     add("")
     if "retained" in images:
@@ -759,6 +862,13 @@ def write(
             cells.append(fmt_ratio(last / first) if first and last else "—")
         add(f"| {TITLES[peer]} | " + " | ".join(cells) + " |")
     add("")
+    return out
+
+
+def _partitions(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """Throughput against the partition count."""
+    out: list[str] = []
+    add = out.append
     add("## Many partitions")
     add("")
     if "partitions" in images:
@@ -785,7 +895,13 @@ def write(
         add(f"| {TITLES[peer]} | " + " | ".join(cells) + " |")
     add("")
 
-    # machine and versions
+    return out
+
+
+def _machine(machine: dict) -> list[str]:
+    """The machine the run had."""
+    out: list[str] = []
+    add = out.append
     add("## Machine")
     add("")
     add(f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores')} cores")
@@ -803,6 +919,13 @@ def write(
         "(per-broker load averages below)."
     )
     add("")
+    return out
+
+
+def _brokers(res: Results, runner, info: dict, command: str, path: Path) -> list[str]:
+    """Versions, clients, settings, failures and how to rerun."""
+    out: list[str] = []
+    add = out.append
     add("## Brokers, clients, settings")
     add("")
     add("| broker | versions | client (and why) | persistence | started in | load avg before → after |")
@@ -854,8 +977,7 @@ def write(
         f"series: `{path.with_suffix('.json').name}`."
     )
     add("")
-    path.write_text("\n".join(out))
-    return path
+    return out
 
 
 def cell(r) -> str:
