@@ -79,7 +79,7 @@ class StorageNodeHandlers:
         #: run exactly the uninstrumented code (not even an ``is None`` test).
         self.telemetry = telemetry
         if telemetry is not None:
-            self.append = self._observed_append
+            self.append = self._observed_append  # type: ignore[method-assign]  # on purpose, see above
 
     async def _observed_append(
         self,

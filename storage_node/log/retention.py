@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class RetainedSegment(Protocol):
@@ -70,15 +70,16 @@ def log_start_offset_breached(log_start_offset: int) -> ShouldDelete:
     return should_delete
 
 
-def deletable_segments(
-    segments: Sequence[RetainedSegment], should_delete: ShouldDelete, *, high_watermark: int
-) -> list[RetainedSegment]:
+S = TypeVar("S", bound=RetainedSegment)
+
+
+def deletable_segments(segments: Sequence[S], should_delete: ShouldDelete, *, high_watermark: int) -> list[S]:
     """The oldest run of segments ``should_delete`` accepts, never the active (last) one.
 
     A segment is also kept unless every offset in it is below ``high_watermark`` (its successor's
     base offset <= high watermark): retention must not delete records not yet committed.
     """
-    deletable: list[RetainedSegment] = []
+    deletable: list[S] = []
     for segment, next_segment in itertools.pairwise(segments):
         if next_segment.base_offset > high_watermark or not should_delete(segment, next_segment):
             break

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wiring_checks import (
+from tests.unit.deploy.wiring_checks import (
     DEPLOY,
     PYPROJECT,
     REPO,

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
-from k8s_objects import (
+
+from tests.unit.deploy.k8s_objects import (
     K8S,
     KUSTOMIZE_KINDS,
     WORKLOAD_KINDS,
@@ -42,8 +43,18 @@ from k8s_objects import (
     selects,
     yaml_files,
 )
-from k8s_pods import HOSTNAME_KEY, SIM_ORDINALS, SIM_ZONE, ZONE_KEY, Run, expand, mount_of, pod_name, simulate
-from wiring_checks import (
+from tests.unit.deploy.k8s_pods import (
+    HOSTNAME_KEY,
+    SIM_ORDINALS,
+    SIM_ZONE,
+    ZONE_KEY,
+    Run,
+    expand,
+    mount_of,
+    pod_name,
+    simulate,
+)
+from tests.unit.deploy.wiring_checks import (
     Entry,
     env_name_problems,
     host_problems,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k8s_objects import (
+from tests.unit.deploy.k8s_objects import (
     Bundle,
     containers,
     describe,
@@ -29,7 +29,7 @@ from k8s_objects import (
     pod_labels,
     pod_spec,
 )
-from wiring_checks import Entry, config_problems, flag_problems, shadow_problems
+from tests.unit.deploy.wiring_checks import Entry, config_problems, flag_problems, shadow_problems
 
 CLUSTER_PROVIDED_CONFIGMAPS = {"kube-root-ca.crt"}
 HOSTNAME_KEY = "kubernetes.io/hostname"

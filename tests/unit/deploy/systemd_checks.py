@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from wiring_checks import (
+from tests.unit.deploy.wiring_checks import (
     DEPLOY,
     Entry,
     config_problems,

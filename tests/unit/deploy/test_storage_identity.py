@@ -7,10 +7,10 @@ import tomllib
 import urllib.error
 
 import pytest
-from k8s_objects import BASE
 
 from services.config import load_config
 from storage_node.config import StorageNodeConfig
+from tests.unit.deploy.k8s_objects import BASE
 
 _spec = importlib.util.spec_from_file_location("storage_identity", BASE / "storage-identity.py")
 identity = importlib.util.module_from_spec(_spec)

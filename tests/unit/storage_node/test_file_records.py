@@ -4,11 +4,11 @@ import gc
 import os
 
 import pytest
-from log_testkit import make_batch
 
 from services.errors import CorruptRecordError, KafkaStorageError
 from services.records import RecordBatchView
 from storage_node.log.file_records import FileHandleCache, FileRecords, FileSlice, SegmentFileGoneError
+from tests.unit.storage_node.log_testkit import make_batch
 
 
 def test_append_returns_positions_and_slice_is_bounded_by_size(tmp_path):

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
-from log_testkit import batches_in, config, make_batch, offsets_in, open_log, read_all
 
 from services.records import iter_batches
 from storage_node.log import files
 from storage_node.log.loader import load_log
+from tests.unit.storage_node.log_testkit import batches_in, config, make_batch, offsets_in, open_log, read_all
 
 CFG = dict(segment_bytes=1500, index_interval_bytes=120)
 
