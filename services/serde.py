@@ -104,7 +104,7 @@ _ACKS_FROM_PROTO: dict[int, Acks] = {
 }
 
 
-def acks_to_proto(acks: Acks) -> int:
+def acks_to_proto(acks: Acks) -> pb.Acks:
     return _ACKS_TO_PROTO[acks]
 
 

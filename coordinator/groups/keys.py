@@ -306,6 +306,8 @@ def load_groups(kvs: Iterable[KeyValue], clock: Clock) -> tuple[dict[str, Loaded
             entry.state = kv
         elif parsed.kind == "member":
             entry.members.append(kv)
+        elif parsed.tp is None:  # owner and offset keys always name a partition
+            continue
         elif parsed.kind == "owner":
             entry.owners.append((parsed.tp, kv))
         else:

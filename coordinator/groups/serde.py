@@ -28,7 +28,7 @@ from services.proto import pb
 from services.serde import error_to_proto
 from services.topic_partition import TopicPartition
 
-_ASSIGNORS = {
+_ASSIGNORS: dict[pb.Assignor, str] = {
     pb.ASSIGNOR_RANGE: RANGE,
     pb.ASSIGNOR_ROUND_ROBIN: ROUND_ROBIN,
     pb.ASSIGNOR_STICKY: STICKY,
@@ -37,7 +37,7 @@ _ASSIGNORS = {
 _ASSIGNOR_ENUMS = {name: value for value, name in _ASSIGNORS.items()}
 
 
-def assignor_from_proto(value: int) -> str:
+def assignor_from_proto(value: pb.Assignor) -> str:
     """Kafka's assignor name; "" for ASSIGNOR_UNSPECIFIED (the group's, else the default)."""
     if value == pb.ASSIGNOR_UNSPECIFIED:
         return ""
@@ -46,7 +46,7 @@ def assignor_from_proto(value: int) -> str:
     return _ASSIGNORS[value]
 
 
-def assignor_to_proto(name: str) -> int:
+def assignor_to_proto(name: str) -> pb.Assignor:
     return _ASSIGNOR_ENUMS.get(name, pb.ASSIGNOR_UNSPECIFIED)
 
 

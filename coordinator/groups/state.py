@@ -161,6 +161,7 @@ class GroupState:
     def classify_join(self, params: JoinParams) -> tuple[JoinKind, Member | None]:
         """What ``params`` means here, with the member it concerns (None for NEW); raises
         UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID / INCONSISTENT_GROUP_PROTOCOL."""
+        existing: Member | None
         if params.member_id:
             member = self.ensure_member(params.member_id, params.instance_id)
             kind, existing = JoinKind.REJOIN, member
@@ -296,7 +297,7 @@ class GroupState:
         if not owned:
             self.awaiting_revoke.discard(member_id)  # nothing left to give up
         if member_id in self.awaiting_revoke:
-            revoke, grants = owned, frozenset()
+            revoke, grants = owned, frozenset[TopicPartition]()
         else:
             revoke = owned - target
             grants = frozenset(tp for tp in target - owned if tp not in self.owners)
