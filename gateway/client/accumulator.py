@@ -193,11 +193,15 @@ class ProducerBatch:
 
     @property
     def estimated_size(self) -> int:
-        return len(self._data) if self._data is not None else self._builder.size_in_bytes()
+        if self._data is not None:
+            return len(self._data)
+        assert self._builder is not None, "a batch has its bytes or its builder"
+        return self._builder.size_in_bytes()
 
     def close(self) -> bytes:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
         if self._data is None:
+            assert self._builder is not None, "a batch has its bytes or its builder"
             self._data = self._builder.build()
             self._builder = None
         return self._data
@@ -277,6 +281,7 @@ class RecordAccumulator:
                 queue.append(batch)
                 delta = batch.try_append(timestamp, key, value, headers, size)
                 new_batch = True
+            assert batch is not None and delta is not None, "a new batch takes its first record"
             full = len(queue) > 1 or batch.is_full
             return FutureRecordMetadata(batch.result, delta, timestamp), full, new_batch
 
