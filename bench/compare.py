@@ -59,6 +59,7 @@ import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # keep gRPC's C-core notices out of the progress
 # The SDK's I/O thread can get a gRPC poller callback after its loop closed ("Event loop is
@@ -596,6 +597,9 @@ class Runner:
             # show what the timed fsync in the append path costs with many partitions.
             label = f"produce (batched), {partitions} partitions, topic without flush.ms"
             self.progress(f"Tributary: {label}")
+            from bench.peers.tributary import Tributary
+
+            assert isinstance(peer, Tributary)  # the only peer with topic configs
             dest = peer.create(self.unique(f"p{partitions}-noflush"), partitions, configs={})
             result = self.timed(
                 peer,
@@ -637,7 +641,11 @@ class Runner:
 
 
 def machine_info(data_dir: Path) -> dict:
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cores": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

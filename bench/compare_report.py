@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 PAPER = {"unbatched": 50_000, "batched": 400_000, "consume": 22_000}
 BATCH_RECORDS = 50
@@ -81,7 +82,7 @@ def fmt_ms(value: float | None) -> str:
 
 def headline_rows(res: Results, sizes: dict) -> list[dict]:
     """Every comparable experiment: label, kind ("rate" or "latency"), values per peer."""
-    rows = []
+    rows: list[dict[str, Any]] = []
 
     def rate_row(label: str, experiment: str) -> None:
         rows.append(
@@ -115,7 +116,7 @@ def headline_rows(res: Results, sizes: dict) -> list[dict]:
         rate_row(f"consume, {partitions} partitions (msg/s)", f"partitions-consume@{partitions}")
     for row in rows:
         trib = row["values"].get("tributary")
-        ratios = {}
+        ratios: dict[str, float | None] = {}
         for peer in res.others:
             other = row["values"].get(peer)
             if trib is None or other is None or other <= 0 or trib <= 0:
@@ -164,8 +165,7 @@ def headline_table(res: Results, rows: list[dict]) -> list[str]:
 
 def paper_rows(res: Results) -> list[tuple[str, str, float | None, int]]:
     def best(*experiments: str) -> tuple[str, float | None]:
-        found = [(e, res.rate("tributary", e)) for e in experiments]
-        found = [(e, v) for e, v in found if v is not None]
+        found = [(e, v) for e in experiments if (v := res.rate("tributary", e)) is not None]
         if not found:
             return experiments[0], None
         return max(found, key=lambda item: item[1])

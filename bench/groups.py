@@ -79,7 +79,7 @@ class Member:
     stub: coordinator_grpc.CoordinatorStub
     group: str
     topic: str
-    assignor: int
+    assignor: pb.Assignor
     session_ms: int
     member_id: str = ""
     generation: int = -1
@@ -171,7 +171,7 @@ async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.005) ->
 
 
 async def rebalance_trials(
-    address: str, *, assignor: int, members: int, partitions: int, session_ms: int, trials: int
+    address: str, *, assignor: pb.Assignor, members: int, partitions: int, session_ms: int, trials: int
 ) -> list[dict]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = coordinator_grpc.CoordinatorStub(channel)

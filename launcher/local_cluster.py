@@ -139,7 +139,7 @@ class AdoptedProcess:
     """A service started by an earlier launcher, re-attached from ``cluster.json`` by its pid.
 
     Offers the part of :class:`ServiceProcess` a cluster uses: ``info``, ``pid``, ``log_file``,
-    ``is_running``, ``stop``, ``kill``.
+    ``is_running``, ``signal``, ``stop``, ``kill``.
     """
 
     name: str
@@ -153,6 +153,10 @@ class AdoptedProcess:
 
     def is_running(self) -> bool:
         return process_alive(self.pid, self.module)
+
+    def signal(self, sig: int) -> None:
+        if self.is_running():
+            os.kill(self.pid, sig)
 
     def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
         terminate_pid(self.pid, self.module, timeout)
@@ -265,7 +269,7 @@ class LocalCluster:
     """Start and stop a local cluster in ``data_dir``; every part is reachable as an attribute."""
 
     def __init__(
-        self, data_dir: Path, spec: LocalClusterSpec | None = None, *, detached: bool = False
+        self, data_dir: Path | str, spec: LocalClusterSpec | None = None, *, detached: bool = False
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.spec = spec or LocalClusterSpec()

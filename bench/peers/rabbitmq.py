@@ -31,6 +31,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.peers import (
     BATCH,
@@ -291,8 +292,8 @@ class _BatchPublisher:
         self.tag = 0
         self.chunk = 0
         self.error: str | None = None
-        self.channel = None
-        self.connection = None
+        self.channel: Any = None  # pika's channel and connection (pika has no type information)
+        self.connection: Any = None
 
     def run(self, params) -> None:
         import pika

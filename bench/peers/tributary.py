@@ -30,6 +30,7 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.peers import (
     BATCH,
@@ -46,6 +47,9 @@ from bench.peers import (
     paced,
     pypi_version,
 )
+
+if TYPE_CHECKING:  # imported when the peer starts (the project may be absent)
+    from launcher.local_cluster import LocalCluster
 
 TOPIC_CONFIGS = {"flush.ms": "1000"}
 
@@ -80,7 +84,7 @@ class Tributary(Peer):
     def __init__(self, *, flush_before_ack: bool = False) -> None:
         super().__init__()
         self.flush_before_ack = flush_before_ack
-        self.cluster = None
+        self.cluster: LocalCluster | None = None
         self.servers = ""
         if flush_before_ack:
             self.name = "tributary-fsync"

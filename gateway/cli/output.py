@@ -47,13 +47,6 @@ def json_bytes(data: bytes | None):
         return {"base64": base64.b64encode(data).decode("ascii")}
 
 
-def raw(data: object) -> bytes | None:
-    """A record's key or value as the CLI's consumers return it (no deserializer: bytes or None)."""
-    if data is None or isinstance(data, bytes):
-        return data
-    raise TypeError(f"expected bytes or None, not {type(data).__name__}")
-
-
 def record_json(record: ConsumerRecord) -> str:
     """One consumed record as one JSON line (topic, partition, offset, timestamp, key, value, headers)."""
     return json.dumps(
@@ -62,8 +55,8 @@ def record_json(record: ConsumerRecord) -> str:
             "partition": record.partition,
             "offset": record.offset,
             "timestamp": record.timestamp,
-            "key": json_bytes(raw(record.key)),
-            "value": json_bytes(raw(record.value)),
+            "key": json_bytes(record.key),
+            "value": json_bytes(record.value),
             "headers": [[k, json_bytes(v)] for k, v in record.headers],
         },
         ensure_ascii=False,
@@ -72,11 +65,11 @@ def record_json(record: ConsumerRecord) -> str:
 
 def record_text(record: ConsumerRecord, *, print_key: bool = False, key_separator: str = "\t") -> str:
     """The record's value (Kafka's console consumer default), or ``key<sep>value``."""
-    value = text_of(raw(record.value))
+    value = text_of(record.value)
     value = "null" if value is None else value
     if not print_key:
         return value
-    key = text_of(raw(record.key))
+    key = text_of(record.key)
     return f"{'null' if key is None else key}{key_separator}{value}"
 
 
