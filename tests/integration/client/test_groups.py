@@ -253,6 +253,7 @@ class MemberProcess:
         self.reader.start()
 
     def _read(self) -> None:
+        assert self.process.stdout is not None  # stdout=PIPE
         for line in self.process.stdout:
             if line.endswith("\n"):  # a line cut short by kill -9 was never fully processed
                 self.lines.append(line.rstrip("\n"))

@@ -272,7 +272,9 @@ def call(method, request, *, timeout: float = 20.0, metadata=None):
 
 def rpc_code(error: errors.TributaryError) -> grpc.StatusCode:
     """The gRPC status code the server answered with (the cause kept by ``error_from_rpc``)."""
-    return error.__cause__.code()
+    cause = error.__cause__
+    assert isinstance(cause, grpc.RpcError), f"{error!r} was not raised from an RPC error"
+    return cause.code()
 
 
 def partitions_by_state(topic_metadata) -> dict[str, list[int]]:

@@ -31,7 +31,7 @@ async def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interva
 
 async def take(watch: Watch, count: int, timeout: float = 5.0) -> list[Any]:
     """The next ``count`` items of ``watch``."""
-    items = []
+    items: list[Any] = []
     async with asyncio.timeout(timeout):
         while len(items) < count:
             items.append(await anext(watch))

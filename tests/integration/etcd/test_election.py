@@ -50,7 +50,8 @@ def test_two_candidates_one_leader_then_hand_over_on_resign(etcd_client: EtcdCli
             await asyncio.wait_for(pending.pop(), 3.0)
             assert loser.is_leader and not winner.is_leader
             assert not winner.lost.is_set(), "resigning is not losing"
-            assert (await loser.leader()).value == loser.candidate_id.encode()  # type: ignore[union-attr]
+            leader = await loser.leader()
+            assert leader is not None and leader.value == loser.candidate_id.encode()
             await loser.resign()
             assert await loser.leader() is None
 

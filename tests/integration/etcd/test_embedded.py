@@ -73,7 +73,9 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert "ready at 127.0.0.1:" in line, line + (process.stderr.read() if process.poll() else "")
+        assert "ready at 127.0.0.1:" in line, line + (
+            process.stderr.read() if process.stderr is not None and process.poll() else ""
+        )
         endpoint = line.split("ready at ")[1].split()[0]
         assert run(_get(endpoint, "missing")) is None
         process.send_signal(signal.SIGTERM)

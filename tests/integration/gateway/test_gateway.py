@@ -122,7 +122,8 @@ def rpc_error(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
 
 
 def assert_serving(channel) -> None:
-    health = health_pb2_grpc.HealthStub(channel).Check(
+    # types-grpcio-health-checking's HealthStub declares no methods; the generated one has Check.
+    health = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
         health_pb2.HealthCheckRequest(service="tributary.v1.Gateway")
     )
     assert health.status == health_pb2.HealthCheckResponse.SERVING

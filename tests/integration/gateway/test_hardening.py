@@ -148,13 +148,13 @@ UNDECODABLE = b"\x0f\xff\xff\xff\xff"
 
 def _raw_unary(address: str, method: str, body: bytes):
     with grpc.insecure_channel(address) as raw:
-        call = raw.unary_unary(method)  # no serializers: the bytes go as they are
+        call: grpc.UnaryUnaryMultiCallable = raw.unary_unary(method)  # no serializers: bytes as they are
         return call(body, timeout=CALL_TIMEOUT)
 
 
 def _raw_stream(address: str, method: str, body: bytes):
     with grpc.insecure_channel(address) as raw:
-        call = raw.stream_stream(method)
+        call: grpc.StreamStreamMultiCallable = raw.stream_stream(method)
         return list(call(iter([body]), timeout=CALL_TIMEOUT))
 
 

@@ -155,7 +155,8 @@ class SimMember:
                 self.errors.append(exc)
                 with self.lock:
                     self.member_id, self.owned = "", set()
-                delay = self._retrying(self.join) or 0.0
+                self._retrying(self.join)
+                delay = 0.0
             except errors.FencedInstanceIdError as exc:
                 self.errors.append(exc)
                 self.fenced = True

@@ -163,7 +163,7 @@ def test_sustains_a_thousand_commits_per_second(cluster, members):
     group, ms = member_group(cluster, members, topic, 8, count=4)
     address = cluster.address(cluster.active_id())
 
-    async def drive() -> tuple[int, list]:
+    async def drive() -> tuple[int, list, float]:
         failures: list = []
         done = 0
         async with grpc.aio.insecure_channel(address) as channel:

@@ -48,7 +48,7 @@ def start_cluster(
 def wait_for(check: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.1) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
-    last = None
+    last: T | grpc.RpcError | None = None
     while time.monotonic() < deadline:
         try:
             last = check()
@@ -107,7 +107,7 @@ def replica_batches(
     return batches
 
 
-def values_in(batches: list[tuple[int, int, bytes]]) -> list[bytes]:
+def values_in(batches: list[tuple[int, int, bytes]]) -> list[bytes | None]:
     return [
         record.value for _, _, data in batches for batch in iter_batches(data) for record in batch.records()
     ]

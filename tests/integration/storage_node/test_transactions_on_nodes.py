@@ -71,14 +71,15 @@ def consumer_fetch(node: NodeHandle, offset: int, isolation: int) -> multi.Parti
     return asyncio.run(go())
 
 
-def values(data) -> list[bytes]:
+def values(data) -> list[bytes | None]:
     return [r.value for b in iter_batches(bytes(data)) if not b.is_control for r in b.records()]
 
 
-def read_all(node: NodeHandle, isolation: int) -> tuple[list[bytes], multi.PartitionHeader]:
+def read_all(node: NodeHandle, isolation: int) -> tuple[list[bytes | None], multi.PartitionHeader]:
     """Every record value up to the end a consumer of ``isolation`` may read (a fetch returns the
     batches of one segment at a time), and the last answer's header."""
-    got, offset = [], 0
+    got: list[bytes | None] = []
+    offset = 0
     while True:
         answer = consumer_fetch(node, offset, isolation)
         batches = list(iter_batches(bytes(answer.records)))

@@ -56,6 +56,7 @@ async def _start(tmp_path: Path, **settings) -> StorageNode:
 
 
 async def _stop(node: StorageNode) -> None:
+    assert node.grpc is not None, "started"
     await node.grpc.stop(0)
     await node.stop()
 

@@ -83,7 +83,7 @@ class Group:
 
 def assert_exclusive(group: Group):
     """Members never hold one partition at once, and the registry agrees with them."""
-    seen = {}
+    seen: dict = {}
     for member_id, tps in group.owned.items():
         if member_id not in group.state.members:
             continue

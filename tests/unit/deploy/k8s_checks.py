@@ -311,7 +311,8 @@ def service_problems(bundle: Bundle, service: dict) -> list[str]:
 
 
 def pdb_problems(bundle: Bundle) -> list[str]:
-    problems, covered = [], set()
+    problems: list[str] = []
+    covered: set[str] = set()
     for pdb in bundle.of_kind("PodDisruptionBudget"):
         matched = bundle.selected(pdb["spec"].get("selector"))
         if len(matched) != 1:
@@ -350,7 +351,9 @@ def rbac_problems(bundle: Bundle) -> list[str]:
 
 
 def image_problems(bundle: Bundle, entries: Mapping[str, Entry]) -> list[str]:
-    images = {c.get("image") for w in bundle.workloads for c, _ in containers(w) if is_tributary_image(c)}
+    images = {
+        str(c.get("image")) for w in bundle.workloads for c, _ in containers(w) if is_tributary_image(c)
+    }
     if len(images) > 1:
         return [f"tributary containers use different images: {', '.join(sorted(images))}"]
     return []
@@ -503,7 +506,7 @@ def consistency_problems(runs: list[Run]) -> list[str]:
     """Every service of one deployment: one cluster name, one etcd."""
     problems = []
     for name in ("cluster", "etcd_endpoints"):
-        values = {}
+        values: dict = {}
         for run in runs:
             if hasattr(run.config, name):
                 value = getattr(run.config, name)

@@ -58,7 +58,7 @@ def read_unit(text: str) -> configparser.ConfigParser:
         empty_lines_in_values=False,
         comment_prefixes=("#", ";"),
     )
-    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # configparser's documented hook: systemd keys are case-sensitive
     parser.read_string(text)
     return parser
 
