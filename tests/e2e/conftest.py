@@ -27,8 +27,6 @@ from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.proto import pb, storage_grpc
 from spark_jobs.session import spark_session
 
-pytestmark = pytest.mark.e2e
-
 
 class Produced(NamedTuple):
     key: bytes | None

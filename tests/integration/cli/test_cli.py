@@ -21,8 +21,6 @@ import pytest
 from launcher.local_cluster import LocalCluster, process_alive, read_cluster_file
 from services.partitioner import partition_for_key
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 
 

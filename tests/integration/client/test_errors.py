@@ -17,8 +17,6 @@ from gateway.client.errors import (
 )
 from services.records import RecordBatchBuilder
 
-pytestmark = pytest.mark.integration
-
 
 def assert_serving(servers: str, topic: str) -> None:
     """A record still goes in and comes back out."""

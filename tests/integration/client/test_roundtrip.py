@@ -14,8 +14,6 @@ from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, iter_batches
 
-pytestmark = pytest.mark.integration
-
 BASE_TS = 1_700_000_000_000
 
 

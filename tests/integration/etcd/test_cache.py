@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from services.etcd import EtcdClient, Op, PrefixCache, WatchResync
 
 from ._support import TcpLink, run
-
-pytestmark = pytest.mark.integration
 
 
 def _contents(cache: PrefixCache) -> dict[str, bytes]:

@@ -15,8 +15,6 @@ from services.etcd import EmbeddedEtcd, EmbeddedEtcdError, EtcdClient
 
 from ._support import run
 
-pytestmark = pytest.mark.integration
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 

@@ -19,8 +19,6 @@ from services.etcd import (
 
 from ._support import TcpLink, assert_nothing_more, run, take
 
-pytestmark = pytest.mark.integration
-
 
 def _summary(items: list) -> list[tuple[str, str, bytes]]:
     return [(e.type.value, e.kv.key, e.kv.value) for e in items]

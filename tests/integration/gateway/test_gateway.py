@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import grpc
 import pytest
@@ -21,8 +20,7 @@ from services import errors
 from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, RecordBatchBuilder, iter_batches
-
-pytestmark = pytest.mark.integration
+from tests.support.names import unique
 
 CALL_TIMEOUT = 30
 
@@ -54,10 +52,6 @@ def stub(stubs):
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def create_topic(stub, name: str, partitions: int, configs: dict[str, str] | None = None) -> str:

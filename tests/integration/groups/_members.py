@@ -191,20 +191,6 @@ class SimMember:
             return self.member_id, self.generation, frozenset(self.owned), frozenset(self.pending)
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (errors.TributaryError, grpc.RpcError) as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
-
-
 def converged(members: list[SimMember], partitions: set[tuple[str, int]]) -> bool:
     """Every partition owned by exactly one of ``members``, nobody waiting for more."""
     owned = [tp for m in members for tp in m.snapshot()[2]]

@@ -94,10 +94,6 @@ def cluster(etcd: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cluster.stop_all()
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
 def all_partitions(topic: str, count: int) -> set[tuple[str, int]]:
     return {(topic, p) for p in range(count)}
 

@@ -23,8 +23,6 @@ from services.telemetry import Telemetry, names, telemetry_settings
 from storage_node.config import StorageNodeConfig
 from storage_node.node import StorageNode
 
-pytestmark = pytest.mark.integration
-
 
 def batch(count: int, size: int = 50) -> bytes:
     builder = RecordBatchBuilder()
