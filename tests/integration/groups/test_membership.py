@@ -62,12 +62,11 @@ def test_fourth_member_cooperative_revokes_only_moved_partitions(cluster, member
     group = unique("g")
     ms = start(members, cluster, group, 3, topics=[topic])
     wait_until(
-        lambda: converged(ms, all_partitions(topic, 6)),
+        lambda: settled(ms, all_partitions(topic, 6)),
         timeout=10,
-        what="three members converged",
+        what="three members converged, every member on the new generation",
         tolerate=CLUSTER_ERRORS,
     )
-    time.sleep(0.5)  # let the joins' hand-offs finish before the history is cleared
     before = owners(ms)
     for m in ms:
         m.revoked.clear()
@@ -93,12 +92,11 @@ def test_eager_rebalance_revokes_everything_first(cluster, members):
     group = unique("g")
     ms = start(members, cluster, group, 2, topics=[topic], assignor=pb.ASSIGNOR_RANGE)
     wait_until(
-        lambda: converged(ms, all_partitions(topic, 6)),
+        lambda: settled(ms, all_partitions(topic, 6)),
         timeout=10,
-        what="two members converged",
+        what="two members converged, every member on the new generation",
         tolerate=CLUSTER_ERRORS,
     )
-    time.sleep(0.5)
     for m in ms:
         m.revoked.clear()
     ms += start(members, cluster, group, 1, topics=[topic], assignor=pb.ASSIGNOR_RANGE)
@@ -121,12 +119,11 @@ def test_killed_member_partitions_reassigned_within_session_timeout(cluster, mem
     group = unique("g")
     ms = start(members, cluster, group, 3, topics=[topic])
     wait_until(
-        lambda: converged(ms, all_partitions(topic, 6)),
+        lambda: settled(ms, all_partitions(topic, 6)),
         timeout=10,
-        what="three members converged",
+        what="three members converged, every member on the new generation",
         tolerate=CLUSTER_ERRORS,
     )
-    time.sleep(0.5)
     for m in ms:
         m.revoked.clear()
     victim = ms.pop(1)
@@ -200,12 +197,11 @@ def test_pattern_subscription_picks_up_a_new_topic(cluster, members):
     group = unique("g")
     ms = start(members, cluster, group, 2, pattern=rf"{prefix}\..*")
     wait_until(
-        lambda: converged(ms, all_partitions(first, 2)),
+        lambda: settled(ms, all_partitions(first, 2)),
         timeout=10,
-        what="the first topic assigned",
+        what="the first topic assigned, every member on the new generation",
         tolerate=CLUSTER_ERRORS,
     )
-    time.sleep(0.5)
     for m in ms:
         m.revoked.clear()
     second = cluster.create_topic(f"{prefix}.two", 2)
