@@ -35,7 +35,9 @@ class CoordinatorConfig(ServiceConfig):
     session_timeout_s: int = 6
     #: Controller: reconcile pass period without changes (retries of failed storage-node calls).
     reconcile_interval_s: float = 1.0
-    #: Controller: how long admin calls wait for partitions to come online / data to be deleted.
+    #: Controller: how long admin calls wait for partitions to come online / data to be deleted
+    #: (and, halved, how long EndTxn waits for its transaction's markers before answering: the
+    #: outcome is decided and recorded by then, the markers follow).
     admin_wait_s: float = 10.0
     #: Controller: storage-node RPCs in flight at once.
     max_parallel_rpcs: int = 64
@@ -71,6 +73,23 @@ class CoordinatorConfig(ServiceConfig):
     offsets_retention_check_interval_s: float = 600.0
     #: Longest metadata string a commit may store per partition (offset.metadata.max.bytes).
     offset_metadata_max_bytes: int = 4_096
+    #: Transactions: the longest transaction timeout a producer may ask for (Kafka's
+    #: transaction.max.timeout.ms, 15 min); InitProducerId above it is INVALID_TRANSACTION_TIMEOUT.
+    transaction_max_timeout_ms: int = 900_000
+    #: Transactions: how often the active controller looks for transactions open longer than their
+    #: timeout and aborts them, fencing their producer (Kafka's
+    #: transaction.abort.timed.out.transaction.cleanup.interval.ms, 10 s).
+    transaction_abort_check_interval_ms: int = 10_000
+    #: Transactions: a transactional id with no transaction for this long is forgotten -- its etcd
+    #: key is deleted, and its next InitProducerId starts it over with a new producer id (Kafka's
+    #: transactional.id.expiration.ms, 7 days).
+    transactional_id_expiration_ms: int = 604_800_000
+    #: Transactions: how often transactional ids are checked for expiry (Kafka's
+    #: transaction.remove.expired.transaction.cleanup.interval.ms, 1 h).
+    transaction_remove_expired_interval_ms: int = 3_600_000
+    #: Transactions: producer ids the active controller takes from etcd's counter at a time, so one
+    #: etcd write serves this many InitProducerId calls (ids left when a term ends are never used).
+    producer_id_block_size: int = 1_000
     #: With a metrics exporter on: how often the active controller samples every group's lag
     #: per partition into the ``tributary.consumer.lag`` gauge (seconds).
     lag_sample_interval_s: float = 10.0
@@ -78,7 +97,15 @@ class CoordinatorConfig(ServiceConfig):
 
 def config_problem(config: CoordinatorConfig) -> str | None:
     """What is wrong with settings that parsed but cannot be honoured (None when nothing)."""
-    for name in ("max_partitions_per_topic", "max_partitions_per_cluster"):
+    for name in (
+        "max_partitions_per_topic",
+        "max_partitions_per_cluster",
+        "transaction_max_timeout_ms",
+        "transaction_abort_check_interval_ms",
+        "transactional_id_expiration_ms",
+        "transaction_remove_expired_interval_ms",
+        "producer_id_block_size",
+    ):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, not {getattr(config, name)}"
     return None

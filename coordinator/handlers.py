@@ -27,6 +27,7 @@ from coordinator.model import (
     TopicView,
 )
 from coordinator.redirect import ControllerMovedError
+from coordinator.transactions.manager import TransactionManager
 from services import errors
 from services.leader_and_isr import LeaderAndIsr
 from services.topic_config import TOPIC_CONFIGS, format_topic_config
@@ -127,6 +128,14 @@ class CoordinatorHandlers:
         if groups is None:
             raise self._moved()
         return groups
+
+    def transaction_manager(self) -> TransactionManager:
+        """This term's transaction coordinator: the active controller's only (NOT_CONTROLLER elsewhere)."""
+        self._controller()
+        transactions = self.leadership.transactions
+        if transactions is None:
+            raise self._moved()
+        return transactions
 
     async def create_topic(self, spec: TopicSpec) -> TopicView:
         return await self._controller().create_topic(spec)

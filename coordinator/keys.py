@@ -16,8 +16,10 @@ key                                 value (JSON unless noted)                   
 ==================================  ==========================================  ===================
 
 Consumer groups live under ``groups/`` (members, generation and target, the ownership registry,
-committed offsets); their layout is in :mod:`coordinator.groups.keys`, and the metadata state
-ignores those keys (:func:`parse_key` calls them ``other``).
+committed offsets), the transaction coordinator's state under ``transactions/`` and in
+``producer_ids``; their layouts are in :mod:`coordinator.groups.keys` and
+:mod:`coordinator.transactions.keys`, and the metadata state ignores those keys
+(:func:`parse_key` calls them ``other``).
 
 ``topics/<topic>`` carries the replica assignment decided at create / add-partitions time (one
 key, so creating a topic of any size is one atomic write, as Kafka's ``/brokers/topics/<t>``

@@ -8,8 +8,9 @@ key under the candidate's lease only if it is absent). The winner then
 2. proclaims ``{coordinator_id, address, epoch}`` in the ``controller`` key, so standbys can
    name and forward to it,
 3. waits until its own cache shows that epoch, and runs a :class:`~coordinator.controller.Controller`
-   (its reconcile routine) and a :class:`~coordinator.groups.manager.GroupManager` (consumer
-   groups, loaded from etcd at the start of every term) until the term ends.
+   (its reconcile routine), a :class:`~coordinator.groups.manager.GroupManager` (consumer
+   groups) and a :class:`~coordinator.transactions.manager.TransactionManager` (producer ids and
+   transactions), both loaded from etcd at the start of every term, until the term ends.
 
 A term ends when the election lease is lost (etcd said it expired, or no keep-alive succeeded
 within the TTL -- e.g. after a SIGSTOP or an etcd outage), when the election key is taken over,
@@ -32,6 +33,7 @@ from coordinator.groups.manager import GroupManager, GroupSettings
 from coordinator.metadata import MetadataCache
 from coordinator.model import ControllerInfo, CoordinatorInfo
 from coordinator.storage_client import StorageNodes
+from coordinator.transactions.manager import TransactionManager, TransactionSettings
 from services.etcd.connection import Backoff
 from services.etcd.election import Election
 from services.etcd.exceptions import EtcdError, NotLeaderError
@@ -52,6 +54,7 @@ class Leadership:
         ttl: int,
         settings: ControllerSettings = ControllerSettings(),
         group_settings: GroupSettings = GroupSettings(),
+        transaction_settings: TransactionSettings | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.client = client
@@ -61,11 +64,14 @@ class Leadership:
         self.ttl = ttl
         self.settings = settings
         self.group_settings = group_settings
+        self.transaction_settings = transaction_settings or TransactionSettings()
         self._rng = rng
         #: The controller of the current term, while this coordinator is the active one.
         self.controller: Controller | None = None
         #: The consumer groups of the current term, while this coordinator is the active one.
         self.groups: GroupManager | None = None
+        #: The transaction coordinator of the current term, while this coordinator is the active one.
+        self.transactions: TransactionManager | None = None
         #: Unclean leader elections made by this coordinator's terms (records may have been lost).
         self.unclean_elections = 0
         self._election: Election | None = None
@@ -130,24 +136,34 @@ class Leadership:
             controller=controller,
             settings=self.group_settings,
         )
-        self.controller, self.groups = controller, groups
+        transactions = TransactionManager(
+            client=self.client,
+            cache=self.cache,
+            storage=self.storage,
+            controller=controller,
+            groups=groups,
+            settings=self.transaction_settings,
+        )
+        self.controller, self.groups, self.transactions = controller, groups, transactions
         reconcile = asyncio.create_task(controller.reconcile_routine(), name="controller-reconcile")
         group_routine = asyncio.create_task(groups.run(), name="consumer-groups")
+        transaction_routine = asyncio.create_task(transactions.run(), name="transactions")
         lost = asyncio.create_task(election.lost.wait(), name="controller-lease")
         deposed = asyncio.create_task(controller.deposed.wait(), name="controller-deposed")
+        tasks = (reconcile, group_routine, transaction_routine, lost, deposed)
         try:
             await asyncio.wait({reconcile, lost, deposed}, return_when=asyncio.FIRST_COMPLETED)
             controller.depose(election.loss_reason or controller.deposed_reason or "term ended")
         finally:
-            for task in (reconcile, group_routine, lost, deposed):
+            for task in tasks:
                 task.cancel()
-            await asyncio.gather(reconcile, group_routine, lost, deposed, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _count_unclean_election(self) -> None:
         self.unclean_elections += 1
 
     async def _resign(self) -> None:
-        controller, self.controller, self.groups = self.controller, None, None
+        controller, self.controller, self.groups, self.transactions = self.controller, None, None, None
         if controller is not None:
             controller.depose("resigning")
         election, self._election = self._election, None

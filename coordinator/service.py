@@ -32,6 +32,8 @@ from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
 from coordinator.telemetry import ClusterHealth, CoordinatorInstruments
+from coordinator.transactions.handlers import TransactionHandlers
+from coordinator.transactions.manager import TransactionSettings
 from services.cluster_keys import cluster_prefix
 from services.entrypoint import write_ready_file
 from services.etcd.client import EtcdClient
@@ -89,6 +91,7 @@ class CoordinatorService:
                 max_partitions_per_cluster=config.max_partitions_per_cluster,
             ),
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
+            transaction_settings=transaction_settings(config),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
         self.handlers = CoordinatorHandlers(
@@ -105,7 +108,9 @@ class CoordinatorService:
                 coordinator_id=self.coordinator_id,
                 is_active=lambda: self.leadership.is_active,
                 cluster_health=lambda: cluster_health(
-                    self.cache.state, unclean_elections=self.leadership.unclean_elections
+                    self.cache.state,
+                    unclean_elections=self.leadership.unclean_elections,
+                    transactions=self.leadership.transactions,
                 ),
             )
 
@@ -115,7 +120,10 @@ class CoordinatorService:
 
     async def start(self) -> None:
         servicer = CoordinatorServicer(
-            self.handlers, self.forwarder, GroupHandlers(self.handlers.group_manager)
+            self.handlers,
+            self.forwarder,
+            GroupHandlers(self.handlers.group_manager),
+            TransactionHandlers(self.handlers.transaction_manager),
         )
         self.grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
@@ -216,7 +224,21 @@ def group_settings(config: CoordinatorConfig, *, lag_sampling: bool = False) -> 
     )
 
 
-def cluster_health(state, *, unclean_elections: int = 0) -> ClusterHealth:
+def transaction_settings(config: CoordinatorConfig) -> TransactionSettings:
+    return TransactionSettings(
+        max_timeout_ms=config.transaction_max_timeout_ms,
+        id_expiration_ms=config.transactional_id_expiration_ms,
+        abort_check_interval_s=config.transaction_abort_check_interval_ms / 1000,
+        expiration_check_interval_s=config.transaction_remove_expired_interval_ms / 1000,
+        producer_id_block_size=config.producer_id_block_size,
+        # Well inside the deadline of a standby forwarding the call, so an EndTxn that waits the
+        # whole time still gets its answer back through the standby.
+        complete_wait_s=min(config.admin_wait_s, config.forward_timeout_s) / 2,
+        load_wait_s=config.admin_wait_s,
+    )
+
+
+def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> ClusterHealth:
     """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
     thread: it only reads (copies the topic map first)."""
     counts = {"online": 0, "offline": 0, "pending": 0}
@@ -239,6 +261,7 @@ def cluster_health(state, *, unclean_elections: int = 0) -> ClusterHealth:
         under_replicated=under_replicated,
         under_min_isr=under_min_isr,
         unclean_elections=unclean_elections,
+        **(transactions.health() if transactions is not None else {}),
     )
 
 

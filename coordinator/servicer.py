@@ -1,9 +1,10 @@
 """The Coordinator gRPC servicer: translation between protobuf and :mod:`coordinator.handlers`.
 
 Each RPC decodes, calls one handler, encodes; errors are mapped once by ``translate_errors``.
-Admin and group RPCs additionally forward to the active controller when this coordinator is a
-standby (:mod:`coordinator.redirect`): consumer groups live in the active controller
-(:mod:`coordinator.groups`).
+Admin, group and transaction RPCs additionally forward to the active controller when this
+coordinator is a standby (:mod:`coordinator.redirect`): consumer groups and the transaction
+coordinator live in the active controller (:mod:`coordinator.groups`,
+:mod:`coordinator.transactions`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from coordinator.groups.handlers import GroupHandlers
 from coordinator.handlers import CoordinatorHandlers
 from coordinator.isr_changes import IsrChange
 from coordinator.redirect import ControllerMovedError, Forwarder
+from coordinator.transactions import serde as txn_serde
+from coordinator.transactions.handlers import TransactionHandlers
+from coordinator.transactions.offload import off_loop_if_large
 from services import errors
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
@@ -64,10 +68,17 @@ def _admin(method):
 
 
 class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
-    def __init__(self, handlers: CoordinatorHandlers, forwarder: Forwarder, groups: GroupHandlers) -> None:
+    def __init__(
+        self,
+        handlers: CoordinatorHandlers,
+        forwarder: Forwarder,
+        groups: GroupHandlers,
+        transactions: TransactionHandlers,
+    ) -> None:
         self._handlers = handlers
         self._forwarder = forwarder
         self._groups = groups
+        self._transactions = transactions
         self._metadata_memo = _RevisionMemo()
 
     @translate_errors
@@ -211,6 +222,64 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     async def DeleteGroup(self, request, context):
         await self._groups.delete_group(request.group_id)
         return pb.DeleteGroupResponse()
+
+    # ---- transactions (active controller; standbys forward) ---------------------------------------
+
+    @_admin
+    async def InitProducerId(self, request, context):
+        answer = await self._transactions.init_producer_id(txn_serde.init_from_proto(request))
+        return txn_serde.init_to_proto(answer)
+
+    @_admin
+    async def AddPartitionsToTxn(self, request, context):
+        # A request may name hundreds of thousands of partitions: decoded and encoded off the loop.
+        size = len(request.partitions)
+        partitions = await off_loop_if_large(size, txn_serde.partitions_from_proto, request.partitions)
+        results = await self._transactions.add_partitions(txn_serde.producer_from_proto(request), partitions)
+        return pb.AddPartitionsToTxnResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
+        )
+
+    @_admin
+    async def AddOffsetsToTxn(self, request, context):
+        await self._transactions.add_offsets(txn_serde.producer_from_proto(request), request.group_id)
+        return pb.AddOffsetsToTxnResponse()
+
+    @_admin
+    async def TxnOffsetCommit(self, request, context):
+        size = len(request.offsets)
+        params = await off_loop_if_large(size, txn_serde.txn_offset_commit_from_proto, request)
+        results = await self._transactions.txn_offset_commit(params)
+        return pb.TxnOffsetCommitResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
+        )
+
+    @_admin
+    async def DescribeTransactions(self, request, context):
+        named = list(request.transactional_ids)
+        described = await self._transactions.describe(named, list(request.states))
+        return pb.DescribeTransactionsResponse(
+            transactions=await off_loop_if_large(
+                len(described),
+                lambda: [txn_serde.description_to_proto(d, with_partitions=bool(named)) for d in described],
+            )
+        )
+
+    @_admin
+    async def VerifyTxnPartitions(self, request, context):
+        size = len(request.partitions)
+        partitions = await off_loop_if_large(size, txn_serde.partitions_from_proto, request.partitions)
+        results = await self._transactions.verify_partitions(
+            request.producer_id, request.producer_epoch, partitions
+        )
+        return pb.VerifyTxnPartitionsResponse(
+            results=await off_loop_if_large(size, txn_serde.results_to_proto, results)
+        )
+
+    @_admin
+    async def EndTxn(self, request, context):
+        await self._transactions.end_txn(txn_serde.producer_from_proto(request), request.commit)
+        return pb.EndTxnResponse()
 
 
 def _peer_host(context) -> str:

@@ -1,5 +1,6 @@
 """The controller's calls to storage nodes: create, delete and list partitions, replica roles
-(UpdateLeaderAndIsr), list offsets. Calls that change a node carry the controller epoch.
+(UpdateLeaderAndIsr), list offsets, transaction markers (WriteTxnMarkers). Calls that change a
+node carry the controller epoch.
 
 One ``grpc.aio`` channel per node address, opened on first use and kept. Every call has a
 deadline, so a paused or partitioned node stalls a reconcile pass for at most that long, and
@@ -16,6 +17,7 @@ import grpc
 import grpc.aio
 
 from coordinator.model import RegisteredBroker
+from coordinator.transactions.model import TxnMarker
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
@@ -124,6 +126,32 @@ class StorageNodes:
             (r.topic, r.partition, r.offset, error_from_proto(r.error) if r.HasField("error") else None)
             for r in response.partitions
         ]
+
+    async def write_txn_markers(
+        self, broker: RegisteredBroker, markers: Sequence[TxnMarker]
+    ) -> dict[int, dict[tuple[str, int], errors.TributaryError | None]]:
+        """Ask ``broker`` to append COMMIT / ABORT markers to partitions it leads: per producer id,
+        the per-partition outcome (None = written). A partition missing from the answer was not."""
+        request = pb.WriteTxnMarkersRequest(
+            markers=[
+                pb.TxnMarker(
+                    producer_id=m.producer_id,
+                    producer_epoch=m.producer_epoch,
+                    commit=m.commit,
+                    coordinator_epoch=m.coordinator_epoch,
+                    partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in m.partitions],
+                )
+                for m in markers
+            ]
+        )
+        response = await self._call(broker, "WriteTxnMarkers", request)
+        return {
+            answer.producer_id: {
+                (r.topic, r.partition): error_from_proto(r.error) if r.HasField("error") else None
+                for r in answer.results
+            }
+            for answer in response.markers
+        }
 
     async def _call(self, broker: RegisteredBroker, method: str, request):
         rpc = getattr(self._stub(broker), method)

@@ -27,6 +27,10 @@ class ClusterHealth:
     under_min_isr: int = 0
     #: Unclean leader elections this coordinator made (records may have been lost).
     unclean_elections: int = 0
+    #: Transactional ids, open transactions and the oldest one's age (active controller only).
+    transactional_ids: int = 0
+    open_transactions: int = 0
+    oldest_open_transaction_ms: int = 0
 
 
 #: How long one computed ClusterHealth serves the gauges of a collection.
@@ -106,6 +110,24 @@ class CoordinatorInstruments:
             [lambda options: [Observation(self._health().unclean_elections, identity)]],
             unit="{election}",
             description="Leader elections that gave the lead to an out-of-sync replica (data loss).",
+        )
+        meter.create_observable_gauge(
+            names.COORDINATOR_TRANSACTIONAL_IDS,
+            [lambda options: [Observation(self._health().transactional_ids, identity)]],
+            unit="{id}",
+            description="Transactional ids the active controller holds (0 on standbys).",
+        )
+        meter.create_observable_gauge(
+            names.COORDINATOR_TRANSACTIONS_OPEN,
+            [lambda options: [Observation(self._health().open_transactions, identity)]],
+            unit="{transaction}",
+            description="Transactions open (partitions or offsets added, not yet ended).",
+        )
+        meter.create_observable_gauge(
+            names.COORDINATOR_TRANSACTION_OLDEST_AGE,
+            [lambda options: [Observation(self._health().oldest_open_transaction_ms, identity)]],
+            unit="ms",
+            description="Age of the oldest open transaction (read_committed readers wait for it).",
         )
         meter.create_observable_gauge(
             names.CONSUMER_LAG,

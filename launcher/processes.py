@@ -54,10 +54,13 @@ class ServiceProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log_file, "ab") as log:
             self.popen = subprocess.Popen(
-                # The service logs to stderr, which lands in log_file: one copy of every line.
+                # The service logs to stderr and telemetry's console exporters print spans and
+                # metrics to stdout (OTEL_TRACES_EXPORTER=console): both land in log_file, once
+                # each -- services are not given --log-file, so nothing writes the file twice.
                 [sys.executable, "-m", self.module, *self.args, "--ready-file", str(self.ready_file)],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,  # a Ctrl-C in the launcher's terminal does not hit the services
             )

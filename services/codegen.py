@@ -3,7 +3,13 @@
 The ``.proto`` sources live under ``protos/<package path>/`` so that protoc emits package-qualified
 imports (``from tributary.v1 import common_pb2``) and no import patching is needed.  The output
 lands in the repository root as the packages ``tributary`` (our contract) and ``etcdrpc`` (the
-subset of etcd's v3 API we call).  Generated files are git-ignored and rebuilt on every install
+subset of etcd's v3 API we call).
+
+``protos/grpc/`` and ``protos/google/`` hold verbatim copies of upstream protos (gRPC health
+checking, ``google.rpc.Status`` and its error details) for clients in other languages. They are
+never compiled here: Python has them from grpcio-health-checking and grpcio-status /
+googleapis-common-protos, and generated ``grpc/`` or ``google/`` folders at the repository root
+would shadow those packages.  Generated files are git-ignored and rebuilt on every install
 (setup.py calls :func:`generate`), so they can never drift from the protos or be edited by hand.
 
 This module imports only the standard library and grpc_tools: it runs inside the isolated build
@@ -18,11 +24,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = REPO_ROOT / "protos"
+#: The folders of ``protos/`` compiled into Python packages; the others are upstream copies.
+GENERATED_PACKAGES = ("tributary", "etcdrpc")
 
 
 def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
-    """Every ``.proto`` below ``proto_root``, sorted for a deterministic build."""
-    return sorted(proto_root.rglob("*.proto"))
+    """Every ``.proto`` of the generated packages below ``proto_root``, sorted for a
+    deterministic build."""
+    return sorted(f for package in GENERATED_PACKAGES for f in (proto_root / package).rglob("*.proto"))
 
 
 def generate(out_dir: Path = REPO_ROOT, proto_root: Path = PROTO_ROOT) -> list[Path]:

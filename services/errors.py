@@ -262,6 +262,13 @@ class OutOfOrderSequenceNumberError(TributaryError):
     reason, kafka_code, grpc_code = "OUT_OF_ORDER_SEQUENCE_NUMBER", 45, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class OperationNotAttemptedError(TributaryError):
+    """One item of a batched request was not tried because others in it failed (e.g. the valid
+    partitions of an AddPartitionsToTxn naming an unknown one): nothing of the request was done."""
+
+    reason, kafka_code, grpc_code = "OPERATION_NOT_ATTEMPTED", 55, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class KafkaStorageError(TributaryError):
     reason, kafka_code, grpc_code = "KAFKA_STORAGE_ERROR", 56, grpc.StatusCode.UNAVAILABLE
     retriable = invalid_metadata = True
@@ -338,6 +345,10 @@ class InvalidProducerEpochError(TributaryError):
 
 class InvalidTxnStateError(TributaryError):
     reason, kafka_code, grpc_code = "INVALID_TXN_STATE", 48, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class TransactionalIdNotFoundError(TributaryError):
+    reason, kafka_code, grpc_code = "TRANSACTIONAL_ID_NOT_FOUND", 105, grpc.StatusCode.NOT_FOUND
 
 
 class InvalidProducerIdMappingError(TributaryError):

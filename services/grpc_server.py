@@ -29,7 +29,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
-from services import errors
+from services import errors, reflection_v1
+from services.client_id import client_id_from_metadata
 from services.grpc_decoding import DecodingRegistrar
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,8 @@ async def create_server(
 ) -> GrpcServer:
     """Build, bind and start a server; ``address`` may use port 0 (the bound port is returned).
 
-    Registers grpc.health.v1 (every service SERVING once started) and server reflection.
+    Registers grpc.health.v1 (every service SERVING once started) and server reflection (v1 and
+    v1alpha).
     """
     server = grpc.aio.server(interceptors=list(interceptors), options=list(options))
     registrar = DecodingRegistrar(server)
@@ -121,12 +123,17 @@ async def create_server(
     health_servicer = health.aio.HealthServicer()
     # The registrar stands in for the server (it has the registration methods the function calls).
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        reflection.aio.ReflectionServicer(
-            [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
-        ),
-        registrar,
+    # Reflection under both names: v1 for current tools, v1alpha for older ones.
+    reflection_servicer = reflection.aio.ReflectionServicer(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection_v1.SERVICE_NAME,
+            reflection.SERVICE_NAME,
+        ]
     )
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, registrar)
+    reflection_v1.add_v1_to_server(reflection_servicer, registrar)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC server to {address}")
@@ -136,8 +143,12 @@ async def create_server(
     return hosted
 
 
-def _unexpected(method_name: str, exc: BaseException) -> errors.TributaryError:
-    log.exception("unexpected error in %s", method_name, exc_info=exc)
+def _unexpected(method_name: str, exc: BaseException, context) -> errors.TributaryError:
+    try:
+        caller = f" (client {client_id_from_metadata(context.invocation_metadata())!r} at {context.peer()})"
+    except Exception:  # noqa: BLE001 -- a context without metadata must not hide the error
+        caller = ""
+    log.exception("unexpected error in %s%s", method_name, caller, exc_info=exc)
     return errors.TributaryError(f"{type(exc).__name__}: {exc}")
 
 
@@ -157,7 +168,7 @@ def translate_errors(method):
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
             except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
-                await errors.abort_with_error(context, _unexpected(name, exc))
+                await errors.abort_with_error(context, _unexpected(name, exc, context))
 
         return stream_wrapper
 
@@ -170,7 +181,7 @@ def translate_errors(method):
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as exc:  # noqa: BLE001 -- the edge: answer, never crash
-            await errors.abort_with_error(context, _unexpected(name, exc))
+            await errors.abort_with_error(context, _unexpected(name, exc, context))
 
     return unary_wrapper
 

@@ -30,8 +30,10 @@ def resolve_addresses(servers: str | None) -> str:
 class ClusterView:
     """Partition and offset lookups for planning; use as a context manager."""
 
-    def __init__(self, servers: str) -> None:
+    def __init__(self, servers: str, *, isolation_level: str = "read_uncommitted") -> None:
         self._admin = Admin(servers=servers)
+        #: read_committed: "latest" is the last stable offset, where committed data ends.
+        self._isolation_level = isolation_level
 
     def __enter__(self) -> ClusterView:
         return self
@@ -62,16 +64,18 @@ class ClusterView:
         return _assigned(subscription.assignment, counts, must_exist)
 
     def offsets(self, tps: Sequence[TopicPartition], spec: str) -> Offsets:
-        """``{tp: offset}`` for ``spec`` "earliest" (log start) or "latest" (high watermark)."""
+        """``{tp: offset}`` for ``spec`` "earliest" (log start) or "latest" (high watermark; the
+        last stable offset with read_committed)."""
         if not tps:
             return {}
-        return {tp: r.offset for tp, r in self._admin.list_offsets({tp: spec for tp in tps}).items()}
+        found = self._admin.list_offsets({tp: spec for tp in tps}, isolation_level=self._isolation_level)
+        return {tp: r.offset for tp, r in found.items()}
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, int | None]:
         """First offset at or after each timestamp; ``None`` when no record is that recent."""
         if not timestamps:
             return {}
-        found = self._admin.list_offsets(timestamps)
+        found = self._admin.list_offsets(timestamps, isolation_level=self._isolation_level)
         return {tp: (r.offset if r.offset >= 0 else None) for tp, r in found.items()}
 
 

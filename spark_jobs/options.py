@@ -31,6 +31,9 @@ Reading (``spark.read`` / ``spark.readStream``):
 ``servers``                          gateway addresses, comma-separated; default: the SDK's
                                      (``$TRIBUTARY_GATEWAY``, then the local cluster)
 ``pollTimeoutMs``                    how long a task waits for records it expects (120000)
+``isolation.level``                  read_uncommitted (default) | read_committed: only
+                                     committed transactions, "latest" is the last stable
+                                     offset (also spelled ``kafka.isolation.level``)
 ==================================== =====================================================
 
 At most one starting option and one ending option may be given.
@@ -74,6 +77,8 @@ READ_OPTIONS = (
     "includeHeaders",
     "servers",
     "pollTimeoutMs",
+    "isolation.level",
+    "kafka.isolation.level",
 )
 WRITE_OPTIONS = ("topic", "servers", "compression", "acks")
 #: Options Spark itself passes along (``load(path)``, a stream writer's ``checkpointLocation``).
@@ -203,6 +208,18 @@ def _parse_assign(raw: _Raw) -> tuple[TopicPartition, ...]:
     return tuple(sorted(set(tps)))
 
 
+def _parse_isolation_level(raw: _Raw) -> str:
+    given = raw.given(("isolation.level", "kafka.isolation.level"))
+    if len(given) > 1 and raw.get(given[0]) != raw.get(given[1]):
+        raise OptionError(given[1], f"contradicts {given[0]}; give one of them")
+    if not given:
+        return "read_uncommitted"
+    value = (raw.get(given[0]) or "").lower()
+    if value not in ("read_uncommitted", "read_committed"):
+        raise OptionError(given[0], f"must be read_uncommitted or read_committed, not {value!r}")
+    return value
+
+
 def _is_index(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -314,6 +331,8 @@ class ReadOptions:
     include_headers: bool = False
     servers: str | None = None
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
+    #: read_committed: transactions' records only once committed, aborted ones never.
+    isolation_level: str = "read_uncommitted"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -340,6 +359,7 @@ class ReadOptions:
             include_headers=raw.boolean("includeHeaders", False),
             servers=_parse_servers(raw),
             poll_timeout_ms=raw.positive_int("pollTimeoutMs") or DEFAULT_POLL_TIMEOUT_MS,
+            isolation_level=_parse_isolation_level(raw),
         )
 
     def starting_bound(self, *, streaming: bool) -> OffsetBound:

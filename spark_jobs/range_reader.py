@@ -52,6 +52,7 @@ class RangeReadSettings:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
+    isolation_level: str = "read_uncommitted"
 
 
 def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.RecordBatch]:
@@ -65,6 +66,7 @@ def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.Rec
         max_poll_records=BATCH_ROWS,
         max_partition_fetch_bytes=FETCH_BYTES,
         client_id="tributary-spark",
+        isolation_level=settings.isolation_level,
     ) as consumer:
         for records in _poll_range(consumer, rng, settings):
             builder.add(records)

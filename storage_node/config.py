@@ -57,6 +57,16 @@ class StorageNodeConfig(ServiceConfig):
     maintenance_interval_ms: int = 1000
     #: Open segment file handles kept beyond the active segments (bounded file descriptors).
     max_open_segments: int = 1024
+    #: An idempotent producer idle this long, with no transaction open, is forgotten by the
+    #: partitions (producer.id.expiration.ms); its next batch moves it to a new epoch.
+    producer_id_expiration_ms: int = 86_400_000
+    #: A transactional batch that would open a transaction on a partition is appended only once
+    #: the transaction coordinator confirms the partition was added to it (Kafka's
+    #: transaction.partition.verification.enable, KIP-890); without it, a client that skips
+    #: AddPartitionsToTxn can hold the partition's last stable offset back for good.
+    transaction_verification: bool = True
+    #: How often partitions look for such producers (producer.id.expiration.check.interval.ms).
+    producer_id_expiration_check_interval_ms: int = 600_000
     #: Most fetch-port connections open at once (Kafka's max.connections); 0 = as many as the
     #: descriptor rule allows: half of RLIMIT_NOFILE at two descriptors per connection, the other
     #: half kept for the log, gRPC and etcd (storage_node/descriptors.py). A value that does not

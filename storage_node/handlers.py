@@ -22,6 +22,8 @@ from services.append_result import AppendResult
 from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
+from services.records import read_batch_header
+from services.records.format import TRANSACTIONAL_MASK
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
 from storage_node.notifier import AppendNotifier
@@ -70,6 +72,10 @@ class StorageNodeHandlers:
         self.standalone = standalone
         self.flush_before_ack = flush_before_ack
         self.group_commit = GroupCommit()
+        #: Asks the transaction coordinator about a transactional batch that would open a
+        #: transaction here (``verify_transaction``; the controller channel); None = no check
+        #: (standalone nodes have no coordinator to ask).
+        self.transaction_verifier = None
         #: Totals since start for DescribeLogDirs' traffic (plain ints: free on the hot path).
         self.bytes_in = 0
         self.records_in = 0
@@ -123,6 +129,9 @@ class StorageNodeHandlers:
         leadership). With ``flush_before_ack``, ``acks>=1`` also waits for the fsync.
         """
         acks_all = acks is Acks.ALL
+        refused = await self._verify_transaction(topic, partition, data)
+        if refused is not None:
+            return AppendResult(topic, partition, error=refused)
         try:
             replica, info = self.replicas.append(
                 topic, partition, data, acks_all=acks_all, leader_epoch=leader_epoch
@@ -160,21 +169,49 @@ class StorageNodeHandlers:
             record_count=info.record_count,
         )
 
-    def list_offset(self, topic: str, partition: int, *, timestamp: int) -> OffsetResult:
-        """``timestamp`` -2 = earliest, -1 = latest (the high watermark), else the first offset
-        with ts >= timestamp below the high watermark. Only the leader answers."""
+    async def _verify_transaction(
+        self, topic: str, partition: int, data: bytes
+    ) -> errors.TributaryError | None:
+        """A transactional batch that would open a transaction on this partition is checked with
+        the transaction coordinator first (KIP-890): written without AddPartitionsToTxn, it would
+        open a transaction no one ends and hold the last stable offset back for good."""
+        verifier = self.transaction_verifier
+        if verifier is None:
+            return None
+        try:
+            header = read_batch_header(data)
+        except errors.TributaryError:
+            return None  # not a batch: validation refuses it with the precise reason
+        if not header.attributes & TRANSACTIONAL_MASK or header.producer_id < 0:
+            return None
+        try:
+            replica = self.replicas.get(topic, partition)
+            replica.ensure_leader()
+        except errors.TributaryError as exc:
+            return exc
+        if replica.log.transaction_open(header.producer_id, header.producer_epoch):
+            return None
+        return await verifier.verify_transaction(header.producer_id, header.producer_epoch, topic, partition)
+
+    def list_offset(
+        self, topic: str, partition: int, *, timestamp: int, read_committed: bool = False
+    ) -> OffsetResult:
+        """``timestamp`` -2 = earliest, -1 = latest (the high watermark; with ``read_committed``
+        the last stable offset), else the first offset with ts >= timestamp below that end.
+        Only the leader answers."""
         try:
             replica = self.replicas.get(topic, partition)
             replica.ensure_leader()
             partition_log = replica.log
+            end = partition_log.last_stable_offset if read_committed else partition_log.high_watermark
             if timestamp == EARLIEST:
                 return OffsetResult(topic, partition, offset=partition_log.log_start_offset)
             if timestamp == LATEST:
-                return OffsetResult(topic, partition, offset=partition_log.high_watermark)
+                return OffsetResult(topic, partition, offset=end)
             found = partition_log.offset_for_timestamp(timestamp)
         except errors.TributaryError as exc:
             return OffsetResult(topic, partition, error=exc)
-        if found is None:
+        if found is None or found[0] >= end:
             return OffsetResult(topic, partition)
         offset, ts = found
         return OffsetResult(topic, partition, offset=offset, timestamp=ts)

@@ -80,6 +80,8 @@ class StorageNode:
             clock,
             dict(config.default_topic_configs),
             max_open_segments=config.max_open_segments,
+            producer_id_expiration_ms=config.producer_id_expiration_ms,
+            producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
         self.notifier = AppendNotifier()
         self.replication_settings = ReplicationSettings(
@@ -149,6 +151,8 @@ class StorageNode:
             )
             self.controller_channel = channel = ControllerChannel(registration.client, self.replicas)
             self.replicas.attach(isr_channel=channel, fetchers=self.fetchers)
+            if self.config.transaction_verification:
+                self.handlers.transaction_verifier = channel
             await channel.start()
             await registration.register()
         else:

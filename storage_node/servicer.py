@@ -86,7 +86,11 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             except errors.TributaryError as exc:
                 results.append(OffsetResult(query.topic, query.partition, error=exc))
                 continue
-            results.append(self._handlers.list_offset(query.topic, query.partition, timestamp=timestamp))
+            results.append(
+                self._handlers.list_offset(
+                    query.topic, query.partition, timestamp=timestamp, read_committed=request.read_committed
+                )
+            )
         return pb.ListPartitionOffsetsResponse(partitions=[_offset_result_to_proto(r) for r in results])
 
     @translate_errors
@@ -160,7 +164,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     @translate_errors
     async def DeleteRecords(self, request, context):
         start = self._handlers.delete_records(request.topic, request.partition, request.before_offset)
-        return pb.DeleteRecordsResponse(log_start_offset=start)
+        return pb.DeletePartitionRecordsResponse(log_start_offset=start)
 
     @translate_errors
     async def DescribeLogDirs(self, request, context):

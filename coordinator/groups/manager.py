@@ -16,7 +16,9 @@ One :class:`GroupManager` per controller term (created, run and cancelled with t
   partitions, deleted topics) and rebalances -- subscription patterns matched in a worker
   thread and kept while the topic names stay the same (:mod:`coordinator.groups.matcher`), so
   no pattern or topic count makes the event loop wait; **expires** committed offsets of empty
-  groups after ``offsets.retention.minutes``.
+  groups after ``offsets.retention.minutes``;
+* checks and applies **transactional offsets** for the transaction coordinator
+  (:class:`~coordinator.groups.txn_offsets.TransactionalOffsets`).
 
 A member's session is an etcd lease this controller holds for it (TTL = its session timeout)
 and refreshes on each of its heartbeats -- the coordinator's side of the member's keep-alive.
@@ -36,6 +38,7 @@ from coordinator.groups.model import HeartbeatParams, JoinParams, Member, Member
 from coordinator.groups.state import JoinKind, new_member_id
 from coordinator.groups.store import GroupEntry, GroupStore
 from coordinator.groups.tasks import OwnedTasks, restarting
+from coordinator.groups.txn_offsets import TransactionalOffsets
 from coordinator.metadata import MetadataCache
 from coordinator.storage_client import StorageNodes
 from services import errors
@@ -100,6 +103,10 @@ class GroupManager:
             storage,
             retention_ms=self.settings.offsets_retention_ms,
             max_metadata_bytes=self.settings.offset_metadata_max_bytes,
+        )
+        #: Offsets committed through transactions (checked here, staged by the transaction coordinator).
+        self.txn_offsets = TransactionalOffsets(
+            self.store, max_metadata_bytes=self.settings.offset_metadata_max_bytes
         )
         self._topics_changed = asyncio.Event()
         #: Watch responses up to this revision are reflected in what was loaded.

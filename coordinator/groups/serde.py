@@ -6,8 +6,11 @@ from coordinator.groups.model import (
     COOPERATIVE_STICKY,
     DEFAULT_MAX_POLL_INTERVAL_MS,
     DEFAULT_SESSION_TIMEOUT_MS,
+    EMPTY,
+    PREPARING_REBALANCE,
     RANGE,
     ROUND_ROBIN,
+    STABLE,
     STICKY,
     CommitParams,
     CommittedOffset,
@@ -179,8 +182,25 @@ def reset_spec_from_proto(request) -> ResetSpec:
 # ---- listing and describing ------------------------------------------------------------------------
 
 
+#: Kafka's state names (the model's) -> the contract's GroupState enum.
+_GROUP_STATE = {
+    EMPTY: pb.GROUP_STATE_EMPTY,
+    STABLE: pb.GROUP_STATE_STABLE,
+    PREPARING_REBALANCE: pb.GROUP_STATE_PREPARING_REBALANCE,
+}
+
+
+def group_state_to_proto(state: str) -> int:
+    return _GROUP_STATE.get(state, pb.GROUP_STATE_UNSPECIFIED)
+
+
 def listing_to_proto(listing: GroupListing):
-    return pb.GroupListing(group_id=listing.group_id, state=listing.state, member_count=listing.member_count)
+    return pb.GroupListing(
+        group_id=listing.group_id,
+        state=listing.state,
+        member_count=listing.member_count,
+        group_state=group_state_to_proto(listing.state),
+    )
 
 
 def member_to_proto(described: MemberDescription):
@@ -212,6 +232,7 @@ def description_to_proto(description: GroupDescription):
     return pb.DescribeGroupResponse(
         group_id=description.group_id,
         state=description.state,
+        group_state=group_state_to_proto(description.state),
         generation_id=description.generation,
         assignor=assignor_to_proto(description.assignor),
         members=[member_to_proto(m) for m in description.members],

@@ -1,4 +1,5 @@
-"""Tasks owned by one controller term's group machinery: spawned, shielded, cancelled together."""
+"""Tasks owned by one controller term's group (or transaction) machinery: spawned, shielded,
+cancelled together."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ T = TypeVar("T")
 class OwnedTasks:
     """Tasks that live at most as long as the term; exceptions are logged, never lost."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "consumer group") -> None:
+        #: What the tasks are about, for the log.
+        self.kind = kind
         self._tasks: set[asyncio.Task] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
@@ -33,7 +36,7 @@ class OwnedTasks:
             return
         exc = task.exception()  # retrieved, so asyncio does not warn about it
         if exc is not None and not isinstance(exc, (errors.TributaryError, EtcdError)):
-            log.error("consumer group task failed", exc_info=exc)
+            log.error("%s task failed", self.kind, exc_info=exc)
 
     async def detached(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` to its end even if the RPC awaiting it is cancelled: a client that gives
@@ -56,15 +59,13 @@ class OwnedTasks:
             task.cancel()
 
 
-async def restarting(routine: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run a long-lived routine; if it fails on a bug, log it and start it again (a group
-    routine must not die silently for the rest of the term)."""
+async def restarting(routine: Callable[[], Coroutine[Any, Any, None]], kind: str = "consumer group") -> None:
+    """Run a long-lived routine; if it fails on a bug, log it and start it again (a group or
+    transaction routine must not die silently for the rest of the term)."""
     while True:
         try:
             await routine()
             return
         except Exception:
-            log.exception(
-                "consumer group routine %s failed; restarting it", getattr(routine, "__name__", routine)
-            )
+            log.exception("%s routine %s failed; restarting it", kind, getattr(routine, "__name__", routine))
             await asyncio.sleep(1.0)

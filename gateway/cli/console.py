@@ -109,6 +109,7 @@ def consume(args) -> int:
         servers=connect(args),
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         request_timeout_ms=CLI_REQUEST_TIMEOUT_MS,
+        isolation_level=args.isolation_level,
         **group,
     )
     count = 0

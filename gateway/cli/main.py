@@ -9,11 +9,14 @@
     tributary produce TOPIC [--key-separator SEP] [--header k=v ...]
     tributary consume TOPIC [--from-beginning | --offset N --partition P | --from-timestamp MS]
                             [--group GROUP] [--max-messages N] [--format text|json]
+                            [--isolation-level read_committed]
     tributary offsets TOPIC [--time MS]
+    tributary delete-records (--topic T --partition P --offset N | --offset-json-file FILE)
     tributary groups list | describe GROUP [--format text|json] | delete GROUP
     tributary groups reset-offsets GROUP --topic T (--to-earliest | --to-latest | --to-timestamp MS
                                                     | --to-offset N) [--dry-run]
     tributary groups list | describe G | reset-offsets G --topic T --to-... | delete G
+    tributary transactions list [--state Ongoing] | describe ID [--format text|json]
     tributary top [--interval S] [--iterations N]
     tributary demo [--records N]
 
@@ -29,7 +32,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import cluster, console, demo, groups, top, topics
+from gateway.cli import cluster, console, demo, groups, top, topics, transactions
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -177,6 +180,12 @@ def _add_consume(commands) -> None:
     )
     consume.add_argument("--print-key", action="store_true", help="text format: print key<TAB>value")
     consume.add_argument(
+        "--isolation-level",
+        choices=["read_uncommitted", "read_committed"],
+        default="read_uncommitted",
+        help="read_committed: only records of committed transactions (Kafka's console consumer option)",
+    )
+    consume.add_argument(
         "--group",
         metavar="GROUP",
         help="consume as a member of this consumer group: the group assigns partitions and the "
@@ -197,6 +206,34 @@ def _add_offsets(commands) -> None:
     )
     _common(offsets)
     offsets.set_defaults(func=topics.offsets)
+
+
+def _offset_or_high_watermark(text: str) -> int:
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"{text}: an offset is >= 0, or -1 for the high watermark")
+    return value
+
+
+def _add_delete_records(commands) -> None:
+    parser = commands.add_parser(
+        "delete-records", help="delete the records below an offset (the partition's log start moves there)"
+    )
+    parser.add_argument("--topic", metavar="T")
+    parser.add_argument("--partition", type=_non_negative, metavar="P")
+    parser.add_argument(
+        "--offset",
+        type=_offset_or_high_watermark,
+        metavar="N",
+        help="records below N are deleted; -1 = the high watermark (everything consumers can read)",
+    )
+    parser.add_argument(
+        "--offset-json-file",
+        metavar="FILE",
+        help='Kafka\'s format: {"partitions": [{"topic": "t", "partition": 0, "offset": 10}], "version": 1}',
+    )
+    _common(parser)
+    parser.set_defaults(func=topics.delete_records)
 
 
 def _add_groups(commands) -> None:
@@ -240,6 +277,10 @@ def _add_groups(commands) -> None:
         _common(sub)
 
 
+def _add_transactions(commands) -> None:
+    transactions.add_parser(commands, _common)
+
+
 def _add_top(commands) -> None:
     top.add_parser(commands, _common)
 
@@ -271,7 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_produce,
         _add_consume,
         _add_offsets,
+        _add_delete_records,
         _add_groups,
+        _add_transactions,
         _add_top,
         _add_demo,
     ):

@@ -1,8 +1,11 @@
-"""``tributary topics ...`` and ``tributary offsets``: administration through the SDK's Admin."""
+"""``tributary topics ...``, ``tributary offsets`` and ``tributary delete-records``: administration
+through the SDK's Admin."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from gateway.cli.connect import CliError, connect
 from gateway.cli.output import describe_topic, is_under_replicated, offsets_table, parse_pairs
@@ -92,4 +95,43 @@ def offsets(args) -> int:
         for tp in tps:
             offset = at_time[tp].offset
             print(f"{args.topic}:{tp.partition}:{offset if offset >= 0 else 'none'}")
+    return 0
+
+
+def _offsets_file(path: str) -> dict[TopicPartition, int]:
+    """Kafka's ``--offset-json-file``: ``{"partitions": [{"topic": T, "partition": P, "offset":
+    N}, ...], "version": 1}``."""
+    try:
+        document = json.loads(Path(path).read_text())
+        entries = document["partitions"]
+        offsets = {TopicPartition(str(e["topic"]), int(e["partition"])): int(e["offset"]) for e in entries}
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror}", 2) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CliError(
+            f"{path} is not an offsets file like "
+            '{"partitions": [{"topic": "t", "partition": 0, "offset": 10}], "version": 1} '
+            f"({type(exc).__name__}: {exc})",
+            2,
+        ) from None
+    if len(offsets) != len(entries):
+        raise CliError(f"{path} names a partition twice", 2)
+    return offsets
+
+
+def delete_records(args) -> int:
+    """Delete the records below an offset (``kafka-delete-records``): the partition's log start
+    moves there; -1 means the high watermark."""
+    if args.offset_json_file:
+        if args.topic or args.partition is not None or args.offset is not None:
+            raise CliError("give either --offset-json-file or --topic/--partition/--offset", 2)
+        offsets = _offsets_file(args.offset_json_file)
+    else:
+        if not args.topic or args.partition is None or args.offset is None:
+            raise CliError("give --topic, --partition and --offset (or --offset-json-file)", 2)
+        offsets = {TopicPartition(args.topic, args.partition): args.offset}
+    with _admin(args) as admin:
+        log_starts = admin.delete_records(offsets)
+    for tp in sorted(log_starts):
+        print(f"partition: {tp.topic}-{tp.partition}\tlow_watermark: {log_starts[tp]}")
     return 0

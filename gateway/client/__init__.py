@@ -3,10 +3,14 @@
 * :class:`Producer` / :class:`AsyncProducer` -- ``send(topic, value, key=None, headers=None,
   partition=None, timestamp=None)`` returning a future of :class:`RecordMetadata`; batches are
   built and compressed client-side as Kafka RecordBatch v2.
+  Idempotent by default (``acks="all"``: retries never duplicate); with a ``transactional_id``,
+  ``init_transactions``/``begin_transaction``/``send_offsets_to_transaction``/
+  ``commit_transaction``/``abort_transaction`` write atomically across partitions (KIP-98).
 * :class:`Consumer` / :class:`AsyncConsumer` -- consumer groups (``group_id``, ``subscribe``
   with a :class:`ConsumerRebalanceListener`, ``commit``/``commit_async``/``committed``,
   auto-commit, static membership) or ``assign``; ``poll``, iteration, ``seek*``, ``position``,
-  ``offsets_for_times``, ``pause``/``resume``, ``wakeup``; batches decoded client-side.
+  ``offsets_for_times``, ``pause``/``resume``, ``wakeup``; batches decoded client-side;
+  ``isolation_level="read_committed"`` reads only committed transactions.
 * :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets, consumer groups.
 
 The thread-based clients run their I/O on a background thread with an asyncio loop; the asyncio
@@ -20,7 +24,13 @@ Errors are :class:`TributaryError` subclasses with ``reason`` (Kafka's error nam
 
 from gateway.client.admin import Admin, AsyncAdmin
 from gateway.client.consumer import AsyncConsumer, Consumer
-from gateway.client.errors import IllegalStateError, NoServersError, TributaryError, WakeupError
+from gateway.client.errors import (
+    IllegalStateError,
+    NoServersError,
+    TransactionAbortedError,
+    TributaryError,
+    WakeupError,
+)
 from gateway.client.futures import FutureRecordMetadata
 from gateway.client.listener import ConsumerRebalanceListener
 from gateway.client.producer import AsyncProducer, Producer
@@ -33,6 +43,7 @@ from gateway.client.serialization import (
 from gateway.client.structs import (
     BrokerMetadata,
     ClusterDescription,
+    ConsumerGroupMetadata,
     ConsumerRecord,
     GroupDescription,
     GroupListing,
@@ -46,6 +57,7 @@ from gateway.client.structs import (
     RecordMetadata,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
 )
 
 __all__ = [
@@ -56,6 +68,7 @@ __all__ = [
     "BrokerMetadata",
     "ClusterDescription",
     "Consumer",
+    "ConsumerGroupMetadata",
     "ConsumerRebalanceListener",
     "ConsumerRecord",
     "FutureRecordMetadata",
@@ -74,6 +87,8 @@ __all__ = [
     "RecordMetadata",
     "TopicDescription",
     "TopicPartition",
+    "TransactionAbortedError",
+    "TransactionDescription",
     "TributaryError",
     "WakeupError",
     "json_deserializer",

@@ -38,6 +38,7 @@ from gateway.client.futures import FutureRecordMetadata, ProduceResult
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
 from services.records.format import Compression
+from services.records.inplace import set_producer_state
 
 #: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
 #: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
@@ -140,9 +141,13 @@ class ProducerBatch:
         "_builder",
         "_data",
         "_full",
+        "_prebuilt",
         "attempts",
+        "base_sequence",
         "created_ms",
         "last_error",
+        "producer_epoch",
+        "producer_id",
         "record_count",
         "reserved_bytes",
         "result",
@@ -171,7 +176,12 @@ class ProducerBatch:
         self._builder = builder
         self._batch_size = batch_size
         self._data = data
+        self._prebuilt = data is not None
         self._full = False
+        #: Set when an idempotent producer numbers the batch (TransactionManager.number).
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
 
     def try_append(self, timestamp: int, key, value, headers: tuple, size: int) -> int | None:
         """Append and return the record's offset delta, or None when the batch is full/closed."""
@@ -206,6 +216,21 @@ class ProducerBatch:
             self._builder = None
         return self._data
 
+    @property
+    def prebuilt(self) -> bool:
+        """Bytes handed in whole (``send_batch``): sent as they are, never numbered or merged."""
+        return self._prebuilt
+
+    def set_producer_state(
+        self, producer_id: int, producer_epoch: int, base_sequence: int, *, transactional: bool = False
+    ) -> None:
+        """Number the batch for an idempotent producer (closing it): the header fields are
+        rewritten in place, the records are not re-encoded."""
+        data = bytearray(self.close())
+        set_producer_state(data, producer_id, producer_epoch, base_sequence, transactional=transactional)
+        self._data = data
+        self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
+
     def __repr__(self) -> str:
         return f"<ProducerBatch {self.topic_partition} records={self.record_count} attempts={self.attempts}>"
 
@@ -232,8 +257,13 @@ class RecordAccumulator:
         linger_ms: int = 5,
         compression: Compression = Compression.NONE,
         pool: BufferPool | None = None,
+        retried_alone: bool = False,
     ) -> None:
         self.batch_size = max(1, batch_size)
+        #: An idempotent producer sends a retried batch in a request of its own: then a retry is
+        #: always a whole earlier append or none of it, which the leader can tell (see
+        #: transaction_manager.py).
+        self.retried_alone = retried_alone
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
         self.pool = pool or BufferPool(32 * 1024 * 1024)
@@ -398,6 +428,12 @@ class RecordAccumulator:
         size = 0
         while queue:
             batch = queue[0]
+            if (
+                taken
+                and self.retried_alone
+                and (batch.attempts or taken[0].attempts or batch.prebuilt or taken[0].prebuilt)
+            ):
+                break
             if taken:
                 last = len(queue) == 1
                 complete = (

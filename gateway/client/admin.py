@@ -1,6 +1,7 @@
 """Administration: topics (create, delete, describe, list, add partitions, alter configs),
-cluster metadata, offsets, and consumer groups (list, describe with lag, committed offsets,
-reset, delete). ``AsyncAdmin`` for asyncio, ``Admin`` for threads (same methods).
+cluster metadata, offsets, deleting records below an offset, and consumer groups (list,
+describe with lag, committed offsets, reset, delete). ``AsyncAdmin`` for asyncio, ``Admin`` for
+threads (same methods).
 
 Every failure raises the typed error the gateway reported, e.g. ``TopicAlreadyExistsError``
 (``TOPIC_ALREADY_EXISTS``), ``InvalidPartitionsError``, ``InvalidConfigError``,
@@ -41,6 +42,7 @@ from gateway.client.structs import (
     OffsetAndTimestamp,
     TopicDescription,
     TopicPartition,
+    TransactionDescription,
 )
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
@@ -60,8 +62,11 @@ class AsyncAdmin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
-        self._client = GatewayClient(servers, request_timeout_ms=request_timeout_ms, clock=clock)
+        self._client = GatewayClient(
+            servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+        )
 
     @property
     def addresses(self) -> list[str]:
@@ -193,18 +198,79 @@ class AsyncAdmin:
         return cluster_from_proto(response), described
 
     async def list_offsets(
-        self, specs: Mapping[TopicPartition, Any]
+        self, specs: Mapping[TopicPartition, Any], *, isolation_level: str = "read_uncommitted"
     ) -> dict[TopicPartition, OffsetAndTimestamp]:
         """``{tp: "earliest" | "latest" | timestamp_ms}`` -> ``{tp: OffsetAndTimestamp}``.
 
-        A timestamp with no record at or after it gives offset -1. Raises the first
-        per-partition error (e.g. ``UnknownTopicOrPartitionError``).
+        A timestamp with no record at or after it gives offset -1. With
+        ``isolation_level="read_committed"``, "latest" is the last stable offset (where a
+        read_committed consumer's reading ends). Raises the first per-partition error (e.g.
+        ``UnknownTopicOrPartitionError``).
         """
-        results = await list_offsets(self._client, {TopicPartition(*tp): spec for tp, spec in specs.items()})
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError("isolation_level must be read_uncommitted or read_committed")
+        results = await list_offsets(
+            self._client,
+            {TopicPartition(*tp): spec for tp, spec in specs.items()},
+            read_committed=isolation_level == "read_committed",
+        )
         for result in results.values():
             if isinstance(result, TributaryError):
                 raise result
         return results
+
+    async def delete_records(self, offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete the records of each partition below its offset (Kafka's ``deleteRecords``):
+        ``{tp: offset}``, where -1 means the high watermark (every record consumers can read).
+        Returns ``{tp: new log start offset}`` (Kafka's low watermark). The log start never
+        moves back. Raises the first per-partition error, e.g. ``OffsetOutOfRangeError`` for an
+        offset above the high watermark or ``UnknownTopicOrPartitionError`` (the other
+        partitions' deletions still happen)."""
+        request = pb.DeleteRecordsRequest(
+            partitions=[
+                pb.DeleteRecordsPartition(topic=tp[0], partition=tp[1], offset=int(offset))
+                for tp, offset in offsets.items()
+            ],
+            timeout_ms=self._client.request_timeout_ms,
+        )
+        response = await self._client.call("DeleteRecords", request)
+        result: dict[TopicPartition, int] = {}
+        for item in response.partitions:
+            if item.HasField("error") and item.error.reason:
+                raise error_from_proto(item.error)
+            result[TopicPartition(item.topic, item.partition)] = item.log_start_offset
+        return result
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def describe_transactions(
+        self, transactional_ids: Iterable[str] = (), *, states: Iterable[str] = ()
+    ) -> list[TransactionDescription]:
+        """The named transactional ids with their partitions (``TransactionalIdNotFoundError``
+        for an unknown one), or -- naming none -- every id, optionally only those in ``states``
+        (Kafka's names: ``Ongoing``, ``PrepareCommit``, ...), sorted by id."""
+        request = pb.DescribeTransactionsRequest(
+            transactional_ids=list(transactional_ids), states=list(states)
+        )
+        response = await self._client.call("DescribeTransactions", request)
+        described = []
+        for item in response.transactions:
+            if item.HasField("error") and item.error.reason:
+                raise error_from_proto(item.error)
+            described.append(
+                TransactionDescription(
+                    item.transactional_id,
+                    item.state,
+                    item.producer_id,
+                    item.producer_epoch,
+                    item.transaction_timeout_ms,
+                    item.start_ms,
+                    item.partition_count,
+                    tuple(TopicPartition(p.topic, p.partition) for p in item.partitions),
+                    tuple(item.groups),
+                )
+            )
+        return described
 
     # -- consumer groups -------------------------------------------------------------------
 
@@ -295,11 +361,14 @@ class Admin:
         servers: str | Sequence[str] | None = None,
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "tributary-admin",
     ) -> None:
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:
-            return AsyncAdmin(servers=servers, request_timeout_ms=request_timeout_ms, clock=clock)
+            return AsyncAdmin(
+                servers=servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+            )
 
         try:
             self._core = self._io.run(create())
@@ -318,6 +387,7 @@ class Admin:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
+    describe_transactions = _sync("describe_transactions")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")
     delete_topics = _sync("delete_topics")
@@ -328,6 +398,7 @@ class Admin:
     describe_cluster = _sync("describe_cluster")
     metadata = _sync("metadata")
     list_offsets = _sync("list_offsets")
+    delete_records = _sync("delete_records")
     list_consumer_groups = _sync("list_consumer_groups")
     describe_consumer_group = _sync("describe_consumer_group")
     list_consumer_group_offsets = _sync("list_consumer_group_offsets")

@@ -22,7 +22,9 @@ from typing import cast
 import grpc
 
 from gateway.client.errors import NetworkError, TributaryError, error_from_rpc
+from services.client_id import CLIENT_ID_METADATA_KEY
 from services.proto import gateway_grpc
+from services.telemetry import client_interceptors
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +63,35 @@ def is_transport_failure(exc: grpc.RpcError) -> bool:
     return not any(key == _STATUS_DETAILS_KEY for key, _ in pairs)
 
 
+class IdentifiedStub:
+    """A ``GatewayStub`` whose every call carries the client's metadata (its ``client_id``), so
+    each call site -- unary calls here, the producer's ``ProduceStream`` -- sends it without
+    passing it. Cheaper than an interceptor, which grpc.aio runs as extra coroutines per call."""
+
+    def __init__(self, stub: gateway_grpc.GatewayStub, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __getattr__(self, name: str):
+        method = getattr(self._stub, name)
+        metadata = self._metadata
+
+        def call(*args, **kwargs):
+            kwargs.setdefault("metadata", metadata)
+            return method(*args, **kwargs)
+
+        call.__name__ = name
+        setattr(self, name, call)  # built once per method
+        return call
+
+
 @dataclass
 class Endpoint:
     """One gateway address with its channel and stub, and its quarantine state."""
 
     address: str
     channel: grpc.aio.Channel
-    stub: gateway_grpc.GatewayStub
+    stub: IdentifiedStub
     failures: int = 0
     down_until: float = 0.0
     streams: list = field(default_factory=list)
@@ -79,18 +103,29 @@ class GatewayPool:
     Must be created and used on one event loop (gRPC asyncio channels belong to their loop).
     """
 
-    def __init__(self, addresses: list[str], *, monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, addresses: list[str], *, monotonic: Callable[[], float] = time.monotonic, client_id: str = ""
+    ) -> None:
         if not addresses:
             raise ValueError("at least one gateway address is needed")
         self._monotonic = monotonic
+        #: Sent with every call (``tributary-client-id``): the gateway logs it, and groups show it.
+        self.metadata: tuple[tuple[str, str], ...] = (
+            ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
+        )
         self.endpoints = [self._open(address) for address in addresses]
         self._current = 0
         self._closed = False
 
-    @staticmethod
-    def _open(address: str) -> Endpoint:
-        channel = grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
-        return Endpoint(address=address, channel=channel, stub=gateway_grpc.GatewayStub(channel))
+    def _open(self, address: str) -> Endpoint:
+        # With an OpenTelemetry SDK configured by the application, every call is a CLIENT span
+        # whose context travels in the metadata (W3C traceparent) to the gateway; without one
+        # there are no interceptors at all.
+        channel = grpc.aio.insecure_channel(
+            address, options=list(CHANNEL_OPTIONS), interceptors=client_interceptors(address) or None
+        )
+        stub = IdentifiedStub(gateway_grpc.GatewayStub(channel), self.metadata)
+        return Endpoint(address=address, channel=channel, stub=stub)
 
     @property
     def addresses(self) -> list[str]:

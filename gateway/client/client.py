@@ -37,8 +37,11 @@ class GatewayClient:
         metadata_max_age_ms: int = 300_000,
         retry_backoff_ms: int = 100,
         clock: Clock = SYSTEM_CLOCK,
+        client_id: str = "",
     ) -> None:
         self.addresses = resolve_servers(servers)
+        #: Kafka's client.id: sent in every call's metadata (``tributary-client-id``).
+        self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff_ms = retry_backoff_ms
         self.clock = clock
@@ -50,7 +53,7 @@ class GatewayClient:
         # Channels are created lazily, on the loop that first uses them (gRPC asyncio channels
         # belong to the loop they were created on).
         if self._pool is None:
-            self._pool = GatewayPool(self.addresses, monotonic=self.clock.monotonic)
+            self._pool = GatewayPool(self.addresses, monotonic=self.clock.monotonic, client_id=self.client_id)
         return self._pool
 
     async def call(self, method: str, request, *, timeout_ms: int | None = None, failover: bool = True):
@@ -130,10 +133,11 @@ def offset_spec(spec) -> pb.OffsetSpec:
     raise ValueError(f"offset spec must be 'earliest', 'latest' or a timestamp in ms, not {spec!r}")
 
 
-async def list_offsets(client: GatewayClient, specs: dict) -> dict:
+async def list_offsets(client: GatewayClient, specs: dict, *, read_committed: bool = False) -> dict:
     """One ListOffsets call: ``{tp: spec}`` -> ``{tp: OffsetAndTimestamp | TributaryError}``.
 
-    A timestamp with no record at or after it gives ``OffsetAndTimestamp(-1, -1)``.
+    A timestamp with no record at or after it gives ``OffsetAndTimestamp(-1, -1)``. With
+    ``read_committed``, "latest" is the last stable offset (Kafka's isolation-level lookup).
     """
     if not specs:
         return {}
@@ -141,7 +145,10 @@ async def list_offsets(client: GatewayClient, specs: dict) -> dict:
         partitions=[
             pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, spec=offset_spec(spec))
             for tp, spec in specs.items()
-        ]
+        ],
+        isolation_level=(
+            pb.ISOLATION_LEVEL_READ_COMMITTED if read_committed else pb.ISOLATION_LEVEL_UNSPECIFIED
+        ),
     )
     response = await client.call_with_retry("ListOffsets", request)
     results: dict = {}

@@ -85,8 +85,15 @@ from gateway.client.group_coordinator import CommitCallback, GroupCoordinator, G
 from gateway.client.group_serde import as_offset_and_metadata, assignor_to_proto
 from gateway.client.io_thread import IOThread, call_directly
 from gateway.client.serialization import Deserializer
-from gateway.client.structs import ConsumerRecord, OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
+from gateway.client.structs import (
+    ConsumerGroupMetadata,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    OffsetAndTimestamp,
+    TopicPartition,
+)
 from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
+from gateway.client.telemetry import ConsumerTelemetry
 from services.clock import SYSTEM_CLOCK, Clock
 from services.topic_pattern import compile_topic_pattern
 
@@ -255,8 +262,13 @@ class AsyncConsumer:
             metadata_max_age_ms=self.config.metadata_max_age_ms,
             retry_backoff_ms=self.config.retry_backoff_ms,
             clock=clock,
+            client_id=self.config.client_id,
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
+        #: Spans and metrics of the polls, on the application's OpenTelemetry SDK (None: off).
+        self._telemetry = ConsumerTelemetry.create(
+            self.config.client_id, self.config.group_id, self._client.addresses
+        )
         c = self.config
         self._fetcher = Fetcher(
             self._client,
@@ -365,6 +377,20 @@ class AsyncConsumer:
     def assignment(self) -> set[TopicPartition]:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._subscription.assigned_partitions()
+
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id of this consumer, for
+        ``producer.send_offsets_to_transaction`` (needs a ``group_id``)."""
+        coordinator = self._coordinator
+        if coordinator is None:
+            raise IllegalStateError("group_metadata() needs a consumer created with a group_id")
+        membership = coordinator.membership
+        return ConsumerGroupMetadata(
+            coordinator.settings.group_id,
+            membership.generation,
+            membership.member_id,
+            coordinator.settings.group_instance_id,
+        )
 
     def subscribe(
         self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
@@ -545,12 +571,15 @@ class AsyncConsumer:
         return {tp: r.offset for tp, r in results.items()}
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The offset after the last record of each partition (the high watermark)."""
+        """The offset after the last record of each partition: the high watermark, or with
+        ``isolation_level="read_committed"`` the last stable offset (Kafka's rule)."""
         results = await self._list_offsets({tp: "latest" for tp in _as_partitions(partitions)})
         return {tp: r.offset for tp, r in results.items()}
 
     async def _list_offsets(self, specs: dict) -> dict[TopicPartition, OffsetAndTimestamp]:
-        results = await list_offsets(self._client, specs)
+        results = await list_offsets(
+            self._client, specs, read_committed=self.config.isolation_level == "read_committed"
+        )
         for result in results.values():
             if isinstance(result, TributaryError):
                 raise result
@@ -597,15 +626,21 @@ class AsyncConsumer:
                 "the consumer is not subscribed to any topic nor assigned any partition; "
                 "call subscribe() or assign() first"
             )
+        telemetry = self._telemetry
+        started = telemetry.now() if telemetry is not None else 0
         await self.start()
         coordinator = self._coordinator
         if coordinator is None:
-            return await self._poll_records(timeout_ms, max_records, only)
-        coordinator.poll_started()
-        try:
-            return await self._poll_records(timeout_ms, max_records, only)
-        finally:
-            coordinator.poll_finished()
+            records = await self._poll_records(timeout_ms, max_records, only)
+        else:
+            coordinator.poll_started()
+            try:
+                records = await self._poll_records(timeout_ms, max_records, only)
+            finally:
+                coordinator.poll_finished()
+        if telemetry is not None:
+            telemetry.polled(records, started)
+        return records
 
     async def _poll_records(
         self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None
@@ -714,6 +749,10 @@ class Consumer:
         """The partitions assigned to this consumer (by ``assign``, or by its group)."""
         return self._io.call(self._core.assignment)
 
+    def group_metadata(self) -> ConsumerGroupMetadata:
+        """The group, generation and member id of this consumer (see ``AsyncConsumer``)."""
+        return self._io.call(self._core.group_metadata)
+
     def subscribe(
         self, topics: Iterable[str] | str = (), pattern: str | re.Pattern | None = None, listener=None
     ) -> None:
@@ -820,7 +859,8 @@ class Consumer:
         return self._run(self._core.beginning_offsets(list(partitions)))
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        """The offset after the last record of each partition (the high watermark)."""
+        """The offset after the last record of each partition: the high watermark, or with
+        ``isolation_level="read_committed"`` the last stable offset (Kafka's rule)."""
         return self._run(self._core.end_offsets(list(partitions)))
 
     def topics(self) -> set[str]:

@@ -69,6 +69,10 @@ class IllegalStateError(RuntimeError):
     """
 
 
+class TransactionAbortedError(IllegalStateError):
+    """The record's transaction was aborted before the record was sent."""
+
+
 class NoServersError(ValueError):
     """No gateway address could be found: not passed, not in the environment, no local cluster."""
 

@@ -39,15 +39,19 @@ from gateway.client.structs import ConsumerRecord, TopicPartition
 from gateway.client.subscription import SubscriptionState
 from services.proto import pb
 from services.records import RecordBatchView, iter_batches
+from services.records.aborted import AbortedTransactionFilter
 from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
 
 #: Chunks buffered per partition: the one being consumed and the next one, prefetched.
 PREFETCH_DEPTH = 2
-#: The isolation levels served. read_committed comes with transactions (a later issue); the
-#: gateway refuses it too, so it can never quietly read uncommitted data.
-_ISOLATION = {"read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED}
+#: The isolation levels: read_committed stops at the last stable offset and drops the records of
+#: aborted transactions (see services/records/aborted.py).
+_ISOLATION = {
+    "read_uncommitted": pb.ISOLATION_LEVEL_READ_UNCOMMITTED,
+    "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED,
+}
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
 
 
@@ -94,6 +98,7 @@ class PartitionRecords:
     """
 
     __slots__ = (
+        "_aborted",
         "_batch_index",
         "_batches",
         "_decoded",
@@ -105,8 +110,18 @@ class PartitionRecords:
         "topic_partition",
     )
 
-    def __init__(self, tp: TopicPartition, fetch_offset: int, raw, *, check_crcs: bool = True) -> None:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        fetch_offset: int,
+        raw,
+        *,
+        check_crcs: bool = True,
+        aborted: AbortedTransactionFilter | None = None,
+    ) -> None:
         self.topic_partition = tp
+        #: read_committed: drops the batches of aborted transactions (None: read_uncommitted).
+        self._aborted = aborted
         self.fetch_offset = fetch_offset
         self.next_fetch_offset = fetch_offset
         self.error: TributaryError | None = None
@@ -191,7 +206,9 @@ class PartitionRecords:
         while self._batch_index < len(self._batches):
             view = self._batches[self._batch_index]
             self._batch_index += 1
-            if view.is_control:
+            # Control batches (markers) are never records; read_committed drops aborted ones too.
+            dropped = self._aborted.drops(view) if self._aborted is not None else view.is_control
+            if dropped:
                 continue
             try:
                 records = list(view.records())
@@ -229,11 +246,6 @@ class Fetcher:
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
     ) -> None:
-        if isolation_level == "read_committed":
-            raise ValueError(
-                "isolation_level='read_committed' is not supported yet: there are no transactions; "
-                "use 'read_uncommitted'"
-            )
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -342,7 +354,12 @@ class Fetcher:
         data = result.record_batches  # each read of a protobuf bytes field is a fresh copy: read once
         if not data:
             return
-        chunk = PartitionRecords(tp, fetch_offset, data, check_crcs=self.check_crcs)
+        aborted = None
+        if self.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED:
+            aborted = AbortedTransactionFilter(
+                (a.producer_id, a.first_offset) for a in result.aborted_transactions
+            )
+        chunk = PartitionRecords(tp, fetch_offset, data, check_crcs=self.check_crcs, aborted=aborted)
         if chunk.has_records or chunk.error is not None:
             self._buffers.setdefault(tp, deque()).append(chunk)
             self._data_ready.set()
@@ -433,7 +450,11 @@ class Fetcher:
                     ),
                 )
         try:
-            results = await list_offsets(self.client, {tp: s for tp, (s, _) in awaiting.items()})
+            results = await list_offsets(
+                self.client,
+                {tp: s for tp, (s, _) in awaiting.items()},
+                read_committed=self.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED,
+            )
         except TributaryError as exc:
             for tp in awaiting:
                 self.handle_partition_error(tp, -1, exc)

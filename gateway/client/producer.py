@@ -34,7 +34,15 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``delivery_timeout_ms`` 120000    upper bound from send() to success or failure
 ``request_timeout_ms`` 30000      how long one request may take
 ``max_in_flight``      5          requests outstanding at once (never two per partition)
+``enable_idempotence`` True       number batches so a retry never writes twice (needs
+                                  ``acks="all"``; unset with acks 0/1 it is off, set True
+                                  with them it is an error, as in Kafka)
 =====================  =========  =========================================================
+
+Idempotence (Kafka's default since 3.0): the producer gets a producer id from the cluster and
+numbers its batches per partition; a leader answers a retried batch it already wrote with the
+offsets it got the first time, so retries after a lost answer, a gateway restart or a leader
+failover write nothing twice (see ``transaction_manager.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from gateway.client.errors import (
     IllegalStateError,
     RecordTooLargeError,
     RequestTimedOutError,
+    TransactionAbortedError,
     UnknownTopicOrPartitionError,
 )
 from gateway.client.futures import FutureRecordMetadata, wait_for_result
@@ -63,6 +72,8 @@ from gateway.client.retry import RetryPolicy
 from gateway.client.sender import Sender
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
+from gateway.client.telemetry import ProducerTelemetry
+from gateway.client.transaction_manager import TransactionManager, TxnState
 from gateway.client.transport import StreamTransport, UnaryTransport
 from services.acks import Acks
 from services.clock import SYSTEM_CLOCK, Clock
@@ -99,6 +110,13 @@ class ProducerConfig:
     #: A ProduceStream idle this long is ended before the next request opens a new one (Kafka's
     #: producer default, a minute under the gateway's 10 min); 0 = never.
     connections_max_idle_ms: int = 540_000
+    #: Idempotent produce; None = on unless acks is 0 or 1 (Kafka's rule).
+    enable_idempotence: bool | None = None
+    #: Makes the producer transactional (implies idempotence); stable across restarts of the
+    #: same application instance, so a restarted instance fences its predecessor.
+    transactional_id: str | None = None
+    #: A transaction open longer than this is aborted by the coordinator (Kafka's default).
+    transaction_timeout_ms: int = 60_000
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
@@ -119,8 +137,20 @@ class ProducerConfig:
         config.validate()
         return config
 
+    @property
+    def idempotent(self) -> bool:
+        """Whether batches are numbered: explicitly, by a transactional id, or by default when
+        the other settings allow it (acks=all, retries, at most 5 in flight: Kafka's rule, which
+        turns the default off rather than refusing settings the user chose)."""
+        if self.transactional_id is not None:
+            return True
+        if self.enable_idempotence is None:
+            return Acks.parse(self.acks) is Acks.ALL and self.retries > 0 and self.max_in_flight <= 5
+        return self.enable_idempotence
+
     def validate(self) -> None:
-        Acks.parse(self.acks)
+        """Refuse settings that contradict each other or that could not be honoured."""
+        self._validate_idempotence()
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
@@ -137,6 +167,26 @@ class ProducerConfig:
         for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms", "connections_max_idle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+
+    def _validate_idempotence(self) -> None:
+        acks = Acks.parse(self.acks)
+        if self.enable_idempotence and acks is not Acks.ALL:
+            raise ValueError(
+                f"enable_idempotence=True needs acks='all' (got acks={self.acks!r}): an idempotent "
+                "producer must know its batches are committed"
+            )
+        if (self.enable_idempotence or self.transactional_id is not None) and self.max_in_flight > 5:
+            raise ValueError(f"max_in_flight must be at most 5 with idempotence (got {self.max_in_flight})")
+        if self.enable_idempotence and self.retries == 0:
+            raise ValueError("enable_idempotence=True needs retries > 0")
+        if self.transactional_id is None:
+            return
+        if not self.transactional_id or self.enable_idempotence is False:
+            raise ValueError("a transactional producer needs a non-empty transactional_id and idempotence")
+        if acks is not Acks.ALL:
+            raise ValueError(f"a transactional producer needs acks='all' (got acks={self.acks!r})")
+        if self.transaction_timeout_ms <= 0:
+            raise ValueError("transaction_timeout_ms must be positive")
 
 
 class _Prepared(NamedTuple):
@@ -166,6 +216,7 @@ class ProducerCore:
             metadata_max_age_ms=config.metadata_max_age_ms,
             retry_backoff_ms=config.retry_backoff_ms,
             clock=clock,
+            client_id=config.client_id,
         )
         self.pool = BufferPool(config.buffer_memory)
         self.accumulator = RecordAccumulator(
@@ -173,8 +224,20 @@ class ProducerCore:
             linger_ms=config.linger_ms,
             compression=Compression.from_name(config.compression),
             pool=self.pool,
+            retried_alone=config.idempotent,
+        )
+        self.transaction_manager = (
+            TransactionManager(
+                self.client,
+                transactional_id=config.transactional_id,
+                transaction_timeout_ms=config.transaction_timeout_ms,
+            )
+            if config.idempotent
+            else None
         )
         self.sticky = StickyPartitioner()
+        #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
+        self.telemetry = ProducerTelemetry.create(config.client_id, self.client.addresses)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sender: Sender | None = None
         self._sender_task: asyncio.Task | None = None
@@ -210,6 +273,7 @@ class ProducerCore:
             max_in_flight=self.config.max_in_flight,
             max_request_size=self.config.max_request_size,
             request_timeout_ms=self.config.request_timeout_ms,
+            transaction_manager=self.transaction_manager,
         )
         self._sender_task = self.loop.create_task(self.sender.run(), name="tributary-sender")
 
@@ -366,6 +430,79 @@ class ProducerCore:
     def ensure_open(self) -> None:
         if self.accumulator.closed:
             raise IllegalStateError("cannot send after the producer is closed")
+        manager = self.transaction_manager
+        if manager is not None and manager.transactional:
+            manager.ensure_state(TxnState.IN_TRANSACTION)
+
+    # -- transactions (on the loop) --------------------------------------------------------
+
+    def _manager(self) -> TransactionManager:
+        manager = self.transaction_manager
+        if manager is None or not manager.transactional:
+            raise IllegalStateError("transactions need a producer created with a transactional_id")
+        return manager
+
+    async def init_transactions(self) -> None:
+        await self._manager().init_transactions()
+
+    async def begin_transaction(self) -> None:
+        self._manager().begin()
+
+    async def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
+        manager = self._manager()
+        staged = {tp: _offset_and_metadata(value) for tp, value in offsets.items()}
+        if isinstance(group_metadata, str):
+            group_id, generation, member_id = group_metadata, -1, ""
+        else:
+            group_id = group_metadata.group_id
+            generation, member_id = group_metadata.generation_id, group_metadata.member_id
+        await manager.send_offsets(staged, group_id, generation, member_id)
+
+    async def commit_transaction(self, timeout_s: float | None) -> None:
+        manager = self._manager()
+        manager.ensure_state(TxnState.IN_TRANSACTION)
+        manager.state = TxnState.COMMITTING
+        await self._settle_everything(timeout_s)
+        if manager.failure is not None:
+            manager.fail_transaction(manager.failure)
+            raise IllegalStateError(
+                f"the transaction cannot commit: a record of it failed ({manager.failure}); abort it"
+            ) from manager.failure
+        await manager.end(commit=True)
+
+    async def abort_transaction(self, timeout_s: float | None) -> None:
+        manager = self._manager()
+        manager.ensure_state(TxnState.IN_TRANSACTION, TxnState.ABORTABLE_ERROR, TxnState.COMMITTING)
+        manager.state = TxnState.ABORTING
+        if self.sender is not None:
+            for batch in self.accumulator.abort_queued():
+                self.sender.fail(
+                    batch, TransactionAbortedError("the transaction was aborted before this record was sent")
+                )
+        await self._settle_everything(timeout_s)
+        await manager.end(commit=False)
+
+    async def _settle_everything(self, timeout_s: float | None) -> None:
+        """Send what is queued and wait until every record so far has settled."""
+        results = self.accumulator.begin_flush()
+        self.wakeup_sender()
+        try:
+            if results:
+                await asyncio.wait_for(asyncio.gather(*(wait_for_result(r) for r in results)), timeout_s)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"the transaction's records did not settle within {timeout_s}s"
+            ) from None
+        finally:
+            self.accumulator.end_flush()
+
+
+def _offset_and_metadata(value) -> tuple[int, str]:
+    """An offset to stage: an int, or an ``OffsetAndMetadata``-like (offset, metadata)."""
+    if isinstance(value, int):
+        return value, ""
+    offset, metadata = value[0], value[1] if len(value) > 1 else ""
+    return int(offset), metadata or ""
 
 
 def _attach_delivery(future: FutureRecordMetadata, on_delivery) -> FutureRecordMetadata:
@@ -412,6 +549,7 @@ class AsyncProducer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         await core.start()
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
@@ -420,7 +558,10 @@ class AsyncProducer:
         chosen = core.choose_partition(topic, record, partition, count)
         await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     async def send_and_wait(
         self,
@@ -468,6 +609,37 @@ class AsyncProducer:
         """The topic's partition numbers (fetching metadata if needed)."""
         await self._core.start()
         return set(range(await self._core.fetch_partition_count(topic)))
+
+    # -- transactions (Kafka's producer API; need a ``transactional_id``) ------------------
+
+    async def init_transactions(self) -> None:
+        """Register the transactional id: fences older instances with the same id and ends a
+        transaction they left open. Call once, before the first transaction."""
+        await self._core.start()
+        await self._core.init_transactions()
+
+    async def begin_transaction(self) -> None:
+        """Open a transaction: records sent until commit/abort belong to it."""
+        await self._core.begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
+        """Stage a consumer group's offsets in the transaction (``{TopicPartition: offset}``;
+        ``group_metadata`` from ``consumer.group_metadata()`` or a group id): they are committed
+        if and only if the transaction commits."""
+        await self._core.send_offsets_to_transaction(offsets, group_metadata)
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send what is queued, wait for every record of the transaction, and commit it
+        (``timeout`` defaults to ``max_block_ms``)."""
+        await self._core.commit_transaction(self._block_timeout(timeout))
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the open transaction: unsent records fail with ``TransactionAbortedError``; what
+        was written is never seen by ``read_committed`` consumers."""
+        await self._core.abort_transaction(self._block_timeout(timeout))
+
+    def _block_timeout(self, timeout: float | None) -> float:
+        return self.config.max_block_ms / 1000.0 if timeout is None else timeout
 
     async def stop(self, timeout: float | None = None) -> None:
         """Flush, then close (records still unsent after ``timeout`` seconds fail)."""
@@ -523,6 +695,7 @@ class Producer:
         """
         core = self._core
         core.ensure_open()
+        started = core.telemetry.now() if core.telemetry is not None else 0
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
         if count is None or core.needs_metadata(topic, partition, count):
@@ -530,7 +703,10 @@ class Producer:
         chosen = core.choose_partition(topic, record, partition, count)
         core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
         sticky = partition is None and record.key is None
-        return _attach_delivery(core.append(topic, chosen, record, sticky=sticky), on_delivery)
+        future = core.append(topic, chosen, record, sticky=sticky)
+        if core.telemetry is not None:
+            core.telemetry.sent(topic, key, future, started)
+        return _attach_delivery(future, on_delivery)
 
     def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""
@@ -563,6 +739,31 @@ class Producer:
     def metrics(self) -> dict[str, int]:
         """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
         return self._io.call(lambda: dict(self._core.sender.metrics) if self._core.sender else {})
+
+    # -- transactions (see AsyncProducer for what each does) -------------------------------
+
+    def init_transactions(self) -> None:
+        """Register the transactional id, fencing older instances (see ``AsyncProducer``)."""
+        self._io.run(self._core.init_transactions())
+
+    def begin_transaction(self) -> None:
+        """Open a transaction: records sent until commit/abort belong to it."""
+        self._io.run(self._core.begin_transaction())
+
+    def send_offsets_to_transaction(self, offsets, group_metadata) -> None:
+        """Stage a consumer group's offsets in the transaction (committed only with it)."""
+        self._io.run(self._core.send_offsets_to_transaction(offsets, group_metadata))
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Send what is queued, wait for every record of the transaction, and commit it."""
+        self._io.run(self._core.commit_transaction(self._block_timeout(timeout)))
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the open transaction (unsent records fail with ``TransactionAbortedError``)."""
+        self._io.run(self._core.abort_transaction(self._block_timeout(timeout)))
+
+    def _block_timeout(self, timeout: float | None) -> float:
+        return self.config.max_block_ms / 1000.0 if timeout is None else timeout
 
     def close(self, timeout: float | None = None) -> None:
         """Send what is queued (waiting up to ``timeout`` seconds), then release everything."""

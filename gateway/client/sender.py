@@ -23,14 +23,33 @@ import logging
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
-from gateway.client.errors import IllegalStateError, RequestTimedOutError, TributaryError
+from gateway.client.errors import (
+    IllegalStateError,
+    RequestTimedOutError,
+    TransactionAbortedError,
+    TributaryError,
+)
 from gateway.client.retry import RetryPolicy
 from gateway.client.structs import TopicPartition
+from gateway.client.telemetry import request_context
+from gateway.client.transaction_manager import TransactionManager
+from services import errors
 from services.acks import Acks
 from services.proto import pb
 from services.serde import acks_to_proto, error_from_proto
 
 log = logging.getLogger(__name__)
+
+#: Errors that say a partition lost this producer's state (KIP-360): bump the epoch, retry.
+_LOST_PRODUCER_STATE = (errors.UnknownProducerIdError, errors.OutOfOrderSequenceNumberError)
+
+
+class RetriableAfterEpochBump(errors.TributaryError):
+    """Internal: the batch is retried once the producer has a new epoch."""
+
+    reason = "UNKNOWN_PRODUCER_ID"
+    retriable = True
+
 
 _correlation_ids = itertools.count(1)
 
@@ -42,6 +61,8 @@ class SendProduceHandler:
         self.sender = sender
         self.topic = topic
         self.partitions = partitions
+        #: The producer epoch the batches were numbered with (idempotence), else -1.
+        self.epoch = -1
 
     @property
     def topic_partitions(self) -> list[TopicPartition]:
@@ -74,7 +95,7 @@ class SendProduceHandler:
                 continue
             error = error_from_proto(result.error) if result.HasField("error") else None
             if error is not None:
-                self.sender.fail_or_retry(batches, error)
+                self.sender.fail_or_retry(batches, error, self.epoch)
             else:
                 self.sender.complete(
                     batches, result.base_offset, result.log_append_time, result.log_start_offset
@@ -82,7 +103,7 @@ class SendProduceHandler:
 
     def handle_error(self, error: TributaryError) -> None:
         for batches in self.partitions.values():
-            self.sender.fail_or_retry(batches, error)
+            self.sender.fail_or_retry(batches, error, self.epoch)
 
 
 class Sender:
@@ -99,8 +120,11 @@ class Sender:
         max_in_flight: int = 5,
         max_request_size: int = 1048576,
         request_timeout_ms: int = 30_000,
+        transaction_manager: TransactionManager | None = None,
     ) -> None:
         self.client = client
+        #: Idempotence (and transactions): numbers batches, bumps the epoch after a lost state.
+        self.transaction_manager = transaction_manager
         self.accumulator = accumulator
         self.policy = policy
         self.transport = transport
@@ -174,7 +198,9 @@ class Sender:
     def _start(self, handler: SendProduceHandler) -> None:
         if not self._pipeline:
             self._muted.update(handler.topic_partitions)
-        task = asyncio.get_running_loop().create_task(self._do_produce(handler))
+        # Traced sends: the request continues its first record's trace (gateway/client/telemetry.py).
+        context = request_context(b.result for batches in handler.partitions.values() for b in batches)
+        task = asyncio.get_running_loop().create_task(self._do_produce(handler), context=context)
         self._in_flight.add(task)
         task.add_done_callback(self._in_flight.discard)
 
@@ -184,6 +210,15 @@ class Sender:
                 batch.attempts += 1
         self.metrics["requests"] += 1
         try:
+            manager = self.transaction_manager
+            if manager is not None:
+                await manager.ensure_producer_id()
+                if manager.transactional:
+                    await manager.add_partitions(handler.topic_partitions)
+                handler.epoch = manager.producer_epoch
+                for batches in handler.partitions.values():
+                    for batch in batches:
+                        manager.number(batch)
             request = handler.create_request()
             response = await self.transport.send(request, self.request_timeout_ms / 1000.0 + 5.0)
         except TributaryError as exc:
@@ -221,9 +256,18 @@ class Sender:
             if offset >= 0:
                 offset += batch.record_count
 
-    def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError) -> None:
+    def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError, epoch: int = -1) -> None:
         """Re-queue the batches (in order, after a backoff) if the policy allows, else fail them."""
         now_ms = self.client.clock.time_ms()
+        manager = self.transaction_manager
+        if (
+            manager is not None
+            and isinstance(error, _LOST_PRODUCER_STATE)
+            and epoch == manager.producer_epoch
+        ):
+            # The partition lost this producer's state: a new epoch, then the batches again.
+            self._start_epoch_bump(manager, error)
+            error = RetriableAfterEpochBump(str(error))
         if getattr(error, "invalid_metadata", False) and batches:
             self.client.metadata.mark_stale(batches[0].topic_partition.topic)
         retry = [b for b in batches if self.policy.can_retry(error, b.attempts, b.created_ms, now_ms)]
@@ -244,6 +288,17 @@ class Sender:
             )
             self.accumulator.reenqueue(retry, now_ms + backoff)
 
+    def _start_epoch_bump(self, manager: TransactionManager, error: TributaryError) -> None:
+        task = asyncio.get_running_loop().create_task(manager.reset_after_lost_state(error))
+        self._in_flight.add(task)  # the routine waits for it like for a request
+        task.add_done_callback(self._epoch_bumped)
+
+    def _epoch_bumped(self, task: asyncio.Task) -> None:
+        self._in_flight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("could not bump the producer epoch: %s", task.exception())
+        self.wakeup()
+
     def _final_error(self, batch: ProducerBatch, error: TributaryError, now_ms: int) -> BaseException:
         if getattr(error, "retriable", False) and self.policy.is_expired(batch.created_ms, now_ms):
             timeout = RequestTimedOutError(
@@ -256,6 +311,9 @@ class Sender:
 
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
         self.metrics["batches-failed"] += 1
+        manager = self.transaction_manager
+        if manager is not None and manager.transactional and not isinstance(error, TransactionAbortedError):
+            manager.fail_transaction(error)
         self.accumulator.complete(batch)
         batch.result.complete(error=error)
 

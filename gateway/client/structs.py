@@ -75,6 +75,18 @@ class OffsetAndMetadata(NamedTuple):
     metadata: str = ""
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    """Who a group consumer is (``consumer.group_metadata()``), for
+    ``producer.send_offsets_to_transaction``: the coordinator accepts the staged offsets only
+    from the group's current generation, so a consumer that lost its partitions to a rebalance
+    cannot commit a transaction's offsets over the new owner's (KIP-447)."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+
 class BrokerMetadata(NamedTuple):
     """A storage node as cluster metadata describes it."""
 
@@ -149,6 +161,26 @@ class GroupListing(NamedTuple):
     group_id: str
     state: str
     member_count: int
+
+
+class TransactionDescription(NamedTuple):
+    """A transactional id as the transaction coordinator holds it (``describe_transactions``).
+
+    ``state`` is Kafka's: ``Empty``, ``Ongoing`` (a transaction is open), ``PrepareCommit`` /
+    ``PrepareAbort`` (decided, markers being written), ``CompleteCommit`` / ``CompleteAbort``.
+    ``start_ms`` is when the open transaction began (-1: none); ``partitions`` are listed only
+    for ids named in the call.
+    """
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    start_ms: int
+    partition_count: int
+    partitions: tuple[TopicPartition, ...] = ()
+    groups: tuple[str, ...] = ()
 
 
 class MemberDescription(NamedTuple):

@@ -35,12 +35,17 @@ from gateway.server.routing import Router
 from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.protocol import FetchResponseHeader
+from services.records.aborted import AbortedTransactionFilter
 
 log = logging.getLogger(__name__)
 
-#: Kafka's consumer defaults (max.partition.fetch.bytes, fetch.max.bytes).
+#: Kafka's consumer default max.partition.fetch.bytes.
 DEFAULT_PARTITION_MAX_BYTES = 1 << 20
-DEFAULT_TOTAL_MAX_BYTES = 50 << 20
+#: A request's max_bytes when it sets none: gRPC clients in every language refuse answers over
+#: 4 MiB unless told otherwise, so a default request gets a default-sized answer (Kafka's own
+#: fetch.max.bytes, 50 MiB, would not fit). The MiB left is room for the per-partition entries
+#: and the estimate's slack. Clients that raise their receive limit ask for more (the SDK does).
+DEFAULT_TOTAL_MAX_BYTES = 3 << 20
 #: Cap on a long poll, so a typo cannot park a connection for days.
 MAX_WAIT_CAP_MS = 300_000
 #: How long past the deadline to wait for polls the nodes are about to answer (their own
@@ -71,6 +76,8 @@ class FetchCommand:
     max_wait_ms: int = 0
     max_bytes: int = DEFAULT_TOTAL_MAX_BYTES
     raw_batches: bool = False
+    #: Only records below the last stable offset, none of an aborted transaction.
+    read_committed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,10 @@ class FetchedPartition:
     batches: list[TypedBatch]
     #: Raw results (``raw_batches`` true): the batches as the node sent them.
     raw: bytes = b""
+    #: read_committed: the last stable offset, and (raw results) the aborted transactions
+    #: overlapping the batches, as (producer id, first offset).
+    last_stable_offset: int = -1
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 def ensure_valid_fetch(command: FetchCommand) -> None:
@@ -107,6 +118,7 @@ class _Poll:
     header: FetchResponseHeader | None = None
     records: bytes = b""
     error: errors.TributaryError | None = None
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 class FetchHandler:
@@ -147,7 +159,12 @@ class FetchHandler:
         if command.raw_batches:
             results = [session.finish_raw(p) for p in session.parts]
         else:
-            budget = DecodeBudget(max_records=self._max_decoded_records, max_bytes=self._max_decoded_bytes)
+            # max_bytes bounds the answer, typed records included (decoded they can be far
+            # larger than the batches read).
+            budget = DecodeBudget(
+                max_records=self._max_decoded_records,
+                max_bytes=min(self._max_decoded_bytes, command.max_bytes),
+            )
             results = await self._decode_pool.run(session.finish_typed, budget)
             self._decode_pool.account(budget.records, budget.payload_bytes)
         if self._telemetry is not None:
@@ -204,6 +221,7 @@ class _FetchSession:
         assert header is not None, "a poll without an error has a header"
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
+        part.aborted.update(poll.aborted)
         taken = take_batches(
             poll.records,
             fetch_offset=part.next_offset,
@@ -276,7 +294,7 @@ class _FetchSession:
                 result = await self._read(node, part, wait_ms)
                 error = result.header.error()
                 if error is None:
-                    return _Poll(result.header, result.records)
+                    return _Poll(result.header, result.records, aborted=result.aborted)
             except errors.NetworkError as exc:
                 # A pooled connection the node dropped (it restarted on the same address): the
                 # client has closed it, so one more try goes out on a fresh connection.
@@ -299,6 +317,7 @@ class _FetchSession:
             max_bytes=max(1, min(part.room, self._total_room)),
             min_bytes=1,
             max_wait_ms=wait_ms,
+            read_committed=self._command.read_committed,
         )
         if self._telemetry is None:
             return await read
@@ -343,20 +362,22 @@ class _FetchSession:
                 partition=part.partition,
                 fetch_offset=part.fetch_offset,
                 budget=budget,
+                aborted=AbortedTransactionFilter(part.aborted) if self._command.read_committed else None,
             )
             if decoded.error is not None:
                 log.warning("corrupt batch fetched from %s-%d: %s", part.topic, part.partition, decoded.error)
             results.append(self._result(part, decoded.error, decoded.next_offset, decoded.batches))
         return results
 
-    @staticmethod
     def _result(
+        self,
         part: PartitionData,
         error: errors.TributaryError | None,
         next_offset: int,
         batches: list[TypedBatch] | None = None,
         raw: bytes = b"",
     ) -> FetchedPartition:
+        committed = self._command.read_committed
         return FetchedPartition(
             part.topic,
             part.partition,
@@ -366,4 +387,8 @@ class _FetchSession:
             next_offset,
             batches or [],
             raw,
+            # the node bounds a read_committed read by the last stable offset, carried as the
+            # answer's high watermark (FetchResult)
+            part.high_watermark if committed else -1,
+            tuple(sorted(part.aborted, key=lambda a: a[1])) if committed and raw else (),
         )

@@ -1,8 +1,9 @@
 """Pure fetch-result assembly: trim fetched bytes to the byte budgets, decode typed records.
 
 Typed decoding has budgets of its own (:class:`DecodeBudget`): a batch of a few MB on the wire
-can hold millions of records, so an answer stops at a bound on decoded records and bytes and the
-rest comes in the next fetch. A batch that cannot be decoded ends its partition's records there.
+can hold millions of records, so an answer stops at a bound on decoded records and on the
+answer's estimated size, and the rest comes in the next fetch. A batch that cannot be decoded
+ends its partition's records there.
 
 Byte budgets follow the Kafka rules the public proto promises:
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from services import errors
 from services.records import RECORD_BATCH_OVERHEAD, Record, TimestampType, iter_batches
+from services.records.aborted import AbortedTransactionFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,8 @@ class PartitionData:
     high_watermark: int = -1
     log_start_offset: int = -1
     error: errors.TributaryError | None = None
+    #: read_committed: the aborted transactions (producer id, first offset) met so far.
+    aborted: set[tuple[int, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.next_offset < 0:
@@ -112,13 +116,30 @@ class PartitionData:
 TypedBatch = tuple[TimestampType, list[Record]]
 
 
+#: What a typed record costs in the answer beyond its decompressed bytes in the batch: protobuf
+#: carries its absolute offset and timestamp, its timestamp type and the repeated field's framing
+#: (measured: 9-10 bytes with no header, ~5 more per header; 24 covers up to three headers).
+RECORD_FRAMING_BYTES = 24
+
+
+def record_cost(record: Record) -> int:
+    """A typed record's estimated size in the answer: its bytes plus the protobuf framing."""
+    size = RECORD_FRAMING_BYTES + len(record.key or b"") + len(record.value or b"")
+    for key, value in record.headers:
+        size += len(key) + len(value or b"") + 6
+    return size
+
+
 class DecodeBudget:
     """What one typed answer may still decode, shared by its partitions in request order.
 
     Two bounds: records (each costs a few hundred bytes of Python objects and protobuf, whatever
-    its size) and decompressed record bytes. The first batch with records gets a window of at
-    least one record whatever the bounds say, so every answer makes progress; after that an
-    answer stops at the first batch that does not fit, and the rest comes in the next fetch.
+    its size) and answer bytes: decompressed record bytes plus ``RECORD_FRAMING_BYTES`` per
+    record, an estimate of the protobuf answer's size. The first batch with records always
+    returns at least one record, so every answer makes progress; it is cut inside when its
+    records do not fit (a compressed batch may decompress to far more than the bound). After
+    that an answer stops at the first batch that does not fit, and the rest comes in the next
+    fetch.
     """
 
     __slots__ = ("bytes_left", "payload_bytes", "records", "records_left")
@@ -132,10 +153,15 @@ class DecodeBudget:
         self.records = 0
         self.payload_bytes = 0
 
-    def window(self, payload_size: int) -> int | None:
-        """The most records a batch with ``payload_size`` decompressed bytes may return, or
-        None when the answer is full."""
-        if self.records and (self.records_left <= 0 or payload_size > self.bytes_left):
+    @staticmethod
+    def batch_cost(payload_size: int, record_count: int) -> int:
+        return payload_size + RECORD_FRAMING_BYTES * record_count
+
+    def window(self, payload_size: int, record_count: int = 0) -> int | None:
+        """The most records a batch with ``payload_size`` decompressed bytes (and
+        ``record_count`` records) may return, or None when the answer is full."""
+        cost = self.batch_cost(payload_size, record_count)
+        if self.records and (self.records_left <= 0 or cost > self.bytes_left):
             return None
         return max(1, self.records_left)
 
@@ -146,11 +172,29 @@ class DecodeBudget:
             self.records_left <= 0 or batch_size - RECORD_BATCH_OVERHEAD > self.bytes_left
         )
 
-    def spend(self, records: int, payload_size: int) -> None:
+    def fit(self, records: list[Record], payload_size: int, record_count: int) -> tuple[list[Record], int]:
+        """The records of a decoded batch that fit, and what they cost.
+
+        Only the answer's first batch can be over the bound here (:meth:`window` refuses the
+        others); it keeps the records that fit, at least one. Each record is sized only then.
+        """
+        cost = self.batch_cost(payload_size, record_count)
+        if cost <= self.bytes_left or not records:
+            return records, cost
+        kept = total = 0
+        for record in records:
+            size = record_cost(record)
+            if kept and total + size > self.bytes_left:
+                break
+            kept += 1
+            total += size
+        return records[:kept], total
+
+    def spend(self, records: int, cost: int) -> None:
         self.records_left -= records
-        self.bytes_left -= payload_size
+        self.bytes_left -= cost
         self.records += records
-        self.payload_bytes += payload_size
+        self.payload_bytes += cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +208,17 @@ class DecodedPartition:
 
 
 def decode_typed(
-    chunks: list[bytes], *, topic: str, partition: int, fetch_offset: int, budget: DecodeBudget
+    chunks: list[bytes],
+    *,
+    topic: str,
+    partition: int,
+    fetch_offset: int,
+    budget: DecodeBudget,
+    aborted: AbortedTransactionFilter | None = None,
 ) -> DecodedPartition:
     """Decode whole batches (CRC checked, as Kafka consumers do) within ``budget``, skipping
-    records below ``fetch_offset`` and control batches.
+    records below ``fetch_offset`` and control batches -- and, for a read_committed fetch
+    (``aborted``), the batches of aborted transactions.
 
     A corrupt batch (stored by an older version) ends the result before it: the records in front
     of it are returned, and the fetch that starts at it gets the error -- a CorruptRecordError
@@ -179,7 +230,9 @@ def decode_typed(
         for batch in iter_batches(chunk):
             if batch.last_offset < next_offset:
                 continue  # wholly before the position (the first batch may start earlier)
-            if batch.is_control:
+            # Control batches (markers) are never records; read_committed also drops aborted ones.
+            dropped = aborted.drops(batch) if aborted is not None else batch.is_control
+            if dropped:
                 next_offset = batch.next_offset
                 continue
             if budget.full_before(batch.size_in_bytes):
@@ -187,7 +240,7 @@ def decode_typed(
             try:
                 batch.validate()
                 payload = batch.payload()
-                window = budget.window(len(payload))
+                window = budget.window(len(payload), batch.record_count)
                 if window is None:
                     return DecodedPartition(decoded, next_offset)
                 records = batch.read_records(payload, first_offset=next_offset, max_records=window)
@@ -202,10 +255,12 @@ def decode_typed(
                     next_offset=batch.next_offset,
                 )
                 return DecodedPartition([], fetch_offset, error)
-            budget.spend(len(records), len(payload))
+            read = len(records)
+            records, cost = budget.fit(records, len(payload), batch.record_count)
+            budget.spend(len(records), cost)
             if records:
                 decoded.append((batch.timestamp_type, records))
-            if len(records) == window:  # the window is full: the batch may hold more
+            if read == window or len(records) < read:  # cut: the batch may hold more
                 return DecodedPartition(decoded, records[-1].offset + 1)
             next_offset = batch.next_offset
     return DecodedPartition(decoded, next_offset)

@@ -39,14 +39,17 @@ class OffsetsHandler:
     def __init__(self, router: Router) -> None:
         self._router = router
 
-    async def list_offsets(self, queries: list[OffsetQuery], *, deadline: float) -> list[OffsetOutcome]:
-        """One outcome per query, in request order."""
+    async def list_offsets(
+        self, queries: list[OffsetQuery], *, deadline: float, read_committed: bool = False
+    ) -> list[OffsetOutcome]:
+        """One outcome per query, in request order. ``read_committed``: LATEST is the last
+        stable offset, and timestamps find only offsets below it."""
         ensure_valid_queries(queries)
         final = await self._check_queries(queries)
         routable = [i for i in range(len(queries)) if i not in final]
 
         async def attempt(indexes: list[int], deadline: float) -> dict[int, OffsetOutcome]:
-            return await self._do_list_round([queries[i] for i in indexes], indexes, deadline)
+            return await self._do_list_round([queries[i] for i in indexes], indexes, deadline, read_committed)
 
         results = await retry_partitions(routable, attempt, refresh=self._router.refresh, deadline=deadline)
         results.update(final)
@@ -65,7 +68,7 @@ class OffsetsHandler:
         return final
 
     async def _do_list_round(
-        self, queries: list[OffsetQuery], indexes: list[int], deadline: float
+        self, queries: list[OffsetQuery], indexes: list[int], deadline: float, read_committed: bool
     ) -> dict[int, OffsetOutcome]:
         snapshot = self._router.snapshot
         results: dict[int, OffsetOutcome] = {}
@@ -85,6 +88,7 @@ class OffsetsHandler:
                     self._router.clients.storage(node),
                     [(q.topic, q.partition, q.timestamp) for _, q in by_node[node]],
                     timeout_s=timeout_s,
+                    read_committed=read_committed,
                 )
                 for node in nodes
             )

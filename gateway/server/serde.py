@@ -7,6 +7,7 @@ numbers) become the Kafka-named INVALID_ARGUMENT errors.
 from __future__ import annotations
 
 from gateway.server.batching import ProduceCommand, RecordIn
+from gateway.server.delete_records import RecordDeletion
 from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
     DEFAULT_TOTAL_MAX_BYTES,
@@ -16,7 +17,7 @@ from gateway.server.fetch import (
 )
 from gateway.server.offsets import OffsetQuery
 from gateway.server.produce import ProduceOutcome
-from gateway.server.storage_calls import OffsetOutcome
+from gateway.server.storage_calls import DeletionOutcome, OffsetOutcome
 from services import errors
 from services.append_result import AppendResult
 from services.proto import pb
@@ -116,25 +117,23 @@ def produce_error_to_proto(request, error: errors.TributaryError):
 # ---- fetch ----------------------------------------------------------------------------------
 
 
-#: Isolation levels a Fetch may ask for. READ_COMMITTED needs the last stable offset and the
-#: aborted-transaction index, which come with transactions (a later issue): until then it is
-#: refused rather than served as READ_UNCOMMITTED, which would be a silent downgrade.
-_SERVED_ISOLATION_LEVELS = (pb.ISOLATION_LEVEL_UNSPECIFIED, pb.ISOLATION_LEVEL_READ_UNCOMMITTED)
+_ISOLATION_LEVELS = {
+    pb.ISOLATION_LEVEL_UNSPECIFIED: False,
+    pb.ISOLATION_LEVEL_READ_UNCOMMITTED: False,
+    pb.ISOLATION_LEVEL_READ_COMMITTED: True,
+}
 
 
-def _ensure_served_isolation_level(level: int) -> None:
-    if level in _SERVED_ISOLATION_LEVELS:
-        return
-    if level == pb.ISOLATION_LEVEL_READ_COMMITTED:
-        raise errors.InvalidRequestError(
-            "isolation_level READ_COMMITTED is not supported yet: there are no transactions, "
-            "so no last stable offset to stop at; use READ_UNCOMMITTED"
-        )
-    raise errors.InvalidRequestError(f"unknown isolation_level {level}")
+def read_committed_from_proto(level: int) -> bool:
+    """Whether an ``IsolationLevel`` asks for committed data only (INVALID_REQUEST if unknown)."""
+    try:
+        return _ISOLATION_LEVELS[level]
+    except KeyError:
+        raise errors.InvalidRequestError(f"unknown isolation_level {level}") from None
 
 
 def fetch_command_from_proto(request) -> FetchCommand:
-    _ensure_served_isolation_level(request.isolation_level)
+    read_committed = read_committed_from_proto(request.isolation_level)
     return FetchCommand(
         partitions=tuple(
             PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES)
@@ -144,6 +143,7 @@ def fetch_command_from_proto(request) -> FetchCommand:
         max_wait_ms=request.max_wait_ms,
         max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
         raw_batches=request.raw_batches,
+        read_committed=read_committed,
     )
 
 
@@ -175,6 +175,11 @@ def _fill_fetch_result(message, result: FetchedPartition) -> None:
     message.high_watermark = result.high_watermark
     message.log_start_offset = result.log_start_offset
     message.next_offset = result.next_offset
+    if result.last_stable_offset >= 0:
+        message.last_stable_offset = result.last_stable_offset
+        add = message.aborted_transactions.add
+        for producer_id, first_offset in result.aborted:
+            add(producer_id=producer_id, first_offset=first_offset)
     if result.raw:
         message.record_batches = result.raw
     if result.batches:
@@ -212,6 +217,27 @@ def offsets_to_proto(outcomes: list[OffsetOutcome]):
                 partition=o.partition,
                 offset=o.offset,
                 timestamp=o.timestamp,
+                error=error_to_proto(o.error) if o.error is not None else None,
+            )
+            for o in outcomes
+        ]
+    )
+
+
+# ---- delete records -------------------------------------------------------------------------
+
+
+def deletions_from_proto(request) -> list[RecordDeletion]:
+    return [RecordDeletion(p.topic, p.partition, p.offset) for p in request.partitions]
+
+
+def deletions_to_proto(outcomes: list[DeletionOutcome]):
+    return pb.DeleteRecordsResponse(
+        partitions=[
+            pb.DeleteRecordsPartitionResult(
+                topic=o.topic,
+                partition=o.partition,
+                log_start_offset=o.log_start_offset,
                 error=error_to_proto(o.error) if o.error is not None else None,
             )
             for o in outcomes

@@ -15,6 +15,7 @@ from gateway.server.admin_forwarder import Forwarder
 from gateway.server.config import GatewayConfig
 from gateway.server.coordinators import CoordinatorPool
 from gateway.server.decode_pool import DecodePool
+from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
@@ -88,6 +89,7 @@ class GatewayService:
             OffsetsHandler(self.router),
             Forwarder(self.coordinators, cache, timeout_s=config.admin_timeout_ms / 1000.0),
             self.decode_pool,
+            DeleteRecordsHandler(self.router),
             default_timeout_ms=config.default_timeout_ms,
             stream_max_idle_ms=config.produce_stream_max_idle_ms,
         )

@@ -12,7 +12,9 @@ import logging
 
 from gateway.server import serde
 from gateway.server.admin_forwarder import Forwarder
+from gateway.server.clients import ClientLog
 from gateway.server.decode_pool import DecodePool
+from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
@@ -56,6 +58,7 @@ def _forward(method: str):
     """A servicer method that forwards ``method`` to a coordinator unchanged."""
 
     async def forward(self, request, context):
+        self._clients.seen(context, method)
         return await self._forwarder.forward(method, request, rpc_remaining_s=context.time_remaining())
 
     forward.__name__ = method
@@ -74,6 +77,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         offsets: OffsetsHandler,
         forwarder: Forwarder,
         decode_pool: DecodePool,
+        delete_records: DeleteRecordsHandler,
         *,
         default_timeout_ms: int = 30_000,
         stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
@@ -83,6 +87,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self._decode_pool = decode_pool
         self._offsets = offsets
         self._forwarder = forwarder
+        self._delete_records = delete_records
+        self._clients = ClientLog()
         self._default_timeout_s = default_timeout_ms / 1000.0
         #: None = streams are never ended for idleness.
         self._stream_max_idle_s = stream_max_idle_ms / 1000.0 if stream_max_idle_ms > 0 else None
@@ -91,6 +97,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def Produce(self, request, context):
+        self._clients.seen(context, "Produce")
         command = serde.produce_command_from_proto(request)
         deadline = self._produce.deadline_for(command, context.time_remaining())
         outcome = await self._produce.produce(command, deadline=deadline)
@@ -102,6 +109,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         ``stream_max_idle_ms`` is ended with NETWORK_EXCEPTION (UNAVAILABLE, retriable), as a
         Kafka broker closes a connection idle for connections.max.idle.ms; clients open a new
         stream for their next request."""
+        self._clients.seen(context, "ProduceStream")
         loop = asyncio.get_running_loop()
         activity = _StreamActivity(loop.time())
         in_flight: asyncio.Queue = asyncio.Queue(MAX_STREAM_IN_FLIGHT)
@@ -173,6 +181,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def Fetch(self, request, context):
+        self._clients.seen(context, "Fetch")
         command = serde.fetch_command_from_proto(request)
         results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
         if command.raw_batches:
@@ -182,15 +191,32 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         context.add_done_callback(self._decode_pool.answer_sent)
         return await self._decode_pool.run(serde.fetch_response_to_proto, results)
 
+    def _deadline(self, context, timeout_ms: int = 0) -> float:
+        """The loop time by which to answer: ``timeout_ms`` (0 = the default), within the call's
+        own deadline."""
+        timeout = timeout_ms / 1000.0 if timeout_ms > 0 else self._default_timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None:
+            timeout = min(timeout, remaining)
+        return asyncio.get_running_loop().time() + timeout
+
     @translate_errors
     async def ListOffsets(self, request, context):
-        remaining = context.time_remaining()
-        timeout = self._default_timeout_s if remaining is None else min(self._default_timeout_s, remaining)
-        deadline = asyncio.get_running_loop().time() + timeout
         outcomes = await self._offsets.list_offsets(
-            serde.offset_queries_from_proto(request), deadline=deadline
+            serde.offset_queries_from_proto(request),
+            deadline=self._deadline(context),
+            read_committed=serde.read_committed_from_proto(request.isolation_level),
         )
         return serde.offsets_to_proto(outcomes)
+
+    @translate_errors
+    async def DeleteRecords(self, request, context):
+        if request.timeout_ms < 0:
+            raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
+        outcomes = await self._delete_records.delete_records(
+            serde.deletions_from_proto(request), deadline=self._deadline(context, request.timeout_ms)
+        )
+        return serde.deletions_to_proto(outcomes)
 
     # ---- metadata and admin (forwarded) ------------------------------------------------------
 
@@ -207,7 +233,15 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     # ---- consumer groups (forwarded to the controller) ---------------------------------------
 
-    JoinGroup = _forward("JoinGroup")
+    @translate_errors
+    async def JoinGroup(self, request, context):
+        """Forwarded; an empty ``client_id`` is filled from the call's ``tributary-client-id``
+        metadata, so ``groups describe`` shows every member's client."""
+        client_id = self._clients.seen(context, "JoinGroup")
+        if not request.client_id and client_id:
+            request.client_id = client_id
+        return await self._forwarder.forward("JoinGroup", request, rpc_remaining_s=context.time_remaining())
+
     Heartbeat = _forward("Heartbeat")
     LeaveGroup = _forward("LeaveGroup")
     CommitOffsets = _forward("CommitOffsets")
@@ -216,3 +250,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     DescribeGroup = _forward("DescribeGroup")
     ResetGroupOffsets = _forward("ResetGroupOffsets")
     DeleteGroup = _forward("DeleteGroup")
+
+    # ---- idempotent and transactional producers (forwarded to the controller) ---------------
+
+    InitProducerId = _forward("InitProducerId")
+    AddPartitionsToTxn = _forward("AddPartitionsToTxn")
+    AddOffsetsToTxn = _forward("AddOffsetsToTxn")
+    TxnOffsetCommit = _forward("TxnOffsetCommit")
+    EndTxn = _forward("EndTxn")
+    DescribeTransactions = _forward("DescribeTransactions")

@@ -68,13 +68,15 @@ async def list_offsets(
     queries: list[tuple[str, int, int]],
     *,
     timeout_s: float,
+    read_committed: bool = False,
 ) -> dict[tuple[str, int], OffsetOutcome]:
     """Look up offsets on one node; ``queries`` are (topic, partition, Kafka-style timestamp)."""
     request = pb.ListPartitionOffsetsRequest(
         partitions=[
             pb.PartitionOffsetQuery(topic=t, partition=p, spec=offset_spec_to_proto(ts))
             for t, p, ts in queries
-        ]
+        ],
+        read_committed=read_committed,
     )
     try:
         response = await stub.ListPartitionOffsets(request, timeout=max(timeout_s, 0.001))
@@ -93,3 +95,26 @@ async def list_offsets(
     }
     missing = errors.UnknownServerError("the storage node did not answer for this partition")
     return {(t, p): outcomes.get((t, p)) or OffsetOutcome(t, p, error=missing) for t, p, _ in queries}
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionOutcome:
+    """One partition's answer to a DeleteRecords: its log start offset after it, or the error."""
+
+    topic: str
+    partition: int
+    log_start_offset: int = -1
+    error: errors.TributaryError | None = None
+
+
+async def delete_records(
+    stub: storage_grpc.StorageNodeStub, topic: str, partition: int, before_offset: int, *, timeout_s: float
+) -> DeletionOutcome:
+    """Delete the records of one partition below ``before_offset`` (-1 = the high watermark) on
+    its leader."""
+    request = pb.DeletePartitionRecordsRequest(topic=topic, partition=partition, before_offset=before_offset)
+    try:
+        response = await stub.DeleteRecords(request, timeout=max(timeout_s, 0.001))
+    except grpc.RpcError as exc:
+        return DeletionOutcome(topic, partition, error=_failed_call(exc))
+    return DeletionOutcome(topic, partition, response.log_start_offset)

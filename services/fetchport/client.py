@@ -11,13 +11,18 @@ import itertools
 from dataclasses import dataclass
 
 from services import errors
-from services.fetchport import protocol
+from services.fetchport import multi, protocol
 
 
 @dataclass(frozen=True, slots=True)
 class FetchResult:
+    """One partition's answer. For a read_committed fetch ``header.high_watermark`` is the last
+    stable offset (what the reader may read up to), and ``aborted`` lists the aborted
+    transactions overlapping the records as ``(producer id, first offset)``."""
+
     header: protocol.FetchResponseHeader
     records: bytes
+    aborted: tuple[tuple[int, int], ...] = ()
 
 
 class _Connection:
@@ -42,6 +47,37 @@ class _Connection:
                 f"expected {request.correlation_id}"
             )
         return FetchResult(header, records)
+
+    async def round_trip_committed(self, request: multi.MultiFetchRequest) -> FetchResult:
+        """A one-partition read_committed fetch (version-1 frames), as a :class:`FetchResult`."""
+        self.writer.write(multi.encode_request(request))
+        await self.writer.drain()
+        (size,) = protocol.SIZE.unpack(await self.reader.readexactly(4))
+        if size < 0 or size > protocol.MAX_RESPONSE_FRAME:
+            raise errors.CorruptRecordError(f"fetch response frame size {size} is out of range")
+        response = multi.decode_response_body(await self.reader.readexactly(size))
+        if response.correlation_id not in (request.correlation_id, -1):
+            raise errors.CorruptRecordError(
+                f"fetch response for correlation id {response.correlation_id}, "
+                f"expected {request.correlation_id}"
+            )
+        if response.error_code or not response.partitions:
+            header = protocol.FetchResponseHeader(
+                response.correlation_id, response.error_code, -1, -1, -1, response.message, 0
+            )
+            return FetchResult(header, b"")
+        part = response.partitions[0]
+        h = part.header
+        header = protocol.FetchResponseHeader(
+            response.correlation_id,
+            h.error_code,
+            h.last_stable_offset if h.error_code == 0 else h.high_watermark,
+            h.log_start_offset,
+            h.log_end_offset,
+            h.message,
+            h.records_length,
+        )
+        return FetchResult(header, bytes(part.records), h.aborted)
 
     def close(self) -> None:
         self.writer.close()
@@ -80,16 +116,33 @@ class FetchClient:
         max_bytes: int = 1 << 20,
         min_bytes: int = 1,
         max_wait_ms: int = 0,
+        read_committed: bool = False,
     ) -> FetchResult:
         """One fetch. Server-side errors are returned in ``result.header`` (see ``.error()``);
-        connection failures raise BrokerNotAvailableError / NetworkError."""
-        request = protocol.FetchRequest(
-            next(self._correlation), topic, partition, offset, max_bytes, min_bytes, max_wait_ms
-        )
+        connection failures raise BrokerNotAvailableError / NetworkError. ``read_committed``:
+        only below the last stable offset, with the aborted transactions (see FetchResult)."""
+        correlation = next(self._correlation)
         async with self._slots:
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
-                result = await conn.round_trip(request)
+                if read_committed:
+                    result = await conn.round_trip_committed(
+                        multi.MultiFetchRequest(
+                            correlation,
+                            multi.CONSUMER_REPLICA_ID,
+                            (multi.PartitionFetch(topic, partition, offset, max_bytes),),
+                            max_bytes,
+                            min_bytes,
+                            max_wait_ms,
+                            multi.READ_COMMITTED,
+                        )
+                    )
+                else:
+                    result = await conn.round_trip(
+                        protocol.FetchRequest(
+                            correlation, topic, partition, offset, max_bytes, min_bytes, max_wait_ms
+                        )
+                    )
             except (OSError, asyncio.IncompleteReadError) as exc:
                 conn.close()
                 raise errors.NetworkError(f"fetch from {self.host}:{self.port} failed: {exc!r}") from exc

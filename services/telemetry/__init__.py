@@ -63,6 +63,7 @@ __all__ = [
     "TelemetrySettings",
     "client_instruments",
     "client_interceptors",
+    "client_tracer",
     "extract_context",
     "forget_consumer_lag",
     "inject_metadata",
@@ -160,6 +161,15 @@ def client_interceptors(target: str = "", *, tracer_provider=None, meter_provide
             _client_rpc_instruments[meter_provider] = instruments
     observer = RpcObserver(tracer, instruments, side="client", target=target, old_conventions=old)
     return make_client_interceptors(observer)
+
+
+def client_tracer(*, tracer_provider=None):
+    """The SDK's tracer on the application's global TracerProvider (or the one given), or None
+    when the application configured no OpenTelemetry SDK or set ``OTEL_SDK_DISABLED``."""
+    if _sdk_disabled():
+        return None
+    provider = _configured_tracer_provider(tracer_provider)
+    return provider.get_tracer(names.SCOPE, VERSION) if provider is not None else None
 
 
 def client_instruments(target: str = "", *, meter_provider=None) -> ClientInstruments | None:

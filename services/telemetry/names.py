@@ -134,6 +134,11 @@ COORDINATOR_PARTITIONS_UNDER_MIN_ISR: Final = (
 )
 #: Unclean leader elections (an out-of-sync replica made leader: records may be lost).
 COORDINATOR_UNCLEAN_ELECTIONS: Final = "tributary.coordinator.unclean_elections"  # counter, {election}
+#: Transactional ids the active controller holds, and those with a transaction open (gauges).
+COORDINATOR_TRANSACTIONAL_IDS: Final = "tributary.coordinator.transactional_ids"  # {id}
+COORDINATOR_TRANSACTIONS_OPEN: Final = "tributary.coordinator.transactions.open"  # {transaction}
+#: Age of the oldest open transaction: a transaction stuck open holds read_committed readers back.
+COORDINATOR_TRANSACTION_OLDEST_AGE: Final = "tributary.coordinator.transactions.oldest_open_age"  # ms
 COORDINATOR_BROKERS_LIVE: Final = "tributary.coordinator.brokers.live"  # gauge, {node}
 
 # ---- consumer groups ------------------------------------------------------------------------

@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 #: Default bound on open segment (``.log``) handles; Kafka keeps every segment open and asks
 #: operators to raise ``ulimit -n`` instead.
 DEFAULT_MAX_OPEN_SEGMENTS = 1024
+#: Kafka's producer.id.expiration.ms (a day) and its check interval (10 minutes).
+DEFAULT_PRODUCER_ID_EXPIRATION_MS = 86_400_000
+DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS = 600_000
 _DELETE_DIR_SUFFIX = "-delete"
 
 
@@ -100,6 +103,8 @@ class LogManager:
         default_config: Mapping[str, Any] | None = None,
         *,
         max_open_segments: int = DEFAULT_MAX_OPEN_SEGMENTS,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        producer_id_expiration_check_interval_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
     ) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
@@ -113,6 +118,11 @@ class LogManager:
         self.handle_cache = FileHandleCache(max_open_segments)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._lock = threading.Lock()
+        #: Idempotent producers idle this long (no transaction open) are forgotten; their next
+        #: batch gets UNKNOWN_PRODUCER_ID and the producer moves to a new epoch (KIP-360).
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self._expiration_check_interval_ms = producer_id_expiration_check_interval_ms
+        self._last_expiration_check_ms = clock.time_ms()
 
     def _config_for(self, topic: str) -> LogConfig:
         return LogConfig.from_dict(self._default_config, self._topic_overrides.get(topic, {}))
@@ -262,15 +272,22 @@ class LogManager:
     def tick(self) -> TickResult:
         """One round of periodic work for every partition: roll idle segments past
         ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``, checkpoint the
-        high watermark if it moved.
+        high watermark if it moved; every ``producer_id_expiration_check_interval_ms``, forget
+        idle producers.
 
         A partition whose disk fails is logged and skipped; the others still get their turn.
         """
         rolled = flushed = deleted = failed = 0
+        now = self._clock.time_ms()
+        expire = now - self._last_expiration_check_ms >= self._expiration_check_interval_ms
+        if expire:
+            self._last_expiration_check_ms = now
         for partition_log in list(self._logs.values()):
             if partition_log.closed:
                 continue
             try:
+                if expire:
+                    partition_log.expire_producers(self.producer_id_expiration_ms)
                 rolled += partition_log.maybe_roll()
                 deleted += partition_log.delete_old_segments()
                 flushed += partition_log.maybe_flush()

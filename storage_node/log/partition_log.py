@@ -384,14 +384,15 @@ class PartitionLog:
         payload = bytearray(data)
         with self._lock:
             self._ensure_usable()
-            duplicate = self._producers.check(batches[0].facts) if batches[0].facts.producer_id >= 0 else None
+            idempotent = batches[0].facts.producer_id >= 0
+            duplicate = self._producers.check_payload([b.facts for b in batches]) if idempotent else None
             if duplicate is not None:
-                # A retry of a batch already appended: answer with its offsets, write nothing.
+                # A retry of batches already appended: answer with their offsets, write nothing.
                 return AppendInfo(
-                    duplicate.first_offset,
-                    duplicate.last_offset,
+                    duplicate[0],
+                    duplicate[1],
                     -1,
-                    batches[0].record_count,
+                    sum(b.record_count for b in batches),
                     self._log_start_offset,
                     0,
                     duplicate=True,
@@ -404,8 +405,11 @@ class PartitionLog:
                 self._epochs.assign(leader_epoch, first_offset)
             self._write_batches(payload, batches, first_offset, log_append_time, now)
             last_offset = self._next_offset - 1
-            if batches[0].facts.producer_id >= 0:
-                self._producers.update(batches[0].facts, first_offset, last_offset)
+            if idempotent:
+                offset = first_offset
+                for batch in batches:
+                    self._producers.update(batch.facts, offset, offset + batch.last_offset_delta)
+                    offset += batch.last_offset_delta + 1
             info = AppendInfo(
                 first_offset,
                 last_offset,
@@ -553,6 +557,14 @@ class PartitionLog:
     def producer_state(self) -> ProducerStateManager:
         """For tools and tests: the producer state (do not mutate)."""
         return self._producers
+
+    def transaction_open(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether ``producer_id`` at ``producer_epoch`` has a transaction open on this partition
+        (its first transactional batch here was appended, no marker since)."""
+        entry = self._producers.producers.get(producer_id)
+        return (
+            entry is not None and entry.epoch == producer_epoch and entry.transaction_first_offset is not None
+        )
 
     def expire_producers(self, expiration_ms: int) -> list[int]:
         """Forget producers idle longer than ``expiration_ms`` (producer.id.expiration.ms)."""

@@ -32,6 +32,7 @@ Thread safety: none; the owning PartitionLog calls it under its lock.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import deque
@@ -169,6 +170,35 @@ class ProducerStateManager:
                 f"{self._name}: producer {facts.producer_id} epoch {facts.producer_epoch} has no batch "
                 f"here yet and starts at sequence {facts.base_sequence}, not 0"
             )
+        return None
+
+    def check_payload(self, batches: list[BatchFacts]) -> tuple[int, int] | None:
+        """Check one producer's consecutive batches of a payload (appended as a unit); the
+        ``(first offset, last offset)`` they got earlier when the payload is a retry, else None.
+
+        A retry must be a retry of all of it: the first batch a duplicate and every one after it
+        a duplicate right behind it (a payload is written atomically, so a resend of the same
+        bytes is either all in the log or not at all). Anything else that starts with a duplicate
+        is DUPLICATE_SEQUENCE_NUMBER; the rest must follow each other in sequence."""
+        first = self.check(batches[0])
+        if first is not None:
+            entry = self.producers[batches[0].producer_id]
+            last = first
+            for facts in batches[1:]:
+                found = entry.find_duplicate(facts)
+                if found is None or found.first_offset != last.last_offset + 1:
+                    raise errors.DuplicateSequenceNumberError(
+                        f"{self._name}: producer {facts.producer_id} resent sequence "
+                        f"{batches[0].base_sequence} with batches that are not all duplicates of one append"
+                    )
+                last = found
+            return first.first_offset, last.last_offset
+        for before, after in itertools.pairwise(batches):
+            if not in_sequence(before.last_sequence, after.base_sequence):
+                raise errors.OutOfOrderSequenceNumberError(
+                    f"{self._name}: producer {after.producer_id} sequence {after.base_sequence} does not "
+                    f"follow {before.last_sequence} within one payload"
+                )
         return None
 
     def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:

@@ -46,9 +46,8 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
     * a batch larger than ``max.message.bytes`` or than a whole segment -> RecordTooLargeError;
     * an empty batch, a record count that disagrees with ``lastOffsetDelta`` (producer batches are
       dense), a control batch (only the broker writes those), a transactional batch without a
-      producer id, an invalid producer id / epoch / sequence, or an idempotent batch that is not
-      the payload's only batch (Kafka's rule: one batch per partition per request, so a retry is
-      recognised whole) -> InvalidRecordError;
+      producer id, an invalid producer id / epoch / sequence, or a payload mixing an idempotent
+      producer's batches with other producers' -> InvalidRecordError;
     * a negative timestamp other than -1 (no timestamp), or the LogAppendTime bit (only the
       broker chooses that) -> InvalidTimestampError;
     * any record that is not well-formed -- a length, key, value or header running past its
@@ -93,12 +92,25 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
             )
         )
         position += batch.size_in_bytes
-    if len(validated) > 1 and any(b.facts.producer_id != NO_PRODUCER_ID for b in validated):
-        raise InvalidRecordError(
-            f"a payload with an idempotent or transactional batch must hold that one batch only "
-            f"(it holds {len(validated)})"
-        )
+    _ensure_one_producer(validated)
     return validated
+
+
+def _ensure_one_producer(validated: list[ValidatedBatch]) -> None:
+    """A payload with an idempotent or transactional batch is one producer's unit (appended and
+    deduplicated whole): every batch must carry the same producer id, epoch and transactional bit."""
+    if len(validated) < 2 or all(b.facts.producer_id == NO_PRODUCER_ID for b in validated):
+        return
+    first = validated[0].facts
+    wanted = (first.producer_id, first.producer_epoch, first.is_transactional)
+    for b in validated[1:]:
+        if (b.facts.producer_id, b.facts.producer_epoch, b.facts.is_transactional) != wanted:
+            raise InvalidRecordError(
+                f"batch at byte {b.position}: the batches of a payload with an idempotent or "
+                "transactional batch must all come from that one producer and epoch (the first "
+                f"is producer {first.producer_id} epoch {first.producer_epoch}, this one producer "
+                f"{b.facts.producer_id} epoch {b.facts.producer_epoch})"
+            )
 
 
 def _ensure_size_allowed(batch: RecordBatchView, max_message_bytes: int, segment_bytes: int) -> None:

@@ -143,6 +143,31 @@ class ControllerChannel:
             except errors.TributaryError as exc:
                 partition.on_isr_change_failed(isr, exc)
 
+    async def verify_transaction(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int
+    ) -> errors.TributaryError | None:
+        """Ask the transaction coordinator whether the producer's transaction is open with this
+        partition added (KIP-890); None if it is, else why not (retriable when the coordinator
+        could not be asked)."""
+        request = pb.VerifyTxnPartitionsRequest(
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            partitions=[pb.TopicPartition(topic=topic, partition=partition)],
+        )
+        try:
+            response = await self._stub().VerifyTxnPartitions(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            error = errors.error_from_rpc(exc)
+            if not error.retriable:
+                return error
+            return errors.CoordinatorNotAvailableError(f"the transaction could not be verified: {error}")
+        except errors.TributaryError as exc:
+            return exc
+        for result in response.results:
+            if result.HasField("error"):
+                return error_from_proto(result.error) or errors.UnknownServerError("no reason given")
+        return None
+
     @staticmethod
     def _fail(sent, error: errors.TributaryError) -> None:
         for partition, isr, _ in sent:

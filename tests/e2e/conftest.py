@@ -7,9 +7,8 @@ themselves with fresh topics (``make_topic``) and temporary directories.
 * ``spark`` -- a SparkSession with the tributary source registered and Python worker logging on
   (``spark.tvf.python_worker_logs()``), so tests can read what executors logged.
 * ``produce(topic, count, ...)`` -- sends records and returns what landed where.
-* ``delete_records(topic, partition, before)`` -- Kafka's DeleteRecords on the partition's
-  leader (the SDK's Admin does not expose it): records below ``before`` are gone, as retention
-  would delete them.
+* ``delete_records(topic, partition, before)`` -- Kafka's DeleteRecords through the SDK's
+  ``Admin.delete_records``: records below ``before`` are gone, as retention would delete them.
 
 Helpers that are not fixtures live in :mod:`tests.e2e.helpers`.
 """
@@ -19,12 +18,10 @@ from __future__ import annotations
 import uuid
 from typing import NamedTuple
 
-import grpc
 import pytest
 
-from gateway.client import Admin, NewTopic, Producer
+from gateway.client import Admin, NewTopic, Producer, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
-from services.proto import pb, storage_grpc
 from spark_jobs.session import spark_session
 
 
@@ -111,14 +108,9 @@ def produce(servers):
 
 
 @pytest.fixture
-def delete_records(cluster, admin):
+def delete_records(admin):
     def delete(topic: str, partition: int, before: int) -> int:
-        leader = admin.describe_topics([topic])[0].partitions[partition].leader
-        port = cluster.storage_nodes[leader].info["grpc_port"]
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            response = storage_grpc.StorageNodeStub(channel).DeleteRecords(
-                pb.DeleteRecordsRequest(topic=topic, partition=partition, before_offset=before), timeout=10
-            )
-        return response.log_start_offset
+        tp = TopicPartition(topic, partition)
+        return admin.delete_records({tp: before})[tp]
 
     return delete

@@ -129,3 +129,34 @@ def test_invalid_reads_fail_naming_the_problem(spark, servers, options, message)
     with pytest.raises(Exception) as caught:
         read_topic(spark, servers, **options).collect()
     assert message in str(caught.value)
+
+
+def test_read_committed_reads_committed_transactions_only_and_ends_at_the_last_stable_offset(
+    spark, servers, make_topic
+):
+    from gateway.client import Producer
+
+    topic = make_topic(2)
+    with Producer(servers=servers, transactional_id=f"spark-e2e-{topic}") as producer:
+        producer.init_transactions()
+        for outcome in ("committed", "aborted", "open"):
+            producer.begin_transaction()
+            for i in range(20):
+                producer.send(topic, f"{outcome}-{i}".encode(), partition=i % 2)
+            producer.flush()
+            if outcome == "committed":
+                producer.commit_transaction()
+            elif outcome == "aborted":
+                producer.abort_transaction()
+        # "open" stays open while Spark reads: its records are below the high watermark but
+        # past the last stable offset.
+        committed = read_topic(spark, servers, subscribe=topic, **{"isolation.level": "read_committed"})
+        rows = committed.collect()
+        everything = read_topic(spark, servers, subscribe=topic)
+        uncommitted = {r.value.decode().split("-")[0] for r in everything.collect()}
+        producer.abort_transaction()
+    assert sorted(r.value.decode() for r in rows) == sorted(f"committed-{i}" for i in range(20))
+    assert uncommitted == {"committed", "aborted", "open"}
+    # The committed records are the first ten of each partition, at their log offsets.
+    for partition in (0, 1):
+        assert sorted(r.offset for r in rows if r.partition == partition) == list(range(10))

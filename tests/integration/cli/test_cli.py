@@ -170,6 +170,69 @@ def test_consume_from_timestamp(data_dir):
     assert result.stdout.splitlines() == ["late-1", "late-2"]
 
 
+def test_consume_read_committed_skips_aborted_and_open_transactions(data_dir):
+    from gateway.client import Producer
+
+    ok(tributary(data_dir, "topics", "create", "txn-lines", "--partitions", "1"))
+    servers = read_cluster_file(data_dir)["gateway"]
+    with Producer(servers=servers, transactional_id="cli-test") as producer:
+        producer.init_transactions()
+        for outcome in ("kept", "dropped", "pending"):
+            producer.begin_transaction()
+            for i in range(3):
+                producer.send("txn-lines", f"{outcome}-{i}".encode())
+            producer.flush()
+            if outcome == "kept":
+                producer.commit_transaction()
+            elif outcome == "dropped":
+                producer.abort_transaction()
+        committed = ok(
+            tributary(
+                data_dir,
+                "consume",
+                "txn-lines",
+                "--from-beginning",
+                "--isolation-level",
+                "read_committed",
+                "--timeout-ms",
+                "3000",
+            )
+        )
+        everything = ok(
+            tributary(data_dir, "consume", "txn-lines", "--from-beginning", "--max-messages", "9")
+        )
+        producer.abort_transaction()
+    assert committed.stdout.splitlines() == ["kept-0", "kept-1", "kept-2"]
+    assert len(everything.stdout.splitlines()) == 9
+
+
+def test_transactions_list_and_describe(data_dir):
+    from gateway.client import Producer
+
+    ok(tributary(data_dir, "topics", "create", "txn-ops", "--partitions", "2"))
+    servers = read_cluster_file(data_dir)["gateway"]
+    with Producer(servers=servers, transactional_id="ops-open") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("txn-ops", b"pending", partition=1).get(10)
+        listed = ok(tributary(data_dir, "transactions", "list", "--state", "Ongoing")).stdout.splitlines()
+        rows = {line.split()[0]: line.split() for line in listed[1:]}
+        assert rows["ops-open"][1] == "Ongoing" and rows["ops-open"][5] == "1", listed
+        assert rows["ops-open"][6].endswith("s"), listed  # the open transaction's age
+        described = ok(tributary(data_dir, "transactions", "describe", "ops-open", "--format", "json"))
+        (entry,) = json.loads(described.stdout)
+        assert entry["state"] == "Ongoing" and entry["partitions"] == [["txn-ops", 1]]
+        producer.commit_transaction()
+    after = json.loads(ok(tributary(data_dir, "transactions", "list", "--format", "json")).stdout)
+    assert {d["transactional_id"]: d["state"] for d in after}["ops-open"] == "CompleteCommit"
+    assert "ops-open" not in ok(tributary(data_dir, "transactions", "list", "--state", "Ongoing")).stdout
+    missing = tributary(data_dir, "transactions", "describe", "no-such-id")
+    assert missing.returncode != 0 and "TRANSACTIONAL_ID_NOT_FOUND" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    bad_state = tributary(data_dir, "transactions", "list", "--state", "Open")
+    assert bad_state.returncode != 0 and "unknown transaction state 'Open'" in bad_state.stderr
+
+
 def test_demo(data_dir):
     result = ok(tributary(data_dir, "demo", "--records", "2000"))
     assert "check: OK" in result.stdout

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import grpc
+from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -63,6 +64,60 @@ def test_binds_port_zero_health_and_reflection():
     overall, gateway, names = asyncio.run(_with_server(body))
     assert overall == gateway == health_pb2.HealthCheckResponse.SERVING
     assert GATEWAY_SERVICE in names and "grpc.health.v1.Health" in names
+
+
+def _reflect_v1(channel, request):
+    """One grpc.reflection.v1 exchange, over the wire (v1 and v1alpha messages are the same bytes)."""
+    call = channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    return call(iter([request]))
+
+
+def test_reflection_v1_lists_and_describes_the_services():
+    async def body(channel):
+        listed = [
+            r async for r in _reflect_v1(channel, reflection_pb2.ServerReflectionRequest(list_services=""))
+        ]
+        gateway_files = [
+            r
+            async for r in _reflect_v1(
+                channel, reflection_pb2.ServerReflectionRequest(file_containing_symbol=GATEWAY_SERVICE)
+            )
+        ]
+        v1_files = [
+            r
+            async for r in _reflect_v1(
+                channel,
+                reflection_pb2.ServerReflectionRequest(
+                    file_containing_symbol="grpc.reflection.v1.ServerReflection"
+                ),
+            )
+        ]
+        return listed, gateway_files, v1_files
+
+    listed, gateway_files, v1_files = asyncio.run(_with_server(body))
+    names = {s.name for s in listed[0].list_services_response.service}
+    assert {GATEWAY_SERVICE, "grpc.health.v1.Health"} <= names
+    assert {"grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"} <= names
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in gateway_files[0].file_descriptor_response.file_descriptor_proto
+    ]
+    assert any(f.name == "tributary/v1/gateway.proto" and f.service[0].name == "Gateway" for f in files)
+    (v1,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in v1_files[0].file_descriptor_response.file_descriptor_proto
+    ]
+    assert v1.name == "grpc/reflection/v1/reflection.proto" and v1.package == "grpc.reflection.v1"
+    method = v1.service[0].method[0]
+    assert (method.input_type, method.output_type) == (
+        ".grpc.reflection.v1.ServerReflectionRequest",
+        ".grpc.reflection.v1.ServerReflectionResponse",
+    )
+    assert not any("v1alpha" in f.type_name for m in v1.message_type for f in m.field)
 
 
 def test_domain_error_becomes_status_with_reason():

@@ -32,7 +32,7 @@ CASES = [
     ),
     pytest.param(batch_faults.control, "INVALID_RECORD", "control batch", id="control"),
     pytest.param(
-        batch_faults.idempotent, "INVALID_RECORD", "must hold that one batch only", id="idempotent-not-alone"
+        batch_faults.idempotent, "INVALID_RECORD", "must all come from that one producer", id="idempotent-mixed"
     ),
     pytest.param(
         batch_faults.producer_id_without_epoch,

@@ -297,6 +297,30 @@ def test_coordinator_gauges_consumer_lag_and_offline_partitions(tmp_path, etcd):
         assert point_value(reader, names.COORDINATOR_PARTITIONS_OFFLINE) == 0
         assert point_value(reader, names.COORDINATOR_PARTITIONS_UNDER_REPLICATED) == 0
 
+        # A transaction opened through the gateway shows in the transaction gauges until it ends.
+        assert point_value(reader, names.COORDINATOR_TRANSACTIONS_OPEN) == 0
+        init = await cluster.stub.InitProducerId(
+            pb.InitProducerIdRequest(
+                transactional_id="gauged", transaction_timeout_ms=60_000, producer_id=-1, producer_epoch=-1
+            ),
+            timeout=CALL_TIMEOUT,
+        )
+        producer = {"transactional_id": "gauged", "producer_id": init.producer_id, "producer_epoch": 0}
+        await cluster.stub.AddPartitionsToTxn(
+            pb.AddPartitionsToTxnRequest(
+                partitions=[pb.TopicPartition(topic=topic, partition=0)], **producer
+            ),
+            timeout=CALL_TIMEOUT,
+        )
+        await asyncio.sleep(0.6)  # the gauges recompute at most every 0.5 s
+        assert point_value(reader, names.COORDINATOR_TRANSACTIONAL_IDS) == 1
+        assert point_value(reader, names.COORDINATOR_TRANSACTIONS_OPEN) == 1
+        assert point_value(reader, names.COORDINATOR_TRANSACTION_OLDEST_AGE) >= 500
+        await cluster.stub.EndTxn(pb.EndTxnRequest(commit=False, **producer), timeout=CALL_TIMEOUT)
+        await asyncio.sleep(0.6)
+        assert point_value(reader, names.COORDINATOR_TRANSACTIONS_OPEN) == 0
+        assert point_value(reader, names.COORDINATOR_TRANSACTION_OLDEST_AGE) == 0
+
         # The hook the consumer-group code feeds.
         record_consumer_lag("readers", topic, 1, 42)
         record_consumer_lag("readers", topic, 2, 0)

@@ -63,6 +63,10 @@ def test_consume_flags():
     assert parse("consume", "t", "--from-timestamp", "1700000000000").from_timestamp == 1700000000000
     with pytest.raises(SystemExit):
         parse("consume", "t", "--format", "xml")
+    assert parse("consume", "t").isolation_level == "read_uncommitted"
+    assert parse("consume", "t", "--isolation-level", "read_committed").isolation_level == "read_committed"
+    with pytest.raises(SystemExit):
+        parse("consume", "t", "--isolation-level", "serializable")
 
 
 def test_produce_flags():

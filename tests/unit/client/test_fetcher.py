@@ -310,8 +310,41 @@ def test_a_damaged_batch_length_names_where_the_chunk_stops():
     assert offsets(chunk.take(10, 0)) == [0, 1, 2, 3, 4]
 
 
-def test_read_committed_is_refused_until_transactions_exist():
-    with pytest.raises(ValueError, match="read_committed' is not supported yet"):
-        Fetcher(_Client(), SubscriptionState("earliest"), isolation_level="read_committed")
-    with pytest.raises(ValueError, match="isolation_level must be one of read_uncommitted"):
+def test_isolation_levels_are_kafkas_two():
+    assert Fetcher(
+        _Client(), SubscriptionState("earliest"), isolation_level="read_committed"
+    ).isolation_level == (pb.ISOLATION_LEVEL_READ_COMMITTED)
+    with pytest.raises(ValueError, match="isolation_level must be one of read_uncommitted, read_committed"):
         Fetcher(_Client(), SubscriptionState("earliest"), isolation_level="serializable")
+
+
+def test_read_committed_records_drop_aborted_transactions_and_markers():
+    from services.records.aborted import AbortedTransactionFilter
+    from services.records.control import marker_batch
+
+    def txn(values, pid, base):
+        builder = RecordBatchBuilder(
+            producer_id=pid, producer_epoch=0, base_sequence=0, is_transactional=True
+        )
+        for v in values:
+            builder.append(v, timestamp=1)
+        data = bytearray(builder.build())
+        set_base_offset(data, base)
+        return bytes(data)
+
+    def marker(pid, base, commit):
+        data = bytearray(
+            marker_batch(producer_id=pid, producer_epoch=0, commit=commit, coordinator_epoch=0, timestamp=1)
+        )
+        set_base_offset(data, base)
+        return bytes(data)
+
+    # producer 1 commits [0, 1]; producer 2 aborts [2]; producer 1's second transaction commits [5]
+    raw = txn([b"a", b"b"], 1, 0) + txn([b"x"], 2, 2) + marker(1, 3, True) + marker(2, 4, False)
+    raw += txn([b"c"], 1, 5) + marker(1, 6, True)
+    tp = TopicPartition("t", 0)
+    committed = PartitionRecords(tp, 0, raw, aborted=AbortedTransactionFilter([(2, 2)]))
+    assert [r.value for r in committed.take(100, 0)] == [b"a", b"b", b"c"]
+    assert committed.next_fetch_offset == 7
+    uncommitted = PartitionRecords(tp, 0, raw)
+    assert [r.value for r in uncommitted.take(100, 0)] == [b"a", b"b", b"x", b"c"]

@@ -3,9 +3,16 @@ import struct
 import crc32c
 import pytest
 
-from gateway.server.fetch_assembly import DecodeBudget, PartitionData, decode_typed, take_batches
+from gateway.server.fetch_assembly import (
+    RECORD_FRAMING_BYTES,
+    DecodeBudget,
+    PartitionData,
+    decode_typed,
+    record_cost,
+    take_batches,
+)
 from services import errors
-from services.records import Compression, RecordBatchBuilder, TimestampType
+from services.records import Compression, Record, RecordBatchBuilder, TimestampType
 
 
 def batch(base_offset: int, count: int, value_size: int = 10, compression=Compression.NONE) -> bytes:
@@ -209,12 +216,42 @@ def test_the_budget_is_shared_by_the_answers_partitions():
     assert (budget.records, budget.records_left) == (8, 0)
 
 
-def test_a_byte_bound_stops_at_a_batch_boundary_but_the_first_batch_always_gets_a_window():
+def test_a_byte_bound_stops_at_a_batch_boundary_but_the_first_batch_always_gets_a_record():
     payload = len(B0) - 61
-    decoded = decode([LOG], max_bytes=payload + 10)
+    decoded = decode([LOG], max_bytes=payload + 5 * RECORD_FRAMING_BYTES + 10)
     assert (offsets_of(decoded), decoded.next_offset) == (list(range(5)), 5)
     tiny = decode([LOG], max_bytes=1)
-    assert offsets_of(tiny) == list(range(5))  # progress whatever the bound
+    assert (offsets_of(tiny), tiny.next_offset) == ([0], 1)  # progress whatever the bound
+
+
+def test_the_first_batch_is_cut_by_bytes_when_it_decompresses_beyond_the_bound():
+    # 200 records of 10 KiB of zeros: a few KiB compressed, 2 MiB decompressed.
+    big = batch(0, 200, 10_240, Compression.ZSTD)
+    assert len(big) < 64 << 10
+    offsets, fetch_offset = [], 0
+    while fetch_offset < 200:
+        budget = DecodeBudget(max_records=1 << 20, max_bytes=256 << 10)
+        decoded = decode([big], fetch_offset, budget=budget)
+        got = offsets_of(decoded)
+        assert len(got) > 0 and decoded.next_offset == got[-1] + 1
+        answer = sum(record_cost(r) for _, records in decoded.batches for r in records)
+        assert answer <= 256 << 10 and budget.payload_bytes == answer
+        offsets += got
+        fetch_offset = decoded.next_offset
+    assert offsets == list(range(200))
+
+
+def test_the_cost_estimate_covers_the_protobuf_answer():
+    from gateway.server import serde
+    from gateway.server.fetch import FetchedPartition
+
+    records = [
+        Record(offset=2**40 + i, timestamp=1_700_000_000_000 + i, key=b"k" * 8, value=b"v" * i, headers=h)
+        for i, h in enumerate([(), (("a", b"1"),), (("a", None), ("bb", b"22"), ("c", b""))] * 50)
+    ]
+    result = FetchedPartition("topic", 7, None, 10, 0, 11, [(TimestampType.CREATE_TIME, records)])
+    encoded = serde.fetch_response_to_proto([result]).partitions[0].records
+    assert sum(r.ByteSize() + 3 for r in encoded) <= sum(record_cost(r) for r in records)
 
 
 def test_the_issues_three_million_record_batch_is_decoded_in_bounded_windows():

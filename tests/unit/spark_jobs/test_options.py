@@ -180,8 +180,22 @@ def test_scalars():
     assert options.servers == "h:1, h:2" and options.poll_timeout_ms == 500
 
 
+def test_isolation_level_in_either_spelling():
+    assert batch(subscribe="a", **{"isolation.level": "READ_COMMITTED"}).isolation_level == "read_committed"
+    kafka_spelling = batch(subscribe="a", **{"kafka.isolation.level": "read_committed"})
+    assert kafka_spelling.isolation_level == "read_committed"
+    with pytest.raises(OptionError, match="contradicts"):
+        batch(
+            subscribe="a",
+            **{"isolation.level": "read_committed", "kafka.isolation.level": "read_uncommitted"},
+        )
+    with pytest.raises(OptionError, match=r"'isolation\.level': must be read_uncommitted or read_committed"):
+        batch(subscribe="a", **{"isolation.level": "serializable"})
+
+
 def test_defaults():
     options = batch(subscribe="a")
+    assert options.isolation_level == "read_uncommitted"
     assert options.fail_on_data_loss is True and options.include_headers is False
     assert options.max_offsets_per_trigger is None and options.min_partitions is None
 

@@ -196,3 +196,26 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
     monkeypatch.undo()  # the disk has room again: the same call succeeds
     assert manager.create_partition("full", 0).log_end_offset == (3 if existing else 0)
     manager.close()
+
+
+def test_tick_forgets_idle_producers_every_check_interval(dirs, clock):
+    from services.records.inplace import set_producer_state
+
+    manager = _manager(
+        dirs, clock, producer_id_expiration_ms=10_000, producer_id_expiration_check_interval_ms=1_000
+    )
+    partition_log = manager.create_partition("t", 0)
+    for producer_id in (7, 8):
+        batch = bytearray(make_batch(2, timestamp=clock.time_ms()))
+        set_producer_state(batch, producer_id, 0, 0)
+        partition_log.append(bytes(batch))
+    clock.advance(9_000)
+    batch = bytearray(make_batch(1, timestamp=clock.time_ms()))
+    set_producer_state(batch, 8, 0, 2)  # producer 8 stays active
+    partition_log.append(bytes(batch))
+    manager.tick()
+    assert set(partition_log.producer_state.producers) == {7, 8}  # not idle long enough yet
+    clock.advance(2_000)
+    manager.tick()
+    assert set(partition_log.producer_state.producers) == {8}
+    manager.close()

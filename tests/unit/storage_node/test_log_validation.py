@@ -75,12 +75,12 @@ def test_header_states_a_producer_may_not_send_are_invalid_records(build, match)
 @pytest.mark.parametrize(
     "build", [batch_faults.idempotent, batch_faults.transactional], ids=["idempotent", "transactional"]
 )
-def test_an_idempotent_or_transactional_batch_passes_alone_and_carries_its_producer(build):
+def test_an_idempotent_or_transactional_batch_passes_and_carries_its_producer(build):
     (validated,) = validate_producer_batches(build(), **LIMITS)
     facts = validated.facts
     assert (facts.producer_id, facts.producer_epoch, facts.base_sequence) == (7, 0, 0)
     assert facts.is_transactional == (build is batch_faults.transactional)
-    with pytest.raises(InvalidRecordError, match="must hold that one batch only"):
+    with pytest.raises(InvalidRecordError, match="must all come from that one producer"):
         validate_producer_batches(make_batch(1) + build(), **LIMITS)
 
 

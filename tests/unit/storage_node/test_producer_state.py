@@ -96,9 +96,21 @@ def test_a_retried_batch_is_answered_with_its_first_offsets_and_not_written_agai
     assert plog.log_end_offset == end
     with pytest.raises(errors.OutOfOrderSequenceNumberError):
         plog.append(producer_batch(1, seq=7))
-    with pytest.raises(errors.InvalidRecordError, match="one batch only"):
-        plog.append(producer_batch(1, seq=5) + producer_batch(1, seq=6))
     assert plog.log_end_offset == end
+    # Several batches of one producer in a payload are appended as a unit; a resend of the unit
+    # is answered whole; a unit starting with a duplicate and going on with new batches is not a
+    # resend, and is refused.
+    unit = plog.append(producer_batch(1, seq=5) + producer_batch(2, seq=6))
+    assert (unit.first_offset, unit.last_offset) == (end, end + 2)
+    again = plog.append(producer_batch(1, seq=5) + producer_batch(2, seq=6))
+    assert again.duplicate and (again.first_offset, again.last_offset) == (end, end + 2)
+    with pytest.raises(errors.DuplicateSequenceNumberError):
+        plog.append(producer_batch(2, seq=6) + producer_batch(1, seq=8))
+    with pytest.raises(errors.OutOfOrderSequenceNumberError, match="within one payload"):
+        plog.append(producer_batch(1, seq=8) + producer_batch(1, seq=10))
+    with pytest.raises(errors.InvalidRecordError, match="must all come from that one producer"):
+        plog.append(producer_batch(1, seq=8) + producer_batch(1, pid=9, seq=0))
+    assert plog.log_end_offset == end + 3
 
 
 def test_the_state_survives_a_crash_and_a_clean_restart(tmp_path, clock):

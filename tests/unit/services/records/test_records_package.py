@@ -15,6 +15,8 @@ ALLOWED_IMPORTS = {
     "__future__",
     "collections",
     "enum",
+    # heapq: aborted.py orders aborted transactions by first offset (pure, in memory).
+    "heapq",
     "os",
     "struct",
     "threading",

@@ -1,0 +1,292 @@
+"""The producer's identity for exactly-once (Kafka's ``TransactionManager``): its producer id and
+epoch, the sequence numbers of its batches, and (with a ``transactional_id``) its transactions.
+
+**Idempotence** (on by default, as in Kafka since 3.0). The producer gets a producer id and epoch
+from the cluster (``InitProducerId``) before its first batch goes out. Each batch is numbered when
+it is first sent (:meth:`TransactionManager.number`): its base sequence is the partition's next
+sequence, which then advances by the batch's record count. A retried batch keeps its number, so
+the partition leader recognises a retry of a batch it already wrote and answers it with the
+offsets it got the first time: retries never duplicate. With one request in flight per partition
+and a retried batch always sent alone, batches reach a partition in sequence order.
+
+If a leader answers UNKNOWN_PRODUCER_ID or OUT_OF_ORDER_SEQUENCE_NUMBER (the partition lost this
+producer's state: expired, or removed with old segments), an idempotent producer bumps its epoch
+with the cluster (KIP-360) and numbers its unacknowledged batches again from 0 in the new epoch
+(:meth:`reset_after_lost_state`); those batches are then retried.
+
+**Transactions** (a ``transactional_id``; Kafka's KIP-98 client flow):
+
+* ``init_transactions`` gets the id's producer id and a new epoch -- fencing any older instance
+  with the same transactional id (its requests then fail with PRODUCER_FENCED) and aborting a
+  transaction it left open;
+* ``begin_transaction`` opens one locally; before the first batch to a partition goes out, the
+  partition is added to the transaction (``AddPartitionsToTxn``, in the sender);
+* ``send_offsets_to_transaction`` adds the consumer group and stages its offsets
+  (``AddOffsetsToTxn`` + ``TxnOffsetCommit``): they become the group's committed offsets only if
+  the transaction commits;
+* ``commit_transaction`` sends everything queued and, once every batch is acknowledged, ends the
+  transaction with ``EndTxn(commit)``; a batch that failed makes the commit fail (the transaction
+  must then be aborted); ``abort_transaction`` fails what is not sent yet, waits for what is in
+  flight and ends with ``EndTxn(abort)``. A fenced producer is done for good.
+
+Not thread-safe: the producer's I/O loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Iterable, Mapping
+
+from gateway.client.errors import IllegalStateError, TributaryError
+from services import errors
+from services.proto import pb
+from services.serde import error_from_proto
+from services.topic_partition import TopicPartition
+
+log = logging.getLogger(__name__)
+
+NO_PRODUCER_ID = -1
+#: Sequences wrap from 2**31 - 1 to 0, as Kafka's.
+_SEQUENCE_LIMIT = 2**31
+
+
+class TxnState(enum.Enum):
+    UNINITIALIZED = "uninitialized"
+    READY = "ready"
+    IN_TRANSACTION = "in transaction"
+    COMMITTING = "committing"
+    ABORTING = "aborting"
+    #: A batch of the transaction failed: only abort_transaction may follow.
+    ABORTABLE_ERROR = "abortable error"
+    #: Fenced by a newer instance (or another fatal error): nothing may follow.
+    FATAL = "fatal"
+
+
+class TransactionManager:
+    """Producer id, epoch, sequences and transactions of one producer. See the module docstring."""
+
+    def __init__(
+        self, client, *, transactional_id: str | None = None, transaction_timeout_ms: int = 60_000
+    ) -> None:
+        self._client = client
+        self.transactional_id = transactional_id
+        self.transaction_timeout_ms = transaction_timeout_ms
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = -1
+        self.state = TxnState.UNINITIALIZED
+        self._next_sequence: dict[TopicPartition, int] = {}
+        self._init_lock = asyncio.Lock()
+        #: Partitions added to the open transaction (AddPartitionsToTxn answered).
+        self._partitions: set[TopicPartition] = set()
+        #: Whether the coordinator knows of the open transaction (a partition or group was added);
+        #: if not, commit and abort end it here, with no EndTxn (as Kafka's client).
+        self._started = False
+        self._failure: BaseException | None = None
+
+    @property
+    def transactional(self) -> bool:
+        return self.transactional_id is not None
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    # ---- producer id and epoch ---------------------------------------------------------------
+
+    async def ensure_producer_id(self) -> None:
+        """Get a producer id and epoch from the cluster unless this producer has one; waits out an
+        epoch bump in progress, so no batch goes out numbered in the epoch being replaced."""
+        if self.transactional:
+            self.ensure_state(TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.ABORTING)
+            return
+        if self.has_producer_id and not self._init_lock.locked():
+            return
+        async with self._init_lock:
+            if not self.has_producer_id:
+                await self._init_producer_id(NO_PRODUCER_ID, -1)
+
+    async def _init_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+        request = pb.InitProducerIdRequest(
+            transactional_id=self.transactional_id or "",
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+        )
+        response = await self._client.call_with_retry("InitProducerId", request)
+        self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
+        self._next_sequence.clear()
+        log.info("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
+
+    def number(self, batch) -> None:
+        """Give a batch about to be sent its producer id, epoch and base sequence -- once per
+        epoch: a retry in the same epoch keeps its sequence (so it is recognised as a retry)."""
+        if batch.prebuilt or (
+            batch.producer_epoch == self.producer_epoch and batch.producer_id == self.producer_id
+        ):
+            return
+        tp = batch.topic_partition
+        sequence = self._next_sequence.get(tp, 0)
+        batch.set_producer_state(
+            self.producer_id, self.producer_epoch, sequence, transactional=self.transactional
+        )
+        self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_LIMIT
+
+    async def reset_after_lost_state(self, error: TributaryError) -> None:
+        """A partition lost this producer's state: bump the epoch (KIP-360); batches not yet
+        acknowledged are numbered again in the new epoch when they are sent next. In a
+        transaction this cannot be done safely: the transaction must be aborted."""
+        if self.transactional:
+            self.fail_transaction(error)
+            return
+        async with self._init_lock:
+            log.warning(
+                "producer %d epoch %d: %s; bumping the epoch and renumbering unacknowledged batches",
+                self.producer_id,
+                self.producer_epoch,
+                error,
+            )
+            await self._init_producer_id(self.producer_id, self.producer_epoch)
+
+    # ---- transactions ------------------------------------------------------------------------
+
+    def ensure_state(self, *allowed: TxnState) -> None:
+        if self.state in allowed:
+            return
+        if self.state is TxnState.FATAL:
+            raise IllegalStateError(f"the producer cannot go on after a fatal error: {self._failure}")
+        if self.state is TxnState.ABORTABLE_ERROR:
+            raise IllegalStateError(
+                f"the transaction failed ({self._failure}); abort_transaction() must be called"
+            )
+        wanted = " or ".join(s.value for s in allowed)
+        raise IllegalStateError(f"the producer is {self.state.value}; this needs it {wanted}")
+
+    async def init_transactions(self) -> None:
+        """Get the transactional id's producer id and a new epoch (fencing older instances)."""
+        if not self.transactional:
+            raise IllegalStateError("init_transactions needs a transactional_id")
+        self.ensure_state(TxnState.UNINITIALIZED)
+        async with self._init_lock:
+            await self._call_checked(self._init_producer_id, self.producer_id, self.producer_epoch)
+        self.state = TxnState.READY
+
+    def begin(self) -> None:
+        self.ensure_state(TxnState.READY)
+        self._partitions.clear()
+        self._started = False
+        self._failure = None
+        self.state = TxnState.IN_TRANSACTION
+
+    async def add_partitions(self, partitions: Iterable[TopicPartition]) -> None:
+        """Add partitions to the open transaction before their first batch goes out."""
+        new = sorted(set(partitions) - self._partitions)
+        if not new:
+            return
+        request = pb.AddPartitionsToTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            partitions=[pb.TopicPartition(topic=tp.topic, partition=tp.partition) for tp in new],
+        )
+        response = await self._call_checked(self._call_until_settled, "AddPartitionsToTxn", request)
+        failed = [
+            (r.topic, r.partition, error_from_proto(r.error)) for r in response.results if r.HasField("error")
+        ]
+        if failed:
+            topic, partition, error = failed[0]
+            error = error or errors.UnknownServerError(f"{topic}-{partition}: no reason given")
+            self.fail_transaction(error)
+            raise error
+        self._partitions.update(new)
+        self._started = True
+
+    async def send_offsets(
+        self,
+        offsets: Mapping[TopicPartition, tuple[int, str]],
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+    ) -> None:
+        """Stage consumed offsets in the transaction (committed with it, or not at all)."""
+        self.ensure_state(TxnState.IN_TRANSACTION)
+        common = {
+            "transactional_id": self.transactional_id,
+            "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch,
+        }
+        await self._call_checked(
+            self._call_until_settled,
+            "AddOffsetsToTxn",
+            pb.AddOffsetsToTxnRequest(group_id=group_id, **common),
+        )
+        self._started = True
+        request = pb.TxnOffsetCommitRequest(
+            group_id=group_id,
+            generation_id=generation_id,
+            member_id=member_id,
+            offsets=[
+                pb.TxnOffset(topic=tp.topic, partition=tp.partition, offset=offset, metadata=metadata)
+                for tp, (offset, metadata) in offsets.items()
+            ],
+            **common,
+        )
+        response = await self._call_checked(self._call_until_settled, "TxnOffsetCommit", request)
+        for result in response.results:
+            if result.HasField("error"):
+                error = error_from_proto(result.error) or errors.UnknownServerError("no reason given")
+                self.fail_transaction(error)
+                raise error
+
+    async def end(self, commit: bool) -> None:
+        """EndTxn once every batch of the transaction has settled."""
+        request = pb.EndTxnRequest(
+            transactional_id=self.transactional_id,
+            producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch,
+            commit=commit,
+        )
+        if self._started:
+            await self._call_checked(self._call_until_settled, "EndTxn", request)
+        self._partitions.clear()
+        self._started = False
+        if not commit and self._failure is not None:
+            # A batch of the aborted transaction failed: the leader may or may not have written
+            # it, so its partition's sequence is unknown. A new epoch starts every partition's
+            # sequence again at 0 (KIP-360's bump after an abortable error).
+            async with self._init_lock:
+                await self._call_checked(self._init_producer_id, self.producer_id, self.producer_epoch)
+        self._failure = None
+        self.state = TxnState.READY
+
+    def fail_transaction(self, error: BaseException) -> None:
+        """A batch or call of the open transaction failed: only an abort may follow (or nothing,
+        when the producer was fenced)."""
+        fenced = isinstance(error, errors.ProducerFencedError | errors.InvalidProducerEpochError)
+        if self.state is TxnState.FATAL:
+            return
+        self._failure = error
+        if fenced:
+            self.state = TxnState.FATAL
+        elif self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING):
+            self.state = TxnState.ABORTABLE_ERROR
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    async def _call_until_settled(self, method: str, request):
+        """A coordinator call, retried while the previous transaction is still being completed
+        (CONCURRENT_TRANSACTIONS) and on other retriable errors."""
+        return await self._client.call_with_retry(
+            method, request, max_wait_ms=max(self._client.request_timeout_ms, self.transaction_timeout_ms)
+        )
+
+    async def _call_checked(self, call, *args):
+        try:
+            return await call(*args)
+        except (errors.ProducerFencedError, errors.InvalidProducerEpochError) as exc:
+            self._failure = exc
+            self.state = TxnState.FATAL
+            raise
