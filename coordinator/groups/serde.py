@@ -190,7 +190,7 @@ _GROUP_STATE = {
 }
 
 
-def group_state_to_proto(state: str) -> int:
+def group_state_to_proto(state: str) -> pb.GroupState:
     return _GROUP_STATE.get(state, pb.GROUP_STATE_UNSPECIFIED)
 
 

@@ -175,7 +175,7 @@ class ProducerBatch:
         self.last_error: BaseException | None = None
         self._builder = builder
         self._batch_size = batch_size
-        self._data = data
+        self._data: bytes | bytearray | None = data  # bytearray once numbered in place
         self._prebuilt = data is not None
         self._full = False
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
@@ -208,7 +208,7 @@ class ProducerBatch:
         assert self._builder is not None, "a batch has its bytes or its builder"
         return self._builder.size_in_bytes()
 
-    def close(self) -> bytes:
+    def close(self) -> bytes | bytearray:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
         if self._data is None:
             assert self._builder is not None, "a batch has its bytes or its builder"

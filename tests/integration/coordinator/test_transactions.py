@@ -30,8 +30,9 @@ from services.fetchport.protocol import SIZE
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
 from services.records.control import parse_marker
+from tests.support.names import unique
 
-from ._cluster import TTL_S, Cluster, call, rpc_code, unique
+from ._cluster import TTL_S, Cluster, call, rpc_code
 
 pytestmark = pytest.mark.integration
 
