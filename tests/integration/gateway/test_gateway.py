@@ -21,6 +21,7 @@ from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, RecordBatchBuilder, iter_batches
 from tests.support.names import unique
+from tests.support.wait import wait_until
 
 CALL_TIMEOUT = 30
 
@@ -201,6 +202,24 @@ def test_raw_batches_round_trip(stub):
 
 def test_long_poll_answers_when_data_lands_or_after_max_wait(stub):
     topic = create_topic(stub, unique("poll"), 2)
+    # ONLINE in the metadata can come before the gateway routes the new partitions: until then a
+    # fetch answers at once with an error instead of waiting, so wait for an error-free answer.
+    wait_until(
+        lambda: (
+            not any(
+                p.HasField("error") and p.error.reason
+                for p in stub.Fetch(
+                    pb.FetchRequest(
+                        partitions=[pb.FetchPartition(topic=topic, partition=p, offset=0) for p in range(2)],
+                        max_wait_ms=0,
+                    ),
+                    timeout=CALL_TIMEOUT,
+                ).partitions
+            )
+        ),
+        timeout=15,
+        what=f"the gateway fetching from {topic}",
+    )
     request = pb.FetchRequest(
         partitions=[pb.FetchPartition(topic=topic, partition=p, offset=0) for p in range(2)],
         min_bytes=1,
