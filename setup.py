@@ -39,7 +39,7 @@ class OptionalBuildExt(build_ext):
             super().run()
         except _BUILD_ERRORS as exc:
             self._warn("the C extensions", exc)
-            self.extensions = []
+            self.extensions: list[Extension] = []
 
     def build_extensions(self) -> None:
         self.check_extensions_list(self.extensions)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import re
 import statistics
@@ -72,10 +73,11 @@ def report_placement(repeat: int) -> None:
     print("placement (10,000 partitions x RF 3; each runs in a worker thread):")
     for nodes in (3, 30):
         racks = {n: f"r{n % 3}" for n in range(1, nodes + 1)}
-        line(
-            f"assign_replicas, {nodes} nodes on 3 racks",
-            best_of(repeat, lambda racks=racks: assign_replicas(racks, 10_000, 3, rng=random.Random(1))),
-        )
+
+        def place(racks: dict[int, str] = racks) -> object:
+            return assign_replicas(racks, 10_000, 3, rng=random.Random(1))
+
+        line(f"assign_replicas, {nodes} nodes on 3 racks", best_of(repeat, place))
     racks = {n: "" for n in range(1, 4)}
     assignment = tuple(tuple(r) for r in assign_replicas(racks, 10_000, 3, rng=random.Random(1)))
     record = TopicRecord("big", uuid.uuid4().hex, 3, {}, assignment)
@@ -101,7 +103,7 @@ def report_patterns(repeat: int) -> None:
     print("patterns over 10,000 topics (RE2, full match):")
     for pattern in (r"orders\.region-1\..*", "(a+)+", "[a-z.-]{1,1000}[0-9]{1,5}"):
         compiled = compile_topic_pattern(pattern)
-        line(f"select {pattern!r}", best_of(repeat, lambda compiled=compiled: compiled.select(names)))
+        line(f"select {pattern!r}", best_of(repeat, functools.partial(compiled.select, names)))
     started = time.perf_counter()
     re.fullmatch("(a+)+", "a" * 22 + "-")
     line(
@@ -169,7 +171,7 @@ def report_round_trips(repeat: int) -> None:
                     samples.append(time.perf_counter() - started)
                 return statistics.median(samples)
 
-            million = dict(name="million", partitions=1_000_000)
+            million: dict[str, Any] = dict(name="million", partitions=1_000_000)
             line(
                 "refused CreateTopic, 1,000,000 partitions, validate-only",
                 timed(stub.CreateTopic, pb.CreateTopicRequest(**million, validate_only=True), refused=True),

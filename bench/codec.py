@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -108,7 +109,7 @@ def decode_ours(encoded: list[bytes]) -> int:
         view = RecordBatchView(data)
         view.validate()
         for record in view:
-            total += len(record.value)
+            total += len(record.value or b"")
     return total
 
 
@@ -119,7 +120,7 @@ def decode_kafka_python(encoded: list[bytes]) -> int:
         if not batch.validate_crc():
             raise RuntimeError("kafka-python rejected a CRC")
         for record in batch:
-            total += len(record.value)
+            total += len(record.value or b"")
     return total
 
 
@@ -127,7 +128,7 @@ def walk_ours(fetch_buffer: bytes) -> int:
     count = 0
     for view in iter_batches(fetch_buffer):
         view.validate()
-        for record in view:
+        for _record in view:
             count += 1
     return count
 
@@ -200,11 +201,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise RuntimeError("interop check failed: kafka-python batch read back wrong")
             if decode_kafka_python(encoded) != value_bytes:
                 raise RuntimeError("interop check failed: our batch read back wrong by kafka-python")
-            for direction, ours, theirs in (
-                ("encode", lambda: encode_ours(batches, codec), lambda: encode_kafka_python(batches, codec)),
-                ("decode", lambda: decode_ours(encoded), lambda: decode_kafka_python(encoded)),
+            for direction, ours_call, theirs_call in (
+                (
+                    "encode",
+                    partial(encode_ours, batches, codec),
+                    partial(encode_kafka_python, batches, codec),
+                ),
+                ("decode", partial(decode_ours, encoded), partial(decode_kafka_python, encoded)),
             ):
-                ours_s, theirs_s = _best_interleaved([ours, theirs], args.repeat)
+                ours_s, theirs_s = _best_interleaved([ours_call, theirs_call], args.repeat)
                 case = f"{direction} {codec.name.lower()} x{batch_size}"
                 print(_row(case, "ours", args.records, value_bytes, ours_s, f"{theirs_s / ours_s:.2f}x"))
                 print(_row(case, "kafka-python", args.records, value_bytes, theirs_s, ""))

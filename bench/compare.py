@@ -59,6 +59,7 @@ import traceback
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # keep gRPC's C-core notices out of the progress
 # The SDK's I/O thread can get a gRPC poller callback after its loop closed ("Event loop is
@@ -596,6 +597,9 @@ class Runner:
             # show what the timed fsync in the append path costs with many partitions.
             label = f"produce (batched), {partitions} partitions, topic without flush.ms"
             self.progress(f"Tributary: {label}")
+            from bench.peers.tributary import Tributary
+
+            assert isinstance(peer, Tributary)  # the only peer with topic configs
             dest = peer.create(self.unique(f"p{partitions}-noflush"), partitions, configs={})
             result = self.timed(
                 peer,
@@ -637,7 +641,11 @@ class Runner:
 
 
 def machine_info(data_dir: Path) -> dict:
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "cores": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cores": os.cpu_count(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -673,7 +681,7 @@ def machine_info(data_dir: Path) -> dict:
 # ---- main -------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -716,10 +724,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render", metavar="JSON", help="only rewrite the report (and plots) from a raw results file"
     )
-    args = parser.parse_args(argv)
-    if args.render:
-        return render(Path(args.render))
+    return parser
 
+
+def _sizes_and_peers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[dict, list[str]]:
+    """The experiment sizes (the default or --full, with the options' overrides) and the peers."""
     sizes = dict(FULL if args.full else DEFAULT)
     if args.messages:
         sizes["messages"] = args.messages
@@ -733,6 +742,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in peers:
         if name not in ALL:
             parser.error(f"unknown peer {name!r}; choose from {', '.join(ALL)}")
+    return sizes, peers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.render:
+        return render(Path(args.render))
+    sizes, peers = _sizes_and_peers(args, parser)
 
     def stop_on_sigterm(_signum, _frame):
         raise KeyboardInterrupt  # so that every broker is stopped (finally blocks) and the report written

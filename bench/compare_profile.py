@@ -111,6 +111,8 @@ class Recorder:
 
     def __enter__(self) -> Recorder:
         binary = py_spy()
+        if binary is None:
+            raise RuntimeError("py-spy is not installed")
         for name, pid in self.pids.items():
             out = self.out_dir / f"{self.phase}-{name}.txt"
             self.procs[name] = subprocess.Popen(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 PAPER = {"unbatched": 50_000, "batched": 400_000, "consume": 22_000}
 BATCH_RECORDS = 50
@@ -81,7 +82,7 @@ def fmt_ms(value: float | None) -> str:
 
 def headline_rows(res: Results, sizes: dict) -> list[dict]:
     """Every comparable experiment: label, kind ("rate" or "latency"), values per peer."""
-    rows = []
+    rows: list[dict[str, Any]] = []
 
     def rate_row(label: str, experiment: str) -> None:
         rows.append(
@@ -115,7 +116,7 @@ def headline_rows(res: Results, sizes: dict) -> list[dict]:
         rate_row(f"consume, {partitions} partitions (msg/s)", f"partitions-consume@{partitions}")
     for row in rows:
         trib = row["values"].get("tributary")
-        ratios = {}
+        ratios: dict[str, float | None] = {}
         for peer in res.others:
             other = row["values"].get(peer)
             if trib is None or other is None or other <= 0 or trib <= 0:
@@ -147,7 +148,10 @@ def headline_table(res: Results, rows: list[dict]) -> list[str]:
     for row in rows:
         fmt = fmt_rate if row["kind"] == "rate" else fmt_ms
         short = row.get("short", {})
-        mark = lambda peer: "†" if short.get(peer) else ""  # noqa: E731
+
+        def mark(peer: str, short: dict = short) -> str:
+            return "†" if short.get(peer) else ""
+
         cells = [row["label"], f"**{fmt(row['values'].get('tributary'))}**{mark('tributary')}"]
         for peer in res.others:
             value = row["values"].get(peer)
@@ -161,8 +165,7 @@ def headline_table(res: Results, rows: list[dict]) -> list[str]:
 
 def paper_rows(res: Results) -> list[tuple[str, str, float | None, int]]:
     def best(*experiments: str) -> tuple[str, float | None]:
-        found = [(e, res.rate("tributary", e)) for e in experiments]
-        found = [(e, v) for e, v in found if v is not None]
+        found = [(e, v) for e in experiments if (v := res.rate("tributary", e)) is not None]
         if not found:
             return experiments[0], None
         return max(found, key=lambda item: item[1])
@@ -219,8 +222,14 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     except ImportError:
         return {}
     made: dict[str, str] = {}
+    for plot in (_plot_producer, _plot_consumer, _plot_scaling, _plot_latency):
+        made.update(plot(plt, directory, stem, res, sizes))
+    return made
 
-    # Figure 4: producer throughput against data sent.
+
+def _plot_producer(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Figure 4: producer throughput against data sent."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for peer in res.peers:
         for experiment, style, label in (
@@ -247,7 +256,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     ax.grid(True, which="both", alpha=0.3)
     made["fig4"] = save(fig, directory, f"{stem}-fig4-producer.png")
 
-    # Figure 5: consumer throughput against data consumed.
+    return made
+
+
+def _plot_consumer(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Figure 5: consumer throughput against data consumed."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for peer in res.peers:
         r = res.get(peer, "consume")
@@ -266,7 +280,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
     ax.grid(True, which="both", alpha=0.3)
     made["fig5"] = save(fig, directory, f"{stem}-fig5-consumer.png")
 
-    # Retained data and partitions: rate against size / count.
+    return made
+
+
+def _plot_scaling(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Retained data and partitions: rate against size / count."""
+    made: dict[str, str] = {}
     for name, keys, xlabel, values, logx in (
         (
             "retained",
@@ -307,7 +326,12 @@ def plots(directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, st
         fig.suptitle("Throughput as the retained log grows" if name == "retained" else "Many partitions")
         made[name] = save(fig, directory, f"{stem}-{name}.png")
 
-    # Latency: p50 and p99 per peer and rate.
+    return made
+
+
+def _plot_latency(plt, directory: Path, stem: str, res: Results, sizes: dict) -> dict[str, str]:
+    """Latency: p50 and p99 per peer and rate."""
+    made: dict[str, str] = {}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     width = 0.8 / max(1, len(res.peers))
     for i, peer in enumerate(res.peers):
@@ -393,51 +417,52 @@ def profile_section(profile: dict | None) -> list[str]:
 LEVERS = {
     "unbatched": (
         "One record per request costs one gRPC message per record, and gRPC Python bounds that before any of "
-        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, no "
-        "Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded stack on "
-        "this machine. The gateway reaches about half of that with its real work behind it; py-spy puts ~90% of "
-        "its time in grpc's own machinery (stream reads and writes, the poller thread, the unary `Append` to the "
-        "storage node), and the SDK no longer waits for acks=0 answers, so the client is not the limit. The "
-        "paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture decision, ARCHITECTURE "
-        "section 3 routes produce through `Gateway.Produce`): a produce path that is not one gRPC message per "
-        "record -- a raw TCP produce port with the fetch port's framing (acks=0 unanswered, as in Kafka), or "
-        "clients that write to the partition leader's storage node directly, as Kafka clients do -- keeping "
-        "gRPC for other languages."
+        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, "
+        "no Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded "
+        "stack on this machine. The gateway reaches about half of that with its real work behind it; py-spy "
+        "puts ~90% of its time in grpc's own machinery (stream reads and writes, the poller thread, the "
+        "unary `Append` to the storage node), and the SDK no longer waits for acks=0 answers, so the client "
+        "is not the limit. The paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture "
+        "decision, ARCHITECTURE section 3 routes produce through `Gateway.Produce`): a produce path that is "
+        "not one gRPC message per record -- a raw TCP produce port with the fetch port's framing (acks=0 "
+        "unanswered, as in Kafka), or clients that write to the partition leader's storage node directly, as "
+        "Kafka clients do -- keeping gRPC for other languages."
     ),
     "batched": (
-        "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round trip "
-        "per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
-        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the gateway), "
-        "not on the record codec (now C). The peers ahead answer from one process (Redis: in memory, one round "
-        "trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited (the paper's "
-        "setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 requests/s of 50. "
-        "Next lever: the same as unbatched, plus a long-lived gateway -> storage stream instead of a unary "
-        "call per request."
+        "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round "
+        "trip per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
+        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the "
+        "gateway), not on the record codec (now C). The peers ahead answer from one process (Redis: in "
+        "memory, one round trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited "
+        "(the paper's setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 "
+        "requests/s of 50. Next lever: the same as unbatched, plus a long-lived gateway -> storage stream "
+        "instead of a unary call per request."
     ),
     "consume": (
-        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the record "
-        "walk and decode are C since this run's codec accelerator); the storage node serves the bytes with "
-        "sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched batch, a value "
-        "materialized when the application touches it) and build the ConsumerRecord tuples in C too."
+        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the "
+        "record walk and decode are C since this run's codec accelerator); the storage node serves the bytes "
+        "with sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched "
+        "batch, a value materialized when the application touches it) and build the ConsumerRecord tuples in "
+        "C too."
     ),
     "latency": (
-        "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage node, "
-        "then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each hop is an "
-        "asyncio wake-up on a shared 2-core machine, and the peers are one server process. Next lever: serve the "
-        "consumer's long poll from the storage node's fetch port directly (the SDK already speaks it), taking the "
-        "gateway hop out of the fetch path, and wake it from the append."
+        "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage "
+        "node, then the consumer's long poll: gateway -> storage node fetch port -> gateway -> SDK); each "
+        "hop is an asyncio wake-up on a shared 2-core machine, and the peers are one server process. Next "
+        "lever: serve the consumer's long poll from the storage node's fetch port directly (the SDK already "
+        "speaks it), taking the gateway hop out of the fetch path, and wake it from the append."
     ),
     "retained": (
-        "Tributary's produce and consume rates do not fall as the retained log grows (the paper's claim holds: "
-        "compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB too, so the "
-        "lever is the one for the plain produce / consume rows."
+        "Tributary's produce and consume rates do not fall as the retained log grows (the paper's claim "
+        "holds: compare its columns in the retained table); where a peer is ahead here it is ahead at 0 MB "
+        "too, so the lever is the one for the plain produce / consume rows."
     ),
     "partitions": (
         "Produce with many partitions is the per-request gRPC cost again (timed flushes already run on the "
         "background tick, never inside an append; compare the row without flush.ms). Consume: one consumer "
-        "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from the "
-        "gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: only "
-        "partitions with data in the response) and one fetch-port request per storage node for all its "
+        "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from "
+        "the gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: "
+        "only partitions with data in the response) and one fetch-port request per storage node for all its "
         "partitions."
     ),
 }
@@ -459,63 +484,88 @@ def cpu_line(data: dict | None) -> str:
     return f"CPU in cores during the profiled run: {shares}"
 
 
+def _unbatched_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = [cpu_line(phase_of(profile, "produce, unbatched"))]
+    java, sdk = res.rate("tributary", "variant-java-unbatched"), res.rate("tributary", "unbatched")
+    if java and sdk:
+        parts.append(f"Java stub client {java:,.0f} msg/s vs the SDK's {sdk:,.0f} msg/s")
+    return parts
+
+
+def _batched_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = [cpu_line(phase_of(profile, "produce, batched"))]
+    rate = res.rate("tributary", "batched")
+    if rate:
+        parts.append(f"{1e3 * BATCH_RECORDS / rate:.2f} ms per acknowledged 50-record batch")
+    java = res.rate("tributary", "variant-java-batched")
+    if java:
+        parts.append(f"Java stub client {java:,.0f} msg/s")
+    return parts
+
+
+def _consume_evidence(res: Results, profile: dict | None) -> list[str]:
+    data = phase_of(profile, "consume")
+    parts = [cpu_line(data)]
+    if data:
+        client = next((v for k, v in data["processes"].items() if k.startswith("client")), None)
+        if client and client["functions"]:
+            name, share = client["functions"][0]
+            parts.append(f"the client's top function `{name}` has {share:.0%} of its samples")
+    return parts
+
+
+def _partitions_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = []
+    for experiment in sorted(
+        {r.experiment for r in res.results if r.experiment.startswith("variant-partitions-noflush@")}
+    ):
+        count = experiment.split("@")[1]
+        without, with_ = (
+            res.rate("tributary", experiment),
+            res.rate("tributary", f"partitions-produce@{count}"),
+        )
+        if without and with_:
+            parts.append(
+                f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
+                f"{without:,.0f} msg/s on a topic without it"
+            )
+    for experiment in sorted(
+        {r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
+        key=lambda e: int(e.split("@")[1]),
+    ):
+        value = res.rate("tributary", experiment)
+        if value:
+            parts.append(f"consume over {experiment.split('@')[1]} partitions {value:,.0f} msg/s")
+    return parts
+
+
+def _latency_evidence(res: Results, profile: dict | None) -> list[str]:
+    parts = []
+    for experiment in sorted({r.experiment for r in res.results if r.experiment.startswith("latency@")}):
+        trib = res.latency("tributary", experiment, "p50_ms")
+        best = [(res.latency(p, experiment, "p50_ms"), p) for p in res.others]
+        best = [b for b in best if b[0] is not None]
+        if trib and best:
+            value, peer = min(best)
+            parts.append(
+                f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, {TITLES[peer]} {value:.2f} ms"
+            )
+    return parts
+
+
+_EVIDENCE = {
+    "unbatched": _unbatched_evidence,
+    "batched": _batched_evidence,
+    "consume": _consume_evidence,
+    "partitions": _partitions_evidence,
+    "latency": _latency_evidence,
+}
+
+
 def evidence(key: str, res: Results, profile: dict | None) -> str:
     """This run's numbers behind a lever."""
-    parts = []
-    if key == "unbatched":
-        parts.append(cpu_line(phase_of(profile, "produce, unbatched")))
-        java, sdk = res.rate("tributary", "variant-java-unbatched"), res.rate("tributary", "unbatched")
-        if java and sdk:
-            parts.append(f"Java stub client {java:,.0f} msg/s vs the SDK's {sdk:,.0f} msg/s")
-    elif key == "batched":
-        parts.append(cpu_line(phase_of(profile, "produce, batched")))
-        rate = res.rate("tributary", "batched")
-        if rate:
-            parts.append(f"{1e3 * BATCH_RECORDS / rate:.2f} ms per acknowledged 50-record batch")
-        java = res.rate("tributary", "variant-java-batched")
-        if java:
-            parts.append(f"Java stub client {java:,.0f} msg/s")
-    elif key == "consume":
-        data = phase_of(profile, "consume")
-        parts.append(cpu_line(data))
-        if data:
-            client = next((v for k, v in data["processes"].items() if k.startswith("client")), None)
-            if client and client["functions"]:
-                name, share = client["functions"][0]
-                parts.append(f"the client's top function `{name}` has {share:.0%} of its samples")
-    elif key == "partitions":
-        for experiment in sorted(
-            {r.experiment for r in res.results if r.experiment.startswith("variant-partitions-noflush@")}
-        ):
-            count = experiment.split("@")[1]
-            without, with_ = (
-                res.rate("tributary", experiment),
-                res.rate("tributary", f"partitions-produce@{count}"),
-            )
-            if without and with_:
-                parts.append(
-                    f"produce over {count} partitions {with_:,.0f} msg/s with flush.ms=1000, "
-                    f"{without:,.0f} msg/s on a topic without it"
-                )
-        for experiment in sorted(
-            {r.experiment for r in res.results if r.experiment.startswith("partitions-consume@")},
-            key=lambda e: int(e.split("@")[1]),
-        ):
-            value = res.rate("tributary", experiment)
-            if value:
-                parts.append(f"consume over {experiment.split('@')[1]} partitions {value:,.0f} msg/s")
-    elif key == "latency":
-        for experiment in sorted({r.experiment for r in res.results if r.experiment.startswith("latency@")}):
-            trib = res.latency("tributary", experiment, "p50_ms")
-            best = [(res.latency(p, experiment, "p50_ms"), p) for p in res.others]
-            best = [b for b in best if b[0] is not None]
-            if trib and best:
-                value, peer = min(best)
-                parts.append(
-                    f"p50 at {experiment.split('@')[1]}/s: Tributary {trib:.2f} ms, "
-                    f"{TITLES[peer]} {value:.2f} ms"
-                )
-    parts = [p for p in parts if p]
+    gather = _EVIDENCE.get(key)
+    parts = [p for p in (gather(res, profile) if gather else []) if p]
     return ("This run: " + "; ".join(parts) + ". ") if parts else ""
 
 
@@ -557,41 +607,67 @@ def write(
     rows = headline_rows(res, sizes)
     images = plots(directory, stem, res, sizes)
     info = runner.peer_info
-    minutes = (finished - started).total_seconds() / 60
 
+    out = _intro(started, finished, command, sizes)
+    headline, paper_misses = _headline(res, rows)
+    out += headline
+    out += _targets(res, rows, paper_misses, profile)
+    out += _producer(res, runner, info, images)
+    out += _consumer(res, images)
+    out += _latency(res, sizes, images)
+    out += _retained(res, sizes, images)
+    out += _partitions(res, sizes, images)
+    out += _machine(machine)
+    out += _brokers(res, runner, info, command, path)
+    path.write_text("\n".join(out))
+    return path
+
+
+def _intro(started: dt.datetime, finished: dt.datetime, command: str, sizes: dict) -> list[str]:
+    """The title and what was run."""
     out: list[str] = []
     add = out.append
+    minutes = (finished - started).total_seconds() / 60
     add(
-        "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis Streams"
+        "# The 2011 paper's experiments, side by side: Tributary, RabbitMQ, ActiveMQ, NATS JetStream, Redis "
+        "Streams"
     )
     add("")
     add(
-        f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: "
-        f"200-byte messages, {sizes['messages']:,} per produce experiment, {sizes.get('consume_messages', 0):,} "
-        f"for the consume experiment, {sizes.get('retained_messages', 0):,} for the retained-data and "
+        f"Run {started:%Y-%m-%d %H:%M}–{finished:%H:%M} ({minutes:.1f} min) with `{command}`: 200-byte "
+        f"messages, {sizes['messages']:,} per produce experiment, {sizes.get('consume_messages', 0):,} for "
+        f"the consume experiment, {sizes.get('retained_messages', 0):,} for the retained-data and "
         f"{sizes.get('partition_messages', 0):,} for the partition experiments; the same payloads for every "
-        f"broker, each broker alone on loopback on this machine, one after the other. Retained-data levels "
-        f"{', '.join(f'{v:,} MB' for v in sizes['retained_mb'])}; partitions {', '.join(map(str, sizes['partitions']))}; "
-        f"latency at {', '.join(f'{r:,}' for r in sizes['rates'])} msg/s. Every message of every produce row was read "
-        "back and its count and checksum (sum of CRC-32s) checked; a row that did not check out shows its error "
-        "instead of a number."
+        "broker, each broker alone on loopback on this machine, one after the other. Retained-data levels "
+        f"{', '.join(f'{v:,} MB' for v in sizes['retained_mb'])}; partitions "
+        f"{', '.join(map(str, sizes['partitions']))}; latency at "
+        f"{', '.join(f'{r:,}' for r in sizes['rates'])} msg/s. Every message of every produce row was read "
+        "back and its count and checksum (sum of CRC-32s) checked; a row that did not check out shows its "
+        "error instead of a number."
     )
     add("")
+    return out
+
+
+def _headline(res: Results, rows: list[dict]) -> tuple[list[str], list[tuple]]:
+    """The headline table and the paper's rows; also the paper rows Tributary missed."""
+    out: list[str] = []
+    add = out.append
     add("## Headline")
     add("")
     add(
-        "msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ Tributary's "
-        'ms), so above 1.00× means Tributary is ahead. "Tributary ÷ best peer" is the smallest of those ratios. '
-        f"† = measured over less than {SHORT_S} s (the message count is small for that broker's speed): on this "
-        "shared machine such a figure moves by ±30% between runs; rerun with a larger `--messages` / `--full` "
-        "to pin it down."
+        "msg/s unless marked ms; in brackets **Tributary ÷ that peer** (for latency: that peer's ms ÷ "
+        'Tributary\'s ms), so above 1.00× means Tributary is ahead. "Tributary ÷ best peer" is the smallest '
+        f"of those ratios. † = measured over less than {SHORT_S} s (the message count is small for that "
+        "broker's speed): on this shared machine such a figure moves by ±30% between runs; rerun with a "
+        "larger `--messages` / `--full` to pin it down."
     )
     add("")
     out.extend(headline_table(res, rows))
     add("")
     add(
-        "Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two machines "
-        "over 1 Gb; here: everything on one shared 2-core VM):"
+        "Against the paper's Kafka (2011: 8-core 2 GHz, 16 GB, 6-disk RAID 10, producer and broker on two "
+        "machines over 1 Gb; here: everything on one shared 2-core VM):"
     )
     add("")
     add("| experiment | Tributary row | Tributary msg/s | Kafka 2011 | ratio | met? |")
@@ -609,14 +685,21 @@ def write(
         )
     add("")
 
-    # targets
+    return out, paper_misses
+
+
+def _targets(res: Results, rows: list[dict], paper_misses: list[tuple], profile: dict | None) -> list[str]:
+    """What was missed, where the time goes, and the profile."""
+    out: list[str] = []
+    add = out.append
     missed_rows = [r for r in rows if r["met"] is False]
     add("## Targets")
     add("")
     met_rows = [r for r in rows if r["met"] is True]
+    any_na = any(r["met"] is None for r in rows)
     add(
         f"Ahead of every peer in {len(met_rows)} of {len(rows)} comparable rows"
-        f"{'' if not [r for r in rows if r['met'] is None] else ' (rows marked n/a lack a number for Tributary or a peer)'}; "
+        f"{' (rows marked n/a lack a number for Tributary or a peer)' if any_na else ''}; "
         f"ahead of the paper's Kafka in {3 - len(paper_misses)} of 3."
     )
     add("")
@@ -628,7 +711,7 @@ def write(
                 f"{TITLES[p]} ({fmt_ratio(v)})" for p, v in row["ratios"].items() if v is not None and v < 1.0
             ]
             add(f"- **{row['label']}** — behind {', '.join(behind)}.")
-        for label, experiment, value, target in paper_misses:
+        for label, _experiment, value, target in paper_misses:
             add(f"- **{label}** vs Kafka 2011 — {fmt_rate(value)} of {target:,} msg/s.")
         add("")
         add("Where the time goes and the next lever, per missed experiment (profile below):")
@@ -654,7 +737,13 @@ def write(
     out.extend(profile_section(profile))
     add("")
 
-    # figures and detailed tables
+    return out
+
+
+def _producer(res: Results, runner, info: dict, images: dict[str, str]) -> list[str]:
+    """Figure 4's section and how each broker was driven."""
+    out: list[str] = []
+    add = out.append
     add("## Producer (cf. Figure 4)")
     add("")
     if "fig4" in images:
@@ -679,6 +768,13 @@ def write(
             f"| {TITLES[peer]} | {i.get('unbatched', '')} | {i.get('batched', '')} | {i.get('consume', '')} |"
         )
     add("")
+    return out
+
+
+def _consumer(res: Results, images: dict[str, str]) -> list[str]:
+    """Figure 5's section."""
+    out: list[str] = []
+    add = out.append
     add("## Consumer (cf. Figure 5)")
     add("")
     if "fig5" in images:
@@ -691,15 +787,22 @@ def write(
         if r is not None:
             add(detail_row(r, mode=False))
     add("")
+    return out
+
+
+def _latency(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """The end-to-end latency section."""
+    out: list[str] = []
+    add = out.append
     add("## End-to-end latency (produce -> consumed)")
     add("")
     if "latency" in images:
         add(f"![latency]({images['latency']})")
         add("")
     add(
-        "Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); the "
-        "producer sends one at a time at the target rate, a consumer subscribed before the first probe records "
-        "its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll."
+        "Each probe carries its send time (CLOCK_MONOTONIC, the same clock in every process of the machine); "
+        "the producer sends one at a time at the target rate, a consumer subscribed before the first probe "
+        "records its arrival. Tributary's producer uses acks=1 and linger 0; the consumer a long poll."
     )
     add("")
     add("| broker | target rate | sent at | probes | p50 ms | p99 ms | p99.9 ms | max ms |")
@@ -714,10 +817,18 @@ def write(
                 continue
             e = r.extra
             add(
-                f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | {fmt_ms(e['p50_ms'])} | "
-                f"{fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | {fmt_ms(e['max_ms'])} |"
+                f"| {TITLES[peer]} | {rate:,} | {e['sent_rate']:,.0f} | {r.messages:,} | "
+                f"{fmt_ms(e['p50_ms'])} | {fmt_ms(e['p99_ms'])} | {fmt_ms(e['p999_ms'])} | "
+                f"{fmt_ms(e['max_ms'])} |"
             )
     add("")
+    return out
+
+
+def _retained(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """Throughput against the retained log."""
+    out: list[str] = []
+    add = out.append
     add("## Throughput as the retained log grows")
     add("")
     if "retained" in images:
@@ -751,16 +862,23 @@ def write(
             cells.append(fmt_ratio(last / first) if first and last else "—")
         add(f"| {TITLES[peer]} | " + " | ".join(cells) + " |")
     add("")
+    return out
+
+
+def _partitions(res: Results, sizes: dict, images: dict[str, str]) -> list[str]:
+    """Throughput against the partition count."""
+    out: list[str] = []
+    add = out.append
     add("## Many partitions")
     add("")
     if "partitions" in images:
         add(f"![partitions]({images['partitions']})")
         add("")
     add(
-        "A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream key. "
-        f"max({sizes.get('partition_messages', sizes['messages']):,}, 100 × partitions) messages, batches of 50 "
-        "round-robin over the partitions, "
-        "one batch in flight; one consumer reads all partitions."
+        "A partition is a Tributary partition, a RabbitMQ / ActiveMQ queue, a NATS stream, a Redis stream "
+        f"key. max({sizes.get('partition_messages', sizes['messages']):,}, 100 × partitions) messages, "
+        "batches of 50 round-robin over the partitions, one batch in flight; one consumer reads all "
+        "partitions."
     )
     add("")
     add(
@@ -777,7 +895,13 @@ def write(
         add(f"| {TITLES[peer]} | " + " | ".join(cells) + " |")
     add("")
 
-    # machine and versions
+    return out
+
+
+def _machine(machine: dict) -> list[str]:
+    """The machine the run had."""
+    out: list[str] = []
+    add = out.append
     add("## Machine")
     add("")
     add(f"- CPU: {machine.get('cpu', '?')}, {machine.get('cores')} cores")
@@ -789,12 +913,19 @@ def write(
     add(f"- {machine.get('platform')}, Python {machine.get('python')}")
     la0, la1 = machine.get("loadavg_start", (0, 0, 0)), machine.get("loadavg_end", (0, 0, 0))
     add(
-        f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end "
-        f"{la1[0]:.2f} / {la1[1]:.2f} / {la1[2]:.2f}. The machine is shared with other engineers' test runs, so "
-        "part of the CPU went elsewhere during this run; every broker saw the same conditions only "
-        "approximately (per-broker load averages below)."
+        f"- load average at the start {la0[0]:.2f} / {la0[1]:.2f} / {la0[2]:.2f}, at the end {la1[0]:.2f} / "
+        f"{la1[1]:.2f} / {la1[2]:.2f}. The machine is shared with other engineers' test runs, so part of the "
+        "CPU went elsewhere during this run; every broker saw the same conditions only approximately "
+        "(per-broker load averages below)."
     )
     add("")
+    return out
+
+
+def _brokers(res: Results, runner, info: dict, command: str, path: Path) -> list[str]:
+    """Versions, clients, settings, failures and how to rerun."""
+    out: list[str] = []
+    add = out.append
     add("## Brokers, clients, settings")
     add("")
     add("| broker | versions | client (and why) | persistence | started in | load avg before → after |")
@@ -827,26 +958,26 @@ def write(
             add(f"- {TITLES.get(r.peer, r.peer)}, {r.label}: `{r.error.splitlines()[0][:300]}`")
         add("")
     add(
-        "Install what the benchmark needs (it does this itself when something is missing and it runs as root):"
+        "Install what the benchmark needs (it does this itself when something is missing and it runs as "
+        "root):"
     )
     add("")
     add("```")
     add("apt-get install -y --no-install-recommends rabbitmq-server activemq nats-server redis-server")
     add(
         "apt-get install -y --no-install-recommends libgrpc-java protobuf-compiler-grpc-java-plugin "
-        "libprotobuf-java protobuf-compiler libnetty-java libperfmark-java libgeronimo-annotation-1.3-spec-java"
-        "   # the Java stub client"
+        "libprotobuf-java protobuf-compiler libnetty-java libperfmark-java "
+        "libgeronimo-annotation-1.3-spec-java   # the Java stub client"
     )
     add(".venv/bin/pip install pika stomp.py nats-py redis hiredis matplotlib py-spy")
     add("```")
     add("")
     add(
-        f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time series: "
-        f"`{path.with_suffix('.json').name}`."
+        f"Rerun: `{command}` (small default) or `python bench/compare.py --full`. Raw numbers and time "
+        f"series: `{path.with_suffix('.json').name}`."
     )
     add("")
-    path.write_text("\n".join(out))
-    return path
+    return out
 
 
 def cell(r) -> str:

@@ -97,6 +97,13 @@ class BenchCluster:
     def metadata(self, coordinator_id: str, topics=()):
         return self.stub(coordinator_id).GetMetadata(pb.GetMetadataRequest(topics=list(topics)), timeout=10)
 
+    def active_id(self) -> str:
+        """The active coordinator's id; RuntimeError when none is active."""
+        active = self.active()
+        if active is None:
+            raise RuntimeError("no coordinator is active")
+        return active
+
     def active(self) -> str | None:
         for coordinator_id, process in self.coordinators.items():
             if process.is_running():
@@ -135,7 +142,7 @@ def wait_until(predicate, timeout: float, what: str) -> None:
 
 def bench_create(cluster: BenchCluster, partitions: int, replication_factor: int) -> float:
     """Seconds from CreateTopic to every partition ONLINE."""
-    active = cluster.active()
+    active = cluster.active_id()
     name = f"bench-{partitions}-rf{replication_factor}"
     started = time.perf_counter()
     cluster.stub(active).CreateTopic(
@@ -196,7 +203,7 @@ def bench_metadata(
 def failover_trial(cluster: BenchCluster, trial: int) -> float:
     """Seconds from kill -9 of the active controller to the first successful CreateTopic."""
     wait_until(lambda: cluster.active() is not None, 30, "an active controller")
-    active = cluster.active()
+    active = cluster.active_id()
     survivor = next(c for c in cluster.coordinators if c != active)
     stub = cluster.stub(survivor)
     killed_at = time.perf_counter()
@@ -222,7 +229,8 @@ def report_create(cluster: BenchCluster, args: argparse.Namespace) -> None:
     create1 = bench_create(cluster, args.partitions, 1)
     create3 = bench_create(cluster, args.partitions, rf3)
     print(
-        f"create {args.partitions} partitions, rf 1: {create1:.2f}s ({args.partitions / create1:.0f} partitions/s)"
+        f"create {args.partitions} partitions, rf 1: {create1:.2f}s "
+        f"({args.partitions / create1:.0f} partitions/s)"
     )
     print(
         f"create {args.partitions} partitions, rf {rf3}: {create3:.2f}s "
@@ -231,7 +239,7 @@ def report_create(cluster: BenchCluster, args: argparse.Namespace) -> None:
 
 
 def report_metadata(cluster: BenchCluster, args: argparse.Namespace) -> None:
-    active = cluster.active()
+    active = cluster.active_id()
     cluster.stub(active).CreateTopic(pb.CreateTopicRequest(name="small", partitions=3), timeout=30)
     standby = next(c for c in cluster.coordinators if c != active)
     total = sum(len(t.partitions) for t in cluster.metadata(active).topics)

@@ -79,7 +79,7 @@ class Member:
     stub: coordinator_grpc.CoordinatorStub
     group: str
     topic: str
-    assignor: int
+    assignor: pb.Assignor
     session_ms: int
     member_id: str = ""
     generation: int = -1
@@ -171,7 +171,7 @@ async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.005) ->
 
 
 async def rebalance_trials(
-    address: str, *, assignor: int, members: int, partitions: int, session_ms: int, trials: int
+    address: str, *, assignor: pb.Assignor, members: int, partitions: int, session_ms: int, trials: int
 ) -> list[dict]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = coordinator_grpc.CoordinatorStub(channel)
@@ -262,7 +262,8 @@ def report_rebalance(name: str, results: list[dict], session_ms: int) -> None:
     for key in ("detect", "handoff", "total"):
         print(f"  {key:8} {_summary([r[key] for r in results])}")
     print(
-        f"  partitions revoked from survivors per trial: median {statistics.median(r['revoked'] for r in results):.0f}"
+        "  partitions revoked from survivors per trial: median "
+        f"{statistics.median(r['revoked'] for r in results):.0f}"
     )
 
 
@@ -287,8 +288,8 @@ async def main_async(args: argparse.Namespace, address: str) -> None:
         for concurrency in args.concurrency:
             result = await commit_rate(address, concurrency=concurrency, seconds=args.commit_seconds)
             print(
-                f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms   "
-                f"p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}"
+                f"  {concurrency:3} in flight: {result['rate']:7.0f} commits/s   p50 {result['p50']:5.1f} ms "
+                f"  p99 {result['p99']:5.1f} ms   failed partitions {result['failures']}"
             )
 
 

@@ -106,6 +106,7 @@ def measure(stack: str, count: int, repeat: int) -> float:
     server = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), "--serve", stack], stdout=subprocess.PIPE, text=True
     )
+    assert server.stdout is not None  # stdout=PIPE
     try:
         port = int(server.stdout.readline())
         requests = _requests(count)

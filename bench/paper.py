@@ -208,7 +208,10 @@ def consume_row(servers: str, admin: Admin, count: int) -> Row:
 
 
 def print_table(rows: list[Row]) -> None:
-    header = f"{'experiment':52} {'messages':>9} {'seconds':>8} {'msg/s':>9} {'MB/s':>7} {'Kafka 2011':>11} {'ratio':>6}"
+    header = (
+        f"{'experiment':52} {'messages':>9} {'seconds':>8} {'msg/s':>9} {'MB/s':>7} "
+        f"{'Kafka 2011':>11} {'ratio':>6}"
+    )
     print(header)
     print("-" * len(header))
     for row in rows:

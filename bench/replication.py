@@ -32,9 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gateway.client import Admin, NewTopic, Producer  # noqa: E402
-from launcher.local_cluster import LocalCluster, LocalClusterSpec  # noqa: E402
-from services.proto import pb, storage_grpc  # noqa: E402
+from gateway.client import Admin, NewTopic, Producer
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from services.proto import pb, storage_grpc
 
 RECORD_BYTES = 200
 TTL_S = 2
@@ -71,7 +71,7 @@ def latencies(servers: str, topic: str, count: int, acks) -> list[float]:
 
 def percentile(samples: list[float], p: float) -> float:
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def leader_of(admin: Admin, topic: str) -> tuple[int, list[int]]:

@@ -59,8 +59,9 @@ def fill(servers: str, topic: str, count: int) -> float:
     """Produce ``count`` records (SDK, large batches); returns the seconds it took."""
     value = os.urandom(VALUE_BYTES // 2).hex().encode()
     started = time.perf_counter()
-    settings = {"linger_ms": 20, "batch_size": 256 * 1024, "max_request_size": 4 * 1024 * 1024}
-    with Producer(servers=servers, **settings) as producer:
+    with Producer(
+        servers=servers, linger_ms=20, batch_size=256 * 1024, max_request_size=4 * 1024 * 1024
+    ) as producer:
         for i in range(count):
             producer.send(topic, value, key=b"%010d" % i)
         producer.flush()

@@ -305,8 +305,8 @@ def main(argv=None) -> int:
 
     width = max(len(r[0]) for r in rows)
     print(f"\n{'case':<{width}}  {'rate':>12}  {'batches/s':>16}  {'storage CPU':>14}")
-    for name, rate, batches, cpu in rows:
-        print(f"{name:<{width}}  {rate:>12}  {batches:>16}  {cpu:>14}")
+    for name, rate_text, batches_text, cpu_text in rows:
+        print(f"{name:<{width}}  {rate_text:>12}  {batches_text:>16}  {cpu_text:>14}")
     print()
     for fetch_mib in sorted({k[0] for k in cpu_per_gb}):
         ratio = cpu_per_gb[(fetch_mib, False)] / max(cpu_per_gb[(fetch_mib, True)], 1e-9)

@@ -79,7 +79,9 @@ def bench_read(partition_log: PartitionLog, reads: int, max_bytes: int) -> None:
     start = time.perf_counter()
     copied = 0
     for offset in offsets:
-        copied += len(partition_log.read(offset, max_bytes).slice.read_bytes())
+        found = partition_log.read(offset, max_bytes).slice
+        assert found is not None, f"offset {offset} was written above"
+        copied += len(found.read_bytes())
     copy_elapsed = time.perf_counter() - start
     print(
         f"read     {reads:>8} random offsets, max_bytes {max_bytes}: {_rate(reads, elapsed)} slices "

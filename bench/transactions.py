@@ -133,7 +133,7 @@ def main() -> None:
             try:
                 cluster.start(args.nodes)
                 wait_until(lambda: cluster.active() is not None, 30, "an active controller")
-                active = cluster.active()
+                active = cluster.active_id()
                 address = cluster.address(active)
                 topic, topic_partitions = "bench-txn", max(args.nodes * 4, 12)
                 cluster.stub(active).CreateTopic(

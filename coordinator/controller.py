@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import random
 import uuid
@@ -505,15 +506,14 @@ class Controller:
         if transition.unclean:
             self.unclean_elections += 1
             self._on_unclean_election()
+            stored = self.cache.state.partition_record(transition.topic, transition.partition)
             log.warning(
                 "unclean leader election for %s-%d: node %d was not in sync (ISR %s) and now leads; "
                 "records it never copied are lost",
                 transition.topic,
                 transition.partition,
                 transition.record.leader,
-                list(self.cache.state.partition_record(transition.topic, transition.partition).isr)
-                if self.cache.state.partition_record(transition.topic, transition.partition)
-                else [],
+                list(stored.isr) if stored else [],
             )
         if transition.expected_mod_revision == 0:
             isr = tuple(r for r in transition.record.isr if r in confirmed)
@@ -719,7 +719,10 @@ class Controller:
                 continue
             task = asyncio.create_task(self._sync_node(broker), name=f"controller-sync-node-{broker.node_id}")
             self._syncs[broker.node_id] = task
-            task.add_done_callback(lambda _, node_id=broker.node_id: self._sync_done(node_id))
+            task.add_done_callback(functools.partial(self._sync_done_callback, broker.node_id))
+
+    def _sync_done_callback(self, node_id: int, _task: asyncio.Task) -> None:
+        self._sync_done(node_id)
 
     def _sync_done(self, node_id: int) -> None:
         self._syncs.pop(node_id, None)
@@ -818,7 +821,8 @@ def ensure_no_collision(state: MetadataState, name: str) -> None:
     for other in state.topics:
         if other.replace(".", "_") == normalized:
             raise errors.InvalidTopicError(
-                f"Topic '{name}' collides with existing topic: {other} (a '.' and a '_' are the same in metric names)"
+                f"Topic '{name}' collides with existing topic: {other} "
+                "(a '.' and a '_' are the same in metric names)"
             )
 
 
@@ -827,7 +831,11 @@ def _pending_view(record: TopicRecord, *, stored: MetadataState | None = None) -
     the planned ones PENDING."""
     existing = stored.live_topic(record.name) if stored is not None else None
     count = existing.partition_count if existing is not None else 0
-    partitions = [stored.partition_view(existing, p) for p in range(count)] if existing is not None else []
+    partitions = (
+        [stored.partition_view(existing, p) for p in range(count)]
+        if stored is not None and existing is not None
+        else []
+    )
     partitions += [
         PartitionView(record.name, p, tuple(record.assignment[p]), NO_LEADER, 0, (), PartitionStatus.PENDING)
         for p in range(count, record.partition_count)

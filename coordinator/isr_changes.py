@@ -57,7 +57,8 @@ def validated_isr_change(
     isr = change.new_isr
     if len(set(isr)) != len(isr) or not set(isr) <= set(current.replicas) or node_id not in isr:
         raise errors.InvalidRequestError(
-            f"{name}: ISR {list(isr)} must be distinct replicas of {list(current.replicas)} holding the leader"
+            f"{name}: ISR {list(isr)} must be distinct replicas of {list(current.replicas)} "
+            "holding the leader"
         )
     for joining in set(isr) - set(current.isr):
         if joining not in state.brokers or joining in lost:

@@ -38,8 +38,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.processes import ServiceProcess, ServiceStartError, log_tail, start_service
+
+if TYPE_CHECKING:  # imported where an embedded etcd is started
+    from services.etcd.embedded import EmbeddedEtcd
 
 CLUSTER_FILE = "cluster.json"
 LAUNCH_FILE = "launch.json"
@@ -135,7 +139,7 @@ class AdoptedProcess:
     """A service started by an earlier launcher, re-attached from ``cluster.json`` by its pid.
 
     Offers the part of :class:`ServiceProcess` a cluster uses: ``info``, ``pid``, ``log_file``,
-    ``is_running``, ``stop``, ``kill``.
+    ``is_running``, ``signal``, ``stop``, ``kill``.
     """
 
     name: str
@@ -149,6 +153,10 @@ class AdoptedProcess:
 
     def is_running(self) -> bool:
         return process_alive(self.pid, self.module)
+
+    def signal(self, sig: int) -> None:
+        if self.is_running():
+            os.kill(self.pid, sig)
 
     def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
         terminate_pid(self.pid, self.module, timeout)
@@ -229,7 +237,7 @@ class DetachedEtcd:
             terminate_pid(self.pid, "etcd", timeout)
 
     def kill(self) -> None:
-        if self.is_running:
+        if self.pid is not None and self.is_running:
             os.kill(self.pid, signal.SIGKILL)
 
 
@@ -261,13 +269,13 @@ class LocalCluster:
     """Start and stop a local cluster in ``data_dir``; every part is reachable as an attribute."""
 
     def __init__(
-        self, data_dir: Path, spec: LocalClusterSpec | None = None, *, detached: bool = False
+        self, data_dir: Path | str, spec: LocalClusterSpec | None = None, *, detached: bool = False
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.spec = spec or LocalClusterSpec()
         self.detached = detached
         self.run_dir = self.data_dir / "run"
-        self.etcd = None
+        self.etcd: DetachedEtcd | EmbeddedEtcd | None = None
         self.coordinators: list[ServiceProcess | AdoptedProcess] = []
         self.storage_nodes: dict[int, ServiceProcess | AdoptedProcess] = {}
         self.gateways: list[ServiceProcess | AdoptedProcess] = []
@@ -277,7 +285,12 @@ class LocalCluster:
 
     @property
     def etcd_endpoint(self) -> str:
-        return self.etcd.endpoint
+        return self._started_etcd().endpoint
+
+    def _started_etcd(self) -> DetachedEtcd | EmbeddedEtcd:
+        if self.etcd is None:
+            raise RuntimeError("the cluster's etcd is not started (or adopted)")
+        return self.etcd
 
     def coordinator_addresses(self) -> list[str]:
         return [f"127.0.0.1:{p.info['grpc_port']}" for p in self.coordinators if p.is_running()]
@@ -311,19 +324,20 @@ class LocalCluster:
 
     def _start_etcd(self, *, name: str | None = None, client_port: int = 0, peer_port: int = 0) -> None:
         if self.detached:
-            self.etcd = DetachedEtcd(
+            etcd: DetachedEtcd | EmbeddedEtcd = DetachedEtcd(
                 self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port
             )
         else:
             from services.etcd.embedded import EmbeddedEtcd
 
-            self.etcd = EmbeddedEtcd(
+            etcd = EmbeddedEtcd(
                 self.data_dir / "etcd", name=name, client_port=client_port, peer_port=peer_port
             )
-        self.etcd.start()
+        self.etcd = etcd
+        etcd.start()
 
     def _common_args(self) -> list[str]:
-        return ["--etcd-endpoints", self.etcd.endpoint, "--cluster", self.spec.cluster]
+        return ["--etcd-endpoints", self.etcd_endpoint, "--cluster", self.spec.cluster]
 
     def _port_args(self, name: str, port: int | None) -> list[str]:
         # Come back on the previous port when it is free, so clients' addresses stay valid.
@@ -527,7 +541,7 @@ class LocalCluster:
             name=known.name if known is not None else None, client_port=client_port, peer_port=peer_port
         )
         actions["etcd"] = "started"
-        return old_endpoint is not None and old_endpoint != self.etcd.endpoint
+        return old_endpoint is not None and old_endpoint != self.etcd_endpoint
 
     def _ensure_group(
         self,
@@ -537,7 +551,7 @@ class LocalCluster:
         restart_all: bool,
         actions: dict[str, str],
         progress: Progress,
-        start: Callable[[int], object],
+        start: Callable[[int], ServiceProcess],
     ) -> bool:
         """Start the dead (or, with ``restart_all``, every) process of a group; True if an address moved."""
         moved = False
@@ -612,13 +626,14 @@ class LocalCluster:
                 "log": str(p.log_file),
             }
 
-        etcd = {"endpoint": self.etcd.endpoint, "pid": self.etcd.pid}
-        if hasattr(self.etcd, "name"):
+        server = self._started_etcd()
+        etcd = {"endpoint": server.endpoint, "pid": server.pid}
+        if hasattr(server, "name"):
             etcd.update(
-                name=self.etcd.name,
-                client_port=self.etcd.client_port,
-                peer_port=self.etcd.peer_port,
-                log=str(self.etcd.log_path),
+                name=server.name,
+                client_port=server.client_port,
+                peer_port=server.peer_port,
+                log=str(server.log_path),
             )
         return {
             "cluster": self.spec.cluster,

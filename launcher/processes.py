@@ -94,9 +94,10 @@ class ServiceProcess:
 
     def kill(self) -> None:
         """``kill -9``: no cleanup runs (the crash tests' tool)."""
-        if self.is_running():
-            self.popen.kill()
-            self.popen.wait(10)
+        popen = self.popen
+        if popen is not None and popen.poll() is None:  # is_running()
+            popen.kill()
+            popen.wait(10)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM and wait (graceful shutdown); SIGKILL after ``timeout``."""

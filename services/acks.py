@@ -28,7 +28,7 @@ class Acks(IntEnum):
         Raises ValueError for anything else.
         """
         try:
-            return _SETTINGS[value]  # type: ignore[index]
+            return _SETTINGS[value]
         except (KeyError, TypeError):
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), not {value!r}") from None
 

@@ -35,9 +35,12 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -250,8 +253,8 @@ def add_config_arguments(
     docs = field_docs(cls)
     for f in _help_order(cls):
         default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         text = help_text.get(f.name) or f.metadata.get("help", "") or docs.get(f.name, "")
         parser.add_argument(
             f"--{f.name.replace('_', '-')}",

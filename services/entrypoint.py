@@ -11,14 +11,14 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from services.config import ConfigError, add_config_arguments, config_from_args
+from services.config import ConfigError, ServiceConfig, add_config_arguments, config_from_args
 from services.log_setup import configure_logging
 
-C = TypeVar("C")
+C = TypeVar("C", bound=ServiceConfig)
 
 
 def build_service_parser(
@@ -47,7 +47,7 @@ def run_service(
     env_prefix: str,
     *,
     log_name: Callable[[C], str],
-    run: Callable[[C], Awaitable[None]],
+    run: Callable[[C], Coroutine[Any, Any, None]],
     check: Callable[[C], str | None] = lambda config: None,
     exit_codes: Mapping[type[BaseException], int] = {},
 ) -> int:

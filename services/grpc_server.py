@@ -121,7 +121,8 @@ async def create_server(
     # The asyncio servicer: the sync one runs each Watch in a pool thread that blocks until the
     # status changes (a watcher kept a thread, and process exit waited for it).
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
+    # The registrar stands in for the server (it has the registration methods the function calls).
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)  # type: ignore[arg-type]
     # Reflection under both names: v1 for current tools, v1alpha for older ones.
     reflection_servicer = reflection.aio.ReflectionServicer(
         [

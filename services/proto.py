@@ -4,31 +4,11 @@ Everything else imports ``from services.proto import pb, gateway_grpc, ...`` so 
 generated package layout can change in one place.
 """
 
-from tributary.v1 import (
-    admin_pb2,
-    common_pb2,
-    coordinator_pb2,
-    gateway_pb2,
-    groups_pb2,
-    storage_pb2,
-    transactions_pb2,
-)
+from services import pb
+from tributary.v1 import coordinator_pb2, gateway_pb2, storage_pb2
 from tributary.v1 import coordinator_pb2_grpc as coordinator_grpc
 from tributary.v1 import gateway_pb2_grpc as gateway_grpc
 from tributary.v1 import storage_pb2_grpc as storage_grpc
-
-
-class _Messages:
-    """Every tributary.v1 message and enum under one namespace: ``pb.ProduceRequest``."""
-
-    def __init__(self, *modules) -> None:
-        for module in modules:
-            for name in dir(module):
-                if not name.startswith("_"):
-                    setattr(self, name, getattr(module, name))
-
-
-pb = _Messages(common_pb2, admin_pb2, groups_pb2, gateway_pb2, storage_pb2, coordinator_pb2, transactions_pb2)
 
 GATEWAY_SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 STORAGE_SERVICE = storage_pb2.DESCRIPTOR.services_by_name["StorageNode"].full_name

@@ -96,7 +96,7 @@ def offset_spec_from_proto(spec) -> int:
 
 
 _ACKS_TO_PROTO = {Acks.NONE: pb.ACKS_NONE, Acks.LEADER: pb.ACKS_LEADER, Acks.ALL: pb.ACKS_ALL}
-_ACKS_FROM_PROTO = {
+_ACKS_FROM_PROTO: dict[int, Acks] = {
     pb.ACKS_UNSPECIFIED: Acks.ALL,  # Kafka's producer default
     pb.ACKS_NONE: Acks.NONE,
     pb.ACKS_LEADER: Acks.LEADER,
@@ -104,7 +104,7 @@ _ACKS_FROM_PROTO = {
 }
 
 
-def acks_to_proto(acks: Acks) -> int:
+def acks_to_proto(acks: Acks) -> pb.Acks:
     return _ACKS_TO_PROTO[acks]
 
 

@@ -104,7 +104,7 @@ def resolve_offsets(
     tps: Sequence[TopicPartition],
     *,
     default: int,
-    option: str,
+    option: str | None,
     earliest: Offsets,
     latest: Offsets,
     no_match: str = "latest",

@@ -112,6 +112,13 @@ class _Raw:
         value = self._values.get(name.lower())
         return None if value is None else str(value).strip()
 
+    def value(self, name: str) -> str:
+        """The value of an option known to be given (see :meth:`given`)."""
+        value = self.get(name)
+        if value is None:
+            raise OptionError(name, "is required")
+        return value
+
     def given(self, names: tuple[str, ...]) -> list[str]:
         return [name for name in names if self.get(name) not in (None, "")]
 
@@ -137,7 +144,7 @@ class _Raw:
 
     def json(self, name: str, example: str):
         try:
-            return json.loads(self.get(name))
+            return json.loads(self.value(name))
         except ValueError as exc:
             raise OptionError(name, f"is not valid JSON ({exc}); expected e.g. {example}") from None
 
@@ -174,7 +181,7 @@ def _parse_subscription(raw: _Raw) -> Subscription:
         )
     kind = given[0]
     if kind == "subscribe":
-        topics = tuple(dict.fromkeys(t.strip() for t in raw.get(kind).split(",") if t.strip()))
+        topics = tuple(dict.fromkeys(t.strip() for t in raw.value(kind).split(",") if t.strip()))
         if not topics:
             raise OptionError(kind, "names no topic")
         return Subscription(kind, topics=topics)
@@ -193,7 +200,7 @@ def _parse_assign(raw: _Raw) -> tuple[TopicPartition, ...]:
     data = raw.json("assign", example)
     if not isinstance(data, dict) or not data:
         raise OptionError("assign", f"must be a JSON object of topic -> partition list, e.g. {example}")
-    tps = []
+    tps: list[TopicPartition] = []
     for topic, partitions in data.items():
         if not isinstance(partitions, list) or not all(_is_index(p) for p in partitions):
             raise OptionError("assign", f"partitions of {topic!r} must be a list of non-negative integers")
@@ -245,7 +252,7 @@ def _parse_per_partition(
 
 
 def _parse_timestamp(raw: _Raw, name: str) -> int:
-    value = raw.get(name)
+    value = raw.value(name)
     try:
         timestamp = int(value)
     except ValueError:
@@ -270,7 +277,7 @@ def _parse_bound(raw: _Raw, names: tuple[str, str, str]) -> OffsetBound | None:
         return GlobalTimestamp(_parse_timestamp(raw, name))
     if name == by_ts_name:
         return SpecificTimestamps(_parse_per_partition(raw, name, allowed_negative=()))
-    value = raw.get(name)
+    value = raw.value(name)
     if value.lower() == "earliest":
         return Earliest()
     if value.lower() == "latest":
@@ -290,9 +297,15 @@ def _ensure_batch_bounds(
 ) -> None:
     """Spark's Kafka source rules: a batch cannot start at latest nor end at earliest."""
     if isinstance(starting, Latest) or _names(starting, LATEST):
-        raise OptionError(starting_name, "latest (-1) is not allowed as a starting offset of a batch query")
+        raise OptionError(
+            starting_name or "startingOffsets",
+            "latest (-1) is not allowed as a starting offset of a batch query",
+        )
     if isinstance(ending, Earliest) or _names(ending, EARLIEST):
-        raise OptionError(ending_name, "earliest (-2) is not allowed as an ending offset of a batch query")
+        raise OptionError(
+            ending_name or "endingOffsets",
+            "earliest (-2) is not allowed as an ending offset of a batch query",
+        )
 
 
 def _names(bound: OffsetBound | None, sentinel: int) -> bool:

@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 #: The directory holding ``spark_jobs/``, ``gateway/``, ``services/`` and the generated code.
@@ -51,7 +51,7 @@ def ensure_java(environ: Mapping[str, str] | None = None) -> None:
         )
 
 
-def prepare_environment(environ: dict | None = None, *, local: bool = True) -> None:
+def prepare_environment(environ: MutableMapping[str, str] | None = None, *, local: bool = True) -> None:
     """Make Python workers find this interpreter and this project (before the JVM starts)."""
     environ = os.environ if environ is None else environ
     environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -142,7 +142,7 @@ class _ProducingWriter:
     def write(self, iterator) -> WriteResult:
         context = TaskContext.get()
         task, attempt = (context.partitionId(), context.attemptNumber()) if context else (-1, 0)
-        failures, by_topic = _Failures(), Counter()
+        failures, by_topic = _Failures(), Counter[str]()
         with Producer(
             servers=self.servers,
             acks=self.options.acks,

@@ -163,7 +163,8 @@ class TributaryBatchReader(DataSourceReader):
             )
         return plan_batch(start, end, latest, min_partitions=o.min_partitions)
 
-    def read(self, partition: RangePartition):
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, RangePartition), "this reader plans RangePartitions only"
         return read_range(partition.range, _settings(self.options, self.servers))
 
 
@@ -250,7 +251,8 @@ class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         )
         return [RangePartition(r) for r in ranges]
 
-    def read(self, partition: RangePartition):
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, RangePartition), "this reader plans RangePartitions only"
         return read_range(partition.range, _settings(self.options, self.servers))
 
     def commit(self, end: dict) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from services import errors
 from services.acks import Acks
@@ -30,6 +31,14 @@ from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
 log = logging.getLogger(__name__)
+
+
+class TransactionVerifier(Protocol):
+    """Who answers whether a producer's transaction is open on a partition (KIP-890)."""
+
+    async def verify_transaction(
+        self, producer_id: int, producer_epoch: int, topic: str, partition: int
+    ) -> errors.TributaryError | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +84,7 @@ class StorageNodeHandlers:
         #: Asks the transaction coordinator about a transactional batch that would open a
         #: transaction here (``verify_transaction``; the controller channel); None = no check
         #: (standalone nodes have no coordinator to ask).
-        self.transaction_verifier = None
+        self.transaction_verifier: TransactionVerifier | None = None
         #: Totals since start for DescribeLogDirs' traffic (plain ints: free on the hot path).
         self.bytes_in = 0
         self.records_in = 0
@@ -85,7 +94,7 @@ class StorageNodeHandlers:
         #: run exactly the uninstrumented code (not even an ``is None`` test).
         self.telemetry = telemetry
         if telemetry is not None:
-            self.append = self._observed_append
+            self.append = self._observed_append  # type: ignore[method-assign]  # on purpose, see above
 
     async def _observed_append(
         self,

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.clock import SYSTEM_CLOCK
 from services.config import ConfigError
@@ -31,6 +32,10 @@ from storage_node.replication.fetcher import ReplicaFetchers
 from storage_node.replication.manager import ReplicaManager, ReplicationSettings
 from storage_node.servicer import StorageNodeServicer
 from storage_node.telemetry import StorageNodeInstruments
+
+if TYPE_CHECKING:  # imported when started with a controller (not standalone)
+    from storage_node.registration import BrokerRegistration
+    from storage_node.replication.controller_channel import ControllerChannel
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,7 @@ class StorageNode:
             config.node_id, self.logs, self.notifier, clock, self.replication_settings
         )
         self.fetchers = ReplicaFetchers(config.node_id, self.replication_settings, clock)
-        self.controller_channel = None
+        self.controller_channel: ControllerChannel | None = None
         self.instruments = None
         if self.telemetry.enabled:
             self.instruments = StorageNodeInstruments(
@@ -119,7 +124,7 @@ class StorageNode:
             telemetry=self.instruments,
         )
         self.grpc: GrpcServer | None = None
-        self.registration = None
+        self.registration: BrokerRegistration | None = None
         self._maintenance: asyncio.Task | None = None
         self._isr_upkeep: asyncio.Task | None = None
 
@@ -129,7 +134,7 @@ class StorageNode:
         servicer = StorageNodeServicer(
             self.handlers, self.config.node_id, fetch_stats=lambda: self.fetch_server.stats
         )
-        self.grpc = await create_server(
+        self.grpc = grpc = await create_server(
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(storage_grpc.add_StorageNodeServicer_to_server, servicer, STORAGE_SERVICE)],
             interceptors=self.telemetry.server_interceptors(),
@@ -141,15 +146,15 @@ class StorageNode:
             from storage_node.registration import BrokerRegistration
             from storage_node.replication.controller_channel import ControllerChannel
 
-            self.registration = BrokerRegistration.from_config(
-                self.config, grpc_port=self.grpc.port, fetch_port=self.fetch_server.port
+            self.registration = registration = BrokerRegistration.from_config(
+                self.config, grpc_port=grpc.port, fetch_port=self.fetch_server.port
             )
-            self.controller_channel = ControllerChannel(self.registration.client, self.replicas)
-            self.replicas.attach(isr_channel=self.controller_channel, fetchers=self.fetchers)
+            self.controller_channel = channel = ControllerChannel(registration.client, self.replicas)
+            self.replicas.attach(isr_channel=channel, fetchers=self.fetchers)
             if self.config.transaction_verification:
-                self.handlers.transaction_verifier = self.controller_channel
-            await self.controller_channel.start()
-            await self.registration.register()
+                self.handlers.transaction_verifier = channel
+            await channel.start()
+            await registration.register()
         else:
             # No controller: this node is the whole ISR of every partition it holds.
             self.replicas.attach(isr_channel=None, fetchers=self.fetchers)
@@ -175,6 +180,7 @@ class StorageNode:
         )
 
     def _write_ready_file(self) -> None:
+        assert self.grpc is not None, "written once started"
         write_ready_file(
             self.config.ready_file,
             {

@@ -18,6 +18,7 @@ from services.cluster_keys import broker_key, cluster_prefix, encode_broker_reco
 from services.etcd.client import EtcdClient
 from services.etcd.connection import tls_from_files
 from services.etcd.exceptions import EtcdError
+from services.etcd.lease import KeepAlive, Lease
 from services.log_limit import RepeatedLog
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class BrokerRegistration:
         self.info = info
         self.ttl = ttl
         self.start_timeout = start_timeout
-        self.lease = None
-        self._keep_alive = None
+        self.lease: Lease | None = None
+        self._keep_alive: KeepAlive | None = None
         self._watchdog: asyncio.Task | None = None
         self.registrations = 0
 
@@ -111,6 +112,7 @@ class BrokerRegistration:
 
     async def _lease_watchdog_routine(self) -> None:
         while True:
+            assert self._keep_alive is not None, "the watchdog starts after the first registration"
             reason = await self._keep_alive.wait_lost()
             log.error("registration lease lost (%s); registering again", reason)
             while True:

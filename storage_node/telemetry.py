@@ -25,7 +25,10 @@ class StorageNodeInstruments:
         self._logs = logs
         self._fetch_stats = fetch_stats
         topics = self._topics = TopicAttributes()
-        self._records_in = self._bytes_in = self._errors = self._bytes_out = None
+        self._records_in: RunningTotals | None = None
+        self._bytes_in: RunningTotals | None = None
+        self._errors: RunningTotals | None = None
+        self._bytes_out: RunningTotals | None = None
         meter = telemetry.meter
         if meter is None:
             return
@@ -147,12 +150,13 @@ class StorageNodeInstruments:
     def end_append(self, span, topic: str, size: int, result) -> None:
         """Count an append's outcome (``result``: an AppendResult) and end its span."""
         error = result.error
-        if self._records_in is not None:
-            if error is None:
+        if error is None:
+            if self._records_in is not None:
                 self._records_in.add(topic, result.record_count)
+            if self._bytes_in is not None:
                 self._bytes_in.add(topic, size)
-            else:
-                self._errors.add((topic, error.reason), 1)
+        elif self._errors is not None:
+            self._errors.add((topic, error.reason), 1)
         if span is None:
             return
         if error is None:

@@ -49,6 +49,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MESSAGE_BYTES = 200
 BATCH = 50
@@ -80,29 +81,29 @@ def checksum(payloads: Iterable[bytes]) -> int:
     return sum(zlib.crc32(p) for p in payloads)
 
 
-class Filler(Sequence):
+class Filler(Sequence[bytes]):
     """``count`` large filler messages (``size`` bytes each, printable, distinct), made on demand
     so that gigabytes of them never sit in memory at once."""
 
     def __init__(self, count: int, size: int, tag: int = 0) -> None:
-        self.count, self.size, self.tag = count, size, tag
+        self.messages, self.size, self.tag = count, size, tag
         rng = random.Random(7)
         self._body = bytes(rng.randrange(33, 123) for _ in range(size))
 
     def __len__(self) -> int:
-        return self.count
+        return self.messages
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
-        if not -self.count <= index < self.count:
+            return [self[i] for i in range(*index.indices(self.messages))]
+        if not -self.messages <= index < self.messages:
             raise IndexError(index)
-        index %= self.count
+        index %= self.messages
         head = b"F%d-%011d|" % (self.tag, index)
         return head + self._body[len(head) :]
 
     def checksum(self) -> int:
-        return checksum(self[i] for i in range(self.count))
+        return checksum(self[i] for i in range(self.messages))
 
 
 def latency_message(sent_ns: int) -> bytes:
@@ -335,7 +336,8 @@ def pypi_version(distribution: str) -> str:
 class Handle:
     """A running broker: its processes (by pid), ports, data directory, log."""
 
-    processes: dict[str, subprocess.Popen]
+    #: Popens for the brokers started here; the launcher's process objects for Tributary.
+    processes: dict[str, Any]
     ports: dict[str, int]
     data_dir: Path
     log: Path | None = None

@@ -50,7 +50,10 @@ class NatsJetStream(Peer):
     pypi_packages = ("nats-py",)
     binaries = ("nats-server",)
     modules = ("nats",)
-    client_note = "nats-py: the official asyncio client from the NATS maintainers, with JetStream (publish_async, pull consumers)"
+    client_note = (
+        "nats-py: the official asyncio client from the NATS maintainers, with JetStream "
+        "(publish_async, pull consumers)"
+    )
     persistence_note = (
         "JetStream file storage; 2.9 writes each message to the block file on arrival and leaves "
         "fsync to the OS / block rollover (sync_interval arrives in 2.10)"

@@ -31,6 +31,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.peers import (
     BATCH,
@@ -210,76 +211,10 @@ class RabbitMQ(Peer):
     def produce_batched(
         self, dest: Dest, payloads: Sequence[bytes], meter: Meter, batch: int = BATCH
     ) -> None:
-        import pika
-        from pika.spec import Basic
-
-        queues = self._queues(dest)
-        props = self._persistent()
-        chunks = iter(batches(payloads, batch))
-        state = {"outstanding": set(), "tag": 0, "error": None, "channel": None}
-
-        def close(connection) -> None:
-            if connection.is_open:
-                connection.close()
-
-        def publish_next(connection) -> None:
-            try:
-                k, chunk = next(chunks)
-            except StopIteration:
-                meter.stop()
-                close(connection)
-                return
-            channel = state["channel"]
-            queue = queues[dest.partition_of_batch(k)]
-            for value in chunk:
-                channel.basic_publish("", queue, value, props)
-                state["tag"] += 1
-                state["outstanding"].add(state["tag"])
-            state["chunk"] = len(chunk)
-
-        def on_confirm(frame) -> None:
-            method = frame.method
-            if isinstance(method, Basic.Nack):
-                state["error"] = f"RabbitMQ nacked delivery tag {method.delivery_tag}"
-                close(connection)
-                return
-            if method.multiple:
-                state["outstanding"] = {t for t in state["outstanding"] if t > method.delivery_tag}
-            else:
-                state["outstanding"].discard(method.delivery_tag)
-            if not state["outstanding"]:
-                meter.add(state["chunk"])
-                publish_next(connection)
-
-        def on_confirm_mode(_frame) -> None:
-            meter.start()
-            publish_next(connection)
-
-        def on_channel(channel) -> None:
-            state["channel"] = channel
-            channel.confirm_delivery(ack_nack_callback=on_confirm, callback=on_confirm_mode)
-
-        def on_open(connection) -> None:
-            connection.channel(on_open_callback=on_channel)
-
-        def on_open_error(connection, error) -> None:
-            state["error"] = f"cannot connect: {error}"
-            connection.ioloop.stop()
-
-        def on_close(connection, reason) -> None:
-            if not isinstance(reason, pika.exceptions.ConnectionClosedByClient):
-                state["error"] = state["error"] or f"connection closed: {reason}"
-            connection.ioloop.stop()
-
-        connection = pika.SelectConnection(
-            self._params(),
-            on_open_callback=on_open,
-            on_open_error_callback=on_open_error,
-            on_close_callback=on_close,
+        publisher = _BatchPublisher(
+            self._queues(dest), self._persistent(), dest, iter(batches(payloads, batch)), meter
         )
-        connection.ioloop.start()
-        if state["error"]:
-            raise RuntimeError(state["error"])
+        publisher.run(self._params())
 
     def consume_all(self, dest: Dest, n: int, meter: Meter, timeout: float = 600.0) -> tuple[int, int]:
         connection = self._connection()
@@ -341,3 +276,90 @@ class RabbitMQ(Peer):
         consumer.join(n / rate + 40)
         connection.close()
         return samples, sent_rate
+
+
+class _BatchPublisher:
+    """Publisher confirms on pika's asynchronous connection: one batch in flight, the next one
+    published once every message of the last is confirmed (RabbitMQ's batched mode)."""
+
+    def __init__(self, queues: list[str], props, dest: Dest, chunks, meter: Meter) -> None:
+        self.queues = queues
+        self.props = props
+        self.dest = dest
+        self.chunks = chunks
+        self.meter = meter
+        self.outstanding: set[int] = set()
+        self.tag = 0
+        self.chunk = 0
+        self.error: str | None = None
+        self.channel: Any = None  # pika's channel and connection (pika has no type information)
+        self.connection: Any = None
+
+    def run(self, params) -> None:
+        import pika
+
+        self.connection = pika.SelectConnection(
+            params,
+            on_open_callback=self.on_open,
+            on_open_error_callback=self.on_open_error,
+            on_close_callback=self.on_close,
+        )
+        self.connection.ioloop.start()
+        if self.error:
+            raise RuntimeError(self.error)
+
+    def close(self) -> None:
+        if self.connection.is_open:
+            self.connection.close()
+
+    def publish_next(self) -> None:
+        try:
+            k, chunk = next(self.chunks)
+        except StopIteration:
+            self.meter.stop()
+            self.close()
+            return
+        queue = self.queues[self.dest.partition_of_batch(k)]
+        for value in chunk:
+            self.channel.basic_publish("", queue, value, self.props)
+            self.tag += 1
+            self.outstanding.add(self.tag)
+        self.chunk = len(chunk)
+
+    def on_confirm(self, frame) -> None:
+        from pika.spec import Basic
+
+        method = frame.method
+        if isinstance(method, Basic.Nack):
+            self.error = f"RabbitMQ nacked delivery tag {method.delivery_tag}"
+            self.close()
+            return
+        if method.multiple:
+            self.outstanding = {t for t in self.outstanding if t > method.delivery_tag}
+        else:
+            self.outstanding.discard(method.delivery_tag)
+        if not self.outstanding:
+            self.meter.add(self.chunk)
+            self.publish_next()
+
+    def on_confirm_mode(self, _frame) -> None:
+        self.meter.start()
+        self.publish_next()
+
+    def on_channel(self, channel) -> None:
+        self.channel = channel
+        channel.confirm_delivery(ack_nack_callback=self.on_confirm, callback=self.on_confirm_mode)
+
+    def on_open(self, connection) -> None:
+        connection.channel(on_open_callback=self.on_channel)
+
+    def on_open_error(self, connection, error) -> None:
+        self.error = f"cannot connect: {error}"
+        connection.ioloop.stop()
+
+    def on_close(self, connection, reason) -> None:
+        import pika
+
+        if not isinstance(reason, pika.exceptions.ConnectionClosedByClient):
+            self.error = self.error or f"connection closed: {reason}"
+        connection.ioloop.stop()

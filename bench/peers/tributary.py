@@ -15,7 +15,8 @@
 * batched: client-built RecordBatch v2 of exactly 50 records, one batch per request, ``acks=1``
   and one request in flight per partition (the SDK mutes a partition while its batch is in
   flight; ``max_in_flight=2`` -- with 1 the SDK's sender stalls, see ``produce_unbatched``): the
-  broker acknowledges each batch before the next goes, as every peer's batched mode. ``acks=0`` with 16 in flight is the paper's Kafka setting (reported too).
+  broker acknowledges each batch before the next goes, as every peer's batched mode. ``acks=0``
+  with 16 in flight is the paper's Kafka setting (reported too).
 * consume: ``Consumer`` with manual assignment, 200 KB fetches (``max_partition_fetch_bytes`` =
   ``fetch_max_bytes``), up to 1,000 records per poll, records decoded and CRC-checked in the client.
 """
@@ -29,6 +30,7 @@ import uuid
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.peers import (
     BATCH,
@@ -45,6 +47,9 @@ from bench.peers import (
     paced,
     pypi_version,
 )
+
+if TYPE_CHECKING:  # imported when the peer starts (the project may be absent)
+    from launcher.local_cluster import LocalCluster
 
 TOPIC_CONFIGS = {"flush.ms": "1000"}
 
@@ -79,7 +84,7 @@ class Tributary(Peer):
     def __init__(self, *, flush_before_ack: bool = False) -> None:
         super().__init__()
         self.flush_before_ack = flush_before_ack
-        self.cluster = None
+        self.cluster: LocalCluster | None = None
         self.servers = ""
         if flush_before_ack:
             self.name = "tributary-fsync"
@@ -272,9 +277,8 @@ class Tributary(Peer):
                 for value in payloads[k : k + batch]:
                     futures.append(producer.send(topic, value, partition=partition))
                 # counted when the broker acknowledges the batch (on the producer's I/O thread)
-                futures[-1].add_callback(
-                    lambda _metadata, size=min(batch, len(payloads) - k): meter.add(size)
-                )
+                sent = min(batch, len(payloads) - k)
+                futures[-1].add_callback(lambda _metadata, sent=sent: meter.add(sent))
             producer.flush(timeout=600)
             if acks == 0:
                 self._barrier(dest, expected, admin)

@@ -195,6 +195,7 @@ def produce(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     samples = [(0.0, 0)]
     done = None
+    assert proc.stdout is not None and proc.stderr is not None  # both PIPE
     try:
         for line in proc.stdout:
             parts = line.split()

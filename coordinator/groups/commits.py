@@ -142,7 +142,8 @@ class CommitBatcher:
 
 def take_batch(queue: list[PendingCommit]) -> list[PendingCommit]:
     """Pending commits from the front, as many as fit one transaction (at least one)."""
-    batch, size = [], 0
+    batch: list[PendingCommit] = []
+    size = 0
     while queue and (not batch or size + len(queue[0].params.offsets) <= TXN_OPS):
         pending = queue.pop(0)
         batch.append(pending)

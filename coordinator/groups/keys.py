@@ -306,6 +306,8 @@ def load_groups(kvs: Iterable[KeyValue], clock: Clock) -> tuple[dict[str, Loaded
             entry.state = kv
         elif parsed.kind == "member":
             entry.members.append(kv)
+        elif parsed.tp is None:  # owner and offset keys always name a partition
+            continue
         elif parsed.kind == "owner":
             entry.owners.append((parsed.tp, kv))
         else:
@@ -325,7 +327,11 @@ def restore_group(group_id: str, collected: _Collected, clock: Clock, problems: 
     for kv in collected.members:
         member_id = parse_group_key(kv.key).member_id
         member = _decoded(
-            kv, problems, lambda kv: decode_member(member_id, kv.value, lease_id=kv.lease, last_poll=now)
+            kv,
+            problems,
+            lambda kv, member_id=member_id: decode_member(
+                member_id, kv.value, lease_id=kv.lease, last_poll=now
+            ),
         )
         if member is not None:
             state.members[member_id] = member

@@ -163,7 +163,7 @@ class GroupManager:
     async def _do_join(self, params: JoinParams) -> MemberAssignment:
         async with self.store.locked(params.group_id, create=True) as entry:
             kind, existing = entry.state.classify_join(params)
-            if kind is not JoinKind.REJOIN:
+            if kind is not JoinKind.REJOIN or existing is None:  # REJOIN always names its member
                 return await self._join_with_new_lease(entry, params)
             await self._ensure_session(entry, existing.member_id)
             topics = await self.store.live_topics(entry, params.subscription)

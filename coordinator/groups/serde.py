@@ -31,7 +31,7 @@ from services.proto import pb
 from services.serde import error_to_proto
 from services.topic_partition import TopicPartition
 
-_ASSIGNORS = {
+_ASSIGNORS: dict[pb.Assignor, str] = {
     pb.ASSIGNOR_RANGE: RANGE,
     pb.ASSIGNOR_ROUND_ROBIN: ROUND_ROBIN,
     pb.ASSIGNOR_STICKY: STICKY,
@@ -40,7 +40,7 @@ _ASSIGNORS = {
 _ASSIGNOR_ENUMS = {name: value for value, name in _ASSIGNORS.items()}
 
 
-def assignor_from_proto(value: int) -> str:
+def assignor_from_proto(value: pb.Assignor) -> str:
     """Kafka's assignor name; "" for ASSIGNOR_UNSPECIFIED (the group's, else the default)."""
     if value == pb.ASSIGNOR_UNSPECIFIED:
         return ""
@@ -49,7 +49,7 @@ def assignor_from_proto(value: int) -> str:
     return _ASSIGNORS[value]
 
 
-def assignor_to_proto(name: str) -> int:
+def assignor_to_proto(name: str) -> pb.Assignor:
     return _ASSIGNOR_ENUMS.get(name, pb.ASSIGNOR_UNSPECIFIED)
 
 
@@ -190,7 +190,7 @@ _GROUP_STATE = {
 }
 
 
-def group_state_to_proto(state: str) -> int:
+def group_state_to_proto(state: str) -> pb.GroupState:
     return _GROUP_STATE.get(state, pb.GROUP_STATE_UNSPECIFIED)
 
 

@@ -147,7 +147,8 @@ class GroupState:
                 f"static member {instance_id or self.fenced.get(member_id)}"
             )
         raise errors.UnknownMemberIdError(
-            f"member {member_id!r} is not in group {self.group_id} (it left, timed out or was removed); join again"
+            f"member {member_id!r} is not in group {self.group_id} "
+            "(it left, timed out or was removed); join again"
         )
 
     def poll_expired(self, member_id: str) -> bool:
@@ -160,6 +161,7 @@ class GroupState:
     def classify_join(self, params: JoinParams) -> tuple[JoinKind, Member | None]:
         """What ``params`` means here, with the member it concerns (None for NEW); raises
         UNKNOWN_MEMBER_ID / FENCED_INSTANCE_ID / INCONSISTENT_GROUP_PROTOCOL."""
+        existing: Member | None
         if params.member_id:
             member = self.ensure_member(params.member_id, params.instance_id)
             kind, existing = JoinKind.REJOIN, member
@@ -295,7 +297,7 @@ class GroupState:
         if not owned:
             self.awaiting_revoke.discard(member_id)  # nothing left to give up
         if member_id in self.awaiting_revoke:
-            revoke, grants = owned, frozenset()
+            revoke, grants = owned, frozenset[TopicPartition]()
         else:
             revoke = owned - target
             grants = frozenset(tp for tp in target - owned if tp not in self.owners)
@@ -400,8 +402,8 @@ class GroupState:
         self.ensure_member(member_id, instance_id)
         if generation != self.generation:
             raise errors.IllegalGenerationError(
-                f"generation {generation} is not group {self.group_id}'s current generation {self.generation}; "
-                "heartbeat to learn the new one"
+                f"generation {generation} is not group {self.group_id}'s current generation "
+                f"{self.generation}; heartbeat to learn the new one"
             )
 
     def commit_conflict(self, member_id: str, tp: TopicPartition) -> str | None:

@@ -62,7 +62,7 @@ class TransactionHandlers:
         described = await self._locate().describe(transactional_ids, states)
         return [
             (tid, item) if isinstance(item, errors.TributaryError) else item
-            for tid, item in zip(transactional_ids or [None] * len(described), described, strict=True)
+            for tid, item in zip(_ids_or_none(transactional_ids, len(described)), described, strict=True)
         ]
 
     async def add_offsets(self, producer: ProducerRef, group_id: str) -> None:
@@ -78,3 +78,8 @@ class TransactionHandlers:
     async def end_txn(self, producer: ProducerRef, commit: bool) -> None:
         state.ensure_valid_transactional_id(producer.transactional_id)
         await self._locate().end_txn(producer, commit)
+
+
+def _ids_or_none(transactional_ids: Sequence[str], count: int) -> Sequence[str | None]:
+    """The named ids, or None for each of ``count`` described ones when none was named."""
+    return transactional_ids or [None] * count

@@ -250,7 +250,10 @@ class TransactionManager:
                     described.append(entry.meta)
             return described
         metas = [e.meta for e in self.store.entries.values() if e.meta is not None]
-        return sorted((m for m in metas if not wanted or m.state in wanted), key=lambda m: m.transactional_id)
+        listed: list[TxnMetadata] = sorted(
+            (m for m in metas if not wanted or m.state in wanted), key=lambda m: m.transactional_id
+        )
+        return list(listed)
 
     def health(self) -> dict[str, int]:
         """Gauges: transactional ids, open transactions, the oldest one's age in ms. Runs on the

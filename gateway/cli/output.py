@@ -23,12 +23,12 @@ from gateway.client.structs import (
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     """Left-aligned columns separated by two spaces, with a header line."""
-    rows = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    texts = [["" if cell is None else str(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(cell)) for w, cell in zip(widths, row)]
+    for text in texts:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, text)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(text, widths)).rstrip() for text in texts]
     return "\n".join(lines)
 
 

@@ -79,9 +79,9 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
                 node.address,
                 node.leaders,
                 f"{node.log_bytes / 1e6:,.1f} MB",
-                _fmt_rate(_rate(node.bytes_in, before and before.bytes_in, seconds), "MB/s", 1e6),
-                _fmt_rate(_rate(node.records_in, before and before.records_in, seconds), "rec/s"),
-                _fmt_rate(_rate(node.bytes_out, before and before.bytes_out, seconds), "MB/s", 1e6),
+                _fmt_rate(_rate(node.bytes_in, before.bytes_in if before else None, seconds), "MB/s", 1e6),
+                _fmt_rate(_rate(node.records_in, before.records_in if before else None, seconds), "rec/s"),
+                _fmt_rate(_rate(node.bytes_out, before.bytes_out if before else None, seconds), "MB/s", 1e6),
             ]
         )
     lines = [
@@ -123,7 +123,7 @@ def _node_sample(broker, leaders: int) -> NodeSample:
 
 
 def _group_samples(stub) -> list[GroupSample]:
-    samples = []
+    samples: list[GroupSample] = []
     try:
         listing = stub.ListGroups(pb.ListGroupsRequest(), timeout=CALL_TIMEOUT_S)
     except grpc.RpcError:

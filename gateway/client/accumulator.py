@@ -126,8 +126,7 @@ class BufferPool:
     def _timeout(self, size: int, timeout_s: float) -> RequestTimedOutError:
         return RequestTimedOutError(
             f"failed to allocate {size} bytes of buffer_memory within max_block_ms "
-            f"({timeout_s * 1000:.0f} ms); "
-            f"{self._available} of {self.total_bytes} free"
+            f"({timeout_s * 1000:.0f} ms); {self._available} of {self.total_bytes} free"
         )
 
 
@@ -178,7 +177,7 @@ class ProducerBatch:
         self.last_error: BaseException | None = None
         self._builder = builder
         self._batch_size = batch_size
-        self._data = data
+        self._data: bytes | bytearray | None = data  # bytearray once numbered in place
         self._prebuilt = data is not None
         self._full = False
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
@@ -206,11 +205,15 @@ class ProducerBatch:
 
     @property
     def estimated_size(self) -> int:
-        return len(self._data) if self._data is not None else self._builder.size_in_bytes()
+        if self._data is not None:
+            return len(self._data)
+        assert self._builder is not None, "a batch has its bytes or its builder"
+        return self._builder.size_in_bytes()
 
-    def close(self) -> bytes:
+    def close(self) -> bytes | bytearray:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
         if self._data is None:
+            assert self._builder is not None, "a batch has its bytes or its builder"
             self._data = self._builder.build()
             self._builder = None
         return self._data
@@ -310,6 +313,7 @@ class RecordAccumulator:
                 queue.append(batch)
                 delta = batch.try_append(timestamp, key, value, headers, size)
                 new_batch = True
+            assert batch is not None and delta is not None, "a new batch takes its first record"
             full = len(queue) > 1 or batch.is_full
             return FutureRecordMetadata(batch.result, delta, timestamp), full, new_batch
 

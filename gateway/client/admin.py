@@ -236,8 +236,8 @@ class AsyncAdmin:
         response = await self._client.call("DeleteRecords", request)
         result: dict[TopicPartition, int] = {}
         for item in response.partitions:
-            if item.HasField("error") and item.error.reason:
-                raise error_from_proto(item.error)
+            if item.HasField("error") and (error := error_from_proto(item.error)) is not None:
+                raise error
             result[TopicPartition(item.topic, item.partition)] = item.log_start_offset
         return result
 
@@ -255,8 +255,8 @@ class AsyncAdmin:
         response = await self._client.call("DescribeTransactions", request)
         described = []
         for item in response.transactions:
-            if item.HasField("error") and item.error.reason:
-                raise error_from_proto(item.error)
+            if item.HasField("error") and (error := error_from_proto(item.error)) is not None:
+                raise error
             described.append(
                 TransactionDescription(
                     item.transactional_id,

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
@@ -57,7 +58,9 @@ def is_transport_failure(exc: grpc.RpcError) -> bool:
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
         return False
     trailers = exc.trailing_metadata() if callable(getattr(exc, "trailing_metadata", None)) else ()
-    return not any(key == _STATUS_DETAILS_KEY for key, _ in trailers or ())
+    # Each entry is a (key, value) pair (grpc-stubs types the sync API's entries without __iter__).
+    pairs = cast("Iterable[tuple[str, object]]", trailers or ())
+    return not any(key == _STATUS_DETAILS_KEY for key, _ in pairs)
 
 
 class IdentifiedStub:

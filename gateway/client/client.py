@@ -122,7 +122,7 @@ class GatewayClient:
             await self._pool.close()
 
 
-def offset_spec(spec) -> object:
+def offset_spec(spec) -> pb.OffsetSpec:
     """``"earliest"``, ``"latest"`` or a timestamp in ms, as a ``pb.OffsetSpec``."""
     if spec == "earliest":
         return pb.OffsetSpec(earliest=True)

@@ -413,7 +413,10 @@ class AsyncConsumer:
         """The subscribed topic names (or the pattern, as a one-element set); None if not subscribed."""
         if not self._subscription.is_group_managed:
             return None
-        return set(self._subscription.topics) if self._subscription.topics else {self._subscription.pattern}
+        if self._subscription.topics:
+            return set(self._subscription.topics)
+        pattern = self._subscription.pattern
+        return {pattern} if pattern is not None else set()
 
     async def unsubscribe(self) -> None:
         """Stop consuming: a group member commits (with ``enable_auto_commit``), gives its

@@ -281,14 +281,16 @@ class Fetcher:
 
     def fetch_candidates(self, now: float) -> dict[TopicPartition, int]:
         """``{tp: offset}`` for partitions worth fetching now."""
-        candidates = {}
+        candidates: dict[TopicPartition, int] = {}
         for tp in self.subscription.fetchable_partitions():
             chunks = self._buffers.get(tp)
             if chunks and (len(chunks) >= PREFETCH_DEPTH or chunks[-1].error is not None):
                 continue
             if tp in self._errors or self._backoff_until.get(tp, 0.0) > now:
                 continue
-            candidates[tp] = self.next_fetch_offset(tp)
+            offset = self.next_fetch_offset(tp)
+            if offset is not None:  # a fetchable partition has a position
+                candidates[tp] = offset
         return candidates
 
     # -- the routine -----------------------------------------------------------------------
@@ -310,6 +312,7 @@ class Fetcher:
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None) -> None:
         waiter = self._waiter
+        assert waiter is not None, "run() sets the waiter before sleeping"
         timer = loop.call_later(delay, _resolve, waiter) if delay is not None else None
         try:
             await waiter

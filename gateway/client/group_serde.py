@@ -27,7 +27,7 @@ _ASSIGNOR_ENUMS = {
     "roundrobin": pb.ASSIGNOR_ROUND_ROBIN,
     "sticky": pb.ASSIGNOR_STICKY,
 }
-_ASSIGNOR_NAMES = {value: name for name, value in _ASSIGNOR_ENUMS.items()}
+_ASSIGNOR_NAMES: dict[int, str] = {value: name for name, value in _ASSIGNOR_ENUMS.items()}
 assert set(_ASSIGNOR_ENUMS) == set(ASSIGNORS)
 
 

@@ -280,7 +280,7 @@ class ProducerCore:
     async def close(self, timeout_s: float | None) -> None:
         """Send what is queued (up to ``timeout_s``), then fail the rest and release everything."""
         self.accumulator.close()
-        if self.sender is None:
+        if self.sender is None or self._sender_task is None or self.loop is None:  # never started
             await self.client.close()
             return
         self.sender.stop()
@@ -422,6 +422,7 @@ class ProducerCore:
             finally:
                 self._refreshing.discard(topic)
 
+        assert self.loop is not None, "scheduled once started"
         task = self.loop.create_task(refresh())
         self._background.add(task)  # a task nobody references may be collected before it ends
         task.add_done_callback(self._background.discard)
@@ -552,7 +553,7 @@ class AsyncProducer:
         await core.start()
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
-        if core.needs_metadata(topic, partition, count):
+        if count is None or core.needs_metadata(topic, partition, count):
             count = await core.fetch_partition_count(topic)
         chosen = core.choose_partition(topic, record, partition, count)
         await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
@@ -697,7 +698,7 @@ class Producer:
         started = core.telemetry.now() if core.telemetry is not None else 0
         record = core.prepare(value, key, headers, timestamp)
         count = core.cached_partition_count(topic)
-        if core.needs_metadata(topic, partition, count):
+        if count is None or core.needs_metadata(topic, partition, count):
             count = self._io.run(core.fetch_partition_count(topic))
         chosen = core.choose_partition(topic, record, partition, count)
         core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
@@ -737,7 +738,7 @@ class Producer:
 
     def metrics(self) -> dict[str, int]:
         """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
-        return self._io.call(lambda: dict(self._core.sender.metrics))
+        return self._io.call(lambda: dict(self._core.sender.metrics) if self._core.sender else {})
 
     # -- transactions (see AsyncProducer for what each does) -------------------------------
 

@@ -224,7 +224,8 @@ class Sender:
         except TributaryError as exc:
             handler.handle_error(exc)
         except asyncio.CancelledError:
-            handler.handle_error(IllegalStateError("the producer was closed before the request was answered"))
+            closed = IllegalStateError("the producer was closed before the request was answered")
+            handler.handle_error(closed)  # type: ignore[arg-type]  # read with getattr, like any error
             raise
         except Exception as exc:
             log.exception("unexpected error sending to %s", handler.topic)

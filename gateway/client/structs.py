@@ -7,7 +7,7 @@ names.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 # Re-exported: one definition for the SDK, the coordinator and Spark.
 from services.topic_partition import TopicPartition as TopicPartition
@@ -51,8 +51,8 @@ class ConsumerRecord(NamedTuple):
     offset: int
     timestamp: int
     timestamp_type: int
-    key: object
-    value: object
+    key: Any  # whatever the key deserializer returns (bytes without one)
+    value: Any  # whatever the value deserializer returns (bytes without one)
     headers: tuple[Header, ...] = ()
 
     @property

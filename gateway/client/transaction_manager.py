@@ -38,6 +38,7 @@ import asyncio
 import enum
 import logging
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from gateway.client.errors import IllegalStateError, TributaryError
 from services import errors
@@ -221,7 +222,7 @@ class TransactionManager:
     ) -> None:
         """Stage consumed offsets in the transaction (committed with it, or not at all)."""
         self.ensure_state(TxnState.IN_TRANSACTION)
-        common = {
+        common: dict[str, Any] = {
             "transactional_id": self.transactional_id,
             "producer_id": self.producer_id,
             "producer_epoch": self.producer_epoch,

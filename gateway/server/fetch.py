@@ -218,6 +218,7 @@ class _FetchSession:
                 part.error = poll.error
             return 0
         header = poll.header
+        assert header is not None, "a poll without an error has a header"
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
         part.aborted.update(poll.aborted)

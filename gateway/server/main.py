@@ -34,17 +34,11 @@ async def _run(config: GatewayConfig) -> None:
 
 
 def _check(config: GatewayConfig) -> str | None:
+    """A message for settings the gateway cannot run with, else None."""
     if not config.coordinators:
         return "--coordinators needs at least one host:port"
     if config.produce_stream_max_idle_ms < 0:
         return "--produce-stream-max-idle-ms must be 0 (never) or more"
-    return None
-
-
-def _check(config: GatewayConfig) -> str | None:
-    """A message for settings the gateway cannot run with, else None."""
-    if not config.coordinators:
-        return "--coordinators needs at least one host:port"
     for name in ("fetch_max_decoded_records", "fetch_max_decoded_bytes", "fetch_decode_threads"):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"

@@ -117,7 +117,7 @@ def produce_error_to_proto(request, error: errors.TributaryError):
 # ---- fetch ----------------------------------------------------------------------------------
 
 
-_ISOLATION_LEVELS = {
+_ISOLATION_LEVELS: dict[int, bool] = {
     pb.ISOLATION_LEVEL_UNSPECIFIED: False,
     pb.ISOLATION_LEVEL_READ_UNCOMMITTED: False,
     pb.ISOLATION_LEVEL_READ_COMMITTED: True,

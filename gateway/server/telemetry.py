@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from opentelemetry import trace
+from opentelemetry.metrics import Histogram
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.records import RECORD_BATCH_OVERHEAD, read_batch_header
@@ -38,7 +39,10 @@ class GatewayInstruments:
     def __init__(self, telemetry) -> None:
         self._tracer = telemetry.tracer
         self._topics = TopicAttributes()
-        self._batch_records = self._batch_bytes = self._records_out = self._bytes_out = None
+        self._batch_records: Histogram | None = None
+        self._batch_bytes: Histogram | None = None
+        self._records_out: RunningTotals | None = None
+        self._bytes_out: RunningTotals | None = None
         meter = telemetry.meter
         if meter is None:
             return
@@ -81,6 +85,7 @@ class GatewayInstruments:
             bytes_total += size
             if self._batch_records is not None:
                 self._batch_records.record(records, attributes)
+            if self._batch_bytes is not None:
                 self._batch_bytes.record(size, attributes)
         if self._tracer is not None:
             span = trace.get_current_span()
@@ -96,9 +101,11 @@ class GatewayInstruments:
                 )
 
     def fetched(self, topic: str, records: int, size: int) -> None:
-        if self._records_out is not None and (records or size):
-            self._records_out.add(topic, records)
-            self._bytes_out.add(topic, size)
+        if records or size:
+            if self._records_out is not None:
+                self._records_out.add(topic, records)
+            if self._bytes_out is not None:
+                self._bytes_out.add(topic, size)
 
     def start_fetch_port_read(self, topic: str, partition: int, host: str, port: int):
         """A CLIENT span around one fetch-port request (that protocol carries no trace context)."""

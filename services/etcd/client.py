@@ -200,7 +200,8 @@ class EtcdClient:
         """Delete every key starting with ``prefix``; return how many were deleted."""
         if guard:
             result = await self.txn((), (Op.delete_prefix(prefix),), guard=guard)
-            return int(result.results[0] or 0)
+            deleted = result.results[0]  # a delete's result: how many keys it deleted
+            return deleted if isinstance(deleted, int) else 0
         key, range_end = self.keyspace.prefix_range(prefix)
         request = _rpc.DeleteRangeRequest(key=key, range_end=range_end)
         response = await self.do_unary("kv", "DeleteRange", request)

@@ -108,10 +108,11 @@ class Watch:
             self._pending.clear()
             return batch
         item = await self._queue.get()
-        if item is _END or isinstance(item, EtcdError):
+        if item is _END:
             self._queue.put_nowait(item)  # keep ending for later calls too
-            if item is _END:
-                raise StopAsyncIteration
+            raise StopAsyncIteration
+        if isinstance(item, EtcdError):
+            self._queue.put_nowait(item)  # keep failing for later calls too
             raise item
         return item
 

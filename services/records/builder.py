@@ -112,7 +112,7 @@ def _encode_body(timestamp: int, timestamp_delta: int, offset_delta: int, key, v
 
 
 def _encode_headers(headers) -> bytes:
-    parts = [encode_varint(len(headers))]
+    parts: list[bytes | bytearray] = [encode_varint(len(headers))]
     for key, value in headers:
         if not isinstance(key, str):
             raise TypeError(f"header key must be str, not {type(key).__name__}")

@@ -31,6 +31,8 @@ from __future__ import annotations
 import struct
 import threading
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import lz4.frame
 import snappy
@@ -252,7 +254,7 @@ def _zstd_decompressor() -> zstandard.ZstdDecompressor:
 
 _thread_state = threading.local()
 
-_DECODERS = {
+_DECODERS: dict[int, Callable[[Any, int], bytes]] = {
     Compression.GZIP: _gzip_decompress,
     Compression.SNAPPY: _snappy_decompress,
     Compression.LZ4: _lz4_decompress,

@@ -57,7 +57,7 @@ class ClientInstruments:
         )
 
     def _set_peer(self, server_address: str, server_port: int | None) -> None:
-        self._peer = {names.SERVER_ADDRESS: server_address} if server_address else {}
+        self._peer: dict[str, str | int] = {names.SERVER_ADDRESS: server_address} if server_address else {}
         if server_port is not None and server_address:
             self._peer[names.SERVER_PORT] = server_port
         self._attributes: dict[tuple, dict] = {}

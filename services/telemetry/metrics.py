@@ -19,6 +19,7 @@ could make it:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -52,7 +53,7 @@ class RunningTotals:
     """
 
     def __init__(
-        self, meter, name: str, *, unit: str, description: str, attributes: Callable[[object], dict]
+        self, meter, name: str, *, unit: str, description: str, attributes: Callable[[Any], dict]
     ) -> None:
         self._sums: dict = {}
         self._attributes = attributes

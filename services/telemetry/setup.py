@@ -129,7 +129,8 @@ def _span_processors(settings: TelemetrySettings) -> list:
 def _metric_readers(settings: TelemetrySettings) -> tuple[list, PrometheusEndpoint | None]:
     from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
 
-    readers, endpoint = [], None
+    readers: list = []
+    endpoint = None
     for name in settings.metrics_exporters:
         if name == "prometheus":
             endpoint = PrometheusEndpoint(settings.prometheus_host, settings.prometheus_port)
@@ -155,8 +156,8 @@ class Telemetry:
         tracer_provider=None,
         meter_provider=None,
         prometheus: PrometheusEndpoint | None = None,
-        span_processors: tuple = (),
-        metric_readers: tuple = (),
+        span_processors: Iterable = (),
+        metric_readers: Iterable = (),
     ) -> None:
         self.settings = settings
         self.tracer_provider = tracer_provider

@@ -151,7 +151,7 @@ async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, si
 async def _wait_writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     future = loop.create_future()
     fd = sock.fileno()
-    loop.add_writer(fd, lambda: future.done() or future.set_result(None))
+    loop.add_writer(fd, lambda: None if future.done() else future.set_result(None))
     try:
         await future
     finally:
@@ -461,7 +461,7 @@ class FetchServer:
         )
         try:
             await _send_header(loop, sock, header, more=bool(length))
-            if length:
+            if length and fd is not None:  # fd is open whenever length is not 0
                 send = sendfile_range if self._zero_copy else copy_range
                 await send(loop, sock, fd, file_slice.position, length)
                 if self._zero_copy:
@@ -589,7 +589,7 @@ class FetchServer:
             sent_total = 0
             for (header, _, info), head, length, fd in zip(parts, headers, lengths, fds):
                 await _send_header(loop, sock, head, more=bool(length))
-                if length:
+                if length and fd is not None:  # fd is open whenever length is not 0
                     send = sendfile_range if self._zero_copy else copy_range
                     await send(loop, sock, fd, info.slice.position, length)
                     sent_total += length

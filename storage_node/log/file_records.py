@@ -241,7 +241,7 @@ class FileRecords:
         while written < len(view):
             written += os.pwrite(fd, view[written:], position + written)
         self._size = position + written  # only now is the append visible to readers
-        return FilePosition(position)
+        return position
 
     def truncate_to(self, size: int) -> int:
         """Cut the file to ``size`` bytes; returns how many bytes were removed."""

@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import NewType
+from typing import TypeAlias
 
+# Names for what an int means in a signature (aliases, not NewTypes: offsets and positions are
+# computed with plain arithmetic everywhere, and wrapping each result would say nothing more).
 #: A logical record offset (0, 1, 2, ...), never a byte position.
-Offset = NewType("Offset", int)
+Offset: TypeAlias = int
 #: A byte position inside one segment's ``.log`` file.
-FilePosition = NewType("FilePosition", int)
+FilePosition: TypeAlias = int
 
 LOG_FILE_SUFFIX = ".log"
 INDEX_FILE_SUFFIX = ".index"

@@ -11,8 +11,9 @@ Pure functions of their inputs: time comes in as ``now_ms`` from the injected cl
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 
 class RetainedSegment(Protocol):
@@ -69,16 +70,17 @@ def log_start_offset_breached(log_start_offset: int) -> ShouldDelete:
     return should_delete
 
 
-def deletable_segments(
-    segments: Sequence[RetainedSegment], should_delete: ShouldDelete, *, high_watermark: int
-) -> list[RetainedSegment]:
+S = TypeVar("S", bound=RetainedSegment)
+
+
+def deletable_segments(segments: Sequence[S], should_delete: ShouldDelete, *, high_watermark: int) -> list[S]:
     """The oldest run of segments ``should_delete`` accepts, never the active (last) one.
 
     A segment is also kept unless every offset in it is below ``high_watermark`` (its successor's
     base offset <= high watermark): retention must not delete records not yet committed.
     """
-    deletable: list[RetainedSegment] = []
-    for segment, next_segment in zip(segments, segments[1:]):
+    deletable: list[S] = []
+    for segment, next_segment in itertools.pairwise(segments):
         if next_segment.base_offset > high_watermark or not should_delete(segment, next_segment):
             break
         deletable.append(segment)

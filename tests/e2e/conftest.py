@@ -24,8 +24,6 @@ from gateway.client import Admin, NewTopic, Producer, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from spark_jobs.session import spark_session
 
-pytestmark = pytest.mark.e2e
-
 
 class Produced(NamedTuple):
     key: bytes | None

@@ -10,7 +10,6 @@ recovery scan checks lengths, CRCs and dense offsets, as it always did), and sta
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from launcher.local_cluster import LocalCluster
@@ -43,19 +42,3 @@ def plant(cluster: LocalCluster, node_id: int, topic: str, partition: int, batch
     (directory / CLEAN_SHUTDOWN_FILE).unlink(missing_ok=True)
     cluster.start_storage_node(node_id)
     return first
-
-
-def wait_for(check, timeout: float = 30.0, what: str = "condition"):
-    """Call ``check`` until it returns a true value (exceptions count as not yet); return it."""
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except Exception as exc:  # noqa: BLE001 -- a restarting cluster answers with errors for a while
-            last = exc
-        else:
-            if value:
-                return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout} s (last error: {last})")

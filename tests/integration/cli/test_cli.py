@@ -21,8 +21,6 @@ import pytest
 from launcher.local_cluster import LocalCluster, process_alive, read_cluster_file
 from services.partitioner import partition_for_key
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -134,7 +132,7 @@ def test_produce_and_consume_round_trip(data_dir):
         assert record["headers"] == [["source", "cli"]]
         assert record["partition"] == partition_for_key(record["key"].encode(), 4)
         by_partition[record["partition"]].append(record)
-    for partition, items in by_partition.items():
+    for items in by_partition.values():
         assert [r["offset"] for r in items] == list(range(len(items)))
     expected = defaultdict(list)
     for line in lines:

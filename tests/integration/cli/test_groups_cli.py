@@ -15,8 +15,6 @@ import pytest
 
 from launcher.local_cluster import LocalCluster
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 RECORDS = 30
 

@@ -8,12 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 from gateway.client import Admin, NewTopic, Producer
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 

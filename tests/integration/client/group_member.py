@@ -7,8 +7,9 @@ It subscribes to TOPIC in GROUP with ``enable_auto_commit=False`` and ``auto_off
 "earliest"``. For every poll it *processes* the records -- prints ``R <partition> <offset>
 <value>`` per record, flushed (and sleeps ``--delay-ms`` per record, a slow application) -- and
 only then commits them (and prints ``C``): at-least-once, so a crash can repeat records but never
-skip one. Listener calls print ``A <partitions>`` (assigned), ``V <partitions>`` (revoked) and ``L <partitions>``
-(lost), partitions as ``p,p,...``. SIGTERM/SIGINT close the consumer (which leaves the group).
+skip one. Listener calls print ``A <partitions>`` (assigned), ``V <partitions>`` (revoked) and
+``L <partitions>`` (lost), partitions as ``p,p,...``. SIGTERM/SIGINT close the consumer (which
+leaves the group).
 """
 
 from __future__ import annotations

@@ -5,12 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from gateway.client import AsyncAdmin, AsyncConsumer, AsyncProducer, Consumer, Producer, TopicPartition
 from gateway.client.structs import OffsetAndTimestamp
-
-pytestmark = pytest.mark.integration
 
 BASE_TS = 1_700_000_000_000
 

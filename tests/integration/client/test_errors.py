@@ -17,8 +17,6 @@ from gateway.client.errors import (
 )
 from services.records import RecordBatchBuilder
 
-pytestmark = pytest.mark.integration
-
 
 def assert_serving(servers: str, topic: str) -> None:
     """A record still goes in and comes back out."""
@@ -46,9 +44,11 @@ def poll_error(consumer: Consumer, timeout_s: float = 15.0) -> BaseException:
 
 
 def test_unknown_topic(servers, admin, make_topic):
-    with Producer(servers=servers, max_block_ms=1500) as producer:
-        with pytest.raises(UnknownTopicOrPartitionError) as produced:
-            producer.send("no-such-topic", b"x")
+    with (
+        Producer(servers=servers, max_block_ms=1500) as producer,
+        pytest.raises(UnknownTopicOrPartitionError) as produced,
+    ):
+        producer.send("no-such-topic", b"x")
     assert produced.value.reason == "UNKNOWN_TOPIC_OR_PARTITION" and produced.value.retriable
     with Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition("no-such-topic", 0)])

@@ -13,8 +13,6 @@ import pytest
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
-pytestmark = pytest.mark.integration
-
 PARTITIONS = 4
 
 

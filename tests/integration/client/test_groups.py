@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -31,28 +30,14 @@ from gateway.client import (
     WakeupError,
 )
 from gateway.client.errors import GroupIdNotFoundError, NonEmptyGroupError
-
-pytestmark = pytest.mark.integration
+from tests.support.names import unique
+from tests.support.wait import wait_until
 
 SESSION_MS = 6000
 HEARTBEAT_MS = 500
 FAST = {"session_timeout_ms": SESSION_MS, "heartbeat_interval_ms": HEARTBEAT_MS}
 MEMBER_SCRIPT = Path(__file__).with_name("group_member.py")
 REPO = Path(__file__).resolve().parents[3]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def wait_until(predicate, *, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 class Member:
@@ -253,6 +238,7 @@ class MemberProcess:
         self.reader.start()
 
     def _read(self) -> None:
+        assert self.process.stdout is not None  # stdout=PIPE
         for line in self.process.stdout:
             if line.endswith("\n"):  # a line cut short by kill -9 was never fully processed
                 self.lines.append(line.rstrip("\n"))

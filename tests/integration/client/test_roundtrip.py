@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import defaultdict
 
@@ -12,8 +13,6 @@ from gateway.client import Consumer, Producer, TopicPartition
 from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, iter_batches
-
-pytestmark = pytest.mark.integration
 
 BASE_TS = 1_700_000_000_000
 
@@ -88,7 +87,7 @@ def test_null_keys_spread_over_partitions_in_sticky_batches(servers, make_topic)
         producer.flush()
     partitions = [f.get(0).partition for f in futures]
     assert len(set(partitions)) > 1, "a full batch moves the sticky partition on"
-    switches = sum(1 for a, b in zip(partitions, partitions[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(partitions) if a != b)
     assert switches < 100, "but records stick to a partition for a whole batch"
 
 

@@ -25,8 +25,6 @@ from services import errors
 from services.proto import gateway_grpc, pb
 from services.records import RecordBatchBuilder, iter_batches
 
-pytestmark = pytest.mark.integration
-
 
 def read_all(servers: str, topic: str, partitions: int, level: str, expect: int, timeout: float = 10.0):
     """Values read from the beginning of every partition until ``expect`` arrived (or timeout)."""

@@ -19,10 +19,9 @@ from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import CorruptRecordError
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from tests import batch_faults
-from tests.integration.old_batches import plant, wait_for
+from tests.integration.old_batches import plant
 from tests.integration.responsiveness import PROBE_DEADLINE_S, while_repeating
-
-pytestmark = pytest.mark.integration
+from tests.support.wait import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +49,13 @@ def topic(cluster):
             producer.send(name, b"good-%d" % i, partition=0).get(timeout=30)
     assert plant(cluster, 0, name, 0, [poisoned(6), batch_faults.good(2)]) == 11
     with Admin(servers=cluster.gateway) as admin:
-        wait_for(lambda: admin.list_topics(), what="the cluster answering again")
+        wait_until(
+            lambda: admin.list_topics(),
+            timeout=30.0,
+            what="the cluster answering again",
+            interval=0.1,
+            tolerate=(Exception,),
+        )
     return name
 
 
@@ -91,5 +96,10 @@ def test_the_consumer_names_the_bad_batch_and_skips_it_only_when_told(cluster, t
         # The explicit skip, as Kafka users do it.
         consumer.seek(TopicPartition(error.topic, error.partition), error.next_offset)
         after = []
-        wait_for(lambda: after.extend(consumer.poll(timeout_ms=500).get(tp, [])) or len(after) >= 2)
+        wait_until(
+            lambda: after.extend(consumer.poll(timeout_ms=500).get(tp, [])) or len(after) >= 2,
+            timeout=30.0,
+            interval=0.1,
+            tolerate=(Exception,),
+        )
         assert [r.offset for r in after] == [17, 18]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -272,7 +271,9 @@ def call(method, request, *, timeout: float = 20.0, metadata=None):
 
 def rpc_code(error: errors.TributaryError) -> grpc.StatusCode:
     """The gRPC status code the server answered with (the cause kept by ``error_from_rpc``)."""
-    return error.__cause__.code()
+    cause = error.__cause__
+    assert isinstance(cause, grpc.RpcError), f"{error!r} was not raised from an RPC error"
+    return cause.code()
 
 
 def partitions_by_state(topic_metadata) -> dict[str, list[int]]:
@@ -284,11 +285,6 @@ def partitions_by_state(topic_metadata) -> dict[str, list[int]]:
 
 def topic_of(metadata, name: str):
     return next(t for t in metadata.topics if t.name == name)
-
-
-def unique(prefix: str) -> str:
-    """A topic name no other test uses."""
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def read_etcd_state(cluster: Cluster):

@@ -12,6 +12,7 @@ import pytest
 
 from services import errors
 from services.proto import pb
+from tests.support.names import unique
 
 from ._cluster import (
     TTL_S,
@@ -21,7 +22,6 @@ from ._cluster import (
     read_etcd_state,
     rpc_code,
     topic_of,
-    unique,
 )
 
 ONLINE = pb.PARTITION_STATE_ONLINE

@@ -70,6 +70,7 @@ async def _deposed_controller_scenario(etcd, client: EtcdClient, guards: str) ->
         assert await client.get(keys.topic_key("before")) is not None
 
         # A is "paused": its lease runs out (etcd revokes it) and B is elected with a new epoch.
+        assert election_a.lease is not None
         await other.revoke_lease(election_a.lease.id)
         election_b, epoch_b = await _elect(other, "b", "127.0.0.1:1002")
         assert epoch_b == epoch_a + 1
@@ -82,7 +83,8 @@ async def _deposed_controller_scenario(etcd, client: EtcdClient, guards: str) ->
         assert info.value.active_id == "b" and info.value.active_address == "127.0.0.1:1002"
         assert controller_a.deposed.is_set()
         assert await client.get(keys.topic_key("after")) is None
-        assert (await client.get(keys.CONTROLLER_EPOCH)).value == str(epoch_b).encode()
+        stored_epoch = await client.get(keys.CONTROLLER_EPOCH)
+        assert stored_epoch is not None and stored_epoch.value == str(epoch_b).encode()
         # And every later call fails fast, without touching etcd.
         with pytest.raises(ControllerMovedError):
             await controller_a.delete_topic("before")

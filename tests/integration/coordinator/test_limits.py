@@ -16,8 +16,9 @@ import pytest
 
 from services import errors
 from services.proto import pb
+from tests.support.names import unique
 
-from ._cluster import Responsiveness, call, partitions_by_state, unique
+from ._cluster import Responsiveness, call, partitions_by_state
 
 MILLION = 1_000_000
 INT32_MAX = 2**31 - 1

@@ -14,8 +14,9 @@ import pytest
 from coordinator.redirect import CONTROLLER_TRAILER, FORWARDED_HEADER
 from services import errors
 from services.proto import pb
+from tests.support.names import unique
 
-from ._cluster import SHARED_RACKS, call, partitions_by_state, rpc_code, topic_of, unique
+from ._cluster import SHARED_RACKS, call, partitions_by_state, rpc_code, topic_of
 
 # ---------------------------------------------------------------------------------------------
 # Bad input: each a clear error with its reason.

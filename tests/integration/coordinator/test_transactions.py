@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -30,10 +30,10 @@ from services.fetchport.protocol import SIZE
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
 from services.records.control import parse_marker
+from tests.support.names import unique
+from tests.support.wait import CLUSTER_ERRORS, wait_until
 
-from ._cluster import TTL_S, Cluster, call, rpc_code, unique
-
-pytestmark = pytest.mark.integration
+from ._cluster import TTL_S, Cluster, call, rpc_code
 
 #: Short waits so faults show quickly: EndTxn waits at most this for completion; timed-out
 #: transactions are looked for this often.
@@ -170,26 +170,14 @@ def stored_txn(cluster: Cluster, transactional_id: str) -> dict | None:
     return json.loads(kv.value) if kv is not None else None
 
 
-def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (grpc.RpcError, errors.TributaryError) as exc:
-            last = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last}")
-
-
 def wait_for_state(cluster: Cluster, transactional_id: str, state: str, timeout: float = 20.0) -> dict:
-    return wait_until(
-        lambda: (txn := stored_txn(cluster, transactional_id)) is not None and txn["state"] == state and txn,
-        what=f"{transactional_id} {state}",
-        timeout=timeout,
-    )
+    def in_state() -> dict | None:
+        txn = stored_txn(cluster, transactional_id)
+        return txn if txn is not None and txn["state"] == state else None
+
+    found = wait_until(in_state, timeout=timeout, what=f"{transactional_id} {state}", tolerate=CLUSTER_ERRORS)
+    assert found is not None  # wait_until returns a truthy result
+    return found
 
 
 def markers_on_disk(cluster: Cluster, topic: str, partition: int, node_id: int = 1) -> list[tuple]:
@@ -229,7 +217,12 @@ def test_producer_ids_are_unique_across_a_coordinator_failover(make_cluster):
     transactional = Producer(cluster, unique("tid")).init()
     cluster.coordinators[active].kill()
     successor = cluster.wait_active(exclude=active, timeout=TTL_S + 10)
-    after = wait_until(lambda: fresh_ids(successor, 30), what="InitProducerId on the new active controller")
+    after = wait_until(
+        lambda: fresh_ids(successor, 30),
+        timeout=20.0,
+        what="InitProducerId on the new active controller",
+        tolerate=CLUSTER_ERRORS,
+    )
     ids = before + after
     assert len(set(ids)) == len(ids), "a producer id was handed out twice"
     assert min(after) > max(before), "the new term takes a block after every id of the old one"

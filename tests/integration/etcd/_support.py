@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from services.etcd import Watch
@@ -17,21 +17,9 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-async def wait_until(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> None:
-    """Poll ``predicate`` (sync or async) until it is truthy; fail after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
-        while True:
-            result = predicate()
-            if isinstance(result, Awaitable):
-                result = await result
-            if result:
-                return
-            await asyncio.sleep(interval)
-
-
 async def take(watch: Watch, count: int, timeout: float = 5.0) -> list[Any]:
     """The next ``count`` items of ``watch``."""
-    items = []
+    items: list[Any] = []
     async with asyncio.timeout(timeout):
         while len(items) < count:
             items.append(await anext(watch))

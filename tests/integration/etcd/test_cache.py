@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from services.etcd import EtcdClient, Op, PrefixCache, WatchResync
 
 from ._support import TcpLink, run
-
-pytestmark = pytest.mark.integration
 
 
 def _contents(cache: PrefixCache) -> dict[str, bytes]:
@@ -30,8 +26,8 @@ def test_cache_loads_then_follows_the_prefix(etcd_client: EtcdClient) -> None:
                 revision = await client.put("brokers/3", "c")
                 await cache.wait_for_revision(revision, timeout=5)
                 assert cache.get("brokers/3") is not None and "brokers/3" in cache
-                revision = await client.txn([], [Op.delete("brokers/1"), Op.put("brokers/2", "b2")])
-                await cache.wait_for_revision(revision.revision, timeout=5)
+                result = await client.txn([], [Op.delete("brokers/1"), Op.put("brokers/2", "b2")])
+                await cache.wait_for_revision(result.revision, timeout=5)
                 assert _contents(cache) == {"brokers/2": b"b2", "brokers/3": b"c"}
                 assert len(cache) == 2 and sorted(cache) == ["brokers/2", "brokers/3"]
                 # The txn arrived as one batch: readers never saw half of it.

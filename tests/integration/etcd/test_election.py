@@ -16,10 +16,9 @@ from services.etcd import (
     NotLeaderError,
     epoch_guard,
 )
+from tests.support.wait import async_wait_until
 
-from ._support import run, wait_until
-
-pytestmark = pytest.mark.integration
+from ._support import run
 
 TTL = 1
 
@@ -50,7 +49,8 @@ def test_two_candidates_one_leader_then_hand_over_on_resign(etcd_client: EtcdCli
             await asyncio.wait_for(pending.pop(), 3.0)
             assert loser.is_leader and not winner.is_leader
             assert not winner.lost.is_set(), "resigning is not losing"
-            assert (await loser.leader()).value == loser.candidate_id.encode()  # type: ignore[union-attr]
+            leader = await loser.leader()
+            assert leader is not None and leader.value == loser.candidate_id.encode()
             await loser.resign()
             assert await loser.leader() is None
 
@@ -123,7 +123,7 @@ def test_epochs_fence_a_deposed_leader(etcd_client: EtcdClient) -> None:
             # a has not necessarily noticed yet; its epoch-guarded writes fail regardless.
             with pytest.raises(EtcdGuardFailedError):
                 await a_client.put("topics/t", "by stale a", guard=[epoch_guard("controller_epoch", epoch_a)])
-            await wait_until(lambda: a.lost.is_set(), timeout=2.0)
+            await async_wait_until(lambda: a.lost.is_set(), timeout=2.0)
             with pytest.raises(NotLeaderError):
                 await a.increment_epoch("controller_epoch")
             assert (await b_client.get("topics/t")).value == b"by a"  # type: ignore[union-attr]
@@ -178,14 +178,14 @@ def test_observe_reports_every_change_of_leader(etcd_client: EtcdClient) -> None
                     seen.append(info.value if info else None)
 
             watcher = asyncio.create_task(observer())
-            await wait_until(lambda: seen == [None])
+            await async_wait_until(lambda: seen == [None])
             await a.campaign()
             b_task = await _campaign_in_background(b)
             await a.resign()
             await asyncio.wait_for(b_task, 3.0)
             await b.proclaim("coord-b@2")
             await b.resign()
-            await wait_until(lambda: len(seen) == 6)
+            await async_wait_until(lambda: len(seen) == 6)
             assert seen == [None, b"coord-a", None, b"coord-b", b"coord-b@2", None]
             watcher.cancel()
 

@@ -15,8 +15,6 @@ from services.etcd import EmbeddedEtcd, EmbeddedEtcdError, EtcdClient
 
 from ._support import run
 
-pytestmark = pytest.mark.integration
-
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -73,7 +71,9 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
-        assert "ready at 127.0.0.1:" in line, line + (process.stderr.read() if process.poll() else "")
+        assert "ready at 127.0.0.1:" in line, line + (
+            process.stderr.read() if process.stderr is not None and process.poll() else ""
+        )
         endpoint = line.split("ready at ")[1].split()[0]
         assert run(_get(endpoint, "missing")) is None
         process.send_signal(signal.SIGTERM)

@@ -9,10 +9,9 @@ import pytest
 
 from services.etcd import EmbeddedEtcd, EtcdClient, EtcdUnavailableError, WatchEvent
 from services.etcd.embedded import pick_free_port
+from tests.support.wait import async_wait_until
 
-from ._support import run, take, wait_until
-
-pytestmark = pytest.mark.integration
+from ._support import run, take
 
 
 def test_calls_fail_over_from_a_dead_first_endpoint(etcd: EmbeddedEtcd, etcd_client: EtcdClient) -> None:
@@ -71,7 +70,7 @@ def test_calls_while_etcd_is_stopped_fail_fast_and_work_again_after_restart(
                 assert loop.time() - started <= timeout + 0.5
                 assert server.endpoint in str(failure.value)
             await asyncio.to_thread(server.start)
-            await wait_until(lambda: _works(client), timeout=3.0)
+            await async_wait_until(lambda: _works(client), timeout=3.0)
             assert (await client.get("k")).value == b"before"  # type: ignore[union-attr]
 
     run(scenario())

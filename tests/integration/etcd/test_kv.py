@@ -22,8 +22,6 @@ from services.etcd import (
 
 from ._support import run
 
-pytestmark = pytest.mark.integration
-
 
 def test_put_get_delete(etcd_client: EtcdClient) -> None:
     async def scenario() -> None:

@@ -8,13 +8,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import pytest
-
 from services.etcd import EmbeddedEtcd, EtcdClient, Lease
+from tests.support.wait import async_wait_until
 
-from ._support import run, wait_until
-
-pytestmark = pytest.mark.integration
+from ._support import run
 
 
 def test_keep_alive_keeps_the_key_past_three_ttls(etcd_client: EtcdClient) -> None:
@@ -29,7 +26,7 @@ def test_keep_alive_keeps_the_key_past_three_ttls(etcd_client: EtcdClient) -> No
                 assert not keep_alive.lost.is_set()
                 assert await lease.remaining_ttl() >= 0
             # Stopped without revoking: the key outlives the keep-alive by at most the TTL.
-            await wait_until(lambda: _absent(client, "brokers/1"), timeout=3.0)
+            await async_wait_until(lambda: _absent(client, "brokers/1"), timeout=3.0)
             assert not keep_alive.lost.is_set(), "stop() must not report loss"
 
     run(scenario())
@@ -41,7 +38,7 @@ def test_a_lease_not_kept_alive_expires_with_its_key(etcd_client: EtcdClient) ->
             lease = await client.grant_lease(1)
             await client.put("brokers/2", "host:9092", lease)
             assert await client.get("brokers/2") is not None
-            await wait_until(lambda: _absent(client, "brokers/2"), timeout=3.0)
+            await async_wait_until(lambda: _absent(client, "brokers/2"), timeout=3.0)
             assert await lease.remaining_ttl() == -1
             assert await lease.refresh() == 0
             assert await lease.revoke() is False
@@ -67,7 +64,9 @@ def test_keep_alive_reports_loss_when_the_lease_is_revoked_elsewhere(etcd_client
         async with etcd_client as client, client.with_prefix(client.prefix) as other:
             losses: list[tuple[Lease, str]] = []
             lease = await client.grant_lease(1)
-            async with client.keep_alive(lease, on_lost=lambda l, r: losses.append((l, r))) as keep_alive:
+            async with client.keep_alive(
+                lease, on_lost=lambda lost, reason: losses.append((lost, reason))
+            ) as keep_alive:
                 await asyncio.sleep(0.5)
                 assert not keep_alive.lost.is_set()
                 await other.revoke_lease(lease.id)

@@ -13,10 +13,7 @@ from services.etcd import EmbeddedEtcd, EmbeddedTls, EtcdClient, EtcdUnavailable
 
 from ._support import run, take
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
-]
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -19,8 +19,6 @@ from services.etcd import (
 
 from ._support import TcpLink, assert_nothing_more, run, take
 
-pytestmark = pytest.mark.integration
-
 
 def _summary(items: list) -> list[tuple[str, str, bytes]]:
     return [(e.type.value, e.kv.key, e.kv.value) for e in items]
@@ -128,24 +126,26 @@ def test_watch_survives_an_etcd_restart(etcd_factory: Callable[..., EmbeddedEtcd
     server = etcd_factory()
 
     async def scenario() -> None:
-        async with EtcdClient(server.endpoint, timeout=2.0) as client:
-            async with await client.watch_prefix("topics/") as watch:
-                await client.put("topics/1", "before")
-                await client.put("topics/2", "before")
-                assert _summary(await take(watch, 2)) == [
-                    ("put", "topics/1", b"before"),
-                    ("put", "topics/2", b"before"),
-                ]
-                await asyncio.to_thread(server.restart)
-                await client.put("topics/3", "after")
-                await client.delete("topics/1")
-                await client.put("topics/2", "after")
-                assert _summary(await take(watch, 3, timeout=10)) == [
-                    ("put", "topics/3", b"after"),
-                    ("delete", "topics/1", b""),
-                    ("put", "topics/2", b"after"),
-                ]
-                await assert_nothing_more(watch, 0.5)  # nothing from before the restart again
+        async with (
+            EtcdClient(server.endpoint, timeout=2.0) as client,
+            await client.watch_prefix("topics/") as watch,
+        ):
+            await client.put("topics/1", "before")
+            await client.put("topics/2", "before")
+            assert _summary(await take(watch, 2)) == [
+                ("put", "topics/1", b"before"),
+                ("put", "topics/2", b"before"),
+            ]
+            await asyncio.to_thread(server.restart)
+            await client.put("topics/3", "after")
+            await client.delete("topics/1")
+            await client.put("topics/2", "after")
+            assert _summary(await take(watch, 3, timeout=10)) == [
+                ("put", "topics/3", b"after"),
+                ("delete", "topics/1", b""),
+                ("put", "topics/2", b"after"),
+            ]
+            await assert_nothing_more(watch, 0.5)  # nothing from before the restart again
 
     run(scenario())
 
@@ -156,22 +156,22 @@ def test_watch_catches_up_on_changes_made_while_it_was_cut_off(etcd_client: Etcd
             etcd_client as writer,
             TcpLink(writer.endpoints[0]) as link,
             EtcdClient(link.endpoint, prefix=writer.prefix, timeout=2.0) as reader,
+            await reader.watch_prefix("topics/") as watch,
         ):
-            async with await reader.watch_prefix("topics/") as watch:
-                await writer.put("topics/1", "a")
-                assert _summary(await take(watch, 1)) == [("put", "topics/1", b"a")]
-                await link.cut()
-                await writer.put("topics/2", "b")
-                await writer.delete("topics/1")
-                await asyncio.sleep(0.3)
-                await link.restore()
-                await writer.put("topics/3", "c")
-                assert _summary(await take(watch, 3, timeout=10)) == [
-                    ("put", "topics/2", b"b"),
-                    ("delete", "topics/1", b""),
-                    ("put", "topics/3", b"c"),
-                ]
-                await assert_nothing_more(watch)
+            await writer.put("topics/1", "a")
+            assert _summary(await take(watch, 1)) == [("put", "topics/1", b"a")]
+            await link.cut()
+            await writer.put("topics/2", "b")
+            await writer.delete("topics/1")
+            await asyncio.sleep(0.3)
+            await link.restore()
+            await writer.put("topics/3", "c")
+            assert _summary(await take(watch, 3, timeout=10)) == [
+                ("put", "topics/2", b"b"),
+                ("delete", "topics/1", b""),
+                ("put", "topics/3", b"c"),
+            ]
+            await assert_nothing_more(watch)
 
     run(scenario())
 

@@ -25,10 +25,9 @@ from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
 from services.proto import gateway_grpc, pb
 from tests import batch_faults
-from tests.integration.old_batches import plant, wait_for
+from tests.integration.old_batches import plant
 from tests.integration.responsiveness import PROBE_DEADLINE_S, while_repeating
-
-pytestmark = pytest.mark.integration
+from tests.support.wait import wait_until
 
 CALL_TIMEOUT = 30
 HUGE_RECORDS = 3_000_000
@@ -65,14 +64,17 @@ def other_client(cluster):
 def create_topic(stub, **configs: str) -> str:
     name = f"h-{uuid.uuid4().hex[:8]}"
     stub.CreateTopic(pb.CreateTopicRequest(name=name, partitions=1, configs=configs), timeout=CALL_TIMEOUT)
-    wait_for(
+    wait_until(
         lambda: all(
             p.state == pb.PARTITION_STATE_ONLINE
             for p in stub.GetMetadata(pb.GetMetadataRequest(topics=[name]), timeout=CALL_TIMEOUT)
             .topics[0]
             .partitions
         ),
+        timeout=30.0,
         what=f"{name} online",
+        interval=0.1,
+        tolerate=(Exception,),
     )
     return name
 
@@ -149,10 +151,12 @@ def test_a_typed_fetch_of_millions_of_records_is_bounded_and_never_stalls_others
     assert [r.offset for r in tail.records] == list(range(HUGE_RECORDS - 10, HUGE_RECORDS))
     assert tail.next_offset == HUGE_RECORDS
     # The memory the answers took is handed back once they are sent (asynchronously: wait for it).
-    wait_for(
+    wait_until(
         lambda: rss_bytes(gateway_pid) < rss_before + RSS_ALLOWANCE_BYTES,
         timeout=10,
         what=f"gateway RSS back near {rss_before >> 20} MiB (now {rss_bytes(gateway_pid) >> 20} MiB)",
+        interval=0.1,
+        tolerate=(Exception,),
     )
 
 
@@ -174,7 +178,13 @@ def topic_with_a_bad_batch(cluster, stub):
         timeout=CALL_TIMEOUT,
     )
     assert plant(cluster, 0, topic, 0, [poisoned(6), batch_faults.good(2)]) == 11
-    wait_for(lambda: typed_fetch(stub, topic, 17).records, what="the node back with the planted batches")
+    wait_until(
+        lambda: typed_fetch(stub, topic, 17).records,
+        timeout=30.0,
+        what="the node back with the planted batches",
+        interval=0.1,
+        tolerate=(Exception,),
+    )
     return topic
 
 

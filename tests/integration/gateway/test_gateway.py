@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 
 import grpc
 import pytest
@@ -21,8 +20,8 @@ from services import errors
 from services.partitioner import partition_for_key
 from services.proto import gateway_grpc, pb
 from services.records import Compression, RecordBatchBuilder, iter_batches
-
-pytestmark = pytest.mark.integration
+from tests.support.names import unique
+from tests.support.wait import wait_until
 
 CALL_TIMEOUT = 30
 
@@ -54,10 +53,6 @@ def stub(stubs):
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def create_topic(stub, name: str, partitions: int, configs: dict[str, str] | None = None) -> str:
@@ -122,7 +117,8 @@ def rpc_error(call, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
 
 
 def assert_serving(channel) -> None:
-    health = health_pb2_grpc.HealthStub(channel).Check(
+    # types-grpcio-health-checking's HealthStub declares no methods; the generated one has Check.
+    health = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]
         health_pb2.HealthCheckRequest(service="tributary.v1.Gateway")
     )
     assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -206,6 +202,24 @@ def test_raw_batches_round_trip(stub):
 
 def test_long_poll_answers_when_data_lands_or_after_max_wait(stub):
     topic = create_topic(stub, unique("poll"), 2)
+    # ONLINE in the metadata can come before the gateway routes the new partitions: until then a
+    # fetch answers at once with an error instead of waiting, so wait for an error-free answer.
+    wait_until(
+        lambda: (
+            not any(
+                p.HasField("error") and p.error.reason
+                for p in stub.Fetch(
+                    pb.FetchRequest(
+                        partitions=[pb.FetchPartition(topic=topic, partition=p, offset=0) for p in range(2)],
+                        max_wait_ms=0,
+                    ),
+                    timeout=CALL_TIMEOUT,
+                ).partitions
+            )
+        ),
+        timeout=15,
+        what=f"the gateway fetching from {topic}",
+    )
     request = pb.FetchRequest(
         partitions=[pb.FetchPartition(topic=topic, partition=p, offset=0) for p in range(2)],
         min_bytes=1,

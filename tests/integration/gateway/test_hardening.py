@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable
 
 import grpc
@@ -19,8 +18,7 @@ import pytest
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
 from services.proto import pb
-
-pytestmark = pytest.mark.integration
+from tests.support.names import unique
 
 CALL_TIMEOUT = 30
 #: How fast another client's call must answer while a bad request is being handled.
@@ -57,10 +55,6 @@ def _gateway_call(channel, method: str, request_type, response_type):
         request_serializer=request_type.SerializeToString,
         response_deserializer=response_type.FromString,
     )
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
 def while_responsive(cluster, bad_request: Callable[[], object]) -> object:
@@ -148,13 +142,13 @@ UNDECODABLE = b"\x0f\xff\xff\xff\xff"
 
 def _raw_unary(address: str, method: str, body: bytes):
     with grpc.insecure_channel(address) as raw:
-        call = raw.unary_unary(method)  # no serializers: the bytes go as they are
+        call: grpc.UnaryUnaryMultiCallable = raw.unary_unary(method)  # no serializers: bytes as they are
         return call(body, timeout=CALL_TIMEOUT)
 
 
 def _raw_stream(address: str, method: str, body: bytes):
     with grpc.insecure_channel(address) as raw:
-        call = raw.stream_stream(method)
+        call: grpc.StreamStreamMultiCallable = raw.stream_stream(method)
         return list(call(iter([body]), timeout=CALL_TIMEOUT))
 
 

@@ -31,8 +31,6 @@ from services import errors
 from services.client_id import CLIENT_ID_METADATA_KEY
 from services.proto import gateway_grpc, pb
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 NODE_EXAMPLE = REPO / "examples" / "node"
 #: What ``deploy/setup-venv.sh`` found: node and npm (and installed the example), or neither.

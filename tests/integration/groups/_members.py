@@ -155,7 +155,8 @@ class SimMember:
                 self.errors.append(exc)
                 with self.lock:
                     self.member_id, self.owned = "", set()
-                delay = self._retrying(self.join) or 0.0
+                self._retrying(self.join)
+                delay = 0.0
             except errors.FencedInstanceIdError as exc:
                 self.errors.append(exc)
                 self.fenced = True
@@ -188,20 +189,6 @@ class SimMember:
     def snapshot(self) -> tuple[str, int, frozenset, frozenset]:
         with self.lock:
             return self.member_id, self.generation, frozenset(self.owned), frozenset(self.pending)
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-            if last:
-                return last
-        except (errors.TributaryError, grpc.RpcError) as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
 def converged(members: list[SimMember], partitions: set[tuple[str, int]]) -> bool:

@@ -50,6 +50,7 @@ class GroupCluster(Cluster):
         return next(c for c in self.coordinators if c != active)
 
     def gateway_stub(self) -> gateway_grpc.GatewayStub:
+        assert self.gateway is not None, "started"
         address = f"127.0.0.1:{self.gateway.info['grpc_port']}"
         if address not in self._channels:
             self._channels[address] = grpc.insecure_channel(address)
@@ -91,10 +92,6 @@ def cluster(etcd: EmbeddedEtcd, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield cluster
     finally:
         cluster.stop_all()
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def all_partitions(topic: str, count: int) -> set[tuple[str, int]]:

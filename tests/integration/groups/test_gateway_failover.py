@@ -9,11 +9,11 @@ import pytest
 
 from services import errors
 from services.proto import pb
+from tests.support.names import unique
+from tests.support.wait import CLUSTER_ERRORS, wait_until
 
-from ._members import SimMember, call, converged, wait_until
-from .conftest import all_partitions, start_cluster, unique
-
-pytestmark = pytest.mark.integration
+from ._members import SimMember, call, converged
+from .conftest import all_partitions, start_cluster
 
 
 def test_group_rpcs_through_a_gateway(cluster):
@@ -23,7 +23,10 @@ def test_group_rpcs_through_a_gateway(cluster):
     member = SimMember(gateway, group, topics=[topic], session_ms=3000, name="gw-member").start()
     try:
         wait_until(
-            lambda: converged([member], all_partitions(topic, 3)), timeout=10, what="assigned via gateway"
+            lambda: converged([member], all_partitions(topic, 3)),
+            timeout=10,
+            what="assigned via gateway",
+            tolerate=CLUSTER_ERRORS,
         )
         member.commit({(topic, p): 10 + p for p in range(3)})
         fetched = call(gateway.FetchCommittedOffsets, pb.FetchCommittedOffsetsRequest(group_id=group)).offsets
@@ -68,7 +71,12 @@ def test_group_carries_on_after_the_active_coordinator_is_killed(etcd, tmp_path_
             SimMember(gateway, group, topics=[topic], session_ms=8000, heartbeat_s=0.3, name=f"l{i}").start()
             for i in range(3)
         ]
-        wait_until(lambda: converged(members, all_partitions(topic, 6)), timeout=10, what="converged")
+        wait_until(
+            lambda: converged(members, all_partitions(topic, 6)),
+            timeout=10,
+            what="converged",
+            tolerate=CLUSTER_ERRORS,
+        )
         members[0].commit({tp: 100 + tp[1] for tp in members[0].owned})
         before = [m.snapshot() for m in members]
         dead = kill_active(cluster)  # SIGKILL: nothing is handed over
@@ -94,7 +102,10 @@ def test_group_carries_on_after_the_active_coordinator_is_killed(etcd, tmp_path_
         ]
         members += quick
         wait_until(
-            lambda: converged(quick, all_partitions(topic, 6)), timeout=10, what="short group converged"
+            lambda: converged(quick, all_partitions(topic, 6)),
+            timeout=10,
+            what="short group converged",
+            tolerate=CLUSTER_ERRORS,
         )
         kill_active(cluster)
         cluster.wait_active(exclude=new_active, timeout=20)
@@ -102,11 +113,13 @@ def test_group_carries_on_after_the_active_coordinator_is_killed(etcd, tmp_path_
             lambda: all(m.joins >= 2 for m in quick) and converged(quick, all_partitions(topic, 6)),
             timeout=20,
             what="short-session members rejoined and own everything",
+            tolerate=CLUSTER_ERRORS,
         )
         wait_until(
             lambda: converged(members[:3], all_partitions(topic, 6)),
             timeout=20,
             what="the long-session group carried on through the second failover too",
+            tolerate=CLUSTER_ERRORS,
         )
     finally:
         for member in members:

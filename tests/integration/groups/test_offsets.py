@@ -12,11 +12,11 @@ import pytest
 
 from services import errors
 from services.proto import coordinator_grpc, pb
+from tests.support.names import unique
+from tests.support.wait import CLUSTER_ERRORS, wait_until
 
-from ._members import SimMember, call, converged, wait_until
-from .conftest import all_partitions, unique
-
-pytestmark = pytest.mark.integration
+from ._members import SimMember, call, converged
+from .conftest import all_partitions
 
 
 @pytest.fixture
@@ -34,7 +34,12 @@ def member_group(
     stub = cluster.stub()
     ms = [SimMember(stub, group, topics=[topic], session_ms=3000, name=f"m{i}").start() for i in range(count)]
     members.extend(ms)
-    wait_until(lambda: converged(ms, all_partitions(topic, partitions)), timeout=10, what="members converged")
+    wait_until(
+        lambda: converged(ms, all_partitions(topic, partitions)),
+        timeout=10,
+        what="members converged",
+        tolerate=CLUSTER_ERRORS,
+    )
     return group, ms
 
 
@@ -163,7 +168,7 @@ def test_sustains_a_thousand_commits_per_second(cluster, members):
     group, ms = member_group(cluster, members, topic, 8, count=4)
     address = cluster.address(cluster.active_id())
 
-    async def drive() -> tuple[int, list]:
+    async def drive() -> tuple[int, list, float]:
         failures: list = []
         done = 0
         async with grpc.aio.insecure_channel(address) as channel:

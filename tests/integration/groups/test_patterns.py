@@ -14,12 +14,12 @@ import pytest
 
 from services import errors
 from services.proto import pb
+from tests.support.names import unique
+from tests.support.wait import CLUSTER_ERRORS, wait_until
 
 from ..coordinator._cluster import Responsiveness
-from ._members import SimMember, call, converged, wait_until
-from .conftest import all_partitions, unique
-
-pytestmark = pytest.mark.integration
+from ._members import SimMember, call, converged
+from .conftest import all_partitions
 
 SESSION_MS = 2000
 #: The reproduction's topic name: (a+)+ backtracks 2^29 ways before it fails on the "-".
@@ -69,7 +69,10 @@ def test_a_catastrophic_pattern_is_matched_in_linear_time_and_the_coordinator_ke
         members.append(member)
         print(f"\nJoinGroup with (a+)+ over {CATASTROPHIC_TOPIC!r}: {time.monotonic() - started:.3f}s")
         wait_until(
-            lambda: converged([member], all_partitions(matching, 2)), timeout=10, what="(a+)+ assigned"
+            lambda: converged([member], all_partitions(matching, 2)),
+            timeout=10,
+            what="(a+)+ assigned",
+            tolerate=CLUSTER_ERRORS,
         )
 
         # Every metadata change re-runs the group's evaluation: new topics, more partitions.
@@ -77,7 +80,10 @@ def test_a_catastrophic_pattern_is_matched_in_linear_time_and_the_coordinator_ke
             cluster.create_topic(unique("churn"), 1)
         call(cluster.stub().CreatePartitions, pb.CreatePartitionsRequest(topic=matching, total_count=3))
         wait_until(
-            lambda: converged([member], all_partitions(matching, 3)), timeout=10, what="the new partition"
+            lambda: converged([member], all_partitions(matching, 3)),
+            timeout=10,
+            what="the new partition",
+            tolerate=CLUSTER_ERRORS,
         )
 
         # Patterns that are not (RE2) patterns, or too big, are refused at once with the reason.

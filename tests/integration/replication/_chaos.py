@@ -36,6 +36,7 @@ from gateway.client import Admin, Consumer, ConsumerRecord, PartitionMetadata, P
 from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster
 from services.records import iter_batches
+from tests.support.wait import seconds_until
 
 #: Violations quoted in an assertion message (the count is always given).
 QUOTED = 20
@@ -44,16 +45,6 @@ QUOTED = 20
 def record_value(producer: int, seq: int) -> bytes:
     """The value of record ``seq`` of ``producer``: its unique number."""
     return b"%d:%d" % (producer, seq)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> float:
-    """Poll ``condition`` until it holds; the seconds it took. AssertionError after ``timeout_s``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(interval_s)
-    return time.monotonic() - start
 
 
 def describe(admin: Admin, topic: str) -> dict[int, PartitionMetadata]:
@@ -452,10 +443,11 @@ class Nemesis(threading.Thread):
             preferred = next(r for r in states[partition].replicas if r in live_others)
             self._freeze(
                 [preferred],
-                lambda: wait_until(
+                lambda: seconds_until(
                     lambda: preferred not in describe(admin, self.topic)[partition].isr,
-                    self.move_timeout_s,
-                    f"frozen node {preferred} leaves the ISR of partition {partition}",
+                    timeout=self.move_timeout_s,
+                    what=f"frozen node {preferred} leaves the ISR of partition {partition}",
+                    interval=0.2,
                 ),
             )
             process.kill()
@@ -464,10 +456,11 @@ class Nemesis(threading.Thread):
         else:
             process.kill()
         at = time.monotonic()
-        moved_s = wait_until(
+        moved_s = seconds_until(
             lambda: all(describe(admin, self.topic)[p].leader != node for p in led),
-            self.move_timeout_s,
-            f"the controller moves partitions {led} off node {node} ({how})",
+            timeout=self.move_timeout_s,
+            what=f"the controller moves partitions {led} off node {node} ({how})",
+            interval=0.2,
         )
         self.faults.append(Fault(how, node, partition, led, moved_s, at))
 

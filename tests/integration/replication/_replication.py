@@ -3,10 +3,7 @@ straight from each storage node, and the batches of a replica's log straight fro
 
 from __future__ import annotations
 
-import socket
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -25,12 +22,6 @@ TTL_S = 2
 LAG_MS = 1500
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_cluster(
     data_dir: Path, *, coordinators: int = 1, coordinator_args: list[str] | None = None
 ) -> LocalCluster:
@@ -43,22 +34,6 @@ def start_cluster(
         coordinator_args=coordinator_args or [],
     )
     return LocalCluster(data_dir, spec)  # started by "with"
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 20.0, interval: float = 0.1) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except grpc.RpcError as exc:  # a node or coordinator restarting
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def new_topic(admin: Admin, partitions: int = 1, replication_factor: int = 3, **configs: str) -> str:
@@ -107,7 +82,7 @@ def replica_batches(
     return batches
 
 
-def values_in(batches: list[tuple[int, int, bytes]]) -> list[bytes]:
+def values_in(batches: list[tuple[int, int, bytes]]) -> list[bytes | None]:
     return [
         record.value for _, _, data in batches for batch in iter_batches(data) for record in batch.records()
     ]

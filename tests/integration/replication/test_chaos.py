@@ -50,10 +50,8 @@ from tests.integration.replication._chaos import (
     quote,
     read_logs,
     replica_batches,
-    wait_until,
 )
-
-pytestmark = pytest.mark.integration
+from tests.support.wait import seconds_until
 
 #: The controller's line for an AlterPartition it applied (coordinator/controller.py).
 ISR_CHANGE = re.compile(r"ISR \[([\d, ]+)\] -> \[([\d, ]+)\] \(asked by leader")
@@ -174,10 +172,11 @@ def test_acknowledged_records_survive_killed_and_paused_leaders(chaos_cluster):
     started = time.monotonic()
     admin = Admin(servers=cluster.gateway)
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, REPLICAS, TOPIC_CONFIGS)])
-    wait_until(
+    seconds_until(
         lambda: all(len(s.isr) == REPLICAS for s in describe(admin, TOPIC).values()),
-        30,
-        "every partition online with a full ISR",
+        timeout=30,
+        what="every partition online with a full ISR",
+        interval=0.2,
     )
 
     history = ProduceHistory()
@@ -228,10 +227,17 @@ def test_acknowledged_records_survive_killed_and_paused_leaders(chaos_cluster):
             assert producer.error is None, f"{producer.name} failed: {producer.error!r}"
         assert history.settled == RECORDS, f"{RECORDS - history.settled} sends never settled"
 
-        settle_s = wait_until(lambda: converged(cluster, admin), 60, "the cluster settles", interval_s=0.5)
+        settle_s = seconds_until(
+            lambda: converged(cluster, admin), timeout=60, what="the cluster settles", interval=0.5
+        )
         hws = high_watermarks(admin)
         logs = read_logs(cluster.gateway, TOPIC, PARTITIONS, timeout_s=60)
-        wait_until(lambda: consumer.reached(hws), 60, "the consumer reads up to the high watermarks")
+        seconds_until(
+            lambda: consumer.reached(hws),
+            timeout=60,
+            what="the consumer reads up to the high watermarks",
+            interval=0.2,
+        )
     finally:
         nemesis.stop(60)
         for producer in producers:

@@ -14,10 +14,11 @@ import pytest
 from gateway.client import Admin, Consumer, Producer, TopicPartition
 from services import errors
 from services.proto import pb
+from tests.support.ports import free_port
+from tests.support.wait import wait_until
 
 from ._replication import (
     TTL_S,
-    free_port,
     new_topic,
     partition,
     replica_batches,
@@ -25,10 +26,7 @@ from ._replication import (
     start_cluster,
     storage_stub,
     values_in,
-    wait_for,
 )
-
-pytestmark = pytest.mark.integration
 
 
 def produce(
@@ -100,11 +98,14 @@ def test_acks_all_records_are_on_every_replica_byte_for_byte_with_their_leader_e
         # already holds them (followers learn the high watermark on their next fetch).
         for node in (0, 1, 2):
             assert replica_info(cluster, node, topic, index).log_end_offset >= 300
-        wait_for(
+        wait_until(
             lambda index=index: all(
                 replica_info(cluster, n, topic, index).high_watermark == 300 for n in (0, 1, 2)
             ),
-            "followers learning the high watermark",
+            timeout=20.0,
+            what="followers learning the high watermark",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
         )
         batches = assert_replicas_identical(cluster, topic, (0, 1, 2), index)
         assert {epoch for _, epoch, _ in batches} == {p.leader_epoch}
@@ -121,7 +122,13 @@ def test_two_of_three_down_refuses_acks_all_before_writing_and_recovers_when_the
     followers = [n for n in (0, 1, 2) if n != leader]
     for node in followers:
         cluster.storage_nodes[node].kill()
-    wait_for(lambda: in_sync(admin, topic, {leader}), "the ISR to shrink to the leader", timeout=TTL_S + 10)
+    wait_until(
+        lambda: in_sync(admin, topic, {leader}),
+        timeout=TTL_S + 10,
+        what="the ISR to shrink to the leader",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
+    )
     end_before = replica_info(cluster, leader, topic).log_end_offset
 
     with pytest.raises(errors.TributaryError) as refused:
@@ -137,7 +144,13 @@ def test_two_of_three_down_refuses_acks_all_before_writing_and_recovers_when_the
 
     for node in followers:
         cluster.start_storage_node(node)
-    wait_for(lambda: in_sync(admin, topic, {0, 1, 2}), "the returning replicas to rejoin the ISR", timeout=30)
+    wait_until(
+        lambda: in_sync(admin, topic, {0, 1, 2}),
+        timeout=30,
+        what="the returning replicas to rejoin the ISR",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
+    )
     produce(cluster.gateway, topic, numbered("after", 30))
     expected = numbered("before", 50) + numbered("acks1", 20) + numbered("after", 30)
     assert read_values(cluster.gateway, topic, expect=len(expected)) == expected
@@ -155,12 +168,22 @@ def test_without_unclean_election_the_partition_waits_offline_for_an_in_sync_rep
     leader, followers = _leader_and_followers(admin, topic)
     for node in followers:
         cluster.storage_nodes[node].kill()
-    wait_for(lambda: in_sync(admin, topic, {leader}), "the ISR to shrink to the leader", timeout=TTL_S + 10)
+    wait_until(
+        lambda: in_sync(admin, topic, {leader}),
+        timeout=TTL_S + 10,
+        what="the ISR to shrink to the leader",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
+    )
     produce(cluster.gateway, topic, numbered("leader-only", 10))
     epoch = partition(admin, topic).leader_epoch
     cluster.storage_nodes[leader].kill()
-    wait_for(
-        lambda: partition(admin, topic).state == "offline", "the partition to go offline", timeout=TTL_S + 10
+    wait_until(
+        lambda: partition(admin, topic).state == "offline",
+        timeout=TTL_S + 10,
+        what="the partition to go offline",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
     )
     for node in followers:
         cluster.start_storage_node(node)
@@ -169,13 +192,23 @@ def test_without_unclean_election_the_partition_waits_offline_for_an_in_sync_rep
     p = partition(admin, topic)
     assert (p.state, p.leader, tuple(p.isr)) == ("offline", -1, (leader,))
     cluster.start_storage_node(leader)
-    wait_for(
-        lambda: partition(admin, topic).leader == leader, "the in-sync replica to lead again", timeout=20
+    wait_until(
+        lambda: partition(admin, topic).leader == leader,
+        timeout=20,
+        what="the in-sync replica to lead again",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
     )
     assert partition(admin, topic).leader_epoch > epoch
     expected = numbered("committed", 40) + numbered("leader-only", 10)
     assert read_values(cluster.gateway, topic, expect=len(expected)) == expected
-    wait_for(lambda: in_sync(admin, topic, {0, 1, 2}), "every replica back in sync", timeout=30)
+    wait_until(
+        lambda: in_sync(admin, topic, {0, 1, 2}),
+        timeout=30,
+        what="every replica back in sync",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
+    )
     assert_replicas_identical(cluster, topic, (0, 1, 2))
 
 
@@ -198,31 +231,51 @@ def test_unclean_election_lets_an_out_of_sync_replica_lead_and_counts_it(tmp_pat
         leader, followers = _leader_and_followers(admin, topic)
         for node in followers:
             cluster.storage_nodes[node].kill()
-        wait_for(
-            lambda: in_sync(admin, topic, {leader}), "the ISR to shrink to the leader", timeout=TTL_S + 10
+        wait_until(
+            lambda: in_sync(admin, topic, {leader}),
+            timeout=TTL_S + 10,
+            what="the ISR to shrink to the leader",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
         )
         produce(cluster.gateway, topic, numbered("lost", 10))
         cluster.storage_nodes[leader].kill()
-        wait_for(
+        wait_until(
             lambda: partition(admin, topic).state == "offline",
-            "the partition to go offline",
             timeout=TTL_S + 10,
+            what="the partition to go offline",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
         )
         assert _unclean_elections(metrics_port) == 0
         for node in followers:
             cluster.start_storage_node(node)
-        p = wait_for(
+        p = wait_until(
             lambda: (lambda q: q if q.state == "online" else None)(partition(admin, topic)),
-            "an unclean leader",
             timeout=20,
+            what="an unclean leader",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
         )
         # An out-of-sync replica leads (the other may already have copied it and rejoined).
         assert p.leader in followers and leader not in p.isr
-        wait_for(lambda: _unclean_elections(metrics_port) == 1, "the unclean election metric", timeout=10)
+        wait_until(
+            lambda: _unclean_elections(metrics_port) == 1,
+            timeout=10,
+            what="the unclean election metric",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
+        )
         produce(cluster.gateway, topic, numbered("new", 5))
         # The old leader returns: its tail ("lost") is not the new leader's history; it truncates.
         cluster.start_storage_node(leader)
-        wait_for(lambda: in_sync(admin, topic, {0, 1, 2}), "every replica back in sync", timeout=30)
+        wait_until(
+            lambda: in_sync(admin, topic, {0, 1, 2}),
+            timeout=30,
+            what="every replica back in sync",
+            interval=0.1,
+            tolerate=(grpc.RpcError,),
+        )
         expected = numbered("committed", 40) + numbered("new", 5)
         assert read_values(cluster.gateway, topic, expect=len(expected), timeout=5) == expected
         assert_replicas_identical(cluster, topic, (0, 1, 2))
@@ -233,7 +286,13 @@ def test_consumers_see_nothing_past_the_high_watermark(cluster, admin):
     topic = new_topic(admin, min_insync_replicas=1)
     produce(cluster.gateway, topic, numbered("visible", 10))
     leader, followers = _leader_and_followers(admin, topic)
-    wait_for(lambda: replica_info(cluster, leader, topic).high_watermark == 10, "the high watermark at 10")
+    wait_until(
+        lambda: replica_info(cluster, leader, topic).high_watermark == 10,
+        timeout=20.0,
+        what="the high watermark at 10",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
+    )
     with Consumer(servers=cluster.gateway, auto_offset_reset="earliest") as consumer:
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
@@ -285,18 +344,22 @@ def test_a_deposed_controller_changes_nothing_on_any_storage_node(tmp_path):
         old = coordinators[active]
         old.signal(signal.SIGSTOP)
         try:
-            wait_for(
+            wait_until(
                 lambda: _active_coordinator(cluster, exclude=active) is not None,
-                "a new active controller",
                 timeout=TTL_S + 15,
+                what="a new active controller",
+                interval=0.1,
+                tolerate=(grpc.RpcError,),
             )
             # Make the new controller change something: a leader dies, its partitions move.
             victim = partition(admin, topic, 0).leader
             cluster.storage_nodes[victim].kill()
-            wait_for(
+            wait_until(
                 lambda: partition(admin, topic, 0).leader not in (victim, -1),
-                "partition 0 to fail over",
                 timeout=TTL_S + 10,
+                what="partition 0 to fail over",
+                interval=0.1,
+                tolerate=(grpc.RpcError,),
             )
         finally:
             old.signal(signal.SIGCONT)
@@ -397,13 +460,15 @@ def test_a_replica_that_lost_its_log_copies_it_again_and_a_sole_one_never_leads_
     for node in {wiped, sole}:
         cluster.start_storage_node(node)
     # The follower without its log leaves the ISR, copies the log again and rejoins.
-    wait_for(
+    wait_until(
         lambda: (
             in_sync(admin, replicated, {0, 1, 2})
             and replica_info(cluster, wiped, replicated).log_end_offset == 25
         ),
-        "the wiped follower caught up and in sync",
         timeout=30,
+        what="the wiped follower caught up and in sync",
+        interval=0.1,
+        tolerate=(grpc.RpcError,),
     )
     assert_replicas_identical(cluster, replicated, (0, 1, 2))
     # The only replica lost the log: the partition stays offline instead of restarting at offset 0.

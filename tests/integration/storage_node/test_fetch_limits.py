@@ -12,7 +12,6 @@ import select
 import socket
 import struct
 import time
-from collections.abc import Callable
 
 import grpc
 import pytest
@@ -22,6 +21,7 @@ from services.fetchport import protocol
 from services.proto import pb
 from storage_node.descriptors import DescriptorBudget
 from storage_node.fetch.server import DEFAULT_MAX_CONNECTIONS_PER_IP
+from tests.support.wait import wait_until
 
 from .conftest import make_batch, start_node, start_node_wrapped
 
@@ -30,13 +30,6 @@ RESPONSIVE_S = 1.0
 
 def _traffic(node) -> pb.NodeTraffic:
     return node.stub.DescribeLogDirs(pb.DescribeLogDirsRequest(), timeout=5).traffic
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
@@ -82,7 +75,7 @@ def test_idle_connections_from_one_address_stop_at_the_per_address_cap(tmp_path)
         node.append("shared", 0, make_batch([b"ok"]))
         cap = DEFAULT_MAX_CONNECTIONS_PER_IP
         idle = [_connect(node.fetch_port) for _ in range(cap + 50)]
-        _wait_for(lambda: _traffic(node).fetch_connections_refused == 50)
+        wait_until(lambda: _traffic(node).fetch_connections_refused == 50, timeout=10.0, interval=0.02)
         assert _traffic(node).fetch_connections == cap
         # Accepted in order: the first `cap` stay open and silent, the rest were refused.
         assert not any(_readable(sock) for sock in idle[:cap])
@@ -93,7 +86,7 @@ def test_idle_connections_from_one_address_stop_at_the_per_address_cap(tmp_path)
         assert not node.append("created-meanwhile", 0, make_batch([b"x"])).HasField("error")
         for sock in idle:
             sock.close()
-        _wait_for(lambda: _traffic(node).fetch_connections == 0)
+        wait_until(lambda: _traffic(node).fetch_connections == 0, timeout=10.0, interval=0.02)
         with _connect(node.fetch_port) as again:  # the address may connect again
             again.sendall(protocol.encode_request(protocol.FetchRequest(1, "shared", 0, 0, 1000)))
             assert _read_frame(again).error() is None
@@ -122,7 +115,7 @@ def test_a_full_fetch_port_leaves_descriptors_for_partitions_and_segment_rolls(t
         # More connections than the node has descriptors: before the cap, this left none.
         idle = [_connect(node.fetch_port, f"127.0.0.{2 + i % 4}") for i in range(limit + 100)]
         refused = limit + 100 - budget.fetch_connections
-        _wait_for(lambda: _traffic(node).fetch_connections_refused == refused)
+        wait_until(lambda: _traffic(node).fetch_connections_refused == refused, timeout=10.0, interval=0.02)
         assert _traffic(node).fetch_connections == budget.fetch_connections
         _assert_refused(idle[-1], f"fetch.max.connections={budget.fetch_connections}")
         # The reserve holds: new partitions, appends and segment rolls all open their files.
@@ -139,7 +132,7 @@ def test_a_full_fetch_port_leaves_descriptors_for_partitions_and_segment_rolls(t
         other.close()
         for sock in idle:
             sock.close()
-        _wait_for(lambda: _traffic(node).fetch_connections == 0)
+        wait_until(lambda: _traffic(node).fetch_connections == 0, timeout=10.0, interval=0.02)
         _assert_responsive(node, "127.0.0.9", "shared")
     finally:
         node.close()
@@ -191,20 +184,20 @@ def test_a_long_poll_ends_when_its_client_disconnects(tmp_path):
             request = protocol.FetchRequest(i, "quiet", 0, 1, 1 << 20, min_bytes=1, max_wait_ms=25_000)
             sock.sendall(protocol.encode_request(request))
             pollers.append(sock)
-        _wait_for(lambda: _traffic(node).fetch_requests == 20)
+        wait_until(lambda: _traffic(node).fetch_requests == 20, timeout=10.0, interval=0.02)
         _assert_responsive(node, "127.0.0.2", "quiet")  # served beside the waiting polls
         started = time.monotonic()
         for sock in pollers:
             sock.close()
-        _wait_for(lambda: _traffic(node).fetch_polls_cancelled == 20, timeout=5)
-        _wait_for(lambda: _traffic(node).fetch_connections == 0, timeout=5)
+        wait_until(lambda: _traffic(node).fetch_polls_cancelled == 20, timeout=5, interval=0.02)
+        wait_until(lambda: _traffic(node).fetch_connections == 0, timeout=5, interval=0.02)
         assert time.monotonic() - started < 2.0  # not after the 25 s wait
         # A poll whose client stays is still woken by an append.
         with _connect(node.fetch_port) as stays:
             stays.sendall(
                 protocol.encode_request(protocol.FetchRequest(99, "quiet", 0, 1, 1 << 20, max_wait_ms=25_000))
             )
-            _wait_for(lambda: _traffic(node).fetch_requests == 22)
+            wait_until(lambda: _traffic(node).fetch_requests == 22, timeout=10.0, interval=0.02)
             node.append("quiet", 0, make_batch([b"new"]))
             header = _read_frame(stays)
             assert header.correlation_id == 99 and header.records_length > 0

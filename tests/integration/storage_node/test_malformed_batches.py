@@ -32,7 +32,10 @@ CASES = [
     ),
     pytest.param(batch_faults.control, "INVALID_RECORD", "control batch", id="control"),
     pytest.param(
-        batch_faults.idempotent, "INVALID_RECORD", "must all come from that one producer", id="idempotent-mixed"
+        batch_faults.idempotent,
+        "INVALID_RECORD",
+        "must all come from that one producer",
+        id="idempotent-mixed",
     ),
     pytest.param(
         batch_faults.producer_id_without_epoch,

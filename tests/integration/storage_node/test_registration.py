@@ -13,6 +13,7 @@ import pytest
 from launcher.processes import ServiceStartError, start_service
 from services.etcd.client import EtcdClient
 from services.proto import pb, storage_grpc
+from tests.support.wait import wait_until
 
 
 def _broker(etcd, cluster, node_id):
@@ -46,15 +47,6 @@ def _start(tmp_path, etcd, cluster, name, node_id=1, ttl=2):
     )
 
 
-def _wait_for(predicate, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_register_refuse_duplicate_and_leave_on_sigterm(tmp_path, etcd):
     cluster = f"reg-{uuid.uuid4().hex[:8]}"
     first = _start(tmp_path, etcd, cluster, "first")
@@ -84,7 +76,7 @@ def test_kill_9_registration_expires_with_the_lease(tmp_path, etcd):
     assert _broker(etcd, cluster, 2) is not None
     killed_at = time.monotonic()
     node.kill()
-    assert _wait_for(lambda: _broker(etcd, cluster, 2) is None, timeout=6)
+    wait_until(lambda: _broker(etcd, cluster, 2) is None, timeout=6, interval=0.1)
     assert time.monotonic() - killed_at < 5
     node = _start(tmp_path, etcd, cluster, "killed-again", node_id=2, ttl=2)
     node.kill()
@@ -117,9 +109,10 @@ def test_an_etcd_outage_is_logged_once_then_counted_not_every_retry(tmp_path, et
             assert time.monotonic() - started < 1.0
             time.sleep(0.2)
         etcd.start()
-        assert _wait_for(
+        wait_until(
             lambda: any("registered as brokers/3" in line for line in _lines_since(node, logged_before)),
             timeout=20,
+            interval=0.1,
         )
         assert _broker(etcd, cluster, 3)["grpc_port"] == node.info["grpc_port"]
     finally:

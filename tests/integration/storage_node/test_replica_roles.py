@@ -4,18 +4,15 @@ over the leader's fetch port; divergence, fencing and the high watermark are che
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 
 from services import errors
 from services.proto import pb
 from services.records import iter_batches
+from tests.support.wait import wait_until
 
 from .conftest import NodeHandle, make_batch, start_node
-
-pytestmark = pytest.mark.integration
 
 TOPIC = "roles"
 
@@ -48,16 +45,6 @@ def tell(nodes: dict[int, NodeHandle], controller_epoch: int, leader_and_isr) ->
         assert not answer.partitions[0].HasField("error"), answer
 
 
-def wait_until(check, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
 def nodes(tmp_path):
     handles = {
@@ -76,8 +63,14 @@ def test_a_follower_copies_the_leaders_batches_and_the_high_watermark_waits_for_
     tell(nodes, 1, state(leader=1, epoch=1, isr=(1, 2), version=10))
     for i in range(5):
         assert not nodes[1].append(TOPIC, 0, make_batch([b"v%d" % i]), acks=pb.ACKS_LEADER).HasField("error")
-    wait_until(lambda: nodes[2].describe(TOPIC).log_end_offset == 5, "the follower copying five records")
-    wait_until(lambda: nodes[1].describe(TOPIC).high_watermark == 5, "the leader's high watermark")
+    wait_until(
+        lambda: nodes[2].describe(TOPIC).log_end_offset == 5,
+        timeout=10.0,
+        what="the follower copying five records",
+    )
+    wait_until(
+        lambda: nodes[1].describe(TOPIC).high_watermark == 5, timeout=10.0, what="the leader's high watermark"
+    )
     leader_batches = disk_batches(tmp_path, 1)
     assert len(leader_batches) == 5 and disk_batches(tmp_path, 2) == leader_batches
     assert {epoch for epoch, _ in leader_batches} == {1}
@@ -101,7 +94,9 @@ def disk_batches(tmp_path, node_id: int) -> list[tuple[int, bytes]]:
 def test_consumers_read_only_below_the_high_watermark(nodes):
     tell(nodes, 1, state(leader=1, epoch=1, isr=(1, 2), version=10))
     nodes[1].append(TOPIC, 0, make_batch([b"a"]), acks=pb.ACKS_LEADER)
-    wait_until(lambda: nodes[1].describe(TOPIC).high_watermark == 1, "the first record committed")
+    wait_until(
+        lambda: nodes[1].describe(TOPIC).high_watermark == 1, timeout=10.0, what="the first record committed"
+    )
     nodes[2].process.signal(19)  # SIGSTOP: the follower stops fetching
     try:
         nodes[1].append(TOPIC, 0, make_batch([b"b"]), acks=pb.ACKS_LEADER)
@@ -112,7 +107,9 @@ def test_consumers_read_only_below_the_high_watermark(nodes):
         assert fetched.header.high_watermark == 1
     finally:
         nodes[2].process.signal(18)  # SIGCONT
-    wait_until(lambda: nodes[1].describe(TOPIC).high_watermark == 2, "the follower catching up")
+    wait_until(
+        lambda: nodes[1].describe(TOPIC).high_watermark == 2, timeout=10.0, what="the follower catching up"
+    )
     assert [r.value for b in iter_batches(nodes[1].fetch(TOPIC, 0, 1).records) for r in b.records()] == [b"b"]
 
 
@@ -132,7 +129,9 @@ def test_acks_all_waits_for_the_isr_and_min_insync_replicas_refuses_before_writi
 def test_a_follower_whose_tail_diverged_truncates_to_the_new_leader(nodes, tmp_path):
     tell(nodes, 1, state(leader=1, epoch=1, isr=(1, 2), version=10))
     nodes[1].append(TOPIC, 0, make_batch([b"c0", b"c1", b"c2"]), acks=pb.ACKS_LEADER)
-    wait_until(lambda: nodes[2].describe(TOPIC).log_end_offset == 3, "the follower caught up")
+    wait_until(
+        lambda: nodes[2].describe(TOPIC).log_end_offset == 3, timeout=10.0, what="the follower caught up"
+    )
     # Node 2 stops following (no leader for it), node 1 takes records nobody copies...
     nodes[2].stub.UpdateLeaderAndIsr(
         pb.UpdateLeaderAndIsrRequest(
@@ -151,9 +150,12 @@ def test_a_follower_whose_tail_diverged_truncates_to_the_new_leader(nodes, tmp_p
         lambda: (
             nodes[1].describe(TOPIC).log_end_offset == 7 and nodes[1].describe(TOPIC).latest_log_epoch == 3
         ),
-        "the old leader truncating and copying",
+        timeout=10.0,
+        what="the old leader truncating and copying",
     )
-    wait_until(lambda: disk_batches(tmp_path, 1) == disk_batches(tmp_path, 2), "identical logs")
+    wait_until(
+        lambda: disk_batches(tmp_path, 1) == disk_batches(tmp_path, 2), timeout=10.0, what="identical logs"
+    )
     values = [
         r.value for _, data in disk_batches(tmp_path, 1) for b in iter_batches(data) for r in b.records()
     ]

@@ -148,7 +148,9 @@ def test_delete_records_advances_log_start(node):
     node.create("dr", **{"segment.bytes": "200"})
     for i in range(10):
         node.append("dr", 0, make_batch([b"v%d" % i]))
-    response = node.stub.DeleteRecords(pb.DeletePartitionRecordsRequest(topic="dr", partition=0, before_offset=6))
+    response = node.stub.DeleteRecords(
+        pb.DeletePartitionRecordsRequest(topic="dr", partition=0, before_offset=6)
+    )
     assert response.log_start_offset == 6
     assert isinstance(node.fetch("dr", 0, 2).header.error(), errors.OffsetOutOfRangeError)
     assert _values(node.fetch("dr", 0, 6).records)[0] == b"v6"

@@ -14,11 +14,10 @@ from services.fetchport import multi
 from services.fetchport.protocol import SIZE
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
+from tests.support.wait import wait_until
 
 from .conftest import NodeHandle, start_node
-from .test_replica_roles import TOPIC, disk_batches, state, tell, wait_until
-
-pytestmark = pytest.mark.integration
+from .test_replica_roles import TOPIC, disk_batches, state, tell
 
 PID = 1000
 
@@ -71,14 +70,15 @@ def consumer_fetch(node: NodeHandle, offset: int, isolation: int) -> multi.Parti
     return asyncio.run(go())
 
 
-def values(data) -> list[bytes]:
+def values(data) -> list[bytes | None]:
     return [r.value for b in iter_batches(bytes(data)) if not b.is_control for r in b.records()]
 
 
-def read_all(node: NodeHandle, isolation: int) -> tuple[list[bytes], multi.PartitionHeader]:
+def read_all(node: NodeHandle, isolation: int) -> tuple[list[bytes | None], multi.PartitionHeader]:
     """Every record value up to the end a consumer of ``isolation`` may read (a fetch returns the
     batches of one segment at a time), and the last answer's header."""
-    got, offset = [], 0
+    got: list[bytes | None] = []
+    offset = 0
     while True:
         answer = consumer_fetch(node, offset, isolation)
         batches = list(iter_batches(bytes(answer.records)))
@@ -108,7 +108,11 @@ def test_a_retried_idempotent_batch_gets_its_first_offsets_and_is_stored_once(no
     gap = append(nodes[1], producer_batch([b"c"], seq=5))
     assert gap.error.reason == "OUT_OF_ORDER_SEQUENCE_NUMBER"
     assert append(nodes[1], producer_batch([b"c"], seq=2)).base_offset == 2
-    wait_until(lambda: disk_batches(tmp_path, 2) == disk_batches(tmp_path, 1), "the follower's copy")
+    wait_until(
+        lambda: disk_batches(tmp_path, 2) == disk_batches(tmp_path, 1),
+        timeout=10.0,
+        what="the follower's copy",
+    )
     assert len(disk_batches(tmp_path, 1)) == 2
     # The follower, made leader, knows the producer: the retry of what node 1 wrote is recognised.
     tell(nodes, 1, state(leader=2, epoch=2, isr=(1, 2), version=11))
@@ -131,9 +135,15 @@ def test_read_committed_stops_at_an_open_transaction_and_skips_aborted_ones(node
     # The records are all there; the consumer drops the aborted producer's from offset 3 on.
     assert read_all(nodes[1], multi.READ_COMMITTED)[0] == [b"t1-a", b"t1-b", b"t2-a"]
     # Markers replicate like data.
-    wait_until(lambda: disk_batches(tmp_path, 2) == disk_batches(tmp_path, 1), "the follower's copy")
+    wait_until(
+        lambda: disk_batches(tmp_path, 2) == disk_batches(tmp_path, 1),
+        timeout=10.0,
+        what="the follower's copy",
+    )
     tell(nodes, 1, state(leader=2, epoch=2, isr=(1, 2), version=11))
-    wait_until(lambda: nodes[2].describe(TOPIC).high_watermark == 5, "node 2's high watermark")
+    wait_until(
+        lambda: nodes[2].describe(TOPIC).high_watermark == 5, timeout=10.0, what="node 2's high watermark"
+    )
     assert consumer_fetch(nodes[2], 0, multi.READ_COMMITTED).header.aborted == ((PID, 3),)
 
 

@@ -36,7 +36,7 @@ def make_telemetry(service_name: str, spans: InMemorySpanExporter, *, prometheus
     """(Telemetry, its InMemoryMetricReader): spans to ``spans``, metrics to the reader (and to a
     Prometheus endpoint on a free loopback port when asked)."""
     reader = InMemoryMetricReader()
-    readers = [reader]
+    readers: list = [reader]
     endpoint = None
     if prometheus:
         endpoint = PrometheusEndpoint("127.0.0.1", 0)
@@ -51,7 +51,7 @@ def make_telemetry(service_name: str, spans: InMemorySpanExporter, *, prometheus
 def metric_points(reader: InMemoryMetricReader, name: str) -> list:
     """Every data point of metric ``name`` in one collection (cumulative)."""
     data = reader.get_metrics_data()
-    found = []
+    found: list = []
     for resource_metrics in data.resource_metrics if data else ():
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:

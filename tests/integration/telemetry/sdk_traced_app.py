@@ -77,16 +77,17 @@ def span_json(span) -> dict:
 
 totals: dict[str, float] = {}
 data = reader.get_metrics_data()
+assert data is not None, "the reader collected once"
 for resource_metrics in data.resource_metrics:
     for scope_metrics in resource_metrics.scope_metrics:
         for metric in scope_metrics.metrics:
             for point in metric.data.data_points:
                 value = getattr(point, "value", None)
                 if value is None:
-                    value = point.count  # histograms: how many were recorded
+                    value = getattr(point, "count")  # noqa: B009 -- histograms: how many were recorded
                 key = metric.name + "".join(
-                    f"|{k}={v}"
-                    for k, v in sorted(point.attributes.items())
+                    f"|{k}=" + str(v)
+                    for k, v in sorted((point.attributes or {}).items())
                     if k in ("error.type", "messaging.operation.name")
                 )
                 totals[key] = totals.get(key, 0) + value

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
-import uuid
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
@@ -20,12 +19,7 @@ from services.proto import pb
 from services.records import RecordBatchBuilder
 from services.telemetry import CONSUMER_LAG, forget_consumer_lag, names, record_consumer_lag
 from tests.integration.telemetry._cluster import CALL_TIMEOUT, metric_points, point_value, run_in_cluster
-
-pytestmark = pytest.mark.integration
-
-
-def unique(name: str) -> str:
-    return f"{name}-{uuid.uuid4().hex[:6]}"
+from tests.support.names import unique
 
 
 def service_of(span) -> str:

@@ -15,8 +15,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from services.telemetry import Telemetry, telemetry_settings
 
-pytestmark = pytest.mark.integration
-
 
 class FakeCollector(
     trace_service_pb2_grpc.TraceServiceServicer, metrics_service_pb2_grpc.MetricsServiceServicer

@@ -21,8 +21,6 @@ from opentelemetry.trace import SpanKind, StatusCode
 from services.grpc_server import ServiceRegistration, create_server
 from services.telemetry import Telemetry, names, telemetry_settings
 
-pytestmark = pytest.mark.integration
-
 
 class Echo:
     """Handlers of ``test.Echo``; ``inner`` spans prove the server span is current in them."""

@@ -17,8 +17,6 @@ import pytest
 
 from launcher.local_cluster import LocalCluster, read_cluster_file
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 APP = Path(__file__).with_name("sdk_traced_app.py")
 

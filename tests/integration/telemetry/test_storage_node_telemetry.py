@@ -23,8 +23,6 @@ from services.telemetry import Telemetry, names, telemetry_settings
 from storage_node.config import StorageNodeConfig
 from storage_node.node import StorageNode
 
-pytestmark = pytest.mark.integration
-
 
 def batch(count: int, size: int = 50) -> bytes:
     builder = RecordBatchBuilder()
@@ -56,6 +54,7 @@ async def _start(tmp_path: Path, **settings) -> StorageNode:
 
 
 async def _stop(node: StorageNode) -> None:
+    assert node.grpc is not None, "started"
     await node.grpc.stop(0)
     await node.stop()
 

@@ -44,7 +44,7 @@ def test_records_share_a_batch_until_batch_size():
 
 def test_a_record_larger_than_batch_size_gets_a_batch_of_its_own():
     acc = RecordAccumulator(batch_size=100, linger_ms=10)
-    future, full, new = append(acc, value=b"x" * 500)
+    _future, full, new = append(acc, value=b"x" * 500)
     assert new and full
     assert acc.ready(T0).ready == [TP0], "a full batch is sendable before linger"
 

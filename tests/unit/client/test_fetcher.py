@@ -159,7 +159,7 @@ def test_drain_shapes_records_by_partition_and_advances_positions():
 
 
 def test_max_records_spans_partitions_and_the_rest_stays_buffered():
-    f, sub = fetcher()
+    f, _sub = fetcher()
     answer(f, TP0, 0, result(TP0, batch(0, 4)))
     answer(f, TP1, 0, result(TP1, batch(0, 4)))
     first = f.drain(5)
@@ -172,7 +172,7 @@ def test_max_records_spans_partitions_and_the_rest_stays_buffered():
 
 
 def test_the_next_fetch_starts_after_buffered_chunks_up_to_the_prefetch_depth():
-    f, sub = fetcher()
+    f, _sub = fetcher()
     answer(f, TP0, 0, result(TP0, batch(0, 3)))
     assert f.next_fetch_offset(TP0) == 3, "the next chunk is fetched while this one is consumed"
     assert TP0 in f.fetch_candidates(now=0)
@@ -203,7 +203,7 @@ def test_paused_partitions_keep_their_records_until_resumed():
 
 
 def test_out_of_range_with_reset_none_is_raised_from_poll():
-    f, sub = fetcher(reset="none")
+    f, _sub = fetcher(reset="none")
     answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError("log starts at 10")))
     with pytest.raises(OffsetOutOfRangeError, match="auto_offset_reset is 'none'"):
         f.drain(10)
@@ -218,7 +218,7 @@ def test_out_of_range_with_reset_earliest_resets_quietly():
 
 
 def test_records_come_before_a_pending_error():
-    f, sub = fetcher(reset="none")
+    f, _sub = fetcher(reset="none")
     answer(f, TP1, 0, result(TP1, batch(0, 2)))
     answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError()))
     assert offsets(f.drain(10)[TP1]) == [0, 1]
@@ -240,7 +240,7 @@ def test_a_corrupt_batch_is_raised_after_the_records_before_it():
 def test_a_failed_fetch_call_backs_off_quietly():
     from gateway.client.errors import NetworkError
 
-    f, sub = fetcher()
+    f, _sub = fetcher()
     SendFetchHandler(f, {TP0: 0, TP1: 0}).handle_error(NetworkError("gateway gone"))
     assert f.drain(10) == {}, "retriable: not the application's problem"
     assert f.fetch_candidates(now=f.client.clock.monotonic()) == {}
@@ -251,7 +251,7 @@ def test_a_failed_fetch_call_backs_off_quietly():
 def test_a_rejected_fetch_is_raised():
     from gateway.client.errors import InvalidRequestError
 
-    f, sub = fetcher()
+    f, _sub = fetcher()
     SendFetchHandler(f, {TP0: 0}).handle_error(InvalidRequestError("bad request"))
     with pytest.raises(InvalidRequestError):
         f.drain(10)

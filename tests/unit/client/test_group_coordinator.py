@@ -161,7 +161,7 @@ def test_revoked_partitions_are_committed_then_revoked_before_new_ones_are_assig
 
 def test_eager_rebalance_revokes_everything_then_assigns():
     log = []
-    coordinator, gateway, subscription = make(listener=RecordingListener(log), enable_auto_commit=False)
+    coordinator, gateway, _subscription = make(listener=RecordingListener(log), enable_auto_commit=False)
 
     async def scenario():
         join(coordinator, [T0, T1, T2])
@@ -373,7 +373,7 @@ def test_a_partition_refused_with_illegal_generation_has_moved_and_is_lost():
 
 
 def test_whole_commit_illegal_generation_heartbeats_then_retries_with_the_new_generation():
-    coordinator, gateway, subscription = make(clock=SystemClock())
+    coordinator, gateway, _subscription = make(clock=SystemClock())
     gateway.answer(
         "JoinGroup",
         pb.JoinGroupResponse(
@@ -529,21 +529,21 @@ def test_fenced_static_member_stops_and_poll_raises_after_dropping_its_partition
     assert gateway.requests("LeaveGroup") == []
 
 
-def test_leave_group_commits_revokes_then_leaves_unless_static():
-    for static, expected_leaves in ((None, 1), ("static-1", 0)):
-        log = []
-        coordinator, gateway, subscription = make(listener=RecordingListener(log), group_instance_id=static)
+@pytest.mark.parametrize("static, expected_leaves", [(None, 1), ("static-1", 0)])
+def test_leave_group_commits_revokes_then_leaves_unless_static(static, expected_leaves):
+    log = []
+    coordinator, gateway, subscription = make(listener=RecordingListener(log), group_instance_id=static)
 
-        async def scenario():
-            join(coordinator, [T0])
-            await coordinator.maybe_rebalance()
-            subscription.seek(T0, 12)
-            await coordinator.leave_group("close")
+    async def scenario():
+        join(coordinator, [T0])
+        await coordinator.maybe_rebalance()
+        subscription.seek(T0, 12)
+        await coordinator.leave_group("close")
 
-        run(scenario())
-        assert log == [("assigned", {T0}), ("revoked", {T0})]
-        assert [(o.partition, o.offset) for o in gateway.requests("CommitOffsets")[0].offsets] == [(0, 12)]
-        assert len(gateway.requests("LeaveGroup")) == expected_leaves, static
+    run(scenario())
+    assert log == [("assigned", {T0}), ("revoked", {T0})]
+    assert [(o.partition, o.offset) for o in gateway.requests("CommitOffsets")[0].offsets] == [(0, 12)]
+    assert len(gateway.requests("LeaveGroup")) == expected_leaves, static
 
 
 @pytest.mark.parametrize(

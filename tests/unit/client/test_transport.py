@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import Any
 
 import grpc
 import pytest
@@ -70,10 +71,11 @@ def transport_with(call, unary_calls: list | None = None, **settings) -> StreamT
         )
 
     pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=translate)
-    return StreamTransport(SimpleNamespace(pool=pool, call=unary), **settings)
+    client: Any = SimpleNamespace(pool=pool, call=unary)  # the part of GatewayClient the transport uses
+    return StreamTransport(client, **settings)
 
 
-def request(acks: int, partitions=(0,)) -> pb.ProduceRequest:
+def request(acks: pb.Acks, partitions=(0,)) -> pb.ProduceRequest:
     return pb.ProduceRequest(
         topic="t",
         acks=acks,

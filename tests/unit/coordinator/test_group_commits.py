@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from coordinator.groups.commits import CommitBatcher, take_batch
 from coordinator.groups.model import CommitParams, JoinParams, OffsetCommit, Subscription
 from coordinator.groups.state import GroupState
@@ -21,7 +23,8 @@ class FakeStore:
 
 def pending(member_id: str, generation: int, *offsets: tuple[int, int]) -> PendingCommit:
     commits = tuple(OffsetCommit("t", p, o) for p, o in offsets)
-    return PendingCommit(CommitParams("g", member_id, generation, commits), future=None)  # never awaited here
+    never_awaited: Any = None  # these tests only plan batches
+    return PendingCommit(CommitParams("g", member_id, generation, commits), future=never_awaited)
 
 
 def test_take_batch_fills_one_transaction_and_always_takes_one():

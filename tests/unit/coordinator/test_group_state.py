@@ -55,7 +55,7 @@ class Group:
 
     def join(self, name="", *, instance="", topics=TOPICS, **kw):
         self._next_lease += 1
-        answer, replaced = self.state.join(
+        answer, _replaced = self.state.join(
             params(instance=instance, assignor=self.assignor, **kw),
             topics,
             member_id=name or f"m{self._next_lease}",
@@ -83,7 +83,7 @@ class Group:
 
 def assert_exclusive(group: Group):
     """Members never hold one partition at once, and the registry agrees with them."""
-    seen = {}
+    seen: dict = {}
     for member_id, tps in group.owned.items():
         if member_id not in group.state.members:
             continue

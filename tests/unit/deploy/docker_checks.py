@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wiring_checks import (
+from tests.unit.deploy.wiring_checks import (
     DEPLOY,
     PYPROJECT,
     REPO,
@@ -81,15 +81,16 @@ def _substitute(text: str, args: Mapping[str, str]) -> str:
 
 
 def stages(instructions: list[Instruction]) -> list[Stage]:
-    args, result = {}, []
+    args: dict[str, str] = {}
+    result: list[Stage] = []
     for instruction in instructions:
         if instruction.keyword == "ARG" and not result:
             name, _, default = instruction.value.partition("=")
             args[name.strip()] = default.strip().strip('"')
         elif instruction.keyword == "FROM":
             words = [w for w in instruction.value.split() if not w.startswith("--")]
-            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            result.append(Stage(_substitute(words[0], args), name))
+            stage_name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
+            result.append(Stage(_substitute(words[0], args), stage_name))
         elif result:
             result[-1].instructions.append(instruction)
     return result
@@ -119,7 +120,7 @@ def image_env(stage: Stage) -> dict[str, str]:
 
 
 def exposed_ports(stage: Stage) -> set[int]:
-    ports = set()
+    ports: set[int] = set()
     for instruction in stage.of("EXPOSE"):
         ports.update(int(p.split("/")[0]) for p in instruction.value.split())
     return ports

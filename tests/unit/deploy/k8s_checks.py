@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
-from k8s_objects import (
+
+from tests.unit.deploy.k8s_objects import (
     K8S,
     KUSTOMIZE_KINDS,
     WORKLOAD_KINDS,
@@ -42,8 +43,18 @@ from k8s_objects import (
     selects,
     yaml_files,
 )
-from k8s_pods import HOSTNAME_KEY, SIM_ORDINALS, SIM_ZONE, ZONE_KEY, Run, expand, mount_of, pod_name, simulate
-from wiring_checks import (
+from tests.unit.deploy.k8s_pods import (
+    HOSTNAME_KEY,
+    SIM_ORDINALS,
+    SIM_ZONE,
+    ZONE_KEY,
+    Run,
+    expand,
+    mount_of,
+    pod_name,
+    simulate,
+)
+from tests.unit.deploy.wiring_checks import (
     Entry,
     env_name_problems,
     host_problems,
@@ -91,6 +102,18 @@ def kustomization_problems(directory: Path) -> list[str]:
     if not path.exists():
         return [f"{where}: no kustomization.yaml"]
     k = kustomization(directory)
+    problems, below = _reference_problems(directory, where, k)
+    for generator in k.get("configMapGenerator", []):
+        for spec in generator.get("files", []):
+            if not (directory / spec.rpartition("=")[2]).is_file():
+                problems.append(f"{where}: configMapGenerator {generator.get('name')}: no file {spec}")
+    if k.get("kind") == "Component" or problems:
+        return problems  # a component's targets live in whatever includes it
+    return _target_problems(directory, where, k, below)
+
+
+def _reference_problems(directory: Path, where: str, k: Mapping) -> tuple[list[str], list[dict]]:
+    """Resources and components that are missing; the objects of those that exist."""
     problems = []
     below: list[dict] = []
     for key in ("resources", "components"):
@@ -105,12 +128,12 @@ def kustomization_problems(directory: Path) -> list[str]:
                 below += load_docs(target)
             else:
                 problems.append(f"{where}: {key} {ref} does not exist")
-    for generator in k.get("configMapGenerator", []):
-        for spec in generator.get("files", []):
-            if not (directory / spec.rpartition("=")[2]).is_file():
-                problems.append(f"{where}: configMapGenerator {generator.get('name')}: no file {spec}")
-    if k.get("kind") == "Component" or problems:
-        return problems  # a component's targets live in whatever includes it
+    return problems, below
+
+
+def _target_problems(directory: Path, where: str, k: Mapping, below: list[dict]) -> list[str]:
+    """Patches, replicas and images that name nothing among the resources."""
+    problems = []
     ids = {(o["kind"], o["metadata"]["name"]) for o in below if "metadata" in o}
     for patch in k.get("patches", []):
         if "path" in patch and not (directory / patch["path"]).is_file():
@@ -288,7 +311,8 @@ def service_problems(bundle: Bundle, service: dict) -> list[str]:
 
 
 def pdb_problems(bundle: Bundle) -> list[str]:
-    problems, covered = [], set()
+    problems: list[str] = []
+    covered: set[str] = set()
     for pdb in bundle.of_kind("PodDisruptionBudget"):
         matched = bundle.selected(pdb["spec"].get("selector"))
         if len(matched) != 1:
@@ -327,7 +351,9 @@ def rbac_problems(bundle: Bundle) -> list[str]:
 
 
 def image_problems(bundle: Bundle, entries: Mapping[str, Entry]) -> list[str]:
-    images = {c.get("image") for w in bundle.workloads for c, _ in containers(w) if is_tributary_image(c)}
+    images = {
+        str(c.get("image")) for w in bundle.workloads for c, _ in containers(w) if is_tributary_image(c)
+    }
     if len(images) > 1:
         return [f"tributary containers use different images: {', '.join(sorted(images))}"]
     return []
@@ -335,8 +361,20 @@ def image_problems(bundle: Bundle, entries: Mapping[str, Entry]) -> list[str]:
 
 def service_wiring_problems(bundle: Bundle, run: Run) -> list[str]:
     """A service container's settings against its container, probes, volumes and peers."""
-    where, config, container = run.where, run.config, run.container
+    where, config = run.where, run.config
     problems = host_problems(config, where) + topic_config_problems(config, where)
+    problems += _port_problems(run) + _probe_problems(run)
+    problems += data_dir_problems(run)
+    for name, answers in ADDRESS_FIELDS.items():
+        for address in getattr(config, name, None) or []:
+            problems += address_problems(bundle, address, answers, f"{where}: {name} {address}")
+    return problems
+
+
+def _port_problems(run: Run) -> list[str]:
+    """The ports the settings bind against the container's declared ports, both ways."""
+    where, config, container = run.where, run.config, run.container
+    problems = []
     ports = port_fields(config)
     declared = container_ports(container)
     for name, value in ports.items():
@@ -349,6 +387,13 @@ def service_wiring_problems(bundle: Bundle, run: Run) -> list[str]:
     for number in declared:
         if number not in ports.values():
             problems.append(f"{where}: container port {number} is bound by no setting of {run.command}")
+    return problems
+
+
+def _probe_problems(run: Run) -> list[str]:
+    """Readiness and liveness probes exist, and every probe is a grpc probe of the gRPC port."""
+    where, config, container = run.where, run.config, run.container
+    problems = []
     for probe_name in ("readinessProbe", "livenessProbe"):
         if probe_name not in container:
             problems.append(f"{where}: no {probe_name}")
@@ -365,10 +410,6 @@ def service_wiring_problems(bundle: Bundle, run: Run) -> list[str]:
                 f"{where}: {probe_name} probes port {probe['grpc'].get('port')}, the gRPC port is "
                 f"{config.port}"
             )
-    problems += data_dir_problems(run)
-    for name, answers in ADDRESS_FIELDS.items():
-        for address in getattr(config, name, None) or []:
-            problems += address_problems(bundle, address, answers, f"{where}: {name} {address}")
     return problems
 
 
@@ -465,7 +506,7 @@ def consistency_problems(runs: list[Run]) -> list[str]:
     """Every service of one deployment: one cluster name, one etcd."""
     problems = []
     for name in ("cluster", "etcd_endpoints"):
-        values = {}
+        values: dict = {}
         for run in runs:
             if hasattr(run.config, name):
                 value = getattr(run.config, name)
@@ -518,6 +559,21 @@ def etcd_problems(bundle: Bundle, run: Run) -> list[str]:
     problems = []
     if flags.get("name") != me:
         problems.append(f"{where}: --name is {flags.get('name')!r}, not the pod name {me!r}")
+    problems += _etcd_member_problems(run, flags, service, replicas)
+    problems += _etcd_url_problems(run, flags, service, me)
+    headless = bundle.get("Service", service) or {"spec": {}}
+    if not headless["spec"].get("publishNotReadyAddresses"):
+        problems.append(
+            f"Service/{service}: etcd peers must resolve before they are ready "
+            "(publishNotReadyAddresses: true)"
+        )
+    return problems
+
+
+def _etcd_member_problems(run: Run, flags: Mapping[str, str], service: str, replicas: int) -> list[str]:
+    """--initial-cluster names every pod of the set, each at its name behind the Service."""
+    where, workload = run.where, run.workload
+    problems = []
     members = dict(m.split("=", 1) for m in flags.get("initial-cluster", "").split(",") if "=" in m)
     wanted = {pod_name(workload, i) for i in range(replicas)}
     if set(members) != wanted:
@@ -530,9 +586,16 @@ def etcd_problems(bundle: Bundle, run: Run) -> list[str]:
             problems.append(f"{where}: member {member} at {url} is not {member}.{service}")
         if not has_port(run.container, port or -1):
             problems.append(f"{where}: member {member} peer port {port} is not a container port")
+    return problems
+
+
+def _etcd_url_problems(run: Run, flags: Mapping[str, str], service: str, me: str) -> list[str]:
+    """Advertised URLs name this pod; every URL listened on or advertised is a container port."""
+    where = run.where
+    problems = []
     for flag in ("initial-advertise-peer-urls", "advertise-client-urls"):
         for url in flags.get(flag, "").split(","):
-            host, port = split_address(url)
+            host, _port = split_address(url)
             if host.split(".")[:2] != [me, service]:
                 problems.append(f"{where}: --{flag} {url} is not this pod's name behind {service}")
     for flag in (
@@ -545,10 +608,4 @@ def etcd_problems(bundle: Bundle, run: Run) -> list[str]:
         for url in filter(None, flags.get(flag, "").split(",")):
             if not has_port(run.container, split_address(url)[1] or -1):
                 problems.append(f"{where}: --{flag} {url}: port is not a container port")
-    headless = bundle.get("Service", service) or {"spec": {}}
-    if not headless["spec"].get("publishNotReadyAddresses"):
-        problems.append(
-            f"Service/{service}: etcd peers must resolve before they are ready "
-            "(publishNotReadyAddresses: true)"
-        )
     return problems

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
-from wiring_checks import DEPLOY
+
+from tests.unit.deploy.wiring_checks import DEPLOY
 
 K8S = DEPLOY / "k8s"
 BASE = K8S / "base"

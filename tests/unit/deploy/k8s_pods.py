@@ -11,7 +11,6 @@ built by ``services.config.load_config`` -- from the same ``--config`` file the 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import uuid
@@ -20,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k8s_objects import (
+from tests.support.scripts import load_script
+from tests.unit.deploy.k8s_objects import (
     Bundle,
     containers,
     describe,
@@ -29,7 +29,7 @@ from k8s_objects import (
     pod_labels,
     pod_spec,
 )
-from wiring_checks import Entry, config_problems, flag_problems, shadow_problems
+from tests.unit.deploy.wiring_checks import Entry, config_problems, flag_problems, shadow_problems
 
 CLUSTER_PROVIDED_CONFIGMAPS = {"kube-root-ca.crt"}
 HOSTNAME_KEY = "kubernetes.io/hostname"
@@ -223,9 +223,7 @@ def run_script(run: Run) -> None:
     if script is None or not script.is_file():
         run.problems.append(f"{run.where}: {' '.join(argv)}: the script is on no mounted volume")
         return
-    spec = importlib.util.spec_from_file_location(f"k8s_script_{uuid.uuid4().hex}", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(script, f"k8s_script_{uuid.uuid4().hex}")
     env = {
         k: str(to_host(run, v)) if v.startswith("/") and mount_of(run, v) else v for k, v in run.env.items()
     }

@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from wiring_checks import (
+from tests.unit.deploy.wiring_checks import (
     DEPLOY,
     Entry,
     config_problems,
@@ -58,7 +58,7 @@ def read_unit(text: str) -> configparser.ConfigParser:
         empty_lines_in_values=False,
         comment_prefixes=("#", ";"),
     )
-    parser.optionxform = str  # systemd keys are case-sensitive
+    parser.optionxform = str  # type: ignore[assignment,method-assign]  # configparser's documented hook: systemd keys are case-sensitive
     parser.read_string(text)
     return parser
 

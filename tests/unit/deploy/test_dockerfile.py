@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from docker_checks import (
+
+from tests.unit.deploy.docker_checks import (
     BASE_IMAGE,
     DATA_VOLUME,
     DOCKERFILE,

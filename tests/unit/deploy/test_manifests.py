@@ -13,9 +13,10 @@ import shutil
 
 import pytest
 import yaml
-from docker_checks import DOCKERFILE, exposed_ports, parse_dockerfile, stages
-from k8s_checks import bundle_problems, kustomization_problems, parse_problems
-from k8s_objects import (
+
+from tests.unit.deploy.docker_checks import DOCKERFILE, exposed_ports, parse_dockerfile, stages
+from tests.unit.deploy.k8s_checks import bundle_problems, kustomization_problems, parse_problems
+from tests.unit.deploy.k8s_objects import (
     BASE,
     COMPONENTS,
     K8S,
@@ -29,7 +30,7 @@ from k8s_objects import (
     replicas_of,
     yaml_files,
 )
-from wiring_checks import REPO, project_version
+from tests.unit.deploy.wiring_checks import REPO, project_version
 
 THREE_NODE = OVERLAYS / "three-node"
 EXTERNAL_ETCD = COMPONENTS / "external-etcd"

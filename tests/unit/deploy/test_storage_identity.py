@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-import importlib.util
 import tomllib
 import urllib.error
+from collections.abc import Callable
+from email.message import Message
 
 import pytest
-from k8s_objects import BASE
 
 from services.config import load_config
 from storage_node.config import StorageNodeConfig
+from tests.support.scripts import load_script
+from tests.unit.deploy.k8s_objects import BASE
 
-_spec = importlib.util.spec_from_file_location("storage_identity", BASE / "storage-identity.py")
-identity = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(identity)
+identity = load_script(BASE / "storage-identity.py", "storage_identity")
+GetNode = Callable[[str], dict]  # identity.GetNode
 
 ZONE = "topology.kubernetes.io/zone"
 
 
-def node(labels: dict) -> identity.GetNode:
+def node(labels: dict) -> GetNode:
     return lambda name: {"metadata": {"name": name, "labels": labels}}
 
 
-def failing(exc: Exception) -> identity.GetNode:
+def failing(exc: Exception) -> GetNode:
     def get_node(name):
         raise exc
 
@@ -68,7 +69,7 @@ def test_rack_label_is_configurable():
     [
         node({}),
         failing(OSError("connection refused")),
-        failing(urllib.error.HTTPError("u", 403, "Forbidden", {}, None)),
+        failing(urllib.error.HTTPError("u", 403, "Forbidden", Message(), None)),
         None,
     ],
 )

@@ -6,7 +6,15 @@ import shutil
 import subprocess
 
 import pytest
-from systemd_checks import SYSTEMD, example_config, read_unit, seconds, unit_problems, values
+
+from tests.unit.deploy.systemd_checks import (
+    SYSTEMD,
+    example_config,
+    read_unit,
+    seconds,
+    unit_problems,
+    values,
+)
 
 UNITS = sorted(SYSTEMD.glob("*.service"))
 SERVICES = ("tributary-storage-node", "tributary-coordinator", "tributary-gateway")

@@ -116,11 +116,11 @@ def non_service_env() -> set[str]:
 def env_owner(name: str, entries: Mapping[str, Entry]) -> Entry | None:
     """The service whose prefix ``name`` carries (the longest matching prefix)."""
     owners = [e for e in entries.values() if e.env_prefix and name.startswith(e.env_prefix + "_")]
-    return max(owners, key=lambda e: len(e.env_prefix), default=None)
+    return max(owners, key=lambda e: len(e.env_prefix or ""), default=None)
 
 
 def env_field(name: str, entry: Entry) -> str:
-    return normalize_key(name[len(entry.env_prefix) + 1 :])
+    return normalize_key(name[len(entry.env_prefix or "") + 1 :])
 
 
 def env_name_problems(names: Iterable[str], entries: Mapping[str, Entry], where: str) -> list[str]:
@@ -139,7 +139,7 @@ def env_name_problems(names: Iterable[str], entries: Mapping[str, Entry], where:
             problems.append(f"{where}: {name} is read by no service (prefixes: {', '.join(prefixes)})")
         elif env_field(name, owner) not in owner.fields:
             problems.append(
-                f"{where}: {name}: {owner.config_cls.__name__} has no field "
+                f"{where}: {name}: {getattr(owner.config_cls, '__name__', None)} has no field "
                 f"{env_field(name, owner)!r} ({owner.script} ignores it)"
             )
     return problems

@@ -20,7 +20,7 @@ from gateway.server.config import GatewayConfig
 from gateway.server.service import GatewayService
 from services import errors
 from services.fetchport import protocol
-from services.grpc_server import ServiceRegistration, create_server, translate_errors
+from services.grpc_server import GrpcServer, ServiceRegistration, create_server, translate_errors
 from services.proto import COORDINATOR_SERVICE, STORAGE_SERVICE, coordinator_grpc, pb, storage_grpc
 from services.records import iter_batches, set_base_offset
 from services.serde import error_to_proto
@@ -127,7 +127,7 @@ class FakeStorageNode:
     def __init__(self, node_id: int) -> None:
         self.node_id = node_id
         self.logs: dict[tuple[str, int], FakeLog] = {}
-        self.grpc = None
+        self.grpc: GrpcServer | None = None
         self.fetch_server: asyncio.AbstractServer | None = None
         self.fetch_port = 0
         self.append_calls = 0
@@ -154,6 +154,7 @@ class FakeStorageNode:
         self.fetch_port = self.fetch_server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        assert self.grpc is not None and self.fetch_server is not None, "started"
         await self.grpc.server.stop(0)
         self.fetch_server.close()
         for task in list(self._connections):
@@ -162,12 +163,15 @@ class FakeStorageNode:
         await self.fetch_server.wait_closed()
 
     def broker(self):
+        assert self.grpc is not None, "started"
         return pb.BrokerInfo(
             node_id=self.node_id, host="127.0.0.1", grpc_port=self.grpc.port, fetch_port=self.fetch_port
         )
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._connections.add(asyncio.current_task())
+        task = asyncio.current_task()
+        assert task is not None  # a connection handler runs as a task
+        self._connections.add(task)
         try:
             while True:
                 (size,) = protocol.SIZE.unpack(await reader.readexactly(4))
@@ -268,7 +272,7 @@ class FakeCluster:
         self.metadata_calls = 0
         self.hidden_nodes: set[int] = set()
         self.not_controller_redirect: str | None = None
-        self.coordinator = None
+        self.coordinator: GrpcServer | None = None
         self.gateway: GatewayService | None = None
         self.channel: grpc.aio.Channel | None = None
 
@@ -331,7 +335,7 @@ class FakeCluster:
     async def start(self, **gateway_settings) -> FakeCluster:
         for node in self.nodes.values():
             await node.start()
-        self.coordinator = await create_server(
+        self.coordinator = coordinator = await create_server(
             "127.0.0.1:0",
             [
                 ServiceRegistration(
@@ -343,13 +347,16 @@ class FakeCluster:
         )
         # ``dead_coordinators``: addresses listed before the live one, where nothing answers.
         dead = gateway_settings.pop("dead_coordinators", [])
-        config = GatewayConfig(coordinators=[*dead, f"127.0.0.1:{self.coordinator.port}"], **gateway_settings)
+        config = GatewayConfig(coordinators=[*dead, f"127.0.0.1:{coordinator.port}"], **gateway_settings)
         self.gateway = GatewayService(config)
         await self.gateway.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.gateway.port}")
         return self
 
     async def stop(self) -> None:
+        assert self.channel is not None and self.gateway is not None and self.coordinator is not None, (
+            "started"
+        )
         await self.channel.close()
         await self.gateway.shutdown(grace=0.5)
         await self.coordinator.server.stop(0)

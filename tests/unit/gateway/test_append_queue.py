@@ -38,7 +38,7 @@ class FakeLog:
             return AppendResult(topic, partition, error=exc)
         base = self.next_offset.get(partition, 0)
         for b in batches:
-            self.values.setdefault(partition, []).extend(r.value for r in b.records())
+            self.values.setdefault(partition, []).extend(r.value or b"" for r in b.records())
             self.next_offset[partition] = self.next_offset.get(partition, 0) + b.last_offset_delta + 1
         return AppendResult(
             topic,

@@ -21,7 +21,7 @@ NOW = 1_700_000_000_000
 
 
 def _decode(data: bytes):
-    records = []
+    records: list = []
     for batch in iter_batches(data):
         batch.validate(deep=True)
         records.extend(batch.records())

@@ -14,6 +14,7 @@ from services import errors
 from services.partitioner import partition_for_key
 from services.proto import pb
 from services.records import RecordBatchBuilder, iter_batches
+from tests.support.wait import async_wait_until
 
 
 def typed(value: bytes, key: bytes | None = None, partition: int | None = None, headers=(), timestamp=None):
@@ -42,11 +43,11 @@ async def fetch_all(stub, topic, partitions, **kwargs):
 
 
 async def wait_for_gateway_to_know(cluster, topic):
-    for _ in range(200):
-        if topic in cluster.gateway.router.snapshot.topics:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"gateway never saw {topic}")
+    await async_wait_until(
+        lambda: topic in cluster.gateway.router.snapshot.topics,
+        timeout=2.0,
+        what=f"the gateway seeing {topic}",
+    )
 
 
 def test_typed_produce_and_fetch_round_trip(run_with_cluster):
@@ -520,7 +521,10 @@ def test_produce_gives_up_at_its_deadline(run_with_cluster):
         cluster.create_topic("t", 1)
         cluster.topics["t"].leaders[0] = -1  # offline
         cluster.bump()
-        await asyncio.sleep(0.05)
+        await async_wait_until(
+            lambda: cluster.gateway.router.snapshot.revision >= cluster.revision,
+            what="the gateway seeing the partition offline",
+        )
         stub = cluster.stub()
         start = time.monotonic()
         response = await stub.Produce(pb.ProduceRequest(topic="t", timeout_ms=600, records=[typed(b"x")]))

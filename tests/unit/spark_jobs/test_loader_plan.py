@@ -1,6 +1,7 @@
 """Where the loader starts each partition: the output's manifests first, then earliest or the group."""
 
 from pathlib import Path
+from typing import ClassVar
 
 from gateway.client.structs import TopicPartition
 from spark_jobs import loader
@@ -13,7 +14,7 @@ EARLIEST = {T0: 0, T1: 3, T2: 7}
 
 
 class FakeGroup:
-    asked: list = []
+    asked: ClassVar[list] = []  # every instance's questions, for the test to read
 
     def __init__(self, servers, group_id):
         self.group_id = group_id

@@ -1,5 +1,7 @@
 """Offset-range planning: resolving bounds, batch ranges, minPartitions splits, maxOffsetsPerTrigger."""
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -145,7 +147,7 @@ def test_splits_cover_every_range_exactly_and_reach_the_minimum(sizes, wanted):
     for r in ranges:
         mine = [p for p in pieces if p.partition == r.partition]
         assert mine[0].from_offset == r.from_offset and mine[-1].until_offset == r.until_offset
-        assert all(a.until_offset == b.from_offset for a, b in zip(mine, mine[1:]))
+        assert all(a.until_offset == b.from_offset for a, b in itertools.pairwise(mine))
         assert all(p.size > 0 for p in mine)
     assert split_for_min_partitions(ranges, wanted) == pieces  # deterministic
 

@@ -16,7 +16,7 @@ FILES = ["date=2026-01-01/hour=00/part-0.parquet", "date=2026-01-01/hour=01/part
 def stage(store: OutputStore, batch_id: int, files=FILES) -> dict[str, int]:
     """Files as Spark leaves them: data, a _SUCCESS marker and hidden .crc checksums."""
     staging = store.staging_dir(batch_id)
-    for i, relative in enumerate(files):
+    for _i, relative in enumerate(files):
         path = staging / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(f"{batch_id}:{relative}".encode())
@@ -80,7 +80,7 @@ def test_a_manifest_naming_a_vanished_file_is_reported(tmp_path):
     store = OutputStore(tmp_path)
     manifest = store.commit(0, RANGES, stage(store, 0), now_ms=1)
     (store.staging_dir(0) / FILES[1]).unlink()
-    with pytest.raises(OutputCorruptError, match="part-1.parquet is neither staged nor published"):
+    with pytest.raises(OutputCorruptError, match=r"part-1\.parquet is neither staged nor published"):
         store.publish(manifest)
 
 

@@ -98,7 +98,9 @@ def test_a_range_deleted_entirely_reads_nothing(monkeypatch, caplog):
 
 
 def test_a_truncated_log_is_data_loss(monkeypatch):
-    with pytest.raises(DataLossError, match="offsets 70 to 89 .* no longer in the log, which now ends at 40"):
+    with pytest.raises(
+        DataLossError, match=r"offsets 70 to 89 .* no longer in the log, which now ends at 40"
+    ):
         read(monkeypatch, FakeConsumer(0, 40), OffsetRange("t", 0, 70, 90))
 
 

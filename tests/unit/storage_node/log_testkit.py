@@ -56,7 +56,11 @@ def open_log(
 
 def commit_every_append(partition_log: PartitionLog) -> PartitionLog:
     """Move the high watermark to the log end after every append (a sole in-sync replica)."""
-    partition_log.add_append_listener(lambda log, end: log.maybe_increment_high_watermark(end))
+
+    def commit(log: PartitionLog, end: int) -> None:
+        log.maybe_increment_high_watermark(end)
+
+    partition_log.add_append_listener(commit)
     return partition_log
 
 

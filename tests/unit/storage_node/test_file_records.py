@@ -4,11 +4,11 @@ import gc
 import os
 
 import pytest
-from log_testkit import make_batch
 
 from services.errors import CorruptRecordError, KafkaStorageError
 from services.records import RecordBatchView
 from storage_node.log.file_records import FileHandleCache, FileRecords, FileSlice, SegmentFileGoneError
+from tests.unit.storage_node.log_testkit import make_batch
 
 
 def test_append_returns_positions_and_slice_is_bounded_by_size(tmp_path):
@@ -32,7 +32,7 @@ def test_slice_is_frozen_and_sendfile_ready(tmp_path):
     records.append(b"0123456789")
     file_slice = records.slice(3, 4)
     with pytest.raises(AttributeError):
-        file_slice.length = 1  # type: ignore[misc]
+        file_slice.length = 1
     read_fd, write_fd = os.pipe()
     try:
         sent = os.sendfile(write_fd, file_slice.fileno(), file_slice.position, file_slice.length)

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
-from log_testkit import make_batch, open_log
 
 from services.errors import KafkaStorageError
 from storage_node.log.group_commit import GroupCommit
+from tests.unit.storage_node.log_testkit import make_batch, open_log
 
 
 def _slow_flush(partition_log, threads: list[str], delay: float = 0.01):

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
-from log_testkit import batches_in, config, make_batch, offsets_in, open_log, read_all
 
 from services.records import iter_batches
 from storage_node.log import files
 from storage_node.log.loader import load_log
+from tests.unit.storage_node.log_testkit import batches_in, config, make_batch, offsets_in, open_log, read_all
 
 CFG = dict(segment_bytes=1500, index_interval_bytes=120)
 
@@ -69,7 +69,7 @@ def test_garbage_appended_to_the_active_segment_is_truncated(tmp_path, clock):
 @pytest.mark.parametrize("damage", ["delete", "garbage", "truncate-mid-entry", "zeroes"])
 def test_a_deleted_or_corrupted_index_is_rebuilt_after_a_clean_shutdown(tmp_path, clock, damage):
     log_dir = tmp_path / "t-0"
-    partition_log, appended = _fill(log_dir, clock, batches=80)
+    partition_log, _appended = _fill(log_dir, clock, batches=80)
     expected = read_all(partition_log)
     probes = {
         offset: partition_log.read(offset, 1).slice.position
@@ -98,7 +98,7 @@ def test_a_deleted_or_corrupted_index_is_rebuilt_after_a_clean_shutdown(tmp_path
 def test_corruption_at_a_random_position_keeps_exactly_the_records_before_it(tmp_path, clock, seed):
     rng = random.Random(seed)
     log_dir = tmp_path / "t-0"
-    partition_log, appended = _fill(log_dir, clock, seed=seed)
+    partition_log, _appended = _fill(log_dir, clock, seed=seed)
     _crash(partition_log)
     segment_paths = _segment_files(log_dir)
     victim = rng.choice(segment_paths)
@@ -123,7 +123,7 @@ def test_corruption_at_a_random_position_keeps_exactly_the_records_before_it(tmp
 
 def test_truncation_at_every_byte_of_the_last_batch(tmp_path, clock):
     source = tmp_path / "source" / "t-0"
-    partition_log, appended = _fill(source, clock, batches=12)
+    partition_log, _appended = _fill(source, clock, batches=12)
     _crash(partition_log)
     last = _segment_files(source)[-1]
     data = last.read_bytes()
@@ -231,7 +231,7 @@ def test_recovery_resumes_from_the_recovery_point(tmp_path, clock, monkeypatch):
 
 def test_interrupted_operations_are_resolved_in_numbered_passes(tmp_path, clock):
     log_dir = tmp_path / "t-0"
-    partition_log, appended = _fill(log_dir, clock)
+    partition_log, _appended = _fill(log_dir, clock)
     expected = read_all(partition_log)
     partition_log.close()
     (log_dir / f"{files.RECOVERY_POINT_CHECKPOINT_FILE}{files.TEMP_FILE_SUFFIX}").write_text("junk")
@@ -248,7 +248,7 @@ def test_interrupted_operations_are_resolved_in_numbered_passes(tmp_path, clock)
 
 def test_a_swap_segment_replaces_the_segments_it_covers(tmp_path, clock):
     log_dir = tmp_path / "t-0"
-    partition_log, appended = _fill(log_dir, clock)
+    partition_log, _appended = _fill(log_dir, clock)
     segments = partition_log.segments
     first, second = segments[0], segments[1]
     # A "compacted" replacement for the first two segments: the same batches, one file.
@@ -265,7 +265,7 @@ def test_a_swap_segment_replaces_the_segments_it_covers(tmp_path, clock):
 
 def test_log_start_beyond_the_surviving_log_starts_an_empty_log_there(tmp_path, clock):
     log_dir = tmp_path / "t-0"
-    partition_log, appended = _fill(log_dir, clock, batches=10)
+    partition_log, _appended = _fill(log_dir, clock, batches=10)
     end = partition_log.log_end_offset
     partition_log.delete_records_before(end)
     _crash(partition_log)

@@ -4,12 +4,12 @@ import errno
 import os
 
 import pytest
-from log_testkit import commit_every_append, make_batch, offsets_in, read_all
 
 from services.errors import InvalidConfigError, KafkaStorageError, UnknownTopicOrPartitionError
 from storage_node.log import checkpoint, files
 from storage_node.log.log_manager import LogManager
 from storage_node.log.time_index import TimeIndex
+from tests.unit.storage_node.log_testkit import commit_every_append, make_batch, offsets_in, read_all
 
 
 @pytest.fixture

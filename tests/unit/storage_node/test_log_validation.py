@@ -9,12 +9,12 @@ batch and (for record faults) the record, and with nothing written.
 from __future__ import annotations
 
 import pytest
-from log_testkit import make_batch, open_log, snapshot_dir
 
 from services.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError
 from services.records import Compression
 from storage_node.log.validation import validate_producer_batches
 from tests import batch_faults
+from tests.unit.storage_node.log_testkit import make_batch, open_log, snapshot_dir
 
 LIMITS = {"max_message_bytes": 1 << 20, "segment_bytes": 1 << 30}
 

@@ -4,7 +4,6 @@ import random
 import threading
 
 import pytest
-from log_testkit import batches_in, config, make_batch, offsets_in, open_log, read_all, snapshot_dir
 
 from services.errors import (
     CorruptRecordError,
@@ -16,6 +15,15 @@ from services.errors import (
 from services.records import Compression, RecordBatchBuilder, TimestampType, iter_batches
 from storage_node.log import files
 from storage_node.log.partition_log import AppendInfo, PartitionLog
+from tests.unit.storage_node.log_testkit import (
+    batches_in,
+    config,
+    make_batch,
+    offsets_in,
+    open_log,
+    read_all,
+    snapshot_dir,
+)
 
 
 @pytest.fixture

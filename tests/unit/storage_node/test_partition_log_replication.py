@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from log_testkit import batches_in, config, make_batch, open_log, read_all
 
 from services.errors import CorruptRecordError
 from services.records import set_base_offset
 from storage_node.log import files
 from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, EpochEndOffset
+from tests.unit.storage_node.log_testkit import batches_in, config, make_batch, open_log, read_all
 
 
 @pytest.fixture

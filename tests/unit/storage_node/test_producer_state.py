@@ -4,7 +4,6 @@ last stable offset and the aborted-transaction index."""
 from __future__ import annotations
 
 import pytest
-from log_testkit import config, open_log, read_all
 
 from services import errors
 from services.records import RecordBatchBuilder, iter_batches
@@ -13,6 +12,7 @@ from storage_node.log.producer_state import (
     ProducerStateManager,
     snapshot_offsets,
 )
+from tests.unit.storage_node.log_testkit import config, open_log, read_all
 
 PID = 42
 

@@ -4,10 +4,10 @@ import os
 import random
 
 import pytest
-from log_testkit import batches_in, config, fill_segment, make_batch, open_segment
 
 from services.records import set_base_offset
 from storage_node.log.index import CorruptIndexError
+from tests.unit.storage_node.log_testkit import batches_in, config, fill_segment, make_batch, open_segment
 
 BASE = 40
 
