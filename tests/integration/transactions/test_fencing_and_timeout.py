@@ -37,7 +37,6 @@ from tests.integration.transactions._eos import (
 )
 from tests.integration.transactions._eos_app import SUFFIX
 
-pytestmark = pytest.mark.integration
 
 REPLICAS = 3
 PARTITIONS = 2

@@ -53,7 +53,6 @@ from tests.integration.transactions._eos import (
     wait_until,
 )
 
-pytestmark = pytest.mark.integration
 
 SEED = 20250215
 REPLICAS = 3
