@@ -54,7 +54,6 @@ from tests.integration.transactions._eos import (
     wait_until,
 )
 
-
 #: The run's randomness (kill points, jitter, which leader); another run: EOS_CHAOS_SEED=<n>.
 SEED = int(os.environ.get("EOS_CHAOS_SEED", "20250214"))
 INPUT, OUTPUT, GROUP, TRANSACTIONAL_ID = "eos-in", "eos-out", "eos-app", "eos-app-0"

@@ -37,7 +37,6 @@ from tests.integration.transactions._eos import (
 )
 from tests.integration.transactions._eos_app import SUFFIX
 
-
 REPLICAS = 3
 PARTITIONS = 2
 ABORT_CHECK_MS = 200

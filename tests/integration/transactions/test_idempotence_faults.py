@@ -53,7 +53,6 @@ from tests.integration.transactions._eos import (
     wait_until,
 )
 
-
 SEED = 20250215
 REPLICAS = 3
 TOPIC_CONFIGS = {"min.insync.replicas": "2", "message.timestamp.type": "LogAppendTime"}
