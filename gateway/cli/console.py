@@ -7,12 +7,15 @@ printed as it goes (auto-commit) and when it exits.
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 import time
 
 from gateway.cli.connect import CliError, connect
 from gateway.cli.output import Progress, parse_line, parse_pairs, record_json, record_text
 from gateway.client import Consumer, Producer, TopicPartition
+from gateway.client.errors import WakeupError
 
 CLI_REQUEST_TIMEOUT_MS = 15_000
 #: How long produce waits for a topic it does not know (Kafka's console producer: 60 s).
@@ -139,13 +142,30 @@ def consume(args) -> int:
 
 
 def _print_records(consumer: Consumer, args) -> int:
-    """Print until the limit, the idle timeout or Ctrl-C; returns how many records were printed."""
+    """Print until the limit, the idle timeout or Ctrl-C; returns how many records were printed.
+
+    Ctrl-C wakes the consumer up (Kafka's console consumer calls ``wakeup()`` from its shutdown
+    hook) instead of raising KeyboardInterrupt wherever the main thread happens to be: an
+    interrupt landing inside a call the consumer's I/O thread is answering could leave that call
+    half done, and ``close()`` after it waiting for good.
+    """
     printed = [0]
+    previous = _on_interrupt(consumer.wakeup)
     try:
         _print_loop(consumer, args, printed)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, WakeupError):
         pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     return printed[0]
+
+
+def _on_interrupt(action):
+    """Run ``action`` on SIGINT (main thread only); returns the handler it replaced, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, lambda _signum, _frame: action())
 
 
 def _print_loop(consumer: Consumer, args, printed: list[int]) -> None:

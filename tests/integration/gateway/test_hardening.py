@@ -21,8 +21,10 @@ from services.proto import pb
 from tests.support.names import unique
 
 CALL_TIMEOUT = 30
-#: How fast another client's call must answer while a bad request is being handled.
-RESPONSIVE_S = 1.0
+#: How fast another client's call must answer while a bad request is being handled. The stalls
+#: this guards against lasted 14-22 s; the bound leaves room for a 2-core machine that is also
+#: running other processes (a loaded run measured 1.09 s against 1.0).
+RESPONSIVE_S = 2.0
 
 
 #: The gateway's produce_stream_max_idle_ms here (10 min by default).
