@@ -34,6 +34,7 @@ from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatc
 from gateway.server.routing import Router
 from services import errors
 from services.broker_address import BrokerAddress
+from services.fetchport import multi
 from services.fetchport.protocol import FetchResponseHeader
 from services.records.aborted import AbortedTransactionFilter
 
@@ -52,6 +53,10 @@ MAX_WAIT_CAP_MS = 300_000
 #: max_wait ends at the same moment), so that idle long polls finish instead of being cancelled.
 _DEADLINE_GRACE_S = 0.1
 _MAX_LEADER_CHASES = 3
+#: Partitions per fetch-port request: ~40 bytes each plus the topic, well under the node's 1 MiB
+#: request frame bound.
+_MAX_GROUP = 2000
+_UNANSWERED = errors.UnknownServerError("the fetch was not answered for this partition")
 #: Time kept back from the call's deadline to build and send the answer.
 _ANSWER_MARGIN_S = 0.2
 #: Typed answers decode at most this many records and decompressed bytes (the rest comes in the
@@ -190,11 +195,27 @@ class _FetchSession:
         return self._command.max_bytes - self._total
 
     async def run(self) -> None:
-        polls = await asyncio.gather(*(self._poll(i, long_poll=False) for i in range(len(self.parts))))
+        polls = await self._poll_now(range(len(self.parts)))
         for index, poll in enumerate(polls):
             self._apply(index, poll)
         if not self._satisfied():
             await self._long_poll()
+
+    async def _poll_now(self, indexes: range) -> list[_Poll]:
+        """Read the partitions once without waiting, one request per leader node (see ``_groups``)."""
+        for topic in dict.fromkeys(self.parts[i].topic for i in indexes):
+            try:
+                await self._router.topic(topic)  # refreshes once for a topic the cache does not know
+            except errors.TributaryError:
+                pass  # every partition of it gets the error from its own poll below
+        polls: list[_Poll | None] = [None] * len(self.parts)
+        groups, alone = self._groups(indexes)
+        tasks = [self._poll_group(node, group, long_poll=False) for node, group in groups]
+        tasks += [self._poll_one(index, long_poll=False) for index in alone]
+        for answer in await asyncio.gather(*tasks):
+            for index, poll in answer.items():
+                polls[index] = poll
+        return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls]
 
     def _can_poll(self, index: int) -> bool:
         part = self.parts[index]
@@ -242,7 +263,7 @@ class _FetchSession:
         return taken.length
 
     async def _long_poll(self) -> None:
-        tasks: dict[asyncio.Future, int] = {}
+        tasks: dict[asyncio.Future, list[int]] = {}
         self._launch(tasks, range(len(self.parts)))
         try:
             while tasks:
@@ -263,21 +284,85 @@ class _FetchSession:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _launch(self, tasks: dict[asyncio.Future, int], indexes) -> None:
-        """Start a long poll for each partition that can still bring data before the deadline."""
+    def _launch(self, tasks: dict[asyncio.Future, list[int]], indexes) -> None:
+        """Start long polls for the partitions that can still bring data before the deadline:
+        one request per leader node for its partitions, so a fetch of hundreds of partitions
+        costs a request per node, not per partition."""
         if self._deadline - asyncio.get_running_loop().time() <= 0.001:
             return
-        for index in indexes:
-            if self._can_poll(index):
-                tasks[asyncio.ensure_future(self._poll(index, long_poll=True))] = index
+        groups, alone = self._groups([i for i in indexes if self._can_poll(i)])
+        for node, group in groups:
+            tasks[asyncio.ensure_future(self._poll_group(node, group, long_poll=True))] = group
+        for index in alone:
+            tasks[asyncio.ensure_future(self._poll_one(index, long_poll=True))] = [index]
 
-    def _apply_done(self, tasks: dict[asyncio.Future, int], done) -> list[tuple[int, int]]:
+    def _apply_done(self, tasks: dict[asyncio.Future, list[int]], done) -> list[tuple[int, int]]:
         """Apply finished polls; (partition index, bytes kept) for each."""
         applied = []
         for task in done:
-            index = tasks.pop(task)
-            applied.append((index, self._apply(index, task.result())))
+            tasks.pop(task)
+            for index, poll in task.result().items():
+                applied.append((index, self._apply(index, poll)))
         return applied
+
+    def _groups(self, indexes) -> tuple[list[tuple[BrokerAddress, list[int]]], list[int]]:
+        """The partitions by the leader the metadata names now, in chunks of at most
+        ``_MAX_GROUP`` (a node's request frame is bounded); a partition whose leader is unknown
+        here goes alone (its poll refreshes the metadata and reports the error)."""
+        by_node: dict[BrokerAddress, list[int]] = {}
+        alone = []
+        snapshot = self._router.snapshot
+        for index in indexes:
+            part = self.parts[index]
+            try:
+                node = snapshot.ensure_leader(part.topic, part.partition)
+            except errors.TributaryError:
+                alone.append(index)
+                continue
+            by_node.setdefault(node, []).append(index)
+        groups = [
+            (node, members[i : i + _MAX_GROUP])
+            for node, members in by_node.items()
+            for i in range(0, len(members), _MAX_GROUP)
+        ]
+        return groups, alone
+
+    async def _poll_group(
+        self, node: BrokerAddress, group: list[int], *, long_poll: bool
+    ) -> dict[int, _Poll]:
+        """Read ``group`` (partitions led by ``node``) in one request. A partition that fails
+        with a retriable error, or all of them when the request fails, is polled again on its
+        own, which chases a moved leader (and retries once on a fresh connection)."""
+        if len(group) == 1:
+            return await self._poll_one(group[0], long_poll=long_poll)
+        try:
+            results = await self._read_many(node, group, self._wait_ms(long_poll))
+        except errors.TributaryError:
+            results = None
+        polls: dict[int, _Poll] = {}
+        again = []
+        for position, index in enumerate(group):
+            result = results[position] if results is not None else None
+            error = result.header.error() if result is not None else None
+            if result is not None and error is None:
+                polls[index] = _Poll(result.header, result.records, aborted=result.aborted)
+            elif result is not None and error is not None and not error.retriable:
+                polls[index] = _Poll(error=error)
+            else:
+                again.append(index)
+        if again:
+            # Not long-polled again: the first of them to answer ends this poll.
+            for answer in await asyncio.gather(*(self._poll_one(i, long_poll=False) for i in again)):
+                polls.update(answer)
+        return polls
+
+    async def _poll_one(self, index: int, *, long_poll: bool) -> dict[int, _Poll]:
+        return {index: await self._poll(index, long_poll=long_poll)}
+
+    def _wait_ms(self, long_poll: bool) -> int:
+        if not long_poll:
+            return 0
+        return max(0, int((self._deadline - asyncio.get_running_loop().time()) * 1000))
 
     async def _poll(self, index: int, *, long_poll: bool) -> _Poll:
         part = self.parts[index]
@@ -286,12 +371,7 @@ class _FetchSession:
         for _ in range(_MAX_LEADER_CHASES):
             try:
                 node = await self._leader(part.topic, part.partition)
-                wait_ms = (
-                    max(0, int((self._deadline - asyncio.get_running_loop().time()) * 1000))
-                    if long_poll
-                    else 0
-                )
-                result = await self._read(node, part, wait_ms)
+                result = await self._read(node, part, self._wait_ms(long_poll))
                 error = result.header.error()
                 if error is None:
                     return _Poll(result.header, result.records, aborted=result.aborted)
@@ -307,6 +387,38 @@ class _FetchSession:
             if not error.retriable or not await self._leader_changed(part.topic, part.partition, node):
                 return _Poll(error=error)
         return _Poll(error=error)
+
+    async def _read_many(self, node: BrokerAddress, group: list[int], wait_ms: int):
+        """One fetch-port request for the partitions ``group`` on ``node``."""
+        room = self._total_room
+        fetches = [
+            multi.PartitionFetch(
+                self.parts[i].topic,
+                self.parts[i].partition,
+                self.parts[i].next_offset,
+                max(1, min(self.parts[i].room, room)),
+            )
+            for i in group
+        ]
+        read = self._router.clients.fetcher(node).fetch_many(
+            fetches,
+            max_bytes=max(1, room),
+            min_bytes=1,
+            max_wait_ms=wait_ms,
+            read_committed=self._command.read_committed,
+        )
+        if self._telemetry is None:
+            return await read
+        span = self._telemetry.start_fetch_port_read_many(
+            [(f.topic, f.partition) for f in fetches], node.host, node.fetch_port
+        )
+        try:
+            results = await read
+        except BaseException as exc:
+            self._telemetry.end_fetch_port_read(span, 0, exc)
+            raise
+        self._telemetry.end_fetch_port_read(span, sum(len(r.records) for r in results), None)
+        return results
 
     async def _read(self, node: BrokerAddress, part: PartitionData, wait_ms: int):
         """One fetch-port request for ``part`` (inside a CLIENT span when tracing)."""

@@ -125,6 +125,26 @@ class GatewayInstruments:
             },
         )
 
+    def start_fetch_port_read_many(self, partitions: list[tuple[str, int]], host: str, port: int):
+        """A CLIENT span around one fetch-port request for several partitions of one node."""
+        if self._tracer is None:
+            return None
+        topics = sorted({topic for topic, _ in partitions})
+        topic = topics[0] if len(topics) == 1 else f"{len(topics)} topics"
+        return self._tracer.start_span(
+            f"{names.SPAN_FETCH_PORT} {topic}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                names.MESSAGING_OPERATION_TYPE: "receive",
+                names.MESSAGING_OPERATION_NAME: names.SPAN_FETCH_PORT,
+                names.MESSAGING_DESTINATION_NAME: topic,
+                names.ATTR_PARTITION_COUNT: len(partitions),
+                names.SERVER_ADDRESS: host,
+                names.SERVER_PORT: port,
+            },
+        )
+
     @staticmethod
     def end_fetch_port_read(span, size: int, error=None) -> None:
         if span is None:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services import errors
 from services.fetchport import multi, protocol
@@ -23,6 +25,13 @@ class FetchResult:
     header: protocol.FetchResponseHeader
     records: bytes
     aborted: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def correlation_id(self) -> int:
+        return self.header.correlation_id
+
+
+_Answer = TypeVar("_Answer", FetchResult, multi.MultiFetchResponse)
 
 
 class _Connection:
@@ -48,8 +57,8 @@ class _Connection:
             )
         return FetchResult(header, records)
 
-    async def round_trip_committed(self, request: multi.MultiFetchRequest) -> FetchResult:
-        """A one-partition read_committed fetch (version-1 frames), as a :class:`FetchResult`."""
+    async def round_trip_multi(self, request: multi.MultiFetchRequest) -> multi.MultiFetchResponse:
+        """One version-1 (many partitions) request and its whole answer."""
         self.writer.write(multi.encode_request(request))
         await self.writer.drain()
         (size,) = protocol.SIZE.unpack(await self.reader.readexactly(4))
@@ -61,23 +70,7 @@ class _Connection:
                 f"fetch response for correlation id {response.correlation_id}, "
                 f"expected {request.correlation_id}"
             )
-        if response.error_code or not response.partitions:
-            header = protocol.FetchResponseHeader(
-                response.correlation_id, response.error_code, -1, -1, -1, response.message, 0
-            )
-            return FetchResult(header, b"")
-        part = response.partitions[0]
-        h = part.header
-        header = protocol.FetchResponseHeader(
-            response.correlation_id,
-            h.error_code,
-            h.last_stable_offset if h.error_code == 0 else h.high_watermark,
-            h.log_start_offset,
-            h.log_end_offset,
-            h.message,
-            h.records_length,
-        )
-        return FetchResult(header, bytes(part.records), h.aborted)
+        return response
 
     def close(self) -> None:
         self.writer.close()
@@ -121,41 +114,91 @@ class FetchClient:
         """One fetch. Server-side errors are returned in ``result.header`` (see ``.error()``);
         connection failures raise BrokerNotAvailableError / NetworkError. ``read_committed``:
         only below the last stable offset, with the aborted transactions (see FetchResult)."""
-        correlation = next(self._correlation)
+        if read_committed:
+            (result,) = await self.fetch_many(
+                [multi.PartitionFetch(topic, partition, offset, max_bytes)],
+                max_bytes=max_bytes,
+                min_bytes=min_bytes,
+                max_wait_ms=max_wait_ms,
+                read_committed=True,
+            )
+            return result
+        request = protocol.FetchRequest(
+            next(self._correlation), topic, partition, offset, max_bytes, min_bytes, max_wait_ms
+        )
+        return await self._exchange(lambda conn: conn.round_trip(request))
+
+    async def fetch_many(
+        self,
+        partitions: Sequence[multi.PartitionFetch],
+        *,
+        max_bytes: int,
+        min_bytes: int = 1,
+        max_wait_ms: int = 0,
+        read_committed: bool = False,
+    ) -> list[FetchResult]:
+        """One version-1 request for many partitions of this node: a result per partition, in
+        order. The node long-polls until ``min_bytes`` are available across them (or an error is
+        to be reported, or ``max_wait_ms`` passed), and bounds the record bytes by ``max_bytes``
+        (the first batch goes whole). A request-level error becomes every partition's error."""
+        request = multi.MultiFetchRequest(
+            next(self._correlation),
+            multi.CONSUMER_REPLICA_ID,
+            tuple(partitions),
+            max_bytes,
+            min_bytes,
+            max_wait_ms,
+            multi.READ_COMMITTED if read_committed else multi.READ_UNCOMMITTED,
+        )
+        response = await self._exchange(lambda conn: conn.round_trip_multi(request))
+        return _results(response, request)
+
+    async def _exchange(self, round_trip: Callable[[_Connection], Awaitable[_Answer]]) -> _Answer:
+        """Run one round trip on a pooled (or new) connection; failures close the connection."""
         async with self._slots:
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
-                if read_committed:
-                    result = await conn.round_trip_committed(
-                        multi.MultiFetchRequest(
-                            correlation,
-                            multi.CONSUMER_REPLICA_ID,
-                            (multi.PartitionFetch(topic, partition, offset, max_bytes),),
-                            max_bytes,
-                            min_bytes,
-                            max_wait_ms,
-                            multi.READ_COMMITTED,
-                        )
-                    )
-                else:
-                    result = await conn.round_trip(
-                        protocol.FetchRequest(
-                            correlation, topic, partition, offset, max_bytes, min_bytes, max_wait_ms
-                        )
-                    )
+                answer = await round_trip(conn)
             except (OSError, asyncio.IncompleteReadError) as exc:
                 conn.close()
                 raise errors.NetworkError(f"fetch from {self.host}:{self.port} failed: {exc!r}") from exc
             except BaseException:
                 conn.close()
                 raise
-            if result.header.correlation_id == -1:
+            if answer.correlation_id == -1:
                 conn.close()  # the node answers -1 to what it will not serve, then closes
             else:
                 self._idle.append(conn)
-            return result
+            return answer
 
     async def close(self) -> None:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+
+
+def _results(response: multi.MultiFetchResponse, request: multi.MultiFetchRequest) -> list[FetchResult]:
+    """A version-1 answer as one :class:`FetchResult` per requested partition, in order. For
+    read_committed the header's high watermark is the last stable offset (what may be read)."""
+    committed = request.isolation_level == multi.READ_COMMITTED
+    if response.error_code or len(response.partitions) != len(request.partitions):
+        code = response.error_code or errors.CorruptRecordError.kafka_code
+        message = response.message or (
+            f"the node answered {len(response.partitions)} partitions for {len(request.partitions)}"
+        )
+        header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)
+        return [FetchResult(header, b"") for _ in request.partitions]
+    results = []
+    for part in response.partitions:
+        h = part.header
+        header = protocol.FetchResponseHeader(
+            response.correlation_id,
+            h.error_code,
+            h.last_stable_offset if committed and h.error_code == 0 else h.high_watermark,
+            h.log_start_offset,
+            h.log_end_offset,
+            h.message,
+            h.records_length,
+        )
+        results.append(FetchResult(header, bytes(part.records), h.aborted))
+    return results

@@ -64,6 +64,8 @@ MESSAGING_BATCH_MESSAGE_COUNT: Final = "messaging.batch.message_count"
 
 #: Bytes of record batches in one append / fetch (span attribute).
 ATTR_BATCH_BYTES: Final = "tributary.batch.bytes"
+#: How many partitions one fetch-port request carried (the gateway asks a node for all of its at once).
+ATTR_PARTITION_COUNT: Final = "tributary.partition.count"
 #: First and last offset an append was given (span attributes).
 ATTR_BASE_OFFSET: Final = "tributary.base_offset"
 ATTR_LAST_OFFSET: Final = "tributary.last_offset"
