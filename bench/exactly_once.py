@@ -29,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.replication import load_line
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=None, help="markdown report (default bench/reports/)")
     args = parser.parse_args(argv)
 
+    load_at_start = os.getloadavg()[0]
     spec = LocalClusterSpec(storage_nodes=3, coordinators=1, gateways=1, session_timeout_s=2)
     plain: list[float] = []
     idempotent: list[float] = []
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         f"3 storage nodes, 1 coordinator, 1 gateway and the client on {os.cpu_count()} cores (loopback); "
         f"{args.records:,} records of {RECORD_BYTES} bytes per run through the Python SDK, RF 3 "
         f"topics of {PARTITIONS} partitions with min.insync.replicas=2, acks=all, SDK defaults "
-        f"(16 KB batches, 5 ms linger); best of {args.rounds} interleaved runs.",
+        f"(16 KB batches, 5 ms linger); best of {args.rounds} interleaved runs. {load_line(load_at_start)}",
         "",
         "| measure | value | target |",
         "|---|--:|---|",
