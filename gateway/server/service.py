@@ -64,7 +64,12 @@ class GatewayService:
         self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
         cache = MetadataWatch(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
         self.router = Router(
-            cache, NodeClients(fetch_connections=config.fetch_connections_per_node, interceptors=interceptors)
+            cache,
+            NodeClients(
+                fetch_connections=config.fetch_connections_per_node,
+                interceptors=interceptors,
+                data_port_appends=config.storage_appends_via_data_port,
+            ),
         )
         self.router.start()
         self.produce = ProduceHandler(
