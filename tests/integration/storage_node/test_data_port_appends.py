@@ -147,6 +147,8 @@ def test_pipelined_appends_of_a_partition_keep_their_order(node, port):
         assert result.error is None
         answers[response.correlation_id] = result.base_offset
     assert sorted(answers) == list(range(count))
+    traffic = _traffic(node)
+    assert (traffic.data_port_appends, traffic.data_port_append_connections) == (count, 1)
     for p in range(3):
         mine = [i for i in range(count) if sent[i] == p]
         assert [answers[i] for i in mine] == list(range(len(mine)))  # offsets in request order
@@ -209,6 +211,8 @@ def test_bad_frames_are_refused_without_touching_stored_data(node, case):
         pass  # closed without an answer
     assert bad.closed()
     bad.close()
+    if case not in ("negative size", "garbage"):  # those two never reach the append reader
+        assert _traffic(node).data_port_append_errors == 1
     assert _partition_files(node, "keep") == before
     assert writer.append("keep", 0, make_batch([b"still"])).error is None
     writer.close()
