@@ -13,7 +13,8 @@ REQUEST_TIMED_OUT. As over gRPC, an append that failed that way may still have b
 (at-least-once).
 
 A node that does not take appends on its data port (an older node: it answers the opening
-probe with UNSUPPORTED_VERSION) is remembered for :data:`UNSUPPORTED_RECHECK_S`, during which
+probe with UNSUPPORTED_VERSION; or any peer that closes or stays silent instead of answering the
+probe) is remembered for :data:`UNSUPPORTED_RECHECK_S`, during which
 :meth:`NodeAppends.append` returns None and the caller uses gRPC.
 
 Not thread-safe: one event loop.
@@ -31,6 +32,7 @@ from services.acks import Acks
 from services.append_result import AppendResult
 from services.fetchport import append as frames
 from services.fetchport.protocol import SIZE
+from services.grpc_server import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,11 @@ class _Link:
                 body = await _read_frame(self.reader)
                 correlation_id = frames.response_correlation_id(body)
                 if correlation_id == frames.CONNECTION_ERROR_ID:
-                    failure = frames.connection_error(body)
+                    # Not knowing which append was refused, fail all in flight retriably (a bad
+                    # frame is the gateway's bug; the node wrote nothing of it).
+                    failure = errors.NetworkError(
+                        f"{self.name} closed the data-port connection: {frames.connection_error(body)}"
+                    )
                     break
                 response = frames.decode_response_body(body)
                 future = self.pending.pop(correlation_id, None)
@@ -127,7 +133,8 @@ class NodeAppends:
         leader_epochs: Mapping[int, int] | None = None,
     ) -> dict[int, AppendResult] | None:
         """Append each partition's batches; None when the node takes no appends on its data
-        port (use gRPC). Failures are per-partition results, never exceptions."""
+        port, or the request is beyond its frame bound (use gRPC). Failures are per-partition
+        results, never exceptions."""
         if not self.usable:
             return None
         epochs = leader_epochs or {}
@@ -135,10 +142,13 @@ class NodeAppends:
             link = await self._ensure_link(timeout_s)
         except _Unsupported:
             return None
-        except (OSError, TimeoutError, errors.TributaryError) as exc:
+        except (OSError, EOFError, TimeoutError, errors.TributaryError) as exc:
             error = exc if isinstance(exc, errors.TributaryError) else None
             error = error or errors.NetworkError(f"cannot reach {self._name} for appends: {exc!r}")
             return {p: AppendResult(topic, p, error=error) for p in payloads}
+        frame_size = frames.REQUEST_FIXED_SIZE + sum(len(d) + len(topic) + 14 for d in payloads.values())
+        if frame_size > MAX_MESSAGE_BYTES:
+            return None  # beyond the node's frame bound: gRPC answers it as it always did
         correlation_id = next(link.ids)
         request = frames.AppendRequest(
             correlation_id,
@@ -195,27 +205,35 @@ class NodeAppends:
         if error is None:
             self._link = attempt.result()
         elif isinstance(error, _Unsupported):
+            log.info("%s takes no appends on its data port (%s): using gRPC", self._name, error)
             self._unsupported_until = asyncio.get_running_loop().time() + UNSUPPORTED_RECHECK_S
 
     async def _connect(self) -> _Link:
-        """Open a connection and probe it (an append of no partitions, see the frame format)."""
+        """Open a connection and probe it (an append of no partitions, see the frame format).
+
+        Raises _Unsupported when the peer answers the probe with anything but an empty version-2
+        answer, or closes, or stays silent: an older node, or not a storage node at all.
+        """
         async with asyncio.timeout(self._connect_timeout_s):
             reader, writer = await asyncio.open_connection(self.host, self.port)
-            try:
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
                 writer.write(frames.probe(0))
                 body = await _read_frame(reader)
-                if frames.response_correlation_id(body) == frames.CONNECTION_ERROR_ID:
-                    refusal = frames.connection_error(body)
-                    if isinstance(refusal, errors.UnsupportedVersionError):
-                        log.info("%s takes no appends on its data port (%s): using gRPC", self._name, refusal)
-                        raise _Unsupported()
+            if frames.response_correlation_id(body) == frames.CONNECTION_ERROR_ID:
+                refusal = frames.connection_error(body)
+                if refusal.retriable:  # e.g. the node's connection cap: try again later
                     raise refusal
-                answer = frames.decode_response_body(body)
-                if answer.correlation_id != 0 or answer.error is not None:
-                    raise errors.NetworkError(f"{self._name} answered the probe with {answer}")
-            except BaseException:
-                writer.close()
-                raise
+                raise _Unsupported(str(refusal))
+            answer = frames.decode_response_body(body)
+            if answer.correlation_id != 0 or answer.error is not None:
+                raise _Unsupported(f"answered the probe with {answer}")
+        except (EOFError, TimeoutError, errors.CorruptRecordError) as exc:
+            writer.close()
+            raise _Unsupported(f"no version-2 answer to the probe: {exc!r}") from exc
+        except BaseException:
+            writer.close()
+            raise
         link = _Link(reader, writer, self._name)
         link.task = asyncio.get_running_loop().create_task(link.read_answers(), name=f"appends-{self._name}")
         return link

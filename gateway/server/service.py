@@ -68,7 +68,7 @@ class GatewayService:
             NodeClients(
                 fetch_connections=config.fetch_connections_per_node,
                 interceptors=interceptors,
-                data_port_appends=config.storage_appends_via_data_port,
+                data_port_appends=config.data_port_appends,
             ),
         )
         self.router.start()
