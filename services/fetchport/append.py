@@ -60,9 +60,10 @@ that does not answers a version-0 error frame (``protocol.encode_response_header
 and the error code, which is all :func:`connection_error` reads. The client then uses gRPC.
 
 Bad input: a frame whose size is outside ``1..max_frame`` (the node's bound on an append, as its
-gRPC message bound), whose version is unknown, or that does not parse is answered with a
-connection-level error (correlation id -1, INVALID_REQUEST or UNSUPPORTED_VERSION) and the
-connection is closed; nothing of it is written. A record batch that parses as a frame but not as
+gRPC message bound), whose version is unknown, or that does not parse ends the connection: the
+node reads no further, answers the requests before it, then a connection-level error
+(correlation id -1, INVALID_REQUEST or UNSUPPORTED_VERSION), and closes; nothing of the bad frame
+is written. A record batch that parses as a frame but not as
 batches is a per-partition error (CORRUPT_MESSAGE), as over gRPC.
 """
 

@@ -17,8 +17,9 @@ previous append of the same partition on this connection has been written or has
 Bounds, so that no client can make the node grow without limit or stall other clients:
 
 * a frame larger than ``max_frame_bytes`` (the node's message bound, as for gRPC) is refused
-  before its body is read: a connection-level error (correlation id -1) and the connection closed;
-  so is a frame that does not parse, or has an unknown version. Nothing of it is written;
+  before its body is read: the connection is read no further, the requests already in flight are
+  answered, then a connection-level error (correlation id -1), and the connection is closed; so
+  is a frame that does not parse, or has an unknown version. Nothing of it is written;
 * a frame's buffer grows as its bytes arrive (at most twice what arrived, plus 64 KiB), so a
   client that announces a large frame and stalls holds little memory, and is dropped after
   ``frame_timeout`` seconds; an idle connection after ``idle_timeout``;
@@ -117,6 +118,8 @@ class AppendConnection:
         self._room = asyncio.Event()
         self._room.set()
         self._broken = False
+        #: The connection-level error to answer once in-flight requests are answered.
+        self._refusal: bytes | None = None
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -201,10 +204,11 @@ class AppendConnection:
         return buf
 
     def _refuse(self, error: errors.TributaryError) -> bool:
-        """Answer a connection-level error after the answers already queued; close after."""
+        """Stop reading: the connection-level error goes out once the requests already in
+        flight are answered (so the client need not doubt them), then the connection closes."""
         self._stats.append_errors += 1
         log.info("append connection refused a frame: %s", error)
-        self._send(frames.encode_error_response(frames.CONNECTION_ERROR_ID, error))
+        self._refusal = frames.encode_error_response(frames.CONNECTION_ERROR_ID, error)
         return False
 
     # ---- serving ---------------------------------------------------------------------------------
@@ -323,8 +327,10 @@ class AppendConnection:
             self._room.clear()
 
     async def _finish(self) -> None:
-        """No more requests: let those in flight answer, then flush the answers."""
+        """No more requests: let those in flight answer, then the refusal if any, then flush."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._refusal is not None:
+            self._send(self._refusal)
         if self._sender is not None:
             await asyncio.gather(self._sender, return_exceptions=True)
