@@ -20,9 +20,11 @@ Bounds, so that no client can make the node grow without limit or stall other cl
   before its body is read: the connection is read no further, the requests already in flight are
   answered, then a connection-level error (correlation id -1), and the connection is closed; so
   is a frame that does not parse, or has an unknown version. Nothing of it is written;
-* a frame's buffer grows as its bytes arrive (at most twice what arrived, plus 64 KiB), so a
-  client that announces a large frame and stalls holds little memory, and is dropped after
-  ``frame_timeout`` seconds; an idle connection after ``idle_timeout``;
+* a connection reads into one 64 KiB buffer: the frames that fit are parsed out of it (many small
+  frames per system call, each body copied out once), a larger frame is received in place into
+  its own buffer, which grows as its bytes arrive (at most twice what arrived), so a client that
+  announces a large frame and stalls holds little memory, and is dropped after ``frame_timeout``
+  seconds; an idle connection after ``idle_timeout``;
 * at most ``max_in_flight_bytes`` of requests and ``max_in_flight_requests`` requests are in
   flight per connection, and at most ``max_unsent_bytes`` of answers wait for a slow reader:
   past these the connection is not read until they drain (TCP back-pressure).
@@ -48,8 +50,9 @@ log = logging.getLogger(__name__)
 
 #: Deadline of an acks=all append whose request sets none (as the gRPC servicer's).
 DEFAULT_TIMEOUT_MS = 30_000
-#: A frame body up to this size is allocated at once; beyond, its buffer grows as bytes arrive.
-_EAGER_BYTES = 64 << 10
+#: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
+#: frames, the body copied out once); larger ones are received in place into their own buffer.
+_READ_BUFFER_BYTES = 64 << 10
 
 
 class Appender(Protocol):
@@ -120,16 +123,23 @@ class AppendConnection:
         self._broken = False
         #: The connection-level error to answer once in-flight requests are answered.
         self._refusal: bytes | None = None
+        self._rbuf = bytearray(_READ_BUFFER_BYTES)
+        self._rview = memoryview(self._rbuf)
+        #: Unread bytes are ``_rbuf[_rstart:_rend]``.
+        self._rstart = 0
+        self._rend = 0
+        self._flush_scheduled = False
 
     # ---- reading ---------------------------------------------------------------------------------
 
     async def serve(self, size: int, version_bytes: bytes) -> None:
         """Serve the connection, whose first frame's size and version were read already."""
+        head = SIZE.pack(size) + version_bytes  # put them back in front of the rest
+        self._rbuf[: len(head)] = head
+        self._rend = len(head)
         try:
-            while True:
-                if not await self._take_frame(size, version_bytes):
-                    break
-                size, version_bytes = await self._next_frame_start()
+            while await self._take_frame():
+                pass
             await self._finish()
         except (PeerClosed, TimeoutError, ConnectionError):
             await self._finish()
@@ -139,18 +149,11 @@ class AppendConnection:
             if self._sender is not None:
                 self._sender.cancel()
 
-    async def _next_frame_start(self) -> tuple[int, bytes]:
-        async with asyncio.timeout(self._idle_timeout):
-            head = await self._recv_exactly(SIZE.size)
-        (size,) = SIZE.unpack(head)
-        if size < 2:
-            return size, b""
-        async with asyncio.timeout(self._frame_timeout):
-            return size, await self._recv_exactly(2)
-
-    async def _take_frame(self, size: int, version_bytes: bytes) -> bool:
+    async def _take_frame(self) -> bool:
         """Read, decode and start one request; False when the connection must close."""
         limits = self._limits
+        await self._fill(SIZE.size, self._idle_timeout)
+        (size,) = SIZE.unpack_from(self._rbuf, self._rstart)
         if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes:
             return self._refuse(
                 errors.InvalidRequestError(
@@ -158,7 +161,8 @@ class AppendConnection:
                     f"{limits.max_frame_bytes} (the node's message bound)"
                 )
             )
-        version = frames.request_version(version_bytes)
+        await self._fill(SIZE.size + 2, self._frame_timeout)
+        version = frames.request_version(self._rview[self._rstart + SIZE.size :])
         if version != frames.APPEND_VERSION:
             return self._refuse(
                 errors.UnsupportedVersionError(
@@ -168,8 +172,14 @@ class AppendConnection:
             )
         while not self._room.is_set():
             await self._room.wait()
-        async with asyncio.timeout(self._frame_timeout):
-            body = await self._recv_body(size, version_bytes)
+        body: bytes | bytearray
+        if SIZE.size + size <= len(self._rbuf):
+            await self._fill(SIZE.size + size, self._frame_timeout)
+            start = self._rstart + SIZE.size
+            body = bytes(self._rview[start : start + size])
+            self._rstart = start + size
+        else:
+            body = await self._read_large(size)
         try:
             request = frames.decode_request_body(body)
         except errors.TributaryError as exc:
@@ -177,30 +187,47 @@ class AppendConnection:
         self._start(request, size)
         return True
 
-    async def _recv_exactly(self, size: int) -> bytes:
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        while got < size:
-            n = await self._loop.sock_recv_into(self._sock, view[got:])
-            if n == 0:
-                raise PeerClosed()
-            got += n
-        return bytes(buf)
+    async def _fill(self, need: int, timeout: float) -> None:
+        """Until the read buffer holds ``need`` unread bytes (at most its size); ``timeout`` s."""
+        if self._rend - self._rstart >= need:
+            return
+        if self._rstart + need > len(self._rbuf):  # move the unread bytes to the front
+            unread = bytes(self._rview[self._rstart : self._rend])
+            self._rbuf[: len(unread)] = unread
+            self._rstart, self._rend = 0, len(unread)
+        deadline = self._loop.time() + timeout
+        while self._rend - self._rstart < need:
+            self._rend += await self._recv_into(self._rview[self._rend :], deadline)
 
-    async def _recv_body(self, size: int, version_bytes: bytes) -> bytearray:
-        """The whole body (``version_bytes`` then the rest) in one buffer, received in place."""
-        buf = bytearray(min(size, _EAGER_BYTES))
-        buf[:2] = version_bytes
-        got = 2
+    async def _recv_into(self, view: memoryview, deadline: float) -> int:
+        """Receive into ``view``: at once when bytes are waiting, else by ``deadline``."""
+        try:
+            got = self._sock.recv_into(view)
+        except BlockingIOError:
+            async with asyncio.timeout_at(deadline):
+                got = await self._loop.sock_recv_into(self._sock, view)
+        if got == 0:
+            raise PeerClosed()
+        return got
+
+    async def _read_large(self, size: int) -> bytearray:
+        """A frame larger than the read buffer, received in place into its own buffer, which
+        grows as bytes arrive (a stalled sender holds little)."""
+        deadline = self._loop.time() + self._frame_timeout
+        start = self._rstart + SIZE.size
+        buffered = self._rend - start
+        buf = bytearray(max(buffered, _READ_BUFFER_BYTES))
+        buf[:buffered] = self._rview[start : self._rend]
+        self._rstart = self._rend = 0
+        got = buffered
         while got < size:
-            if got == len(buf):  # grow as bytes arrive: a stalled sender holds little
+            if got == len(buf):
                 buf.extend(bytes(min(size, 2 * len(buf)) - len(buf)))
-            with memoryview(buf) as view:
-                n = await self._loop.sock_recv_into(self._sock, view[got:])
-            if n == 0:
-                raise PeerClosed()
-            got += n
+            view = memoryview(buf)[got:]
+            try:
+                got += await self._recv_into(view, deadline)
+            finally:
+                view.release()
         return buf
 
     def _refuse(self, error: errors.TributaryError) -> bool:
@@ -283,24 +310,36 @@ class AppendConnection:
     # ---- writing ---------------------------------------------------------------------------------
 
     def _send(self, frame: bytes) -> None:
-        """Send an answer now if the socket takes it, else queue it for the sender task."""
+        """Queue an answer; the answers completed in one turn of the event loop go out in one
+        send (``_flush``), instead of one system call each."""
         if self._broken:
             return
-        if not self._unsent:
-            try:
-                sent = self._sock.send(frame)
-            except BlockingIOError:
-                sent = 0
-            except OSError:
-                self._broken = True
-                return
-            if sent == len(frame):
-                return
-            frame = frame[sent:]
         self._unsent.append(frame)
         self._unsent_bytes += len(frame)
-        if self._sender is None or self._sender.done():
+        if not self._flush_scheduled and (self._sender is None or self._sender.done()):
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what is queued if the socket takes it, else hand the rest to the sender task."""
+        self._flush_scheduled = False
+        if self._broken or not self._unsent or (self._sender is not None and not self._sender.done()):
+            return
+        data = self._unsent[0] if len(self._unsent) == 1 else b"".join(self._unsent)
+        self._unsent.clear()
+        self._unsent_bytes = 0
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._broken = True
+            return
+        if sent < len(data):
+            self._unsent.append(data[sent:])
+            self._unsent_bytes = len(data) - sent
             self._sender = self._loop.create_task(self._send_routine())
+        self._update_room()
 
     async def _send_routine(self) -> None:
         try:
@@ -332,5 +371,6 @@ class AppendConnection:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._refusal is not None:
             self._send(self._refusal)
+        self._flush()
         if self._sender is not None:
             await asyncio.gather(self._sender, return_exceptions=True)

@@ -145,7 +145,7 @@ def test_in_flight_appends_fail_retriably_when_the_node_dies_mid_stream(fixed_no
             batch = make_batch([b"v" * 1000] * 50)
             tasks = [
                 asyncio.create_task(appends.append("mid", {0: batch}, acks=Acks.ALL, timeout_s=10))
-                for _ in range(400)
+                for _ in range(1500)
             ]
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)  # answers are flowing
             fixed_node.process.kill()

@@ -175,3 +175,22 @@ async def test_a_client_stalled_mid_frame_is_dropped_after_the_frame_timeout():
     await asyncio.wait_for(task, 5)  # the server gave up on the frame
     assert await reader.read() == b""
     assert appender.written == []
+
+
+@run_async
+async def test_large_frames_sent_in_pieces_and_many_small_frames_in_one_write():
+    appender = HeldAppender()
+    reader, writer, _, task = await _start(appender)
+    large = bytes(range(256)) * 1200  # ~300 KiB: beyond the read buffer
+    frame = _request(1, ("t", 0, large))
+    for i in range(0, len(frame), 7001):
+        writer.write(frame[i : i + 7001])
+        await writer.drain()
+    small = b"".join(_request(2 + i, ("t", 1, b"s%d" % i)) for i in range(500))
+    writer.write(small)
+    answers = sorted([(await asyncio.wait_for(_read(reader), 5)).correlation_id for _ in range(501)])
+    assert answers == list(range(1, 502))
+    assert appender.written[0] == ("t", 0, large)
+    assert [d for _, p, d in appender.written if p == 1] == [b"s%d" % i for i in range(500)]
+    writer.close()
+    await asyncio.wait_for(task, 5)
