@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.telemetry import names
 from services.telemetry.metrics import RunningTotals, TopicAttributes, partition_attributes
+from services.telemetry.rpc import extract_context
 
 
 class StorageNodeInstruments:
@@ -130,6 +132,19 @@ class StorageNodeInstruments:
             ]
 
         return observe
+
+    def data_port_append_span(self, trace_context: Iterable[tuple[str, str]]):
+        """A context manager: the SERVER span of one data-port append request, current while it
+        is served (the partition appends' spans are its children), child of the sender's span
+        named by the frame's trace context; does nothing without a tracer."""
+        if self._tracer is None:
+            return contextlib.nullcontext()
+        return self._tracer.start_as_current_span(
+            names.SPAN_DATA_PORT_APPEND,
+            context=extract_context(trace_context),
+            kind=SpanKind.SERVER,
+            attributes={names.RPC_SYSTEM_NAME: names.DATA_PORT_RPC_SYSTEM, names.RPC_METHOD: "Append"},
+        )
 
     def start_append(self, topic: str, partition: int, size: int):
         """The span around one partition's append (a child of the Append server span), or None."""

@@ -27,12 +27,16 @@ import itertools
 import logging
 from collections.abc import Mapping
 
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
 from services.fetchport import append as frames
 from services.fetchport.protocol import SIZE
 from services.grpc_server import MAX_MESSAGE_BYTES
+from services.telemetry import names
+from services.telemetry.rpc import inject_metadata
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +112,12 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 class NodeAppends:
     """Appends to one storage node over its data port (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 5.0, tracer=None) -> None:
         self.host = host
         self.port = port
+        #: The gateway's tracer when telemetry is on: a CLIENT span per append, its context sent
+        #: in the frame so the node's spans join the trace.
+        self._tracer = tracer
         self._connect_timeout_s = connect_timeout_s
         self._name = f"{host}:{port}"
         self._link: _Link | None = None
@@ -137,6 +144,39 @@ class NodeAppends:
         results, never exceptions."""
         if not self.usable:
             return None
+        if self._tracer is None:
+            return await self._append(topic, payloads, acks, timeout_s, leader_epochs, ())
+        span = self._tracer.start_span(
+            names.SPAN_DATA_PORT_APPEND,
+            kind=SpanKind.CLIENT,
+            attributes={
+                names.RPC_SYSTEM_NAME: names.DATA_PORT_RPC_SYSTEM,
+                names.RPC_METHOD: "Append",
+                names.SERVER_ADDRESS: self.host,
+                names.SERVER_PORT: self.port,
+                names.MESSAGING_DESTINATION_NAME: topic,
+            },
+        )
+        try:
+            trace_context = tuple(inject_metadata(ctx=set_span_in_context(span)))
+            results = await self._append(topic, payloads, acks, timeout_s, leader_epochs, trace_context)
+            failed = [r.error for r in (results or {}).values() if r.error is not None]
+            if failed:
+                span.set_attribute(names.ERROR_TYPE, failed[0].reason)
+                span.set_status(Status(StatusCode.ERROR, str(failed[0])))
+            return results
+        finally:
+            span.end()
+
+    async def _append(
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes],
+        acks: Acks,
+        timeout_s: float,
+        leader_epochs: Mapping[int, int] | None,
+        trace_context: tuple[tuple[str, str], ...],
+    ) -> dict[int, AppendResult] | None:
         epochs = leader_epochs or {}
         try:
             link = await self._ensure_link(timeout_s)
@@ -158,6 +198,7 @@ class NodeAppends:
                 frames.PartitionAppend(topic, p, data, epochs.get(p, frames.NO_EPOCH))
                 for p, data in payloads.items()
             ),
+            trace_context,
         )
         if not link.alive:  # lost while this append waited for it
             error = errors.NetworkError(f"the data-port connection to {self._name} was lost")

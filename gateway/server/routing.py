@@ -175,11 +175,14 @@ class NodeClients:
         fetch_connections: int = 64,
         interceptors: Callable[[str], list] | None = None,
         data_port_appends: bool = True,
+        tracer=None,
     ) -> None:
         self._fetch_connections = fetch_connections
         #: Appends go over the nodes' data ports (``node_appends.py``); False = gRPC only.
         self._data_port_appends = data_port_appends
         self._appends: dict[tuple[str, int], NodeAppends] = {}
+        #: The gateway's tracer when telemetry is on (spans of the data-port appends), else None.
+        self._tracer = tracer
         #: target -> client interceptors for its channel (telemetry), or None.
         self._interceptors = interceptors
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -212,7 +215,7 @@ class NodeClients:
         key = (node.host, node.fetch_port)
         appends = self._appends.get(key)
         if appends is None:
-            appends = self._appends[key] = NodeAppends(node.host, node.fetch_port)
+            appends = self._appends[key] = NodeAppends(node.host, node.fetch_port, tracer=self._tracer)
         return appends
 
     async def prune(self, snapshot: ClusterSnapshot) -> None:

@@ -69,6 +69,7 @@ class GatewayService:
                 fetch_connections=config.fetch_connections_per_node,
                 interceptors=interceptors,
                 data_port_appends=config.data_port_appends,
+                tracer=self.telemetry.tracer if self.telemetry.enabled else None,
             ),
         )
         self.router.start()

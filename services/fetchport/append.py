@@ -23,6 +23,10 @@ Request (client -> node)::
     acks                 int8    0 none, 1 leader, -1 all (the in-sync replicas)
     timeout_ms           int32   how long acks=all waits for the in-sync replicas; 0 = the node's
                                  default (30 s)
+    trace_length         int16   then trace_length bytes of UTF-8: the sender's W3C trace context
+                                 headers (``traceparent``, ``tracestate``) as ``name:value``
+                                 lines joined by "\n", so the node's spans join the trace;
+                                 0 = none
     partition_count      int32   then, per partition:
       topic_length       int16   then topic_length bytes of UTF-8 (1..249)
       partition          int32   >= 0
@@ -85,7 +89,7 @@ NO_EPOCH = -1
 MAX_TOPIC_BYTES = 249
 
 _VERSION = struct.Struct(">h")
-_REQUEST_FIXED = struct.Struct(">hibii")  # version, correlation_id, acks, timeout_ms, partition_count
+_REQUEST_FIXED = struct.Struct(">hibih")  # version, correlation_id, acks, timeout_ms, trace_length
 _PARTITION_REQUEST = struct.Struct(">iii")  # partition, leader_epoch, records_length (after the topic)
 _RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
 _PARTITION_RESPONSE = struct.Struct(">ihqqqqi")  # partition .. record_count (after the topic)
@@ -93,8 +97,8 @@ _SHORT = struct.Struct(">h")
 _INT = struct.Struct(">i")
 _ACKS = {int(a): a for a in Acks}
 
-#: Bytes of a request before its partitions (after the size), and the least a partition takes.
-REQUEST_FIXED_SIZE = _REQUEST_FIXED.size
+#: The least a request takes (after the size), and the least a partition takes.
+REQUEST_FIXED_SIZE = _REQUEST_FIXED.size + _INT.size
 _PARTITION_MIN = _SHORT.size + 1 + _PARTITION_REQUEST.size
 
 
@@ -114,6 +118,29 @@ class AppendRequest:
     acks: Acks
     timeout_ms: int
     partitions: tuple[PartitionAppend, ...]
+    #: Trace context headers, ``(name, value)`` pairs (W3C ``traceparent``, ``tracestate``).
+    trace_context: tuple[tuple[str, str], ...] = ()
+
+
+def _trace_bytes(pairs: tuple[tuple[str, str], ...]) -> bytes:
+    data = "\n".join(f"{name}:{value}" for name, value in pairs).encode()
+    if len(data) > 32767:
+        raise ValueError(f"trace context of {len(data)} bytes is too long")
+    return data
+
+
+def _trace_pairs(data: bytes | memoryview) -> tuple[tuple[str, str], ...]:
+    try:
+        text = bytes(data).decode()
+    except UnicodeDecodeError as exc:
+        raise errors.InvalidRequestError("append request trace context is not UTF-8") from exc
+    pairs = []
+    for line in text.split("\n") if text else ():
+        name, colon, value = line.partition(":")
+        if not colon or not name:
+            raise errors.InvalidRequestError(f"append request trace context line {line!r} is not name:value")
+        pairs.append((name, value))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +175,9 @@ def encode_request_parts(request: AppendRequest) -> list[bytes | memoryview]:
     ``writelines``/``sendmsg``; ``b"".join`` of it is the frame."""
     if request.correlation_id < 0:
         raise ValueError(f"correlation id {request.correlation_id} is negative")
+    trace = _trace_bytes(request.trace_context)
     parts: list[bytes | memoryview] = [b""]
-    size = _REQUEST_FIXED.size
+    size = _REQUEST_FIXED.size + len(trace) + _INT.size
     for p in request.partitions:
         topic = _topic_bytes(p.topic)
         head = (
@@ -160,12 +188,13 @@ def encode_request_parts(request: AppendRequest) -> list[bytes | memoryview]:
         parts.append(head)
         parts.append(p.records)
         size += len(head) + len(p.records)
-    parts[0] = SIZE.pack(size) + _REQUEST_FIXED.pack(
-        APPEND_VERSION,
-        request.correlation_id,
-        int(request.acks),
-        request.timeout_ms,
-        len(request.partitions),
+    parts[0] = (
+        SIZE.pack(size)
+        + _REQUEST_FIXED.pack(
+            APPEND_VERSION, request.correlation_id, int(request.acks), request.timeout_ms, len(trace)
+        )
+        + trace
+        + _INT.pack(len(request.partitions))
     )
     return parts
 
@@ -188,9 +217,9 @@ def decode_request_body(body: bytes | bytearray | memoryview) -> AppendRequest:
     """Parse a request body (after the size field). Record bytes are views into ``body``, not
     copies. Raises InvalidRequestError (or UnsupportedVersionError) on bad input."""
     view = memoryview(body)
-    if len(view) < _REQUEST_FIXED.size:
+    if len(view) < REQUEST_FIXED_SIZE:
         raise errors.InvalidRequestError(f"append request of {len(view)} bytes is shorter than its header")
-    version, correlation_id, acks_value, timeout_ms, count = _REQUEST_FIXED.unpack_from(view)
+    version, correlation_id, acks_value, timeout_ms, trace_length = _REQUEST_FIXED.unpack_from(view)
     if version != APPEND_VERSION:
         raise errors.UnsupportedVersionError(f"append request version {version} (this node speaks 2)")
     if correlation_id < 0:
@@ -200,9 +229,16 @@ def decode_request_body(body: bytes | bytearray | memoryview) -> AppendRequest:
         raise errors.InvalidRequestError(f"append request acks {acks_value} is not 0, 1 or -1")
     if timeout_ms < 0:
         raise errors.InvalidRequestError(f"append request timeout_ms {timeout_ms} is negative")
-    if count < 0 or count * _PARTITION_MIN > len(view) - _REQUEST_FIXED.size:
+    position = _REQUEST_FIXED.size + trace_length
+    if trace_length < 0 or position + _INT.size > len(view):
+        raise errors.InvalidRequestError(
+            f"append request trace context length {trace_length} is out of bounds"
+        )
+    trace_context = _trace_pairs(view[_REQUEST_FIXED.size : position])
+    (count,) = _INT.unpack_from(view, position)
+    position += _INT.size
+    if count < 0 or count * _PARTITION_MIN > len(view) - position:
         raise errors.InvalidRequestError(f"append request announces {count} partitions its frame cannot hold")
-    position = _REQUEST_FIXED.size
     partitions = []
     seen: set[tuple[str, int]] = set()
     end = len(view)
@@ -215,7 +251,7 @@ def decode_request_body(body: bytes | bytearray | memoryview) -> AppendRequest:
         partitions.append(partition_append)
     if position != end:
         raise errors.InvalidRequestError(f"append request has {end - position} trailing bytes")
-    return AppendRequest(correlation_id, acks, timeout_ms, tuple(partitions))
+    return AppendRequest(correlation_id, acks, timeout_ms, tuple(partitions), trace_context)
 
 
 def _decode_partition(view: memoryview, position: int) -> tuple[PartitionAppend, int]:

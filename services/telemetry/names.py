@@ -152,3 +152,8 @@ CONSUMER_LAG: Final = "tributary.consumer.lag"  # gauge, {record}
 SPAN_STORAGE_APPEND: Final = "append"
 #: The gateway's read of one partition from a node's fetch port: ``fetch <topic>``.
 SPAN_FETCH_PORT: Final = "fetch"
+#: One append request on a node's data port (``services/fetchport/append.py``): the gateway's
+#: CLIENT span and the node's SERVER span, named like the gRPC method it stands in for.
+SPAN_DATA_PORT_APPEND: Final = "tributary.dataport/Append"
+#: ``rpc.system.name`` of the data port's spans.
+DATA_PORT_RPC_SYSTEM: Final = "tributary.dataport"

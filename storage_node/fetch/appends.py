@@ -33,6 +33,7 @@ Bounds, so that no client can make the node grow without limit or stall other cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from services.grpc_server import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
+_NO_SPAN = contextlib.nullcontext()
 #: Deadline of an acks=all append whose request sets none (as the gRPC servicer's).
 DEFAULT_TIMEOUT_MS = 30_000
 #: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
@@ -101,6 +103,7 @@ class AppendConnection:
         frame_timeout: float,
         idle_timeout: float,
         stats,
+        telemetry=None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._sock = sock
@@ -110,6 +113,8 @@ class AppendConnection:
         self._idle_timeout = idle_timeout
         #: The fetch server's FetchStats (``appends``, ``append_errors``).
         self._stats = stats
+        #: StorageNodeInstruments when telemetry is on (a SERVER span per request), else None.
+        self._telemetry = telemetry
         self._tasks: set[asyncio.Task] = set()
         self._in_flight_bytes = 0
         #: (topic, partition) -> a future done once the latest append of it on this connection
@@ -262,11 +267,12 @@ class AppendConnection:
 
     async def _serve_request(self, request: frames.AppendRequest, waits, size: int) -> None:
         try:
-            appends = [
-                self._append_in_order(request, p, previous, mine)
-                for p, (previous, mine) in zip(request.partitions, waits, strict=True)
-            ]
-            results = [await appends[0]] if len(appends) == 1 else list(await asyncio.gather(*appends))
+            with self._span(request.trace_context):
+                appends = [
+                    self._append_in_order(request, p, previous, mine)
+                    for p, (previous, mine) in zip(request.partitions, waits, strict=True)
+                ]
+                results = [await appends[0]] if len(appends) == 1 else list(await asyncio.gather(*appends))
             answer = frames.encode_response(request.correlation_id, results)
         except Exception as exc:  # a bug: answer it rather than leave the client waiting
             log.exception("append request %d failed", request.correlation_id)
@@ -276,6 +282,11 @@ class AppendConnection:
         finally:
             self._in_flight_bytes -= size
         self._send(answer)
+
+    def _span(self, trace_context):
+        """The request's SERVER span (telemetry on), current while it is served."""
+        telemetry = self._telemetry
+        return telemetry.data_port_append_span(trace_context) if telemetry is not None else _NO_SPAN
 
     async def _append_in_order(
         self,

@@ -431,6 +431,7 @@ class FetchServer:
                 frame_timeout=self._frame_timeout,
                 idle_timeout=self._idle_timeout,
                 stats=self.stats,
+                telemetry=self._telemetry,
             ).serve(size, version_bytes)
         finally:
             self.stats.append_connections -= 1

@@ -31,10 +31,17 @@ def _body(frame: bytes) -> bytes:
     acks=st.sampled_from(list(Acks)),
     timeout_ms=st.integers(0, 2**31 - 1),
     partitions=st.lists(partition_appends, max_size=6, unique_by=lambda p: (p.topic, p.partition)),
+    trace=st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=20).filter(lambda t: ":" not in t and "\n" not in t),
+            st.text(max_size=60).filter(lambda t: "\n" not in t),
+        ),
+        max_size=2,
+    ),
 )
 @settings(max_examples=200, deadline=None)
-def test_request_round_trip(correlation_id, acks, timeout_ms, partitions):
-    request = append.AppendRequest(correlation_id, acks, timeout_ms, tuple(partitions))
+def test_request_round_trip(correlation_id, acks, timeout_ms, partitions, trace):
+    request = append.AppendRequest(correlation_id, acks, timeout_ms, tuple(partitions), tuple(trace))
     frame = append.encode_request(request)
     body = _body(frame)
     assert append.request_version(body) == append.APPEND_VERSION
@@ -42,6 +49,7 @@ def test_request_round_trip(correlation_id, acks, timeout_ms, partitions):
     assert decoded.correlation_id == correlation_id
     assert decoded.acks is acks
     assert decoded.timeout_ms == timeout_ms
+    assert decoded.trace_context == tuple(trace)
     assert [(p.topic, p.partition, bytes(p.records), p.leader_epoch) for p in decoded.partitions] == [
         (p.topic, p.partition, p.records, p.leader_epoch) for p in partitions
     ]
@@ -159,15 +167,18 @@ def _request_body(**overrides) -> bytearray:
         (lambda b: b[:2] + b"\xff\xff\xff\xff" + b[6:], errors.InvalidRequestError),  # negative id
         (lambda b: b[:6] + b"\x05" + b[7:], errors.InvalidRequestError),  # acks 5
         (lambda b: b[:7] + b"\xff\xff\xff\xff" + b[11:], errors.InvalidRequestError),  # negative timeout
-        (lambda b: b[:11] + b"\x7f\xff\xff\xff" + b[15:], errors.InvalidRequestError),  # huge count
-        (lambda b: b[:11] + b"\xff\xff\xff\xff" + b[15:], errors.InvalidRequestError),  # negative count
-        (lambda b: b[:15] + b"\x7f\xff" + b[17:], errors.InvalidRequestError),  # topic length
-        (lambda b: b[:15] + b"\x00\x00" + b[17:], errors.InvalidRequestError),  # empty topic
-        (lambda b: b[:17] + b"\xff\xfe\xfd\xfc\xfb" + b[22:], errors.InvalidRequestError),  # not UTF-8
-        (lambda b: b[:22] + b"\xff\xff\xff\xff" + b[26:], errors.InvalidRequestError),  # negative partition
-        (lambda b: b[:26] + b"\xff\xff\xff\xfe" + b[30:], errors.InvalidRequestError),  # epoch -2
-        (lambda b: b[:30] + b"\x7f\xff\xff\xff" + b[34:], errors.InvalidRequestError),  # records past end
-        (lambda b: b[:30] + b"\xff\xff\xff\xff" + b[34:], errors.InvalidRequestError),  # negative records
+        (lambda b: b[:11] + b"\x7f\xff" + b[13:], errors.InvalidRequestError),  # trace past the end
+        (lambda b: b[:11] + b"\xff\xff" + b[13:], errors.InvalidRequestError),  # negative trace
+        (lambda b: b[:11] + b"\x00\x02ab" + b[13:], errors.InvalidRequestError),  # trace not name:value
+        (lambda b: b[:13] + b"\x7f\xff\xff\xff" + b[17:], errors.InvalidRequestError),  # huge count
+        (lambda b: b[:13] + b"\xff\xff\xff\xff" + b[17:], errors.InvalidRequestError),  # negative count
+        (lambda b: b[:17] + b"\x7f\xff" + b[19:], errors.InvalidRequestError),  # topic length
+        (lambda b: b[:17] + b"\x00\x00" + b[19:], errors.InvalidRequestError),  # empty topic
+        (lambda b: b[:19] + b"\xff\xfe\xfd\xfc\xfb" + b[24:], errors.InvalidRequestError),  # not UTF-8
+        (lambda b: b[:24] + b"\xff\xff\xff\xff" + b[28:], errors.InvalidRequestError),  # negative partition
+        (lambda b: b[:28] + b"\xff\xff\xff\xfe" + b[32:], errors.InvalidRequestError),  # epoch -2
+        (lambda b: b[:32] + b"\x7f\xff\xff\xff" + b[36:], errors.InvalidRequestError),  # records past end
+        (lambda b: b[:32] + b"\xff\xff\xff\xff" + b[36:], errors.InvalidRequestError),  # negative records
         (lambda b: b[:-1], errors.InvalidRequestError),  # truncated records
         (lambda b: b + b"junk", errors.InvalidRequestError),  # trailing bytes
     ],
