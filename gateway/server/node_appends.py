@@ -102,6 +102,14 @@ class _Link:
         self.writer.close()
 
 
+def _forget(link: _Link, correlation_id: int, future: asyncio.Future) -> None:
+    """Stop waiting for an answer (a late one is dropped); an exception the future got
+    meanwhile is taken, so asyncio does not report it as never retrieved."""
+    link.pending.pop(correlation_id, None)
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
 async def _read_frame(reader: asyncio.StreamReader) -> bytes:
     (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
     if not 0 < size <= MAX_RESPONSE_FRAME:
@@ -213,13 +221,13 @@ class NodeAppends:
             async with asyncio.timeout(max(timeout_s, 0.001)):
                 response = await future
         except TimeoutError:
-            link.pending.pop(correlation_id, None)
+            _forget(link, correlation_id, future)
             error = errors.RequestTimedOutError(
                 f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
             )
             return {p: AppendResult(topic, p, error=error) for p in payloads}
         except (OSError, errors.TributaryError) as exc:
-            link.pending.pop(correlation_id, None)
+            _forget(link, correlation_id, future)
             error = exc if isinstance(exc, errors.TributaryError) else errors.NetworkError(repr(exc))
             return {p: AppendResult(topic, p, error=error) for p in payloads}
         if response.error is not None:
