@@ -367,7 +367,7 @@ class FetchServer:
                 size_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 4), self._idle_timeout)
                 (size,) = protocol.SIZE.unpack(size_bytes)
                 version_bytes = b""
-                if size >= 2:
+                if 2 <= size <= max(multi.MAX_MULTI_REQUEST_FRAME, self.append_limits.max_frame_bytes):
                     version_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 2), self._frame_timeout)
                     if append_frames.request_version(version_bytes) == append_frames.APPEND_VERSION:
                         await self._serve_appends(conn, size, version_bytes)
