@@ -94,6 +94,10 @@ STORAGE_APPENDED_RECORDS: Final = "tributary.storage.appended.records"  # counte
 STORAGE_APPENDED_BYTES: Final = "tributary.storage.appended.bytes"  # counter, By
 #: Appends (one partition's batches each) that failed, per topic and reason.
 STORAGE_APPEND_ERRORS: Final = "tributary.storage.append.errors"  # counter, {append}
+#: Time from reading an append request on the data port to its answer (the data port's
+#: counterpart of StorageNode/Append's rpc.server.call.duration), with error.type when the
+#: request failed as a whole.
+STORAGE_DATA_PORT_APPEND_DURATION: Final = "tributary.storage.data_port.append.duration"  # histogram, s
 #: Bytes sent by the fetch port, per topic (sendfile and copy alike).
 STORAGE_FETCHED_BYTES: Final = "tributary.storage.fetched.bytes"  # counter, By
 #: Fetch-port totals from FetchStats: bytes sent zero-copy (os.sendfile) and through read+send.

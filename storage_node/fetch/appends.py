@@ -247,7 +247,8 @@ class AppendConnection:
 
     def _start(self, request: frames.AppendRequest, size: int) -> None:
         """Start a request now (in arrival order), keeping each partition's place in line."""
-        self._stats.appends += 1
+        if request.partitions:  # a probe is not an append
+            self._stats.appends += 1
         waits = []
         for p in request.partitions:
             key = (p.topic, p.partition)
@@ -267,7 +268,7 @@ class AppendConnection:
 
     async def _serve_request(self, request: frames.AppendRequest, waits, size: int) -> None:
         try:
-            with self._span(request.trace_context):
+            with self._span(request):
                 appends = [
                     self._append_in_order(request, p, previous, mine)
                     for p, (previous, mine) in zip(request.partitions, waits, strict=True)
@@ -283,10 +284,13 @@ class AppendConnection:
             self._in_flight_bytes -= size
         self._send(answer)
 
-    def _span(self, trace_context):
-        """The request's SERVER span (telemetry on), current while it is served."""
+    def _span(self, request: frames.AppendRequest):
+        """The request's SERVER span and timing (telemetry on), current while it is served; a
+        probe (no partitions) is not an append and goes unobserved."""
         telemetry = self._telemetry
-        return telemetry.data_port_append_span(trace_context) if telemetry is not None else _NO_SPAN
+        if telemetry is None or not request.partitions:
+            return _NO_SPAN
+        return telemetry.data_port_append_span(request.trace_context)
 
     async def _append_in_order(
         self,

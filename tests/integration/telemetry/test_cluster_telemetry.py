@@ -191,8 +191,10 @@ def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd, 
             for p in metric_points(gateway, names.RPC_CLIENT_CALL_DURATION)
             if p.attributes[names.RPC_METHOD] == "tributary.v1.StorageNode/Append"
         ]
-        if data_port:  # no gRPC call to the node: the append's time is its data-port span's
+        if data_port:  # no gRPC call to the node: the node times the data-port request
             assert appends == []
+            durations = metric_points(storage, names.STORAGE_DATA_PORT_APPEND_DURATION)
+            assert [p.count for p in durations] == [1]
         else:
             assert [p.count for p in appends] == [1]
             assert appends[0].attributes[names.SERVER_PORT] == cluster.node.grpc.port
