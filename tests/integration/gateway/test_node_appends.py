@@ -168,7 +168,7 @@ def test_a_port_without_appends_falls_back_to_grpc(fixed_node):
     fixed_node.create("g")
 
     async def go():
-        old_port = FetchServer(reader=None, notifier=AppendNotifier())  # type: ignore[arg-type]
+        old_port = FetchServer(reader=None, notifier=AppendNotifier())
         port = await old_port.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{fixed_node.process.info['grpc_port']}")
         appends = NodeAppends("127.0.0.1", port)

@@ -72,8 +72,8 @@ def port(node):
     client.close()
 
 
-def _values(node, topic: str, partition: int = 0) -> list[bytes]:
-    out: list[bytes] = []
+def _values(node, topic: str, partition: int = 0) -> list[bytes | None]:
+    out: list[bytes | None] = []
     offset = 0
     while True:
         response = node.fetch(topic, partition, offset, max_bytes=1 << 20)
