@@ -3,8 +3,10 @@
 Runs real storage node processes (standalone, no etcd) on loopback and prints a table:
 
 * append: 16 KiB record batches (200-byte records) to 1 and to 16 partitions, with and without
-  fsync-before-ack, through the StorageNode gRPC service (several batches per request, several
-  requests in flight, as the gateway sends them), with the storage process's CPU seconds per GB
+  fsync-before-ack, through the StorageNode gRPC service and through the data port with the
+  gateway's own client (``--append-via``; several batches per request, several requests in
+  flight), plus requests of one batch each, 64 in flight (the gateway's usual append, where the
+  per-request cost shows: ``--small-requests``), with the storage process's CPU seconds per GB
   appended (every record of every batch is validated: that is where the append path's own work
   shows, and CPU per GB is steadier than the rate on a machine shared with other work);
 * fetch: one reader pulling a partition through the fetch port with 1 MiB fetches, served with
@@ -13,6 +15,7 @@ Runs real storage node processes (standalone, no etcd) on loopback and prints a 
 
     python bench/storage.py                 # small default (256 MiB fetched per mode)
     python bench/storage.py --fetch-mib 2048 --append-mib 1024
+    python bench/storage.py --skip-fetch --append-mib 64          # the append paths only
 
 Targets (issue 3, 2-core machine): appends >= 300 MB/s without fsync; fetch via sendfile >= 1 GB/s
 and at least 3x less CPU per GB than read+send.
@@ -35,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 
+from gateway.server.node_appends import NodeAppends
 from launcher.processes import start_service
+from services.acks import Acks
 from services.fetchport import protocol
 from services.proto import pb, storage_grpc
 from services.records import RecordBatchBuilder
@@ -80,13 +85,23 @@ def start_node(run_dir: Path, data_dir: Path, name: str, *flags: str):
 
 
 async def append_phase(
-    port: int, partitions: int, total_bytes: int, batch: bytes, batches_per_request: int, in_flight: int
+    port: int,
+    partitions: int,
+    total_bytes: int,
+    batch: bytes,
+    batches_per_request: int,
+    in_flight: int,
+    *,
+    data_port: int = 0,
 ) -> tuple[float, int]:
+    """Append ``total_bytes``; with ``data_port`` over the node's data port through the gateway's
+    own client (``gateway/server/node_appends.py``), else through gRPC ``StorageNode.Append``."""
     async with grpc.aio.insecure_channel(
         f"127.0.0.1:{port}",
         options=[("grpc.max_send_message_length", 1 << 27), ("grpc.max_receive_message_length", 1 << 27)],
     ) as channel:
         stub = storage_grpc.StorageNodeStub(channel)
+        appends = NodeAppends("127.0.0.1", data_port) if data_port else None
         topic = f"append-{partitions}-{time.monotonic_ns()}"
         for p in range(partitions):
             await stub.CreatePartition(
@@ -105,8 +120,15 @@ async def append_phase(
         requests = max(in_flight, total_bytes // request_bytes)
         queue = iter(range(requests))
 
+        payloads = {p: payload for p in range(partitions)}
+
         async def worker():
             for _ in queue:
+                if appends is not None:
+                    results = await appends.append(topic, payloads, acks=Acks.ALL, timeout_s=30)
+                    if results is None or any(r.error for r in results.values()):
+                        raise RuntimeError(f"append failed: {results}")
+                    continue
                 response = await stub.Append(request)
                 for result in response.partitions:
                     if result.HasField("error"):
@@ -115,6 +137,8 @@ async def append_phase(
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(in_flight)))
         elapsed = time.perf_counter() - started
+        if appends is not None:
+            await appends.close()
         return elapsed, requests * per_partition * partitions
 
 
@@ -217,12 +241,25 @@ def main(argv=None) -> int:
     parser.add_argument("--batches-per-request", type=int, default=64)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument(
+        "--append-via",
+        default="grpc,port",
+        help="append paths to measure, comma-separated: grpc (StorageNode.Append), port (the data port)",
+    )
+    parser.add_argument(
+        "--small-requests",
+        type=int,
+        default=20_000,
+        help="requests of one batch each (the gateway's usual append), 64 in flight, per path; 0 = skip",
+    )
+    parser.add_argument("--skip-fetch", action="store_true", help="only the append cases")
+    parser.add_argument(
         "--fetch-sizes", default="1,8", help="fetch max bytes to try, in MiB, comma-separated"
     )
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     args = parser.parse_args(argv)
 
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="tributary-bench-storage-"))
+    vias = [v.strip() for v in args.append_via.split(",") if v.strip()]
     batch = build_batch()
     rows = []
     try:
@@ -236,36 +273,51 @@ def main(argv=None) -> int:
                 "true" if fsync else "false",
             )
             try:
-                for partitions in (1, 16):
-                    print(f"append: {partitions} partition(s), fsync-before-ack={fsync} ...", file=sys.stderr)
-                    cpu_before = cpu_seconds(node.pid)
-                    elapsed, batches = asyncio.run(
-                        append_phase(
-                            node.info["grpc_port"],
-                            partitions,
-                            args.append_mib << 20,
-                            batch,
-                            args.batches_per_request,
-                            args.in_flight,
+                cases = [
+                    (p, args.batches_per_request, args.in_flight, args.append_mib << 20) for p in (1, 16)
+                ]
+                if args.small_requests:
+                    cases.append((1, 1, 64, args.small_requests * len(batch)))
+                for partitions, per_request, in_flight, total in cases:
+                    for via in vias:
+                        print(
+                            f"append: {partitions} partition(s), {per_request} batch(es)/request, "
+                            f"fsync-before-ack={fsync}, via {via} ...",
+                            file=sys.stderr,
                         )
-                    )
-                    cpu = cpu_seconds(node.pid) - cpu_before
-                    mb = batches * len(batch) / 1e6
-                    case = (
-                        f"append 16 KiB batches, {partitions} partition(s), fsync={'on' if fsync else 'off'}"
-                    )
-                    rows.append(
-                        (
-                            case,
-                            f"{mb / elapsed:,.0f} MB/s",
-                            f"{batches / elapsed:,.0f} batches/s",
-                            f"{cpu / (mb / 1000):.2f} CPU s/GB",
+                        cpu_before = cpu_seconds(node.pid)
+                        elapsed, batches = asyncio.run(
+                            append_phase(
+                                node.info["grpc_port"],
+                                partitions,
+                                total,
+                                batch,
+                                per_request,
+                                in_flight,
+                                data_port=node.info["fetch_port"] if via == "port" else 0,
+                            )
                         )
-                    )
+                        cpu = cpu_seconds(node.pid) - cpu_before
+                        mb = batches * len(batch) / 1e6
+                        requests = batches // max(1, (per_request // partitions) * partitions)
+                        case = (
+                            f"append 16 KiB batches, {partitions} partition(s), {per_request}/request, "
+                            f"fsync={'on' if fsync else 'off'}, {via}"
+                        )
+                        rows.append(
+                            (
+                                case,
+                                f"{mb / elapsed:,.0f} MB/s",
+                                f"{requests / elapsed:,.0f} req/s",
+                                f"{cpu / (mb / 1000):.2f} CPU s/GB",
+                            )
+                        )
             finally:
                 node.stop()
                 shutil.rmtree(data_dir, ignore_errors=True)
 
+        if args.skip_fetch:
+            return _print(rows, {})
         fetch_dir = scratch / "fetch"
         node = start_node(scratch / "run", fetch_dir, "prefill")
         print(f"prefill {args.fetch_mib} MiB for the fetch phase ...", file=sys.stderr)
@@ -303,8 +355,12 @@ def main(argv=None) -> int:
         if args.dir is None:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    return _print(rows, cpu_per_gb)
+
+
+def _print(rows, cpu_per_gb) -> int:
     width = max(len(r[0]) for r in rows)
-    print(f"\n{'case':<{width}}  {'rate':>12}  {'batches/s':>16}  {'storage CPU':>14}")
+    print(f"\n{'case':<{width}}  {'rate':>12}  {'per second':>16}  {'storage CPU':>14}")
     for name, rate_text, batches_text, cpu_text in rows:
         print(f"{name:<{width}}  {rate_text:>12}  {batches_text:>16}  {cpu_text:>14}")
     print()

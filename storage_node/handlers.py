@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,13 +105,21 @@ class StorageNodeHandlers:
         acks: Acks,
         timeout_s: float,
         leader_epoch: int | None = None,
+        written: Callable[[], None] | None = None,
     ) -> AppendResult:
         """``append`` inside a span, counted (telemetry on)."""
         telemetry = self.telemetry
         span = telemetry.start_append(topic, partition, len(data))
         try:
             result = await StorageNodeHandlers.append(
-                self, topic, partition, data, acks=acks, timeout_s=timeout_s, leader_epoch=leader_epoch
+                self,
+                topic,
+                partition,
+                data,
+                acks=acks,
+                timeout_s=timeout_s,
+                leader_epoch=leader_epoch,
+                written=written,
             )
         except BaseException:
             if span is not None:
@@ -129,8 +137,13 @@ class StorageNodeHandlers:
         acks: Acks,
         timeout_s: float,
         leader_epoch: int | None = None,
+        written: Callable[[], None] | None = None,
     ) -> AppendResult:
         """Validate and append one partition's batches where this node leads it.
+
+        ``written`` is called once the batches are in the log, before any wait for the in-sync
+        replicas or the disk (the data port uses it to keep one connection's appends of a
+        partition in order); it is not called when the append fails or is refused.
 
         ``acks=all``: refused before writing when the ISR is below ``min.insync.replicas``;
         answered once the high watermark passes the records (or with the error that stopped
@@ -150,6 +163,8 @@ class StorageNodeHandlers:
         except OSError as exc:
             log.error("append to %s-%d failed: %s", topic, partition, exc)
             return AppendResult(topic, partition, error=errors.KafkaStorageError(str(exc)))
+        if written is not None:
+            written()
         self.notifier.notify((topic, partition))
         if not info.duplicate:
             self.bytes_in += len(data)

@@ -122,6 +122,7 @@ class StorageNode:
             zero_copy=config.fetch_zero_copy,
             limits=_fetch_limits(config, self.descriptors),
             telemetry=self.instruments,
+            appender=self.handlers,
         )
         self.grpc: GrpcServer | None = None
         self.registration: BrokerRegistration | None = None

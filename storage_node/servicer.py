@@ -202,6 +202,9 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             fetch_connections_refused=stats.connections_refused if stats else 0,
             fetch_polls_cancelled=stats.polls_cancelled if stats else 0,
             fetch_waits_capped=stats.waits_capped if stats else 0,
+            data_port_appends=stats.appends if stats else 0,
+            data_port_append_connections=stats.append_connections if stats else 0,
+            data_port_append_errors=stats.append_errors if stats else 0,
         )
 
     @translate_errors

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterable
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.telemetry import names
 from services.telemetry.metrics import RunningTotals, TopicAttributes, partition_attributes
+from services.telemetry.rpc import extract_context
 
 
 class StorageNodeInstruments:
@@ -29,9 +32,15 @@ class StorageNodeInstruments:
         self._bytes_in: RunningTotals | None = None
         self._errors: RunningTotals | None = None
         self._bytes_out: RunningTotals | None = None
+        self._data_port_duration = None
         meter = telemetry.meter
         if meter is None:
             return
+        self._data_port_duration = meter.create_histogram(
+            names.STORAGE_DATA_PORT_APPEND_DURATION,
+            unit="s",
+            description="Data-port append requests, from read to answer.",
+        )
         self._records_in = RunningTotals(
             meter,
             names.STORAGE_APPENDED_RECORDS,
@@ -130,6 +139,39 @@ class StorageNodeInstruments:
             ]
 
         return observe
+
+    def data_port_append_span(self, trace_context: Iterable[tuple[str, str]]):
+        """A context manager: the SERVER span of one data-port append request, current while it
+        is served (the partition appends' spans are its children), child of the sender's span
+        named by the frame's trace context; does nothing without a tracer."""
+        if self._tracer is None and self._data_port_duration is None:
+            return contextlib.nullcontext()
+        return self._observed_data_port_append(trace_context)
+
+    @contextlib.contextmanager
+    def _observed_data_port_append(self, trace_context: Iterable[tuple[str, str]]):
+        started = time.perf_counter()
+        error: BaseException | None = None
+        span_context = (
+            contextlib.nullcontext()
+            if self._tracer is None
+            else self._tracer.start_as_current_span(
+                names.SPAN_DATA_PORT_APPEND,
+                context=extract_context(trace_context),
+                kind=SpanKind.SERVER,
+                attributes={names.RPC_SYSTEM_NAME: names.DATA_PORT_RPC_SYSTEM, names.RPC_METHOD: "Append"},
+            )
+        )
+        try:
+            with span_context:
+                yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if self._data_port_duration is not None:
+                attributes = {names.ERROR_TYPE: type(error).__name__} if error is not None else {}
+                self._data_port_duration.record(time.perf_counter() - started, attributes)
 
     def start_append(self, topic: str, partition: int, size: int):
         """The span around one partition's append (a child of the Append server span), or None."""

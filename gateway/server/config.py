@@ -26,6 +26,10 @@ class GatewayConfig(ServiceConfig):
     metadata_poll_interval_ms: int = 1_000
     #: Open fetch-port connections per storage node (one long poll holds one connection).
     fetch_connections_per_node: int = 64
+    #: Appends to storage nodes go over each node's data port (one pipelined connection per node,
+    #: ``services/fetchport/append.py``); false = unary gRPC StorageNode.Append. A node that takes
+    #: no appends on its data port is served over gRPC either way.
+    data_port_appends: bool = True
     #: Produce records into batches of at most this many bytes per partition (and never above the
     #: topic's max.message.bytes when it is set on the topic).
     max_batch_bytes: int = 1_048_576

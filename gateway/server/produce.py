@@ -255,7 +255,8 @@ class ProduceHandler:
     async def _do_append_round(
         self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
     ) -> dict[int, AppendResult]:
-        """One Append per leader node, concurrently; a partition without a leader fails this round."""
+        """One append per leader node, concurrently (over its data port, else gRPC); a partition
+        without a leader fails this round."""
         snapshot = self._router.snapshot
         results: dict[int, AppendResult] = {}
         by_node: dict = {}
@@ -270,15 +271,17 @@ class ProduceHandler:
             # The leader checks it: a leader deposed since this metadata answers FENCED_LEADER_EPOCH.
             epochs[partition] = snapshot.topics[topic].partitions[partition].leader_epoch
         timeout_s = deadline - asyncio.get_running_loop().time()
+        clients = self._router.clients
         answers = await asyncio.gather(
             *(
                 storage_calls.append(
-                    self._router.clients.storage(node),
+                    clients.storage(node),
                     topic,
                     payloads,
                     acks=acks,
                     timeout_s=timeout_s,
                     leader_epochs=epochs,
+                    data_port=clients.appends(node),
                 )
                 for node, payloads in by_node.items()
             )

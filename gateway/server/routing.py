@@ -8,9 +8,9 @@
   share one call) -- what request handlers do after a retriable ``invalid_metadata`` error,
   because the watch may lag behind what a storage node just said, and for a topic the cache
   does not know (it may have been created a moment ago).
-* :class:`NodeClients` holds one gRPC channel and one fetch-port client per storage node
-  *address*: a node restarted on new ports gets new clients, and clients of addresses that left
-  the metadata are closed.
+* :class:`NodeClients` holds one gRPC channel, one fetch-port client and one pipelined append
+  connection (``node_appends.py``) per storage node *address*: a node restarted on new ports
+  gets new clients, and clients of addresses that left the metadata are closed.
 * :class:`Router` puts both behind the lookups the handlers need.
 
 Everything runs on one event loop; nothing here is thread-safe.
@@ -26,6 +26,7 @@ import grpc
 
 from gateway.server.cluster_snapshot import ClusterSnapshot, TopicRoute
 from gateway.server.coordinators import CHANNEL_OPTIONS, CoordinatorPool
+from gateway.server.node_appends import NodeAppends
 from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
@@ -169,9 +170,19 @@ class NodeClients:
     """A gRPC channel and a fetch-port client per storage node address."""
 
     def __init__(
-        self, *, fetch_connections: int = 64, interceptors: Callable[[str], list] | None = None
+        self,
+        *,
+        fetch_connections: int = 64,
+        interceptors: Callable[[str], list] | None = None,
+        data_port_appends: bool = True,
+        tracer=None,
     ) -> None:
         self._fetch_connections = fetch_connections
+        #: Appends go over the nodes' data ports (``node_appends.py``); False = gRPC only.
+        self._data_port_appends = data_port_appends
+        self._appends: dict[tuple[str, int], NodeAppends] = {}
+        #: The gateway's tracer when telemetry is on (spans of the data-port appends), else None.
+        self._tracer = tracer
         #: target -> client interceptors for its channel (telemetry), or None.
         self._interceptors = interceptors
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -196,18 +207,33 @@ class NodeClients:
             self._fetchers[key] = client
         return client
 
+    def appends(self, node: BrokerAddress) -> NodeAppends | None:
+        """The node's pipelined append connection, or None (gRPC only: switched off, or the node
+        advertises no data port)."""
+        if not self._data_port_appends or not node.fetch_port:
+            return None
+        key = (node.host, node.fetch_port)
+        appends = self._appends.get(key)
+        if appends is None:
+            appends = self._appends[key] = NodeAppends(node.host, node.fetch_port, tracer=self._tracer)
+        return appends
+
     async def prune(self, snapshot: ClusterSnapshot) -> None:
         """Close clients of addresses no live node has any more (nodes restarted on new ports)."""
         targets = {n.grpc_target for n in snapshot.nodes.values()}
         fetch_keys = {(n.host, n.fetch_port) for n in snapshot.nodes.values()}
         stale_channels = [self._channels.pop(t) for t in list(self._channels) if t not in targets]
         stale_fetchers = [self._fetchers.pop(k) for k in list(self._fetchers) if k not in fetch_keys]
+        stale_appends = [self._appends.pop(k) for k in list(self._appends) if k not in fetch_keys]
+        await asyncio.gather(*(a.close() for a in stale_appends), return_exceptions=True)
         await asyncio.gather(*(c.close(grace=5.0) for c in stale_channels), return_exceptions=True)
         await asyncio.gather(*(f.close() for f in stale_fetchers), return_exceptions=True)
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels.values()), return_exceptions=True)
         await asyncio.gather(*(f.close() for f in self._fetchers.values()), return_exceptions=True)
+        await asyncio.gather(*(a.close() for a in self._appends.values()), return_exceptions=True)
+        self._appends.clear()
         self._channels.clear()
         self._fetchers.clear()
 

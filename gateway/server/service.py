@@ -64,7 +64,13 @@ class GatewayService:
         self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
         cache = MetadataWatch(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
         self.router = Router(
-            cache, NodeClients(fetch_connections=config.fetch_connections_per_node, interceptors=interceptors)
+            cache,
+            NodeClients(
+                fetch_connections=config.fetch_connections_per_node,
+                interceptors=interceptors,
+                data_port_appends=config.data_port_appends,
+                tracer=self.telemetry.tracer if self.telemetry.enabled else None,
+            ),
         )
         self.router.start()
         self.produce = ProduceHandler(

@@ -2,7 +2,8 @@
 
 This is the client edge towards storage nodes: protobuf is built and read here, and a failed call
 (``RpcError``) becomes a per-partition error for every partition it carried, so the retry loop
-can treat "the node said NOT_LEADER" and "the node is gone" alike.
+can treat "the node said NOT_LEADER" and "the node is gone" alike. Appends prefer the node's
+data port (``node_appends.py``), whose failures read the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from gateway.server.node_appends import NodeAppends
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
@@ -42,9 +44,20 @@ async def append(
     acks: Acks,
     timeout_s: float,
     leader_epochs: Mapping[int, int] | None = None,
+    data_port: NodeAppends | None = None,
 ) -> dict[int, AppendResult]:
     """Append each partition's batches (``payloads``: partition -> bytes) on one node; with
-    ``leader_epochs`` the node checks each partition's leader epoch is the one routed by."""
+    ``leader_epochs`` the node checks each partition's leader epoch is the one routed by.
+
+    With ``data_port`` the append goes over the node's data port (pipelined frames,
+    ``node_appends.py``), unless the node takes no appends there: then over gRPC, as without.
+    """
+    if data_port is not None:
+        results = await data_port.append(
+            topic, payloads, acks=acks, timeout_s=timeout_s, leader_epochs=leader_epochs
+        )
+        if results is not None:
+            return results
     request = pb.AppendRequest(acks=acks_to_proto(acks), timeout_ms=max(1, int(timeout_s * 1000)))
     add = request.partitions.add  # in place: the batch bytes are copied into the message once
     epochs = leader_epochs or {}

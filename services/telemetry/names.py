@@ -96,6 +96,10 @@ STORAGE_APPENDED_RECORDS: Final = "tributary.storage.appended.records"  # counte
 STORAGE_APPENDED_BYTES: Final = "tributary.storage.appended.bytes"  # counter, By
 #: Appends (one partition's batches each) that failed, per topic and reason.
 STORAGE_APPEND_ERRORS: Final = "tributary.storage.append.errors"  # counter, {append}
+#: Time from reading an append request on the data port to its answer (the data port's
+#: counterpart of StorageNode/Append's rpc.server.call.duration), with error.type when the
+#: request failed as a whole.
+STORAGE_DATA_PORT_APPEND_DURATION: Final = "tributary.storage.data_port.append.duration"  # histogram, s
 #: Bytes sent by the fetch port, per topic (sendfile and copy alike).
 STORAGE_FETCHED_BYTES: Final = "tributary.storage.fetched.bytes"  # counter, By
 #: Fetch-port totals from FetchStats: bytes sent zero-copy (os.sendfile) and through read+send.
@@ -154,3 +158,8 @@ CONSUMER_LAG: Final = "tributary.consumer.lag"  # gauge, {record}
 SPAN_STORAGE_APPEND: Final = "append"
 #: The gateway's read of one partition from a node's fetch port: ``fetch <topic>``.
 SPAN_FETCH_PORT: Final = "fetch"
+#: One append request on a node's data port (``services/fetchport/append.py``): the gateway's
+#: CLIENT span and the node's SERVER span, named like the gRPC method it stands in for.
+SPAN_DATA_PORT_APPEND: Final = "tributary.dataport/Append"
+#: ``rpc.system.name`` of the data port's spans.
+DATA_PORT_RPC_SYSTEM: Final = "tributary.dataport"

@@ -5,7 +5,10 @@ to the socket without entering the process. Each connection is one asyncio task 
 request at a time, in order (as Kafka does per connection); clients open several connections for
 parallel fetches. The framing is in :mod:`services.fetchport.protocol` (version 0, one partition,
 consumers) and :mod:`services.fetchport.multi` (version 1, many partitions, followers and
-consumers).
+consumers). The same port takes appends (version 2, :mod:`services.fetchport.append`): a
+connection that sends one is handed to :mod:`storage_node.fetch.appends` and carries pipelined
+appends from then on (the gateway keeps one such connection per node); the connection caps below
+count it like any other.
 
 What a fetch may see is the replica manager's rule (``storage_node/replication``): consumers read
 from the leader only, below the high watermark; followers read to the log end, and their fetch
@@ -46,8 +49,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services import errors
+from services.fetchport import append as append_frames
 from services.fetchport import multi, protocol
 from services.log_limit import RepeatedLog
+from storage_node.fetch.appends import AppendConnection, Appender, AppendLimits, PeerClosed
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)
@@ -95,6 +100,11 @@ class FetchStats:
     polls_cancelled: int = 0
     #: Requests whose ``max_wait_ms`` was above the cap.
     waits_capped: int = 0
+    #: Append requests served (``storage_node/fetch/appends.py``), and frames refused on them.
+    appends: int = 0
+    append_errors: int = 0
+    #: Connections carrying appends, open now (counted in ``connections`` too).
+    append_connections: int = 0
 
 
 class _PeerClosed(Exception):
@@ -246,8 +256,13 @@ class FetchServer:
         frame_timeout: float = 30.0,
         limits: FetchLimits | None = None,
         telemetry=None,
+        appender: Appender | None = None,
+        append_limits: AppendLimits | None = None,
     ) -> None:
         self._reader = reader
+        #: The append path for connections that carry appends; None = fetches only.
+        self._appender = appender
+        self.append_limits = append_limits or AppendLimits()
         self._notifier = notifier
         self._host = host
         self._port = port
@@ -351,18 +366,25 @@ class FetchServer:
             while True:
                 size_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 4), self._idle_timeout)
                 (size,) = protocol.SIZE.unpack(size_bytes)
-                if not 0 < size <= multi.MAX_MULTI_REQUEST_FRAME:
+                version_bytes = b""
+                if 2 <= size <= max(multi.MAX_MULTI_REQUEST_FRAME, self.append_limits.max_frame_bytes):
+                    version_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 2), self._frame_timeout)
+                    if append_frames.request_version(version_bytes) == append_frames.APPEND_VERSION:
+                        await self._serve_appends(conn, size, version_bytes)
+                        return
+                if not 2 <= size <= multi.MAX_MULTI_REQUEST_FRAME:
                     await self._answer_error(
                         loop,
                         sock,
                         -1,
                         errors.InvalidRequestError(
-                            f"fetch request frame size {size} outside 1..{multi.MAX_MULTI_REQUEST_FRAME}"
+                            f"fetch request frame size {size} outside 2..{multi.MAX_MULTI_REQUEST_FRAME}"
                         ),
                     )
                     return
-                body = await asyncio.wait_for(_recv_exactly(loop, sock, size), self._frame_timeout)
-                version = int.from_bytes(body[:2], "big", signed=True) if size >= 2 else -1
+                rest = await asyncio.wait_for(_recv_exactly(loop, sock, size - 2), self._frame_timeout)
+                body = version_bytes + rest
+                version = append_frames.request_version(body)
                 try:
                     if version == multi.MULTI_FETCH_VERSION:
                         multi_request = multi.decode_request_body(body)
@@ -379,7 +401,7 @@ class FetchServer:
                     await self._serve_multi(loop, conn, multi_request)
                 else:
                     await self._serve(loop, conn, request)
-        except (_PeerClosed, TimeoutError, ConnectionError):
+        except (_PeerClosed, PeerClosed, TimeoutError, ConnectionError):
             pass
         except OSError as exc:
             log.warning("fetch connection dropped: %s", exc)
@@ -389,6 +411,30 @@ class FetchServer:
             if not self._connections_per_host[conn.host]:
                 del self._connections_per_host[conn.host]
             sock.close()
+
+    async def _serve_appends(self, conn: _Connection, size: int, version_bytes: bytes) -> None:
+        """The connection carries appends from this frame on (``storage_node/fetch/appends.py``)."""
+        if self._appender is None:
+            await self._answer_error(
+                asyncio.get_running_loop(),
+                conn.sock,
+                -1,
+                errors.UnsupportedVersionError("this port serves fetches only (no appends)"),
+            )
+            return
+        self.stats.append_connections += 1
+        try:
+            await AppendConnection(
+                conn.sock,
+                self._appender,
+                limits=self.append_limits,
+                frame_timeout=self._frame_timeout,
+                idle_timeout=self._idle_timeout,
+                stats=self.stats,
+                telemetry=self._telemetry,
+            ).serve(size, version_bytes)
+        finally:
+            self.stats.append_connections -= 1
 
     async def _answer_error(self, loop, sock, correlation_id: int, error: errors.TributaryError) -> None:
         self.stats.errors += 1

@@ -83,6 +83,8 @@ class InProcessCluster:
     readers: dict = field(default_factory=dict)
     telemetries: dict = field(default_factory=dict)
     channel: grpc.aio.Channel | None = None
+    #: The gateway appends over the nodes' data port (true) or gRPC StorageNode.Append (false).
+    data_port_appends: bool = True
 
     async def start(self) -> InProcessCluster:
         cluster = f"tel-{uuid.uuid4().hex[:8]}"
@@ -118,7 +120,10 @@ class InProcessCluster:
         telemetry, self.readers["gateway"] = make_telemetry("tributary-gateway", self.spans)
         self.telemetries["gateway"] = telemetry
         self.gateway = GatewayService(
-            GatewayConfig(coordinators=[self.coordinator.identity.address]), telemetry=telemetry
+            GatewayConfig(
+                coordinators=[self.coordinator.identity.address], data_port_appends=self.data_port_appends
+            ),
+            telemetry=telemetry,
         )
         await self.gateway.start()
         # The "SDK": a separate tracer provider, as an application would configure, passed to the
@@ -169,11 +174,13 @@ class InProcessCluster:
             telemetry.shutdown()
 
 
-def run_in_cluster(root: Path, etcd_endpoint: str, scenario, timeout: float = 60) -> None:
+def run_in_cluster(
+    root: Path, etcd_endpoint: str, scenario, timeout: float = 60, *, data_port_appends: bool = True
+) -> None:
     """``asyncio.run`` a scenario ``await scenario(cluster)`` against a fresh in-process cluster."""
 
     async def main() -> None:
-        cluster = InProcessCluster(root, etcd_endpoint)
+        cluster = InProcessCluster(root, etcd_endpoint, data_port_appends=data_port_appends)
         try:
             await cluster.start()
             await asyncio.wait_for(scenario(cluster), timeout)

@@ -56,7 +56,11 @@ def _clean_lag_registry():
     CONSUMER_LAG.clear()
 
 
-def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd):
+@pytest.mark.parametrize("data_port", [True, False], ids=["data-port", "grpc"])
+def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd, data_port):
+    """Whichever way the gateway appends (the nodes' data port, or gRPC), one trace."""
+    append_name = names.SPAN_DATA_PORT_APPEND if data_port else "tributary.v1.StorageNode/Append"
+
     async def scenario(cluster):
         topic = unique("traced")
         await cluster.create_topic(topic, 1)
@@ -93,13 +97,13 @@ def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd):
         )
         gw_append = only(
             trace_spans,
-            name="tributary.v1.StorageNode/Append",
+            name=append_name,
             service="tributary-gateway",
             kind=SpanKind.CLIENT,
         )
         sn_server = only(
             trace_spans,
-            name="tributary.v1.StorageNode/Append",
+            name=append_name,
             service="tributary-storage-node",
             kind=SpanKind.SERVER,
         )
@@ -116,12 +120,19 @@ def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd):
         assert gw_append.start_time <= sn_server.start_time <= sn_append.start_time
         assert sn_append.end_time <= sn_server.end_time <= gw_append.end_time <= gw_server.end_time
 
-        for span in (client, gw_server, gw_append, sn_server):
+        grpc_spans = (client, gw_server) if data_port else (client, gw_server, gw_append, sn_server)
+        for span in grpc_spans:
             assert span.attributes[names.RPC_SYSTEM_NAME] == "grpc"
             assert span.attributes[names.RPC_RESPONSE_STATUS_CODE] == "OK"
+        for span in (client, gw_server, gw_append, sn_server):
             assert span.status.status_code is StatusCode.UNSET
+        if data_port:
+            for span in (gw_append, sn_server):
+                assert span.attributes[names.RPC_SYSTEM_NAME] == names.DATA_PORT_RPC_SYSTEM
+            assert gw_append.attributes[names.MESSAGING_DESTINATION_NAME] == topic
         assert gw_append.attributes[names.SERVER_ADDRESS] == "127.0.0.1"
-        assert gw_append.attributes[names.SERVER_PORT] == cluster.node.grpc.port
+        node_port = cluster.node.fetch_server.port if data_port else cluster.node.grpc.port
+        assert gw_append.attributes[names.SERVER_PORT] == node_port
         assert gw_server.attributes[names.MESSAGING_DESTINATION_NAME] == topic
         assert gw_server.attributes[names.MESSAGING_OPERATION_TYPE] == "send"
         assert gw_server.attributes[names.MESSAGING_BATCH_MESSAGE_COUNT] == 7
@@ -180,8 +191,13 @@ def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd):
             for p in metric_points(gateway, names.RPC_CLIENT_CALL_DURATION)
             if p.attributes[names.RPC_METHOD] == "tributary.v1.StorageNode/Append"
         ]
-        assert [p.count for p in appends] == [1]
-        assert appends[0].attributes[names.SERVER_PORT] == cluster.node.grpc.port
+        if data_port:  # no gRPC call to the node: the node times the data-port request
+            assert appends == []
+            durations = metric_points(storage, names.STORAGE_DATA_PORT_APPEND_DURATION)
+            assert [p.count for p in durations] == [1]
+        else:
+            assert [p.count for p in appends] == [1]
+            assert appends[0].attributes[names.SERVER_PORT] == cluster.node.grpc.port
         client_calls = [
             p
             for p in metric_points(cluster.readers["client"], names.RPC_CLIENT_CALL_DURATION)
@@ -189,7 +205,7 @@ def test_one_produce_is_one_trace_from_client_to_storage_append(tmp_path, etcd):
         ]
         assert [p.count for p in client_calls] == [1]
 
-    run_in_cluster(tmp_path, etcd.endpoint, scenario)
+    run_in_cluster(tmp_path, etcd.endpoint, scenario, data_port_appends=data_port)
 
 
 def test_admin_calls_trace_through_to_the_coordinator_and_fetch_counts_bytes_out(tmp_path, etcd):

@@ -1,0 +1,296 @@
+"""The gateway's appends to one storage node over the node's data port (pipelined frames).
+
+One long-lived TCP connection per node carries every append the gateway sends it, many in
+flight at once, each answered with its correlation id (``services/fetchport/append.py``). Frames
+go out in the order :meth:`NodeAppends.append` is called, and the node applies one connection's
+appends of a partition in that order, so the per-partition order the stream queues keep
+(``append_queue.py``) holds on the wire too.
+
+Failures read like a failed gRPC call, so the produce retry loop treats both alike: a lost
+connection fails every append in flight on it with a retriable NETWORK_EXCEPTION (the next
+append reconnects), an answer that does not come within the append's timeout is
+REQUEST_TIMED_OUT. As over gRPC, an append that failed that way may still have been written
+(at-least-once).
+
+A node that does not take appends on its data port (an older node: it answers the opening
+probe with UNSUPPORTED_VERSION; or any peer that closes or stays silent instead of answering the
+probe) is remembered for :data:`UNSUPPORTED_RECHECK_S`, during which
+:meth:`NodeAppends.append` returns None and the caller uses gRPC.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Mapping
+
+from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
+
+from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.fetchport import append as frames
+from services.fetchport.protocol import SIZE
+from services.grpc_server import MAX_MESSAGE_BYTES
+from services.telemetry import names
+from services.telemetry.rpc import inject_metadata
+
+log = logging.getLogger(__name__)
+
+#: How long a node that refused appends on its data port is served over gRPC before asking again.
+UNSUPPORTED_RECHECK_S = 60.0
+#: Bound on an answer frame (they are ~60 bytes per partition): a foreign peer cannot make the
+#: gateway allocate more.
+MAX_RESPONSE_FRAME = 16 << 20
+#: Wait for the socket to drain past this many unsent bytes (back-pressure on the callers).
+WRITE_HIGH_WATER = 4 << 20
+
+
+class _Unsupported(Exception):
+    """The node answered the probe with UNSUPPORTED_VERSION."""
+
+
+class _Link:
+    """One open connection: its streams, the appends awaiting answers, the task reading them."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.name = name
+        self.pending: dict[int, asyncio.Future[frames.AppendResponse]] = {}
+        self.ids = itertools.count(1)
+        self.alive = True
+        self.task: asyncio.Task | None = None
+
+    async def read_answers(self) -> None:
+        """Resolve pending appends as their answers come; on any failure, fail them all."""
+        failure: errors.TributaryError
+        try:
+            while True:
+                body = await _read_frame(self.reader)
+                correlation_id = frames.response_correlation_id(body)
+                if correlation_id == frames.CONNECTION_ERROR_ID:
+                    # Not knowing which append was refused, fail all in flight retriably (a bad
+                    # frame is the gateway's bug; the node wrote nothing of it).
+                    failure = errors.NetworkError(
+                        f"{self.name} closed the data-port connection: {frames.connection_error(body)}"
+                    )
+                    break
+                response = frames.decode_response_body(body)
+                future = self.pending.pop(correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(response)
+        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            failure = errors.NetworkError(f"the data-port connection to {self.name} was lost: {exc!r}")
+        except errors.TributaryError as exc:
+            failure = errors.NetworkError(f"{self.name} sent an unreadable answer: {exc}")
+        except asyncio.CancelledError:
+            failure = errors.NetworkError(f"the data-port connection to {self.name} was closed")
+            self.fail(failure)
+            raise
+        self.fail(failure)
+
+    def fail(self, failure: errors.TributaryError) -> None:
+        self.alive = False
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        self.writer.close()
+
+
+def _forget(link: _Link, correlation_id: int, future: asyncio.Future) -> None:
+    """Stop waiting for an answer (a late one is dropped); an exception the future got
+    meanwhile is taken, so asyncio does not report it as never retrieved."""
+    link.pending.pop(correlation_id, None)
+    if future.done() and not future.cancelled():
+        future.exception()
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+    if not 0 < size <= MAX_RESPONSE_FRAME:
+        raise errors.CorruptRecordError(f"answer frame size {size} outside 1..{MAX_RESPONSE_FRAME}")
+    return await reader.readexactly(size)
+
+
+class NodeAppends:
+    """Appends to one storage node over its data port (see the module docstring)."""
+
+    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 5.0, tracer=None) -> None:
+        self.host = host
+        self.port = port
+        #: The gateway's tracer when telemetry is on: a CLIENT span per append, its context sent
+        #: in the frame so the node's spans join the trace.
+        self._tracer = tracer
+        self._connect_timeout_s = connect_timeout_s
+        self._name = f"{host}:{port}"
+        self._link: _Link | None = None
+        self._connecting: asyncio.Future[_Link] | None = None
+        #: Loop time until which the node is served over gRPC (it refused the probe).
+        self._unsupported_until = 0.0
+
+    @property
+    def usable(self) -> bool:
+        """False while the node is known not to take appends on its data port."""
+        return asyncio.get_running_loop().time() >= self._unsupported_until
+
+    async def append(
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes],
+        *,
+        acks: Acks,
+        timeout_s: float,
+        leader_epochs: Mapping[int, int] | None = None,
+    ) -> dict[int, AppendResult] | None:
+        """Append each partition's batches; None when the node takes no appends on its data
+        port, or the request is beyond its frame bound (use gRPC). Failures are per-partition
+        results, never exceptions."""
+        if not self.usable:
+            return None
+        if self._tracer is None:
+            return await self._append(topic, payloads, acks, timeout_s, leader_epochs, ())
+        span = self._tracer.start_span(
+            names.SPAN_DATA_PORT_APPEND,
+            kind=SpanKind.CLIENT,
+            attributes={
+                names.RPC_SYSTEM_NAME: names.DATA_PORT_RPC_SYSTEM,
+                names.RPC_METHOD: "Append",
+                names.SERVER_ADDRESS: self.host,
+                names.SERVER_PORT: self.port,
+                names.MESSAGING_DESTINATION_NAME: topic,
+            },
+        )
+        try:
+            trace_context = tuple(inject_metadata(ctx=set_span_in_context(span)))
+            results = await self._append(topic, payloads, acks, timeout_s, leader_epochs, trace_context)
+            failed = [r.error for r in (results or {}).values() if r.error is not None]
+            if failed:
+                span.set_attribute(names.ERROR_TYPE, failed[0].reason)
+                span.set_status(Status(StatusCode.ERROR, str(failed[0])))
+            return results
+        finally:
+            span.end()
+
+    async def _append(
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes],
+        acks: Acks,
+        timeout_s: float,
+        leader_epochs: Mapping[int, int] | None,
+        trace_context: tuple[tuple[str, str], ...],
+    ) -> dict[int, AppendResult] | None:
+        epochs = leader_epochs or {}
+        try:
+            link = await self._ensure_link(timeout_s)
+        except _Unsupported:
+            return None
+        except (OSError, EOFError, TimeoutError, errors.TributaryError) as exc:
+            error = exc if isinstance(exc, errors.TributaryError) else None
+            error = error or errors.NetworkError(f"cannot reach {self._name} for appends: {exc!r}")
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
+        frame_size = frames.REQUEST_FIXED_SIZE + sum(len(d) + len(topic) + 14 for d in payloads.values())
+        if frame_size > MAX_MESSAGE_BYTES:
+            return None  # beyond the node's frame bound: gRPC answers it as it always did
+        correlation_id = next(link.ids)
+        request = frames.AppendRequest(
+            correlation_id,
+            acks,
+            max(1, int(timeout_s * 1000)),
+            tuple(
+                frames.PartitionAppend(topic, p, data, epochs.get(p, frames.NO_EPOCH))
+                for p, data in payloads.items()
+            ),
+            trace_context,
+        )
+        if not link.alive:  # lost while this append waited for it
+            error = errors.NetworkError(f"the data-port connection to {self._name} was lost")
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
+        future: asyncio.Future[frames.AppendResponse] = asyncio.get_running_loop().create_future()
+        link.pending[correlation_id] = future
+        writer = link.writer
+        writer.write(b"".join(frames.encode_request_parts(request)))
+        try:
+            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                await writer.drain()
+            async with asyncio.timeout(max(timeout_s, 0.001)):
+                response = await future
+        except TimeoutError:
+            _forget(link, correlation_id, future)
+            error = errors.RequestTimedOutError(
+                f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
+            )
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
+        except (OSError, errors.TributaryError) as exc:
+            _forget(link, correlation_id, future)
+            error = exc if isinstance(exc, errors.TributaryError) else errors.NetworkError(repr(exc))
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
+        if response.error is not None:
+            return {p: AppendResult(topic, p, error=response.error) for p in payloads}
+        results = {r.partition: r for r in response.results if r.topic == topic}
+        missing = errors.UnknownServerError("the storage node did not answer for this partition")
+        return {p: results.get(p) or AppendResult(topic, p, error=missing) for p in payloads}
+
+    async def _ensure_link(self, timeout_s: float) -> _Link:
+        link = self._link
+        if link is not None and link.alive:
+            return link
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+            self._connecting.add_done_callback(self._connected)
+        async with asyncio.timeout(max(timeout_s, 0.001)):
+            return await asyncio.shield(self._connecting)
+
+    def _connected(self, attempt: asyncio.Future[_Link]) -> None:
+        self._connecting = None
+        if attempt.cancelled():
+            return
+        error = attempt.exception()
+        if error is None:
+            self._link = attempt.result()
+        elif isinstance(error, _Unsupported):
+            log.info("%s takes no appends on its data port (%s): using gRPC", self._name, error)
+            self._unsupported_until = asyncio.get_running_loop().time() + UNSUPPORTED_RECHECK_S
+
+    async def _connect(self) -> _Link:
+        """Open a connection and probe it (an append of no partitions, see the frame format).
+
+        Raises _Unsupported when the peer answers the probe with anything but an empty version-2
+        answer, or closes, or stays silent: an older node, or not a storage node at all.
+        """
+        async with asyncio.timeout(self._connect_timeout_s):
+            reader, writer = await asyncio.open_connection(self.host, self.port)
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                writer.write(frames.probe(0))
+                body = await _read_frame(reader)
+            if frames.response_correlation_id(body) == frames.CONNECTION_ERROR_ID:
+                refusal = frames.connection_error(body)
+                if refusal.retriable:  # e.g. the node's connection cap: try again later
+                    raise refusal
+                raise _Unsupported(str(refusal))
+            answer = frames.decode_response_body(body)
+            if answer.correlation_id != 0 or answer.error is not None:
+                raise _Unsupported(f"answered the probe with {answer}")
+        except (EOFError, TimeoutError, errors.CorruptRecordError) as exc:
+            writer.close()
+            raise _Unsupported(f"no version-2 answer to the probe: {exc!r}") from exc
+        except BaseException:
+            writer.close()
+            raise
+        link = _Link(reader, writer, self._name)
+        link.task = asyncio.get_running_loop().create_task(link.read_answers(), name=f"appends-{self._name}")
+        return link
+
+    async def close(self) -> None:
+        if self._connecting is not None:
+            self._connecting.cancel()
+        link, self._link = self._link, None
+        if link is not None and link.task is not None:
+            link.task.cancel()
+            await asyncio.gather(link.task, return_exceptions=True)

@@ -1,0 +1,391 @@
+"""Appends on the data port: one connection's pipelined append requests (framing in
+:mod:`services.fetchport.append`).
+
+The fetch server hands a connection here when its first frame is an append (version 2); from
+then on the connection carries appends only. Many requests may be in flight on it: each is read
+whole into one buffer, decoded (the record bytes stay views into that buffer), and handed to the
+same append path as the gRPC ``StorageNode.Append`` (``StorageNodeHandlers.append``: leader and
+leader-epoch checks, validation, the write, acks=all's wait for the in-sync replicas, telemetry).
+Each answer goes back with its correlation id as soon as it is done, so an acks=all request
+waiting for the followers holds up no other request.
+
+Order: appends of one partition on one connection are written in the order their requests were
+received. The append path writes synchronously once it starts, except for a transactional batch
+that first asks the transaction coordinator; so each partition append waits (only) until the
+previous append of the same partition on this connection has been written or has failed.
+
+Bounds, so that no client can make the node grow without limit or stall other clients:
+
+* a frame larger than ``max_frame_bytes`` (the node's message bound, as for gRPC) is refused
+  before its body is read: the connection is read no further, the requests already in flight are
+  answered, then a connection-level error (correlation id -1), and the connection is closed; so
+  is a frame that does not parse, or has an unknown version. Nothing of it is written;
+* a connection reads into one 64 KiB buffer: the frames that fit are parsed out of it (many small
+  frames per system call, each body copied out once), a larger frame is received in place into
+  its own buffer, which grows as its bytes arrive (at most twice what arrived), so a client that
+  announces a large frame and stalls holds little memory, and is dropped after ``frame_timeout``
+  seconds; an idle connection after ``idle_timeout``;
+* at most ``max_in_flight_bytes`` of requests and ``max_in_flight_requests`` requests are in
+  flight per connection, and at most ``max_unsent_bytes`` of answers wait for a slow reader:
+  past these the connection is not read until they drain (TCP back-pressure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.fetchport import append as frames
+from services.fetchport.protocol import SIZE
+from services.grpc_server import MAX_MESSAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+_NO_SPAN = contextlib.nullcontext()
+#: Deadline of an acks=all append whose request sets none (as the gRPC servicer's).
+DEFAULT_TIMEOUT_MS = 30_000
+#: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
+#: frames, the body copied out once); larger ones are received in place into their own buffer.
+_READ_BUFFER_BYTES = 64 << 10
+
+
+class Appender(Protocol):
+    """The append path (``StorageNodeHandlers.append``)."""
+
+    async def append(
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        *,
+        acks: Acks,
+        timeout_s: float,
+        leader_epoch: int | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> AppendResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AppendLimits:
+    """What one append connection may hold (see the module docstring)."""
+
+    max_frame_bytes: int = MAX_MESSAGE_BYTES
+    max_in_flight_bytes: int = 64 << 20
+    max_in_flight_requests: int = 1024
+    max_unsent_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if min(self.max_frame_bytes, self.max_in_flight_bytes, self.max_in_flight_requests) < 1:
+            raise ValueError(f"append limits out of range: {self}")
+
+
+class PeerClosed(Exception):
+    """The client closed the connection (or reset it)."""
+
+
+class AppendConnection:
+    """Serves one connection's append requests until the client closes it or misbehaves."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        appender: Appender,
+        *,
+        limits: AppendLimits,
+        frame_timeout: float,
+        idle_timeout: float,
+        stats,
+        telemetry=None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._sock = sock
+        self._appender = appender
+        self._limits = limits
+        self._frame_timeout = frame_timeout
+        self._idle_timeout = idle_timeout
+        #: The fetch server's FetchStats (``appends``, ``append_errors``).
+        self._stats = stats
+        #: StorageNodeInstruments when telemetry is on (a SERVER span per request), else None.
+        self._telemetry = telemetry
+        self._tasks: set[asyncio.Task] = set()
+        self._in_flight_bytes = 0
+        #: (topic, partition) -> a future done once the latest append of it on this connection
+        #: was written (or failed): the next one of the partition waits for it.
+        self._tails: dict[tuple[str, int], asyncio.Future[None]] = {}
+        self._unsent: list[bytes] = []
+        self._unsent_bytes = 0
+        self._sender: asyncio.Task | None = None
+        self._room = asyncio.Event()
+        self._room.set()
+        self._broken = False
+        #: The connection-level error to answer once in-flight requests are answered.
+        self._refusal: bytes | None = None
+        self._rbuf = bytearray(_READ_BUFFER_BYTES)
+        self._rview = memoryview(self._rbuf)
+        #: Unread bytes are ``_rbuf[_rstart:_rend]``.
+        self._rstart = 0
+        self._rend = 0
+        self._flush_scheduled = False
+
+    # ---- reading ---------------------------------------------------------------------------------
+
+    async def serve(self, size: int, version_bytes: bytes) -> None:
+        """Serve the connection, whose first frame's size and version were read already."""
+        head = SIZE.pack(size) + version_bytes  # put them back in front of the rest
+        self._rbuf[: len(head)] = head
+        self._rend = len(head)
+        try:
+            while await self._take_frame():
+                pass
+            await self._finish()
+        except (PeerClosed, TimeoutError, ConnectionError):
+            await self._finish()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            if self._sender is not None:
+                self._sender.cancel()
+
+    async def _take_frame(self) -> bool:
+        """Read, decode and start one request; False when the connection must close."""
+        limits = self._limits
+        await self._fill(SIZE.size, self._idle_timeout)
+        (size,) = SIZE.unpack_from(self._rbuf, self._rstart)
+        if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes:
+            return self._refuse(
+                errors.InvalidRequestError(
+                    f"append frame size {size} outside {frames.REQUEST_FIXED_SIZE}.."
+                    f"{limits.max_frame_bytes} (the node's message bound)"
+                )
+            )
+        await self._fill(SIZE.size + 2, self._frame_timeout)
+        version = frames.request_version(self._rview[self._rstart + SIZE.size :])
+        if version != frames.APPEND_VERSION:
+            return self._refuse(
+                errors.UnsupportedVersionError(
+                    f"version {version} on an append connection (appends are version "
+                    f"{frames.APPEND_VERSION}; fetches go on their own connections)"
+                )
+            )
+        while not self._room.is_set():
+            await self._room.wait()
+        body: bytes | bytearray
+        if SIZE.size + size <= len(self._rbuf):
+            await self._fill(SIZE.size + size, self._frame_timeout)
+            start = self._rstart + SIZE.size
+            body = bytes(self._rview[start : start + size])
+            self._rstart = start + size
+        else:
+            body = await self._read_large(size)
+        try:
+            request = frames.decode_request_body(body)
+        except errors.TributaryError as exc:
+            return self._refuse(exc)
+        self._start(request, size)
+        return True
+
+    async def _fill(self, need: int, timeout: float) -> None:
+        """Until the read buffer holds ``need`` unread bytes (at most its size); ``timeout`` s."""
+        if self._rend - self._rstart >= need:
+            return
+        if self._rstart + need > len(self._rbuf):  # move the unread bytes to the front
+            unread = bytes(self._rview[self._rstart : self._rend])
+            self._rbuf[: len(unread)] = unread
+            self._rstart, self._rend = 0, len(unread)
+        deadline = self._loop.time() + timeout
+        while self._rend - self._rstart < need:
+            self._rend += await self._recv_into(self._rview[self._rend :], deadline)
+
+    async def _recv_into(self, view: memoryview, deadline: float) -> int:
+        """Receive into ``view``: at once when bytes are waiting, else by ``deadline``."""
+        try:
+            got = self._sock.recv_into(view)
+        except BlockingIOError:
+            async with asyncio.timeout_at(deadline):
+                got = await self._loop.sock_recv_into(self._sock, view)
+        if got == 0:
+            raise PeerClosed()
+        return got
+
+    async def _read_large(self, size: int) -> bytearray:
+        """A frame larger than the read buffer, received in place into its own buffer, which
+        grows as bytes arrive (a stalled sender holds little)."""
+        deadline = self._loop.time() + self._frame_timeout
+        start = self._rstart + SIZE.size
+        buffered = self._rend - start
+        buf = bytearray(max(buffered, _READ_BUFFER_BYTES))
+        buf[:buffered] = self._rview[start : self._rend]
+        self._rstart = self._rend = 0
+        got = buffered
+        while got < size:
+            if got == len(buf):
+                buf.extend(bytes(min(size, 2 * len(buf)) - len(buf)))
+            view = memoryview(buf)[got:]
+            try:
+                got += await self._recv_into(view, deadline)
+            finally:
+                view.release()
+        return buf
+
+    def _refuse(self, error: errors.TributaryError) -> bool:
+        """Stop reading: the connection-level error goes out once the requests already in
+        flight are answered (so the client need not doubt them), then the connection closes."""
+        self._stats.append_errors += 1
+        log.info("append connection refused a frame: %s", error)
+        self._refusal = frames.encode_error_response(frames.CONNECTION_ERROR_ID, error)
+        return False
+
+    # ---- serving ---------------------------------------------------------------------------------
+
+    def _start(self, request: frames.AppendRequest, size: int) -> None:
+        """Start a request now (in arrival order), keeping each partition's place in line."""
+        if request.partitions:  # a probe is not an append
+            self._stats.appends += 1
+        waits = []
+        for p in request.partitions:
+            key = (p.topic, p.partition)
+            previous = self._tails.get(key)
+            mine: asyncio.Future[None] = self._loop.create_future()
+            self._tails[key] = mine
+            waits.append((previous, mine))
+        self._in_flight_bytes += size
+        task = self._loop.create_task(self._serve_request(request, waits, size))
+        self._tasks.add(task)
+        task.add_done_callback(self._request_done)
+        self._update_room()
+
+    def _request_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._update_room()
+
+    async def _serve_request(self, request: frames.AppendRequest, waits, size: int) -> None:
+        try:
+            with self._span(request):
+                appends = [
+                    self._append_in_order(request, p, previous, mine)
+                    for p, (previous, mine) in zip(request.partitions, waits, strict=True)
+                ]
+                results = [await appends[0]] if len(appends) == 1 else list(await asyncio.gather(*appends))
+            answer = frames.encode_response(request.correlation_id, results)
+        except Exception as exc:  # a bug: answer it rather than leave the client waiting
+            log.exception("append request %d failed", request.correlation_id)
+            answer = frames.encode_error_response(
+                request.correlation_id, errors.UnknownServerError(repr(exc))
+            )
+        finally:
+            self._in_flight_bytes -= size
+        self._send(answer)
+
+    def _span(self, request: frames.AppendRequest):
+        """The request's SERVER span and timing (telemetry on), current while it is served; a
+        probe (no partitions) is not an append and goes unobserved."""
+        telemetry = self._telemetry
+        if telemetry is None or not request.partitions:
+            return _NO_SPAN
+        return telemetry.data_port_append_span(request.trace_context)
+
+    async def _append_in_order(
+        self,
+        request: frames.AppendRequest,
+        p: frames.PartitionAppend,
+        previous: asyncio.Future[None] | None,
+        mine: asyncio.Future[None],
+    ) -> AppendResult:
+        key = (p.topic, p.partition)
+
+        def written() -> None:
+            if not mine.done():
+                mine.set_result(None)
+
+        try:
+            if previous is not None and not previous.done():
+                await previous
+            return await self._appender.append(
+                p.topic,
+                p.partition,
+                p.records,  # type: ignore[arg-type]  # a view into the frame: the log takes any buffer
+                acks=request.acks,
+                timeout_s=(request.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000,
+                leader_epoch=None if p.leader_epoch == frames.NO_EPOCH else p.leader_epoch,
+                written=written,
+            )
+        finally:
+            written()
+            if self._tails.get(key) is mine:
+                del self._tails[key]
+
+    # ---- writing ---------------------------------------------------------------------------------
+
+    def _send(self, frame: bytes) -> None:
+        """Queue an answer; the answers completed in one turn of the event loop go out in one
+        send (``_flush``), instead of one system call each."""
+        if self._broken:
+            return
+        self._unsent.append(frame)
+        self._unsent_bytes += len(frame)
+        if not self._flush_scheduled and (self._sender is None or self._sender.done()):
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send what is queued if the socket takes it, else hand the rest to the sender task."""
+        self._flush_scheduled = False
+        if self._broken or not self._unsent or (self._sender is not None and not self._sender.done()):
+            return
+        data = self._unsent[0] if len(self._unsent) == 1 else b"".join(self._unsent)
+        self._unsent.clear()
+        self._unsent_bytes = 0
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._broken = True
+            return
+        if sent < len(data):
+            self._unsent.append(data[sent:])
+            self._unsent_bytes = len(data) - sent
+            self._sender = self._loop.create_task(self._send_routine())
+        self._update_room()
+
+    async def _send_routine(self) -> None:
+        try:
+            while self._unsent:
+                data = b"".join(self._unsent)
+                self._unsent.clear()
+                self._unsent_bytes = 0
+                self._update_room()
+                await self._loop.sock_sendall(self._sock, data)
+        except OSError:
+            self._broken = True
+            self._unsent.clear()
+            self._unsent_bytes = 0
+
+    def _update_room(self) -> None:
+        limits = self._limits
+        if (
+            self._in_flight_bytes < limits.max_in_flight_bytes
+            and len(self._tasks) < limits.max_in_flight_requests
+            and self._unsent_bytes < limits.max_unsent_bytes
+        ):
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def _finish(self) -> None:
+        """No more requests: let those in flight answer, then the refusal if any, then flush."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        if self._refusal is not None:
+            self._send(self._refusal)
+        self._flush()
+        if self._sender is not None:
+            await asyncio.gather(self._sender, return_exceptions=True)

@@ -1,0 +1,196 @@
+"""The data port's append connection (``storage_node/fetch/appends.py``) over a real socket pair,
+with a stand-in for the append path that can hold an append before or after its write: order per
+partition, answers in completion order, and the bounds on what a connection may hold."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import struct
+
+from services import errors
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.fetchport import append as frames
+from storage_node.fetch.appends import AppendConnection, AppendLimits
+from storage_node.fetch.server import FetchStats
+from tests.support.wait import async_wait_until
+
+
+def run_async(test):
+    """Run an async test on a fresh event loop (the suite has no asyncio plugin)."""
+
+    @functools.wraps(test)
+    def wrapper():
+        asyncio.run(test())
+
+    return wrapper
+
+
+class HeldAppender:
+    """Writes appends in call order into ``written``; an append whose first record byte is in
+    ``hold_before`` waits for its event before writing (a transactional batch asking the
+    coordinator), one in ``hold_after`` after writing (acks=all waiting for the ISR)."""
+
+    def __init__(self) -> None:
+        self.written: list[tuple[str, int, bytes]] = []
+        self.hold_before: dict[bytes, asyncio.Event] = {}
+        self.hold_after: dict[bytes, asyncio.Event] = {}
+
+    async def append(self, topic, partition, data, *, acks, timeout_s, leader_epoch=None, written=None):
+        payload = bytes(data)
+        if payload in self.hold_before:
+            await self.hold_before[payload].wait()
+        offset = sum(1 for t, p, _ in self.written if (t, p) == (topic, partition))
+        self.written.append((topic, partition, payload))
+        if written is not None:
+            written()
+        if payload in self.hold_after:
+            await self.hold_after[payload].wait()
+        return AppendResult(topic, partition, base_offset=offset, last_offset=offset, record_count=1)
+
+
+def _request(correlation_id: int, *parts: tuple[str, int, bytes]) -> bytes:
+    return frames.encode_request(
+        frames.AppendRequest(
+            correlation_id, Acks.ALL, 1000, tuple(frames.PartitionAppend(t, p, d) for t, p, d in parts)
+        )
+    )
+
+
+async def _read(reader: asyncio.StreamReader) -> frames.AppendResponse:
+    (size,) = struct.unpack(">i", await reader.readexactly(4))
+    body = await reader.readexactly(size)
+    if frames.response_correlation_id(body) == -1:
+        return frames.AppendResponse(-1, frames.connection_error(body), ())
+    return frames.decode_response_body(body)
+
+
+async def _start(appender, limits=None, frame_timeout=5.0):
+    """A served connection: the fetch server's part (reading the first size and version) is done
+    here by reading them off the socket as the server would."""
+    server_sock, client_sock = socket.socketpair()
+    server_sock.setblocking(False)
+    stats = FetchStats()
+    connection = AppendConnection(
+        server_sock,
+        appender,
+        limits=limits or AppendLimits(),
+        frame_timeout=frame_timeout,
+        idle_timeout=30,
+        stats=stats,
+    )
+    reader, writer = await asyncio.open_connection(sock=client_sock)
+    loop = asyncio.get_running_loop()
+
+    async def run():
+        head = await loop.sock_recv(server_sock, 6)
+        (size,) = struct.unpack(">i", head[:4])
+        try:
+            await connection.serve(size, head[4:6])
+        finally:
+            server_sock.close()
+
+    return reader, writer, stats, asyncio.create_task(run())
+
+
+@run_async
+async def test_a_partition_waits_for_its_earlier_append_that_is_held_before_writing():
+    appender = HeldAppender()
+    release = appender.hold_before[b"first"] = asyncio.Event()
+    reader, writer, _, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"first")))
+    writer.write(_request(2, ("t", 0, b"second")))
+    writer.write(_request(3, ("t", 1, b"elsewhere")))
+    # Another partition is not held up: answered while "first" waits.
+    answer = await asyncio.wait_for(_read(reader), 5)
+    assert answer.correlation_id == 3
+    assert appender.written == [("t", 1, b"elsewhere")]
+    release.set()
+    answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
+    assert [t for t in appender.written if t[1] == 0] == [("t", 0, b"first"), ("t", 0, b"second")]
+    assert (answers[1].results[0].base_offset, answers[2].results[0].base_offset) == (0, 1)
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_an_append_waiting_after_its_write_holds_up_no_other_answer():
+    appender = HeldAppender()
+    release = appender.hold_after[b"slow"] = asyncio.Event()
+    reader, writer, _, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"slow")))
+    writer.write(_request(2, ("t", 0, b"fast")))
+    assert (await asyncio.wait_for(_read(reader), 5)).correlation_id == 2  # completion order
+    assert [d for _, _, d in appender.written] == [b"slow", b"fast"]  # write order kept
+    release.set()
+    assert (await asyncio.wait_for(_read(reader), 5)).correlation_id == 1
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_past_the_in_flight_bound_the_connection_is_not_read():
+    appender = HeldAppender()
+    release = asyncio.Event()
+    for i in range(4):
+        appender.hold_after[b"%d" % i] = release
+    limits = AppendLimits(max_in_flight_requests=2)
+    reader, writer, stats, task = await _start(appender, limits)
+    for i in range(4):
+        writer.write(_request(i + 1, ("t", i, b"%d" % i)))
+    await async_wait_until(lambda: len(appender.written) == 2, timeout=5, what="two appends started")
+    for _ in range(50):  # let the server run: it must not read a third request
+        await asyncio.sleep(0)
+    assert len(appender.written) == 2 and stats.appends == 2
+    release.set()
+    answers = sorted([(await asyncio.wait_for(_read(reader), 5)).correlation_id for _ in range(4)])
+    assert answers == [1, 2, 3, 4]
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_a_bad_frame_after_good_ones_is_refused_and_closes_once_they_are_answered():
+    appender = HeldAppender()
+    reader, writer, stats, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"ok")))
+    writer.write(struct.pack(">ih", 1 << 30, frames.APPEND_VERSION))  # beyond the frame bound
+    first = await asyncio.wait_for(_read(reader), 5)
+    refused = await asyncio.wait_for(_read(reader), 5)
+    assert first.correlation_id == 1 and first.results[0].error is None
+    assert refused.correlation_id == -1 and isinstance(refused.error, errors.InvalidRequestError)
+    assert await reader.read() == b""
+    assert stats.append_errors == 1
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_a_client_stalled_mid_frame_is_dropped_after_the_frame_timeout():
+    appender = HeldAppender()
+    reader, writer, _, task = await _start(appender, frame_timeout=0.2)
+    frame = _request(1, ("t", 0, b"x" * 1000))
+    writer.write(frame[:100])
+    await asyncio.wait_for(task, 5)  # the server gave up on the frame
+    assert await reader.read() == b""
+    assert appender.written == []
+
+
+@run_async
+async def test_large_frames_sent_in_pieces_and_many_small_frames_in_one_write():
+    appender = HeldAppender()
+    reader, writer, _, task = await _start(appender)
+    large = bytes(range(256)) * 1200  # ~300 KiB: beyond the read buffer
+    frame = _request(1, ("t", 0, large))
+    for i in range(0, len(frame), 7001):
+        writer.write(frame[i : i + 7001])
+        await writer.drain()
+    small = b"".join(_request(2 + i, ("t", 1, b"s%d" % i)) for i in range(500))
+    writer.write(small)
+    answers = sorted([(await asyncio.wait_for(_read(reader), 5)).correlation_id for _ in range(501)])
+    assert answers == list(range(1, 502))
+    assert appender.written[0] == ("t", 0, large)
+    assert [d for _, p, d in appender.written if p == 1] == [b"s%d" % i for i in range(500)]
+    writer.close()
+    await asyncio.wait_for(task, 5)
