@@ -18,9 +18,11 @@ Rules:
   ``max_request_size`` per request, and rotates where it starts so no partition starves. For an
   idempotent producer a retried batch goes alone (a partition leader remembers a request's
   batches as one run, so it recognises each of them retried alone: producer_state.py).
-* Buffer memory is reserved per record before it is appended and released when its batch
-  completes (acknowledged or failed for good); :class:`BufferPool` blocks the appender, or makes
-  it wait asynchronously, while the buffer is full.
+* Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: the record that opens a
+  batch reserves ``batch_size`` bytes (or its own size when larger), the records that join it
+  reserve nothing, and the batch releases it all when it completes (acknowledged or failed for
+  good). :class:`BufferPool` blocks the appender, or makes it wait asynchronously, while the
+  buffer is full. (Per record it was a lock and a condition a record: the producer's hot loop.)
 
 Thread-safety: every public method takes the accumulator's lock; only ``append`` and the pool's
 ``allocate`` are called off the I/O thread.
@@ -130,6 +132,15 @@ class BufferPool:
         )
 
 
+class BufferExhausted(Exception):
+    """``RecordAccumulator.append`` needs ``needed`` bytes of buffer memory the pool has not got
+    now; the caller waits for them (``BufferPool.allocate``) and appends again with them."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
 def _resolve(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -144,6 +155,7 @@ class ProducerBatch:
         "_data",
         "_full",
         "_prebuilt",
+        "_used",
         "attempts",
         "base_sequence",
         "created_ms",
@@ -179,29 +191,36 @@ class ProducerBatch:
         self._batch_size = batch_size
         self._data: bytes | bytearray | None = data  # bytearray once numbered in place
         self._prebuilt = data is not None
-        self._full = False
+        #: No record may be appended: the next one did not fit, or the batch is bytes already.
+        self._full = builder is None
+        #: The builder's ``size_in_bytes()``, kept here so appends need not ask for it.
+        self._used = builder.size_in_bytes() if builder is not None else 0
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
         self.producer_id = -1
         self.producer_epoch = -1
         self.base_sequence = -1
 
     def try_append(self, timestamp: int, key, value, headers: tuple, size: int) -> int | None:
-        """Append and return the record's offset delta, or None when the batch is full/closed."""
-        builder = self._builder
-        if builder is None or self._full:
+        """Append and return the record's offset delta, or None when the batch is full/closed.
+
+        ``size`` is the record's estimated size (``estimate_record_size``): a batch that holds a
+        record takes the next only if the estimate fits in ``batch_size``, as Kafka's
+        ``hasRoomFor`` decides. Buffer memory is not counted here (see ``reserved_bytes``).
+        """
+        if self._full:
             return None
-        if self.record_count and builder.size_in_bytes() + size > self._batch_size:
+        count = self.record_count
+        if count and self._used + size > self._batch_size:
             self._full = True  # the next record did not fit: this batch is done, send it
             return None
-        delta = builder.append(value, timestamp=timestamp, key=key, headers=headers)
-        self.record_count += 1
-        self.reserved_bytes += size
-        return delta
+        self._used = self._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+        self.record_count = count + 1
+        return count
 
     @property
     def is_full(self) -> bool:
         """No more records fit (or the batch is pre-built bytes)."""
-        return self._full or self._builder is None or self._builder.size_in_bytes() >= self._batch_size
+        return self._full or self._used >= self._batch_size
 
     @property
     def estimated_size(self) -> int:
@@ -216,6 +235,7 @@ class ProducerBatch:
             assert self._builder is not None, "a batch has its bytes or its builder"
             self._data = self._builder.build()
             self._builder = None
+            self._full = True
         return self._data
 
     @property
@@ -270,6 +290,8 @@ class RecordAccumulator:
         self.compression = Compression(compression)
         self.pool = pool or BufferPool(32 * 1024 * 1024)
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        #: The same queues by topic and partition: ``append`` finds one without a TopicPartition.
+        self._by_topic: dict[str, dict[int, deque[ProducerBatch]]] = {}
         self._incomplete: set[ProducerBatch] = set()
         self._lock = threading.Lock()
         self._flushes = 0
@@ -280,7 +302,8 @@ class RecordAccumulator:
 
     def append(
         self,
-        tp: TopicPartition,
+        topic: str,
+        partition: int,
         timestamp: int,
         key,
         value,
@@ -289,38 +312,88 @@ class RecordAccumulator:
         now_ms: int,
         *,
         abort_on_new_batch: bool = False,
+        reserved: int = 0,
     ) -> tuple[FutureRecordMetadata | None, bool, bool]:
-        """Queue one record whose ``size`` bytes are already reserved in the pool.
+        """Queue one record of estimated ``size`` bytes on ``topic``/``partition``.
 
         Returns ``(future, batch_is_full, new_batch_created)``; the caller wakes the sender when
         either flag is set (a full batch is sendable; a new batch starts a linger timer). With
         ``abort_on_new_batch`` a record that would open a new batch is not queued (the future is
         None): the sticky partitioner moves on first, as Kafka's does (KIP-480).
+
+        Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: a record that opens
+        a batch takes :meth:`batch_reservation` bytes from the pool (or the caller's
+        ``reserved`` bytes, which are otherwise given back); records joining an open batch take
+        none. When the pool cannot give them now, nothing is queued and
+        :class:`BufferExhausted` says how much to wait for (``BufferPool.allocate``) before
+        calling again with ``reserved``.
         """
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if self._closed:
                 raise IllegalStateError("cannot send after the producer is closed")
-            queue = self._queues.get(tp)
-            if queue is None:
-                queue = self._queues[tp] = deque()
-            new_batch = False
+            partitions = self._by_topic.get(topic)
+            queue = partitions.get(partition) if partitions is not None else None
             batch = queue[-1] if queue else None
-            delta = batch.try_append(timestamp, key, value, headers, size) if batch is not None else None
-            if delta is None:
-                if abort_on_new_batch and batch is not None:
-                    return None, True, False
-                batch = self._new_batch(tp, now_ms)
-                queue.append(batch)
+            if batch is not None:
                 delta = batch.try_append(timestamp, key, value, headers, size)
-                new_batch = True
-            assert batch is not None and delta is not None, "a new batch takes its first record"
-            full = len(queue) > 1 or batch.is_full
-            return FutureRecordMetadata(batch.result, delta, timestamp), full, new_batch
+                if delta is not None:
+                    if reserved:
+                        self.pool.deallocate(reserved)  # another thread opened the batch meanwhile
+                    return (
+                        FutureRecordMetadata(batch.result, delta, timestamp),
+                        len(queue) > 1 or batch.is_full,  # type: ignore[arg-type]
+                        False,
+                    )
+                if abort_on_new_batch:
+                    if reserved:
+                        self.pool.deallocate(reserved)
+                    return None, True, False
+            need = self.batch_reservation(size)
+            if reserved > need:
+                self.pool.deallocate(reserved - need)
+            elif reserved < need and not self.pool.try_allocate(need - reserved):
+                if reserved:
+                    self.pool.deallocate(reserved)
+                raise BufferExhausted(need)
+            batch = self._new_batch(topic, partition, now_ms, need)
+            try:
+                delta = batch.try_append(timestamp, key, value, headers, size)
+            except BaseException:
+                self.pool.deallocate(need)  # the record was refused: no empty batch is left queued
+                raise
+            if queue is None:
+                queue = self._queue(TopicPartition(topic, partition))
+            queue.append(batch)
+            self._incomplete.add(batch)
+            return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True  # type: ignore[arg-type]
+        finally:
+            lock.release()
 
-    def _new_batch(self, tp: TopicPartition, now_ms: int) -> ProducerBatch:
-        batch = ProducerBatch(tp, RecordBatchBuilder(compression=self.compression), now_ms, self.batch_size)
-        self._incomplete.add(batch)
+    def batch_reservation(self, size: int) -> int:
+        """Buffer memory a new batch takes for a first record of ``size`` bytes: ``batch_size``
+        (all the batch may grow to), or the record's size when larger; never more than the whole
+        pool, which then also bounds the batch (see ``_new_batch``)."""
+        return max(size, min(self.batch_size, self.pool.total_bytes))
+
+    def _new_batch(self, topic: str, partition: int, now_ms: int, reserved: int) -> ProducerBatch:
+        batch = ProducerBatch(
+            TopicPartition(topic, partition),
+            RecordBatchBuilder(compression=self.compression),
+            now_ms,
+            min(self.batch_size, self.pool.total_bytes),
+        )
+        batch.reserved_bytes = reserved
         return batch
+
+    def _queue(self, tp: TopicPartition) -> deque[ProducerBatch]:
+        """``tp``'s queue, created (and indexed by topic for ``append``) when missing."""
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+            self._by_topic.setdefault(tp.topic, {})[tp.partition] = queue
+        return queue
 
     def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:
         """Queue pre-encoded RecordBatch v2 bytes as one sealed batch (already reserved)."""
@@ -335,7 +408,7 @@ class RecordAccumulator:
             )
             batch.reserved_bytes = len(data)
             self._incomplete.add(batch)
-            self._queues.setdefault(tp, deque()).append(batch)
+            self._queue(tp).append(batch)
             return batch.result
 
     # -- the sender's side -----------------------------------------------------------------
@@ -453,7 +526,7 @@ class RecordAccumulator:
         with self._lock:
             for batch in reversed(batches):
                 batch.retry_at_ms = retry_at_ms
-                self._queues.setdefault(batch.topic_partition, deque()).appendleft(batch)
+                self._queue(batch.topic_partition).appendleft(batch)
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued batches older than ``delivery_timeout_ms`` (the caller fails them)."""
