@@ -44,6 +44,9 @@ from services.records import RecordBatchBuilder, read_batch_header
 from services.records.format import Compression
 from services.records.inplace import set_producer_state
 
+#: ``_oldest_created_ms`` when no batch is queued: later than any clock reading.
+_NO_BATCH_MS = 2**63 - 1
+
 #: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
 #: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
 RECORD_OVERHEAD = 16
@@ -153,12 +156,12 @@ class ProducerBatch:
         "_batch_size",
         "_builder",
         "_data",
-        "_full",
         "_prebuilt",
         "_used",
         "attempts",
         "base_sequence",
         "created_ms",
+        "is_full",
         "last_error",
         "producer_epoch",
         "producer_id",
@@ -191,8 +194,9 @@ class ProducerBatch:
         self._batch_size = batch_size
         self._data: bytes | bytearray | None = data  # bytearray once numbered in place
         self._prebuilt = data is not None
-        #: No record may be appended: the next one did not fit, or the batch is bytes already.
-        self._full = builder is None
+        #: No more records: the batch reached ``batch_size``, the next record did not fit, or
+        #: the batch is bytes already (closed, or pre-built). Sendable without lingering.
+        self.is_full = builder is None
         #: The builder's ``size_in_bytes()``, kept here so appends need not ask for it.
         self._used = builder.size_in_bytes() if builder is not None else 0
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
@@ -207,20 +211,17 @@ class ProducerBatch:
         record takes the next only if the estimate fits in ``batch_size``, as Kafka's
         ``hasRoomFor`` decides. Buffer memory is not counted here (see ``reserved_bytes``).
         """
-        if self._full:
+        if self.is_full:
             return None
         count = self.record_count
         if count and self._used + size > self._batch_size:
-            self._full = True  # the next record did not fit: this batch is done, send it
+            self.is_full = True  # the next record did not fit: this batch is done, send it
             return None
-        self._used = self._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+        used = self._used = self._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+        if used >= self._batch_size:
+            self.is_full = True
         self.record_count = count + 1
         return count
-
-    @property
-    def is_full(self) -> bool:
-        """No more records fit (or the batch is pre-built bytes)."""
-        return self._full or self._used >= self._batch_size
 
     @property
     def estimated_size(self) -> int:
@@ -235,7 +236,7 @@ class ProducerBatch:
             assert self._builder is not None, "a batch has its bytes or its builder"
             self._data = self._builder.build()
             self._builder = None
-            self._full = True
+            self.is_full = True
         return self._data
 
     @property
@@ -297,6 +298,11 @@ class RecordAccumulator:
         self._flushes = 0
         self._closed = False
         self._drain_start = 0
+        #: When the sender routine will call ``ready`` again by itself (ms; None: only when woken),
+        #: as its last ``ready`` call told it. See ``sender_looks_by``.
+        self._sender_looks_at: int | None = None
+        #: No batch queued since the last ``expire`` walk is older than this (ms).
+        self._oldest_created_ms = _NO_BATCH_MS
 
     # -- appending (application threads) ---------------------------------------------------
 
@@ -310,7 +316,6 @@ class RecordAccumulator:
         headers: tuple,
         size: int,
         now_ms: int,
-        *,
         abort_on_new_batch: bool = False,
         reserved: int = 0,
     ) -> tuple[FutureRecordMetadata | None, bool, bool]:
@@ -350,26 +355,48 @@ class RecordAccumulator:
                     if reserved:
                         self.pool.deallocate(reserved)
                     return None, True, False
-            need = self.batch_reservation(size)
-            if reserved > need:
-                self.pool.deallocate(reserved - need)
-            elif reserved < need and not self.pool.try_allocate(need - reserved):
-                if reserved:
-                    self.pool.deallocate(reserved)
-                raise BufferExhausted(need)
-            batch = self._new_batch(topic, partition, now_ms, need)
-            try:
-                delta = batch.try_append(timestamp, key, value, headers, size)
-            except BaseException:
-                self.pool.deallocate(need)  # the record was refused: no empty batch is left queued
-                raise
-            if queue is None:
-                queue = self._queue(TopicPartition(topic, partition))
-            queue.append(batch)
-            self._incomplete.add(batch)
-            return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True  # type: ignore[arg-type]
+            return self._append_to_new_batch(
+                topic, partition, queue, timestamp, key, value, headers, size, now_ms, reserved
+            )
         finally:
             lock.release()
+
+    def _append_to_new_batch(
+        self,
+        topic: str,
+        partition: int,
+        queue: deque[ProducerBatch] | None,
+        timestamp: int,
+        key,
+        value,
+        headers: tuple,
+        size: int,
+        now_ms: int,
+        reserved: int,
+    ) -> tuple[FutureRecordMetadata, bool, bool]:
+        """``append``'s second half (under the lock): reserve a batch's memory, open it with the
+        record, queue it. A record the builder refuses leaves nothing queued or reserved."""
+        need = self.batch_reservation(size)
+        if reserved > need:
+            self.pool.deallocate(reserved - need)
+        elif reserved < need and not self.pool.try_allocate(need - reserved):
+            if reserved:
+                self.pool.deallocate(reserved)
+            raise BufferExhausted(need)
+        batch = self._new_batch(topic, partition, now_ms, need)
+        try:
+            delta = batch.try_append(timestamp, key, value, headers, size)
+        except BaseException:
+            self.pool.deallocate(need)
+            raise
+        assert delta is not None, "a new batch takes its first record"
+        if queue is None:
+            queue = self._queue(TopicPartition(topic, partition))
+        queue.append(batch)
+        self._incomplete.add(batch)
+        if now_ms < self._oldest_created_ms:
+            self._oldest_created_ms = now_ms
+        return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True
 
     def batch_reservation(self, size: int) -> int:
         """Buffer memory a new batch takes for a first record of ``size`` bytes: ``batch_size``
@@ -407,6 +434,7 @@ class RecordAccumulator:
                 tp, None, now_ms, self.batch_size, data=bytes(data), record_count=record_count
             )
             batch.reserved_bytes = len(data)
+            self._oldest_created_ms = min(self._oldest_created_ms, now_ms)
             self._incomplete.add(batch)
             self._queue(tp).append(batch)
             return batch.result
@@ -428,7 +456,22 @@ class RecordAccumulator:
                     ready.append(tp)
                 elif next_check is None or wait_ms < next_check:
                     next_check = wait_ms
+            # Ready partitions mean requests start now, and the routine looks again at once or
+            # when one of them completes; else it sleeps until the next linger or backoff ends.
+            self._sender_looks_at = now_ms if ready else (None if next_check is None else now_ms + next_check)
         return ReadyCheck(ready, next_check)
+
+    def sender_looks_by(self, deadline_ms: int) -> bool:
+        """Whether the sender routine will call :meth:`ready` by ``deadline_ms`` without a wakeup.
+
+        So an appender wakes it (a cross-thread call, a syscall and a GIL handover) only when
+        it would otherwise look too late: for a full batch (``deadline_ms`` now) or a new one
+        (now + ``linger_ms``). Safe without the lock: a ``ready`` call after the append sees the
+        record anyway; one before it set what is read here. Relies on the routine calling
+        ``ready`` again when a request completes (it is woken then) or its timer fires.
+        """
+        looks_at = self._sender_looks_at
+        return looks_at is not None and looks_at <= deadline_ms
 
     def _wait_ms(self, head: ProducerBatch, more_behind: bool, sending_all: bool, now_ms: int) -> int:
         if head.retry_at_ms > now_ms:
@@ -527,14 +570,23 @@ class RecordAccumulator:
             for batch in reversed(batches):
                 batch.retry_at_ms = retry_at_ms
                 self._queue(batch.topic_partition).appendleft(batch)
+                self._oldest_created_ms = min(self._oldest_created_ms, batch.created_ms)
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued batches older than ``delivery_timeout_ms`` (the caller fails them)."""
+        # The sender asks on every turn of its loop; the queues are only walked (under the lock
+        # the appenders need too) once the oldest batch queued since the last walk may be due.
+        if now_ms - self._oldest_created_ms < delivery_timeout_ms:
+            return []
         expired: list[ProducerBatch] = []
         with self._lock:
+            oldest = _NO_BATCH_MS
             for queue in self._queues.values():
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
+                if queue:  # the head is the oldest of its queue (retries go back to the front)
+                    oldest = min(oldest, queue[0].created_ms)
+            self._oldest_created_ms = oldest
         return expired
 
     def complete(self, batch: ProducerBatch) -> None:

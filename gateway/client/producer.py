@@ -241,7 +241,7 @@ class ProducerCore:
         self.sticky = StickyPartitioner()
         self._time_ms = clock.time_ms
         #: The metadata cache's partition counts (read-only here; one dict lookup a record).
-        self._partition_counts = self.client.metadata.partition_counts
+        self.partition_counts = self.client.metadata.partition_counts
         #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
         self.telemetry = ProducerTelemetry.create(config.client_id, self.client.addresses)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -343,7 +343,7 @@ class ProducerCore:
     def cached_partition_count(self, topic: str, partition: int | None) -> int | None:
         """The cached partition count when it can place the record, else None (fetch it first:
         the topic is unknown, or ``partition`` is past the count)."""
-        count = self._partition_counts.get(topic)
+        count = self.partition_counts.get(topic)
         if count is not None and partition is not None and isinstance(partition, int) and partition >= count:
             return None
         return count
@@ -371,55 +371,38 @@ class ProducerCore:
         caller waits for it and calls again with ``reserved``.
         """
         key, value, headers, timestamp, size, now_ms = prepared
-        accumulator = self.accumulator
-        if partition is not None:
-            if not isinstance(partition, int) or partition < 0:
+        append = self.accumulator.append
+        if partition is None and key is None:  # the common case first: the sticky partition
+            sticky = self.sticky
+            chosen = sticky.partition(topic, count)
+            future, full, new_batch = append(
+                topic, chosen, timestamp, None, value, headers, size, now_ms, True, reserved
+            )
+            if future is None:  # the sticky partition's batch is full: move on, then open one
+                sticky.on_new_batch(topic, count, chosen)
+                chosen = sticky.partition(topic, count)
+                future, full, new_batch = append(
+                    topic, chosen, timestamp, None, value, headers, size, now_ms, False, reserved
+                )
+        else:
+            if partition is None:
+                partition = partition_for_key(bytes(key), count)
+            elif not isinstance(partition, int) or partition < 0:
                 raise ValueError(f"partition must be a non-negative int, not {partition!r}")
-            if partition >= count:
+            elif partition >= count:
                 raise UnknownTopicOrPartitionError(
                     f"partition {partition} of topic {topic!r} does not exist ({count} partitions)"
                 )
-            future, full, new_batch = accumulator.append(
-                topic, partition, timestamp, key, value, headers, size, now_ms, reserved=reserved
+            future, full, new_batch = append(
+                topic, partition, timestamp, key, value, headers, size, now_ms, False, reserved
             )
-        elif key is not None:
-            partition = partition_for_key(bytes(key), count)
-            future, full, new_batch = accumulator.append(
-                topic, partition, timestamp, key, value, headers, size, now_ms, reserved=reserved
-            )
-        else:
-            sticky = self.sticky
-            partition = sticky.partition(topic, count)
-            future, full, new_batch = accumulator.append(
-                topic,
-                partition,
-                timestamp,
-                None,
-                value,
-                headers,
-                size,
-                now_ms,
-                abort_on_new_batch=True,
-                reserved=reserved,
-            )
-            if future is None:  # the sticky partition's batch is full: move on, then open one
-                sticky.on_new_batch(topic, count, partition)
-                future, full, new_batch = accumulator.append(
-                    topic,
-                    sticky.partition(topic, count),
-                    timestamp,
-                    None,
-                    value,
-                    headers,
-                    size,
-                    now_ms,
-                    reserved=reserved,
-                )
+        if full:
+            if not self.accumulator.sender_looks_by(now_ms):
+                self.wakeup_sender()
+        elif new_batch and not self.accumulator.sender_looks_by(now_ms + self.accumulator.linger_ms):
+            self.wakeup_sender()
         if new_batch:
             self._refresh_if_stale(topic)
-            self.wakeup_sender()
-        elif full:
-            self.wakeup_sender()
         return future  # type: ignore[return-value]
 
     def _refresh_if_stale(self, topic: str) -> None:
@@ -741,8 +724,8 @@ class Producer:
         telemetry = core.telemetry
         started = telemetry.now() if telemetry is not None else 0
         prepared = core.prepare(value, key, headers, timestamp)
-        count = core.cached_partition_count(topic, partition)
-        if count is None:
+        count = core.partition_counts.get(topic)
+        if count is None or (partition is not None and core.cached_partition_count(topic, partition) is None):
             core.ensure_open()  # a closed producer has no I/O thread to fetch with
             count = self._io.run(core.fetch_partition_count(topic))
         try:

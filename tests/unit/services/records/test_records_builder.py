@@ -264,3 +264,31 @@ def test_large_batches_take_the_general_path():
     records = list(RecordBatchView(builder.build()))
     assert [r.offset for r in records] == list(range(9000))
     assert records[-1].timestamp == 8999 * 3
+
+
+def test_append_sized_writes_what_append_writes_and_returns_the_size():
+    records = [
+        (b"v0", T0, b"k0", (("h", b"x"),)),
+        (None, T0 + 5, None, ()),
+        (memoryview(b"view"), T0 - 3, bytearray(b"k2"), [("n", None)]),
+        (b"big" * 100, T0 + 1, None, ()),
+    ]
+    by_append, by_size = RecordBatchBuilder(), RecordBatchBuilder()
+    for value, timestamp, key, headers in records:
+        by_append.append(value, timestamp=timestamp, key=key, headers=headers)
+        size = by_size.append_sized(value, timestamp, key, headers)
+        assert size == by_size.size_in_bytes() == by_append.size_in_bytes()
+    assert by_size.record_count == len(records)
+    assert by_size.build() == by_append.build()
+
+
+def test_append_sized_checks_its_arguments_like_append():
+    builder = RecordBatchBuilder()
+    builder.append_sized(b"v", T0)
+    with pytest.raises(TypeError):
+        builder.append_sized(b"v", "later")
+    with pytest.raises(ValueError):
+        builder.append_sized(b"v", 2**63)
+    with pytest.raises(TypeError):
+        builder.append_sized(12, T0)
+    assert builder.record_count == 1, "a refused record leaves the batch as it was"
