@@ -342,7 +342,19 @@ class RecordAccumulator:
             queue = partitions.get(partition) if partitions is not None else None
             batch = queue[-1] if queue else None
             if batch is not None:
-                delta = batch.try_append(timestamp, key, value, headers, size)
+                # NOTE: ``batch.try_append`` inlined (the one hot call of this method): the record
+                # joins the open batch when the estimate fits, else the batch is full.
+                delta = None
+                if not batch.is_full:
+                    delta = batch.record_count
+                    if delta and batch._used + size > batch._batch_size:
+                        batch.is_full = True
+                        delta = None
+                    else:
+                        used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+                        if used >= batch._batch_size:
+                            batch.is_full = True
+                        batch.record_count = delta + 1
                 if delta is not None:
                     if reserved:
                         self.pool.deallocate(reserved)  # another thread opened the batch meanwhile
