@@ -27,7 +27,7 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``compression``        "none"     none, gzip, snappy, lz4, zstd (``compression_type`` alias)
 ``batch_size``         16384      bytes per partition batch before it is sent
 ``linger_ms``          5          wait this long for a batch to fill
-``buffer_memory``      32 MiB     bytes of records waiting to be sent
+``buffer_memory``      32 MiB     bytes the batches waiting to be sent hold (``batch_size`` each)
 ``max_block_ms``       60000      how long ``send`` may block (metadata, full buffer)
 ``max_request_size``   1 MiB      largest record, and the most bytes in one request
 ``retries``            2**31-1    retries of a retriable failure (bounded by the timeout)
