@@ -6,12 +6,13 @@ The producer here never starts its I/O thread: the topic's metadata is cached up
 test plays the sender (drain the accumulator, resolve each batch), so every step is explicit.
 """
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from gateway.client import Producer
+from gateway.client import AsyncProducer, Producer
 from gateway.client.accumulator import BufferExhausted, RecordAccumulator, estimate_record_size
 from gateway.client.errors import (
     IllegalStateError,
@@ -267,3 +268,37 @@ def test_expire_walks_the_queues_only_once_a_batch_may_be_due():
     acc.reenqueue([batch], retry_at_ms=T0 + 3000)
     assert acc.expire(T0 + 3000, delivery_timeout_ms=1000) == [batch]
     assert [b.created_ms for b in acc.expire(T0 + 3500, delivery_timeout_ms=1000)] == [T0 + 2500]
+
+
+def offline_async_producer(partitions=1, **settings) -> AsyncProducer:
+    """``offline_producer`` for asyncio: the core is never started (no sender routine)."""
+    config = ProducerConfig.from_kwargs({"servers": "127.0.0.1:1", **settings})
+    producer = AsyncProducer.__new__(AsyncProducer)
+    producer.config = config
+    producer._core = core = ProducerCore(config, clock=ManualClock(T0))
+
+    async def never_started() -> None:
+        return None
+
+    core.start = never_started  # type: ignore[method-assign]
+    core.client.metadata._partition_counts[TOPIC] = partitions
+    core.client.metadata._fetched_ms[TOPIC] = T0
+    return producer
+
+
+def test_async_send_waits_for_buffer_memory_on_the_loop_and_times_out_at_max_block_ms():
+    async def scenario():
+        producer = offline_async_producer(partitions=2, batch_size=1000, buffer_memory=1000, max_block_ms=50)
+        first = await producer.send(TOPIC, b"x", partition=0)
+        with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+            await producer.send(TOPIC, b"x", partition=1)
+        producer.config.max_block_ms = 10_000
+        waiting = asyncio.ensure_future(producer.send(TOPIC, b"z", partition=1))
+        await asyncio.sleep(0)  # let it find the pool full and wait
+        assert not waiting.done()
+        settle(producer)  # partition 0's batch completes: its memory comes back
+        second = await asyncio.wait_for(waiting, 10)
+        settle(producer)
+        return (await first).offset, (await second).partition
+
+    assert asyncio.run(scenario()) == (0, 1)
