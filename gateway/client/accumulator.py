@@ -247,11 +247,19 @@ class ProducerBatch:
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int, *, transactional: bool = False
     ) -> None:
-        """Number the batch for an idempotent producer (closing it): the header fields are
-        rewritten in place, the records are not re-encoded."""
-        data = bytearray(self.close())
-        set_producer_state(data, producer_id, producer_epoch, base_sequence, transactional=transactional)
-        self._data = data
+        """Number the batch for an idempotent producer (closing it). Numbered when first sent,
+        before it is built, the builder writes the fields (one CRC pass); renumbered (a bumped
+        epoch), the header fields of its bytes are rewritten in place. Either way the records
+        are not re-encoded."""
+        if self._data is None and self._builder is not None:
+            self._builder.set_producer_state(
+                producer_id, producer_epoch, base_sequence, is_transactional=transactional
+            )
+            self.close()
+        else:
+            data = bytearray(self.close())
+            set_producer_state(data, producer_id, producer_epoch, base_sequence, transactional=transactional)
+            self._data = data
         self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
 
     def __repr__(self) -> str:

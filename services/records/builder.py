@@ -290,6 +290,23 @@ class RecordBatchBuilder:
             self.append(value, timestamp=timestamp, key=key, headers=headers)
         return RECORD_BATCH_OVERHEAD + len(self._records)
 
+    def set_producer_state(
+        self, producer_id: int, producer_epoch: int, base_sequence: int, *, is_transactional: bool = False
+    ) -> None:
+        """Number the batch for an idempotent producer before it is built: the same header fields
+        :func:`~services.records.inplace.set_producer_state` writes into built bytes (with the
+        same ranges), without a second pass over the records for the CRC."""
+        _check_range("producer_id", producer_id, NO_PRODUCER_ID, INT64_MAX)
+        _check_range("producer_epoch", producer_epoch, NO_PRODUCER_EPOCH, INT16_MAX)
+        _check_range("base_sequence", base_sequence, -1, INT32_MAX)
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        if is_transactional:
+            self._attributes |= TRANSACTIONAL_MASK
+        else:
+            self._attributes &= ~TRANSACTIONAL_MASK
+
     def _maybe_start(self, timestamp) -> None:
         """Check a timestamp off the fast path; the first one becomes the base timestamp."""
         _check_range("timestamp", timestamp, INT64_MIN, INT64_MAX)

@@ -292,3 +292,31 @@ def test_append_sized_checks_its_arguments_like_append():
     with pytest.raises(TypeError):
         builder.append_sized(12, T0)
     assert builder.record_count == 1, "a refused record leaves the batch as it was"
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_producer_state_set_before_build_matches_numbering_the_built_bytes(transactional):
+    from services.records.inplace import set_producer_state
+
+    numbered_after, numbered_before = RecordBatchBuilder(), RecordBatchBuilder()
+    for builder in (numbered_after, numbered_before):
+        builder.append(b"v0", timestamp=T0, key=b"k")
+        builder.append(b"v1", timestamp=T0 + 3)
+    built = bytearray(numbered_after.build())
+    set_producer_state(built, 7, 2, 40, transactional=transactional)
+    numbered_before.set_producer_state(7, 2, 40, is_transactional=transactional)
+    assert numbered_before.build() == bytes(built)
+    view = RecordBatchView(numbered_before.build())
+    assert (view.producer_id, view.producer_epoch, view.base_sequence) == (7, 2, 40)
+    assert view.is_transactional is transactional and view.is_valid()
+
+
+def test_producer_state_out_of_range_is_refused_and_changes_nothing():
+    builder = RecordBatchBuilder()
+    builder.append(b"v", timestamp=T0)
+    before = builder.build()
+    with pytest.raises(ValueError, match="producer_epoch"):
+        builder.set_producer_state(7, 2**15, 0)
+    with pytest.raises(TypeError):
+        builder.set_producer_state("7", 0, 0)
+    assert builder.build() == before
