@@ -7,7 +7,8 @@ Three measures, each printed as microseconds per record and records per second:
   the sender routine, the loop drains the accumulator every ``--drain-every`` records the way
   the sender does (ready, drain, build each batch's bytes, resolve its result, release its
   buffer memory). What is left is the caller's thread's cost per record plus the batch build;
-  the ceiling the SDK puts on any producer whatever the wire does.
+  the ceiling the SDK puts on any producer whatever the wire does. ``keyed``: the same with a
+  key per record (10 bytes, murmur2 over 16 partitions).
 * **send, against a cluster** (``cluster``): a real local cluster (etcd, coordinator, storage
   node, gateway on loopback: ``launcher.local_cluster``), ``Producer(servers=...)`` with every
   setting at its default (acks=all, idempotent, linger 5 ms, 16 KiB batches), ``send()`` per
@@ -22,7 +23,7 @@ Each in-process figure is the best of ``--repeat`` runs with the cyclic GC pause
 does, in CPU time of the measuring thread (the machine is shared: wall time varies with the
 load, the CPU a record costs much less). ``TRIBUTARY_NO_EXTENSIONS=1`` measures the pure-Python record codec.
 
-    python bench/sdk_send.py                     # inproc + decode
+    python bench/sdk_send.py                     # inproc, keyed, decode
     python bench/sdk_send.py --cluster           # and the real cluster run
     python bench/sdk_send.py --only cluster --records 1000000
 """
@@ -54,7 +55,7 @@ def payloads(count: int, size: int) -> list[bytes]:
     return [(b"%08d" % i).ljust(size, b"x") for i in range(count)]
 
 
-def offline_producer(**settings) -> Producer:
+def offline_producer(partitions: int = 1, **settings) -> Producer:
     """A ``Producer`` whose sender never runs: metadata of ``TOPIC`` (1 partition) is cached, so
     ``send()`` never needs the network (no I/O thread is started)."""
     config = ProducerConfig.from_kwargs({"servers": "127.0.0.1:1", **settings})
@@ -63,7 +64,7 @@ def offline_producer(**settings) -> Producer:
     producer._core = ProducerCore(config)
     producer._closed = True  # close() must not reach for the absent I/O thread
     metadata = producer._core.client.metadata
-    metadata._partition_counts[TOPIC] = 1
+    metadata._partition_counts[TOPIC] = partitions
     metadata._fetched_ms[TOPIC] = time.time_ns() // 1_000_000 + 10**12  # never stale
     return producer
 
@@ -90,9 +91,12 @@ def drain(accumulator: RecordAccumulator, base_offsets: dict) -> int:
     return batches
 
 
-def bench_inproc(records: int, values: list[bytes], drain_every: int) -> tuple[float, object]:
-    """Seconds to ``send()`` ``records`` values (defaults) and settle them, network aside."""
-    producer = offline_producer()
+def bench_inproc(
+    records: int, values: list[bytes], drain_every: int, keys: list[bytes] | None = None
+) -> tuple[float, object]:
+    """Seconds to ``send()`` ``records`` values (defaults) and settle them, network aside; with
+    ``keys``, each record has one of them (partitioned by murmur2 over 16 partitions)."""
+    producer = offline_producer(partitions=16 if keys else 1)
     core = producer._core
     send = producer.send
     offsets: dict = {}
@@ -100,7 +104,7 @@ def bench_inproc(records: int, values: list[bytes], drain_every: int) -> tuple[f
     future = None
     started = time.thread_time()
     for i in range(records):
-        future = send(TOPIC, values[i % n])
+        future = send(TOPIC, values[i % n], keys[i % n]) if keys else send(TOPIC, values[i % n])
         if i % drain_every == drain_every - 1:
             drain(core.accumulator, offsets)
     drain(core.accumulator, offsets)
@@ -192,7 +196,7 @@ def main() -> None:
     parser.add_argument("--drain-every", type=int, default=10_000)
     parser.add_argument("--decode-batch", type=int, default=1000, help="records per fetched batch")
     parser.add_argument("--cluster", action="store_true", help="also run against a local cluster")
-    parser.add_argument("--only", choices=("inproc", "decode", "cluster"))
+    parser.add_argument("--only", choices=("inproc", "keyed", "decode", "cluster"))
     args = parser.parse_args()
     values = payloads(1000, args.value_size)
     backend = "C accelerator" if speedups_enabled() else "pure Python"
@@ -200,13 +204,22 @@ def main() -> None:
         f"records codec: {backend}; {args.records:,} records of {args.value_size} bytes; "
         f"Python {sys.version.split()[0]}"
     )
-    runs = [args.only] if args.only else ["inproc", "decode"] + (["cluster"] if args.cluster else [])
+    runs = [args.only] if args.only else ["inproc", "keyed", "decode"] + (["cluster"] if args.cluster else [])
     for run in runs:
         if run == "inproc":
             elapsed, metadata = best_of(args.repeat, bench_inproc, args.records, values, args.drain_every)
             print(
                 f"send, in process:  {elapsed / args.records * 1e6:6.2f} us/record  "
                 f"{args.records / elapsed:12,.0f} records/s   (last: {metadata})"
+            )
+        elif run == "keyed":
+            keys = [b"user-%06d" % i for i in range(len(values))]
+            elapsed, metadata = best_of(
+                args.repeat, bench_inproc, args.records, values, args.drain_every, keys
+            )
+            print(
+                f"send, keyed:       {elapsed / args.records * 1e6:6.2f} us/record  "
+                f"{args.records / elapsed:12,.0f} records/s"
             )
         elif run == "decode":
             raw = fetch_answer(args.records, values, args.decode_batch)
