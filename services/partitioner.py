@@ -55,7 +55,8 @@ def _iter_words(data: bytes, end: int):
 #: Kafka's ``Utils.murmur2`` of any bytes-like key: ``services/records/_speedups.c``'s (a keyed
 #: record hashed in ~0.1 us instead of 1.5-4 us) unless it is not built or
 #: ``TRIBUTARY_NO_EXTENSIONS`` is set, then :func:`py_murmur2`.
-murmur2 = py_murmur2 if _speedups is None else _speedups.murmur2
+#: (An accelerator built before it had murmur2 -- a stale in-place build -- falls back too.)
+murmur2 = getattr(_speedups, "murmur2", None) or py_murmur2
 
 
 def partition_for_key(key: bytes, partition_count: int) -> int:
