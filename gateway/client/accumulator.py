@@ -335,16 +335,18 @@ class RecordAccumulator:
         None): the sticky partitioner moves on first, as Kafka's does (KIP-480).
 
         Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: a record that opens
-        a batch takes :meth:`batch_reservation` bytes from the pool (or the caller's
-        ``reserved`` bytes, which are otherwise given back); records joining an open batch take
-        none. When the pool cannot give them now, nothing is queued and
+        a batch takes :meth:`batch_reservation` bytes from the pool; records joining an open
+        batch take none. When the pool cannot give them now, nothing is queued and
         :class:`BufferExhausted` says how much to wait for (``BufferPool.allocate``) before
-        calling again with ``reserved``.
+        calling again with those bytes as ``reserved``. ``reserved`` bytes are the
+        accumulator's once passed: a new batch keeps them, any other outcome (a record joining
+        a batch another thread opened meanwhile, an abort, an error) gives them back.
         """
         lock = self._lock
         lock.acquire()
         try:
             if self._closed:
+                self._give_back(reserved)
                 raise IllegalStateError("cannot send after the producer is closed")
             partitions = self._by_topic.get(topic)
             queue = partitions.get(partition) if partitions is not None else None
@@ -359,7 +361,11 @@ class RecordAccumulator:
                         batch.is_full = True
                         delta = None
                     else:
-                        used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+                        try:
+                            used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+                        except BaseException:
+                            self._give_back(reserved)
+                            raise
                         if used >= batch._batch_size:
                             batch.is_full = True
                         batch.record_count = delta + 1
@@ -372,14 +378,17 @@ class RecordAccumulator:
                         False,
                     )
                 if abort_on_new_batch:
-                    if reserved:
-                        self.pool.deallocate(reserved)
+                    self._give_back(reserved)
                     return None, True, False
             return self._append_to_new_batch(
                 topic, partition, queue, timestamp, key, value, headers, size, now_ms, reserved
             )
         finally:
             lock.release()
+
+    def _give_back(self, reserved: int) -> None:
+        if reserved:
+            self.pool.deallocate(reserved)
 
     def _append_to_new_batch(
         self,

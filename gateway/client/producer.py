@@ -357,7 +357,8 @@ class ProducerCore:
         partition -- and when the sticky partition's batch is full the record moves to the next
         sticky partition instead of opening a new batch there (KIP-480). Raises
         ``BufferExhausted`` when a new batch needs buffer memory the pool has not got: the
-        caller waits for it and calls again with ``reserved``.
+        caller waits for it and calls again with it as ``reserved`` (see
+        ``RecordAccumulator.append``), as often as it is asked to.
         """
         key, value, headers, timestamp, size, now_ms = prepared
         append = self.accumulator.append
@@ -370,8 +371,9 @@ class ProducerCore:
             if future is None:  # the sticky partition's batch is full: move on, then open one
                 sticky.on_new_batch(topic, count, chosen)
                 chosen = sticky.partition(topic, count)
+                # (``reserved`` went back to the pool with the abort: this may ask for it again.)
                 future, full, new_batch = append(
-                    topic, chosen, timestamp, None, value, headers, size, now_ms, False, reserved
+                    topic, chosen, timestamp, None, value, headers, size, now_ms, False, 0
                 )
         else:
             if partition is None:
@@ -566,11 +568,14 @@ class AsyncProducer:
         count = core.cached_partition_count(topic, partition)
         if count is None:
             count = await core.fetch_partition_count(topic)
-        try:
-            future = core.append(topic, partition, count, prepared)
-        except BufferExhausted as exhausted:
-            await core.pool.allocate_async(exhausted.needed, self.config.max_block_ms / 1000.0)
-            future = core.append(topic, partition, count, prepared, exhausted.needed)
+        reserved = 0
+        while True:
+            try:
+                future = core.append(topic, partition, count, prepared, reserved)
+                break
+            except BufferExhausted as exhausted:
+                await core.pool.allocate_async(exhausted.needed, self.config.max_block_ms / 1000.0)
+                reserved = exhausted.needed
         if core.telemetry is not None:
             core.telemetry.sent(topic, key, future, started)
         if on_delivery is not None:
@@ -719,14 +724,26 @@ class Producer:
             count = self._io.run(core.fetch_partition_count(topic))
         try:
             future = core.append(topic, partition, count, prepared)
-        except BufferExhausted as exhausted:
-            core.pool.allocate(exhausted.needed, self.config.max_block_ms / 1000.0)
-            future = core.append(topic, partition, count, prepared, exhausted.needed)
+        except BufferExhausted as exhausted:  # a new batch waits for buffer memory
+            future = self._append_when_memory_frees(topic, partition, count, prepared, exhausted.needed)
         if telemetry is not None:
             telemetry.sent(topic, key, future, started)
         if on_delivery is not None:
             future.add_delivery_callback(on_delivery)
         return future
+
+    def _append_when_memory_frees(
+        self, topic: str, partition: int | None, count: int, prepared: tuple, needed: int
+    ) -> FutureRecordMetadata:
+        """``send``'s slow path: wait for a new batch's buffer memory (up to ``max_block_ms`` each
+        time), append with it; again if the append asks again (a race with other threads)."""
+        core = self._core
+        while True:
+            core.pool.allocate(needed, self.config.max_block_ms / 1000.0)
+            try:
+                return core.append(topic, partition, count, prepared, needed)
+            except BufferExhausted as exhausted:
+                needed = exhausted.needed
 
     def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""

@@ -302,3 +302,41 @@ def test_async_send_waits_for_buffer_memory_on_the_loop_and_times_out_at_max_blo
         return (await first).offset, (await second).partition
 
     assert asyncio.run(scenario()) == (0, 1)
+
+
+def test_reserved_memory_passed_to_append_is_given_back_unless_a_new_batch_keeps_it():
+    acc = RecordAccumulator(batch_size=100, linger_ms=5)
+    total = acc.pool.total_bytes
+    size = estimate_record_size(None, b"v" * 60, 0)
+    acc.append(TOPIC, 0, T0, None, b"v" * 60, (), size, T0)  # opens partition 0's batch
+    assert acc.pool.available == total - 100
+
+    def reserve():
+        acc.pool.allocate(100, 1)
+        return 100
+
+    # A sticky abort (the open batch is full for this record) gives the reservation back.
+    future, _full, _new = acc.append(TOPIC, 0, T0, None, b"v" * 60, (), size, T0, True, reserve())
+    assert future is None and acc.pool.available == total - 100
+    # So does a record the builder refuses while joining an open batch ...
+    small = estimate_record_size(None, b"v", 0)
+    with pytest.raises(TypeError):
+        acc.append(TOPIC, 0, "not a timestamp", None, b"v", (), small, T0, False, reserve())
+    assert acc.pool.available == total - 100
+    # ... and one refused by a closed accumulator.
+    acc.close()
+    with pytest.raises(IllegalStateError):
+        acc.append(TOPIC, 1, T0, None, b"v", (), small, T0, False, reserve())
+    assert acc.pool.available == total - 100
+
+
+def test_a_sticky_record_that_moves_on_waits_for_its_new_batch_memory_again():
+    # Partition 0's batch is full for the next record, and the pool has no room for another.
+    producer = offline_producer(partitions=2, batch_size=100, buffer_memory=100, max_block_ms=50)
+    producer._core.sticky._current[TOPIC] = 0
+    producer.send(TOPIC, b"v" * 60)
+    with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+        producer.send(TOPIC, b"v" * 60)
+    assert producer._core.pool.available == 0, "nothing leaked, nothing double-counted"
+    settle(producer)
+    assert producer._core.pool.available == 100
