@@ -18,9 +18,11 @@ Rules:
   ``max_request_size`` per request, and rotates where it starts so no partition starves. For an
   idempotent producer a retried batch goes alone (a partition leader remembers a request's
   batches as one run, so it recognises each of them retried alone: producer_state.py).
-* Buffer memory is reserved per record before it is appended and released when its batch
-  completes (acknowledged or failed for good); :class:`BufferPool` blocks the appender, or makes
-  it wait asynchronously, while the buffer is full.
+* Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: the record that opens a
+  batch reserves ``batch_size`` bytes (or its own size when larger), the records that join it
+  reserve nothing, and the batch releases it all when it completes (acknowledged or failed for
+  good). :class:`BufferPool` blocks the appender, or makes it wait asynchronously, while the
+  buffer is full. (Per record it was a lock and a condition a record: the producer's hot loop.)
 
 Thread-safety: every public method takes the accumulator's lock; only ``append`` and the pool's
 ``allocate`` are called off the I/O thread.
@@ -41,6 +43,9 @@ from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
 from services.records.format import Compression
 from services.records.inplace import set_producer_state
+
+#: ``_oldest_created_ms`` when no batch is queued: later than any clock reading.
+_NO_BATCH_MS = 2**63 - 1
 
 #: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
 #: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
@@ -130,6 +135,15 @@ class BufferPool:
         )
 
 
+class BufferExhausted(Exception):
+    """``RecordAccumulator.append`` needs ``needed`` bytes of buffer memory the pool has not got
+    now; the caller waits for them (``BufferPool.allocate``) and appends again with them."""
+
+    def __init__(self, needed: int) -> None:
+        super().__init__(needed)
+        self.needed = needed
+
+
 def _resolve(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -142,11 +156,12 @@ class ProducerBatch:
         "_batch_size",
         "_builder",
         "_data",
-        "_full",
         "_prebuilt",
+        "_used",
         "attempts",
         "base_sequence",
         "created_ms",
+        "is_full",
         "last_error",
         "producer_epoch",
         "producer_id",
@@ -179,29 +194,34 @@ class ProducerBatch:
         self._batch_size = batch_size
         self._data: bytes | bytearray | None = data  # bytearray once numbered in place
         self._prebuilt = data is not None
-        self._full = False
+        #: No more records: the batch reached ``batch_size``, the next record did not fit, or
+        #: the batch is bytes already (closed, or pre-built). Sendable without lingering.
+        self.is_full = builder is None
+        #: The builder's ``size_in_bytes()``, kept here so appends need not ask for it.
+        self._used = builder.size_in_bytes() if builder is not None else 0
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
         self.producer_id = -1
         self.producer_epoch = -1
         self.base_sequence = -1
 
     def try_append(self, timestamp: int, key, value, headers: tuple, size: int) -> int | None:
-        """Append and return the record's offset delta, or None when the batch is full/closed."""
-        builder = self._builder
-        if builder is None or self._full:
-            return None
-        if self.record_count and builder.size_in_bytes() + size > self._batch_size:
-            self._full = True  # the next record did not fit: this batch is done, send it
-            return None
-        delta = builder.append(value, timestamp=timestamp, key=key, headers=headers)
-        self.record_count += 1
-        self.reserved_bytes += size
-        return delta
+        """Append and return the record's offset delta, or None when the batch is full/closed.
 
-    @property
-    def is_full(self) -> bool:
-        """No more records fit (or the batch is pre-built bytes)."""
-        return self._full or self._builder is None or self._builder.size_in_bytes() >= self._batch_size
+        ``size`` is the record's estimated size (``estimate_record_size``): a batch that holds a
+        record takes the next only if the estimate fits in ``batch_size``, as Kafka's
+        ``hasRoomFor`` decides. Buffer memory is not counted here (see ``reserved_bytes``).
+        """
+        if self.is_full:
+            return None
+        count = self.record_count
+        if count and self._used + size > self._batch_size:
+            self.is_full = True  # the next record did not fit: this batch is done, send it
+            return None
+        used = self._used = self._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+        if used >= self._batch_size:
+            self.is_full = True
+        self.record_count = count + 1
+        return count
 
     @property
     def estimated_size(self) -> int:
@@ -216,6 +236,7 @@ class ProducerBatch:
             assert self._builder is not None, "a batch has its bytes or its builder"
             self._data = self._builder.build()
             self._builder = None
+            self.is_full = True
         return self._data
 
     @property
@@ -226,11 +247,19 @@ class ProducerBatch:
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int, *, transactional: bool = False
     ) -> None:
-        """Number the batch for an idempotent producer (closing it): the header fields are
-        rewritten in place, the records are not re-encoded."""
-        data = bytearray(self.close())
-        set_producer_state(data, producer_id, producer_epoch, base_sequence, transactional=transactional)
-        self._data = data
+        """Number the batch for an idempotent producer (closing it). Numbered when first sent,
+        before it is built, the builder writes the fields (one CRC pass); renumbered (a bumped
+        epoch), the header fields of its bytes are rewritten in place. Either way the records
+        are not re-encoded."""
+        if self._data is None and self._builder is not None:
+            self._builder.set_producer_state(
+                producer_id, producer_epoch, base_sequence, is_transactional=transactional
+            )
+            self.close()
+        else:
+            data = bytearray(self.close())
+            set_producer_state(data, producer_id, producer_epoch, base_sequence, transactional=transactional)
+            self._data = data
         self.producer_id, self.producer_epoch, self.base_sequence = producer_id, producer_epoch, base_sequence
 
     def __repr__(self) -> str:
@@ -270,57 +299,157 @@ class RecordAccumulator:
         self.compression = Compression(compression)
         self.pool = pool or BufferPool(32 * 1024 * 1024)
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        #: The same queues by topic and partition: ``append`` finds one without a TopicPartition.
+        self._by_topic: dict[str, dict[int, deque[ProducerBatch]]] = {}
         self._incomplete: set[ProducerBatch] = set()
         self._lock = threading.Lock()
         self._flushes = 0
         self._closed = False
         self._drain_start = 0
+        #: When the sender routine will call ``ready`` again by itself (ms; None: only when woken),
+        #: as its last ``ready`` call told it. See ``sender_looks_by``.
+        self._sender_looks_at: int | None = None
+        #: No batch queued since the last ``expire`` walk is older than this (ms).
+        self._oldest_created_ms = _NO_BATCH_MS
 
     # -- appending (application threads) ---------------------------------------------------
 
     def append(
         self,
-        tp: TopicPartition,
+        topic: str,
+        partition: int,
         timestamp: int,
         key,
         value,
         headers: tuple,
         size: int,
         now_ms: int,
-        *,
         abort_on_new_batch: bool = False,
+        reserved: int = 0,
     ) -> tuple[FutureRecordMetadata | None, bool, bool]:
-        """Queue one record whose ``size`` bytes are already reserved in the pool.
+        """Queue one record of estimated ``size`` bytes on ``topic``/``partition``.
 
         Returns ``(future, batch_is_full, new_batch_created)``; the caller wakes the sender when
         either flag is set (a full batch is sendable; a new batch starts a linger timer). With
         ``abort_on_new_batch`` a record that would open a new batch is not queued (the future is
         None): the sticky partitioner moves on first, as Kafka's does (KIP-480).
-        """
-        with self._lock:
-            if self._closed:
-                raise IllegalStateError("cannot send after the producer is closed")
-            queue = self._queues.get(tp)
-            if queue is None:
-                queue = self._queues[tp] = deque()
-            new_batch = False
-            batch = queue[-1] if queue else None
-            delta = batch.try_append(timestamp, key, value, headers, size) if batch is not None else None
-            if delta is None:
-                if abort_on_new_batch and batch is not None:
-                    return None, True, False
-                batch = self._new_batch(tp, now_ms)
-                queue.append(batch)
-                delta = batch.try_append(timestamp, key, value, headers, size)
-                new_batch = True
-            assert batch is not None and delta is not None, "a new batch takes its first record"
-            full = len(queue) > 1 or batch.is_full
-            return FutureRecordMetadata(batch.result, delta, timestamp), full, new_batch
 
-    def _new_batch(self, tp: TopicPartition, now_ms: int) -> ProducerBatch:
-        batch = ProducerBatch(tp, RecordBatchBuilder(compression=self.compression), now_ms, self.batch_size)
+        Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: a record that opens
+        a batch takes :meth:`batch_reservation` bytes from the pool; records joining an open
+        batch take none. When the pool cannot give them now, nothing is queued and
+        :class:`BufferExhausted` says how much to wait for (``BufferPool.allocate``) before
+        calling again with those bytes as ``reserved``. ``reserved`` bytes are the
+        accumulator's once passed: a new batch keeps them, any other outcome (a record joining
+        a batch another thread opened meanwhile, an abort, an error) gives them back.
+        """
+        lock = self._lock
+        lock.acquire()
+        try:
+            if self._closed:
+                self._give_back(reserved)
+                raise IllegalStateError("cannot send after the producer is closed")
+            partitions = self._by_topic.get(topic)
+            queue = partitions.get(partition) if partitions is not None else None
+            batch = queue[-1] if queue else None
+            if batch is not None:
+                # NOTE: ``batch.try_append`` inlined (the one hot call of this method): the record
+                # joins the open batch when the estimate fits, else the batch is full.
+                delta = None
+                if not batch.is_full:
+                    delta = batch.record_count
+                    if delta and batch._used + size > batch._batch_size:
+                        batch.is_full = True
+                        delta = None
+                    else:
+                        try:
+                            used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+                        except BaseException:
+                            self._give_back(reserved)
+                            raise
+                        if used >= batch._batch_size:
+                            batch.is_full = True
+                        batch.record_count = delta + 1
+                if delta is not None:
+                    if reserved:
+                        self.pool.deallocate(reserved)  # another thread opened the batch meanwhile
+                    return (
+                        FutureRecordMetadata(batch.result, delta, timestamp),
+                        len(queue) > 1 or batch.is_full,  # type: ignore[arg-type]
+                        False,
+                    )
+                if abort_on_new_batch:
+                    self._give_back(reserved)
+                    return None, True, False
+            return self._append_to_new_batch(
+                topic, partition, queue, timestamp, key, value, headers, size, now_ms, reserved
+            )
+        finally:
+            lock.release()
+
+    def _give_back(self, reserved: int) -> None:
+        if reserved:
+            self.pool.deallocate(reserved)
+
+    def _append_to_new_batch(
+        self,
+        topic: str,
+        partition: int,
+        queue: deque[ProducerBatch] | None,
+        timestamp: int,
+        key,
+        value,
+        headers: tuple,
+        size: int,
+        now_ms: int,
+        reserved: int,
+    ) -> tuple[FutureRecordMetadata, bool, bool]:
+        """``append``'s second half (under the lock): reserve a batch's memory, open it with the
+        record, queue it. A record the builder refuses leaves nothing queued or reserved."""
+        need = self.batch_reservation(size)
+        if reserved > need:
+            self.pool.deallocate(reserved - need)
+        elif reserved < need and not self.pool.try_allocate(need - reserved):
+            if reserved:
+                self.pool.deallocate(reserved)
+            raise BufferExhausted(need)
+        batch = self._new_batch(topic, partition, now_ms, need)
+        try:
+            delta = batch.try_append(timestamp, key, value, headers, size)
+        except BaseException:
+            self.pool.deallocate(need)
+            raise
+        assert delta is not None, "a new batch takes its first record"
+        if queue is None:
+            queue = self._queue(TopicPartition(topic, partition))
+        queue.append(batch)
         self._incomplete.add(batch)
+        if now_ms < self._oldest_created_ms:
+            self._oldest_created_ms = now_ms
+        return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True
+
+    def batch_reservation(self, size: int) -> int:
+        """Buffer memory a new batch takes for a first record of ``size`` bytes: ``batch_size``
+        (all the batch may grow to), or the record's size when larger; never more than the whole
+        pool, which then also bounds the batch (see ``_new_batch``)."""
+        return max(size, min(self.batch_size, self.pool.total_bytes))
+
+    def _new_batch(self, topic: str, partition: int, now_ms: int, reserved: int) -> ProducerBatch:
+        batch = ProducerBatch(
+            TopicPartition(topic, partition),
+            RecordBatchBuilder(compression=self.compression),
+            now_ms,
+            min(self.batch_size, self.pool.total_bytes),
+        )
+        batch.reserved_bytes = reserved
         return batch
+
+    def _queue(self, tp: TopicPartition) -> deque[ProducerBatch]:
+        """``tp``'s queue, created (and indexed by topic for ``append``) when missing."""
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+            self._by_topic.setdefault(tp.topic, {})[tp.partition] = queue
+        return queue
 
     def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:
         """Queue pre-encoded RecordBatch v2 bytes as one sealed batch (already reserved)."""
@@ -334,8 +463,9 @@ class RecordAccumulator:
                 tp, None, now_ms, self.batch_size, data=bytes(data), record_count=record_count
             )
             batch.reserved_bytes = len(data)
+            self._oldest_created_ms = min(self._oldest_created_ms, now_ms)
             self._incomplete.add(batch)
-            self._queues.setdefault(tp, deque()).append(batch)
+            self._queue(tp).append(batch)
             return batch.result
 
     # -- the sender's side -----------------------------------------------------------------
@@ -355,7 +485,22 @@ class RecordAccumulator:
                     ready.append(tp)
                 elif next_check is None or wait_ms < next_check:
                     next_check = wait_ms
+            # Ready partitions mean requests start now, and the routine looks again at once or
+            # when one of them completes; else it sleeps until the next linger or backoff ends.
+            self._sender_looks_at = now_ms if ready else (None if next_check is None else now_ms + next_check)
         return ReadyCheck(ready, next_check)
+
+    def sender_looks_by(self, deadline_ms: int) -> bool:
+        """Whether the sender routine will call :meth:`ready` by ``deadline_ms`` without a wakeup.
+
+        So an appender wakes it (a cross-thread call, a syscall and a GIL handover) only when
+        it would otherwise look too late: for a full batch (``deadline_ms`` now) or a new one
+        (now + ``linger_ms``). Safe without the lock: a ``ready`` call after the append sees the
+        record anyway; one before it set what is read here. Relies on the routine calling
+        ``ready`` again when a request completes (it is woken then) or its timer fires.
+        """
+        looks_at = self._sender_looks_at
+        return looks_at is not None and looks_at <= deadline_ms
 
     def _wait_ms(self, head: ProducerBatch, more_behind: bool, sending_all: bool, now_ms: int) -> int:
         if head.retry_at_ms > now_ms:
@@ -453,15 +598,24 @@ class RecordAccumulator:
         with self._lock:
             for batch in reversed(batches):
                 batch.retry_at_ms = retry_at_ms
-                self._queues.setdefault(batch.topic_partition, deque()).appendleft(batch)
+                self._queue(batch.topic_partition).appendleft(batch)
+                self._oldest_created_ms = min(self._oldest_created_ms, batch.created_ms)
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
         """Remove and return queued batches older than ``delivery_timeout_ms`` (the caller fails them)."""
+        # The sender asks on every turn of its loop; the queues are only walked (under the lock
+        # the appenders need too) once the oldest batch queued since the last walk may be due.
+        if now_ms - self._oldest_created_ms < delivery_timeout_ms:
+            return []
         expired: list[ProducerBatch] = []
         with self._lock:
+            oldest = _NO_BATCH_MS
             for queue in self._queues.values():
                 while queue and now_ms - queue[0].created_ms >= delivery_timeout_ms:
                     expired.append(queue.popleft())
+                if queue:  # the head is the oldest of its queue (retries go back to the front)
+                    oldest = min(oldest, queue[0].created_ms)
+            self._oldest_created_ms = oldest
         return expired
 
     def complete(self, batch: ProducerBatch) -> None:

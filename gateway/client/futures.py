@@ -28,6 +28,7 @@ class ProduceResult:
     """The outcome of one produced batch, shared by the futures of its records. Thread-safe."""
 
     __slots__ = (
+        "_done",
         "_event",
         "_listeners",
         "_lock",
@@ -44,13 +45,16 @@ class ProduceResult:
         self.log_append_time = -1
         self.log_start_offset = -1
         self.error: BaseException | None = None
-        self._event = threading.Event()
+        self._done = False
+        # One is made per batch on the application's thread: the Event a blocking waiter needs
+        # (a Condition and two locks) is made only when someone waits.
+        self._event: threading.Event | None = None
         self._listeners: list[Callable[[ProduceResult], None]] | None = []
         self._lock = threading.Lock()
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def complete(
         self,
@@ -66,7 +70,9 @@ class ProduceResult:
             self.base_offset, self.log_append_time = base_offset, log_append_time
             self.log_start_offset, self.error = log_start_offset, error
             listeners, self._listeners = self._listeners, None
-            self._event.set()
+            self._done = True
+            if self._event is not None:
+                self._event.set()
         for listener in listeners:
             try:
                 listener(self)
@@ -82,7 +88,16 @@ class ProduceResult:
         listener(self)
 
     def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)
+        """Block until done, up to ``timeout`` seconds; True once done."""
+        if self._done:
+            return True
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
 
 async def wait_for_result(result: ProduceResult) -> None:

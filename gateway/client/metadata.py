@@ -10,6 +10,8 @@ with an ``invalid_metadata`` error, so partitions added with ``CreatePartitions`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from gateway.client.structs import (
     BrokerMetadata,
     ClusterDescription,
@@ -87,6 +89,11 @@ class MetadataCache:
 
     def topic(self, name: str) -> TopicDescription | None:
         return self._topics.get(name)
+
+    @property
+    def partition_counts(self) -> Mapping[str, int]:
+        """Partition count by cached topic, live (the producer reads it once per record)."""
+        return self._partition_counts
 
     def partition_count(self, topic: str) -> int | None:
         """The cached partition count, or None when the topic is not cached (fast path)."""

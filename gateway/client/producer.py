@@ -13,9 +13,10 @@ and aiokafka style::
 
 What happens to a record: it is serialized and partitioned in the caller's thread (explicit
 ``partition``; else Kafka's murmur2 of the key modulo the partition count, so keys land where a
-Kafka client would put them; else a sticky partition per batch for null keys), buffer memory is
-reserved (waiting up to ``max_block_ms`` when ``buffer_memory`` is full), and it is appended to
-its partition's RecordBatch v2 builder in the accumulator. The sender routine on the I/O loop
+Kafka client would put them; else a sticky partition per batch for null keys), and it is
+appended to its partition's RecordBatch v2 builder in the accumulator; a record that opens a
+batch reserves ``batch_size`` bytes of buffer memory for it first (waiting up to ``max_block_ms``
+when ``buffer_memory`` is full), as Kafka's producer does. The sender routine on the I/O loop
 ships batches once full or after ``linger_ms``, compressed client-side, and retries retriable
 failures with backoff for up to ``delivery_timeout_ms``, keeping per-partition order.
 
@@ -26,7 +27,7 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``compression``        "none"     none, gzip, snappy, lz4, zstd (``compression_type`` alias)
 ``batch_size``         16384      bytes per partition batch before it is sent
 ``linger_ms``          5          wait this long for a batch to fill
-``buffer_memory``      32 MiB     bytes of records waiting to be sent
+``buffer_memory``      32 MiB     bytes the batches waiting to be sent hold (``batch_size`` each)
 ``max_block_ms``       60000      how long ``send`` may block (metadata, full buffer)
 ``max_request_size``   1 MiB      largest record, and the most bytes in one request
 ``retries``            2**31-1    retries of a retriable failure (bounded by the timeout)
@@ -55,9 +56,10 @@ import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from time import time_ns
+from typing import Any
 
-from gateway.client.accumulator import BufferPool, RecordAccumulator, estimate_record_size
+from gateway.client.accumulator import RECORD_OVERHEAD, BufferExhausted, BufferPool, RecordAccumulator
 from gateway.client.client import GatewayClient
 from gateway.client.errors import (
     IllegalStateError,
@@ -189,20 +191,6 @@ class ProducerConfig:
             raise ValueError("transaction_timeout_ms must be positive")
 
 
-class _Prepared(NamedTuple):
-    """A record serialized and sized, ready for a partition and buffer memory.
-
-    A NamedTuple, not a frozen dataclass: one is made per ``send()``, and a frozen dataclass's
-    ``__init__`` sets each field through ``object.__setattr__`` (measured: ~1 us of a ~6 us send).
-    """
-
-    key: Any
-    value: Any
-    headers: tuple
-    timestamp: int
-    size: int
-
-
 class ProducerCore:
     """Everything both producers share. Runs on one event loop; ``prepare``/``append`` are safe
     from any thread."""
@@ -235,7 +223,14 @@ class ProducerCore:
             if config.idempotent
             else None
         )
+        #: ``send`` checks the transaction state first (a closed producer is refused either way).
+        self.checks_state = config.transactional_id is not None
         self.sticky = StickyPartitioner()
+        self._time_ms = clock.time_ms
+        #: Read the system clock inline (``time_ns``), not through a method call: once a record.
+        self._system_clock = clock is SYSTEM_CLOCK
+        #: The metadata cache's partition counts (read-only here; one dict lookup a record).
+        self.partition_counts = self.client.metadata.partition_counts
         #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
         self.telemetry = ProducerTelemetry.create(config.client_id, self.client.addresses)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -301,46 +296,46 @@ class ProducerCore:
         await self.client.close()
 
     # -- sending (any thread) --------------------------------------------------------------
+    #
+    # NOTE: the per-record path (``Producer.send`` / ``AsyncProducer.send``: ``prepare``, then
+    # ``append``) is the SDK's hot loop: at 400k records/s it has ~2.5 us a record, the sender's
+    # share included. So it makes no per-record TopicPartition, takes one lock (the
+    # accumulator's; buffer memory is reserved per batch), reads the clock once, and checks the
+    # metadata's age only when a record opens a batch. bench/sdk_send.py measures it.
 
-    def prepare(self, value, key, headers, timestamp: int | None) -> _Prepared:
-        """Serialize and size one record; raises RecordTooLargeError / TypeError up front."""
-        key_bytes = serialize(key, self.config.key_serializer, "key")
-        value_bytes = serialize(value, self.config.value_serializer, "value")
-        header_tuple = normalize_headers(headers)
-        size = estimate_record_size(key_bytes, value_bytes, headers_size(header_tuple) if header_tuple else 0)
+    def prepare(self, value, key, headers, timestamp: int | None) -> tuple:
+        """Serialize and size one record: ``(key, value, headers, timestamp, size, now_ms)``.
+
+        Raises RecordTooLargeError / TypeError up front (nothing is queued or reserved yet).
+        """
+        value_serializer = self.config.value_serializer
+        if value is not None and (value_serializer is not None or type(value) is not bytes):
+            value = serialize(value, value_serializer, "value")
+        size = RECORD_OVERHEAD if value is None else RECORD_OVERHEAD + len(value)
+        if key is not None:
+            key = serialize(key, self.config.key_serializer, "key")
+            if key is not None:
+                size += len(key)
+        if headers:
+            headers = normalize_headers(headers)
+            size += headers_size(headers)
+        else:
+            headers = ()
         if size > self.config.max_request_size:
             raise RecordTooLargeError(
                 f"the record is {size} bytes when serialized, larger than max_request_size "
                 f"({self.config.max_request_size})"
             )
-        if timestamp is None:
-            timestamp = self.clock.time_ms()
-        return _Prepared(key_bytes, value_bytes, header_tuple, timestamp, size)
+        now_ms = time_ns() // 1_000_000 if self._system_clock else self._time_ms()
+        return key, value, headers, now_ms if timestamp is None else timestamp, size, now_ms
 
-    def choose_partition(self, topic: str, record: _Prepared, partition: int | None, count: int) -> int:
-        """Explicit partition, else murmur2(key) % count, else the sticky partition."""
-        if partition is not None:
-            if not isinstance(partition, int) or partition < 0:
-                raise ValueError(f"partition must be a non-negative int, not {partition!r}")
-            if partition >= count:
-                raise UnknownTopicOrPartitionError(
-                    f"partition {partition} of topic {topic!r} does not exist ({count} partitions)"
-                )
-            return partition
-        if record.key is not None:
-            return partition_for_key(bytes(record.key), count)
-        return self.sticky.partition(topic, count)
-
-    def cached_partition_count(self, topic: str) -> int | None:
-        """The partition count if cached (refreshing it in the background when stale)."""
-        count = self.client.metadata.partition_count(topic)
-        if count is not None and self.client.metadata.is_stale(topic, self.clock.time_ms()):
-            self._schedule(self._refresh_in_background, topic)
+    def cached_partition_count(self, topic: str, partition: int | None) -> int | None:
+        """The cached partition count when it can place the record, else None (fetch it first:
+        the topic is unknown, or ``partition`` is past the count)."""
+        count = self.partition_counts.get(topic)
+        if count is not None and partition is not None and isinstance(partition, int) and partition >= count:
+            return None
         return count
-
-    def needs_metadata(self, topic: str, partition: int | None, count: int | None) -> bool:
-        """True when the cache cannot place the record: unknown topic or a partition past the count."""
-        return count is None or (partition is not None and isinstance(partition, int) and partition >= count)
 
     async def fetch_partition_count(self, topic: str) -> int:
         """Fetch the topic's metadata now (waiting up to ``max_block_ms`` for an unknown topic)."""
@@ -349,39 +344,63 @@ class ProducerCore:
         return len(description.partitions)
 
     def append(
-        self, topic: str, partition: int, record: _Prepared, *, sticky: bool = False
+        self,
+        topic: str,
+        partition: int | None,
+        count: int,
+        prepared: tuple,
+        reserved: int = 0,
     ) -> FutureRecordMetadata:
-        """Queue a record whose buffer memory is reserved; wakes the sender when it matters.
+        """Place a ``prepare``d record on a partition and queue it; wakes the sender when it matters.
 
-        ``sticky``: the partition came from the sticky partitioner, so when its batch is full the
-        record moves to the next sticky partition instead of opening a new batch here.
+        The partition: ``partition`` when given, else murmur2(key) % ``count``, else the sticky
+        partition -- and when the sticky partition's batch is full the record moves to the next
+        sticky partition instead of opening a new batch there (KIP-480). Raises
+        ``BufferExhausted`` when a new batch needs buffer memory the pool has not got: the
+        caller waits for it and calls again with it as ``reserved`` (see
+        ``RecordAccumulator.append``), as often as it is asked to.
         """
-        try:
-            future, full, new_batch = self._append_to(topic, partition, record, sticky)
-            if future is None:
-                count = self.client.metadata.partition_count(topic) or partition + 1
-                self.sticky.on_new_batch(topic, count, partition)
-                future, full, new_batch = self._append_to(
-                    topic, self.sticky.partition(topic, count), record, False
+        key, value, headers, timestamp, size, now_ms = prepared
+        append = self.accumulator.append
+        if partition is None and key is None:  # the common case first: the sticky partition
+            sticky = self.sticky
+            chosen = sticky.partition(topic, count)
+            future, full, new_batch = append(
+                topic, chosen, timestamp, None, value, headers, size, now_ms, True, reserved
+            )
+            if future is None:  # the sticky partition's batch is full: move on, then open one
+                sticky.on_new_batch(topic, count, chosen)
+                chosen = sticky.partition(topic, count)
+                # (``reserved`` went back to the pool with the abort: this may ask for it again.)
+                future, full, new_batch = append(
+                    topic, chosen, timestamp, None, value, headers, size, now_ms, False, 0
                 )
-        except BaseException:
-            self.pool.deallocate(record.size)
-            raise
-        if full or new_batch:
+        else:
+            if partition is None:
+                partition = partition_for_key(bytes(key), count)
+            elif not isinstance(partition, int) or partition < 0:
+                raise ValueError(f"partition must be a non-negative int, not {partition!r}")
+            elif partition >= count:
+                raise UnknownTopicOrPartitionError(
+                    f"partition {partition} of topic {topic!r} does not exist ({count} partitions)"
+                )
+            future, full, new_batch = append(
+                topic, partition, timestamp, key, value, headers, size, now_ms, False, reserved
+            )
+        if full:
+            if not self.accumulator.sender_looks_by(now_ms):
+                self.wakeup_sender()
+        elif new_batch and not self.accumulator.sender_looks_by(now_ms + self.accumulator.linger_ms):
             self.wakeup_sender()
-        return future
+        if new_batch:
+            self._refresh_if_stale(topic)
+        return future  # type: ignore[return-value]
 
-    def _append_to(self, topic: str, partition: int, record: _Prepared, abort_on_new_batch: bool):
-        return self.accumulator.append(
-            TopicPartition(topic, partition),
-            record.timestamp,
-            record.key,
-            record.value,
-            record.headers,
-            record.size,
-            self.clock.time_ms(),
-            abort_on_new_batch=abort_on_new_batch,
-        )
+    def _refresh_if_stale(self, topic: str) -> None:
+        """Refresh the topic's metadata in the background when the cached entry is old (checked
+        as records open batches: often enough, and off the per-record path)."""
+        if self.client.metadata.is_stale(topic, self._time_ms()):
+            self._schedule(self._refresh_in_background, topic)
 
     def append_batch(self, topic: str, partition: int, data: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded batch bytes (already reserved) as one sealed batch."""
@@ -505,12 +524,6 @@ def _offset_and_metadata(value) -> tuple[int, str]:
     return int(offset), metadata or ""
 
 
-def _attach_delivery(future: FutureRecordMetadata, on_delivery) -> FutureRecordMetadata:
-    if on_delivery is not None:
-        future.add_delivery_callback(on_delivery)
-    return future
-
-
 class AsyncProducer:
     """The asyncio producer (aiokafka's shape). Create it inside a running loop; ``start()`` (or
     ``async with``, or the first ``send``) connects, ``stop()``/``close()`` flushes and closes."""
@@ -551,17 +564,23 @@ class AsyncProducer:
         core.ensure_open()
         started = core.telemetry.now() if core.telemetry is not None else 0
         await core.start()
-        record = core.prepare(value, key, headers, timestamp)
-        count = core.cached_partition_count(topic)
-        if count is None or core.needs_metadata(topic, partition, count):
+        prepared = core.prepare(value, key, headers, timestamp)
+        count = core.cached_partition_count(topic, partition)
+        if count is None:
             count = await core.fetch_partition_count(topic)
-        chosen = core.choose_partition(topic, record, partition, count)
-        await core.pool.allocate_async(record.size, self.config.max_block_ms / 1000.0)
-        sticky = partition is None and record.key is None
-        future = core.append(topic, chosen, record, sticky=sticky)
+        reserved = 0
+        while True:
+            try:
+                future = core.append(topic, partition, count, prepared, reserved)
+                break
+            except BufferExhausted as exhausted:
+                await core.pool.allocate_async(exhausted.needed, self.config.max_block_ms / 1000.0)
+                reserved = exhausted.needed
         if core.telemetry is not None:
             core.telemetry.sent(topic, key, future, started)
-        return _attach_delivery(future, on_delivery)
+        if on_delivery is not None:
+            future.add_delivery_callback(on_delivery)
+        return future
 
     async def send_and_wait(
         self,
@@ -694,19 +713,37 @@ class Producer:
         I/O thread) when the record settles.
         """
         core = self._core
-        core.ensure_open()
-        started = core.telemetry.now() if core.telemetry is not None else 0
-        record = core.prepare(value, key, headers, timestamp)
-        count = core.cached_partition_count(topic)
-        if count is None or core.needs_metadata(topic, partition, count):
+        if core.checks_state:
+            core.ensure_open()
+        telemetry = core.telemetry
+        started = telemetry.now() if telemetry is not None else 0
+        prepared = core.prepare(value, key, headers, timestamp)
+        count = core.partition_counts.get(topic)
+        if count is None or (partition is not None and core.cached_partition_count(topic, partition) is None):
+            core.ensure_open()  # a closed producer has no I/O thread to fetch with
             count = self._io.run(core.fetch_partition_count(topic))
-        chosen = core.choose_partition(topic, record, partition, count)
-        core.pool.allocate(record.size, self.config.max_block_ms / 1000.0)
-        sticky = partition is None and record.key is None
-        future = core.append(topic, chosen, record, sticky=sticky)
-        if core.telemetry is not None:
-            core.telemetry.sent(topic, key, future, started)
-        return _attach_delivery(future, on_delivery)
+        try:
+            future = core.append(topic, partition, count, prepared)
+        except BufferExhausted as exhausted:  # a new batch waits for buffer memory
+            future = self._append_when_memory_frees(topic, partition, count, prepared, exhausted.needed)
+        if telemetry is not None:
+            telemetry.sent(topic, key, future, started)
+        if on_delivery is not None:
+            future.add_delivery_callback(on_delivery)
+        return future
+
+    def _append_when_memory_frees(
+        self, topic: str, partition: int | None, count: int, prepared: tuple, needed: int
+    ) -> FutureRecordMetadata:
+        """``send``'s slow path: wait for a new batch's buffer memory (up to ``max_block_ms`` each
+        time), append with it; again if the append asks again (a race with other threads)."""
+        core = self._core
+        while True:
+            core.pool.allocate(needed, self.config.max_block_ms / 1000.0)
+            try:
+                return core.append(topic, partition, count, prepared, needed)
+            except BufferExhausted as exhausted:
+                needed = exhausted.needed
 
     def send_batch(self, topic: str, partition: int, record_batches: bytes) -> FutureRecordMetadata:
         """Queue pre-encoded RecordBatch v2 bytes for one partition (see ``AsyncProducer.send_batch``)."""

@@ -22,8 +22,7 @@ OTHER = TopicPartition("u", 0)
 
 def append(acc, tp=TP0, value=b"v" * 10, key=b"k", now=T0, headers=()):
     size = estimate_record_size(key, value, 0)
-    acc.pool.try_allocate(size)
-    return acc.append(tp, now, key, value, headers, size, now)
+    return acc.append(tp.topic, tp.partition, now, key, value, headers, size, now)
 
 
 def records_of(batch):

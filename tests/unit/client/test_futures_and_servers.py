@@ -95,6 +95,20 @@ def test_await_resolved_from_another_thread():
     assert asyncio.run(scenario()).offset == 5
 
 
+def test_blocked_getters_are_woken_by_the_batch_completing_on_another_thread():
+    result, futures = futures_of(3)
+    got = {}
+    waiting = [threading.Thread(target=lambda i=i: got.__setitem__(i, futures[i].get(10))) for i in range(3)]
+    for thread in waiting:
+        thread.start()
+    # The batch completes while (or before) they block: either way each gets its own metadata.
+    result.complete(base_offset=40)
+    for thread in waiting:
+        thread.join(10)
+    assert {i: md.offset for i, md in got.items()} == {0: 40, 1: 41, 2: 42}
+    assert result.wait(0) and futures[0].get(0).offset == 40, "done stays done, no blocking"
+
+
 def test_wait_for_result_never_raises():
     result, _ = futures_of(1)
     result.complete(error=RecordTooLargeError())

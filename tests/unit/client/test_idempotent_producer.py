@@ -54,8 +54,7 @@ class FakeCoordinatorClient:
 def _batch(accumulator, tp, values):
     for value in values:
         size = estimate_record_size(None, value, 0)
-        accumulator.pool.try_allocate(size)
-        accumulator.append(tp, 1000, None, value, (), size, SYSTEM_CLOCK.time_ms())
+        accumulator.append(tp.topic, tp.partition, 1000, None, value, (), size, SYSTEM_CLOCK.time_ms())
     return accumulator
 
 

@@ -113,8 +113,9 @@ async def run_sender(
     for i, value in enumerate(records):
         tp = TopicPartition("t", i % partitions)
         size = estimate_record_size(None, value, 0)
-        accumulator.pool.try_allocate(size)
-        future, full, new = accumulator.append(tp, 1000 + i, None, value, (), size, SYSTEM_CLOCK.time_ms())
+        future, full, new = accumulator.append(
+            tp.topic, tp.partition, 1000 + i, None, value, (), size, SYSTEM_CLOCK.time_ms()
+        )
         futures.append(future)
         if full or new:
             sender.wakeup()

@@ -4,7 +4,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.partitioner import StickyPartitioner, murmur2, partition_for_key
+from services import partitioner
+from services.partitioner import StickyPartitioner, partition_for_key, py_murmur2
+from services.records.record import load_speedups
+
+#: Both implementations, whatever TRIBUTARY_NO_EXTENSIONS says (never a skip: a missing build fails).
+_SPEEDUPS = load_speedups()
+MURMUR2 = {"python": py_murmur2, "c": _SPEEDUPS.murmur2 if _SPEEDUPS is not None else None}
+
+
+@pytest.fixture(params=sorted(MURMUR2))
+def murmur2(request, monkeypatch):
+    """Each test runs with the pure-Python murmur2 and the C accelerator's, and
+    ``partition_for_key`` uses the same one."""
+    implementation = MURMUR2[request.param]
+    assert implementation is not None, "services.records._speedups is not built (see setup.py)"
+    monkeypatch.setattr(partitioner, "murmur2", implementation)
+    return implementation
+
 
 # Kafka's own org.apache.kafka.common.utils.UtilsTest.testMurmur2 vectors (Java ints).
 KAFKA_VECTORS = {
@@ -18,11 +35,11 @@ KAFKA_VECTORS = {
 
 
 @pytest.mark.parametrize("key, expected", KAFKA_VECTORS.items())
-def test_murmur2_matches_kafka(key, expected):
+def test_murmur2_matches_kafka(murmur2, key, expected):
     assert murmur2(key) == expected
 
 
-def test_partition_for_key_uses_to_positive():
+def test_partition_for_key_uses_to_positive(murmur2):
     # -973932308 & 0x7fffffff = 1173551340
     assert partition_for_key(b"21", 1000) == 1173551340 % 1000
     assert partition_for_key(b"abc", 7) == 479470107 % 7
@@ -61,9 +78,21 @@ def _reference_murmur2(data: bytes) -> int:
     return i32(h ^ ushr(h, 15))
 
 
-@given(st.binary(max_size=64))
-def test_murmur2_matches_reference_transcription(data):
-    assert murmur2(data) == _reference_murmur2(data)
+@pytest.mark.parametrize("backend", sorted(MURMUR2))
+@given(data=st.binary(max_size=64))
+def test_murmur2_matches_reference_transcription(backend, data):
+    implementation = MURMUR2[backend]
+    assert implementation is not None, "services.records._speedups is not built (see setup.py)"
+    assert implementation(data) == _reference_murmur2(data)
+
+
+def test_murmur2_takes_any_bytes_like_key(murmur2):
+    assert murmur2(bytearray(b"foobar")) == murmur2(memoryview(b"foobar")) == KAFKA_VECTORS[b"foobar"]
+
+
+def test_murmur2_refuses_what_is_not_bytes(murmur2):
+    with pytest.raises(TypeError):
+        murmur2("foobar")
 
 
 def test_sticky_partitioner_sticks_then_moves():

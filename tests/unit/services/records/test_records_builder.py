@@ -264,3 +264,59 @@ def test_large_batches_take_the_general_path():
     records = list(RecordBatchView(builder.build()))
     assert [r.offset for r in records] == list(range(9000))
     assert records[-1].timestamp == 8999 * 3
+
+
+def test_append_sized_writes_what_append_writes_and_returns_the_size():
+    records = [
+        (b"v0", T0, b"k0", (("h", b"x"),)),
+        (None, T0 + 5, None, ()),
+        (memoryview(b"view"), T0 - 3, bytearray(b"k2"), [("n", None)]),
+        (b"big" * 100, T0 + 1, None, ()),
+    ]
+    by_append, by_size = RecordBatchBuilder(), RecordBatchBuilder()
+    for value, timestamp, key, headers in records:
+        by_append.append(value, timestamp=timestamp, key=key, headers=headers)
+        size = by_size.append_sized(value, timestamp, key, headers)
+        assert size == by_size.size_in_bytes() == by_append.size_in_bytes()
+    assert by_size.record_count == len(records)
+    assert by_size.build() == by_append.build()
+
+
+def test_append_sized_checks_its_arguments_like_append():
+    builder = RecordBatchBuilder()
+    builder.append_sized(b"v", T0)
+    with pytest.raises(TypeError):
+        builder.append_sized(b"v", "later")
+    with pytest.raises(ValueError):
+        builder.append_sized(b"v", 2**63)
+    with pytest.raises(TypeError):
+        builder.append_sized(12, T0)
+    assert builder.record_count == 1, "a refused record leaves the batch as it was"
+
+
+@pytest.mark.parametrize("transactional", [False, True])
+def test_producer_state_set_before_build_matches_numbering_the_built_bytes(transactional):
+    from services.records.inplace import set_producer_state
+
+    numbered_after, numbered_before = RecordBatchBuilder(), RecordBatchBuilder()
+    for builder in (numbered_after, numbered_before):
+        builder.append(b"v0", timestamp=T0, key=b"k")
+        builder.append(b"v1", timestamp=T0 + 3)
+    built = bytearray(numbered_after.build())
+    set_producer_state(built, 7, 2, 40, transactional=transactional)
+    numbered_before.set_producer_state(7, 2, 40, is_transactional=transactional)
+    assert numbered_before.build() == bytes(built)
+    view = RecordBatchView(numbered_before.build())
+    assert (view.producer_id, view.producer_epoch, view.base_sequence) == (7, 2, 40)
+    assert view.is_transactional is transactional and view.is_valid()
+
+
+def test_producer_state_out_of_range_is_refused_and_changes_nothing():
+    builder = RecordBatchBuilder()
+    builder.append(b"v", timestamp=T0)
+    before = builder.build()
+    with pytest.raises(ValueError, match="producer_epoch"):
+        builder.set_producer_state(7, 2**15, 0)
+    with pytest.raises(TypeError):
+        builder.set_producer_state("7", 0, 0)
+    assert builder.build() == before

@@ -654,6 +654,9 @@ def test_no_leaks_on_success_or_error_paths():
         lambda: c.append_record(bytearray(), T0, T0 - 5, 0, b"k", bytearray(b"v"), [("h", None)]),
         lambda: c.append_record(bytearray(), T0, T0, 0, b"k", memoryview(b"v")[::-1], ()),
         lambda: c.append_record(bytearray(), T0, T0, 0, array.array("b", [1]), b"v", [("h", "str")]),
+        lambda: c.murmur2(b"a-little-bit-longer-string"),
+        lambda: c.murmur2(memoryview(b"abcdefg")[1:]),
+        lambda: _outcome(c.murmur2, "not bytes"),
     ]
     for call in calls:
         assert _allocated_blocks_growth(call) < 100, call

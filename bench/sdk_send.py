@@ -1,0 +1,242 @@
+"""Benchmark: the SDK's per-record costs -- ``Producer.send()`` and the consumer's decode.
+
+Three measures, each printed as microseconds per record and records per second:
+
+* **send, in process** (``inproc``): ``Producer.send(topic, value)`` with the defaults, 200-byte
+  values, the network out of the way: the topic's metadata is cached up front and, instead of
+  the sender routine, the loop drains the accumulator every ``--drain-every`` records the way
+  the sender does (ready, drain, build each batch's bytes, resolve its result, release its
+  buffer memory). What is left is the caller's thread's cost per record plus the batch build;
+  the ceiling the SDK puts on any producer whatever the wire does. ``keyed``: the same with a
+  key per record (10 bytes, murmur2 over 16 partitions).
+* **send, against a cluster** (``cluster``): a real local cluster (etcd, coordinator, storage
+  node, gateway on loopback: ``launcher.local_cluster``), ``Producer(servers=...)`` with every
+  setting at its default (acks=all, idempotent, linger 5 ms, 16 KiB batches), ``send()`` per
+  record then ``flush()``: the issue's "SDK with its defaults" figure. Also printed: the CPU
+  the SDK's process spent per record (application and I/O thread), steadier than wall time on
+  a shared machine.
+* **decode** (``decode``): what the consumer does per record once a fetch answer is in memory:
+  walk the batches (``iter_batches``), check each CRC, decode the records
+  (``RecordBatchView.records``) and make the ``ConsumerRecord``s (``to_consumer_records``).
+
+Each in-process figure is the best of ``--repeat`` runs with the cyclic GC paused, as ``timeit``
+does, in CPU time of the measuring thread (the machine is shared: wall time varies with the
+load, the CPU a record costs much less). ``TRIBUTARY_NO_EXTENSIONS=1`` measures the pure-Python record codec.
+
+    python bench/sdk_send.py                     # inproc, keyed, decode
+    python bench/sdk_send.py --cluster           # and the real cluster run
+    python bench/sdk_send.py --only cluster --records 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gateway.client import Producer
+from gateway.client.accumulator import RecordAccumulator
+from gateway.client.fetcher import to_consumer_records
+from gateway.client.producer import ProducerConfig, ProducerCore
+from services.records import RecordBatchBuilder, iter_batches
+from services.records.record import speedups_enabled
+
+TOPIC = "bench-sdk-send"
+
+
+def payloads(count: int, size: int) -> list[bytes]:
+    """``count`` distinct values of ``size`` bytes (a counter, padded), cycled by the loops."""
+    return [(b"%08d" % i).ljust(size, b"x") for i in range(count)]
+
+
+def offline_producer(partitions: int = 1, **settings) -> Producer:
+    """A ``Producer`` whose sender never runs: metadata of ``TOPIC`` (1 partition) is cached, so
+    ``send()`` never needs the network (no I/O thread is started)."""
+    config = ProducerConfig.from_kwargs({"servers": "127.0.0.1:1", **settings})
+    producer = Producer.__new__(Producer)
+    producer.config = config
+    producer._core = ProducerCore(config)
+    producer._closed = True  # close() must not reach for the absent I/O thread
+    metadata = producer._core.client.metadata
+    metadata._partition_counts[TOPIC] = partitions
+    metadata._fetched_ms[TOPIC] = time.time_ns() // 1_000_000 + 10**12  # never stale
+    return producer
+
+
+def drain(accumulator: RecordAccumulator, base_offsets: dict) -> int:
+    """What the sender does with every queued batch once acknowledged; returns the batches."""
+    now_ms = time.time_ns() // 1_000_000
+    accumulator.begin_flush()
+    try:
+        ready = accumulator.ready(now_ms).ready
+        plans = accumulator.drain(ready, now_ms, max_request_size=1 << 30, max_requests=1 << 30)
+    finally:
+        accumulator.end_flush()
+    batches = 0
+    for _topic, partitions in plans:
+        for partition, queued in partitions.items():
+            for batch in queued:
+                batch.close()
+                offset = base_offsets.get(partition, 0)
+                accumulator.complete(batch)
+                batch.result.complete(offset, -1, 0)
+                base_offsets[partition] = offset + batch.record_count
+                batches += 1
+    return batches
+
+
+def bench_inproc(
+    records: int, values: list[bytes], drain_every: int, keys: list[bytes] | None = None
+) -> tuple[float, object]:
+    """Seconds to ``send()`` ``records`` values (defaults) and settle them, network aside; with
+    ``keys``, each record has one of them (partitioned by murmur2 over 16 partitions)."""
+    producer = offline_producer(partitions=16 if keys else 1)
+    core = producer._core
+    send = producer.send
+    offsets: dict = {}
+    n = len(values)
+    future = None
+    started = time.thread_time()
+    for i in range(records):
+        future = send(TOPIC, values[i % n], keys[i % n]) if keys else send(TOPIC, values[i % n])
+        if i % drain_every == drain_every - 1:
+            drain(core.accumulator, offsets)
+    drain(core.accumulator, offsets)
+    elapsed = time.thread_time() - started
+    return elapsed, (future.get(0) if future is not None else None)
+
+
+def fetch_answer(records: int, values: list[bytes], batch_records: int) -> bytes:
+    """Concatenated batches of ``batch_records`` records: a fetch answer's bytes."""
+    parts = []
+    now = int(time.time() * 1000)
+    offset = 0
+    n = len(values)
+    while offset < records:
+        builder = RecordBatchBuilder(base_offset=offset)
+        count = min(batch_records, records - offset)
+        for i in range(count):
+            builder.append(values[(offset + i) % n], timestamp=now + i)
+        parts.append(builder.build())
+        offset += count
+    return b"".join(parts)
+
+
+def bench_decode(raw: bytes) -> tuple[float, int]:
+    """Seconds to turn ``raw`` into ConsumerRecords as the consumer's fetcher does."""
+    started = time.thread_time()
+    count = 0
+    for view in iter_batches(raw):
+        view.validate()
+        decoded = list(view.records())
+        out = to_consumer_records(decoded, TOPIC, 0, int(view.timestamp_type), None, None)
+        count += len(out)
+    return time.thread_time() - started, count
+
+
+def best_of(repeat: int, fn, *args):
+    best = None
+    result = None
+    for _ in range(repeat):
+        gc.collect()
+        gc.disable()
+        try:
+            elapsed, result = fn(*args)
+        finally:
+            gc.enable()
+        best = elapsed if best is None else min(best, elapsed)
+    return best, result
+
+
+def bench_cluster(records: int, values: list[bytes]) -> dict[str, float]:
+    """A real local cluster; the default Producer sends ``records`` values then flushes."""
+    from gateway.client import Admin, NewTopic
+    from launcher.local_cluster import LocalCluster, LocalClusterSpec
+
+    quiet = ["--log-level", "WARNING"]
+    spec = LocalClusterSpec(storage_nodes=1, storage_args=quiet, gateway_args=quiet, coordinator_args=quiet)
+    with tempfile.TemporaryDirectory(prefix="sdk-send-") as tmp:
+        cluster = LocalCluster(Path(tmp), spec)
+        try:
+            cluster.start()
+            with Admin(servers=cluster.gateway) as admin:
+                admin.create_topics([NewTopic(TOPIC, 1)])
+            with Producer(servers=cluster.gateway) as producer:
+                producer.send(TOPIC, b"warm-up").get(30)  # metadata cached, stream open
+                n = len(values)
+                send = producer.send
+                cpu_started = time.process_time()
+                started = time.perf_counter()
+                for i in range(records):
+                    future = send(TOPIC, values[i % n])
+                sent = time.perf_counter() - started
+                producer.flush(timeout=600)
+                elapsed = time.perf_counter() - started
+                cpu = time.process_time() - cpu_started
+                last = future.get(0)
+            assert last.offset == records, f"last offset {last.offset}, expected {records}"
+        finally:
+            cluster.stop()
+    return {"send_s": sent, "total_s": elapsed, "cpu_s": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--value-size", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--drain-every", type=int, default=10_000)
+    parser.add_argument("--decode-batch", type=int, default=1000, help="records per fetched batch")
+    parser.add_argument("--cluster", action="store_true", help="also run against a local cluster")
+    parser.add_argument("--only", choices=("inproc", "keyed", "decode", "cluster"))
+    args = parser.parse_args()
+    values = payloads(1000, args.value_size)
+    backend = "C accelerator" if speedups_enabled() else "pure Python"
+    print(
+        f"records codec: {backend}; {args.records:,} records of {args.value_size} bytes; "
+        f"Python {sys.version.split()[0]}"
+    )
+    runs = [args.only] if args.only else ["inproc", "keyed", "decode"] + (["cluster"] if args.cluster else [])
+    for run in runs:
+        if run == "inproc":
+            elapsed, metadata = best_of(args.repeat, bench_inproc, args.records, values, args.drain_every)
+            print(
+                f"send, in process:  {elapsed / args.records * 1e6:6.2f} us/record  "
+                f"{args.records / elapsed:12,.0f} records/s   (last: {metadata})"
+            )
+        elif run == "keyed":
+            keys = [b"user-%06d" % i for i in range(len(values))]
+            elapsed, metadata = best_of(
+                args.repeat, bench_inproc, args.records, values, args.drain_every, keys
+            )
+            print(
+                f"send, keyed:       {elapsed / args.records * 1e6:6.2f} us/record  "
+                f"{args.records / elapsed:12,.0f} records/s"
+            )
+        elif run == "decode":
+            raw = fetch_answer(args.records, values, args.decode_batch)
+            elapsed, count = best_of(args.repeat, bench_decode, raw)
+            assert count == args.records, count
+            print(
+                f"consumer decode:   {elapsed / count * 1e6:6.2f} us/record  "
+                f"{count / elapsed:12,.0f} records/s"
+            )
+        else:
+            result = bench_cluster(args.records, values)
+            print(
+                f"send, cluster:     {result['send_s'] / args.records * 1e6:6.2f} us/record in send(); "
+                f"{args.records / result['total_s']:12,.0f} records/s to flush() done; the SDK's "
+                f"process (both threads) {result['cpu_s'] / args.records * 1e6:.2f} us CPU/record"
+            )
+
+
+if __name__ == "__main__":
+    main()
