@@ -308,7 +308,8 @@ class _FetchSession:
     def _groups(self, indexes) -> tuple[list[tuple[BrokerAddress, list[int]]], list[int]]:
         """The partitions by the leader the metadata names now, in chunks of at most
         ``_MAX_GROUP`` (a node's request frame is bounded); a partition whose leader is unknown
-        here goes alone (its poll refreshes the metadata and reports the error)."""
+        here goes alone (its poll refreshes the metadata and reports the error), and so does one
+        led by a node that refused version-1 frames."""
         by_node: dict[BrokerAddress, list[int]] = {}
         alone = []
         snapshot = self._router.snapshot
@@ -317,6 +318,9 @@ class _FetchSession:
             try:
                 node = snapshot.ensure_leader(part.topic, part.partition)
             except errors.TributaryError:
+                alone.append(index)
+                continue
+            if not self._router.clients.fetcher(node).speaks_multi:
                 alone.append(index)
                 continue
             by_node.setdefault(node, []).append(index)
@@ -337,6 +341,10 @@ class _FetchSession:
             return await self._poll_one(group[0], long_poll=long_poll)
         try:
             results = await self._read_many(node, group, self._wait_ms(long_poll))
+        except errors.UnsupportedVersionError:
+            # An older node: one request per partition, as before version 1 existed.
+            answers = await asyncio.gather(*(self._poll_one(i, long_poll=long_poll) for i in group))
+            return {index: poll for answer in answers for index, poll in answer.items()}
         except errors.TributaryError:
             results = None
         polls: dict[int, _Poll] = {}

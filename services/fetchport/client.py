@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -30,6 +31,10 @@ class FetchResult:
     def correlation_id(self) -> int:
         return self.header.correlation_id
 
+
+#: The start of every response layout: correlation id, error code.
+_REFUSAL = struct.Struct(">ih")
+_UNSUPPORTED_VERSION = errors.UnsupportedVersionError.kafka_code
 
 _Answer = TypeVar("_Answer", FetchResult, multi.MultiFetchResponse)
 
@@ -64,7 +69,14 @@ class _Connection:
         (size,) = protocol.SIZE.unpack(await self.reader.readexactly(4))
         if size < 0 or size > protocol.MAX_RESPONSE_FRAME:
             raise errors.CorruptRecordError(f"fetch response frame size {size} is out of range")
-        response = multi.decode_response_body(await self.reader.readexactly(size))
+        body = await self.reader.readexactly(size)
+        if len(body) >= _REFUSAL.size and _REFUSAL.unpack_from(body)[1] == _UNSUPPORTED_VERSION:
+            # A node that speaks only version 0 refuses in its own layout (the correlation id
+            # and error code come first in both), then closes.
+            raise errors.UnsupportedVersionError(
+                f"fetch port {self.writer.get_extra_info('peername')} does not speak version-1 frames"
+            )
+        response = multi.decode_response_body(body)
         if response.correlation_id not in (request.correlation_id, -1):
             raise errors.CorruptRecordError(
                 f"fetch response for correlation id {response.correlation_id}, "
@@ -88,6 +100,9 @@ class FetchClient:
         self._slots = asyncio.Semaphore(max_connections)
         self._correlation = itertools.count(1)
         self._connect_timeout = connect_timeout
+        #: False once the node refused version-1 frames (an older node): fetch one partition
+        #: per request from it (see ``fetch_many``).
+        self.speaks_multi = True
 
     async def _connect(self) -> _Connection:
         try:
@@ -150,7 +165,11 @@ class FetchClient:
             max_wait_ms,
             multi.READ_COMMITTED if read_committed else multi.READ_UNCOMMITTED,
         )
-        response = await self._exchange(lambda conn: conn.round_trip_multi(request))
+        try:
+            response = await self._exchange(lambda conn: conn.round_trip_multi(request))
+        except errors.UnsupportedVersionError:
+            self.speaks_multi = False
+            raise
         return _results(response, request)
 
     async def _exchange(self, round_trip: Callable[[_Connection], Awaitable[_Answer]]) -> _Answer:

@@ -175,7 +175,14 @@ class FakeStorageNode:
         try:
             while True:
                 (size,) = protocol.SIZE.unpack(await reader.readexactly(4))
-                request = protocol.decode_request_body(await reader.readexactly(size))
+                try:
+                    request = protocol.decode_request_body(await reader.readexactly(size))
+                except errors.TributaryError as exc:
+                    # As a node that speaks only version 0 answers frames it does not know
+                    # (version-1 multi-partition fetches among them): a refusal, then close.
+                    writer.write(protocol.encode_response_header(-1, error=exc))
+                    await writer.drain()
+                    return
                 self.fetch_requests.append(request)
                 writer.write(await self._answer(request))
                 await writer.drain()
