@@ -510,8 +510,14 @@ def decode_produce_response(body: bytes | memoryview) -> ProduceResponse:
     count = reader.count("partitions", _PRODUCE_RESPONSE_PARTITION.size + 2)
     partitions = []
     for _ in range(count):
-        fixed = reader.unpack(_PRODUCE_RESPONSE_PARTITION, "a partition result")
-        partitions.append(PartitionProduceResult(*fixed, reader.string("message")))
+        partition, code_, base, append_time, start, records = reader.unpack(
+            _PRODUCE_RESPONSE_PARTITION, "a partition result"
+        )
+        partitions.append(
+            PartitionProduceResult(
+                partition, code_, base, append_time, start, records, reader.string("message")
+            )
+        )
     reader.finish()
     return ProduceResponse(correlation_id, code, message, partitions)
 
@@ -605,12 +611,18 @@ def decode_fetch_response(body: bytes | memoryview) -> FetchResponse:
     partitions = []
     for _ in range(count):
         topic = reader.string("topic", MAX_TOPIC_BYTES)
-        fixed = reader.unpack(_FETCH_RESPONSE_PARTITION, "a partition result")
+        partition, code_, high, start, next_offset, stable = reader.unpack(
+            _FETCH_RESPONSE_PARTITION, "a partition result"
+        )
         aborted_count = reader.count("aborted transactions", _ABORTED.size)
         aborted = tuple(reader.unpack(_ABORTED, "an aborted transaction") for _ in range(aborted_count))
         partition_message = reader.string("message")
         records = reader.blob("records")
-        partitions.append(FetchPartitionResult(topic, *fixed, aborted, partition_message, records))  # type: ignore[misc]
+        partitions.append(
+            FetchPartitionResult(
+                topic, partition, code_, high, start, next_offset, stable, aborted, partition_message, records
+            )
+        )
     reader.finish()
     return FetchResponse(correlation_id, code, message, partitions)
 
