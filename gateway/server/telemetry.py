@@ -125,6 +125,32 @@ class GatewayInstruments:
             },
         )
 
+    def start_data_request(self, operation: str, topic: str, client_id: str):
+        """A SERVER span around one request of the raw data listener (``produce`` / ``fetch``)."""
+        if self._tracer is None:
+            return None
+        return self._tracer.start_span(
+            f"{names.SPAN_DATA_REQUEST} {operation} {topic}",
+            kind=SpanKind.SERVER,
+            attributes={
+                names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                names.MESSAGING_OPERATION_TYPE: "send" if operation == "produce" else "receive",
+                names.MESSAGING_OPERATION_NAME: operation,
+                names.MESSAGING_DESTINATION_NAME: topic,
+                "messaging.client.id": client_id,
+            },
+        )
+
+    @staticmethod
+    def end_data_request(span, error=None) -> None:
+        if span is None:
+            return
+        if error is not None:
+            reason = getattr(error, "reason", type(error).__name__)
+            span.set_attributes({names.ERROR_TYPE: reason, names.ATTR_ERROR_REASON: reason})
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()
+
     @staticmethod
     def end_fetch_port_read(span, size: int, error=None) -> None:
         if span is None:

@@ -152,3 +152,6 @@ CONSUMER_LAG: Final = "tributary.consumer.lag"  # gauge, {record}
 SPAN_STORAGE_APPEND: Final = "append"
 #: The gateway's read of one partition from a node's fetch port: ``fetch <topic>``.
 SPAN_FETCH_PORT: Final = "fetch"
+#: A request on the gateway's raw data listener: ``data produce <topic>`` / ``data fetch <topic>``
+#: (that protocol carries no trace context, so these start their own traces).
+SPAN_DATA_REQUEST: Final = "data"

@@ -1,0 +1,365 @@
+"""The SDK's raw data path: produce and fetch over the gateway's data listener (``services/dataport``).
+
+A gateway that offers the raw data protocol says where in its GetMetadata answer
+(``data_address``). The producer's :class:`RawTransport` and the consumer's fetcher then send
+their requests as frames on one TCP connection each instead of gRPC messages (a gRPC message
+costs Python ~0.13 ms on each side; a frame a few microseconds), and fall back to gRPC when the
+gateway offers nothing or refuses every version the SDK speaks. The setting is
+``data_path``: ``"auto"`` (the default: raw when offered) or ``"grpc"``.
+
+Error semantics are the produce stream's (``transport.py``): when the connection breaks, every
+request waiting on it fails with a retriable ``NetworkError`` (an idempotent producer resends
+them safely; the gateway may have appended some, as over a broken stream), and the next request
+opens a new connection, looking the address up again (the gateway may have moved, or another
+gateway answers). An error frame from the gateway fails the request it names with its error and
+the others with ``NetworkError``. acks=0 requests are done once written, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+
+from gateway.client.client import GatewayClient
+from gateway.client.errors import (
+    NetworkError,
+    RequestTimedOutError,
+    TributaryError,
+    UnsupportedVersionError,
+)
+from services import errors
+from services.acks import Acks
+from services.dataport import protocol as dp
+from services.proto import pb
+from services.serde import acks_from_proto, error_to_proto
+
+log = logging.getLogger(__name__)
+
+DATA_PATHS = ("auto", "grpc")
+#: Stop writing (await the socket) while this many request bytes wait to be sent.
+_WRITE_HIGH_WATER = 4 << 20
+_UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def parse_data_path(value: str) -> str:
+    if value not in DATA_PATHS:
+        raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, not {value!r}")
+    return value
+
+
+async def discover(client: GatewayClient, topic: str) -> tuple[str, int] | None:
+    """The (host, port) of the current gateway's data listener, or None when it has none."""
+    response = await client.call_with_retry(
+        "GetMetadata", pb.GetMetadataRequest(topics=[topic] if topic else [])
+    )
+    address = response.data_address
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host in _UNSPECIFIED_HOSTS:
+        host = client.pool.current().address.rpartition(":")[0]
+    return host.strip("[]"), int(port)
+
+
+class DataConnection:
+    """One handshaken connection with its unanswered requests by correlation id."""
+
+    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, asyncio.Future] = {}
+        self.broken = False
+        self._correlation = itertools.count(1)
+        self._reader_task: asyncio.Task | None = None
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, client_id: str, timeout_s: float) -> DataConnection:
+        """Connect and handshake. NetworkError when the gateway cannot be reached,
+        UnsupportedVersionError when it speaks none of our versions."""
+        address = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=1 << 16), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise NetworkError(f"gateway data listener {address} unreachable: {exc!r}") from exc
+        try:
+            writer.write(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, client_id)))
+            answer = await asyncio.wait_for(_read_handshake_answer(reader), timeout_s)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.TributaryError) as exc:
+            writer.transport.abort()
+            if isinstance(exc, errors.TributaryError) and not isinstance(exc, errors.CorruptRecordError):
+                raise
+            raise NetworkError(f"handshake with gateway data listener {address} failed: {exc!r}") from exc
+        error = answer.error()
+        if error is not None:
+            writer.transport.abort()
+            raise error
+        connection = cls(address, reader, writer)
+        connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
+        return connection
+
+    def next_correlation_id(self) -> int:
+        return next(self._correlation) & 0x7FFFFFFF
+
+    async def send(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
+        """Write one frame; the future of its answer's body unless ``correlation_id`` is None
+        (an acks=0 produce). Raises NetworkError on a broken connection."""
+        if self.broken:
+            raise NetworkError(f"data connection to {self.address} is closed")
+        future = None
+        if correlation_id is not None:
+            future = asyncio.get_running_loop().create_future()
+            self.pending[correlation_id] = future
+        self.writer.write(frame)
+        if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+            try:
+                await self.writer.drain()
+            except (OSError, RuntimeError) as exc:
+                self.break_(NetworkError(f"data connection to {self.address} broke: {exc!r}"))
+        if self.broken and (future is None or not future.done()):
+            raise NetworkError(f"data connection to {self.address} closed before the request was sent")
+        return future
+
+    async def _read_routine(self) -> None:
+        error: TributaryError = NetworkError(f"data connection to {self.address} closed by the gateway")
+        first_only: int | None = None
+        try:
+            while True:
+                head = await self.reader.readexactly(4)
+                (size,) = dp.SIZE.unpack(head)
+                dp.check_frame_size(size, dp.MAX_RESPONSE_FRAME)
+                body = await self.reader.readexactly(size)
+                kind, correlation_id = dp.decode_header(body)
+                if kind == dp.ERROR:
+                    frame = dp.decode_error(body)
+                    error, first_only = frame.error(), frame.correlation_id
+                    break
+                future = self.pending.pop(correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(body)
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        except errors.TributaryError as exc:
+            error = NetworkError(f"data connection to {self.address}: bad frame from the gateway: {exc}")
+        except asyncio.CancelledError:
+            error = NetworkError("data connection closed by the client")
+            raise
+        finally:
+            self.break_(error, only=first_only)
+
+    def break_(self, error: TributaryError, *, only: int | None = None) -> None:
+        """Fail every unanswered request and stop using the connection. With ``only`` (an error
+        frame naming a request) that request gets ``error``, the others a NetworkError."""
+        self.broken = True
+        self.writer.transport.abort()
+        pending, self.pending = self.pending, {}
+        for correlation_id, future in pending.items():
+            if future.done():
+                continue
+            if only is not None and correlation_id != only:
+                future.set_exception(NetworkError(f"data connection to {self.address} closed: {error}"))
+            else:
+                future.set_exception(error)
+
+    async def close(self, timeout_s: float) -> None:
+        """Let the gateway read what was written (up to ``timeout_s``), then close."""
+        if not self.broken:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.writer.drain(), timeout_s)
+                self.writer.close()
+                await asyncio.wait_for(self.writer.wait_closed(), timeout_s)
+        self.break_(NetworkError("closed by the client"))
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+
+
+async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
+    (size,) = dp.SIZE.unpack(await reader.readexactly(4))
+    if size < 1 or size > 1 << 16:
+        raise errors.CorruptRecordError(f"handshake answer of {size} bytes")
+    return dp.decode_handshake_answer(await reader.readexactly(size))
+
+
+class DataLink:
+    """The client's way to its gateway's data listener: a connection opened on first use (and
+    again after it broke), or None for good once the gateway offered none or refused us."""
+
+    def __init__(self, client: GatewayClient, *, connect_timeout_s: float = 10.0) -> None:
+        self._client = client
+        self._connect_timeout_s = connect_timeout_s
+        self._connection: DataConnection | None = None
+        self._lock = asyncio.Lock()
+        #: True once the gRPC path is to be used (no listener offered, or no common version).
+        self.unavailable = False
+
+    async def connection(self, topic: str) -> DataConnection | None:
+        current = self._connection
+        if current is not None and not current.broken:
+            return current
+        if self.unavailable:
+            return None
+        async with self._lock:
+            if self._connection is not None and not self._connection.broken:
+                return self._connection
+            address = await discover(self._client, topic)
+            if address is None:
+                log.info("the gateway offers no raw data listener; using gRPC")
+                self.unavailable = True
+                return None
+            try:
+                self._connection = await DataConnection.open(
+                    *address, client_id=self._client.client_id, timeout_s=self._connect_timeout_s
+                )
+            except UnsupportedVersionError as exc:
+                log.info("the gateway's data listener refused us (%s); using gRPC", exc)
+                self.unavailable = True
+                return None
+            return self._connection
+
+    async def close(self, timeout_s: float) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close(timeout_s)
+
+
+# ---- produce ---------------------------------------------------------------------------------
+
+
+def _unacked_response(request):
+    return pb.ProduceResponse(
+        topic=request.topic,
+        correlation_id=request.correlation_id,
+        partitions=[
+            pb.PartitionProduceResult(
+                partition=entry.partition, base_offset=-1, log_append_time=-1, log_start_offset=-1
+            )
+            for entry in request.batches
+        ],
+    )
+
+
+def produce_response_to_proto(topic: str, answer: dp.ProduceResponse):
+    """The gRPC ``ProduceResponse`` the sender reads, from a raw answer. A request-level error
+    goes on partition -1, as ProduceStream answers a request that failed as a whole."""
+    response = pb.ProduceResponse(topic=topic, correlation_id=answer.correlation_id)
+    add = response.partitions.add
+    whole = answer.error()
+    if whole is not None:
+        add(
+            partition=-1, base_offset=-1, log_append_time=-1, log_start_offset=-1, error=error_to_proto(whole)
+        )
+    for p in answer.partitions:
+        error = p.error()
+        add(
+            partition=p.partition,
+            base_offset=p.base_offset,
+            log_append_time=p.log_append_time,
+            log_start_offset=p.log_start_offset,
+            record_count=p.record_count,
+            error=error_to_proto(error) if error is not None else None,
+        )
+    return response
+
+
+class RawTransport:
+    """Produce requests as frames on the data listener; ``fallback`` (a gRPC transport) when
+    the gateway offers no listener. Requests on the connection are appended to each partition
+    in the order they were written, so it pipelines like the ProduceStream."""
+
+    preserves_order = True
+
+    def __init__(self, client: GatewayClient, fallback) -> None:
+        self._client = client
+        self._link = DataLink(client)
+        self._fallback = fallback
+
+    @property
+    def using_raw(self) -> bool:
+        """False once the producer uses gRPC for good (nothing offered, or refused)."""
+        return not self._link.unavailable
+
+    async def send(self, request, timeout_s: float):
+        connection = await self._link.connection(request.topic)
+        if connection is None:
+            return await self._fallback.send(request, timeout_s)
+        acks = int(acks_from_proto(request.acks))
+        correlation_id = connection.next_correlation_id()
+        request.correlation_id = correlation_id
+        frame = dp.encode_produce_request(
+            dp.ProduceRequest(
+                correlation_id,
+                acks,
+                request.timeout_ms,
+                request.topic,
+                [(entry.partition, entry.record_batches) for entry in request.batches],
+            )
+        )
+        if acks == Acks.NONE:
+            await connection.send(frame, None)
+            return _unacked_response(request)
+        future = await connection.send(frame, correlation_id)
+        assert future is not None
+        try:
+            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            # A connection that does not answer in time is presumed stuck: start over on a new one.
+            connection.break_(
+                RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
+            )
+            body = await future
+        try:
+            answer = dp.decode_produce_response(body)
+        except errors.TributaryError as exc:
+            connection.break_(NetworkError(f"bad produce answer from {connection.address}: {exc}"))
+            raise NetworkError(f"bad produce answer from {connection.address}: {exc}") from exc
+        return produce_response_to_proto(request.topic, answer)
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        await self._link.close(timeout_s)
+        await self._fallback.close(timeout_s)
+
+
+# ---- fetch -----------------------------------------------------------------------------------
+
+
+class RawFetcher:
+    """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC"."""
+
+    def __init__(self, client: GatewayClient) -> None:
+        self._link = DataLink(client)
+
+    async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
+        topic = request.partitions[0].topic if request.partitions else ""
+        connection = await self._link.connection(topic)
+        if connection is None:
+            return None
+        correlation_id = connection.next_correlation_id()
+        future = await connection.send(
+            dp.encode_fetch_request(request._replace(correlation_id=correlation_id)), correlation_id
+        )
+        assert future is not None
+        try:
+            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            connection.break_(
+                RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+            )
+            body = await future
+        except asyncio.CancelledError:
+            # The consumer moved on (a seek): the answer, when it comes, is dropped.
+            connection.pending.pop(correlation_id, None)
+            raise
+        try:
+            return dp.decode_fetch_response(body)
+        except errors.TributaryError as exc:
+            connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
+            raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        await self._link.close(timeout_s)
