@@ -199,14 +199,16 @@ class DataLink:
         self.unavailable = False
 
     async def connection(self, topic: str) -> DataConnection | None:
-        current = self._connection
-        if current is not None and not current.broken:
-            return current
-        if self.unavailable:
-            return None
+        """The open connection (opened now if needed), or None: use gRPC.
+
+        Always through the lock, which is FIFO and free of charge when nobody waits: a request
+        arriving while the connection is being opened must not overtake those waiting for it
+        (the order requests are written in is the order they are appended in)."""
         async with self._lock:
             if self._connection is not None and not self._connection.broken:
                 return self._connection
+            if self.unavailable:
+                return None
             address = await discover(self._client, topic)
             if address is None:
                 log.info("the gateway offers no raw data listener; using gRPC")
