@@ -183,7 +183,12 @@ async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAn
     (size,) = dp.SIZE.unpack(await reader.readexactly(4))
     if size < 1 or size > 1 << 16:
         raise errors.CorruptRecordError(f"handshake answer of {size} bytes")
-    return dp.decode_handshake_answer(await reader.readexactly(size))
+    body = await reader.readexactly(size)
+    if body[:1] == bytes([dp.ERROR]):  # the gateway refuses the connection (too many open)
+        raise NetworkError(
+            f"the gateway's data listener refused the connection: {dp.decode_error(body).error()}"
+        )
+    return dp.decode_handshake_answer(body)
 
 
 class DataLink:
@@ -197,6 +202,8 @@ class DataLink:
         self._lock = asyncio.Lock()
         #: True once the gRPC path is to be used (no listener offered, or no common version).
         self.unavailable = False
+        #: Connections opened so far (more than one: the path broke and was reopened).
+        self.opened = 0
 
     async def connection(self, topic: str) -> DataConnection | None:
         """The open connection (opened now if needed), or None: use gRPC.
@@ -222,6 +229,7 @@ class DataLink:
                 log.info("the gateway's data listener refused us (%s); using gRPC", exc)
                 self.unavailable = True
                 return None
+            self.opened += 1
             return self._connection
 
     async def close(self, timeout_s: float) -> None:
@@ -285,6 +293,11 @@ class RawTransport:
     def using_raw(self) -> bool:
         """False once the producer uses gRPC for good (nothing offered, or refused)."""
         return not self._link.unavailable
+
+    @property
+    def connections_opened(self) -> int:
+        """Data connections opened so far (a broken one is replaced by a new one)."""
+        return self._link.opened
 
     async def send(self, request, timeout_s: float):
         connection = await self._link.connection(request.topic)

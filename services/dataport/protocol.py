@@ -37,7 +37,10 @@ The gateway answers::
     max_frame       int32   the largest request frame the gateway accepts
     message         string  the refusal's explanation, else empty
 
-A client that does not like the chosen version closes the connection. This document describes
+A client that does not like the chosen version closes the connection. A gateway that cannot take
+the connection at all (too many open) sends an error frame (below) instead of the answer and
+closes; the first byte after the size tells the two apart (127 for an error frame, 0x54 for the
+magic number). This document describes
 version 1, the only one so far.
 
 Requests and responses
