@@ -38,6 +38,8 @@ from services.serde import acks_from_proto, error_to_proto
 log = logging.getLogger(__name__)
 
 DATA_PATHS = ("auto", "grpc")
+#: Kafka's connections.max.idle.ms for clients (9 min), a minute under the gateway's 10.
+DEFAULT_MAX_IDLE_S = 540.0
 #: Stop writing (await the socket) while this many request bytes wait to be sent.
 _WRITE_HIGH_WATER = 4 << 20
 _UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -74,6 +76,8 @@ class DataConnection:
         self.broken = False
         self._correlation = itertools.count(1)
         self._reader_task: asyncio.Task | None = None
+        #: Event-loop time of the last write or answer.
+        self.last_active = asyncio.get_running_loop().time()
 
     @classmethod
     async def open(cls, host: str, port: int, *, client_id: str, timeout_s: float) -> DataConnection:
@@ -110,6 +114,7 @@ class DataConnection:
         (an acks=0 produce). Raises NetworkError on a broken connection."""
         if self.broken:
             raise NetworkError(f"data connection to {self.address} is closed")
+        self.last_active = asyncio.get_running_loop().time()
         future = None
         if correlation_id is not None:
             future = asyncio.get_running_loop().create_future()
@@ -138,6 +143,7 @@ class DataConnection:
                     frame = dp.decode_error(body)
                     error, first_only = frame.error(), frame.correlation_id
                     break
+                self.last_active = asyncio.get_running_loop().time()
                 future = self.pending.pop(correlation_id, None)
                 if future is not None and not future.done():
                     future.set_result(body)
@@ -195,9 +201,18 @@ class DataLink:
     """The client's way to its gateway's data listener: a connection opened on first use (and
     again after it broke), or None for good once the gateway offered none or refused us."""
 
-    def __init__(self, client: GatewayClient, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        client: GatewayClient,
+        *,
+        connect_timeout_s: float = 10.0,
+        max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
+    ) -> None:
         self._client = client
         self._connect_timeout_s = connect_timeout_s
+        #: A connection idle this long is closed before the next request (None: never).
+        self._max_idle_s = max_idle_s
+        self._retiring: set[asyncio.Task] = set()
         self._connection: DataConnection | None = None
         self._lock = asyncio.Lock()
         #: True once the gRPC path is to be used (no listener offered, or no common version).
@@ -212,6 +227,7 @@ class DataLink:
         arriving while the connection is being opened must not overtake those waiting for it
         (the order requests are written in is the order they are appended in)."""
         async with self._lock:
+            self._maybe_retire_idle()
             if self._connection is not None and not self._connection.broken:
                 return self._connection
             if self.unavailable:
@@ -232,8 +248,28 @@ class DataLink:
             self.opened += 1
             return self._connection
 
+    def _maybe_retire_idle(self) -> None:
+        """Close a connection idle ``max_idle_s`` before using it: the gateway closes idle ones
+        (its ``data_max_idle_ms``, 10 min; ours is 9, as the stream transport's), and a request
+        written the moment it does would be lost (silently, at acks=0)."""
+        connection = self._connection
+        if (
+            connection is None
+            or connection.broken
+            or self._max_idle_s is None
+            or connection.pending
+            or asyncio.get_running_loop().time() - connection.last_active < self._max_idle_s
+        ):
+            return
+        self._connection = None
+        task = asyncio.get_running_loop().create_task(connection.close(5.0))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
     async def close(self, timeout_s: float) -> None:
         connection, self._connection = self._connection, None
+        if self._retiring:
+            await asyncio.wait(self._retiring, timeout=timeout_s)
         if connection is not None:
             await connection.close(timeout_s)
 
@@ -284,9 +320,11 @@ class RawTransport:
 
     preserves_order = True
 
-    def __init__(self, client: GatewayClient, fallback) -> None:
+    def __init__(
+        self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
+    ) -> None:
         self._client = client
-        self._link = DataLink(client)
+        self._link = DataLink(client, max_idle_s=max_idle_s)
         self._fallback = fallback
 
     @property

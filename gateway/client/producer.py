@@ -114,8 +114,8 @@ class ProducerConfig:
     #: "auto": the gateway's raw data listener when it offers one (``gateway/client/dataport.py``),
     #: else gRPC as ``transport`` says; "grpc": gRPC always.
     data_path: str = "auto"
-    #: A ProduceStream idle this long is ended before the next request opens a new one (Kafka's
-    #: producer default, a minute under the gateway's 10 min); 0 = never.
+    #: A ProduceStream (or raw data connection) idle this long is ended before the next request
+    #: opens a new one (Kafka's producer default, a minute under the gateway's 10 min); 0 = never.
     connections_max_idle_ms: int = 540_000
     #: Idempotent produce; None = on unless acks is 0 or 1 (Kafka's rule).
     enable_idempotence: bool | None = None
@@ -273,7 +273,11 @@ class ProducerCore:
             else UnaryTransport(self.client)
         )
         if self.config.data_path == "auto":
-            transport = RawTransport(self.client, fallback=transport)
+            transport = RawTransport(
+                self.client,
+                fallback=transport,
+                max_idle_s=self.config.connections_max_idle_ms / 1000.0 or None,
+            )
         self.sender = Sender(
             client=self.client,
             accumulator=self.accumulator,

@@ -14,9 +14,10 @@ One connection, one :class:`_Connection`:
   order, and queued on the connection's append queues; a fetch runs as its own task. Answers go
   back as they are ready, each with its correlation id; acks=0 produce requests get none.
 * Back-pressure, so a connection's memory stays bounded: the reader stops reading while the
-  requests it has taken in and not answered hold ``max_in_flight_bytes`` or
-  ``max_in_flight_requests``, while the append queues are full, or while the client does not
-  read its answers (the socket's write buffer is over its high-water mark).
+  requests it has taken in and not answered hold ``max_in_flight_bytes`` (a fetch counts its
+  ``max_bytes``, which is lowered to that budget) or ``max_in_flight_requests``, while the
+  append queues are full, or while the client does not read its answers (the socket's write
+  buffer is over its high-water mark).
 * Bad input never reaches a handler: a size prefix outside the limits, a frame that does not
   decode, an unknown kind or version is answered with an error frame (Kafka's code and an
   explanation) and the connection is closed. A client that stops in the middle of a frame
@@ -313,7 +314,10 @@ class _Connection:
                 fetch = dp.decode_fetch_request(body)
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
-            self._track(self._serve_fetch(fetch), len(body))
+            # The answer's record bytes count against the connection's budget while it is built.
+            max_bytes = min(fetch.max_bytes or DEFAULT_TOTAL_MAX_BYTES, self.listener.max_in_flight_bytes)
+            fetch = fetch._replace(max_bytes=max_bytes)
+            self._track(self._serve_fetch(fetch), len(body) + max_bytes)
         else:
             self._fail(correlation_id, errors.InvalidRequestError(f"unknown data frame kind {kind}"))
 

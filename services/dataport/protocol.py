@@ -88,7 +88,9 @@ Kind 3, fetch request (what the gRPC ``Fetch`` with ``raw_batches`` true asks)::
     isolation_level int8    0 read_uncommitted, 1 read_committed
     max_wait_ms     int32   long-poll bound; 0 answers at once
     min_bytes       int32   answer once this many record bytes are gathered
-    max_bytes       int32   bound on the response's record bytes (0 = the gateway's default)
+    max_bytes       int32   bound on the response's record bytes (0 = the gateway's default,
+                            3 MiB; the gateway lowers it to its per-connection budget, 64 MiB
+                            by default)
     partition_count int32   then per partition (each at most once):
       topic         string
       partition     int32
