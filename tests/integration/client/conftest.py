@@ -18,7 +18,6 @@ import pytest
 from gateway.client import Admin, NewTopic
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
-
 DATA_PATHS = {"raw": [], "grpc": ["--data-listener", "false"]}
 
 
