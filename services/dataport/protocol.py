@@ -167,11 +167,19 @@ HEADER = struct.Struct(">bi")  # kind, correlation_id
 _HANDSHAKE_REQUEST = struct.Struct(">ihh")  # magic, min, max (then client_id)
 _HANDSHAKE_RESPONSE = struct.Struct(">ihhhhi")  # magic .. max_frame (then message)
 _PRODUCE_FIXED = struct.Struct(">bi")  # acks, timeout_ms
+_PRODUCE_HEAD = struct.Struct(">ibibih")  # size, kind, correlation_id, acks, timeout_ms, topic_length
+_PARTITION_HEAD = struct.Struct(">ii")  # partition, records length
 _PRODUCE_RESPONSE_PARTITION = struct.Struct(">ihqqqi")  # partition .. record_count
 _FETCH_FIXED = struct.Struct(">biii")  # isolation .. max_bytes
 _FETCH_PARTITION = struct.Struct(">iqi")  # partition, fetch_offset, max_bytes (after the topic)
 _FETCH_RESPONSE_PARTITION = struct.Struct(">ihqqqq")  # partition .. last_stable_offset
 _ABORTED = struct.Struct(">qq")
+#: A produce answer of one partition without errors or messages, as one layout (the fast path):
+#: kind, correlation_id, error_code, message_length, partition_count, then the partition's
+#: fields and its message_length.
+_PLAIN_PRODUCE_RESPONSE = struct.Struct(">bihhiihqqqih")
+#: Bytes 5..13 of such a body: no error, an empty message, one partition.
+_PLAIN_PREFIX = struct.pack(">hhi", 0, 0, 1)
 _SHORT = struct.Struct(">h")
 _INT = struct.Struct(">i")
 #: The smallest request frame after the handshake: kind and correlation id.
@@ -450,13 +458,21 @@ def decode_handshake_answer(body: bytes | memoryview) -> HandshakeAnswer:
 
 
 def encode_produce_request(request: ProduceRequest) -> bytes:
-    parts = [_PRODUCE_FIXED.pack(request.acks, request.timeout_ms), _string(request.topic, MAX_TOPIC_BYTES)]
-    parts.append(_INT.pack(len(request.partitions)))
+    """The request frame. One ``pack`` per partition and one join: this runs once per request
+    on the SDK's send path."""
+    topic = request.topic.encode()
+    if len(topic) > MAX_TOPIC_BYTES:
+        raise ValueError(f"topic of {len(topic)} bytes exceeds {MAX_TOPIC_BYTES}")
+    parts: list[bytes | memoryview] = [b"", topic, _INT.pack(len(request.partitions))]
+    size = _PRODUCE_HEAD.size - SIZE.size + len(topic) + _INT.size
     for partition, data in request.partitions:
-        parts.append(_INT.pack(partition))
-        parts.append(_INT.pack(len(data)))
-        parts.append(bytes(data) if isinstance(data, memoryview) else data)
-    return _frame(PRODUCE_REQUEST, request.correlation_id, parts)
+        parts.append(_PARTITION_HEAD.pack(partition, len(data)))
+        parts.append(data)
+        size += _PARTITION_HEAD.size + len(data)
+    parts[0] = _PRODUCE_HEAD.pack(
+        size, PRODUCE_REQUEST, request.correlation_id, request.acks, request.timeout_ms, len(topic)
+    )
+    return b"".join(parts)
 
 
 def decode_produce_request(body: bytes | memoryview) -> ProduceRequest:
@@ -508,6 +524,16 @@ def encode_produce_response(response: ProduceResponse) -> bytes:
 
 def decode_produce_response(body: bytes | memoryview) -> ProduceResponse:
     """Parse a kind-2 frame body (header included). CorruptRecordError on bad input."""
+    if len(body) == _PLAIN_PRODUCE_RESPONSE.size and body[5:13] == _PLAIN_PREFIX:
+        # The common answer, one partition without messages: one unpack (the SDK's hot path).
+        _, correlation_id, _, _, _, partition, code, base, append_time, start, records, length = (
+            _PLAIN_PRODUCE_RESPONSE.unpack(body)
+        )
+        if length != 0:
+            raise errors.CorruptRecordError("data frame has a message beyond its end")
+        return ProduceResponse(
+            correlation_id, 0, "", [PartitionProduceResult(partition, code, base, append_time, start, records)]
+        )
     _, correlation_id = decode_header(body)
     reader = _Reader(body, HEADER.size, errors.CorruptRecordError)
     (code,) = reader.unpack(_SHORT, "the error code")

@@ -238,3 +238,15 @@ def test_garbage_never_escapes_the_taxonomy(garbage):
         dp.decode_handshake(garbage)
     except errors.InvalidRequestError:
         pass
+
+
+def test_the_one_partition_answer_fast_path_agrees_with_the_general_decoder():
+    plain = dp.ProduceResponse(9, 0, "", [dp.PartitionProduceResult(3, 0, 100, -1, 0, 7)])
+    body = _body(dp.encode_produce_response(plain))
+    assert dp.decode_produce_response(body) == plain
+    with_error = plain._replace(partitions=[dp.PartitionProduceResult(3, 6, -1, -1, -1, 0, "not leader")])
+    assert dp.decode_produce_response(_body(dp.encode_produce_response(with_error))) == with_error
+    bad = bytearray(body)
+    bad[-1] = 5  # a partition message of 5 bytes the frame does not hold
+    with pytest.raises(errors.CorruptRecordError):
+        dp.decode_produce_response(bytes(bad))
