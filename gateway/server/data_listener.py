@@ -163,6 +163,9 @@ class _Connection:
         self.tasks: set[asyncio.Task] = set()
         self.in_flight_bytes = 0
         self.in_flight_requests = 0
+        #: Answers finished in this loop iteration, written together at its end (``_write``).
+        self._corked: list = []
+        self._flush_scheduled = False
         #: Bytes read and not yet cut into frames (at most one frame plus one read).
         self._buffer = bytearray()
         self._room = asyncio.Event()
@@ -196,6 +199,7 @@ class _Connection:
             # appends already queued still run, as after a closed ProduceStream.
             for task in self.tasks:
                 task.cancel()
+            self._flush()
             await _close(self.writer)  # flushes a last error frame, if any
             self.writer.transport.abort()
 
@@ -308,6 +312,7 @@ class _Connection:
         """Answer an error frame and end the connection (bad input)."""
         log.info("data connection %s (%s): %s; closing it", self.peer, self.client_id or "-", error)
         with contextlib.suppress(Exception):
+            self._flush()
             self.writer.write(dp.encode_error(correlation_id, error))
         raise _Closed
 
@@ -420,7 +425,17 @@ class _Connection:
         )
 
     def _write(self, parts: list) -> None:
-        if not self.writer.transport.is_closing():
+        """Queue an answer for the write at the end of this loop iteration: answers finished
+        together leave in one syscall (a fetch's record bytes are passed along, not copied)."""
+        self._corked.extend(parts)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        parts, self._corked = self._corked, []
+        if parts and not self.writer.transport.is_closing():
             self.writer.writelines(parts)
 
     def _start_span(self, operation: str, topic: str):
