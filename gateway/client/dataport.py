@@ -23,6 +23,8 @@ import itertools
 import logging
 from typing import NamedTuple
 
+from opentelemetry import trace
+
 from gateway.client.client import GatewayClient
 from gateway.client.errors import (
     NetworkError,
@@ -35,6 +37,7 @@ from services.acks import Acks
 from services.dataport import protocol as dp
 from services.proto import pb
 from services.serde import acks_from_proto
+from services.telemetry import inject_metadata
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,18 @@ DEFAULT_MAX_IDLE_S = 540.0
 #: Stop writing (await the socket) while this many request bytes wait to be sent.
 _WRITE_HIGH_WATER = 4 << 20
 _UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def current_traceparent() -> str:
+    """The W3C traceparent of the current span ("" when there is none: telemetry off), so the
+    gateway's spans of a raw request join the trace as they do over gRPC (see
+    ``gateway/client/telemetry.py``: the sender runs each request in its first record's span)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return ""
+    for key, value in inject_metadata():
+        if key == "traceparent":
+            return value if isinstance(value, str) else value.decode()
+    return ""
 
 
 def parse_data_path(value: str) -> str:
@@ -394,6 +409,7 @@ class RawTransport:
                 request.timeout_ms,
                 request.topic,
                 [(entry.partition, entry.record_batches) for entry in request.batches],
+                current_traceparent(),
             )
         )
         if acks == Acks.NONE:
@@ -437,7 +453,10 @@ class RawFetcher:
             return None
         correlation_id = connection.next_correlation_id()
         future = await connection.send(
-            dp.encode_fetch_request(request._replace(correlation_id=correlation_id)), correlation_id
+            dp.encode_fetch_request(
+                request._replace(correlation_id=correlation_id, trace_context=current_traceparent())
+            ),
+            correlation_id,
         )
         assert future is not None
         try:

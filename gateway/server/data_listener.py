@@ -366,9 +366,13 @@ class _Connection:
             timeout_ms=request.timeout_ms,
             correlation_id=request.correlation_id,
         )
-        span = self._start_span("produce", request.topic)
+        queues = self.queues
+        assert queues is not None, "set after the handshake"
+        span = self._start_span("produce", request.topic, request.trace_context)
         try:
-            plan = await produce.plan(command)
+            with self._current(span):  # its appends (and their RPCs) join the request's trace
+                plan = await produce.plan(command)
+                outcome = produce.enqueue(plan, deadline=produce.deadline_for(command, None), queues=queues)
         except errors.TributaryError as exc:
             self._end_span(span, exc)
             if request.acks != 0:
@@ -376,8 +380,6 @@ class _Connection:
             else:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return
-        assert self.queues is not None
-        outcome = produce.enqueue(plan, deadline=produce.deadline_for(command, None), queues=self.queues)
         if request.acks == 0:
             # Queued, nobody to answer: the outcome (a coroutine, never to be awaited) is dropped.
             close = getattr(outcome, "close", None)
@@ -406,9 +408,12 @@ class _Connection:
             raw_batches=True,
             read_committed=request.isolation_level == dp.READ_COMMITTED,
         )
-        span = self._start_span("fetch", request.partitions[0].topic if request.partitions else "")
+        span = self._start_span(
+            "fetch", request.partitions[0].topic if request.partitions else "", request.trace_context
+        )
         try:
-            results = await self.listener.fetch.fetch(command)
+            with self._current(span):
+                results = await self.listener.fetch.fetch(command)
         except errors.TributaryError as exc:
             self._end_span(span, exc)
             self._write(
@@ -438,11 +443,17 @@ class _Connection:
         if parts and not self.writer.transport.is_closing():
             self.writer.writelines(parts)
 
-    def _start_span(self, operation: str, topic: str):
+    def _start_span(self, operation: str, topic: str, trace_context: str):
         telemetry = self.listener.telemetry
         if telemetry is None:
             return None
-        return telemetry.start_data_request(operation, topic, self.client_id)
+        return telemetry.start_data_request(operation, topic, self.client_id, trace_context)
+
+    def _current(self, span):
+        """The span as the current one (its children join it), or nothing when not tracing."""
+        if span is None:
+            return contextlib.nullcontext()
+        return self.listener.telemetry.use_span(span)
 
     def _end_span(self, span, error) -> None:
         if span is not None:

@@ -10,7 +10,7 @@ from opentelemetry.metrics import Histogram
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.records import RECORD_BATCH_OVERHEAD, read_batch_header
-from services.telemetry import names
+from services.telemetry import extract_context, names
 from services.telemetry.metrics import (
     BATCH_BYTES_BUCKETS,
     BATCH_RECORDS_BUCKETS,
@@ -125,12 +125,15 @@ class GatewayInstruments:
             },
         )
 
-    def start_data_request(self, operation: str, topic: str, client_id: str):
-        """A SERVER span around one request of the raw data listener (``produce`` / ``fetch``)."""
+    def start_data_request(self, operation: str, topic: str, client_id: str, traceparent: str = ""):
+        """A SERVER span around one request of the raw data listener (``produce`` / ``fetch``),
+        the child of the client's span when the request carries its ``traceparent``."""
         if self._tracer is None:
             return None
+        parent = extract_context([("traceparent", traceparent)]) if traceparent else None
         return self._tracer.start_span(
             f"{names.SPAN_DATA_REQUEST} {operation} {topic}",
+            context=parent,
             kind=SpanKind.SERVER,
             attributes={
                 names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
@@ -140,6 +143,11 @@ class GatewayInstruments:
                 "messaging.client.id": client_id,
             },
         )
+
+    @staticmethod
+    def use_span(span):
+        """``span`` as the current span for a ``with`` block (not ended on exit)."""
+        return trace.use_span(span, end_on_exit=False)
 
     @staticmethod
     def end_data_request(span, error=None) -> None:

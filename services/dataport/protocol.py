@@ -68,6 +68,8 @@ Kind 1, produce request::
                             client's producer built them (idempotent and transactional producers
                             carry producer id, epoch, sequence and the transactional flag in the
                             batch headers, exactly as over gRPC)
+    trace_context   string  the W3C ``traceparent`` of the trace the request belongs to, empty
+                            when none (the gateway's spans then join it, as over gRPC)
 
 Kind 2, produce response::
 
@@ -97,6 +99,7 @@ Kind 3, fetch request (what the gRPC ``Fetch`` with ``raw_batches`` true asks)::
       fetch_offset  int64
       max_bytes     int32   bound on this partition's record bytes (0 = 1 MiB; the first batch
                             is sent whole anyway)
+    trace_context   string  W3C ``traceparent``, empty when none (as in a produce request)
 
 Kind 4, fetch response::
 
@@ -159,6 +162,8 @@ MAX_REQUEST_FRAME = 64 << 20
 MAX_RESPONSE_FRAME = 1 << 30
 MAX_TOPIC_BYTES = 249
 MAX_CLIENT_ID_BYTES = 1024
+#: A traceparent is 55 characters; room for future versions of the header.
+MAX_TRACE_CONTEXT_BYTES = 512
 #: No correlation id could be read (error frames).
 NO_CORRELATION_ID = -1
 
@@ -218,6 +223,8 @@ class ProduceRequest(NamedTuple):
     topic: str
     #: (partition, RecordBatch v2 bytes) in request order.
     partitions: list[tuple[int, bytes | memoryview]]
+    #: W3C traceparent, "" = none.
+    trace_context: str = ""
 
 
 class PartitionProduceResult(NamedTuple):
@@ -257,6 +264,8 @@ class FetchRequest(NamedTuple):
     min_bytes: int = 0
     max_wait_ms: int = 0
     isolation_level: int = READ_UNCOMMITTED
+    #: W3C traceparent, "" = none.
+    trace_context: str = ""
 
 
 class FetchPartitionResult(NamedTuple):
@@ -469,6 +478,9 @@ def encode_produce_request(request: ProduceRequest) -> bytes:
         parts.append(_PARTITION_HEAD.pack(partition, len(data)))
         parts.append(data)
         size += _PARTITION_HEAD.size + len(data)
+    trace_context = _string(request.trace_context, MAX_TRACE_CONTEXT_BYTES)
+    parts.append(trace_context)
+    size += len(trace_context)
     parts[0] = _PRODUCE_HEAD.pack(
         size, PRODUCE_REQUEST, request.correlation_id, request.acks, request.timeout_ms, len(topic)
     )
@@ -497,8 +509,9 @@ def decode_produce_request(body: bytes | memoryview) -> ProduceRequest:
             raise errors.InvalidRequestError(f"produce request partition {partition} is negative or repeated")
         seen.add(partition)
         partitions.append((partition, reader.blob("records")))
+    trace_context = reader.string("trace_context", MAX_TRACE_CONTEXT_BYTES)
     reader.finish()
-    return ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions)
+    return ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions, trace_context)
 
 
 def encode_produce_response(response: ProduceResponse) -> bytes:
@@ -532,7 +545,10 @@ def decode_produce_response(body: bytes | memoryview) -> ProduceResponse:
         if length != 0:
             raise errors.CorruptRecordError("data frame has a message beyond its end")
         return ProduceResponse(
-            correlation_id, 0, "", [PartitionProduceResult(partition, code, base, append_time, start, records)]
+            correlation_id,
+            0,
+            "",
+            [PartitionProduceResult(partition, code, base, append_time, start, records)],
         )
     _, correlation_id = decode_header(body)
     reader = _Reader(body, HEADER.size, errors.CorruptRecordError)
@@ -564,6 +580,7 @@ def encode_fetch_request(request: FetchRequest) -> bytes:
     for p in request.partitions:
         parts.append(_string(p.topic, MAX_TOPIC_BYTES))
         parts.append(_FETCH_PARTITION.pack(p.partition, p.fetch_offset, p.max_bytes))
+    parts.append(_string(request.trace_context, MAX_TRACE_CONTEXT_BYTES))
     return _frame(FETCH_REQUEST, request.correlation_id, parts)
 
 
@@ -588,8 +605,11 @@ def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
             raise errors.InvalidRequestError(f"{topic}-{partition} appears twice in the fetch request")
         seen.add((topic, partition))
         partitions.append(FetchPartition(topic, partition, offset, partition_max))
+    trace_context = reader.string("trace_context", MAX_TRACE_CONTEXT_BYTES)
     reader.finish()
-    return FetchRequest(correlation_id, partitions, max_bytes, min_bytes, max_wait_ms, isolation)
+    return FetchRequest(
+        correlation_id, partitions, max_bytes, min_bytes, max_wait_ms, isolation, trace_context
+    )
 
 
 def encode_fetch_response_parts(response: FetchResponse) -> list[bytes | memoryview]:

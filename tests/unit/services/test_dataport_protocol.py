@@ -61,10 +61,13 @@ def test_malformed_handshakes_are_invalid_requests(body):
     timeout_ms=st.integers(0, 2**31 - 1),
     topic=topics,
     partitions=st.dictionaries(st.integers(0, 2**31 - 1), st.binary(max_size=64), max_size=5),
+    trace_context=st.sampled_from(["", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]),
 )
 @settings(max_examples=100, deadline=None)
-def test_produce_request_round_trip(correlation_id, acks, timeout_ms, topic, partitions):
-    request = dp.ProduceRequest(correlation_id, acks, timeout_ms, topic, list(partitions.items()))
+def test_produce_request_round_trip(correlation_id, acks, timeout_ms, topic, partitions, trace_context):
+    request = dp.ProduceRequest(
+        correlation_id, acks, timeout_ms, topic, list(partitions.items()), trace_context
+    )
     body = _body(dp.encode_produce_request(request))
     assert dp.decode_header(body) == (dp.PRODUCE_REQUEST, correlation_id)
     decoded = dp.decode_produce_request(body)
@@ -105,10 +108,11 @@ fetch_partitions = st.builds(
     partitions=st.lists(fetch_partitions, max_size=6, unique_by=lambda p: (p.topic, p.partition)),
     sizes=st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1)),
     isolation=st.sampled_from([0, 1]),
+    trace_context=st.text(max_size=60),
 )
 @settings(max_examples=100, deadline=None)
-def test_fetch_request_round_trip(correlation_id, partitions, sizes, isolation):
-    request = dp.FetchRequest(correlation_id, partitions, *sizes, isolation)
+def test_fetch_request_round_trip(correlation_id, partitions, sizes, isolation, trace_context):
+    request = dp.FetchRequest(correlation_id, partitions, *sizes, isolation, trace_context)
     assert dp.decode_fetch_request(_body(dp.encode_fetch_request(request))) == request
 
 
