@@ -119,7 +119,9 @@ def test_spans_land_in_the_logs_and_one_produce_is_one_trace_through_the_sdk(dat
     # Over the raw data listener: the gateway's data span is the child of the send span (the frame
     # carries its traceparent), and the storage node's Append joins the same trace.
     (checkout_raw,) = [s for s in spans if s["name"] == "checkout-raw"]
-    (send_raw,) = [s for s in spans if s["parent_id"] == checkout_raw["span_id"]]
+    (send_raw,) = [
+        s for s in spans if s["name"] == f"send {topic}" and s["parent_id"] == checkout_raw["span_id"]
+    ]
     assert send_raw["attributes"]["messaging.kafka.offset"] == report["raw_offset"]
     raw_trace = send_raw["trace_id"]
     data_spans = wait_for_spans(run_dir / "gateway-0.log", raw_trace, {f"data produce {topic}"})
