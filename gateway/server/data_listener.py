@@ -449,11 +449,11 @@ class _Connection:
             return None
         return telemetry.start_data_request(operation, topic, self.client_id, trace_context)
 
-    def _current(self, span):
-        """The span as the current one (its children join it), or nothing when not tracing."""
-        if span is None:
+    def _current(self, request):
+        """The request's span as the current one (its children join it); nothing when off."""
+        if request is None:
             return contextlib.nullcontext()
-        return self.listener.telemetry.use_span(span)
+        return self.listener.telemetry.use_span(request)
 
     def _end_span(self, span, error) -> None:
         if span is not None:

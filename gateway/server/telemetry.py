@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.metrics import Histogram
@@ -33,6 +36,14 @@ def count_records(data) -> int:
     return total
 
 
+class DataRequest(NamedTuple):
+    """A request on the raw data listener being served: for ``end_data_request``."""
+
+    operation: str
+    span: Any
+    started: float
+
+
 class GatewayInstruments:
     """Produce batch sizes, what Fetch returned, and spans around fetch-port reads."""
 
@@ -43,9 +54,15 @@ class GatewayInstruments:
         self._batch_bytes: Histogram | None = None
         self._records_out: RunningTotals | None = None
         self._bytes_out: RunningTotals | None = None
+        self._data_duration: Histogram | None = None
         meter = telemetry.meter
         if meter is None:
             return
+        self._data_duration = meter.create_histogram(
+            names.GATEWAY_DATA_REQUEST_DURATION,
+            unit="s",
+            description="Duration of a request on the raw data listener, per operation (produce, fetch).",
+        )
         self._batch_records = meter.create_histogram(
             names.GATEWAY_PRODUCE_BATCH_RECORDS,
             unit="{record}",
@@ -125,9 +142,18 @@ class GatewayInstruments:
             },
         )
 
-    def start_data_request(self, operation: str, topic: str, client_id: str, traceparent: str = ""):
-        """A SERVER span around one request of the raw data listener (``produce`` / ``fetch``),
-        the child of the client's span when the request carries its ``traceparent``."""
+    def start_data_request(
+        self, operation: str, topic: str, client_id: str, traceparent: str = ""
+    ) -> DataRequest:
+        """One request of the raw data listener (``produce`` / ``fetch``): its SERVER span (the
+        child of the client's span when the request carries its ``traceparent``) and its start,
+        for ``tributary.gateway.data.request.duration`` (what ``rpc.server.call.duration`` is to
+        gRPC)."""
+        return DataRequest(
+            operation, self._data_span(operation, topic, client_id, traceparent), time.monotonic()
+        )
+
+    def _data_span(self, operation: str, topic: str, client_id: str, traceparent: str):
         if self._tracer is None:
             return None
         parent = extract_context([("traceparent", traceparent)]) if traceparent else None
@@ -145,16 +171,23 @@ class GatewayInstruments:
         )
 
     @staticmethod
-    def use_span(span):
-        """``span`` as the current span for a ``with`` block (not ended on exit)."""
-        return trace.use_span(span, end_on_exit=False)
+    def use_span(request: DataRequest):
+        """The request's span as the current span for a ``with`` block (not ended on exit)."""
+        if request.span is None:
+            return contextlib.nullcontext()
+        return trace.use_span(request.span, end_on_exit=False)
 
-    @staticmethod
-    def end_data_request(span, error=None) -> None:
+    def end_data_request(self, request: DataRequest, error=None) -> None:
+        reason = getattr(error, "reason", type(error).__name__) if error is not None else None
+        if self._data_duration is not None:
+            attributes = {names.MESSAGING_OPERATION_NAME: request.operation}
+            if reason is not None:
+                attributes[names.ERROR_TYPE] = reason
+            self._data_duration.record(time.monotonic() - request.started, attributes)
+        span = request.span
         if span is None:
             return
-        if error is not None:
-            reason = getattr(error, "reason", type(error).__name__)
+        if reason is not None:
             span.set_attributes({names.ERROR_TYPE: reason, names.ATTR_ERROR_REASON: reason})
             span.set_status(Status(StatusCode.ERROR, str(error)))
         span.end()

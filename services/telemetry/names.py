@@ -118,6 +118,8 @@ GATEWAY_PRODUCE_BATCH_SIZE: Final = "tributary.gateway.produce.batch.size"  # hi
 #: What Fetch returned to clients, per topic (records = offsets the answer advanced).
 GATEWAY_FETCHED_RECORDS: Final = "tributary.gateway.fetched.records"  # counter, {record}
 GATEWAY_FETCHED_BYTES: Final = "tributary.gateway.fetched.bytes"  # counter, By
+#: A request on the gateway's raw data listener (the gRPC calls have rpc.server.call.duration).
+GATEWAY_DATA_REQUEST_DURATION: Final = "tributary.gateway.data.request.duration"  # histogram, s
 
 # ---- coordinator metrics --------------------------------------------------------------------
 
