@@ -14,7 +14,7 @@ from gateway.client.transport import StreamTransport
 def _consume_one(servers: str, topic: str, **settings):
     with Consumer(servers=servers, auto_offset_reset="earliest", **settings) as consumer:
         consumer.assign([TopicPartition(topic, 0)])
-        records = []
+        records: list = []
         for _ in range(30):
             records.extend(r for rs in consumer.poll(timeout_ms=1000).values() for r in rs)
             if records:

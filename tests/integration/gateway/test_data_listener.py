@@ -143,7 +143,8 @@ def _others_keep_going(cluster, topic: str, tag: bytes) -> None:
     with Producer(servers=cluster.gateway, acks=1, linger_ms=1) as producer:
         futures = [producer.send(topic, v) for v in values]
         producer.flush(timeout=30)
-        assert producer._core.sender.transport.using_raw
+        sender = producer._core.sender
+        assert sender is not None and sender.transport.using_raw
     assert all(f.succeeded() for f in futures)
     assert [v for v in _read_all(cluster.gateway, topic, len(values)) if v.startswith(tag)] == values
 
