@@ -17,7 +17,8 @@ One connection, one :class:`_Connection`:
   requests it has taken in and not answered hold ``max_in_flight_bytes`` (a fetch counts its
   ``max_bytes``, which is lowered to that budget) or ``max_in_flight_requests``, while the
   append queues are full, or while the client does not read its answers (the socket's write
-  buffer is over its high-water mark).
+  buffer is over its high-water mark; a client that reads none of them for ``stall_timeout_s``
+  is disconnected, so answers nobody reads cannot pile up).
 * Bad input never reaches a handler: a size prefix outside the limits, a frame that does not
   decode, an unknown kind or version is answered with an error frame (Kafka's code and an
   explanation) and the connection is closed. A client that stops in the middle of a frame
@@ -166,6 +167,8 @@ class _Connection:
         #: Answers finished in this loop iteration, written together at its end (``_write``).
         self._corked: list = []
         self._flush_scheduled = False
+        #: Watches a write buffer over its high-water mark (``_watch_writes``), else None.
+        self._write_watch: asyncio.Future | None = None
         #: Bytes read and not yet cut into frames (at most one frame plus one read).
         self._buffer = bytearray()
         self._room = asyncio.Event()
@@ -199,6 +202,8 @@ class _Connection:
             # appends already queued still run, as after a closed ProduceStream.
             for task in self.tasks:
                 task.cancel()
+            if self._write_watch is not None:
+                self._write_watch.cancel()
             self._flush()
             await _close(self.writer)  # flushes a last error frame, if any
             self.writer.transport.abort()
@@ -297,9 +302,8 @@ class _Connection:
             await self._room.wait()
         if self.queues is not None:
             await self.queues.wait_for_room()
-        transport = self.writer.transport
-        if transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
-            await self.writer.drain()
+        if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+            await self.writer.drain()  # the write watch ends the connection if it never drains
 
     def _has_room(self) -> bool:
         listener = self.listener
@@ -440,8 +444,31 @@ class _Connection:
     def _flush(self) -> None:
         self._flush_scheduled = False
         parts, self._corked = self._corked, []
-        if parts and not self.writer.transport.is_closing():
+        transport = self.writer.transport
+        if parts and not transport.is_closing():
             self.writer.writelines(parts)
+            if transport.get_write_buffer_size() > _WRITE_HIGH_WATER and self._write_watch is None:
+                self._write_watch = asyncio.ensure_future(self._watch_writes())
+
+    async def _watch_writes(self) -> None:
+        """Answers are piling up unread: the client must read some within ``stall_timeout_s``,
+        or it is disconnected (its answers would otherwise sit in this gateway's memory)."""
+        transport = self.writer.transport
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.listener.stall_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "data connection %s (%s) does not read its answers (%d bytes waiting for %.1f s); closing it",
+                self.peer,
+                self.client_id or "-",
+                transport.get_write_buffer_size(),
+                self.listener.stall_timeout_s,
+            )
+            self.abort()
+        except (ConnectionError, RuntimeError):
+            pass  # the connection is gone anyway
+        finally:
+            self._write_watch = None
 
     def _start_span(self, operation: str, topic: str, trace_context: str):
         telemetry = self.listener.telemetry

@@ -281,6 +281,39 @@ def test_a_client_stalled_mid_frame_is_disconnected(data_address, topic):
         assert time.monotonic() - started >= STALL_TIMEOUT_MS / 1000 * 0.9
 
 
+def test_a_client_that_never_reads_its_answers_is_disconnected(cluster, data_address, topic):
+    """Pipelined fetches whose answers (~1 MiB each) are never read: the gateway stops reading
+    once they pile up, and closes the connection after the stall timeout, instead of holding
+    them in memory."""
+    with Producer(servers=cluster.gateway, acks=1, linger_ms=5) as producer:
+        for _ in range(1200):
+            producer.send(topic, b"y" * 1000)
+        producer.flush(timeout=30)
+    log_file = cluster.gateways[0].log_file
+    with _connect(data_address) as sock:
+        host, port = sock.getsockname()[:2]
+        peer = f"{host}:{port}"
+        fetch = dp.FetchPartition(topic, 0, 0, 1 << 20)
+        for correlation_id in range(40):
+            sock.sendall(dp.encode_fetch_request(dp.FetchRequest(correlation_id, [fetch], max_bytes=1 << 20)))
+        wait_until(
+            lambda: any(
+                peer in line and "does not read its answers" in line
+                for line in log_file.read_text().splitlines()
+            ),
+            timeout=30,
+            what="the gateway giving up on a client that does not read",
+        )
+        received = 0
+        sock.settimeout(10)
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert received < 40 << 20, "the connection ended before every answer was sent"
+
+
 def test_a_thousand_half_open_connections_do_not_stop_other_clients(cluster, data_address, topic):
     """500 connections stalled inside the handshake and 500 that handshook and went quiet: the
     SDK still produces and consumes, the stalled ones are closed, the quiet ones stay open."""
