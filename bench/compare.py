@@ -722,6 +722,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile of Tributary")
     parser.add_argument(
+        "--tributary-data-path",
+        choices=("auto", "grpc"),
+        default="auto",
+        help="the SDK's data_path: auto (the gateway's raw data listener) or grpc (default: auto)",
+    )
+    parser.add_argument(
         "--render", metavar="JSON", help="only rewrite the report (and plots) from a raw results file"
     )
     return parser
@@ -748,6 +754,9 @@ def _sizes_and_peers(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from bench.peers.tributary import Tributary
+
+    Tributary.data_path = args.tributary_data_path
     if args.render:
         return render(Path(args.render))
     sizes, peers = _sizes_and_peers(args, parser)

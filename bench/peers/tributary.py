@@ -69,6 +69,10 @@ def batch_size_for(records: int, payloads: Sequence[bytes]) -> int:
 
 class Tributary(Peer):
     name = "tributary"
+    #: The SDK's ``data_path`` for every producer and consumer: "auto" (the gateway's raw data
+    #: listener) or "grpc" (``bench/compare.py --tributary-data-path``; "grpc" is the path
+    #: every run before the listener took).
+    data_path = "auto"
     title = "Tributary"
     modules = ("gateway.client", "launcher.local_cluster")
     client_note = "the project's Python SDK (gateway/client): Producer, Consumer (manual assignment), Admin"
@@ -177,7 +181,7 @@ class Tributary(Peer):
     def _producer(self, dest: Dest, **settings):
         from gateway.client import Producer
 
-        producer = Producer(servers=self.servers, **settings)
+        producer = Producer(servers=self.servers, data_path=self.data_path, **settings)
         producer.send(self.warmup_topic, b"warm-up", partition=0).get(30)  # the stream is open
         producer.partitions_for(dest.name)  # metadata of the topic is cached
         return producer
@@ -301,6 +305,7 @@ class Tributary(Peer):
         count = total = 0
         with Consumer(
             servers=self.servers,
+            data_path=self.data_path,
             max_partition_fetch_bytes=FETCH_BYTES,
             fetch_max_bytes=FETCH_BYTES,
             max_poll_records=PREFETCH_MESSAGES,
@@ -334,6 +339,7 @@ class Tributary(Peer):
         def consume() -> None:
             with Consumer(
                 servers=self.servers,
+                data_path=self.data_path,
                 max_partition_fetch_bytes=FETCH_BYTES,
                 fetch_max_bytes=FETCH_BYTES,
                 max_poll_records=PREFETCH_MESSAGES,

@@ -51,6 +51,9 @@ Settings (Kafka's consumer configs, Python-cased; defaults are Kafka's):
 ``max_partition_fetch_bytes`` 1 MiB        bytes per partition per fetch
 ``max_poll_records``          500          default ``max_records`` of ``poll``
 ``check_crcs``                True         verify every batch's CRC-32C
+``data_path``                 "auto"       "auto": fetch over the gateway's raw data
+                                           listener when it offers one, else gRPC;
+                                           "grpc": always gRPC
 ``consumer_timeout_ms``       forever      iteration stops after this long without records
 ``group_id``                  None         the consumer group (needed by subscribe/commit)
 ``group_instance_id``         None         static membership: a restart within the session
@@ -79,6 +82,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.dataport import parse_data_path
 from gateway.client.errors import IllegalStateError, InvalidGroupIdError, TributaryError, WakeupError
 from gateway.client.fetcher import Fetcher
 from gateway.client.group_coordinator import CommitCallback, GroupCoordinator, GroupSettings
@@ -115,6 +119,9 @@ class ConsumerConfig:
     max_poll_records: int = 500
     check_crcs: bool = True
     isolation_level: str = "read_uncommitted"
+    #: "auto": the gateway's raw data listener when offered (``gateway/client/dataport.py``);
+    #: "grpc": the gRPC Fetch always.
+    data_path: str = "auto"
     request_timeout_ms: int = 30_000
     retry_backoff_ms: int = 100
     metadata_max_age_ms: int = 300_000
@@ -139,6 +146,7 @@ class ConsumerConfig:
             values[name] = value
         config = cls(**values)
         validate_reset_strategy(config.auto_offset_reset)
+        parse_data_path(config.data_path)
         if config.max_poll_records <= 0:
             raise ValueError("max_poll_records must be positive")
         config.validate_group_settings()
@@ -279,6 +287,7 @@ class AsyncConsumer:
             max_partition_fetch_bytes=c.max_partition_fetch_bytes,
             check_crcs=c.check_crcs,
             isolation_level=c.isolation_level,
+            data_path=c.data_path,
             retry_backoff_ms=c.retry_backoff_ms,
             key_deserializer=c.key_deserializer,
             value_deserializer=c.value_deserializer,

@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.dataport import RawFetcher, parse_data_path
 from gateway.client.errors import (
     CorruptRecordError,
     OffsetOutOfRangeError,
@@ -37,6 +38,7 @@ from gateway.client.errors import (
 )
 from gateway.client.structs import ConsumerRecord, TopicPartition
 from gateway.client.subscription import SubscriptionState
+from services.dataport import protocol as dp
 from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
@@ -242,6 +244,7 @@ class Fetcher:
         max_partition_fetch_bytes: int = 1_048_576,
         check_crcs: bool = True,
         isolation_level: str = "read_uncommitted",
+        data_path: str = "auto",
         retry_backoff_ms: int = 100,
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
@@ -257,6 +260,8 @@ class Fetcher:
         self.check_crcs = check_crcs
         self.isolation_level = _ISOLATION[isolation_level]
         self.retry_backoff_ms = retry_backoff_ms
+        #: The raw data path (None: gRPC only); it answers None when the gateway offers none.
+        self._raw = RawFetcher(client) if parse_data_path(data_path) == "auto" else None
         self.key_deserializer = key_deserializer
         self.value_deserializer = value_deserializer
         self._buffers: dict[TopicPartition, deque[PartitionRecords]] = {}
@@ -336,6 +341,11 @@ class Fetcher:
         handler = SendFetchHandler(self, offsets)
         timeout_ms = self.client.request_timeout_ms + self.fetch_max_wait_ms
         try:
+            if self._raw is not None:
+                answer = await self._raw.fetch(handler.create_raw_request(), timeout_ms / 1000.0)
+                if answer is not None:
+                    handler.handle_raw_response(answer)
+                    return
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)
         except TributaryError as exc:
             handler.handle_error(exc)
@@ -343,22 +353,42 @@ class Fetcher:
             handler.handle_response(response)
 
     def handle_partition_result(self, tp: TopicPartition, fetch_offset: int, result) -> None:
-        """Buffer one partition's fetched batches, or act on its error."""
+        """Buffer one partition's fetched batches (a gRPC ``FetchPartitionResult``), or act on
+        its error."""
+        error = error_from_proto(result.error) if result.HasField("error") else None
+        self.handle_partition_data(
+            tp,
+            fetch_offset,
+            error,
+            result.high_watermark,
+            result.log_start_offset,
+            # each read of a protobuf bytes field is a fresh copy: read once
+            result.record_batches,
+            lambda: [(a.producer_id, a.first_offset) for a in result.aborted_transactions],
+        )
+
+    def handle_partition_data(
+        self,
+        tp: TopicPartition,
+        fetch_offset: int,
+        error: TributaryError | None,
+        high_watermark: int,
+        log_start_offset: int,
+        data: bytes | memoryview,
+        aborted_transactions: Callable[[], Iterable[tuple[int, int]]],
+    ) -> None:
+        """Buffer one partition's fetched batches, or act on its error (either data path)."""
         if not self.subscription.is_assigned(tp) or self.next_fetch_offset(tp) != fetch_offset:
             return  # the application moved on (seek, reassignment): this data is stale
-        error = error_from_proto(result.error) if result.HasField("error") else None
         if error is not None:
             self.handle_partition_error(tp, fetch_offset, error)
             return
-        self.subscription.update_watermarks(tp, result.high_watermark, result.log_start_offset)
-        data = result.record_batches  # each read of a protobuf bytes field is a fresh copy: read once
+        self.subscription.update_watermarks(tp, high_watermark, log_start_offset)
         if not data:
             return
         aborted = None
         if self.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED:
-            aborted = AbortedTransactionFilter(
-                (a.producer_id, a.first_offset) for a in result.aborted_transactions
-            )
+            aborted = AbortedTransactionFilter(aborted_transactions())
         chunk = PartitionRecords(tp, fetch_offset, data, check_crcs=self.check_crcs, aborted=aborted)
         if chunk.has_records or chunk.error is not None:
             self._buffers.setdefault(tp, deque()).append(chunk)
@@ -567,6 +597,8 @@ class Fetcher:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self._raw is not None:
+            await self._raw.close()
 
 
 class SendFetchHandler:
@@ -599,6 +631,42 @@ class SendFetchHandler:
             raw_batches=True,
         )
 
+    def create_raw_request(self) -> dp.FetchRequest:
+        f = self.fetcher
+        return dp.FetchRequest(
+            0,
+            [
+                dp.FetchPartition(tp.topic, tp.partition, offset, f.max_partition_fetch_bytes)
+                for tp, offset in self.offsets.items()
+            ],
+            max_bytes=f.fetch_max_bytes,
+            min_bytes=f.fetch_min_bytes,
+            max_wait_ms=f.fetch_max_wait_ms,
+            isolation_level=(
+                dp.READ_COMMITTED
+                if f.isolation_level == pb.ISOLATION_LEVEL_READ_COMMITTED
+                else dp.READ_UNCOMMITTED
+            ),
+        )
+
+    def handle_raw_response(self, response: dp.FetchResponse) -> None:
+        error = response.error()
+        if error is not None:
+            self.handle_error(error)
+            return
+        for result in response.partitions:
+            tp = TopicPartition(result.topic, result.partition)
+            if tp in self.offsets:
+                self.fetcher.handle_partition_data(
+                    tp,
+                    self.offsets[tp],
+                    result.error(),
+                    result.high_watermark,
+                    result.log_start_offset,
+                    result.records,
+                    _given(result.aborted),
+                )
+
     def handle_response(self, response) -> None:
         for result in response.partitions:
             tp = TopicPartition(result.topic, result.partition)
@@ -609,6 +677,10 @@ class SendFetchHandler:
         """The whole call failed (gateway unreachable, request rejected): as if each partition had."""
         for tp in self.offsets:
             self.fetcher.handle_partition_error(tp, -1, error)
+
+
+def _given(aborted: tuple[tuple[int, int], ...]) -> Callable[[], Iterable[tuple[int, int]]]:
+    return lambda: aborted
 
 
 def _resolve(waiter: asyncio.Future | None) -> None:

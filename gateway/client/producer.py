@@ -35,6 +35,9 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``delivery_timeout_ms`` 120000    upper bound from send() to success or failure
 ``request_timeout_ms`` 30000      how long one request may take
 ``max_in_flight``      5          requests outstanding at once (never two per partition)
+``data_path``          "auto"     "auto": produce over the gateway's raw data listener when
+                                  it offers one (frames on TCP, ``services/dataport``), else
+                                  gRPC; "grpc": always gRPC (``transport`` says how)
 ``enable_idempotence`` True       number batches so a retry never writes twice (needs
                                   ``acks="all"``; unset with acks 0/1 it is off, set True
                                   with them it is an error, as in Kafka)
@@ -61,6 +64,7 @@ from typing import Any
 
 from gateway.client.accumulator import RECORD_OVERHEAD, BufferExhausted, BufferPool, RecordAccumulator
 from gateway.client.client import GatewayClient
+from gateway.client.dataport import RawTransport, parse_data_path
 from gateway.client.errors import (
     IllegalStateError,
     RecordTooLargeError,
@@ -109,8 +113,11 @@ class ProducerConfig:
     value_serializer: Serializer | None = None
     #: "stream" pipelines requests on ProduceStream; "unary" makes one Produce call per request.
     transport: str = "stream"
-    #: A ProduceStream idle this long is ended before the next request opens a new one (Kafka's
-    #: producer default, a minute under the gateway's 10 min); 0 = never.
+    #: "auto": the gateway's raw data listener when it offers one (``gateway/client/dataport.py``),
+    #: else gRPC as ``transport`` says; "grpc": gRPC always.
+    data_path: str = "auto"
+    #: A ProduceStream (or raw data connection) idle this long is ended before the next request
+    #: opens a new one (Kafka's producer default, a minute under the gateway's 10 min); 0 = never.
     connections_max_idle_ms: int = 540_000
     #: Idempotent produce; None = on unless acks is 0 or 1 (Kafka's rule).
     enable_idempotence: bool | None = None
@@ -156,6 +163,7 @@ class ProducerConfig:
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
+        parse_data_path(self.data_path)
         for name in (
             "batch_size",
             "buffer_memory",
@@ -254,11 +262,17 @@ class ProducerCore:
             retry_backoff_max_ms=self.config.retry_backoff_max_ms,
             delivery_timeout_ms=self.config.delivery_timeout_ms,
         )
-        transport = (
+        transport: StreamTransport | UnaryTransport | RawTransport = (
             StreamTransport(self.client, max_idle_s=self.config.connections_max_idle_ms / 1000.0 or None)
             if self.config.transport == "stream"
             else UnaryTransport(self.client)
         )
+        if self.config.data_path == "auto":
+            transport = RawTransport(
+                self.client,
+                fallback=transport,
+                max_idle_s=self.config.connections_max_idle_ms / 1000.0 or None,
+            )
         self.sender = Sender(
             client=self.client,
             accumulator=self.accumulator,

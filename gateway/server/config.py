@@ -45,3 +45,19 @@ class GatewayConfig(ServiceConfig):
     #: NETWORK_EXCEPTION, as Kafka closes connections idle for connections.max.idle.ms (10 min);
     #: the SDK opens a new stream on its next send. 0 = never.
     produce_stream_max_idle_ms: int = 600_000
+    #: Serve the raw data protocol (``services/dataport``) beside gRPC, and advertise it to
+    #: clients in GetMetadata (``data_address``); the Python SDK then produces and fetches over
+    #: it. False: gRPC only (clients fall back to it).
+    data_listener: bool = True
+    #: Port of the raw data listener (0 = any free port), on ``host``.
+    data_port: int = 0
+    #: Open data connections at most; more are answered with an error frame and closed.
+    data_max_connections: int = 4_096
+    #: A data client that stops inside a frame (or the handshake) this long is disconnected.
+    data_stall_timeout_ms: int = 10_000
+    #: Bytes of requests one data connection may hold unanswered before the gateway stops
+    #: reading from it (back-pressure; bounds the connection's memory).
+    data_max_in_flight_bytes: int = 64 << 20
+    #: A data connection with no request (and no answer owed) this long is closed, as Kafka
+    #: closes connections idle for connections.max.idle.ms. 0 = never.
+    data_max_idle_ms: int = 600_000

@@ -14,6 +14,7 @@ import os
 from gateway.server.admin_forwarder import Forwarder
 from gateway.server.config import GatewayConfig
 from gateway.server.coordinators import CoordinatorPool
+from gateway.server.data_listener import DataListener
 from gateway.server.decode_pool import DecodePool
 from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
@@ -57,6 +58,7 @@ class GatewayService:
         self.router: Router | None = None
         self.produce: ProduceHandler | None = None
         self.decode_pool: DecodePool | None = None
+        self.data_listener: DataListener | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -89,6 +91,19 @@ class GatewayService:
             max_decoded_bytes=config.fetch_max_decoded_bytes,
             telemetry=self.instruments,
         )
+        if config.data_listener:
+            self.data_listener = DataListener(
+                self.produce,
+                fetch,
+                host=config.host,
+                port=config.data_port,
+                max_connections=config.data_max_connections,
+                max_in_flight_bytes=config.data_max_in_flight_bytes,
+                stall_timeout_s=config.data_stall_timeout_ms / 1000.0,
+                max_idle_s=config.data_max_idle_ms / 1000.0 if config.data_max_idle_ms > 0 else None,
+                telemetry=self.instruments,
+            )
+            await self.data_listener.start()
         servicer = GatewayServicer(
             self.produce,
             fetch,
@@ -98,6 +113,7 @@ class GatewayService:
             DeleteRecordsHandler(self.router),
             default_timeout_ms=config.default_timeout_ms,
             stream_max_idle_ms=config.produce_stream_max_idle_ms,
+            data_address=f"{config.host}:{self.data_port}" if self.data_listener is not None else "",
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
@@ -106,9 +122,10 @@ class GatewayService:
         )
         self._write_ready_file()
         log.info(
-            "gateway serving on %s:%d (coordinators %s)",
+            "gateway serving on %s:%d, data listener %s (coordinators %s)",
             config.host,
             self.grpc.port,
+            self.data_port or "off",
             ",".join(config.coordinators),
         )
 
@@ -117,13 +134,26 @@ class GatewayService:
         assert self.grpc is not None, "start() first"
         return self.grpc.port
 
+    @property
+    def data_port(self) -> int:
+        """The raw data listener's port; 0 when it is off."""
+        return self.data_listener.port if self.data_listener is not None else 0
+
     def _write_ready_file(self) -> None:
         write_ready_file(
-            self.config.ready_file, {"pid": os.getpid(), "host": self.config.host, "grpc_port": self.port}
+            self.config.ready_file,
+            {
+                "pid": os.getpid(),
+                "host": self.config.host,
+                "grpc_port": self.port,
+                "data_port": self.data_port,
+            },
         )
 
     async def stop(self) -> None:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""
+        if self.data_listener is not None:
+            await self.data_listener.close()
         if self.produce is not None:
             await self.produce.close()
         if self.router is not None:

@@ -81,6 +81,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         *,
         default_timeout_ms: int = 30_000,
         stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
+        data_address: str = "",
     ) -> None:
         self._produce = produce
         self._fetch = fetch
@@ -92,6 +93,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         self._default_timeout_s = default_timeout_ms / 1000.0
         #: None = streams are never ended for idleness.
         self._stream_max_idle_s = stream_max_idle_ms / 1000.0 if stream_max_idle_ms > 0 else None
+        #: host:port of this gateway's raw data listener, "" when it has none (GetMetadata says so).
+        self._data_address = data_address
 
     # ---- data plane ------------------------------------------------------------------------
 
@@ -222,7 +225,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def GetMetadata(self, request, context):
-        return await self._forwarder.get_metadata(request, rpc_remaining_s=context.time_remaining())
+        """Forwarded, with this gateway's raw data listener added (``data_address``). Setting
+        it on a response the metadata cache may keep is harmless: it is this gateway's, always."""
+        response = await self._forwarder.get_metadata(request, rpc_remaining_s=context.time_remaining())
+        response.data_address = self._data_address
+        return response
 
     CreateTopic = _forward("CreateTopic")
     DeleteTopic = _forward("DeleteTopic")

@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.metrics import Histogram
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.records import RECORD_BATCH_OVERHEAD, read_batch_header
-from services.telemetry import names
+from services.telemetry import extract_context, names
 from services.telemetry.metrics import (
     BATCH_BYTES_BUCKETS,
     BATCH_RECORDS_BUCKETS,
@@ -33,6 +36,14 @@ def count_records(data) -> int:
     return total
 
 
+class DataRequest(NamedTuple):
+    """A request on the raw data listener being served: for ``end_data_request``."""
+
+    operation: str
+    span: Any
+    started: float
+
+
 class GatewayInstruments:
     """Produce batch sizes, what Fetch returned, and spans around fetch-port reads."""
 
@@ -43,9 +54,15 @@ class GatewayInstruments:
         self._batch_bytes: Histogram | None = None
         self._records_out: RunningTotals | None = None
         self._bytes_out: RunningTotals | None = None
+        self._data_duration: Histogram | None = None
         meter = telemetry.meter
         if meter is None:
             return
+        self._data_duration = meter.create_histogram(
+            names.GATEWAY_DATA_REQUEST_DURATION,
+            unit="s",
+            description="Duration of a request on the raw data listener, per operation (produce, fetch).",
+        )
         self._batch_records = meter.create_histogram(
             names.GATEWAY_PRODUCE_BATCH_RECORDS,
             unit="{record}",
@@ -144,6 +161,56 @@ class GatewayInstruments:
                 names.SERVER_PORT: port,
             },
         )
+
+    def start_data_request(
+        self, operation: str, topic: str, client_id: str, traceparent: str = ""
+    ) -> DataRequest:
+        """One request of the raw data listener (``produce`` / ``fetch``): its SERVER span (the
+        child of the client's span when the request carries its ``traceparent``) and its start,
+        for ``tributary.gateway.data.request.duration`` (what ``rpc.server.call.duration`` is to
+        gRPC)."""
+        return DataRequest(
+            operation, self._data_span(operation, topic, client_id, traceparent), time.monotonic()
+        )
+
+    def _data_span(self, operation: str, topic: str, client_id: str, traceparent: str):
+        if self._tracer is None:
+            return None
+        parent = extract_context([("traceparent", traceparent)]) if traceparent else None
+        return self._tracer.start_span(
+            f"{names.SPAN_DATA_REQUEST} {operation} {topic}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                names.MESSAGING_SYSTEM: names.MESSAGING_SYSTEM_VALUE,
+                names.MESSAGING_OPERATION_TYPE: "send" if operation == "produce" else "receive",
+                names.MESSAGING_OPERATION_NAME: operation,
+                names.MESSAGING_DESTINATION_NAME: topic,
+                "messaging.client.id": client_id,
+            },
+        )
+
+    @staticmethod
+    def use_span(request: DataRequest):
+        """The request's span as the current span for a ``with`` block (not ended on exit)."""
+        if request.span is None:
+            return contextlib.nullcontext()
+        return trace.use_span(request.span, end_on_exit=False)
+
+    def end_data_request(self, request: DataRequest, error=None) -> None:
+        reason = getattr(error, "reason", type(error).__name__) if error is not None else None
+        if self._data_duration is not None:
+            attributes = {names.MESSAGING_OPERATION_NAME: request.operation}
+            if reason is not None:
+                attributes[names.ERROR_TYPE] = reason
+            self._data_duration.record(time.monotonic() - request.started, attributes)
+        span = request.span
+        if span is None:
+            return
+        if reason is not None:
+            span.set_attributes({names.ERROR_TYPE: reason, names.ATTR_ERROR_REASON: reason})
+            span.set_status(Status(StatusCode.ERROR, str(error)))
+        span.end()
 
     @staticmethod
     def end_fetch_port_read(span, size: int, error=None) -> None:

@@ -124,6 +124,8 @@ GATEWAY_PRODUCE_BATCH_SIZE: Final = "tributary.gateway.produce.batch.size"  # hi
 #: What Fetch returned to clients, per topic (records = offsets the answer advanced).
 GATEWAY_FETCHED_RECORDS: Final = "tributary.gateway.fetched.records"  # counter, {record}
 GATEWAY_FETCHED_BYTES: Final = "tributary.gateway.fetched.bytes"  # counter, By
+#: A request on the gateway's raw data listener (the gRPC calls have rpc.server.call.duration).
+GATEWAY_DATA_REQUEST_DURATION: Final = "tributary.gateway.data.request.duration"  # histogram, s
 
 # ---- coordinator metrics --------------------------------------------------------------------
 
@@ -163,3 +165,6 @@ SPAN_FETCH_PORT: Final = "fetch"
 SPAN_DATA_PORT_APPEND: Final = "tributary.dataport/Append"
 #: ``rpc.system.name`` of the data port's spans.
 DATA_PORT_RPC_SYSTEM: Final = "tributary.dataport"
+#: A request on the gateway's raw data listener: ``data produce <topic>`` / ``data fetch <topic>``
+#: (the child of the SDK's span when the frame carries its ``traceparent``).
+SPAN_DATA_REQUEST: Final = "data"

@@ -38,7 +38,12 @@ def cluster(tmp_path_factory):
         coordinators=1,
         gateways=1,
         session_timeout_s=2,
-        gateway_args=["--produce-stream-max-idle-ms", str(STREAM_MAX_IDLE_MS)],
+        gateway_args=[
+            "--produce-stream-max-idle-ms",
+            str(STREAM_MAX_IDLE_MS),
+            "--data-max-idle-ms",
+            str(STREAM_MAX_IDLE_MS),
+        ],
     )
     with LocalCluster(tmp_path_factory.mktemp("hardening-cluster"), spec) as local:
         yield local
@@ -307,7 +312,7 @@ def test_a_producer_idle_past_the_gateway_timeout_still_sends(cluster, channel):
         # connections_max_idle_ms=0: the client never ends the stream itself, so it is the
         # gateway that ends it and the SDK that has to cope.
         async with AsyncProducer(
-            servers=cluster.gateway_addresses()[0], connections_max_idle_ms=0
+            servers=cluster.gateway_addresses()[0], connections_max_idle_ms=0, data_path="grpc"
         ) as producer:
             first = await producer.send_and_wait(topic, b"before")
             transport = producer._core.sender.transport
@@ -324,6 +329,39 @@ def test_a_producer_idle_past_the_gateway_timeout_still_sends(cluster, channel):
             await asyncio.sleep(0.3)
             third = await asyncio.wait_for(producer.send_and_wait(topic, b"later"), 10)
             assert transport._stream is not reused_stream and not reused_stream.pending
+            return first.offset, second.offset, third.offset
+
+    assert while_responsive(cluster, lambda: asyncio.run(scenario())) == (0, 1, 2)
+
+
+def test_a_producer_idle_past_the_gateway_data_timeout_still_sends(cluster, channel):
+    """The same over the raw data listener: the gateway closes a data connection idle for its
+    data_max_idle_ms, the SDK opens a new one for its next send, and retires one idle past its
+    own connections_max_idle_ms before the gateway would."""
+    from gateway.client import AsyncProducer
+
+    topic = unique("idle-data-producer")
+    _create_online(channel, topic)
+
+    async def scenario():
+        async with AsyncProducer(
+            servers=cluster.gateway_addresses()[0], connections_max_idle_ms=0
+        ) as producer:
+            first = await producer.send_and_wait(topic, b"before")
+            link = producer._core.sender.transport._link
+            idle = link._connection
+            assert idle is not None, "the producer took the raw data path"
+            deadline = time.monotonic() + STREAM_MAX_IDLE_MS / 1000 + 5
+            while not idle.broken:  # the gateway closes it
+                assert time.monotonic() < deadline, "the gateway never closed the idle data connection"
+                await asyncio.sleep(0.05)
+            second = await asyncio.wait_for(producer.send_and_wait(topic, b"after"), 10)
+            assert link._connection is not idle
+            link._max_idle_s = 0.2
+            reused = link._connection
+            await asyncio.sleep(0.3)
+            third = await asyncio.wait_for(producer.send_and_wait(topic, b"later"), 10)
+            assert link._connection is not reused and not reused.pending
             return first.offset, second.offset, third.offset
 
     assert while_responsive(cluster, lambda: asyncio.run(scenario())) == (0, 1, 2)

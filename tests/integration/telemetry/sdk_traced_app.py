@@ -35,10 +35,19 @@ with Admin(servers=servers) as admin:
 tracer = trace.get_tracer("sdk-app")
 # One traced produce over unary Produce: the application's span, the SDK's send span, its RPC.
 with (
-    Producer(servers=servers, transport="unary", client_id="traced-app", linger_ms=50) as producer,
+    Producer(
+        servers=servers, transport="unary", data_path="grpc", client_id="traced-app", linger_ms=50
+    ) as producer,
     tracer.start_as_current_span("checkout"),
 ):
     unary = producer.send(topic, b"traced", key=b"order-1").get(timeout=30)
+# One traced produce over the gateway's raw data listener (the default path): the frame carries
+# the send span's traceparent.
+with (
+    Producer(servers=servers, client_id="traced-app", linger_ms=50) as producer,
+    tracer.start_as_current_span("checkout-raw"),
+):
+    raw = producer.send(topic, b"traced-raw", key=b"order-2").get(timeout=30)
 # The default transport (ProduceStream) and a failure.
 with Producer(servers=servers, client_id="traced-app") as producer:
     streamed = [producer.send(topic, f"s{i}".encode(), partition=i % 2) for i in range(4)]
@@ -56,7 +65,7 @@ with Consumer(
 ) as consumer:
     consumer.subscribe([topic])
     deadline = time.monotonic() + 30
-    while consumed < 5 and time.monotonic() < deadline:
+    while consumed < 6 and time.monotonic() < deadline:
         consumed += sum(len(records) for records in consumer.poll(timeout_ms=500).values())
 
 provider.force_flush()
@@ -96,6 +105,7 @@ print(
     json.dumps(
         {
             "unary_offset": unary.offset,
+            "raw_offset": raw.offset,
             "failure": failure,
             "consumed": consumed,
             "spans": [span_json(s) for s in spans.get_finished_spans()],

@@ -116,6 +116,26 @@ def test_spans_land_in_the_logs_and_one_produce_is_one_trace_through_the_sdk(dat
     # The gateway appends over the node's data port (its spans named like the gRPC method).
     assert any(s["name"] == names.SPAN_DATA_PORT_APPEND and s["parent_id"] in gateway_ids for s in node_spans)
 
+    # Over the raw data listener: the gateway's data span is the child of the send span (the frame
+    # carries its traceparent), and the storage node's Append joins the same trace.
+    (checkout_raw,) = [s for s in spans if s["name"] == "checkout-raw"]
+    (send_raw,) = [
+        s for s in spans if s["name"] == f"send {topic}" and s["parent_id"] == checkout_raw["span_id"]
+    ]
+    assert send_raw["attributes"]["messaging.kafka.offset"] == report["raw_offset"]
+    raw_trace = send_raw["trace_id"]
+    data_spans = wait_for_spans(run_dir / "gateway-0.log", raw_trace, {f"data produce {topic}"})
+    (data_span,) = [s for s in data_spans if s["name"] == f"data produce {topic}"]
+    assert data_span["kind"] == "SpanKind.SERVER" and data_span["parent_id"] == send_raw["span_id"]
+    deadline = time.monotonic() + 20
+    while not any(
+        s["name"] == "tributary.v1.StorageNode/Append" and s["context"]["trace_id"] == raw_trace
+        for log in node_logs
+        for s in console_spans(log)
+    ):
+        assert time.monotonic() < deadline, "no storage node printed an Append of the raw request's trace"
+        time.sleep(0.1)
+
     # Every record sent has its span, a refused one with its error; polls that brought records too.
     streamed = [s for s in spans if s["name"] == f"send {topic}" and s["parent_id"] is None]
     assert len(streamed) == 4 and all("messaging.kafka.offset" in s["attributes"] for s in streamed)
@@ -123,17 +143,17 @@ def test_spans_land_in_the_logs_and_one_produce_is_one_trace_through_the_sdk(dat
     assert refused["status"] == "ERROR" and refused["attributes"]["error.type"] == "RECORD_TOO_LARGE"
     polls = [s for s in spans if s["name"] == f"poll {topic}"]
     assert polls and all(s["kind"] == "CONSUMER" for s in polls)
-    assert sum(s["attributes"]["messaging.batch.message_count"] for s in polls) == report["consumed"] == 5
+    assert sum(s["attributes"]["messaging.batch.message_count"] for s in polls) == report["consumed"] == 6
     assert {s["attributes"]["messaging.consumer.group.name"] for s in polls} == {f"{topic}-g"}
 
     metrics = report["metrics"]
-    assert metrics["messaging.client.sent.messages|messaging.operation.name=send"] == 5
+    assert metrics["messaging.client.sent.messages|messaging.operation.name=send"] == 6
     assert (
         metrics["messaging.client.sent.messages|error.type=RECORD_TOO_LARGE|messaging.operation.name=send"]
         == 1
     )
-    assert metrics["messaging.client.consumed.messages|messaging.operation.name=poll"] == 5
-    assert metrics["messaging.client.operation.duration|messaging.operation.name=send"] == 5
+    assert metrics["messaging.client.consumed.messages|messaging.operation.name=poll"] == 6
+    assert metrics["messaging.client.operation.duration|messaging.operation.name=send"] == 6
     assert (
         metrics[
             "messaging.client.operation.duration|error.type=RECORD_TOO_LARGE|messaging.operation.name=send"

@@ -35,7 +35,7 @@ def test_runtime_stage_shape():
     runtime = stages(parse_dockerfile(DOCKERFILE_TEXT))[-1]
     assert runtime.base == BASE_IMAGE
     assert DATA_VOLUME in volumes(runtime)
-    assert exposed_ports(runtime) == {9092, 9093, 9094, 9095}
+    assert exposed_ports(runtime) == {9092, 9093, 9094, 9095, 9096}
 
 
 def test_parser_joins_continuations_and_drops_comments():

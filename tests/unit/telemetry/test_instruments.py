@@ -93,6 +93,29 @@ def test_gateway_instruments_with_tracing_only_record_no_metrics():
     assert read.name == "fetch orders" and read.attributes[names.ERROR_TYPE] == "ConnectionError"
 
 
+def test_gateway_data_requests_are_spans_joining_the_clients_trace_and_durations():
+    telemetry, spans, reader = make()
+    gateway = GatewayInstruments(telemetry)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    request = gateway.start_data_request("produce", "orders", "app-1", traceparent)
+    with gateway.use_span(request):
+        gateway.produce_planned("orders", [Payload(batch(3), [])])
+    gateway.end_data_request(request)
+    failed = gateway.start_data_request("fetch", "orders", "app-1")
+    gateway.end_data_request(failed, ConnectionError("reset"))
+    produce, fetch = spans.get_finished_spans()
+    assert produce.name == "data produce orders" and produce.kind.name == "SERVER"
+    assert f"{produce.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert f"{produce.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert produce.attributes[names.MESSAGING_BATCH_MESSAGE_COUNT] == 3
+    assert fetch.parent is None and fetch.attributes[names.ERROR_TYPE] == "ConnectionError"
+    points = metrics_of(reader)[names.GATEWAY_DATA_REQUEST_DURATION]
+    assert sorted((dict(p.attributes).get(names.ERROR_TYPE, ""), p.count) for p in points) == [
+        ("", 1),
+        ("ConnectionError", 1),
+    ]
+
+
 class FakeLog:
     def __init__(self, topic, partition, end, closed=False):
         self.topic, self.partition, self.closed = topic, partition, closed

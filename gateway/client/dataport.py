@@ -1,0 +1,480 @@
+"""The SDK's raw data path: produce and fetch over the gateway's data listener (``services/dataport``).
+
+A gateway that offers the raw data protocol says where in its GetMetadata answer
+(``data_address``). The producer's :class:`RawTransport` and the consumer's fetcher then send
+their requests as frames on one TCP connection each instead of gRPC messages (a gRPC message
+costs Python ~0.13 ms on each side; a frame a few microseconds), and fall back to gRPC when the
+gateway offers nothing or refuses every version the SDK speaks. The setting is
+``data_path``: ``"auto"`` (the default: raw when offered) or ``"grpc"``.
+
+Error semantics are the produce stream's (``transport.py``): when the connection breaks, every
+request waiting on it fails with a retriable ``NetworkError`` (an idempotent producer resends
+them safely; the gateway may have appended some, as over a broken stream), and the next request
+opens a new connection, looking the address up again (the gateway may have moved, or another
+gateway answers). An error frame from the gateway fails the request it names with its error and
+the others with ``NetworkError``. acks=0 requests are done once written, as in Kafka.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from typing import NamedTuple
+
+from opentelemetry import trace
+
+from gateway.client.client import GatewayClient
+from gateway.client.errors import (
+    NetworkError,
+    RequestTimedOutError,
+    TributaryError,
+    UnsupportedVersionError,
+)
+from services import errors
+from services.acks import Acks
+from services.dataport import protocol as dp
+from services.proto import pb
+from services.serde import acks_from_proto
+from services.telemetry import inject_metadata
+
+log = logging.getLogger(__name__)
+
+DATA_PATHS = ("auto", "grpc")
+#: Kafka's connections.max.idle.ms for clients (9 min), a minute under the gateway's 10.
+DEFAULT_MAX_IDLE_S = 540.0
+#: Stop writing (await the socket) while this many request bytes wait to be sent.
+_WRITE_HIGH_WATER = 4 << 20
+_UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def current_traceparent() -> str:
+    """The W3C traceparent of the current span ("" when there is none: telemetry off), so the
+    gateway's spans of a raw request join the trace as they do over gRPC (see
+    ``gateway/client/telemetry.py``: the sender runs each request in its first record's span)."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return ""
+    for key, value in inject_metadata():
+        if key == "traceparent":
+            return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def parse_data_path(value: str) -> str:
+    if value not in DATA_PATHS:
+        raise ValueError(f"data_path must be one of {', '.join(DATA_PATHS)}, not {value!r}")
+    return value
+
+
+async def discover(client: GatewayClient, topic: str) -> tuple[str, int] | None:
+    """The (host, port) of the current gateway's data listener, or None when it has none."""
+    response = await client.call_with_retry(
+        "GetMetadata", pb.GetMetadataRequest(topics=[topic] if topic else [])
+    )
+    address = response.data_address
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host in _UNSPECIFIED_HOSTS:
+        host = client.pool.current().address.rpartition(":")[0]
+    return host.strip("[]"), int(port)
+
+
+class DataConnection:
+    """One handshaken connection with its unanswered requests by correlation id."""
+
+    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.address = address
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, asyncio.Future] = {}
+        self.broken = False
+        self._correlation = itertools.count(1)
+        self._reader_task: asyncio.Task | None = None
+        #: Frames written in this loop iteration, sent together at its end (``_queue_write``).
+        self._corked: list[bytes] = []
+        self._corked_bytes = 0
+        self._flush_scheduled = False
+        #: Event-loop time of the last write or answer.
+        self.last_active = asyncio.get_running_loop().time()
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, client_id: str, timeout_s: float) -> DataConnection:
+        """Connect and handshake. NetworkError when the gateway cannot be reached,
+        UnsupportedVersionError when it speaks none of our versions."""
+        address = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=1 << 16), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise NetworkError(f"gateway data listener {address} unreachable: {exc!r}") from exc
+        try:
+            writer.write(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, client_id)))
+            answer = await asyncio.wait_for(_read_handshake_answer(reader), timeout_s)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.TributaryError) as exc:
+            writer.transport.abort()
+            if isinstance(exc, errors.TributaryError) and not isinstance(exc, errors.CorruptRecordError):
+                raise
+            raise NetworkError(f"handshake with gateway data listener {address} failed: {exc!r}") from exc
+        error = answer.error()
+        if error is not None:
+            writer.transport.abort()
+            raise error
+        connection = cls(address, reader, writer)
+        connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
+        return connection
+
+    def next_correlation_id(self) -> int:
+        return next(self._correlation) & 0x7FFFFFFF
+
+    async def send(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
+        """Write one frame; the future of its answer's body unless ``correlation_id`` is None
+        (an acks=0 produce). Raises NetworkError on a broken connection."""
+        if self.broken:
+            raise NetworkError(f"data connection to {self.address} is closed")
+        self.last_active = asyncio.get_running_loop().time()
+        future = None
+        if correlation_id is not None:
+            future = asyncio.get_running_loop().create_future()
+            self.pending[correlation_id] = future
+        self._queue_write(frame)
+        if self._corked_bytes + self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+            self._flush()
+            try:
+                await self.writer.drain()
+            except (OSError, RuntimeError) as exc:
+                self.break_(NetworkError(f"data connection to {self.address} broke: {exc!r}"))
+        if self.broken and (future is None or not future.done()):
+            raise NetworkError(f"data connection to {self.address} closed before the request was sent")
+        return future
+
+    def _queue_write(self, frame: bytes) -> None:
+        """Queue ``frame`` for the write at the end of this loop iteration: requests started
+        together (the sender starts up to ``max_in_flight`` at once) leave in one syscall, and
+        the gateway reads them in one read, instead of one each."""
+        self._corked.append(frame)
+        self._corked_bytes += len(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._corked:
+            return
+        frames, self._corked, self._corked_bytes = self._corked, [], 0
+        if not self.broken:
+            self.writer.writelines(frames)
+
+    async def _read_routine(self) -> None:
+        error: TributaryError = NetworkError(f"data connection to {self.address} closed by the gateway")
+        first_only: int | None = None
+        try:
+            while True:
+                head = await self.reader.readexactly(4)
+                (size,) = dp.SIZE.unpack(head)
+                dp.check_frame_size(size, dp.MAX_RESPONSE_FRAME)
+                body = await self.reader.readexactly(size)
+                kind, correlation_id = dp.decode_header(body)
+                if kind == dp.ERROR:
+                    frame = dp.decode_error(body)
+                    error, first_only = frame.error(), frame.correlation_id
+                    break
+                self.last_active = asyncio.get_running_loop().time()
+                future = self.pending.pop(correlation_id, None)
+                if future is not None and not future.done():
+                    future.set_result(body)
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        except errors.TributaryError as exc:
+            error = NetworkError(f"data connection to {self.address}: bad frame from the gateway: {exc}")
+        except asyncio.CancelledError:
+            error = NetworkError("data connection closed by the client")
+            raise
+        finally:
+            self.break_(error, only=first_only)
+
+    def break_(self, error: TributaryError, *, only: int | None = None) -> None:
+        """Fail every unanswered request and stop using the connection. With ``only`` (an error
+        frame naming a request) that request gets ``error``, the others a NetworkError."""
+        self.broken = True
+        self.writer.transport.abort()
+        pending, self.pending = self.pending, {}
+        for correlation_id, future in pending.items():
+            if future.done():
+                continue
+            if only is not None and correlation_id != only:
+                future.set_exception(NetworkError(f"data connection to {self.address} closed: {error}"))
+            else:
+                future.set_exception(error)
+
+    async def close(self, timeout_s: float) -> None:
+        """Let the gateway read what was written (up to ``timeout_s``), then close."""
+        if not self.broken:
+            self._flush()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.writer.drain(), timeout_s)
+                self.writer.close()
+                await asyncio.wait_for(self.writer.wait_closed(), timeout_s)
+        self.break_(NetworkError("closed by the client"))
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+
+
+async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
+    (size,) = dp.SIZE.unpack(await reader.readexactly(4))
+    if size < 1 or size > 1 << 16:
+        raise errors.CorruptRecordError(f"handshake answer of {size} bytes")
+    body = await reader.readexactly(size)
+    if body[:1] == bytes([dp.ERROR]):  # the gateway refuses the connection (too many open)
+        raise NetworkError(
+            f"the gateway's data listener refused the connection: {dp.decode_error(body).error()}"
+        )
+    return dp.decode_handshake_answer(body)
+
+
+class DataLink:
+    """The client's way to its gateway's data listener: a connection opened on first use (and
+    again after it broke), or None for good once the gateway offered none or refused us."""
+
+    def __init__(
+        self,
+        client: GatewayClient,
+        *,
+        connect_timeout_s: float = 10.0,
+        max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
+    ) -> None:
+        self._client = client
+        self._connect_timeout_s = connect_timeout_s
+        #: A connection idle this long is closed before the next request (None: never).
+        self._max_idle_s = max_idle_s
+        self._retiring: set[asyncio.Task] = set()
+        self._connection: DataConnection | None = None
+        self._lock = asyncio.Lock()
+        #: True once the gRPC path is to be used (no listener offered, or no common version).
+        self.unavailable = False
+        #: Connections opened so far (more than one: the path broke and was reopened).
+        self.opened = 0
+
+    async def connection(self, topic: str) -> DataConnection | None:
+        """The open connection (opened now if needed), or None: use gRPC.
+
+        Always through the lock, which is FIFO and free of charge when nobody waits: a request
+        arriving while the connection is being opened must not overtake those waiting for it
+        (the order requests are written in is the order they are appended in)."""
+        async with self._lock:
+            self._maybe_retire_idle()
+            if self._connection is not None and not self._connection.broken:
+                return self._connection
+            if self.unavailable:
+                return None
+            address = await discover(self._client, topic)
+            if address is None:
+                log.info("the gateway offers no raw data listener; using gRPC")
+                self.unavailable = True
+                return None
+            try:
+                self._connection = await DataConnection.open(
+                    *address, client_id=self._client.client_id, timeout_s=self._connect_timeout_s
+                )
+            except UnsupportedVersionError as exc:
+                log.info("the gateway's data listener refused us (%s); using gRPC", exc)
+                self.unavailable = True
+                return None
+            self.opened += 1
+            return self._connection
+
+    def _maybe_retire_idle(self) -> None:
+        """Close a connection idle ``max_idle_s`` before using it: the gateway closes idle ones
+        (its ``data_max_idle_ms``, 10 min; ours is 9, as the stream transport's), and a request
+        written the moment it does would be lost (silently, at acks=0)."""
+        connection = self._connection
+        if (
+            connection is None
+            or connection.broken
+            or self._max_idle_s is None
+            or connection.pending
+            or asyncio.get_running_loop().time() - connection.last_active < self._max_idle_s
+        ):
+            return
+        self._connection = None
+        task = asyncio.get_running_loop().create_task(connection.close(5.0))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def close(self, timeout_s: float) -> None:
+        connection, self._connection = self._connection, None
+        if self._retiring:
+            await asyncio.wait(self._retiring, timeout=timeout_s)
+        if connection is not None:
+            await connection.close(timeout_s)
+
+
+# ---- produce ---------------------------------------------------------------------------------
+
+
+def _unacked_response(request):
+    return pb.ProduceResponse(
+        topic=request.topic,
+        correlation_id=request.correlation_id,
+        partitions=[
+            pb.PartitionProduceResult(
+                partition=entry.partition, base_offset=-1, log_append_time=-1, log_start_offset=-1
+            )
+            for entry in request.batches
+        ],
+    )
+
+
+class _ErrorAnswer(NamedTuple):
+    """What ``services.serde.error_from_proto`` reads of a ``pb.Error``."""
+
+    reason: str
+    message: str
+
+
+class _PartitionAnswer:
+    """What the sender reads of a ``pb.PartitionProduceResult``."""
+
+    __slots__ = ("base_offset", "error", "log_append_time", "log_start_offset", "partition", "record_count")
+
+    def __init__(self, result: dp.PartitionProduceResult, error: errors.TributaryError | None) -> None:
+        self.partition = result.partition
+        self.base_offset = result.base_offset
+        self.log_append_time = result.log_append_time
+        self.log_start_offset = result.log_start_offset
+        self.record_count = result.record_count
+        self.error = _ErrorAnswer(error.reason, error.message) if error is not None else None
+
+    def HasField(self, name: str) -> bool:
+        return name == "error" and self.error is not None
+
+
+class ProduceAnswer:
+    """A raw produce answer as the sender reads a ``pb.ProduceResponse`` (``partitions`` with
+    ``partition``, offsets and ``HasField("error")``), built without protobuf: on the raw path
+    that saves ~10 us per request. A request-level error goes on partition -1, as ProduceStream
+    answers a request that failed as a whole."""
+
+    __slots__ = ("correlation_id", "partitions", "topic")
+
+    def __init__(self, topic: str, answer: dp.ProduceResponse) -> None:
+        self.topic = topic
+        self.correlation_id = answer.correlation_id
+        self.partitions = [_PartitionAnswer(p, p.error()) for p in answer.partitions]
+        whole = answer.error()
+        if whole is not None:
+            self.partitions.insert(0, _PartitionAnswer(dp.PartitionProduceResult(-1), whole))
+
+
+class RawTransport:
+    """Produce requests as frames on the data listener; ``fallback`` (a gRPC transport) when
+    the gateway offers no listener. Requests on the connection are appended to each partition
+    in the order they were written, so it pipelines like the ProduceStream."""
+
+    preserves_order = True
+
+    def __init__(
+        self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
+    ) -> None:
+        self._client = client
+        self._link = DataLink(client, max_idle_s=max_idle_s)
+        self._fallback = fallback
+
+    @property
+    def using_raw(self) -> bool:
+        """False once the producer uses gRPC for good (nothing offered, or refused)."""
+        return not self._link.unavailable
+
+    @property
+    def connections_opened(self) -> int:
+        """Data connections opened so far (a broken one is replaced by a new one)."""
+        return self._link.opened
+
+    async def send(self, request, timeout_s: float):
+        connection = await self._link.connection(request.topic)
+        if connection is None:
+            return await self._fallback.send(request, timeout_s)
+        acks = int(acks_from_proto(request.acks))
+        correlation_id = connection.next_correlation_id()
+        request.correlation_id = correlation_id
+        frame = dp.encode_produce_request(
+            dp.ProduceRequest(
+                correlation_id,
+                acks,
+                request.timeout_ms,
+                request.topic,
+                [(entry.partition, entry.record_batches) for entry in request.batches],
+                current_traceparent(),
+            )
+        )
+        if acks == Acks.NONE:
+            await connection.send(frame, None)
+            return _unacked_response(request)
+        future = await connection.send(frame, correlation_id)
+        assert future is not None
+        try:
+            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            # A connection that does not answer in time is presumed stuck: start over on a new one.
+            connection.break_(
+                RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
+            )
+            body = await future
+        try:
+            answer = dp.decode_produce_response(body)
+        except errors.TributaryError as exc:
+            connection.break_(NetworkError(f"bad produce answer from {connection.address}: {exc}"))
+            raise NetworkError(f"bad produce answer from {connection.address}: {exc}") from exc
+        return ProduceAnswer(request.topic, answer)
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        await self._link.close(timeout_s)
+        await self._fallback.close(timeout_s)
+
+
+# ---- fetch -----------------------------------------------------------------------------------
+
+
+class RawFetcher:
+    """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC"."""
+
+    def __init__(self, client: GatewayClient) -> None:
+        self._link = DataLink(client)
+
+    async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
+        topic = request.partitions[0].topic if request.partitions else ""
+        connection = await self._link.connection(topic)
+        if connection is None:
+            return None
+        correlation_id = connection.next_correlation_id()
+        future = await connection.send(
+            dp.encode_fetch_request(
+                request._replace(correlation_id=correlation_id, trace_context=current_traceparent())
+            ),
+            correlation_id,
+        )
+        assert future is not None
+        try:
+            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            connection.break_(
+                RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+            )
+            body = await future
+        except asyncio.CancelledError:
+            # The consumer moved on (a seek): the answer, when it comes, is dropped.
+            connection.pending.pop(correlation_id, None)
+            raise
+        try:
+            return dp.decode_fetch_response(body)
+        except errors.TributaryError as exc:
+            connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
+            raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        await self._link.close(timeout_s)

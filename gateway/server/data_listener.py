@@ -1,0 +1,529 @@
+"""The raw data listener: produce and fetch over length-prefixed frames (``services/dataport``).
+
+The same handlers as the gRPC servicer serve it -- :class:`ProduceHandler` with per-connection
+:class:`AppendQueues` (each partition's appends in the order the requests arrived, as
+ProduceStream), :class:`FetchHandler` on its raw path (the storage node's batch bytes are
+relayed as they came, never decoded or re-encoded) -- so the two APIs cannot drift apart in
+what they do; only the framing differs.
+
+One connection, one :class:`_Connection`:
+
+* the handshake comes first (the client offers versions, the gateway picks one or answers
+  UNSUPPORTED_VERSION and closes);
+* then frames are read one after another. A produce request is planned at once, in arrival
+  order, and queued on the connection's append queues; a fetch runs as its own task. Answers go
+  back as they are ready, each with its correlation id; acks=0 produce requests get none.
+* Back-pressure, so a connection's memory stays bounded: the reader stops reading while the
+  requests it has taken in and not answered hold ``max_in_flight_bytes`` (a fetch counts its
+  ``max_bytes``, which is lowered to that budget) or ``max_in_flight_requests``, while the
+  append queues are full, or while the client does not read its answers (the socket's write
+  buffer is over its high-water mark; a client that reads none of them for ``stall_timeout_s``
+  is disconnected, so answers nobody reads cannot pile up).
+* Bad input never reaches a handler: a size prefix outside the limits, a frame that does not
+  decode, an unknown kind or version is answered with an error frame (Kafka's code and an
+  explanation) and the connection is closed. A client that stops in the middle of a frame
+  (or of the handshake) for ``stall_timeout_s`` is disconnected, one that sends nothing and is
+  owed nothing for ``max_idle_s`` too (Kafka's connections.max.idle.ms). Beyond
+  ``max_connections`` new connections get an error frame and are closed. No other client
+  notices any of this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable
+
+from gateway.server.append_queue import AppendQueues
+from gateway.server.batching import ProduceCommand
+from gateway.server.fetch import (
+    DEFAULT_PARTITION_MAX_BYTES,
+    DEFAULT_TOTAL_MAX_BYTES,
+    FetchCommand,
+    FetchedPartition,
+    FetchHandler,
+    PartitionFetch,
+)
+from gateway.server.produce import ProduceHandler, ProduceOutcome
+from services import errors
+from services.acks import Acks
+from services.dataport import protocol as dp
+
+log = logging.getLogger(__name__)
+
+#: Bytes of requests one connection may hold unanswered before it stops reading.
+DEFAULT_MAX_IN_FLIGHT_BYTES = 64 << 20
+#: Requests one connection may hold unanswered before it stops reading (as ProduceStream).
+DEFAULT_MAX_IN_FLIGHT_REQUESTS = 1_000
+DEFAULT_MAX_CONNECTIONS = 4_096
+DEFAULT_STALL_TIMEOUT_S = 10.0
+DEFAULT_MAX_IDLE_S = 600.0
+#: Bytes asked of the socket per read (many small frames at a time).
+_READ_SIZE = 1 << 16
+#: Stop reading while this many answer bytes wait in the socket's buffer for the client.
+_WRITE_HIGH_WATER = 4 << 20
+
+
+class DataListener:
+    """The asyncio TCP server of the raw data protocol; ``start()``, then ``close()``."""
+
+    def __init__(
+        self,
+        produce: ProduceHandler,
+        fetch: FetchHandler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT_BYTES,
+        max_in_flight_requests: int = DEFAULT_MAX_IN_FLIGHT_REQUESTS,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
+        max_frame: int = dp.MAX_REQUEST_FRAME,
+        telemetry=None,
+    ) -> None:
+        self.produce = produce
+        self.fetch = fetch
+        self.host = host
+        self._requested_port = port
+        self.max_connections = max_connections
+        self.max_in_flight_bytes = max_in_flight_bytes
+        self.max_in_flight_requests = max_in_flight_requests
+        self.stall_timeout_s = stall_timeout_s
+        self.max_idle_s = max_idle_s
+        self.max_frame = max_frame
+        #: GatewayInstruments when telemetry is on (a span per request), else None.
+        self.telemetry = telemetry
+        self._server: asyncio.Server | None = None
+        self._connections: set[_Connection] = set()
+        self.port = 0
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self._requested_port, limit=1 << 16, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("data listener on %s:%d", self.host, self.port)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= self.max_connections:
+            log.warning("data listener refuses a connection: %d open", len(self._connections))
+            writer.write(
+                dp.encode_error(
+                    dp.NO_CORRELATION_ID,
+                    errors.NetworkError(f"the gateway has {self.max_connections} data connections open"),
+                )
+            )
+            await _close(writer)
+            return
+        connection = _Connection(self, reader, writer)
+        self._connections.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self._connections.discard(connection)
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection (answers owed are lost to their clients, which
+        fail those requests retriably)."""
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self._connections):
+            connection.abort()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5.0)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        writer.close()
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+
+
+class _Closed(Exception):
+    """The connection ends (the client went away, stalled, or sent what cannot be served)."""
+
+
+class _Connection:
+    """One client connection: handshake, then requests in, answers out."""
+
+    def __init__(self, listener: DataListener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.listener = listener
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.client_id = ""
+        self.queues: AppendQueues | None = None
+        self.tasks: set[asyncio.Task] = set()
+        self.in_flight_bytes = 0
+        self.in_flight_requests = 0
+        #: Answers finished in this loop iteration, written together at its end (``_write``).
+        self._corked: list = []
+        self._flush_scheduled = False
+        #: Watches a write buffer over its high-water mark (``_watch_writes``), else None.
+        self._write_watch: asyncio.Future | None = None
+        #: Bytes read and not yet cut into frames (at most one frame plus one read).
+        self._buffer = bytearray()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._serving: asyncio.Task | None = None
+
+    # ---- the reading loop ------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        self._serving = asyncio.current_task()
+        try:
+            await self._handshake()
+            self.queues = self.listener.produce.stream_queues()
+            max_frame = self.listener.max_frame
+            while True:
+                await self._wait_for_room()
+                body = await self._next_frame(max_frame)
+                if body is None:
+                    return
+                await self._dispatch(body)
+        except _Closed:
+            pass
+        except asyncio.CancelledError:
+            pass
+        except (ConnectionError, OSError) as exc:
+            log.debug("data connection %s broke: %r", self.peer, exc)
+        except Exception:
+            log.exception("data connection %s failed", self.peer)
+        finally:
+            # Answers owed are lost with the connection (the client fails them retriably);
+            # appends already queued still run, as after a closed ProduceStream.
+            for task in self.tasks:
+                task.cancel()
+            if self._write_watch is not None:
+                self._write_watch.cancel()
+            self._flush()
+            await _close(self.writer)  # flushes a last error frame, if any
+            self.writer.transport.abort()
+
+    def abort(self) -> None:
+        self.writer.transport.abort()
+        if self._serving is not None:
+            self._serving.cancel()
+
+    async def _handshake(self) -> None:
+        listener = self.listener
+        body = await self._next_frame(dp.MAX_HANDSHAKE_FRAME, handshake=True)
+        if body is None:
+            raise _Closed
+        try:
+            handshake = dp.decode_handshake(body)
+        except errors.TributaryError as exc:
+            self._fail(dp.NO_CORRELATION_ID, exc)
+        version = dp.choose_version(handshake)
+        self.client_id = handshake.client_id
+        if version is None:
+            refusal = errors.UnsupportedVersionError(
+                f"the client speaks versions {handshake.min_version}..{handshake.max_version}, "
+                f"this gateway {dp.MIN_VERSION}..{dp.MAX_VERSION}"
+            )
+            self.writer.write(
+                dp.encode_handshake_answer(
+                    dp.HandshakeAnswer(
+                        refusal.kafka_code,
+                        -1,
+                        dp.MIN_VERSION,
+                        dp.MAX_VERSION,
+                        listener.max_frame,
+                        refusal.message,
+                    )
+                )
+            )
+            await _close(self.writer)
+            raise _Closed
+        self.writer.write(
+            dp.encode_handshake_answer(
+                dp.HandshakeAnswer(0, version, dp.MIN_VERSION, dp.MAX_VERSION, listener.max_frame)
+            )
+        )
+
+    async def _next_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
+        """The next frame's body, or None at a clean end of the connection (between frames).
+
+        Reads whatever the socket has (up to 64 KiB) into the connection's buffer and cuts
+        frames from it, so a pipelining client costs one read per many frames rather than two
+        per frame. A frame begun (or the handshake, which must come at once) has to arrive
+        within ``stall_timeout_s``; between frames the connection may be quiet for
+        ``max_idle_s`` (longer while answers are owed to it)."""
+        buffer = self._buffer
+        while True:
+            if len(buffer) >= 4:
+                (size,) = dp.SIZE.unpack_from(buffer)
+                if handshake and (size < 1 or size > max_size):
+                    self._fail(
+                        dp.NO_CORRELATION_ID, errors.InvalidRequestError(f"handshake frame size {size}")
+                    )
+                if not handshake:
+                    try:
+                        dp.check_frame_size(size, max_size)
+                    except errors.TributaryError as exc:
+                        self._fail(dp.NO_CORRELATION_ID, exc)
+                end = 4 + size
+                if len(buffer) >= end:
+                    body = bytes(buffer[4:end])
+                    del buffer[:end]  # O(1) at the front of a bytearray
+                    return body
+            midframe = handshake or bool(buffer)
+            timeout = self.listener.stall_timeout_s if midframe else self.listener.max_idle_s
+            try:
+                if timeout is None:
+                    chunk = await self.reader.read(_READ_SIZE)
+                else:
+                    chunk = await asyncio.wait_for(self.reader.read(_READ_SIZE), timeout)
+            except TimeoutError:
+                if not midframe and self.in_flight_requests:
+                    continue  # quiet, but owed answers: not idle
+                what = "the handshake" if handshake else ("a frame" if midframe else "nothing (idle)")
+                log.info("data connection %s stalled inside %s; closing it", self.peer, what)
+                raise _Closed from None
+            if not chunk:
+                if buffer:
+                    log.info("data connection %s ended inside a frame", self.peer)
+                    raise _Closed
+                return None
+            buffer += chunk
+
+    async def _wait_for_room(self) -> None:
+        """Back-pressure: unanswered requests, full append queues, a client not reading."""
+        while not self._has_room():
+            self._room.clear()
+            await self._room.wait()
+        if self.queues is not None:
+            await self.queues.wait_for_room()
+        if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+            await self.writer.drain()  # the write watch ends the connection if it never drains
+
+    def _has_room(self) -> bool:
+        listener = self.listener
+        return (
+            self.in_flight_bytes < listener.max_in_flight_bytes
+            and self.in_flight_requests < listener.max_in_flight_requests
+        )
+
+    def _fail(self, correlation_id: int, error: errors.TributaryError):
+        """Answer an error frame and end the connection (bad input)."""
+        log.info("data connection %s (%s): %s; closing it", self.peer, self.client_id or "-", error)
+        with contextlib.suppress(Exception):
+            self._flush()
+            self.writer.write(dp.encode_error(correlation_id, error))
+        raise _Closed
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    async def _dispatch(self, body: bytes) -> None:
+        kind, correlation_id = dp.decode_header(body)
+        if kind == dp.PRODUCE_REQUEST:
+            try:
+                request = dp.decode_produce_request(body)
+            except errors.TributaryError as exc:
+                self._fail(correlation_id, exc)
+            await self._start_produce(request, len(body))
+        elif kind == dp.FETCH_REQUEST:
+            try:
+                fetch = dp.decode_fetch_request(body)
+            except errors.TributaryError as exc:
+                self._fail(correlation_id, exc)
+            # The answer's record bytes count against the connection's budget while it is built.
+            max_bytes = min(fetch.max_bytes or DEFAULT_TOTAL_MAX_BYTES, self.listener.max_in_flight_bytes)
+            fetch = fetch._replace(max_bytes=max_bytes)
+            self._track(self._serve_fetch(fetch), len(body) + max_bytes)
+        else:
+            self._fail(correlation_id, errors.InvalidRequestError(f"unknown data frame kind {kind}"))
+
+    def _track(self, work: Awaitable[None], size: int) -> None:
+        self.in_flight_bytes += size
+        self.in_flight_requests += 1
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+
+        def done(task: asyncio.Task) -> None:
+            self.tasks.discard(task)
+            self.in_flight_bytes -= size
+            self.in_flight_requests -= 1
+            if self._has_room():
+                self._room.set()
+            if not task.cancelled() and task.exception() is not None:
+                log.error("data request failed on %s", self.peer, exc_info=task.exception())
+                self.abort()
+
+        task.add_done_callback(done)
+
+    async def _start_produce(self, request: dp.ProduceRequest, size: int) -> None:
+        """Plan now (arrival order is append order), answer when appended."""
+        produce = self.listener.produce
+        command = ProduceCommand(
+            topic=request.topic,
+            batches=[(partition, bytes(data)) for partition, data in request.partitions],
+            acks=Acks(request.acks),
+            timeout_ms=request.timeout_ms,
+            correlation_id=request.correlation_id,
+        )
+        queues = self.queues
+        assert queues is not None, "set after the handshake"
+        span = self._start_span("produce", request.topic, request.trace_context)
+        try:
+            with self._current(span):  # its appends (and their RPCs) join the request's trace
+                plan = await produce.plan(command)
+                outcome = produce.enqueue(plan, deadline=produce.deadline_for(command, None), queues=queues)
+        except errors.TributaryError as exc:
+            self._end_span(span, exc)
+            if request.acks != 0:
+                self._write([_produce_error(request.correlation_id, exc)])
+            else:
+                log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
+            return
+        if request.acks == 0:
+            # Queued, nobody to answer: the outcome (a coroutine, never to be awaited) is dropped.
+            close = getattr(outcome, "close", None)
+            if close is not None:
+                close()
+            self._end_span(span, None)
+            return
+        self._track(self._answer_produce(request.correlation_id, outcome, span), size)
+
+    async def _answer_produce(self, correlation_id: int, outcome: Awaitable[ProduceOutcome], span) -> None:
+        result = await outcome
+        self._end_span(span, next((p.error for p in result.partitions if p.error is not None), None))
+        self._write([_produce_answer(correlation_id, result)])
+
+    async def _serve_fetch(self, request: dp.FetchRequest) -> None:
+        command = FetchCommand(
+            partitions=tuple(
+                PartitionFetch(
+                    p.topic, p.partition, p.fetch_offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES
+                )
+                for p in request.partitions
+            ),
+            min_bytes=request.min_bytes,
+            max_wait_ms=request.max_wait_ms,
+            max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
+            raw_batches=True,
+            read_committed=request.isolation_level == dp.READ_COMMITTED,
+        )
+        span = self._start_span(
+            "fetch", request.partitions[0].topic if request.partitions else "", request.trace_context
+        )
+        try:
+            with self._current(span):
+                results = await self.listener.fetch.fetch(command)
+        except errors.TributaryError as exc:
+            self._end_span(span, exc)
+            self._write(
+                dp.encode_fetch_response_parts(
+                    dp.FetchResponse(request.correlation_id, exc.kafka_code, exc.message, [])
+                )
+            )
+            return
+        self._end_span(span, next((r.error for r in results if r.error is not None), None))
+        self._write(
+            dp.encode_fetch_response_parts(
+                dp.FetchResponse(request.correlation_id, 0, "", [_fetched(r) for r in results])
+            )
+        )
+
+    def _write(self, parts: list) -> None:
+        """Queue an answer for the write at the end of this loop iteration: answers finished
+        together leave in one syscall (a fetch's record bytes are passed along, not copied)."""
+        self._corked.extend(parts)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        parts, self._corked = self._corked, []
+        transport = self.writer.transport
+        if parts and not transport.is_closing():
+            self.writer.writelines(parts)
+            if transport.get_write_buffer_size() > _WRITE_HIGH_WATER and self._write_watch is None:
+                self._write_watch = asyncio.ensure_future(self._watch_writes())
+
+    async def _watch_writes(self) -> None:
+        """Answers are piling up unread: the client must read some within ``stall_timeout_s``,
+        or it is disconnected (its answers would otherwise sit in this gateway's memory)."""
+        transport = self.writer.transport
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.listener.stall_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "data connection %s (%s) does not read its answers (%d bytes waiting for %.1f s); closing it",
+                self.peer,
+                self.client_id or "-",
+                transport.get_write_buffer_size(),
+                self.listener.stall_timeout_s,
+            )
+            self.abort()
+        except (ConnectionError, RuntimeError):
+            pass  # the connection is gone anyway
+        finally:
+            self._write_watch = None
+
+    def _start_span(self, operation: str, topic: str, trace_context: str):
+        telemetry = self.listener.telemetry
+        if telemetry is None:
+            return None
+        return telemetry.start_data_request(operation, topic, self.client_id, trace_context)
+
+    def _current(self, request):
+        """The request's span as the current one (its children join it); nothing when off."""
+        if request is None:
+            return contextlib.nullcontext()
+        return self.listener.telemetry.use_span(request)
+
+    def _end_span(self, span, error) -> None:
+        if span is not None:
+            self.listener.telemetry.end_data_request(span, error)
+
+
+def _produce_error(correlation_id: int, error: errors.TributaryError) -> bytes:
+    return dp.encode_produce_response(dp.ProduceResponse(correlation_id, error.kafka_code, error.message, []))
+
+
+def _produce_answer(correlation_id: int, outcome: ProduceOutcome) -> bytes:
+    return dp.encode_produce_response(
+        dp.ProduceResponse(
+            correlation_id,
+            0,
+            "",
+            [
+                dp.PartitionProduceResult(
+                    r.partition,
+                    dp.error_code_of(r.error),
+                    r.base_offset,
+                    r.log_append_time,
+                    r.log_start_offset,
+                    r.record_count,
+                    r.error.message if r.error is not None else "",
+                )
+                for r in outcome.partitions
+            ],
+        )
+    )
+
+
+def _fetched(result: FetchedPartition) -> dp.FetchPartitionResult:
+    error = result.error
+    return dp.FetchPartitionResult(
+        result.topic,
+        result.partition,
+        dp.error_code_of(error),
+        result.high_watermark,
+        result.log_start_offset,
+        result.next_offset,
+        result.last_stable_offset,
+        result.aborted,
+        error.message if error is not None else "",
+        result.raw,
+    )

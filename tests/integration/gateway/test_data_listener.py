@@ -1,0 +1,366 @@
+"""The gateway's raw data listener against bad input, with real processes and plain sockets.
+
+Each test speaks the frame format (``services/dataport/protocol.py``) by hand, as a broken or
+hostile client would, and checks three things: the answer (an error frame with Kafka's code, a
+refused handshake, or a closed connection), that other clients keep producing and consuming
+meanwhile, and that no stored byte changed (the reference topic reads back exactly as written).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from services import errors
+from services.dataport import protocol as dp
+from services.records import RecordBatchBuilder, iter_batches
+from tests.support.names import unique
+from tests.support.wait import wait_until
+
+STALL_TIMEOUT_MS = 1500
+MAX_CONNECTIONS = 1100
+REFERENCE = [b"reference-%03d" % i for i in range(50)]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = LocalClusterSpec(
+        storage_nodes=1,
+        coordinators=1,
+        gateways=1,
+        session_timeout_s=2,
+        gateway_args=[
+            "--data-stall-timeout-ms",
+            str(STALL_TIMEOUT_MS),
+            "--data-max-connections",
+            str(MAX_CONNECTIONS),
+        ],
+    )
+    with LocalCluster(tmp_path_factory.mktemp("data-listener-cluster"), spec) as local:
+        yield local
+
+
+@pytest.fixture(scope="module")
+def data_address(cluster) -> tuple[str, int]:
+    port = cluster.gateways[0].info["data_port"]
+    assert port > 0, "the launcher starts gateways with the data listener on"
+    return ("127.0.0.1", port)
+
+
+@pytest.fixture(scope="module")
+def reference_topic(cluster) -> str:
+    """A topic with known records; every test ends by reading it back unchanged."""
+    topic = unique("reference")
+    with Admin(servers=cluster.gateway) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    with Producer(servers=cluster.gateway, acks="all") as producer:
+        for value in REFERENCE:
+            producer.send(topic, value)
+    return topic
+
+
+@pytest.fixture(autouse=True)
+def _stored_data_unchanged(cluster, reference_topic):
+    yield
+    assert _read_all(cluster.gateway, reference_topic, len(REFERENCE), data_path="grpc") == REFERENCE
+
+
+def _read_all(servers: str, topic: str, expected: int, **settings) -> list[bytes]:
+    values: list[bytes] = []
+    with Consumer(servers=servers, auto_offset_reset="earliest", **settings) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        deadline = time.monotonic() + 30
+        while len(values) < expected and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                values.extend(r.value for r in records)
+        for records in consumer.poll(timeout_ms=200).values():  # nothing more than expected
+            values.extend(r.value for r in records)
+    return values
+
+
+def _connect(address, *, handshake: bool = True) -> socket.socket:
+    sock = socket.create_connection(address, timeout=10)
+    if handshake:
+        sock.sendall(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, "test")))
+        answer = dp.decode_handshake_answer(_read_frame(sock))
+        assert answer.error_code == 0 and answer.version == dp.MAX_VERSION
+    return sock
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {count} bytes")
+        data += chunk
+    return data
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    (size,) = struct.unpack(">i", _read_exactly(sock, 4))
+    return _read_exactly(sock, size)
+
+
+def _closed_by_gateway(sock: socket.socket, timeout: float = 10.0) -> bool:
+    """True once the gateway closed the connection (EOF or reset), reading what came before."""
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def _error_frame(sock: socket.socket) -> dp.ErrorFrame:
+    body = _read_frame(sock)
+    assert dp.decode_header(body)[0] == dp.ERROR
+    return dp.decode_error(body)
+
+
+def _batch(*values: bytes) -> bytes:
+    builder = RecordBatchBuilder()
+    for value in values:
+        builder.append(value, timestamp=1_700_000_000_000)
+    return builder.build()
+
+
+def _produce(sock: socket.socket, correlation_id: int, topic: str, data: bytes, acks: int = 1) -> None:
+    sock.sendall(
+        dp.encode_produce_request(dp.ProduceRequest(correlation_id, acks, 10_000, topic, [(0, data)]))
+    )
+
+
+def _others_keep_going(cluster, topic: str, tag: bytes) -> None:
+    """An SDK producer and consumer (raw path) still work."""
+    values = [tag + b"-%d" % i for i in range(100)]
+    with Producer(servers=cluster.gateway, acks=1, linger_ms=1) as producer:
+        futures = [producer.send(topic, v) for v in values]
+        producer.flush(timeout=30)
+        sender = producer._core.sender
+        assert sender is not None and sender.transport.using_raw
+    assert all(f.succeeded() for f in futures)
+    assert [v for v in _read_all(cluster.gateway, topic, len(values)) if v.startswith(tag)] == values
+
+
+@pytest.fixture
+def topic(cluster) -> str:
+    name = unique("victim")
+    with Admin(servers=cluster.gateway) as admin:
+        admin.create_topics([NewTopic(name, 1)])
+    return name
+
+
+# ---- pipelining ---------------------------------------------------------------------------------
+
+
+def test_pipelined_requests_are_answered_by_correlation_id_in_append_order(data_address, topic):
+    with _connect(data_address) as sock:
+        for correlation_id in (7, 8, 9):
+            _produce(sock, correlation_id, topic, _batch(b"a%d" % correlation_id, b"b%d" % correlation_id))
+        _produce(sock, 10, topic, _batch(b"unanswered"), acks=0)
+        sock.sendall(
+            dp.encode_fetch_request(
+                dp.FetchRequest(11, [dp.FetchPartition(topic, 0, 0)], min_bytes=1, max_wait_ms=5000)
+            )
+        )
+        answers = {}
+        while len(answers) < 4:
+            body = _read_frame(sock)
+            kind, correlation_id = dp.decode_header(body)
+            answers[correlation_id] = (
+                dp.decode_produce_response(body)
+                if kind == dp.PRODUCE_RESPONSE
+                else dp.decode_fetch_response(body)
+            )
+    assert set(answers) == {7, 8, 9, 11}, "acks=0 is never answered"
+    assert [answers[c].partitions[0].base_offset for c in (7, 8, 9)] == [0, 2, 4]
+    fetched = answers[11].partitions[0]
+    assert fetched.error_code == 0 and len(fetched.records) > 0
+    values = [r.value for batch in iter_batches(bytes(fetched.records)) for r in batch.records()]
+    assert values[:2] == [b"a7", b"b7"]
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+
+
+def test_garbage_instead_of_a_handshake_gets_an_error_frame_and_a_close(cluster, data_address, topic):
+    with _connect(data_address, handshake=False) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: gateway\r\n\r\n")
+        error = _error_frame(sock)
+        assert error.correlation_id == dp.NO_CORRELATION_ID
+        assert isinstance(error.error(), errors.InvalidRequestError)
+        assert _closed_by_gateway(sock)
+    _others_keep_going(cluster, topic, b"after-garbage")
+
+
+def test_garbage_after_the_handshake_gets_an_error_frame_and_a_close(data_address, topic):
+    with _connect(data_address) as sock:
+        sock.sendall(struct.pack(">i", 12) + b"\x55" * 12)  # kind 0x55: no such frame
+        error = _error_frame(sock)
+        assert isinstance(error.error(), errors.InvalidRequestError)
+        assert _closed_by_gateway(sock)
+
+
+def test_a_huge_length_prefix_is_refused_without_reading_it(data_address):
+    with _connect(data_address) as sock:
+        sock.sendall(struct.pack(">i", 2**31 - 1) + b"\x01")
+        error = _error_frame(sock)
+        assert isinstance(error.error(), errors.InvalidRequestError)
+        assert "size" in error.message
+        assert _closed_by_gateway(sock)
+
+
+def test_a_malformed_produce_frame_is_refused_and_stores_nothing(cluster, data_address, topic):
+    name = topic.encode()
+    # one partition whose records' length says more than the frame holds
+    body = (
+        struct.pack(">bibih", dp.PRODUCE_REQUEST, 42, 1, 1000, len(name))
+        + name
+        + struct.pack(">iii", 1, 0, 1 << 20)
+        + _batch(b"never stored")
+    )
+    broken = struct.pack(">i", len(body)) + body
+    with _connect(data_address) as sock:
+        sock.sendall(broken)
+        error = _error_frame(sock)
+        assert error.correlation_id == 42
+        assert isinstance(error.error(), errors.InvalidRequestError)
+        assert _closed_by_gateway(sock)
+    assert _read_all(cluster.gateway, topic, 0) == []
+
+
+def test_a_corrupt_batch_in_a_wellformed_frame_fails_its_partition_only(cluster, data_address, topic):
+    good = _batch(b"good")
+    corrupt = bytearray(_batch(b"corrupt"))
+    corrupt[-1] ^= 0xFF  # the CRC no longer matches
+    with _connect(data_address) as sock:
+        _produce(sock, 1, topic, bytes(corrupt))
+        _produce(sock, 2, topic, good)
+        answers = {}
+        for _ in range(2):
+            answer = dp.decode_produce_response(_read_frame(sock))
+            answers[answer.correlation_id] = answer.partitions[0]
+    assert isinstance(answers[1].error(), errors.CorruptRecordError)
+    assert answers[2].error_code == 0 and answers[2].base_offset == 0
+    assert _read_all(cluster.gateway, topic, 1) == [b"good"]
+
+
+def test_a_truncated_frame_then_a_close_is_dropped(cluster, data_address, topic):
+    with _connect(data_address) as sock:
+        frame = dp.encode_produce_request(dp.ProduceRequest(5, 1, 1000, topic, [(0, _batch(b"half"))]))
+        sock.sendall(frame[: len(frame) // 2])
+        sock.shutdown(socket.SHUT_WR)
+        assert _closed_by_gateway(sock)
+    _others_keep_going(cluster, topic, b"after-truncation")
+    assert b"half" not in _read_all(cluster.gateway, topic, 100)
+
+
+def test_an_unknown_version_is_refused_in_the_handshake(data_address):
+    with _connect(data_address, handshake=False) as sock:
+        sock.sendall(dp.encode_handshake(dp.Handshake(90, 99, "from-the-future")))
+        answer = dp.decode_handshake_answer(_read_frame(sock))
+        assert isinstance(answer.error(), errors.UnsupportedVersionError)
+        assert answer.version == -1
+        assert (answer.min_version, answer.max_version) == (dp.MIN_VERSION, dp.MAX_VERSION)
+        assert _closed_by_gateway(sock)
+
+
+def test_a_client_stalled_mid_frame_is_disconnected(data_address, topic):
+    with _connect(data_address) as sock:
+        frame = dp.encode_produce_request(dp.ProduceRequest(5, 1, 1000, topic, [(0, _batch(b"stalled"))]))
+        sock.sendall(frame[:9])
+        started = time.monotonic()
+        assert _closed_by_gateway(sock, timeout=STALL_TIMEOUT_MS / 1000 + 10)
+        assert time.monotonic() - started >= STALL_TIMEOUT_MS / 1000 * 0.9
+
+
+def test_a_client_that_never_reads_its_answers_is_disconnected(cluster, data_address, topic):
+    """Pipelined fetches whose answers (~1 MiB each) are never read: the gateway stops reading
+    once they pile up, and closes the connection after the stall timeout, instead of holding
+    them in memory."""
+    with Producer(servers=cluster.gateway, acks=1, linger_ms=5) as producer:
+        for _ in range(1200):
+            producer.send(topic, b"y" * 1000)
+        producer.flush(timeout=30)
+    log_file = cluster.gateways[0].log_file
+    with _connect(data_address) as sock:
+        host, port = sock.getsockname()[:2]
+        peer = f"{host}:{port}"
+        fetch = dp.FetchPartition(topic, 0, 0, 1 << 20)
+        for correlation_id in range(40):
+            sock.sendall(dp.encode_fetch_request(dp.FetchRequest(correlation_id, [fetch], max_bytes=1 << 20)))
+        wait_until(
+            lambda: any(
+                peer in line and "does not read its answers" in line
+                for line in log_file.read_text().splitlines()
+            ),
+            timeout=30,
+            what="the gateway giving up on a client that does not read",
+        )
+        received = 0
+        sock.settimeout(10)
+        try:
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+        except ConnectionResetError:
+            pass
+        assert received < 40 << 20, "the connection ended before every answer was sent"
+
+
+def test_a_thousand_half_open_connections_do_not_stop_other_clients(cluster, data_address, topic):
+    """500 connections stalled inside the handshake and 500 that handshook and went quiet: the
+    SDK still produces and consumes, the stalled ones are closed, the quiet ones stay open."""
+    stalled = []
+    quiet: list[socket.socket] = []
+    try:
+        for _ in range(500):
+            sock = _connect(data_address, handshake=False)
+            stalled.append(sock)
+            sock.sendall(dp.encode_handshake(dp.Handshake(1, 1))[:6])
+        quiet.extend(_connect(data_address) for _ in range(500))
+        _others_keep_going(cluster, topic, b"beside-a-thousand")
+        for sock in stalled:
+            assert _closed_by_gateway(sock, timeout=STALL_TIMEOUT_MS / 1000 + 10)
+        # the quiet ones are still served
+        _produce(quiet[-1], 3, topic, _batch(b"from-a-quiet-one"))
+        answer = dp.decode_produce_response(_read_frame(quiet[-1]))
+        assert answer.partitions[0].error_code == 0
+    finally:
+        for sock in stalled + quiet:
+            sock.close()
+
+
+def test_connections_beyond_the_cap_are_refused_with_an_error_frame(data_address):
+    opened: list[socket.socket] = []
+    refusal = None
+    try:
+        for _ in range(MAX_CONNECTIONS + 10):
+            sock = socket.create_connection(data_address, timeout=10)
+            opened.append(sock)
+            sock.sendall(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION)))
+            body = _read_frame(sock)
+            if dp.decode_header(body)[0] == dp.ERROR and len(body) >= dp.MIN_FRAME + 2:
+                refusal = dp.decode_error(body)
+                break
+            # a handshake answer: the magic number first
+            assert dp.decode_handshake_answer(body).error_code == 0
+        assert refusal is not None, f"{len(opened)} connections accepted with a cap of {MAX_CONNECTIONS}"
+        assert isinstance(refusal.error(), errors.NetworkError)
+        assert len(opened) <= MAX_CONNECTIONS + 1
+    finally:
+        for sock in opened:
+            sock.close()
+    # once they are gone, new clients are welcome again
+    wait_until(
+        lambda: _connect(data_address).close() is None,
+        timeout=10,
+        what="a new connection",
+        tolerate=(AssertionError, ConnectionError, errors.TributaryError),
+    )
