@@ -129,7 +129,7 @@ def test_spans_land_in_the_logs_and_one_produce_is_one_trace_through_the_sdk(dat
     assert data_span["kind"] == "SpanKind.SERVER" and data_span["parent_id"] == send_raw["span_id"]
     deadline = time.monotonic() + 20
     while not any(
-        s["name"] == "tributary.v1.StorageNode/Append" and s["context"]["trace_id"] == raw_trace
+        s["name"] == names.SPAN_DATA_PORT_APPEND and s["context"]["trace_id"] == raw_trace
         for log in node_logs
         for s in console_spans(log)
     ):
