@@ -416,34 +416,29 @@ def profile_section(profile: dict | None) -> list[str]:
 
 LEVERS = {
     "unbatched": (
-        "One record per request costs one gRPC message per record, and gRPC Python bounds that before any of "
-        "our code runs: `python bench/grpc_ceiling.py` -- an empty ProduceStream servicer that only echoes, "
-        "no Tributary code on the path -- carries ~7,900 msg/s with grpc.aio and ~6,600 with the threaded "
-        "stack on this machine. The gateway reaches about half of that with its real work behind it; py-spy "
-        "puts ~90% of its time in grpc's own machinery (stream reads and writes, the poller thread, the "
-        "unary `Append` to the storage node), and the SDK no longer waits for acks=0 answers, so the client "
-        "is not the limit. The paper's 50,000 msg/s is 6x the bare ceiling. Next lever (an architecture "
-        "decision, ARCHITECTURE section 3 routes produce through `Gateway.Produce`): a produce path that is "
-        "not one gRPC message per record -- a raw TCP produce port with the fetch port's framing (acks=0 "
-        "unanswered, as in Kafka), or clients that write to the partition leader's storage node directly, as "
-        "Kafka clients do -- keeping gRPC for other languages."
+        "Since issue 19 the SDK produces over the gateway's raw data listener (length-prefixed frames, "
+        "not one gRPC message per record; `--tributary-data-path grpc` measures the old path, bounded "
+        "by gRPC Python's ~7,900 messages/s, `bench/grpc_ceiling.py`) and the gateway appends to the "
+        "storage node over its data port. One record per request now costs the client most: a batch, a "
+        "result and a request per record in the SDK, and a socket write per frame on each side "
+        "(`_SelectorSocketTransport.write` is the top function of client and gateway: on loopback the "
+        "kernel does the receiver's work inside the sender's write). Next lever: write the frames of one "
+        "sender pass with one `writelines`/`sendmsg` on both hops, and build one-record batches and their "
+        "frames in C."
     ),
     "batched": (
         "With one 50-record batch in flight, the rate is one client -> gateway -> storage node -> back round "
         "trip per batch (~50/rate seconds each), with every process well under a core: latency-bound on the "
-        "per-request gRPC hand-offs (stream write, poller thread, one unary Append per request in the "
-        "gateway), not on the record codec (now C). The peers ahead answer from one process (Redis: in "
-        "memory, one round trip; NATS: one server). With 16 batches in flight and no acknowledgement awaited "
-        "(the paper's setting) the same gRPC ceiling as the unbatched row applies: 400,000 msg/s is 8,000 "
-        "requests/s of 50. Next lever: the same as unbatched, plus a long-lived gateway -> storage stream "
-        "instead of a unary call per request."
+        "hops (two SDK threads, the gateway, the storage node, each an asyncio wake-up and a socket write), "
+        "not on the record codec (C). The peers ahead answer from one process (Redis: in memory, one round "
+        "trip). Next lever: fewer hops per acknowledgement -- the SDK's I/O thread woken without a "
+        "cross-thread call per request, and the gateway's AppendQueues bypassed for a lone request."
     ),
     "consume": (
-        "Consumption is bound by the client: the SDK builds a ConsumerRecord per message in Python (the "
-        "record walk and decode are C since this run's codec accelerator); the storage node serves the bytes "
-        "with sendfile and is nearly idle. Next lever: hand out records lazily (views over the fetched "
-        "batch, a value materialized when the application touches it) and build the ConsumerRecord tuples in "
-        "C too."
+        "Consumption is bound by the client: batches arrive as bytes relayed by the gateway (raw data "
+        "listener) and the SDK builds a ConsumerRecord per message in Python, plus a cross-thread hand-off "
+        "per poll (`IOThread.run_calling_back`). Next lever: build the ConsumerRecord tuples in C straight "
+        "from the batch, and hand the application a poll's records without a cross-thread call."
     ),
     "latency": (
         "A probe crosses four Python processes and two SDK I/O threads (producer SDK -> gateway -> storage "
@@ -458,12 +453,12 @@ LEVERS = {
         "too, so the lever is the one for the plain produce / consume rows."
     ),
     "partitions": (
-        "Produce with many partitions is the per-request gRPC cost again (timed flushes already run on the "
-        "background tick, never inside an append; compare the row without flush.ms). Consume: one consumer "
-        "fetching 256 partitions pays per partition per fetch (each FetchPartition, mostly empty, goes from "
-        "the gateway to the storage node's fetch port); lever: fetch sessions (Kafka's incremental fetch: "
-        "only partitions with data in the response) and one fetch-port request per storage node for all its "
-        "partitions."
+        "Produce with many partitions is the per-request cost again (timed flushes already run on the "
+        "background tick, never inside an append; compare the row without flush.ms). Consume: the gateway "
+        "asks each storage node for all of its partitions in one fetch-port request, but every fetch still "
+        "names all 256 partitions, mostly empty, at every layer (SDK request, gateway, node, answer); "
+        "lever: fetch sessions (Kafka's incremental fetch, KIP-227: a fetch names only the partitions that "
+        "changed, and the answer only those with data)."
     ),
 }
 

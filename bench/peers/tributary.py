@@ -81,7 +81,10 @@ class Tributary(Peer):
         "Redis everysec / ActiveMQ periodic 1 s; the server default, like Kafka's, has no timed "
         "fsync); variant: storage node --flush-before-ack true"
     )
-    unbatched_note = "1 record/request, acks=0, 16 in flight on ProduceStream; barrier on end offset"
+    unbatched_note = (
+        "1 record/request, acks=0, 16 in flight on the gateway's raw data listener (ProduceStream "
+        "with --tributary-data-path grpc); barrier on end offset"
+    )
     batch_note = "one 50-record RecordBatch per request, acks=1, 1 in flight"
     consume_note = "Consumer, 200 KB fetches, max_poll_records 1000"
 
