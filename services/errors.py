@@ -471,6 +471,11 @@ def _reason_from_trailers(trailers) -> tuple[str | None, str | None]:
 
 _FALLBACK_BY_GRPC = {
     grpc.StatusCode.UNAVAILABLE: NetworkError,
+    # A call the server cancelled without answering (a node or gateway shutting down cancels its
+    # calls still in flight after the grace period): the request may or may not have been
+    # applied, as with a lost connection, so it is a retriable network error, never a failure
+    # of the request itself. A caller that cancels its own call sees asyncio.CancelledError.
+    grpc.StatusCode.CANCELLED: NetworkError,
     grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimedOutError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
     grpc.StatusCode.UNIMPLEMENTED: UnsupportedVersionError,
