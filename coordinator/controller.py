@@ -10,7 +10,8 @@ things:
   CreatePartition to leaders and only then marks partitions ONLINE, elects new leaders from the
   ISR when a leader's node is lost (or marks the partition OFFLINE), drops lost nodes from ISRs,
   tells every replica its role (:mod:`coordinator.replica_roles`), deletes the data of deleted
-  topics.
+  topics; moves leadership and ISR membership off nodes in controlled shutdown
+  (:meth:`Controller.controlled_shutdown`).
 * **ISR changes** asked by leaders (:meth:`Controller.alter_partition`, KIP-497), checked by
   :mod:`coordinator.isr_changes` and written with a compare-and-swap on the state's version.
   Passes run one at a time. Beside them, one background task per (re)registered storage node
@@ -50,7 +51,13 @@ from coordinator.model import (
     TopicSpec,
     TopicView,
 )
-from coordinator.partition_state import Transition, deleting_topics, plan_node_sync, plan_partitions
+from coordinator.partition_state import (
+    Transition,
+    deleting_topics,
+    plan_node_sync,
+    plan_partitions,
+    shutdown_progress,
+)
 from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
 from coordinator.redirect import ControllerMovedError
 from coordinator.replica_roles import RoleTracker, leader_and_isr
@@ -123,6 +130,10 @@ class Controller:
         #: Replicas that answered that their log is missing, per partition: they may neither lead
         #: nor stay in the ISR (kept for this term; a new controller learns them again).
         self._lost: dict[tuple[str, int], set[int]] = {}
+        #: Nodes in controlled shutdown: node id -> the registration (incarnation) that asked. Kept
+        #: for this term while that registration lives (a restarted node is eligible again); a
+        #: new controller learns them again, as the stopping node asks until it is done.
+        self._shutting_down: dict[int, int] = {}
         #: Elections that gave the lead to an out-of-sync replica (records may have been lost).
         self.unclean_elections = 0
         #: Creates and grows run one at a time, so each checks the cluster's partition limit
@@ -424,7 +435,8 @@ class Controller:
 
     async def _do_pass(self) -> None:
         await self._await_own_writes()
-        await self._apply_transitions(plan_partitions(self.cache.state, self._lost))
+        shutting_down = self._nodes_shutting_down()
+        await self._apply_transitions(plan_partitions(self.cache.state, self._lost, shutting_down))
         await self._push_roles()
         await self._finish_deletions(deleting_topics(self.cache.state))
         await self._push_altered_configs()
@@ -572,6 +584,56 @@ class Controller:
                 )
         self._roles.acknowledged(broker.node_id, broker.incarnation, applied)
 
+    # -- controlled shutdown ----------------------------------------------------------------------
+
+    def _nodes_shutting_down(self) -> frozenset[int]:
+        """Live nodes in controlled shutdown (entries of registrations that are gone are dropped)."""
+        brokers = self.cache.state.brokers
+        for node_id, incarnation in list(self._shutting_down.items()):
+            broker = brokers.get(node_id)
+            if broker is None or broker.incarnation != incarnation:
+                del self._shutting_down[node_id]
+        return frozenset(self._shutting_down)
+
+    async def controlled_shutdown(
+        self, node_id: int, broker_epoch: int, wait_s: float
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Move leadership and ISR membership off a stopping node (Kafka's ControlledShutdown).
+
+        Answers ``(remaining, kept)`` (:func:`coordinator.partition_state.shutdown_progress`) once
+        nothing is left to move or after ``wait_s``. A request naming a registration that is not
+        the node's current one (a delayed request of an earlier run) is refused with
+        STALE_BROKER_EPOCH, an unregistered node with BROKER_NOT_AVAILABLE: nothing changes.
+        The moves are the reconcile pass's own fenced writes, so a deposed controller makes none.
+        """
+        self.ensure_current()
+        broker = self.cache.state.brokers.get(node_id)
+        if broker is None:
+            raise errors.BrokerNotAvailableError(f"node {node_id} is not registered")
+        if broker.incarnation != broker_epoch:
+            raise errors.StaleBrokerEpochError(
+                f"node {node_id}: broker epoch {broker_epoch} is not the current registration "
+                f"{broker.incarnation}"
+            )
+        if self._shutting_down.get(node_id) != broker_epoch:
+            self._shutting_down[node_id] = broker_epoch
+            log.info("node %d asked for a controlled shutdown (broker epoch %d)", node_id, broker_epoch)
+        self.kick()
+
+        def settled(state: MetadataState) -> bool:
+            return not shutdown_progress(state, node_id, self._nodes_shutting_down())[0]
+
+        await self.cache.wait_for(settled, wait_s)
+        self.ensure_current()
+        remaining, kept = shutdown_progress(self.cache.state, node_id, self._nodes_shutting_down())
+        log.info(
+            "controlled shutdown of node %d: %d partitions left to move, %d kept (no other in-sync replica)",
+            node_id,
+            len(remaining),
+            len(kept),
+        )
+        return remaining, kept
+
     # -- ISR changes (AlterPartition) ---------------------------------------------------------------
 
     async def alter_partition(
@@ -593,7 +655,7 @@ class Controller:
     async def _alter_one(self, node_id: int, change: IsrChange) -> LeaderAndIsr:
         state = self.cache.state
         lost = self._lost.get((change.topic, change.partition), ())
-        current, proposed = validated_isr_change(state, node_id, change, lost)
+        current, proposed = validated_isr_change(state, node_id, change, lost, self._nodes_shutting_down())
         topic = state.topics[change.topic]
         if proposed.isr == current.isr:
             return leader_and_isr(topic, change.partition, current)

@@ -382,6 +382,13 @@ class ProducerFencedError(TributaryError):
     reason, kafka_code, grpc_code = "PRODUCER_FENCED", 90, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class StaleBrokerEpochError(TributaryError):
+    """A storage node's request names a registration (broker epoch) that is no longer current:
+    the node restarted since, so a delayed request of its previous run must do nothing."""
+
+    reason, kafka_code, grpc_code = "STALE_BROKER_EPOCH", 77, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 
