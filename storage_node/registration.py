@@ -44,6 +44,9 @@ class BrokerRegistration:
         self._keep_alive: KeepAlive | None = None
         self._watchdog: asyncio.Task | None = None
         self.registrations = 0
+        #: The current registration's create revision (Kafka's broker epoch; the controller's
+        #: ``incarnation``), named in a controlled shutdown request; 0 until registered.
+        self.broker_epoch = 0
 
     @classmethod
     def from_config(cls, config, *, grpc_port: int, fetch_port: int) -> BrokerRegistration:
@@ -95,7 +98,15 @@ class BrokerRegistration:
         self.lease = lease
         self._keep_alive = self.client.keep_alive(lease).start()
         self.registrations += 1
-        log.info("registered as %s (lease %x, ttl %ds)", key, lease.id, self.ttl)
+        registered = await self.client.get(key)
+        self.broker_epoch = registered.create_revision if registered is not None else 0
+        log.info(
+            "registered as %s (lease %x, ttl %ds, broker epoch %d)",
+            key,
+            lease.id,
+            self.ttl,
+            self.broker_epoch,
+        )
 
     async def _wait_until_free(self, key: str, timeout: float) -> bool:
         """Poll until ``key`` is gone (True) or ``timeout`` seconds pass (False)."""
