@@ -218,6 +218,7 @@ async def run_until_signalled(
         except Exception:
             log.exception("preparing to stop failed; stopping anyway")
     await server.stop(grace)
+    log.info("gRPC server stopped")
     stopper.cancel()
     terminated.cancel()
     if cleanup is not None:

@@ -242,13 +242,17 @@ class StorageNode:
         for task in (self._maintenance, self._isr_upkeep):
             if task is not None:
                 task.cancel()
+        log.info("stopping: replica fetchers")
         await self.fetchers.stop()
         if self.controller_channel is not None:
             await self.controller_channel.stop()
         self.replicas.stop()
+        log.info("stopping: fetch port")
         await self.fetch_server.stop()
+        log.info("stopping: flushing and closing the logs")
         self.logs.close()
         if self.registration is not None:
+            log.info("stopping: revoking the registration")
             await self.registration.deregister()
         if self._owns_telemetry:
             self.telemetry.shutdown()  # flushes the last spans and metrics
