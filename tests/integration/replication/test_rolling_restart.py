@@ -16,10 +16,13 @@ import re
 import threading
 import time
 
+import grpc
 import pytest
 
 from gateway.client import Admin, NewTopic, Producer
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from services import errors
+from services.proto import coordinator_grpc, pb
 from tests.integration.replication._chaos import (
     ConsumerLog,
     ProduceHistory,
@@ -118,10 +121,29 @@ def full_isrs(admin: Admin) -> bool:
     return all(s.leader >= 0 and len(s.isr) == len(NODES) for s in describe(admin, TOPIC).values())
 
 
+def refused_shutdown(cluster: LocalCluster, node_id: int, broker_epoch: int) -> errors.TributaryError:
+    """Send a ControlledShutdown the controller must refuse; the error it answered."""
+    address = f"127.0.0.1:{cluster.coordinators[0].info['grpc_port']}"
+    with grpc.insecure_channel(address) as channel:
+        stub = coordinator_grpc.CoordinatorStub(channel)
+        request = pb.ControlledShutdownRequest(node_id=node_id, broker_epoch=broker_epoch, wait_ms=1000)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.ControlledShutdown(request, timeout=10)
+    return errors.error_from_rpc(refused.value)
+
+
 def test_rolling_restart_under_load_loses_nothing_and_moves_leaders_first(cluster):
     admin = Admin(servers=cluster.gateway)
     admin.create_topics([NewTopic(TOPIC, PARTITIONS, len(NODES), TOPIC_CONFIGS)])
     seconds_until(lambda: full_isrs(admin), timeout=30, what="a full ISR everywhere", interval=0.2)
+
+    # A request of an earlier run of a node (its registration's revision is past 1), and one of
+    # a node that is not registered, change nothing.
+    before = {p: (s.leader, s.leader_epoch, tuple(s.isr)) for p, s in describe(admin, TOPIC).items()}
+    assert isinstance(refused_shutdown(cluster, 0, broker_epoch=1), errors.StaleBrokerEpochError)
+    assert isinstance(refused_shutdown(cluster, 7, broker_epoch=1), errors.BrokerNotAvailableError)
+    after = {p: (s.leader, s.leader_epoch, tuple(s.isr)) for p, s in describe(admin, TOPIC).items()}
+    assert after == before
 
     history = ProduceHistory()
     producer = PacedProducer(cluster.gateway, history)
