@@ -54,8 +54,10 @@ from coordinator.model import (
 from coordinator.partition_state import (
     Transition,
     deleting_topics,
+    election_targets,
     plan_node_sync,
     plan_partitions,
+    plan_preferred_leader,
     shutdown_progress,
 )
 from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
@@ -633,6 +635,70 @@ class Controller:
             len(kept),
         )
         return remaining, kept
+
+    # -- preferred leader election ------------------------------------------------------------------
+
+    async def elect_preferred_leaders(
+        self, topics: Sequence[str], partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        """Move leadership back to each named partition's first replica where it is live and in
+        sync (Kafka's preferred replica election); both empty: every partition. Per partition:
+        None once moved, else why not. The new leader confirms it holds the log first; the
+        write is fenced and compare-and-swapped like any election, and the replicas learn their
+        roles in the next pass."""
+        self.ensure_current()
+        await self._await_own_writes()
+        state = self.cache.state
+        results: dict[tuple[str, int], errors.TributaryError | None] = {}
+        planned: list[Transition] = []
+        live, shutting_down = set(state.brokers), self._nodes_shutting_down()
+        for key in election_targets(state, topics, partitions):
+            topic = state.live_topic(key[0])
+            if topic is None or not 0 <= key[1] < topic.partition_count:
+                results[key] = errors.UnknownTopicOrPartitionError(f"{key[0]}-{key[1]} does not exist")
+                continue
+            plan = plan_preferred_leader(
+                topic, key[1], state.partition_record(*key), live, self._lost.get(key, ()), shutting_down
+            )
+            if isinstance(plan, errors.TributaryError):
+                results[key] = plan
+            else:
+                planned.append(plan)
+        confirmed = [t for t in await asyncio.gather(*map(self._push, planned)) if t is not None]
+        for t in planned:
+            if t not in confirmed:
+                results[(t.topic, t.partition)] = errors.PreferredLeaderNotAvailableError(
+                    f"{t.topic}-{t.partition}: node {t.record.leader} did not confirm it holds the log"
+                )
+        for start in range(0, len(confirmed), WRITE_BATCH):
+            results.update(await self._write_elections(confirmed[start : start + WRITE_BATCH]))
+        elected = [f"{t}-{p}" for (t, p), error in results.items() if error is None]
+        if elected:
+            log.info(
+                "preferred leader election: %d partitions led by their first replica again: %s",
+                len(elected),
+                elected,
+            )
+        await self._await_own_writes()
+        self.kick()  # the next pass tells the replicas their roles
+        return results
+
+    async def _write_elections(
+        self, batch: list[Transition]
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        """Write elected states in one compare-and-swap; a lost race is retriable."""
+        result = await self._write(
+            [
+                Op.put(keys.partition_key(t.topic, t.partition), keys.encode_partition(t.record))
+                for t in batch
+            ],
+            [
+                Compare.mod_revision(keys.partition_key(t.topic, t.partition), t.expected_mod_revision)
+                for t in batch
+            ],
+        )
+        race = errors.CoordinatorNotAvailableError("the partition's state changed meanwhile; try again")
+        return {(t.topic, t.partition): None if result.succeeded else race for t in batch}
 
     # -- ISR changes (AlterPartition) ---------------------------------------------------------------
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from coordinator.metadata import MetadataState
 from coordinator.model import NO_LEADER, PartitionRecord, PartitionStatus, TopicRecord
+from services import errors
 
 UNCLEAN_ELECTION = "unclean.leader.election.enable"
 
@@ -175,6 +176,58 @@ def _plan_leader_shutdown(
     )
     return Transition(
         topic.name, partition, current.mod_revision, record, (successor,), successor, must_exist=True
+    )
+
+
+def election_targets(
+    state: MetadataState, topics: Iterable[str], partitions: Iterable[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """The partitions an ElectLeaders names, each once: those given, every partition of the
+    topics given (an unknown topic as ``(name, -1)``, to be answered UNKNOWN_TOPIC_OR_PARTITION),
+    or, with neither, every partition of every live topic."""
+    topics, wanted = list(topics), list(partitions)
+    every = not topics and not wanted
+    for name in state.topics if every else topics:
+        topic = state.live_topic(name)
+        if topic is None:
+            wanted.append((name, -1))
+        else:
+            wanted += [(name, p) for p in range(topic.partition_count)]
+    return [key for key in dict.fromkeys(wanted) if not (every and key[1] < 0)]
+
+
+def plan_preferred_leader(
+    topic: TopicRecord,
+    partition: int,
+    current: PartitionRecord | None,
+    live: Collection[int],
+    lost: Collection[int] = (),
+    shutting_down: Collection[int] = (),
+) -> Transition | errors.TributaryError:
+    """Preferred leader election of one partition (Kafka's ElectLeaders, PREFERRED): the move of
+    leadership to its first replica (leader epoch bumped, ISR kept), or why not:
+    ELECTION_NOT_NEEDED when it leads already, PREFERRED_LEADER_NOT_AVAILABLE when it is not
+    live, not in sync, lost its log or is stopping (or the partition is not online)."""
+    name = f"{topic.name}-{partition}"
+    if current is None or current.status is not PartitionStatus.ONLINE:
+        return errors.PreferredLeaderNotAvailableError(f"{name} is not online")
+    preferred = current.replicas[0]
+    if current.leader == preferred:
+        return errors.ElectionNotNeededError(f"{name} is led by its preferred leader {preferred} already")
+    if (
+        preferred not in live
+        or preferred in lost
+        or preferred in shutting_down
+        or preferred not in current.isr
+    ):
+        return errors.PreferredLeaderNotAvailableError(
+            f"{name}: preferred leader {preferred} is not live and in sync (ISR {list(current.isr)})"
+        )
+    record = PartitionRecord(
+        current.replicas, preferred, current.leader_epoch + 1, current.isr, PartitionStatus.ONLINE
+    )
+    return Transition(
+        topic.name, partition, current.mod_revision, record, (preferred,), preferred, must_exist=True
     )
 
 

@@ -177,6 +177,18 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
         )
 
     @_admin
+    async def ElectLeaders(self, request, context):
+        results = await self._handlers.elect_preferred_leaders(
+            list(request.topics), [(tp.topic, tp.partition) for tp in request.partitions]
+        )
+        return pb.ElectLeadersResponse(
+            results=[
+                pb.ElectLeadersResult(topic=t, partition=p, error=error_to_proto(error) if error else None)
+                for (t, p), error in results.items()
+            ]
+        )
+
+    @_admin
     async def AlterTopicConfigs(self, request, context):
         lookup = await self._handlers.alter_topic_configs(
             request.topic, dict(request.set), list(request.delete), validate_only=request.validate_only

@@ -389,6 +389,20 @@ class StaleBrokerEpochError(TributaryError):
     reason, kafka_code, grpc_code = "STALE_BROKER_EPOCH", 77, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class PreferredLeaderNotAvailableError(TributaryError):
+    """A preferred leader election could not move leadership to the first replica: it is not
+    live, not in sync, or stopping. Retriable: it may be in sync later."""
+
+    reason, kafka_code, grpc_code = "PREFERRED_LEADER_NOT_AVAILABLE", 80, grpc.StatusCode.UNAVAILABLE
+    retriable = True
+
+
+class ElectionNotNeededError(TributaryError):
+    """A preferred leader election found the first replica leading already."""
+
+    reason, kafka_code, grpc_code = "ELECTION_NOT_NEEDED", 84, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 

@@ -121,6 +121,16 @@ def full_isrs(admin: Admin) -> bool:
     return all(s.leader >= 0 and len(s.isr) == len(NODES) for s in describe(admin, TOPIC).values())
 
 
+def elect_preferred_leaders(cluster: LocalCluster) -> dict[int, str]:
+    """Coordinator.ElectLeaders for every partition of the topic: partition -> "" (moved) or
+    the reason it was not."""
+    address = f"127.0.0.1:{cluster.coordinators[0].info['grpc_port']}"
+    with grpc.insecure_channel(address) as channel:
+        stub = coordinator_grpc.CoordinatorStub(channel)
+        response = stub.ElectLeaders(pb.ElectLeadersRequest(topics=[TOPIC]), timeout=30)
+    return {r.partition: r.error.reason if r.HasField("error") else "" for r in response.results}
+
+
 def refused_shutdown(cluster: LocalCluster, node_id: int, broker_epoch: int) -> errors.TributaryError:
     """Send a ControlledShutdown the controller must refuse; the error it answered."""
     address = f"127.0.0.1:{cluster.coordinators[0].info['grpc_port']}"
@@ -171,10 +181,25 @@ def test_rolling_restart_under_load_loses_nothing_and_moves_leaders_first(cluste
             restarts.append(
                 {"node": node, "led": led, "stop_s": round(stopped_s, 2), "rejoin_s": round(rejoin_s, 1)}
             )
+        # The last node restarted leads nothing now: preferred leader election, still under load,
+        # gives every partition back to its first replica.
+        states = describe(admin, TOPIC)
+        moved = elect_preferred_leaders(cluster)
+        assert moved == {
+            p: ("ELECTION_NOT_NEEDED" if s.leader == s.replicas[0] else "") for p, s in states.items()
+        }
+        balanced = seconds_until(
+            lambda: all(s.leader == s.replicas[0] for s in describe(admin, TOPIC).values()),
+            timeout=10,
+            what="every partition led by its first replica",
+            interval=0.1,
+        )
+        assert set(elect_preferred_leaders(cluster).values()) == {"ELECTION_NOT_NEEDED"}
         seconds_until(lambda: len(history.acks) >= producer.sent - RATE, timeout=30, what="acks catch up")
     finally:
         producer.stop()
         producer.join(120)
+    describe_after = describe(admin, TOPIC)
     try:
         assert producer.error is None, f"the producer failed: {producer.error!r}"
         assert not producer.is_alive(), "the producer did not flush"
@@ -195,6 +220,8 @@ def test_rolling_restart_under_load_loses_nothing_and_moves_leaders_first(cluste
         "duplicates": duplicates(logs),
         "longest_ack_gap_s": round(producer.longest_ack_gap_s(), 2),
         "restarts": restarts,
+        "leaders_after_election": {p: s.leader for p, s in describe_after.items()},
+        "election_visible_s": round(balanced, 2),
     }
     print(f"\nrolling restart summary: {summary}")
     controller_log = "".join(p.read_text(errors="replace") for p in cluster.run_dir.glob("coordinator*.log"))

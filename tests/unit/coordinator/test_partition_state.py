@@ -234,3 +234,47 @@ def test_plan_partitions_moves_everything_off_a_stopping_node():
     assert all(1 not in r.isr for r in transitions.values())
     assert transitions[1].leader == 2 and transitions[1].leader_epoch == 0  # follower: no bump
     assert transitions[2].leader == 3 and transitions[2].leader_epoch == 0
+
+
+# -- preferred leader election ---------------------------------------------------------------------
+
+
+def test_preferred_leader_election_moves_leadership_back_to_the_first_replica():
+    from coordinator.partition_state import plan_preferred_leader
+
+    current = record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE)
+    transition = plan_preferred_leader(topic([[1, 2, 3]]), 0, current, live={1, 2, 3})
+    assert transition.record == PartitionRecord((1, 2, 3), 1, 7, (2, 3, 1), ONLINE)
+    assert transition.push_to == (1,) and transition.required == 1 and transition.must_exist
+
+
+def test_preferred_leader_election_says_why_not():
+    from coordinator.partition_state import plan_preferred_leader
+    from services import errors
+
+    t = topic([[1, 2, 3]])
+    led = record([1, 2, 3], 1, 6, [1, 2, 3], ONLINE)
+    assert isinstance(plan_preferred_leader(t, 0, led, live={1, 2, 3}), errors.ElectionNotNeededError)
+    out_of_sync = record([1, 2, 3], 2, 6, [2, 3], ONLINE)
+    for current, live, kwargs in (
+        (out_of_sync, {1, 2, 3}, {}),  # never a replica that could lose records
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {2, 3}, {}),  # not live
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {1, 2, 3}, {"shutting_down": {1}}),
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {1, 2, 3}, {"lost": {1}}),
+        (record([1, 2, 3], NO_LEADER, 6, [1], OFFLINE), {2, 3}, {}),
+        (None, {1, 2, 3}, {}),
+    ):
+        outcome = plan_preferred_leader(t, 0, current, live=live, **kwargs)
+        assert isinstance(outcome, errors.PreferredLeaderNotAvailableError), (current, live, kwargs)
+        assert outcome.retriable
+
+
+def test_election_targets_expand_topics_and_default_to_everything():
+    from coordinator.partition_state import election_targets
+
+    a, b = topic([[1], [2]], name="a"), topic([[1]], name="b")
+    gone = TopicRecord("gone", "id", 1, {}, ((1,),), deleting=True)
+    state = state_with([a, b, gone], brokers=[1, 2])
+    assert election_targets(state, [], []) == [("a", 0), ("a", 1), ("b", 0)]
+    assert election_targets(state, ["a"], [("b", 0), ("a", 1)]) == [("b", 0), ("a", 1), ("a", 0)]
+    assert election_targets(state, ["nope"], [("b", 5)]) == [("b", 5), ("nope", -1)]
