@@ -22,7 +22,7 @@ import pytest
 from gateway.client import Admin, NewTopic, Producer
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services import errors
-from services.proto import coordinator_grpc, pb
+from services.proto import coordinator_grpc, gateway_grpc, pb
 from tests.integration.replication._chaos import (
     ConsumerLog,
     ProduceHistory,
@@ -122,11 +122,10 @@ def full_isrs(admin: Admin) -> bool:
 
 
 def elect_preferred_leaders(cluster: LocalCluster) -> dict[int, str]:
-    """Coordinator.ElectLeaders for every partition of the topic: partition -> "" (moved) or
-    the reason it was not."""
-    address = f"127.0.0.1:{cluster.coordinators[0].info['grpc_port']}"
-    with grpc.insecure_channel(address) as channel:
-        stub = coordinator_grpc.CoordinatorStub(channel)
+    """Gateway.ElectLeaders (forwarded to the controller) for every partition of the topic:
+    partition -> "" (moved) or the reason it was not."""
+    with grpc.insecure_channel(cluster.gateway) as channel:
+        stub = gateway_grpc.GatewayStub(channel)
         response = stub.ElectLeaders(pb.ElectLeadersRequest(topics=[TOPIC]), timeout=30)
     return {r.partition: r.error.reason if r.HasField("error") else "" for r in response.results}
 
