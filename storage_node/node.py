@@ -232,7 +232,7 @@ class StorageNode:
             return
         self.shutdown_outcome = await controlled_shutdown(
             channel,
-            registration.broker_epoch,
+            await registration.current_broker_epoch(),
             lambda: [p.key for p in self.replicas.leaders()],
             self.shutdown_settings,
             tracer=self.telemetry.tracer,
