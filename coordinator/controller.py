@@ -10,7 +10,8 @@ things:
   CreatePartition to leaders and only then marks partitions ONLINE, elects new leaders from the
   ISR when a leader's node is lost (or marks the partition OFFLINE), drops lost nodes from ISRs,
   tells every replica its role (:mod:`coordinator.replica_roles`), deletes the data of deleted
-  topics.
+  topics; moves leadership and ISR membership off nodes in controlled shutdown
+  (:meth:`Controller.controlled_shutdown`).
 * **ISR changes** asked by leaders (:meth:`Controller.alter_partition`, KIP-497), checked by
   :mod:`coordinator.isr_changes` and written with a compare-and-swap on the state's version.
   Passes run one at a time. Beside them, one background task per (re)registered storage node
@@ -50,7 +51,15 @@ from coordinator.model import (
     TopicSpec,
     TopicView,
 )
-from coordinator.partition_state import Transition, deleting_topics, plan_node_sync, plan_partitions
+from coordinator.partition_state import (
+    Transition,
+    deleting_topics,
+    election_targets,
+    plan_node_sync,
+    plan_partitions,
+    plan_preferred_leader,
+    shutdown_progress,
+)
 from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
 from coordinator.redirect import ControllerMovedError
 from coordinator.replica_roles import RoleTracker, leader_and_isr
@@ -123,6 +132,10 @@ class Controller:
         #: Replicas that answered that their log is missing, per partition: they may neither lead
         #: nor stay in the ISR (kept for this term; a new controller learns them again).
         self._lost: dict[tuple[str, int], set[int]] = {}
+        #: Nodes in controlled shutdown: node id -> the registration (incarnation) that asked. Kept
+        #: for this term while that registration lives (a restarted node is eligible again); a
+        #: new controller learns them again, as the stopping node asks until it is done.
+        self._shutting_down: dict[int, int] = {}
         #: Elections that gave the lead to an out-of-sync replica (records may have been lost).
         self.unclean_elections = 0
         #: Creates and grows run one at a time, so each checks the cluster's partition limit
@@ -424,7 +437,8 @@ class Controller:
 
     async def _do_pass(self) -> None:
         await self._await_own_writes()
-        await self._apply_transitions(plan_partitions(self.cache.state, self._lost))
+        shutting_down = self._nodes_shutting_down()
+        await self._apply_transitions(plan_partitions(self.cache.state, self._lost, shutting_down))
         await self._push_roles()
         await self._finish_deletions(deleting_topics(self.cache.state))
         await self._push_altered_configs()
@@ -572,6 +586,120 @@ class Controller:
                 )
         self._roles.acknowledged(broker.node_id, broker.incarnation, applied)
 
+    # -- controlled shutdown ----------------------------------------------------------------------
+
+    def _nodes_shutting_down(self) -> frozenset[int]:
+        """Live nodes in controlled shutdown (entries of registrations that are gone are dropped)."""
+        brokers = self.cache.state.brokers
+        for node_id, incarnation in list(self._shutting_down.items()):
+            broker = brokers.get(node_id)
+            if broker is None or broker.incarnation != incarnation:
+                del self._shutting_down[node_id]
+        return frozenset(self._shutting_down)
+
+    async def controlled_shutdown(
+        self, node_id: int, broker_epoch: int, wait_s: float
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Move leadership and ISR membership off a stopping node (Kafka's ControlledShutdown).
+
+        Answers ``(remaining, kept)`` (:func:`coordinator.partition_state.shutdown_progress`) once
+        nothing is left to move or after ``wait_s``. A request naming a registration that is not
+        the node's current one (a delayed request of an earlier run) is refused with
+        STALE_BROKER_EPOCH, an unregistered node with BROKER_NOT_AVAILABLE: nothing changes.
+        The moves are the reconcile pass's own fenced writes, so a deposed controller makes none.
+        """
+        self.ensure_current()
+        broker = self.cache.state.brokers.get(node_id)
+        if broker is None:
+            raise errors.BrokerNotAvailableError(f"node {node_id} is not registered")
+        if broker.incarnation != broker_epoch:
+            raise errors.StaleBrokerEpochError(
+                f"node {node_id}: broker epoch {broker_epoch} is not the current registration "
+                f"{broker.incarnation}"
+            )
+        if self._shutting_down.get(node_id) != broker_epoch:
+            self._shutting_down[node_id] = broker_epoch
+            log.info("node %d asked for a controlled shutdown (broker epoch %d)", node_id, broker_epoch)
+        self.kick()
+
+        def settled(state: MetadataState) -> bool:
+            return not shutdown_progress(state, node_id, self._nodes_shutting_down())[0]
+
+        await self.cache.wait_for(settled, wait_s)
+        self.ensure_current()
+        remaining, kept = shutdown_progress(self.cache.state, node_id, self._nodes_shutting_down())
+        log.info(
+            "controlled shutdown of node %d: %d partitions left to move, %d kept (no other in-sync replica)",
+            node_id,
+            len(remaining),
+            len(kept),
+        )
+        return remaining, kept
+
+    # -- preferred leader election ------------------------------------------------------------------
+
+    async def elect_preferred_leaders(
+        self, topics: Sequence[str], partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        """Move leadership back to each named partition's first replica where it is live and in
+        sync (Kafka's preferred replica election); both empty: every partition. Per partition:
+        None once moved, else why not. The new leader confirms it holds the log first; the
+        write is fenced and compare-and-swapped like any election, and the replicas learn their
+        roles in the next pass."""
+        self.ensure_current()
+        await self._await_own_writes()
+        state = self.cache.state
+        results: dict[tuple[str, int], errors.TributaryError | None] = {}
+        planned: list[Transition] = []
+        live, shutting_down = set(state.brokers), self._nodes_shutting_down()
+        for key in election_targets(state, topics, partitions):
+            topic = state.live_topic(key[0])
+            if topic is None or not 0 <= key[1] < topic.partition_count:
+                results[key] = errors.UnknownTopicOrPartitionError(f"{key[0]}-{key[1]} does not exist")
+                continue
+            plan = plan_preferred_leader(
+                topic, key[1], state.partition_record(*key), live, self._lost.get(key, ()), shutting_down
+            )
+            if isinstance(plan, errors.TributaryError):
+                results[key] = plan
+            else:
+                planned.append(plan)
+        confirmed = [t for t in await asyncio.gather(*map(self._push, planned)) if t is not None]
+        for t in planned:
+            if t not in confirmed:
+                results[(t.topic, t.partition)] = errors.PreferredLeaderNotAvailableError(
+                    f"{t.topic}-{t.partition}: node {t.record.leader} did not confirm it holds the log"
+                )
+        for start in range(0, len(confirmed), WRITE_BATCH):
+            results.update(await self._write_elections(confirmed[start : start + WRITE_BATCH]))
+        elected = [f"{t}-{p}" for (t, p), error in results.items() if error is None]
+        if elected:
+            log.info(
+                "preferred leader election: %d partitions led by their first replica again: %s",
+                len(elected),
+                elected,
+            )
+        await self._await_own_writes()
+        self.kick()  # the next pass tells the replicas their roles
+        return results
+
+    async def _write_elections(
+        self, batch: list[Transition]
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        """Write elected states in one compare-and-swap; a lost race is retriable."""
+        result = await self._write(
+            [
+                Op.put(keys.partition_key(t.topic, t.partition), keys.encode_partition(t.record))
+                for t in batch
+            ],
+            [
+                Compare.mod_revision(keys.partition_key(t.topic, t.partition), t.expected_mod_revision)
+                for t in batch
+            ],
+        )
+        race = errors.CoordinatorNotAvailableError("the partition's state changed meanwhile; try again")
+        return {(t.topic, t.partition): None if result.succeeded else race for t in batch}
+
     # -- ISR changes (AlterPartition) ---------------------------------------------------------------
 
     async def alter_partition(
@@ -593,7 +721,7 @@ class Controller:
     async def _alter_one(self, node_id: int, change: IsrChange) -> LeaderAndIsr:
         state = self.cache.state
         lost = self._lost.get((change.topic, change.partition), ())
-        current, proposed = validated_isr_change(state, node_id, change, lost)
+        current, proposed = validated_isr_change(state, node_id, change, lost, self._nodes_shutting_down())
         topic = state.topics[change.topic]
         if proposed.isr == current.isr:
             return leader_and_isr(topic, change.partition, current)

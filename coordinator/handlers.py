@@ -148,6 +148,16 @@ class CoordinatorHandlers:
     ) -> list[LeaderAndIsr | errors.TributaryError]:
         return await self._controller().alter_partition(node_id, changes)
 
+    async def controlled_shutdown(
+        self, node_id: int, broker_epoch: int, wait_s: float
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        return await self._controller().controlled_shutdown(node_id, broker_epoch, wait_s)
+
+    async def elect_preferred_leaders(
+        self, topics: Sequence[str], partitions: Sequence[tuple[str, int]]
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        return await self._controller().elect_preferred_leaders(topics, partitions)
+
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)
 

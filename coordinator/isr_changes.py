@@ -4,8 +4,8 @@ A leader asks to change its partition's ISR, naming the leader epoch and the sta
 holds. The change is accepted only from the current leader, for the current epoch and version (a
 leader that missed a change is told INVALID_UPDATE_VERSION and waits for the new state), for an
 ISR that is a set of the partition's replicas holding the leader, where every replica joining is
-live and has not lost its log (INELIGIBLE_REPLICA). The controller then writes the new state with
-a compare-and-swap on the version.
+live, has not lost its log and is not in controlled shutdown (INELIGIBLE_REPLICA). The controller
+then writes the new state with a compare-and-swap on the version.
 """
 
 from __future__ import annotations
@@ -30,9 +30,14 @@ class IsrChange:
 
 
 def validated_isr_change(
-    state: MetadataState, node_id: int, change: IsrChange, lost: Collection[int] = ()
+    state: MetadataState,
+    node_id: int,
+    change: IsrChange,
+    lost: Collection[int] = (),
+    shutting_down: Collection[int] = (),
 ) -> tuple[PartitionRecord, PartitionRecord]:
-    """``(current, proposed)`` records for an acceptable change, else the error Kafka answers."""
+    """``(current, proposed)`` records for an acceptable change, else the error Kafka answers.
+    ``shutting_down``: nodes in controlled shutdown, which may not join an ISR (KIP-841)."""
     name = f"{change.topic}-{change.partition}"
     topic = state.live_topic(change.topic)
     current = state.partition_record(change.topic, change.partition) if topic is not None else None
@@ -63,5 +68,9 @@ def validated_isr_change(
     for joining in set(isr) - set(current.isr):
         if joining not in state.brokers or joining in lost:
             raise errors.IneligibleReplicaError(f"{name}: replica {joining} may not join the ISR (not live)")
+        if joining in shutting_down:
+            raise errors.IneligibleReplicaError(
+                f"{name}: replica {joining} may not join the ISR (it is shutting down)"
+            )
     ordered = tuple(r for r in current.replicas if r in isr)
     return current, replace(current, isr=ordered)

@@ -25,6 +25,13 @@ leader, including to "no leader"):
 in-sync one is live, as in Kafka: records it never copied are lost (the transition says so, for
 the log and the metric).
 
+**Controlled shutdown** (Kafka's ControlledShutdown): a node that asked to stop may neither
+gain leadership nor stay in or join an ISR. Each partition it leads moves to the first live
+in-sync replica of the others (leader epoch bumped, the stopping node out of the ISR), as for
+any change of leader, so producers see NOT_LEADER_OR_FOLLOWER and retry elsewhere; it leaves
+the ISR of the partitions it follows. A partition whose only live in-sync replica is the
+stopping node stays led by it until it exits.
+
 "Lost" replicas are those that answered that their log is missing (REPLICA_NOT_AVAILABLE): they
 may neither lead nor stay in the ISR, so an empty log never leads under the old offsets; as
 out-of-sync followers they copy the log again.
@@ -37,6 +44,7 @@ from dataclasses import dataclass
 
 from coordinator.metadata import MetadataState
 from coordinator.model import NO_LEADER, PartitionRecord, PartitionStatus, TopicRecord
+from services import errors
 
 UNCLEAN_ELECTION = "unclean.leader.election.enable"
 
@@ -95,22 +103,27 @@ def plan_partition(
     current: PartitionRecord | None,
     live: Collection[int],
     lost: Collection[int] = (),
+    shutting_down: Collection[int] = (),
 ) -> Transition | None:
     """The next state of one partition, or None when it is where it should be. ``lost``: the
-    replicas known to have lost this partition's log."""
+    replicas known to have lost this partition's log; ``shutting_down``: live nodes that asked
+    for a controlled shutdown."""
     if current is None:
         return _plan_new(topic, partition, live)
     usable = {r for r in live if r not in lost}
+    eligible = usable.difference(shutting_down)
     if current.status is PartitionStatus.ONLINE and current.leader in usable:
-        return _plan_isr_shrink(topic, partition, current, usable)
-    leader = elect_leader(current.replicas, current.isr, usable)
+        if current.leader in eligible:
+            return _plan_isr_shrink(topic, partition, current, eligible)
+        return _plan_leader_shutdown(topic, partition, current, usable, eligible)
+    leader = elect_leader(current.replicas, current.isr, eligible)
     unclean = False
     if leader is None and _unclean_allowed(topic):
         leader = next((r for r in current.replicas if r in usable), None)
         leader = leader if leader is not None else next((r for r in current.replicas if r in live), None)
         unclean = leader is not None
     if leader is not None:
-        isr = (leader,) if unclean else _isr_after_election(current.isr, leader, usable)
+        isr = (leader,) if unclean else _isr_after_election(current.isr, leader, eligible)
         record = PartitionRecord(
             current.replicas, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
         )
@@ -145,6 +158,105 @@ def _plan_isr_shrink(
     return Transition(topic.name, partition, current.mod_revision, record)
 
 
+def _plan_leader_shutdown(
+    topic: TopicRecord,
+    partition: int,
+    current: PartitionRecord,
+    usable: Collection[int],
+    eligible: Collection[int],
+) -> Transition | None:
+    """The leader is stopping: the first eligible in-sync replica takes over (epoch bumped, the
+    stopping node out of the ISR); with none, it keeps leading and the ISR only loses the gone."""
+    successor = next((r for r in current.replicas if r in current.isr and r in eligible), None)
+    if successor is None:
+        return _plan_isr_shrink(topic, partition, current, usable)
+    isr = tuple(r for r in current.isr if r in eligible)
+    record = PartitionRecord(
+        current.replicas, successor, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
+    )
+    return Transition(
+        topic.name, partition, current.mod_revision, record, (successor,), successor, must_exist=True
+    )
+
+
+def election_targets(
+    state: MetadataState, topics: Iterable[str], partitions: Iterable[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """The partitions an ElectLeaders names, each once: those given, every partition of the
+    topics given (an unknown topic as ``(name, -1)``, to be answered UNKNOWN_TOPIC_OR_PARTITION),
+    or, with neither, every partition of every live topic."""
+    topics, wanted = list(topics), list(partitions)
+    every = not topics and not wanted
+    for name in state.topics if every else topics:
+        topic = state.live_topic(name)
+        if topic is None:
+            wanted.append((name, -1))
+        else:
+            wanted += [(name, p) for p in range(topic.partition_count)]
+    return [key for key in dict.fromkeys(wanted) if not (every and key[1] < 0)]
+
+
+def plan_preferred_leader(
+    topic: TopicRecord,
+    partition: int,
+    current: PartitionRecord | None,
+    live: Collection[int],
+    lost: Collection[int] = (),
+    shutting_down: Collection[int] = (),
+) -> Transition | errors.TributaryError:
+    """Preferred leader election of one partition (Kafka's ElectLeaders, PREFERRED): the move of
+    leadership to its first replica (leader epoch bumped, ISR kept), or why not:
+    ELECTION_NOT_NEEDED when it leads already, PREFERRED_LEADER_NOT_AVAILABLE when it is not
+    live, not in sync, lost its log or is stopping (or the partition is not online)."""
+    name = f"{topic.name}-{partition}"
+    if current is None or current.status is not PartitionStatus.ONLINE:
+        return errors.PreferredLeaderNotAvailableError(f"{name} is not online")
+    preferred = current.replicas[0]
+    if current.leader == preferred:
+        return errors.ElectionNotNeededError(f"{name} is led by its preferred leader {preferred} already")
+    if (
+        preferred not in live
+        or preferred in lost
+        or preferred in shutting_down
+        or preferred not in current.isr
+    ):
+        return errors.PreferredLeaderNotAvailableError(
+            f"{name}: preferred leader {preferred} is not live and in sync (ISR {list(current.isr)})"
+        )
+    record = PartitionRecord(
+        current.replicas, preferred, current.leader_epoch + 1, current.isr, PartitionStatus.ONLINE
+    )
+    return Transition(
+        topic.name, partition, current.mod_revision, record, (preferred,), preferred, must_exist=True
+    )
+
+
+def shutdown_progress(
+    state: MetadataState, node_id: int, shutting_down: Collection[int]
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """For a node in controlled shutdown: ``(remaining, kept)``. ``remaining``: partitions it
+    still leads or is in the ISR of that the controller will move it off (another eligible
+    in-sync replica exists, or it follows an eligible leader); ``kept``: partitions it leads
+    with no other eligible in-sync replica, which stay led by it until it exits."""
+    eligible = set(state.brokers).difference(shutting_down)
+    remaining: list[tuple[str, int]] = []
+    kept: list[tuple[str, int]] = []
+    for topic in state.topics.values():
+        if topic.deleting:
+            continue
+        for partition, record in sorted(state.partitions.get(topic.name, {}).items()):
+            if record.status is not PartitionStatus.ONLINE or node_id not in record.isr:
+                continue
+            if record.leader != node_id:
+                if record.leader in eligible:  # else its own leader is stopping too: left as is
+                    remaining.append((topic.name, partition))
+            elif any(r in eligible for r in record.isr):
+                remaining.append((topic.name, partition))
+            else:
+                kept.append((topic.name, partition))
+    return remaining, kept
+
+
 def _plan_new(topic: TopicRecord, partition: int, live: Collection[int]) -> Transition | None:
     replicas = tuple(topic.assignment[partition])
     alive = tuple(r for r in replicas if r in live)
@@ -162,10 +274,13 @@ def _isr_after_election(isr: tuple[int, ...], leader: int, live: Collection[int]
 
 
 def plan_partitions(
-    state: MetadataState, lost: Mapping[tuple[str, int], Collection[int]] | None = None
+    state: MetadataState,
+    lost: Mapping[tuple[str, int], Collection[int]] | None = None,
+    shutting_down: Collection[int] = (),
 ) -> list[Transition]:
     """Every partition transition the current state calls for (topics being deleted excluded).
-    ``lost``: per partition, the replicas known to have lost its log."""
+    ``lost``: per partition, the replicas known to have lost its log; ``shutting_down``: live
+    nodes in controlled shutdown."""
     live = set(state.brokers)
     lost = lost or {}
     transitions = []
@@ -175,7 +290,12 @@ def plan_partitions(
         stored = state.partitions.get(topic.name, {})
         for partition in range(topic.partition_count):
             transition = plan_partition(
-                topic, partition, stored.get(partition), live, lost.get((topic.name, partition), ())
+                topic,
+                partition,
+                stored.get(partition),
+                live,
+                lost.get((topic.name, partition), ()),
+                shutting_down,
             )
             if transition is not None:
                 transitions.append(transition)

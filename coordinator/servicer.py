@@ -28,6 +28,8 @@ from services.serde import error_to_proto, leader_and_isr_to_proto
 
 #: A watch re-checks etcd health at least this often even when nothing changes.
 WATCH_HEARTBEAT_S = 5.0
+#: The longest one ControlledShutdown waits for its moves (and its default): the node asks again.
+_CONTROLLED_SHUTDOWN_WAIT_MS = 10_000
 
 
 class _RevisionMemo:
@@ -162,6 +164,29 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
                     )
                 )
         return pb.AlterPartitionResponse(partitions=results)
+
+    @_admin
+    async def ControlledShutdown(self, request, context):
+        wait_s = (request.wait_ms or _CONTROLLED_SHUTDOWN_WAIT_MS) / 1000.0
+        remaining, kept = await self._handlers.controlled_shutdown(
+            request.node_id, request.broker_epoch, min(wait_s, _CONTROLLED_SHUTDOWN_WAIT_MS / 1000.0)
+        )
+        return pb.ControlledShutdownResponse(
+            remaining=[pb.TopicPartition(topic=t, partition=p) for t, p in remaining],
+            kept=[pb.TopicPartition(topic=t, partition=p) for t, p in kept],
+        )
+
+    @_admin
+    async def ElectLeaders(self, request, context):
+        results = await self._handlers.elect_preferred_leaders(
+            list(request.topics), [(tp.topic, tp.partition) for tp in request.partitions]
+        )
+        return pb.ElectLeadersResponse(
+            results=[
+                pb.ElectLeadersResult(topic=t, partition=p, error=error_to_proto(error) if error else None)
+                for (t, p), error in results.items()
+            ]
+        )
 
     @_admin
     async def AlterTopicConfigs(self, request, context):

@@ -382,6 +382,27 @@ class ProducerFencedError(TributaryError):
     reason, kafka_code, grpc_code = "PRODUCER_FENCED", 90, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class StaleBrokerEpochError(TributaryError):
+    """A storage node's request names a registration (broker epoch) that is no longer current:
+    the node restarted since, so a delayed request of its previous run must do nothing."""
+
+    reason, kafka_code, grpc_code = "STALE_BROKER_EPOCH", 77, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PreferredLeaderNotAvailableError(TributaryError):
+    """A preferred leader election could not move leadership to the first replica: it is not
+    live, not in sync, or stopping. Retriable: it may be in sync later."""
+
+    reason, kafka_code, grpc_code = "PREFERRED_LEADER_NOT_AVAILABLE", 80, grpc.StatusCode.UNAVAILABLE
+    retriable = True
+
+
+class ElectionNotNeededError(TributaryError):
+    """A preferred leader election found the first replica leading already."""
+
+    reason, kafka_code, grpc_code = "ELECTION_NOT_NEEDED", 84, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 
@@ -471,6 +492,11 @@ def _reason_from_trailers(trailers) -> tuple[str | None, str | None]:
 
 _FALLBACK_BY_GRPC = {
     grpc.StatusCode.UNAVAILABLE: NetworkError,
+    # A call the server cancelled without answering (a node or gateway shutting down cancels its
+    # calls still in flight after the grace period): the request may or may not have been
+    # applied, as with a lost connection, so it is a retriable network error, never a failure
+    # of the request itself. A caller that cancels its own call sees asyncio.CancelledError.
+    grpc.StatusCode.CANCELLED: NetworkError,
     grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimedOutError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
     grpc.StatusCode.UNIMPLEMENTED: UnsupportedVersionError,

@@ -192,11 +192,14 @@ async def run_until_signalled(
     *,
     grace: float = 5.0,
     stop_event: asyncio.Event | None = None,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop_event``), then shut down gracefully.
 
-    Order matters: health goes NOT_SERVING first (load balancers stop routing), in-flight calls
-    get ``grace`` seconds, then the service's cleanup (flush logs, revoke leases) runs.
+    Order matters: ``before_stop`` runs while the server still serves (a storage node's
+    controlled shutdown: its partitions move elsewhere first), then health goes NOT_SERVING (load
+    balancers stop routing), in-flight calls get ``grace`` seconds, then the service's cleanup
+    (flush logs, revoke leases) runs.
     """
     stop = stop_event or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -209,7 +212,13 @@ async def run_until_signalled(
     stopper = asyncio.ensure_future(stop.wait())
     await asyncio.wait({terminated, stopper}, return_when=asyncio.FIRST_COMPLETED)
     log.info("shutting down")
+    if before_stop is not None:
+        try:
+            await before_stop()
+        except Exception:
+            log.exception("preparing to stop failed; stopping anyway")
     await server.stop(grace)
+    log.info("gRPC server stopped")
     stopper.cancel()
     terminated.cancel()
     if cleanup is not None:

@@ -38,6 +38,16 @@ class StorageNodeConfig(ServiceConfig):
     rack: str = ""
     #: TTL of the registration lease: a dead node's partitions go offline this long after it dies.
     session_timeout_s: int = 6
+    #: On SIGTERM, ask the controller to move the leadership of this node's partitions to other
+    #: in-sync replicas before stopping (Kafka's controlled.shutdown.enable).
+    controlled_shutdown_enable: bool = True
+    #: Longest the node waits for that before it stops anyway; the service manager's grace
+    #: period (Kubernetes terminationGracePeriodSeconds, systemd TimeoutStopSec) must exceed it
+    #: plus the in-flight calls' grace (5 s) and the log flush.
+    controlled_shutdown_timeout_ms: int = 30_000
+    #: Requests to the controller beyond the first while partitions are left to move or the
+    #: controller cannot be reached (Kafka's controlled.shutdown.max.retries), within the timeout.
+    controlled_shutdown_max_retries: int = 3
     #: fsync before acknowledging acks>=1 appends (group commit keeps it fast).
     flush_before_ack: bool = False
     #: A follower not caught up with its leader for this long leaves the ISR (Kafka's

@@ -3,9 +3,11 @@
 Start order: recover every partition from disk, start serving (gRPC and fetch port), follow the
 active controller in etcd, then register so nobody routes to the node before it can answer. Roles
 arrive from the controller after registration (UpdateLeaderAndIsr): until then every partition
-answers NOT_LEADER_OR_FOLLOWER. Stop order (SIGTERM): health NOT_SERVING, finish in-flight
-calls, stop the replica fetchers and the fetch port, flush and close every log (clean shutdown
-marker: next start skips the recovery scan), revoke the registration lease last.
+answers NOT_LEADER_OR_FOLLOWER. Stop order (SIGTERM): controlled shutdown while still serving
+(the controller moves leadership off the node: ``storage_node/shutdown.py``), health
+NOT_SERVING, finish in-flight calls, stop the replica fetchers and the fetch port, flush and
+close every log (clean shutdown marker: next start skips the recovery scan), revoke the
+registration lease last.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from storage_node.notifier import AppendNotifier
 from storage_node.replication.fetcher import ReplicaFetchers
 from storage_node.replication.manager import ReplicaManager, ReplicationSettings
 from storage_node.servicer import StorageNodeServicer
+from storage_node.shutdown import ShutdownOutcome, ShutdownSettings, controlled_shutdown
 from storage_node.telemetry import StorageNodeInstruments
 
 if TYPE_CHECKING:  # imported when started with a controller (not standalone)
@@ -95,6 +98,13 @@ class StorageNode:
             config.node_id, self.logs, self.notifier, clock, self.replication_settings
         )
         self.fetchers = ReplicaFetchers(config.node_id, self.replication_settings, clock)
+        self.shutdown_settings = ShutdownSettings(
+            enable=config.controlled_shutdown_enable,
+            timeout_ms=config.controlled_shutdown_timeout_ms,
+            max_retries=config.controlled_shutdown_max_retries,
+        )
+        #: How the controlled shutdown ended, once it ran.
+        self.shutdown_outcome: ShutdownOutcome | None = None
         self.controller_channel: ControllerChannel | None = None
         self.instruments = None
         if self.telemetry.enabled:
@@ -214,17 +224,35 @@ class StorageNode:
             except Exception:
                 log.exception("ISR upkeep failed")
 
+    async def controlled_shutdown(self) -> None:
+        """Have the controller move this node's partitions elsewhere before it stops (SIGTERM;
+        still serving). Does nothing standalone or with ``controlled_shutdown_enable=false``."""
+        channel, registration = self.controller_channel, self.registration
+        if channel is None or registration is None or not self.shutdown_settings.enable:
+            return
+        self.shutdown_outcome = await controlled_shutdown(
+            channel,
+            await registration.current_broker_epoch(),
+            lambda: [p.key for p in self.replicas.leaders()],
+            self.shutdown_settings,
+            tracer=self.telemetry.tracer,
+        )
+
     async def stop(self) -> None:
         for task in (self._maintenance, self._isr_upkeep):
             if task is not None:
                 task.cancel()
+        log.info("stopping: replica fetchers")
         await self.fetchers.stop()
         if self.controller_channel is not None:
             await self.controller_channel.stop()
         self.replicas.stop()
+        log.info("stopping: fetch port")
         await self.fetch_server.stop()
+        log.info("stopping: flushing and closing the logs")
         self.logs.close()
         if self.registration is not None:
+            log.info("stopping: revoking the registration")
             await self.registration.deregister()
         if self._owns_telemetry:
             self.telemetry.shutdown()  # flushes the last spans and metrics
@@ -234,4 +262,4 @@ class StorageNode:
         """Start, serve until SIGTERM/SIGINT, stop gracefully."""
         await self.start()
         assert self.grpc is not None
-        await run_until_signalled(self.grpc, self.stop)
+        await run_until_signalled(self.grpc, self.stop, before_stop=self.controlled_shutdown)

@@ -44,6 +44,9 @@ class BrokerRegistration:
         self._keep_alive: KeepAlive | None = None
         self._watchdog: asyncio.Task | None = None
         self.registrations = 0
+        #: The current registration's create revision (Kafka's broker epoch; the controller's
+        #: ``incarnation``), named in a controlled shutdown request; 0 until registered.
+        self.broker_epoch = 0
 
     @classmethod
     def from_config(cls, config, *, grpc_port: int, fetch_port: int) -> BrokerRegistration:
@@ -95,7 +98,28 @@ class BrokerRegistration:
         self.lease = lease
         self._keep_alive = self.client.keep_alive(lease).start()
         self.registrations += 1
-        log.info("registered as %s (lease %x, ttl %ds)", key, lease.id, self.ttl)
+        self.broker_epoch = 0
+        await self.current_broker_epoch()
+        log.info(
+            "registered as %s (lease %x, ttl %ds, broker epoch %d)",
+            key,
+            lease.id,
+            self.ttl,
+            self.broker_epoch,
+        )
+
+    async def current_broker_epoch(self) -> int:
+        """The registration's create revision, read from etcd once (0 while it cannot be read:
+        the registration itself stands either way)."""
+        if self.broker_epoch == 0 and self.lease is not None:
+            try:
+                registered = await self.client.get(broker_key(self.info.node_id))
+            except EtcdError as exc:
+                log.warning("could not read this node's broker epoch (%s); asked again when needed", exc)
+                return 0
+            if registered is not None and registered.lease == self.lease.id:
+                self.broker_epoch = registered.create_revision
+        return self.broker_epoch
 
     async def _wait_until_free(self, key: str, timeout: float) -> bool:
         """Poll until ``key`` is gone (True) or ``timeout`` seconds pass (False)."""

@@ -237,6 +237,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     ListTopics = _forward("ListTopics")
     CreatePartitions = _forward("CreatePartitions")
     AlterTopicConfigs = _forward("AlterTopicConfigs")
+    ElectLeaders = _forward("ElectLeaders")
 
     # ---- consumer groups (forwarded to the controller) ---------------------------------------
 

@@ -364,11 +364,16 @@ class FetchServer:
         sock = conn.sock
         try:
             while True:
-                size_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 4), self._idle_timeout)
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the
+                # cancellation of a stopping node (when the read completes at that moment), and
+                # the connection then held up the node's shutdown until its idle timeout.
+                async with asyncio.timeout(self._idle_timeout):
+                    size_bytes = await _recv_exactly(loop, sock, 4)
                 (size,) = protocol.SIZE.unpack(size_bytes)
                 version_bytes = b""
                 if 2 <= size <= max(multi.MAX_MULTI_REQUEST_FRAME, self.append_limits.max_frame_bytes):
-                    version_bytes = await asyncio.wait_for(_recv_exactly(loop, sock, 2), self._frame_timeout)
+                    async with asyncio.timeout(self._frame_timeout):
+                        version_bytes = await _recv_exactly(loop, sock, 2)
                     if append_frames.request_version(version_bytes) == append_frames.APPEND_VERSION:
                         await self._serve_appends(conn, size, version_bytes)
                         return
@@ -382,7 +387,8 @@ class FetchServer:
                         ),
                     )
                     return
-                rest = await asyncio.wait_for(_recv_exactly(loop, sock, size - 2), self._frame_timeout)
+                async with asyncio.timeout(self._frame_timeout):
+                    rest = await _recv_exactly(loop, sock, size - 2)
                 body = version_bytes + rest
                 version = append_frames.request_version(body)
                 try:

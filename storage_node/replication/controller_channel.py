@@ -143,6 +143,25 @@ class ControllerChannel:
             except errors.TributaryError as exc:
                 partition.on_isr_change_failed(isr, exc)
 
+    async def controlled_shutdown(
+        self, broker_epoch: int, wait_s: float
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """Ask the active controller to move leadership and ISR membership off this node
+        (ControlledShutdown); ``(remaining, kept)`` as it answers after up to ``wait_s``.
+        Raises the typed error of a failed call (retriable when the controller could not be
+        reached)."""
+        request = pb.ControlledShutdownRequest(
+            node_id=self._manager.node_id, broker_epoch=broker_epoch, wait_ms=max(1, int(wait_s * 1000))
+        )
+        try:
+            response = await self._stub().ControlledShutdown(request, timeout=wait_s + self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise errors.error_from_rpc(exc) from exc
+        return (
+            [(tp.topic, tp.partition) for tp in response.remaining],
+            [(tp.topic, tp.partition) for tp in response.kept],
+        )
+
     async def verify_transaction(
         self, producer_id: int, producer_epoch: int, topic: str, partition: int
     ) -> errors.TributaryError | None:

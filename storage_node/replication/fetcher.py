@@ -154,11 +154,16 @@ class ReplicaFetcher:
         await writer.drain()
         # The leader answers within max_wait; a few seconds more for a slow disk or a loaded
         # machine, then it counts as gone (paused, cut off) and the connection is reopened.
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result of a read
+        # that completed as the task was cancelled, swallowing the cancellation, and the fetch
+        # loop then ran on and held up the node's shutdown for good.
         timeout = request.max_wait_ms / 1000 + 5
-        (size,) = SIZE.unpack(await asyncio.wait_for(reader.readexactly(SIZE.size), timeout))
+        async with asyncio.timeout(timeout):
+            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
         if size < 0 or size > MAX_RESPONSE_FRAME:
             raise errors.CorruptRecordError(f"fetch response of {size} bytes (at most {MAX_RESPONSE_FRAME})")
-        body = await asyncio.wait_for(reader.readexactly(size), timeout)
+        async with asyncio.timeout(timeout):
+            body = await reader.readexactly(size)
         response = multi.decode_response_body(body)
         if response.correlation_id != request.correlation_id:
             raise errors.CorruptRecordError(
@@ -171,9 +176,10 @@ class ReplicaFetcher:
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._connection is None:
-            self._connection = await asyncio.wait_for(
-                asyncio.open_connection(self.leader.host, self.leader.fetch_port, limit=1 << 20), 5.0
-            )
+            async with asyncio.timeout(5.0):
+                self._connection = await asyncio.open_connection(
+                    self.leader.host, self.leader.fetch_port, limit=1 << 20
+                )
         return self._connection
 
     def _disconnect(self) -> None:

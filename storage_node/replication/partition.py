@@ -33,6 +33,11 @@ from storage_node.replication.rules import FollowerState
 
 log = logging.getLogger(__name__)
 
+#: How long a leader waits before asking again to add a follower the controller called
+#: ineligible (INELIGIBLE_REPLICA: in controlled shutdown, or not live). It would otherwise ask
+#: again on every fetch of that follower while it still fetches.
+INELIGIBLE_BACKOFF_MS = 500
+
 #: ``submit(partition, new_isr)``: send an AlterPartition for ``partition``'s current state.
 IsrChangeSender = Callable[["Partition", tuple[int, ...]], None]
 
@@ -67,6 +72,8 @@ class Partition:
         self._followers: dict[int, FollowerState] = {}
         self._pending_isr: tuple[int, ...] | None = None
         self._leader_epoch_start_offset = 0
+        #: Follower -> clock time (ms) before which it is not proposed for the ISR again.
+        self._ineligible_until: dict[int, int] = {}
         self._waiters: list[_AckWaiter] = []
         self._sequence = itertools.count()
 
@@ -339,6 +346,8 @@ class Partition:
         state = self.state
         if state is None or self._pending_isr is not None or follower.node_id in state.isr:
             return
+        if self._ineligible_until and self._clock.time_ms() < self._ineligible_until.get(follower.node_id, 0):
+            return
         if rules.may_join_isr(follower, self.log.high_watermark, self._leader_epoch_start_offset):
             self._request_isr((*state.isr, follower.node_id), f"node {follower.node_id} caught up")
 
@@ -375,6 +384,10 @@ class Partition:
         """The controller refused or could not be asked; a later tick or fetch asks again."""
         if self._pending_isr == isr:
             self._pending_isr = None
+        if isinstance(error, errors.IneligibleReplicaError) and self.state is not None:
+            until = self._clock.time_ms() + INELIGIBLE_BACKOFF_MS
+            for joining in set(isr).difference(self.state.isr):
+                self._ineligible_until[joining] = until
         log.info("%s: ISR change to %s not made: %s", self.name, list(isr), error)
 
     def __repr__(self) -> str:

@@ -151,3 +151,130 @@ def test_node_sync_creates_assigned_and_deletes_orphans():
     assert plan.delete == (("a", 9), ("gone", 0), ("unknown", 4))
     plan1 = plan_node_sync(state, 1, local)
     assert plan1.create == (("a", 0),) and ("a", 1) in plan1.delete
+
+
+# -- controlled shutdown ---------------------------------------------------------------------------
+
+
+def test_a_stopping_leader_hands_over_to_the_first_other_in_sync_replica():
+    current = record([2, 3, 1], 2, 4, [2, 3, 1], ONLINE)
+    transition = plan_partition(topic([[2, 3, 1]]), 0, current, live={1, 2, 3}, shutting_down={2})
+    # Kafka's ControlledShutdown election: the ISR minus the stopping node, epoch bumped
+    assert transition.record == PartitionRecord((2, 3, 1), 3, 5, (3, 1), ONLINE)
+    assert transition.push_to == (3,) and transition.required == 3
+    assert transition.must_exist and not transition.unclean
+    assert transition.expected_mod_revision == 7
+
+
+def test_a_stopping_leader_skips_replicas_out_of_sync_gone_or_stopping_too():
+    current = record([1, 2, 3, 4], 1, 0, [1, 3, 4], ONLINE)
+    # 2 is live but out of sync, 3 is stopping as well: 4 takes over
+    transition = plan_partition(topic([[1, 2, 3, 4]]), 0, current, live={1, 2, 3, 4}, shutting_down={1, 3})
+    assert transition.record.leader == 4 and transition.record.isr == (4,)
+    assert transition.record.leader_epoch == 1
+
+
+def test_a_stopping_sole_in_sync_replica_keeps_leading():
+    rf1 = record([1], 1, 3, [1], ONLINE)
+    assert plan_partition(topic([[1]]), 0, rf1, live={1}, shutting_down={1}) is None
+    # an out-of-sync live follower never takes over in a controlled shutdown (no data loss)
+    alone = record([1, 2], 1, 3, [1], ONLINE)
+    assert plan_partition(topic([[1, 2]]), 0, alone, live={1, 2}, shutting_down={1}) is None
+
+
+def test_a_stopping_follower_leaves_the_isr_without_an_epoch_bump():
+    current = record([1, 2, 3], 1, 4, [1, 2, 3], ONLINE)
+    transition = plan_partition(topic([[1, 2, 3]]), 0, current, live={1, 2, 3}, shutting_down={2})
+    assert transition.record == PartitionRecord((1, 2, 3), 1, 4, (1, 3), ONLINE)
+    assert transition.push_to == ()
+
+
+def test_a_stopping_node_is_not_elected_when_a_leader_is_lost():
+    current = record([1, 2, 3], 1, 4, [1, 2, 3], ONLINE)
+    transition = plan_partition(topic([[1, 2, 3]]), 0, current, live={2, 3}, shutting_down={2})
+    assert transition.record.leader == 3 and transition.record.isr == (3,)
+
+
+def test_shutdown_progress_lists_what_is_left_to_move_and_what_stays():
+    from coordinator.partition_state import shutdown_progress
+
+    t = topic([[1, 2], [2, 1], [1], [1, 2]], name="t")
+    state = state_with(
+        [t],
+        brokers=[1, 2],
+        partitions=[
+            ("t", 0, record([1, 2], 1, 0, [1, 2], ONLINE)),  # leads, 2 in sync: to move
+            ("t", 1, record([2, 1], 2, 0, [2, 1], ONLINE)),  # follows 2: to leave the ISR
+            ("t", 2, record([1], 1, 0, [1], ONLINE)),  # RF 1: kept
+            ("t", 3, record([1, 2], 1, 0, [1], ONLINE)),  # 2 out of sync: kept
+        ],
+    )
+    assert shutdown_progress(state, 1, {1}) == ([("t", 0), ("t", 1)], [("t", 2), ("t", 3)])
+    # once the moves are written, only the kept ones are left
+    for p in (0, 1):
+        state.partitions["t"][p] = record([1, 2] if p == 0 else [2, 1], 2, 1, [2], ONLINE)
+    assert shutdown_progress(state, 1, {1}) == ([], [("t", 2), ("t", 3)])
+    # its leader stopping as well, a follower's membership is left to that leader's own shutdown
+    state.partitions["t"][1] = record([2, 1], 2, 0, [2, 1], ONLINE)
+    assert shutdown_progress(state, 1, {1, 2}) == ([], [("t", 2), ("t", 3)])
+
+
+def test_plan_partitions_moves_everything_off_a_stopping_node():
+    t = topic([[1, 2, 3], [2, 3, 1], [3, 1, 2]], name="t")
+    state = state_with(
+        [t],
+        brokers=[1, 2, 3],
+        partitions=[
+            ("t", p, record(t.assignment[p], t.assignment[p][0], 0, t.assignment[p], ONLINE))
+            for p in range(3)
+        ],
+    )
+    transitions = {x.partition: x.record for x in plan_partitions(state, shutting_down={1})}
+    assert transitions[0].leader == 2 and transitions[0].leader_epoch == 1
+    assert all(1 not in r.isr for r in transitions.values())
+    assert transitions[1].leader == 2 and transitions[1].leader_epoch == 0  # follower: no bump
+    assert transitions[2].leader == 3 and transitions[2].leader_epoch == 0
+
+
+# -- preferred leader election ---------------------------------------------------------------------
+
+
+def test_preferred_leader_election_moves_leadership_back_to_the_first_replica():
+    from coordinator.partition_state import plan_preferred_leader
+
+    current = record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE)
+    transition = plan_preferred_leader(topic([[1, 2, 3]]), 0, current, live={1, 2, 3})
+    assert transition.record == PartitionRecord((1, 2, 3), 1, 7, (2, 3, 1), ONLINE)
+    assert transition.push_to == (1,) and transition.required == 1 and transition.must_exist
+
+
+def test_preferred_leader_election_says_why_not():
+    from coordinator.partition_state import plan_preferred_leader
+    from services import errors
+
+    t = topic([[1, 2, 3]])
+    led = record([1, 2, 3], 1, 6, [1, 2, 3], ONLINE)
+    assert isinstance(plan_preferred_leader(t, 0, led, live={1, 2, 3}), errors.ElectionNotNeededError)
+    out_of_sync = record([1, 2, 3], 2, 6, [2, 3], ONLINE)
+    for current, live, kwargs in (
+        (out_of_sync, {1, 2, 3}, {}),  # never a replica that could lose records
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {2, 3}, {}),  # not live
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {1, 2, 3}, {"shutting_down": {1}}),
+        (record([1, 2, 3], 2, 6, [2, 3, 1], ONLINE), {1, 2, 3}, {"lost": {1}}),
+        (record([1, 2, 3], NO_LEADER, 6, [1], OFFLINE), {2, 3}, {}),
+        (None, {1, 2, 3}, {}),
+    ):
+        outcome = plan_preferred_leader(t, 0, current, live=live, **kwargs)
+        assert isinstance(outcome, errors.PreferredLeaderNotAvailableError), (current, live, kwargs)
+        assert outcome.retriable
+
+
+def test_election_targets_expand_topics_and_default_to_everything():
+    from coordinator.partition_state import election_targets
+
+    a, b = topic([[1], [2]], name="a"), topic([[1]], name="b")
+    gone = TopicRecord("gone", "id", 1, {}, ((1,),), deleting=True)
+    state = state_with([a, b, gone], brokers=[1, 2])
+    assert election_targets(state, [], []) == [("a", 0), ("a", 1), ("b", 0)]
+    assert election_targets(state, ["a"], [("b", 0), ("a", 1)]) == [("b", 0), ("a", 1), ("a", 0)]
+    assert election_targets(state, ["nope"], [("b", 5)]) == [("b", 5), ("nope", -1)]

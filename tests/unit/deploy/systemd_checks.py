@@ -223,6 +223,9 @@ def stop_and_data_problems(unit: configparser.ConfigParser, config, where: str) 
     has_data = hasattr(config, "log_dirs")
     stop = values(unit, "Service", "TimeoutStopSec")
     least = MIN_STOP_WITH_DATA_S if has_data else MIN_STOP_S
+    if getattr(config, "controlled_shutdown_enable", False):
+        # A storage node first waits for its controlled shutdown (leaders moved elsewhere).
+        least += -(-int(config.controlled_shutdown_timeout_ms) // 1000)
     if not stop or seconds(stop[-1]) < least:
         problems.append(
             f"{where}: TimeoutStopSec={stop[-1] if stop else '(default 90s, implicit)'}: set at least "

@@ -77,6 +77,10 @@ BREAKAGES = {
         lambda t: _swap(t, "TimeoutStopSec=120", "TimeoutStopSec=10s"),
         "TimeoutStopSec=10s",
     ),
+    "no time for the controlled shutdown": (
+        lambda t: _swap(t, "TimeoutStopSec=120", "TimeoutStopSec=75"),
+        "TimeoutStopSec=75: set at least 90s",
+    ),
     "few descriptors": (lambda t: _swap(t, "LimitNOFILE=1048576", "LimitNOFILE=1024"), "LimitNOFILE=1024"),
     "env typo": (
         lambda t: _swap(t, "TRIBUTARY_STORAGE_LOG_DIRS=", "TRIBUTARY_STORAGE_LOGDIRS="),

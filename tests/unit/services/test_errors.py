@@ -73,3 +73,12 @@ def test_status_without_details_maps_by_grpc_code():
     assert "connection refused" in back.message
     back = errors.error_from_rpc(_FakeRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline"))
     assert isinstance(back, errors.RequestTimedOutError)
+
+
+def test_call_cancelled_by_the_server_is_a_retriable_network_error():
+    # A stopping storage node cancels the appends still in flight after its grace period: the
+    # gateway and the SDK must retry them (issue 18: "TributaryError('CANCELLED: CANCELLED')").
+    back = errors.error_from_rpc(_FakeRpcError(grpc.StatusCode.CANCELLED, "CANCELLED"))
+    assert isinstance(back, errors.NetworkError)
+    assert back.retriable
+    assert back.invalid_metadata  # the route is refreshed: leadership may have moved meanwhile
