@@ -15,6 +15,7 @@ import itertools
 import re
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -42,7 +43,7 @@ TOPIC = "rolling"
 PARTITIONS = 3
 NODES = (0, 1, 2)
 TOPIC_CONFIGS = {"min.insync.replicas": "2", "message.timestamp.type": "LogAppendTime"}
-PRODUCER_SETTINGS = {
+PRODUCER_SETTINGS: dict[str, Any] = {
     "acks": "all",  # idempotent by default
     "linger_ms": 5,
     "request_timeout_ms": 10_000,
