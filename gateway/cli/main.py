@@ -6,6 +6,7 @@
     tributary cluster status | down
     tributary topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     tributary topics list | describe [NAME] | delete NAME | alter NAME --config k=v
+    tributary topics elect-leaders [TOPIC [--partition P]]
     tributary produce TOPIC [--key-separator SEP] [--header k=v ...]
     tributary consume TOPIC [--from-beginning | --offset N --partition P | --from-timestamp MS]
                             [--group GROUP] [--max-messages N] [--format text|json]
@@ -130,7 +131,13 @@ def _add_topics(commands) -> None:
         help="config to reset to its default (repeatable)",
     )
     alter.set_defaults(func=topics.alter)
-    for sub in (create, listing, describe, delete, alter):
+    elect = actions.add_parser(
+        "elect-leaders", help="move leadership back to each partition's first (preferred) replica"
+    )
+    elect.add_argument("topic", nargs="?", help="one topic (default: every partition of the cluster)")
+    elect.add_argument("--partition", type=int, help="one partition of TOPIC")
+    elect.set_defaults(func=topics.elect_leaders)
+    for sub in (create, listing, describe, delete, alter, elect):
         _common(sub)
 
 

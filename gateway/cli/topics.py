@@ -135,3 +135,28 @@ def delete_records(args) -> int:
     for tp in sorted(log_starts):
         print(f"partition: {tp.topic}-{tp.partition}\tlow_watermark: {log_starts[tp]}")
     return 0
+
+
+def elect_leaders(args) -> int:
+    """Move leadership back to each partition's first replica (``kafka-leader-election
+    --election-type preferred``): one line per partition; exit 1 if any could not move."""
+    if args.partition is not None and not args.topic:
+        raise CliError("--partition needs a TOPIC", 2)
+    topics = [args.topic] if args.topic and args.partition is None else []
+    partitions = [TopicPartition(args.topic, args.partition)] if args.partition is not None else []
+    with _admin(args) as admin:
+        outcomes = admin.elect_leaders(topics, partitions)
+    failed = 0
+    for tp in sorted(outcomes):
+        error = outcomes[tp]
+        if error is None:
+            state = "elected its preferred leader"
+        elif error.reason == "ELECTION_NOT_NEEDED":
+            state = "preferred leader leads already"
+        else:
+            state = f"{error.reason}: {error.message}"
+            failed += 1
+        print(f"{tp.topic}-{tp.partition}\t{state}")
+    if failed:
+        raise CliError(f"{failed} of {len(outcomes)} partitions kept their leader", 1)
+    return 0

@@ -241,6 +241,27 @@ class AsyncAdmin:
             result[TopicPartition(item.topic, item.partition)] = item.log_start_offset
         return result
 
+    async def elect_leaders(
+        self, topics: Iterable[str] = (), partitions: Iterable[TopicPartition] = ()
+    ) -> dict[TopicPartition, TributaryError | None]:
+        """Preferred leader election (Kafka's ``electLeaders`` with ``ElectionType.PREFERRED``):
+        every partition of ``topics`` and every one of ``partitions`` -- naming neither, every
+        partition of the cluster -- is led by its first replica again when that replica is live,
+        in sync and not stopping. Returns ``{tp: None}`` for a partition now led by it, else the
+        reason: ``ElectionNotNeededError`` (it led already), ``PreferredLeaderNotAvailableError``,
+        ``UnknownTopicOrPartitionError``."""
+        request = pb.ElectLeadersRequest(
+            topics=list(topics),
+            partitions=[pb.TopicPartition(topic=tp[0], partition=tp[1]) for tp in partitions],
+        )
+        response = await self._client.call("ElectLeaders", request)
+        return {
+            TopicPartition(item.topic, item.partition): (
+                error_from_proto(item.error) if item.HasField("error") else None
+            )
+            for item in response.results
+        }
+
     # -- transactions ----------------------------------------------------------------------
 
     async def describe_transactions(
@@ -388,6 +409,7 @@ class Admin:
         self.close()
 
     describe_transactions = _sync("describe_transactions")
+    elect_leaders = _sync("elect_leaders")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")
     delete_topics = _sync("delete_topics")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -131,6 +133,25 @@ def elect_preferred_leaders(cluster: LocalCluster) -> dict[int, str]:
     return {r.partition: r.error.reason if r.HasField("error") else "" for r in response.results}
 
 
+def elect_with_cli(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess:
+    """``tributary topics elect-leaders ARGS`` against the cluster's gateway."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli.main",
+            "topics",
+            "elect-leaders",
+            *args,
+            "--gateway",
+            cluster.gateway,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def refused_shutdown(cluster: LocalCluster, node_id: int, broker_epoch: int) -> errors.TributaryError:
     """Send a ControlledShutdown the controller must refuse; the error it answered."""
     address = f"127.0.0.1:{cluster.coordinators[0].info['grpc_port']}"
@@ -184,7 +205,10 @@ def test_rolling_restart_under_load_loses_nothing_and_moves_leaders_first(cluste
         # The last node restarted leads nothing now: preferred leader election, still under load,
         # gives every partition back to its first replica.
         states = describe(admin, TOPIC)
-        moved = elect_preferred_leaders(cluster)
+        moved = {
+            tp.partition: error.reason if error is not None else ""
+            for tp, error in admin.elect_leaders([TOPIC]).items()
+        }
         assert moved == {
             p: ("ELECTION_NOT_NEEDED" if s.leader == s.replicas[0] else "") for p, s in states.items()
         }
@@ -195,6 +219,13 @@ def test_rolling_restart_under_load_loses_nothing_and_moves_leaders_first(cluste
             interval=0.1,
         )
         assert set(elect_preferred_leaders(cluster).values()) == {"ELECTION_NOT_NEEDED"}
+        cli = elect_with_cli(cluster, TOPIC)
+        assert cli.returncode == 0, cli.stderr
+        assert sorted(cli.stdout.splitlines()) == sorted(
+            f"{TOPIC}-{p}\tpreferred leader leads already" for p in range(PARTITIONS)
+        )
+        unknown = elect_with_cli(cluster, TOPIC, "--partition", str(PARTITIONS + 5))
+        assert unknown.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in unknown.stdout + unknown.stderr
         seconds_until(lambda: len(history.acks) >= producer.sent - RATE, timeout=30, what="acks catch up")
     finally:
         producer.stop()
