@@ -275,7 +275,7 @@ class _FetchSession:
                     break
                 # Only a poll that brought data is renewed: an empty early answer (the node's own
                 # wait ended) would otherwise turn into a busy loop.
-                renew = [index for index, kept in self._apply_done(tasks, done) if kept]
+                renew = self._apply_done(tasks, done)
                 if self._satisfied():
                     break
                 self._launch(tasks, renew)
@@ -296,14 +296,18 @@ class _FetchSession:
         for index in alone:
             tasks[asyncio.ensure_future(self._poll_one(index, long_poll=True))] = [index]
 
-    def _apply_done(self, tasks: dict[asyncio.Future, list[int]], done) -> list[tuple[int, int]]:
-        """Apply finished polls; (partition index, bytes kept) for each."""
-        applied = []
+    def _apply_done(self, tasks: dict[asyncio.Future, list[int]], done) -> list[int]:
+        """Apply finished polls; the partitions to poll again. A poll that brought data is
+        renewed for all of its partitions: a node answers a group as soon as one of them has
+        data, and the others must go on being watched. One that brought none is not (the node's
+        own wait ended, or an error): renewing it would turn into a busy loop."""
+        renew: list[int] = []
         for task in done:
-            tasks.pop(task)
-            for index, poll in task.result().items():
-                applied.append((index, self._apply(index, poll)))
-        return applied
+            group = tasks.pop(task)
+            kept = [self._apply(index, poll) for index, poll in task.result().items()]
+            if any(kept):
+                renew.extend(group)
+        return renew
 
     def _groups(self, indexes) -> tuple[list[tuple[BrokerAddress, list[int]]], list[int]]:
         """The partitions by the leader the metadata names now, in chunks of at most
@@ -340,21 +344,27 @@ class _FetchSession:
         if len(group) == 1:
             return await self._poll_one(group[0], long_poll=long_poll)
         try:
-            results = await self._read_many(node, group, self._wait_ms(long_poll))
+            results = await self._read_many_retried(node, group, long_poll)
         except errors.UnsupportedVersionError:
             # An older node: one request per partition, as before version 1 existed.
             answers = await asyncio.gather(*(self._poll_one(i, long_poll=long_poll) for i in group))
             return {index: poll for answer in answers for index, poll in answer.items()}
-        except errors.TributaryError:
-            results = None
-        polls: dict[int, _Poll] = {}
+        except errors.TributaryError as exc:
+            # The node is unreachable: only the partitions the refreshed metadata gives to
+            # another leader are polled on their own; the others get the error at once (the
+            # client retries), instead of a connection attempt each.
+            moved = await self._moved_elsewhere(group, node)
+            polls = {index: _Poll(error=exc) for index in group if index not in moved}
+            for answer in await asyncio.gather(*(self._poll_one(i, long_poll=False) for i in moved)):
+                polls.update(answer)
+            return polls
+        polls = {}
         again = []
-        for position, index in enumerate(group):
-            result = results[position] if results is not None else None
-            error = result.header.error() if result is not None else None
-            if result is not None and error is None:
+        for index, result in zip(group, results, strict=True):
+            error = result.header.error()
+            if error is None:
                 polls[index] = _Poll(result.header, result.records, aborted=result.aborted)
-            elif result is not None and error is not None and not error.retriable:
+            elif not error.retriable:
                 polls[index] = _Poll(error=error)
             else:
                 again.append(index)
@@ -363,6 +373,28 @@ class _FetchSession:
             for answer in await asyncio.gather(*(self._poll_one(i, long_poll=False) for i in again)):
                 polls.update(answer)
         return polls
+
+    async def _read_many_retried(self, node: BrokerAddress, group: list[int], long_poll: bool):
+        """``_read_many``, once more on a fresh connection when a pooled one turned out dead
+        (the node restarted on the same address)."""
+        try:
+            return await self._read_many(node, group, self._wait_ms(long_poll))
+        except errors.NetworkError:
+            return await self._read_many(node, group, self._wait_ms(long_poll))
+
+    async def _moved_elsewhere(self, group: list[int], node: BrokerAddress) -> list[int]:
+        """The partitions of ``group`` that a metadata refresh gives to a leader other than
+        ``node``."""
+        snapshot = await self._router.refresh()
+        moved = []
+        for index in group:
+            part = self.parts[index]
+            try:
+                if snapshot.ensure_leader(part.topic, part.partition) != node:
+                    moved.append(index)
+            except errors.TributaryError:
+                pass
+        return moved
 
     async def _poll_one(self, index: int, *, long_poll: bool) -> dict[int, _Poll]:
         return {index: await self._poll(index, long_poll=long_poll)}

@@ -32,6 +32,9 @@ class FetchResult:
         return self.header.correlation_id
 
 
+#: How long a node that refused version-1 frames is served one partition per request before it
+#: is asked again.
+MULTI_RECHECK_S = 60.0
 #: The start of every response layout: correlation id, error code.
 _REFUSAL = struct.Struct(">ih")
 _UNSUPPORTED_VERSION = errors.UnsupportedVersionError.kafka_code
@@ -100,9 +103,10 @@ class FetchClient:
         self._slots = asyncio.Semaphore(max_connections)
         self._correlation = itertools.count(1)
         self._connect_timeout = connect_timeout
-        #: False once the node refused version-1 frames (an older node): fetch one partition
-        #: per request from it (see ``fetch_many``).
-        self.speaks_multi = True
+        #: Event-loop time until which the node is taken not to speak version-1 frames (it
+        #: refused them: an older node), so one partition goes per request (see ``fetch_many``);
+        #: asked again after that, as the node may have been upgraded in place.
+        self._multi_refused_until = 0.0
 
     async def _connect(self) -> _Connection:
         try:
@@ -114,6 +118,11 @@ class FetchClient:
                 f"cannot reach fetch port {self.host}:{self.port}: {exc}"
             ) from exc
         return _Connection(reader, writer)
+
+    @property
+    def speaks_multi(self) -> bool:
+        """Whether to send this node version-1 (many partitions) requests now."""
+        return asyncio.get_running_loop().time() >= self._multi_refused_until
 
     async def fetch(
         self,
@@ -168,7 +177,7 @@ class FetchClient:
         try:
             response = await self._exchange(lambda conn: conn.round_trip_multi(request))
         except errors.UnsupportedVersionError:
-            self.speaks_multi = False
+            self._multi_refused_until = asyncio.get_running_loop().time() + MULTI_RECHECK_S
             raise
         return _results(response, request)
 
@@ -200,10 +209,12 @@ def _results(response: multi.MultiFetchResponse, request: multi.MultiFetchReques
     """A version-1 answer as one :class:`FetchResult` per requested partition, in order. For
     read_committed the header's high watermark is the last stable offset (what may be read)."""
     committed = request.isolation_level == multi.READ_COMMITTED
-    if response.error_code or len(response.partitions) != len(request.partitions):
+    answered = [(p.header.topic, p.header.partition) for p in response.partitions]
+    asked = [(p.topic, p.partition) for p in request.partitions]
+    if response.error_code or answered != asked:
         code = response.error_code or errors.CorruptRecordError.kafka_code
         message = response.message or (
-            f"the node answered {len(response.partitions)} partitions for {len(request.partitions)}"
+            f"the node answered {len(answered)} partitions that are not the {len(asked)} asked for"
         )
         header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)
         return [FetchResult(header, b"") for _ in request.partitions]

@@ -257,7 +257,8 @@ class AppendConnection:
             self._tails[key] = mine
             waits.append((previous, mine))
         self._in_flight_bytes += size
-        task = self._loop.create_task(self._serve_request(request, waits, size))
+        deadline = self._loop.time() + (request.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
+        task = self._loop.create_task(self._serve_request(request, waits, size, deadline))
         self._tasks.add(task)
         task.add_done_callback(self._request_done)
         self._update_room()
@@ -266,14 +267,21 @@ class AppendConnection:
         self._tasks.discard(task)
         self._update_room()
 
-    async def _serve_request(self, request: frames.AppendRequest, waits, size: int) -> None:
+    async def _serve_request(self, request: frames.AppendRequest, waits, size: int, deadline: float) -> None:
         try:
             with self._span(request):
                 appends = [
-                    self._append_in_order(request, p, previous, mine)
+                    self._append_in_order(request, p, previous, mine, deadline)
                     for p, (previous, mine) in zip(request.partitions, waits, strict=True)
                 ]
-                results = [await appends[0]] if len(appends) == 1 else list(await asyncio.gather(*appends))
+                if len(appends) == 1:
+                    results = [await appends[0]]
+                else:
+                    outcomes = await asyncio.gather(*appends, return_exceptions=True)
+                    results = [
+                        _failed(p, outcome) if isinstance(outcome, BaseException) else outcome
+                        for p, outcome in zip(request.partitions, outcomes, strict=True)
+                    ]
             answer = frames.encode_response(request.correlation_id, results)
         except Exception as exc:  # a bug: answer it rather than leave the client waiting
             log.exception("append request %d failed", request.correlation_id)
@@ -298,29 +306,57 @@ class AppendConnection:
         p: frames.PartitionAppend,
         previous: asyncio.Future[None] | None,
         mine: asyncio.Future[None],
+        deadline: float,
     ) -> AppendResult:
+        """Append ``p`` once the previous append of its partition on this connection is written.
+        An append that would start after its deadline (counted from when its frame was read) is
+        refused, not written: the gateway has given up on it (or is about to) and may retry it,
+        and writing it then would duplicate it."""
         key = (p.topic, p.partition)
 
         def written() -> None:
             if not mine.done():
                 mine.set_result(None)
+            if self._tails.get(key) is mine:
+                del self._tails[key]
 
         try:
             if previous is not None and not previous.done():
-                await previous
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await asyncio.shield(previous)
+                except TimeoutError:
+                    return self._refused(request, p)
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                return self._refused(request, p)
             return await self._appender.append(
                 p.topic,
                 p.partition,
                 p.records,  # type: ignore[arg-type]  # a view into the frame: the log takes any buffer
                 acks=request.acks,
-                timeout_s=(request.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000,
+                timeout_s=remaining,
                 leader_epoch=None if p.leader_epoch == frames.NO_EPOCH else p.leader_epoch,
                 written=written,
             )
         finally:
-            written()
-            if self._tails.get(key) is mine:
-                del self._tails[key]
+            if previous is not None and not previous.done():
+                # Refused (or cancelled) while the one before is not written yet: the next
+                # append of the partition still waits for that one.
+                previous.add_done_callback(lambda _previous: written())
+            else:
+                written()
+
+    def _refused(self, request: frames.AppendRequest, p: frames.PartitionAppend) -> AppendResult:
+        self._stats.append_errors += 1
+        return AppendResult(
+            p.topic,
+            p.partition,
+            error=errors.RequestTimedOutError(
+                f"append to {p.topic}-{p.partition} not started within its {request.timeout_ms} ms "
+                "(it waited behind an earlier one); nothing written"
+            ),
+        )
 
     # ---- writing ---------------------------------------------------------------------------------
 
@@ -389,3 +425,10 @@ class AppendConnection:
         self._flush()
         if self._sender is not None:
             await asyncio.gather(self._sender, return_exceptions=True)
+
+
+def _failed(p: frames.PartitionAppend, exc: BaseException) -> AppendResult:
+    """A partition whose append raised (a bug: ``append`` answers its errors): its own error,
+    so the other partitions of the request keep their results."""
+    log.error("append to %s-%d raised", p.topic, p.partition, exc_info=exc)
+    return AppendResult(p.topic, p.partition, error=errors.UnknownServerError(repr(exc)))

@@ -5,6 +5,8 @@ request (real storage nodes, gateway and gRPC).
 * a long poll over 160 empty partitions wakes when a record reaches the last of them: with one
   request per partition, the gateway's 64 connections per node were taken by the first
   partitions' polls and the last partition's record waited for the poll's deadline;
+* a long poll whose first data comes from one partition of a node goes on watching the node's
+  other partitions until min_bytes are there;
 * read_committed over many partitions stops at each one's last stable offset;
 * a partition whose leader is gone is reported on its own while the others are answered.
 """
@@ -121,6 +123,34 @@ def test_a_long_poll_over_many_partitions_wakes_for_the_last_one(cluster, stub):
     assert took < 10, f"the poll waited {took:.1f}s for a record that came after 0.5s"
     woken = [r for r in answer.partitions if r.record_batches]
     assert [(r.partition, _values(r)) for r in woken] == [(last, [b"wake"])]
+
+
+def test_a_long_poll_keeps_watching_a_nodes_other_partitions_after_one_brings_data(cluster, stub):
+    topic = _topic(stub, 8)
+    metadata = stub.GetMetadata(pb.GetMetadataRequest(topics=[topic]), timeout=CALL_TIMEOUT)
+    by_leader: dict[int, list[int]] = {}
+    for p in metadata.topics[0].partitions:
+        by_leader.setdefault(p.leader, []).append(p.partition)
+    first, second = next(parts for parts in by_leader.values() if len(parts) >= 2)[:2]
+    # Each partition holds its warm-up record (same size as the ones below): one batch's bytes.
+    batch_bytes = len(_fetch(stub, topic, {first: 0}).partitions[0].record_batches)
+    answers: list[tuple[float, pb.FetchResponse]] = []
+
+    def long_poll() -> None:
+        started = time.monotonic()
+        answer = _fetch(stub, topic, {first: 1, second: 1}, min_bytes=batch_bytes + 1, max_wait_ms=15_000)
+        answers.append((time.monotonic() - started, answer))
+
+    poller = threading.Thread(target=long_poll)
+    poller.start()
+    time.sleep(0.5)
+    _produce(stub, topic, first, b"late")
+    time.sleep(0.5)  # the node has answered the group with the first partition's record by now
+    _produce(stub, topic, second, b"late")
+    poller.join(CALL_TIMEOUT)
+    ((took, answer),) = answers
+    assert took < 10, f"the poll waited {took:.1f}s: the second partition was no longer watched"
+    assert {r.partition: _values(r) for r in answer.partitions} == {first: [b"late"], second: [b"late"]}
 
 
 def test_read_committed_over_many_partitions_answers_every_one(cluster, stub):

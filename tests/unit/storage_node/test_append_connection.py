@@ -51,10 +51,13 @@ class HeldAppender:
         return AppendResult(topic, partition, base_offset=offset, last_offset=offset, record_count=1)
 
 
-def _request(correlation_id: int, *parts: tuple[str, int, bytes]) -> bytes:
+def _request(correlation_id: int, *parts: tuple[str, int, bytes], timeout_ms: int = 1000) -> bytes:
     return frames.encode_request(
         frames.AppendRequest(
-            correlation_id, Acks.ALL, 1000, tuple(frames.PartitionAppend(t, p, d) for t, p, d in parts)
+            correlation_id,
+            Acks.ALL,
+            timeout_ms,
+            tuple(frames.PartitionAppend(t, p, d) for t, p, d in parts),
         )
     )
 
@@ -111,6 +114,31 @@ async def test_a_partition_waits_for_its_earlier_append_that_is_held_before_writ
     answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
     assert [t for t in appender.written if t[1] == 0] == [("t", 0, b"first"), ("t", 0, b"second")]
     assert (answers[1].results[0].base_offset, answers[2].results[0].base_offset) == (0, 1)
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_an_append_that_would_start_past_its_timeout_is_refused_and_not_written():
+    # The gateway gives up on an append at its timeout and may retry it: written later, behind
+    # a slow earlier append of its partition, it would be there twice.
+    appender = HeldAppender()
+    release = appender.hold_before[b"slow"] = asyncio.Event()
+    reader, writer, stats, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"slow"), timeout_ms=5000))
+    writer.write(_request(2, ("t", 0, b"late"), ("t", 1, b"free"), timeout_ms=200))
+    writer.write(_request(3, ("t", 0, b"after"), timeout_ms=5000))
+    answer = await asyncio.wait_for(_read(reader), 5)
+    assert answer.correlation_id == 2
+    late, free = answer.results
+    assert late.error is not None and late.error.reason == "REQUEST_TIMED_OUT"
+    assert free.error is None and ("t", 1, b"free") in appender.written
+    assert [t for t in appender.written if t[1] == 0] == []  # "after" still waits for "slow"
+    release.set()
+    answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
+    assert all(answers[c].results[0].error is None for c in (1, 3))
+    assert [t for t in appender.written if t[1] == 0] == [("t", 0, b"slow"), ("t", 0, b"after")]
+    assert stats.append_errors == 1
     writer.close()
     await asyncio.wait_for(task, 5)
 
