@@ -12,7 +12,10 @@ request waiting on it fails with a retriable ``NetworkError`` (an idempotent pro
 them safely; the gateway may have appended some, as over a broken stream), and the next request
 opens a new connection, looking the address up again (the gateway may have moved, or another
 gateway answers). An error frame from the gateway fails the request it names with its error and
-the others with ``NetworkError``. acks=0 requests are done once written, as in Kafka.
+the others with ``NetworkError``. A request not answered within its timeout marks the
+connection stuck: it and every request waiting on it fail with a retriable
+``RequestTimedOutError`` and the next request opens a new connection. acks=0 requests are done
+once written, as in Kafka.
 """
 
 from __future__ import annotations
