@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Imported at the start: otherwise Hypothesis's pytest plugin first imports this at the end of a
+# session that ran no Hypothesis test (the integration stage), and on CPython 3.11 compiling a
+# module that late failed once with "SystemError: AST constructor recursion depth mismatch",
+# failing a session whose tests had all passed.
+import hypothesis.internal.observability  # noqa: F401
 import pytest
 
 _TESTS = Path(__file__).resolve().parent
