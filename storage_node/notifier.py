@@ -36,7 +36,10 @@ class AppendNotifier:
         if timeout <= 0:
             return False
         try:
-            await asyncio.wait_for(asyncio.shield(self.next_append(key)), timeout)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for drops a cancellation that
+            # arrives as the awaited future completes, which once left a stopping node hanging.
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self.next_append(key))
             return True
         except TimeoutError:
             return False

@@ -256,7 +256,8 @@ class Partition:
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             heapq.heappush(self._waiters, _AckWaiter(required_offset, next(self._sequence), future))
             try:
-                await asyncio.wait_for(future, timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: see storage_node/notifier.py
+                    await future
             except TimeoutError:
                 raise errors.RequestTimedOutError(
                     f"{self.name}: offset {required_offset - 1} was not replicated to the ISR "
