@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.replication import load_line
+from bench.reporting import load_line, runs, write_report
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
@@ -157,23 +157,16 @@ def main(argv: list[str] | None = None) -> int:
         f"| read_committed / read_uncommitted | {best_com / best_unc:.2f} | >= 0.90 |",
         "",
         "All runs: plain "
-        + ", ".join(f"{r:,.0f}" for r in plain)
+        + runs(plain)
         + "; idempotent "
-        + ", ".join(f"{r:,.0f}" for r in idempotent)
+        + runs(idempotent)
         + "; read_uncommitted "
-        + ", ".join(f"{r:,.0f}" for r in uncommitted)
+        + runs(uncommitted)
         + "; read_committed "
-        + ", ".join(f"{r:,.0f}" for r in committed)
+        + runs(committed)
         + " (rec/s).",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    path = (
-        args.report
-        or Path(__file__).parent / "reports" / f"exactly-once-{datetime.date.today().isoformat()}.md"
-    )
-    path.write_text(report)
-    print(f"written to {path}")
+    write_report(lines, "exactly-once", args.report)
     return 0
 
 

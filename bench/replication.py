@@ -32,20 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.reporting import load_line, runs, write_report
 from gateway.client import Admin, NewTopic, Producer
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.proto import pb, storage_grpc
 
 RECORD_BYTES = 200
 TTL_S = 2
-
-
-def load_line(load_at_start: float) -> str:
-    """The machine's load while the benchmark ran: numbers taken beside other work say so."""
-    return (
-        f"Load average (1 min) {load_at_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on "
-        f"{os.cpu_count()} cores (above the core count, other processes were sharing the machine)."
-    )
 
 
 def new_topic(admin: Admin, replication_factor: int, **configs: str) -> str:
@@ -198,19 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         "All throughput runs (rec/s): RF 1 acks=1 "
-        + ", ".join(f"{r:,.0f}" for r in bases)
+        + runs(bases)
         + "; RF 3 acks=all "
-        + ", ".join(f"{r:,.0f}" for r in replicateds)
+        + runs(replicateds)
         + ".",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    path = (
-        args.report
-        or Path(__file__).parent / "reports" / f"replication-{datetime.date.today().isoformat()}.md"
-    )
-    path.write_text(report)
-    print(f"written to {path}")
+    write_report(lines, "replication", args.report)
     return 0
 
 

@@ -69,48 +69,60 @@ class StorageNodeInstruments:
             description="Bytes served by the fetch port, per topic.",
             attributes=topics.__getitem__,
         )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_SENDFILE_BYTES,
-            [self._stat("sendfile_bytes")],
-            unit="By",
-            description="Bytes the fetch port sent with os.sendfile (zero-copy).",
-        )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_COPIED_BYTES,
-            [self._stat("copied_bytes")],
-            unit="By",
-            description="Bytes the fetch port sent through read+send (fetch_zero_copy=false).",
-        )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_REQUESTS,
-            [self._stat("requests")],
-            unit="{request}",
-            description="Fetch requests served by the fetch port.",
-        )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_ERRORS,
-            [self._stat("errors")],
-            unit="{request}",
-            description="Fetch-port requests answered with an error.",
-        )
-        meter.create_observable_up_down_counter(
-            names.STORAGE_FETCH_CONNECTIONS,
-            [self._stat("connections")],
-            unit="{connection}",
-            description="Open fetch-port connections.",
-        )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_CONNECTIONS_REFUSED,
-            [self._stat("connections_refused")],
-            unit="{connection}",
-            description="Fetch-port connections refused at a connection cap.",
-        )
-        meter.create_observable_counter(
-            names.STORAGE_FETCH_POLLS_CANCELLED,
-            [self._stat("polls_cancelled")],
-            unit="{request}",
-            description="Fetch-port long polls ended because their client disconnected.",
-        )
+        # The fetch port's FetchStats, observed at each collection (a gauge for open connections).
+        for name, attribute, unit, description, up_down in (
+            (
+                names.STORAGE_FETCH_SENDFILE_BYTES,
+                "sendfile_bytes",
+                "By",
+                "Bytes the fetch port sent with os.sendfile (zero-copy).",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_COPIED_BYTES,
+                "copied_bytes",
+                "By",
+                "Bytes the fetch port sent through read+send (fetch_zero_copy=false).",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_REQUESTS,
+                "requests",
+                "{request}",
+                "Fetch requests served by the fetch port.",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_ERRORS,
+                "errors",
+                "{request}",
+                "Fetch-port requests answered with an error.",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_CONNECTIONS,
+                "connections",
+                "{connection}",
+                "Open fetch-port connections.",
+                True,
+            ),
+            (
+                names.STORAGE_FETCH_CONNECTIONS_REFUSED,
+                "connections_refused",
+                "{connection}",
+                "Fetch-port connections refused at a connection cap.",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_POLLS_CANCELLED,
+                "polls_cancelled",
+                "{request}",
+                "Fetch-port long polls ended because their client disconnected.",
+                False,
+            ),
+        ):
+            create = meter.create_observable_up_down_counter if up_down else meter.create_observable_counter
+            create(name, [self._stat(attribute)], unit=unit, description=description)
         for name, attribute, unit, description in (
             (names.STORAGE_LOG_END_OFFSET, "log_end_offset", "{offset}", "Next offset to be written."),
             (names.STORAGE_LOG_START_OFFSET, "log_start_offset", "{offset}", "First offset still kept."),
