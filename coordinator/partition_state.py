@@ -321,7 +321,15 @@ def plan_node_sync(state: MetadataState, node_id: int, local: Iterable[tuple[str
     """
     assigned = assigned_partitions(state, node_id)
     wanted = set(assigned)
-    orphans = sorted(set(local) - wanted)
+    # Copies a finished reassignment took off this node are the reassignment's to delete (it
+    # stops the replica first; the node refuses to delete one it still serves).
+    retired = {
+        (name, p)
+        for name, records in state.partitions.items()
+        for p, record in records.items()
+        if node_id in record.retired
+    }
+    orphans = sorted(set(local) - wanted - retired)
     return NodeSync(node_id, tuple(assigned), tuple(orphans))
 
 
