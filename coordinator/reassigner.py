@@ -137,13 +137,14 @@ class Reassigner:
 
     async def _retire(self) -> None:
         """Stop and delete the copies left on nodes a finished reassignment took a partition
-        off; a node that is down deletes its copy when it registers again (the node sync)."""
+        off; a node that is down deletes its copy when it registers again (the node sync). A
+        topic being deleted waits for this (its deletion covers only the current replicas)."""
         controller = self._controller
         state = controller.cache.state
         for name, partition, record in retiring(state.partitions):
             topic = state.topics.get(name)
-            if topic is None or topic.deleting:
-                continue  # the topic deletion removes every copy
+            if topic is None:
+                continue
             calls = [
                 controller._limited(self._drop_copy(node, topic, partition, record))
                 for node in record.retired

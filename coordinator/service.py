@@ -245,11 +245,13 @@ def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> C
     """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
     thread: it only reads (copies the topic map first)."""
     counts = {"online": 0, "offline": 0, "pending": 0}
-    under_replicated = under_min_isr = 0
+    under_replicated = under_min_isr = reassigning = 0
     for topic in list(state.topics.values()):
         if topic.deleting:
             continue
         for partition in range(topic.partition_count):
+            record = state.partition_record(topic.name, partition)
+            reassigning += 1 if record is not None and record.reassigning else 0
             view = state.partition_view(topic, partition)
             counts[view.status.value.lower()] += 1
             if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
@@ -263,6 +265,7 @@ def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> C
         partitions=counts,
         under_replicated=under_replicated,
         under_min_isr=under_min_isr,
+        reassigning=reassigning,
         unclean_elections=unclean_elections,
         **(transactions.health() if transactions is not None else {}),
     )

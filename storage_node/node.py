@@ -109,7 +109,10 @@ class StorageNode:
         self.instruments = None
         if self.telemetry.enabled:
             self.instruments = StorageNodeInstruments(
-                self.telemetry, logs=self.logs, fetch_stats=lambda: self.fetch_server.stats
+                self.telemetry,
+                logs=self.logs,
+                fetch_stats=lambda: self.fetch_server.stats,
+                throttled_bytes=lambda: self.fetchers.throttle.bytes_copied,
             )
         self.handlers = StorageNodeHandlers(
             self.logs,

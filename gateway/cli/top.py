@@ -16,6 +16,7 @@ import grpc
 
 from gateway.cli.connect import connect
 from gateway.cli.output import replication_health, table
+from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -172,7 +173,7 @@ def collect(gateway: str) -> Snapshot:
             reassigning = len(moves.reassignments)
         except grpc.RpcError:
             reassigning = -1
-    health = replication_health(metadata.topics)
+    health = replication_health(topic_from_proto(t) for t in metadata.topics)
     nodes = {
         b.node_id: _node_sample(b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0))
         for b in metadata.brokers
