@@ -265,9 +265,18 @@ class ReplicaManager:
         return replica, replica.append_as_leader(data, acks_all=acks_all, leader_epoch=leader_epoch)
 
     def read_for_consumer(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, committed: bool = False
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed: bool = False,
+        bounds_only: bool = False,
     ) -> FetchInfo:
-        return self.get(topic, partition).read_for_consumer(offset, max_bytes, committed=committed)
+        return self.get(topic, partition).read_for_consumer(
+            offset, max_bytes, committed=committed, bounds_only=bounds_only
+        )
 
     def committed_view(self, topic: str, partition: int, offset: int) -> tuple[int, list[tuple[int, int]]]:
         return self.get(topic, partition).committed_view(offset)

@@ -291,13 +291,20 @@ class Partition:
     # ---- reads -----------------------------------------------------------------------------------
 
     def read_for_consumer(
-        self, offset: int, max_bytes: int, leader_epoch: int | None = None, *, committed: bool = False
+        self,
+        offset: int,
+        max_bytes: int,
+        leader_epoch: int | None = None,
+        *,
+        committed: bool = False,
+        bounds_only: bool = False,
     ) -> FetchInfo:
         """A consumer's read: only the leader serves it, and only below the high watermark --
-        below the last stable offset for a read_committed consumer."""
+        below the last stable offset for a read_committed consumer (``bounds_only``: the offsets
+        without records)."""
         self.ensure_leader(leader_epoch)
         bound = self.log.last_stable_offset if committed else self.log.high_watermark
-        return self.log.read(offset, max_bytes, max_offset=bound)
+        return self.log.read(offset, max_bytes, max_offset=bound, bounds_only=bounds_only)
 
     def committed_view(self, offset: int) -> tuple[int, list[tuple[int, int]]]:
         """For a read_committed fetch from ``offset``: the last stable offset and the aborted
