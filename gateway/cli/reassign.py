@@ -138,6 +138,8 @@ def reassignments(args) -> int:
 def _current(admin: Admin) -> tuple[dict[tuple[str, int], tuple[int, ...]], dict[int, str]]:
     cluster, topics = admin.metadata()
     assignments = {(p.topic, p.partition): tuple(p.replicas) for topic in topics for p in topic.partitions}
+    for move in admin.list_partition_reassignments():  # planned from where they are going
+        assignments[(move.topic, move.partition)] = move.target
     racks = {b.node_id: b.rack or "" for b in cluster.brokers}
     return assignments, racks
 
@@ -145,6 +147,11 @@ def _current(admin: Admin) -> tuple[dict[tuple[str, int], tuple[int, ...]], dict
 def _run_plan(
     args, admin: Admin, plan: dict[tuple[str, int], tuple[int, ...]], what: str
 ) -> list[TopicPartition]:
+    running = {(r.topic, r.partition) for r in admin.list_partition_reassignments()}
+    held = sorted(key for key in plan if key in running)
+    if held:
+        print(f"left for later ({len(held)}, being moved already): " + ", ".join(f"{t}-{p}" for t, p in held))
+        plan = {key: replicas for key, replicas in plan.items() if key not in running}
     if not plan:
         print(f"nothing to move: {what}")
         return []

@@ -220,6 +220,16 @@ def test_reassign_rebalance_cancel_failover_and_decommission_under_load(cluster)
         (running,) = admin.list_partition_reassignments([TOPIC])
         assert (running.adding, running.removing) == ((0,), (listed[0],))
         assert running.throttle_bytes_per_second == 50_000
+        listing = cli(cluster, "reassignments")
+        assert listing.returncode == 0, listing.stderr
+        (row,) = [
+            line.split() for line in listing.stdout.splitlines() if line.startswith(f"{TOPIC}-{moving_p}")
+        ]
+        assert row[1:4] == [",".join(map(str, (0, *listed[1:]))), "0", str(listed[0])] and row[-1] == "50000"
+        dry = cli(cluster, "rebalance", "--dry-run")
+        assert dry.returncode == 0 and ("dry run" in dry.stdout or "nothing to move" in dry.stdout), (
+            dry.stdout
+        )
         cancel = cli(cluster, "reassign", TOPIC, str(moving_p), "--cancel")
         assert cancel.returncode == 0, cancel.stderr
         # Back on the same nodes (the order, as in Kafka, is the target's where they overlap).
