@@ -816,8 +816,13 @@ class Controller:
         for topic in topics:
             if any(node in self._syncs for replicas in topic.assignment for node in replicas):
                 continue  # a node sync could re-create what we delete; retried once it is done
-            if any(record.retired for record in self.cache.state.partitions.get(topic.name, {}).values()):
-                continue  # copies a reassignment left on other nodes are deleted first
+            brokers = self.cache.state.brokers
+            if any(
+                node in brokers
+                for record in self.cache.state.partitions.get(topic.name, {}).values()
+                for node in record.retired
+            ):
+                continue  # copies a reassignment left on live nodes are deleted first
             calls = [
                 self._limited(
                     self.storage.delete_partition(broker, topic.name, partition, controller_epoch=self.epoch)

@@ -10,6 +10,7 @@ join the ISR, then finishing) or ``retired`` (deleting the old copies) and carri
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Sequence
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
     from coordinator.controller import Controller
 
 log = logging.getLogger(__name__)
+
+#: Partitions written per transaction: etcd allows 128 operations (and 128 compares) in one,
+#: and each carries the partition, the topic record and the controller's two fencing compares.
+TOPIC_WRITE_CHUNK = 100
 
 #: min.insync.replicas of a topic that does not set it (the broker default, as Kafka's).
 DEFAULT_MIN_INSYNC_REPLICAS = 1
@@ -137,31 +142,46 @@ class Reassigner:
 
     async def _retire(self) -> None:
         """Stop and delete the copies left on nodes a finished reassignment took a partition
-        off; a node that is down deletes its copy when it registers again (the node sync). A
-        topic being deleted waits for this (its deletion covers only the current replicas)."""
+        off, all partitions at once (within the controller's RPC limit). A node that is not
+        registered keeps its entry until it is back (then this deletes its copy; the node sync
+        leaves it alone); a topic being deleted waits only for registered ones."""
         controller = self._controller
         state = controller.cache.state
+        work = []
         for name, partition, record in retiring(state.partitions):
             topic = state.topics.get(name)
             if topic is None:
                 continue
-            calls = [
-                controller._limited(self._drop_copy(node, topic, partition, record))
-                for node in record.retired
-                if node in state.brokers and node not in record.replicas
-            ]
-            if not all(await asyncio.gather(*calls)):
+            live = [n for n in record.retired if n in state.brokers and n not in record.replicas]
+            if live:
+                work.append((topic, partition, record, live))
+        if not work:
+            return
+
+        async def drop_all(topic: TopicRecord, partition: int, record: PartitionRecord, live: list[int]):
+            calls = [controller._limited(self._drop_copy(n, topic, partition, record)) for n in live]
+            done = await asyncio.gather(*calls)
+            return [n for n, ok in zip(live, done) if ok]
+
+        dropped = await asyncio.gather(*(drop_all(*item) for item in work))
+        for (topic, partition, record, _), gone in zip(work, dropped):
+            if not gone:
                 continue
-            key = keys.partition_key(name, partition)
-            cleared = PartitionRecord(
-                record.replicas, record.leader, record.leader_epoch, record.isr, record.status
-            )
+            key = keys.partition_key(topic.name, partition)
+            kept = tuple(n for n in record.retired if n not in gone)
+            cleared = dataclasses.replace(record, retired=kept)
             result = await controller._write(
                 [Op.put(key, keys.encode_partition(cleared))],
                 [Compare.mod_revision(key, record.mod_revision)],
             )
             if result.succeeded:
-                log.info("%s-%d: copies on retired nodes %s deleted", name, partition, list(record.retired))
+                log.info(
+                    "%s-%d: copies on retired nodes %s deleted%s",
+                    topic.name,
+                    partition,
+                    gone,
+                    f" ({list(kept)} when they are back)" if kept else "",
+                )
 
     async def _drop_copy(
         self, node_id: int, topic: TopicRecord, partition: int, record: PartitionRecord
@@ -182,38 +202,45 @@ class Reassigner:
         )
 
     async def _write_topic(self, name: str, transitions: list[Transition], what: str) -> Outcomes:
-        """Write partition records of one topic and its assignment in one compare-and-swap."""
+        """Write partition records of one topic with its assignment, each chunk (etcd allows
+        128 operations per transaction) one compare-and-swap on its partitions and the topic."""
         controller = self._controller
+        outcomes: Outcomes = {}
         topic = controller.cache.state.topics.get(name)
-        if topic is None:
-            gone = errors.UnknownTopicOrPartitionError(f"topic {name} is gone")
-            return {(t.topic, t.partition): gone for t in transitions}
-        updated = with_assignment(topic, {t.partition: t.record.replicas for t in transitions})
-        ops = [
-            Op.put(keys.partition_key(name, t.partition), keys.encode_partition(t.record))
-            for t in transitions
-        ]
-        ops.append(Op.put(keys.topic_key(name), keys.encode_topic(updated)))
-        compares = [
-            Compare.mod_revision(keys.partition_key(name, t.partition), t.expected_mod_revision)
-            for t in transitions
-        ]
-        compares.append(Compare.mod_revision(keys.topic_key(name), topic.mod_revision))
-        result = await controller._write(ops, compares)
-        if not result.succeeded:
-            controller.kick()
-            race = errors.CoordinatorNotAvailableError(f"{name} changed meanwhile; try again")
-            return {(t.topic, t.partition): race for t in transitions}
-        for t in transitions:
-            log.info(
-                "partition %s-%d: %s, replicas %s (adding %s, removing %s), leader %d, ISR %s",
-                name,
-                t.partition,
-                what,
-                list(t.record.replicas),
-                list(t.record.adding),
-                list(t.record.removing),
-                t.record.leader,
-                list(t.record.isr),
-            )
-        return {(t.topic, t.partition): None for t in transitions}
+        for start in range(0, len(transitions), TOPIC_WRITE_CHUNK):
+            chunk = transitions[start : start + TOPIC_WRITE_CHUNK]
+            if topic is None:
+                gone = errors.UnknownTopicOrPartitionError(f"topic {name} is gone")
+                outcomes.update({(t.topic, t.partition): gone for t in chunk})
+                continue
+            updated = with_assignment(topic, {t.partition: t.record.replicas for t in chunk})
+            ops = [
+                Op.put(keys.partition_key(name, t.partition), keys.encode_partition(t.record)) for t in chunk
+            ]
+            ops.append(Op.put(keys.topic_key(name), keys.encode_topic(updated)))
+            compares = [
+                Compare.mod_revision(keys.partition_key(name, t.partition), t.expected_mod_revision)
+                for t in chunk
+            ]
+            compares.append(Compare.mod_revision(keys.topic_key(name), topic.mod_revision))
+            result = await controller._write(ops, compares)
+            if not result.succeeded:
+                controller.kick()
+                race = errors.CoordinatorNotAvailableError(f"{name} changed meanwhile; try again")
+                outcomes.update({(t.topic, t.partition): race for t in transitions[start:]})
+                break
+            topic = dataclasses.replace(updated, mod_revision=result.revision)
+            for t in chunk:
+                outcomes[(t.topic, t.partition)] = None
+                log.info(
+                    "partition %s-%d: %s, replicas %s (adding %s, removing %s), leader %d, ISR %s",
+                    name,
+                    t.partition,
+                    what,
+                    list(t.record.replicas),
+                    list(t.record.adding),
+                    list(t.record.removing),
+                    t.record.leader,
+                    list(t.record.isr),
+                )
+        return outcomes

@@ -254,7 +254,8 @@ def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> C
             reassigning += 1 if record is not None and record.reassigning else 0
             view = state.partition_view(topic, partition)
             counts[view.status.value.lower()] += 1
-            if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
+            adding = len(record.adding) if record is not None else 0  # copying: not yet expected
+            if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas) - adding:
                 under_replicated += 1
             if view.status is PartitionStatus.ONLINE and len(view.isr) < _min_isr(topic):
                 under_min_isr += 1

@@ -178,6 +178,8 @@ class ReplicaFetcher:
         state = target.replica.state
         if state is None or not state.throttle_bytes_per_s or self.node_id not in state.adding:
             return 0
+        if self.node_id in state.isr:
+            return 0  # caught up: in-sync replicas are never held back (acks=all waits on them)
         return state.throttle_bytes_per_s
 
     async def _round_trip(self, request: multi.MultiFetchRequest) -> multi.MultiFetchResponse:

@@ -299,3 +299,22 @@ def test_reassign_rebalance_cancel_failover_and_decommission_under_load(cluster)
         problems = check_replicas(p, copies, ends[p])
         assert not problems, quote(problems)
     admin.close()
+
+
+def test_a_move_of_more_partitions_than_one_etcd_transaction_holds(cluster):
+    """etcd allows 128 operations per transaction: a rebalance of a wide topic moves more."""
+    wide = "wide"
+    partitions = 150
+    with Admin(servers=cluster.gateway) as admin:
+        admin.create_topics([NewTopic(wide, partitions, 1)])
+        wait_until(
+            lambda: all(p.leader >= 0 for p in admin.describe_topics([wide])[0].partitions),
+            timeout=60,
+            what="the wide topic online",
+        )
+        before = {p.partition: p.replicas[0] for p in admin.describe_topics([wide])[0].partitions}
+        moves = {TopicPartition(wide, p): ((node + 1) % 3,) for p, node in before.items()}
+        assert set(admin.alter_partition_reassignments(moves).values()) == {None}
+        wait_until(lambda: not admin.list_partition_reassignments([wide]), timeout=90, what="every move done")
+        after = {p.partition: tuple(p.replicas) for p in admin.describe_topics([wide])[0].partitions}
+        assert after == {p: ((node + 1) % 3,) for p, node in before.items()}

@@ -163,3 +163,34 @@ def test_leader_imbalance_above_the_percentage_is_handed_back():
     assert imbalanced_partitions(state, 10, shutting_down={0}) == []
     out_of_sync = state_with([("t", p, record((0, 1), 1, (1,))) for p in range(2)])
     assert imbalanced_partitions(out_of_sync, 10) == []
+
+
+def test_changes_of_leader_or_isr_keep_a_move_and_retired_copies():
+    from coordinator.partition_state import plan_partition, plan_preferred_leader
+
+    t = topic([(4, 5, 6, 1, 2, 3)])
+    moving = record(
+        (4, 5, 6, 1, 2, 3),
+        1,
+        (1, 2, 3),
+        adding=(4, 5, 6),
+        removing=(1, 2, 3),
+        retired=(9,),
+        throttle_bytes_per_s=7,
+    )
+    live = {1, 2, 3, 4, 5, 6}
+    planned = [
+        plan_partition(t, 0, moving, live - {2}),  # a follower gone: ISR shrinks
+        plan_partition(t, 0, moving, live - {1}),  # the leader gone: failover
+        plan_partition(t, 0, moving, {4, 5, 6}),  # no in-sync replica left: offline
+        plan_partition(t, 0, moving, live, shutting_down={1}),  # controlled shutdown
+    ]
+    preferred = plan_preferred_leader(
+        t, 0, record((2, 1, 3, 4), 1, (1, 2, 3), adding=(4,), removing=(3,), retired=(9,)), live
+    )
+    assert not isinstance(preferred, errors.TributaryError)
+    for transition in [*planned, preferred]:
+        assert transition is not None
+        kept = transition.record
+        assert kept.reassigning and kept.retired == (9,), kept
+    assert all(t.record.adding == (4, 5, 6) and t.record.throttle_bytes_per_s == 7 for t in planned if t)
