@@ -109,8 +109,10 @@ class Partition:
 
     @property
     def under_replicated(self) -> bool:
+        """Fewer in-sync replicas than replicas, not counting those a reassignment is adding
+        (they are expected to be behind while they copy), as Kafka counts it."""
         state = self.state
-        return state is not None and len(state.isr) < len(state.replicas)
+        return state is not None and len(state.isr) < len(state.replicas) - len(state.adding)
 
     @property
     def under_min_isr(self) -> bool:
