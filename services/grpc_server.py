@@ -105,8 +105,10 @@ async def create_server(
     *,
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
     options: Iterable[tuple[str, int]] = DEFAULT_OPTIONS,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> GrpcServer:
     """Build, bind and start a server; ``address`` may use port 0 (the bound port is returned).
+    With ``credentials`` (:mod:`services.tls`) the port speaks TLS only.
 
     Registers grpc.health.v1 (every service SERVING once started) and server reflection (v1 and
     v1alpha).
@@ -134,7 +136,7 @@ async def create_server(
     )
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflection_servicer, registrar)
     reflection_v1.add_v1_to_server(reflection_servicer, registrar)
-    port = server.add_insecure_port(address)
+    port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC server to {address}")
     await server.start()

@@ -8,10 +8,13 @@ not up" is reported at once instead of after the clients' retry timeouts.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from gateway.client.client import client_tls
 from gateway.client.errors import NoServersError
 from gateway.client.servers import (
     CLUSTER_FILE,
@@ -20,6 +23,7 @@ from gateway.client.servers import (
     default_data_dir,
     resolve_servers,
 )
+from services.tls import ClientTls, grpc_channel_credentials
 
 PROBE_TIMEOUT_S = 3.0
 
@@ -51,11 +55,17 @@ def gateway_addresses(args) -> list[str]:
 
 
 def ensure_reachable(
-    addresses: list[str], *, timeout_s: float = PROBE_TIMEOUT_S, data_dir: Path | None = None
+    addresses: list[str],
+    *,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    data_dir: Path | None = None,
+    tls: ClientTls | None = None,
 ) -> None:
-    """Raise :class:`CliError` unless at least one gateway accepts a connection."""
+    """Raise :class:`CliError` unless at least one gateway accepts a connection (a TLS one
+    when ``tls`` is given)."""
+    credentials = grpc_channel_credentials(tls) if tls is not None else None
     for address in addresses:
-        channel = grpc.insecure_channel(address)
+        channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
         try:
             grpc.channel_ready_future(channel).result(timeout=timeout_s / max(1, len(addresses)))
             return
@@ -73,8 +83,33 @@ def ensure_reachable(
     raise CliError(f"cannot reach a gateway at {where}: {hint}")
 
 
+def security_settings(args) -> dict[str, Any]:
+    """The SDK's TLS settings from ``--ssl-cafile/--ssl-certfile/--ssl-keyfile`` (or
+    ``$TRIBUTARY_SSL_CAFILE`` ...): any of them turns TLS on (``security_protocol="SSL"``)."""
+    files = {
+        name: getattr(args, name, None) or os.environ.get(f"TRIBUTARY_{name.upper()}") or None
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    }
+    if not any(files.values()):
+        return {}
+    return {"security_protocol": "SSL", **files}
+
+
+def client_settings(args) -> dict[str, Any]:
+    """``servers=`` and the TLS settings for SDK clients, after checking the cluster answers."""
+    security = security_settings(args)
+    try:
+        tls = client_tls(
+            security.get("security_protocol", "PLAINTEXT"),
+            *(security.get(name) for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")),
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
+    addresses = gateway_addresses(args)
+    ensure_reachable(addresses, data_dir=data_dir_of(args), tls=tls)
+    return {"servers": ",".join(addresses), **security}
+
+
 def connect(args) -> str:
     """The ``servers=`` string for SDK clients, after checking the cluster answers."""
-    addresses = gateway_addresses(args)
-    ensure_reachable(addresses, data_dir=data_dir_of(args))
-    return ",".join(addresses)
+    return client_settings(args)["servers"]

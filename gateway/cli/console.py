@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from gateway.cli.connect import CliError, connect
+from gateway.cli.connect import CliError, client_settings
 from gateway.cli.output import Progress, parse_line, parse_pairs, record_json, record_text
 from gateway.client import Consumer, Producer, TopicPartition
 from gateway.client.errors import WakeupError
@@ -33,7 +33,7 @@ def produce(args) -> int:
     failures: list[BaseException] = []
     sent = 0
     producer = Producer(
-        servers=connect(args),
+        **client_settings(args),
         acks=args.acks,
         compression=args.compression,
         linger_ms=args.linger_ms,
@@ -109,7 +109,7 @@ def consume(args) -> int:
     _validate_consume_args(args)
     group = {"group_id": args.group, "client_id": "tributary-console-consumer"} if args.group else {}
     consumer = Consumer(
-        servers=connect(args),
+        **client_settings(args),
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         request_timeout_ms=CLI_REQUEST_TIMEOUT_MS,
         isolation_level=args.isolation_level,

@@ -14,7 +14,7 @@ import time
 import zlib
 from collections import Counter
 
-from gateway.cli.connect import CliError, connect
+from gateway.cli.connect import CliError, client_settings
 from gateway.cli.output import Progress, table
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import TopicAlreadyExistsError
@@ -43,10 +43,10 @@ def _ensure_topic(admin: Admin, args, progress: Progress) -> int:
     return len(admin.describe_topics([args.topic])[0].partitions)
 
 
-def _produce(servers: str, args, progress: Progress) -> Counter:
+def _produce(settings: dict, args, progress: Progress) -> Counter:
     """Send the events; returns the multiset of (key, crc32 of value) expected back."""
     expected: Counter = Counter()
-    with Producer(servers=servers, linger_ms=10, compression="lz4") as producer:
+    with Producer(**settings, linger_ms=10, compression="lz4") as producer:
         for i, (key, value) in enumerate(_events(args.records, args.seed), 1):
             producer.send(args.topic, value, key=key)
             expected[(key, zlib.crc32(value))] += 1
@@ -57,7 +57,7 @@ def _produce(servers: str, args, progress: Progress) -> Counter:
 
 
 def _consume(
-    servers: str,
+    settings: dict,
     args,
     tps: list[TopicPartition],
     start: dict[TopicPartition, int],
@@ -69,7 +69,7 @@ def _consume(
     per_partition: Counter = Counter()
     misplaced = 0
     total = sum(end[tp] - start[tp] for tp in tps)
-    with Consumer(servers=servers) as consumer:
+    with Consumer(**settings) as consumer:
         consumer.assign(tps)
         for tp in tps:
             consumer.seek(tp, start[tp])
@@ -92,16 +92,16 @@ def _consume(
 def demo(args) -> int:
     if args.records < 1:
         raise CliError("--records must be at least 1", 2)
-    servers = connect(args)
+    settings = client_settings(args)
     progress = Progress()
-    with Admin(servers=servers) as admin:
+    with Admin(**settings) as admin:
         count = _ensure_topic(admin, args, progress)
         tps = [TopicPartition(args.topic, p) for p in range(count)]
         start = {tp: r.offset for tp, r in admin.list_offsets({tp: "latest" for tp in tps}).items()}
-    expected = _produce(servers, args, progress)
-    with Admin(servers=servers) as admin:
+    expected = _produce(settings, args, progress)
+    with Admin(**settings) as admin:
         end = {tp: r.offset for tp, r in admin.list_offsets({tp: "latest" for tp in tps}).items()}
-    got, per_partition, misplaced = _consume(servers, args, tps, start, end, progress)
+    got, per_partition, misplaced = _consume(settings, args, tps, start, end, progress)
     print(table(("PARTITION", "EVENTS"), [[p, per_partition.get(p, 0)] for p in range(count)]))
     ok = got == expected and misplaced == 0
     produced, consumed = sum(expected.values()), sum(got.values())

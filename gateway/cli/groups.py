@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from gateway.cli.connect import CliError, connect
+from gateway.cli.connect import CliError, client_settings
 from gateway.cli.output import (
     clamp_offsets,
     describe_group,
@@ -25,7 +25,7 @@ CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 def _admin(args) -> Admin:
-    return Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
+    return Admin(**client_settings(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
 
 
 def list_groups(args) -> int:

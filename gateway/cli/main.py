@@ -50,6 +50,10 @@ def _common(parser: argparse.ArgumentParser, *, gateway: bool = True) -> None:
             metavar="HOST:PORT[,HOST:PORT]",
             help=f"gateway address(es); default ${GATEWAY_ENV}, then the local cluster's cluster.json",
         )
+        tls = parser.add_argument_group("TLS (any of these turns it on; or $TRIBUTARY_SSL_CAFILE ...)")
+        tls.add_argument("--ssl-cafile", metavar="PEM", help="CA bundle the gateway's certificate chains to")
+        tls.add_argument("--ssl-certfile", metavar="PEM", help="client certificate, for mutual TLS")
+        tls.add_argument("--ssl-keyfile", metavar="PEM", help="key of --ssl-certfile")
     parser.add_argument(
         "--data-dir", metavar="DIR", help=f"local cluster directory (default ${DATA_DIR_ENV} or ./.tributary)"
     )

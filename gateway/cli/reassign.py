@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.cli.connect import CliError, connect
+from gateway.cli.connect import CliError, client_settings
 from gateway.cli.output import table
 from gateway.client import Admin, TopicPartition
 from services.replica_moves import plan_decommission, plan_rebalance
@@ -35,7 +35,7 @@ def parse_rate(text: str) -> int:
 
 
 def _admin(args) -> Admin:
-    return Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
+    return Admin(**client_settings(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
 
 
 def _node_list(text: str) -> tuple[int, ...]:

@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.cli.connect import connect
+from gateway.cli.connect import client_settings
 from gateway.cli.output import replication_health, table
+from gateway.client.client import client_tls
 from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
+from services.tls import grpc_channel_credentials
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 CALL_TIMEOUT_S = 5.0
@@ -160,9 +162,12 @@ def _group_samples(stub) -> list[GroupSample]:
     return samples
 
 
-def collect(gateway: str) -> Snapshot:
-    """One snapshot of the cluster behind ``gateway`` (host:port)."""
-    with grpc.insecure_channel(gateway) as channel:
+def collect(gateway: str, credentials: grpc.ChannelCredentials | None = None) -> Snapshot:
+    """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``)."""
+    channel_to_gateway = (
+        grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
+    )
+    with channel_to_gateway as channel:
         stub = gateway_grpc.GatewayStub(channel)
         metadata = stub.GetMetadata(pb.GetMetadataRequest(), timeout=CALL_TIMEOUT_S)
         groups = _group_samples(stub)
@@ -193,13 +198,21 @@ def collect(gateway: str) -> Snapshot:
 
 def run(args) -> int:
     """``tributary top [--interval S] [--iterations N]``: refresh until Ctrl-C or N screens."""
-    gateway = connect(args).split(",")[0]
+    settings = client_settings(args)
+    gateway = settings["servers"].split(",")[0]
+    tls = client_tls(
+        settings.get("security_protocol", "PLAINTEXT"),
+        settings.get("ssl_cafile"),
+        settings.get("ssl_certfile"),
+        settings.get("ssl_keyfile"),
+    )
+    credentials = grpc_channel_credentials(tls) if tls is not None else None
     interactive = sys.stdout.isatty()
     previous = None
     shown = 0
     try:
         while args.iterations is None or shown < args.iterations:
-            current = collect(gateway)
+            current = collect(gateway, credentials)
             screen = render(current, previous)
             sys.stdout.write((CLEAR_SCREEN if interactive else ("\n" if shown else "")) + screen + "\n")
             sys.stdout.flush()

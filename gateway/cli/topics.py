@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from gateway.cli.connect import CliError, connect
+from gateway.cli.connect import CliError, client_settings
 from gateway.cli.output import describe_topic, is_under_replicated, offsets_table, parse_pairs
 from gateway.client import Admin, NewTopic, TopicPartition
 
@@ -15,7 +15,7 @@ CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 def _admin(args) -> Admin:
-    return Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
+    return Admin(**client_settings(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS)
 
 
 def _configs(args) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 
-from gateway.cli.connect import connect
+from gateway.cli.connect import client_settings
 from gateway.cli.output import table
 from gateway.client import Admin, TransactionDescription
 
@@ -51,14 +51,14 @@ def _as_json(described: list[TransactionDescription]) -> str:
 
 
 def list_transactions(args) -> int:
-    with Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS) as admin:
+    with Admin(**client_settings(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS) as admin:
         described = admin.describe_transactions(states=args.state)
     print(_as_json(described) if args.format == "json" else table(HEADERS, _rows(described)))
     return 0
 
 
 def describe(args) -> int:
-    with Admin(servers=connect(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS) as admin:
+    with Admin(**client_settings(args), request_timeout_ms=CLI_REQUEST_TIMEOUT_MS) as admin:
         described = admin.describe_transactions([args.transactional_id])
     if args.format == "json":
         print(_as_json(described))

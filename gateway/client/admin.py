@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gateway.client.client import GatewayClient, list_offsets, offset_spec
+from gateway.client.client import GatewayClient, client_tls, list_offsets, offset_spec
 from gateway.client.errors import TributaryError
 from gateway.client.group_serde import (
     committed_from_proto,
@@ -64,9 +64,17 @@ class AsyncAdmin:
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
         client_id: str = "tributary-admin",
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
         self._client = GatewayClient(
-            servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+            servers,
+            request_timeout_ms=request_timeout_ms,
+            clock=clock,
+            client_id=client_id,
+            tls=client_tls(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
         )
 
     @property
@@ -434,12 +442,24 @@ class Admin:
         request_timeout_ms: int = 30_000,
         clock: Clock = SYSTEM_CLOCK,
         client_id: str = "tributary-admin",
+        security_protocol: str = "PLAINTEXT",
+        ssl_cafile: str | None = None,
+        ssl_certfile: str | None = None,
+        ssl_keyfile: str | None = None,
     ) -> None:
+        client_tls(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile)  # refuse bad ones here
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:
             return AsyncAdmin(
-                servers=servers, request_timeout_ms=request_timeout_ms, clock=clock, client_id=client_id
+                servers=servers,
+                request_timeout_ms=request_timeout_ms,
+                clock=clock,
+                client_id=client_id,
+                security_protocol=security_protocol,
+                ssl_cafile=ssl_cafile,
+                ssl_certfile=ssl_certfile,
+                ssl_keyfile=ssl_keyfile,
             )
 
         try:

@@ -25,6 +25,7 @@ from gateway.client.errors import NetworkError, TributaryError, error_from_rpc
 from services.client_id import CLIENT_ID_METADATA_KEY
 from services.proto import gateway_grpc
 from services.telemetry import client_interceptors
+from services.tls import ClientTls, grpc_channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,12 @@ class GatewayPool:
     """
 
     def __init__(
-        self, addresses: list[str], *, monotonic: Callable[[], float] = time.monotonic, client_id: str = ""
+        self,
+        addresses: list[str],
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        client_id: str = "",
+        tls: ClientTls | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one gateway address is needed")
@@ -113,6 +119,7 @@ class GatewayPool:
         self.metadata: tuple[tuple[str, str], ...] = (
             ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
         )
+        self._credentials = grpc_channel_credentials(tls) if tls is not None else None
         self.endpoints = [self._open(address) for address in addresses]
         self._current = 0
         self._closed = False
@@ -121,9 +128,15 @@ class GatewayPool:
         # With an OpenTelemetry SDK configured by the application, every call is a CLIENT span
         # whose context travels in the metadata (W3C traceparent) to the gateway; without one
         # there are no interceptors at all.
-        channel = grpc.aio.insecure_channel(
-            address, options=list(CHANNEL_OPTIONS), interceptors=client_interceptors(address) or None
-        )
+        interceptors = client_interceptors(address) or None
+        if self._credentials is not None:
+            channel = grpc.aio.secure_channel(
+                address, self._credentials, options=list(CHANNEL_OPTIONS), interceptors=interceptors
+            )
+        else:
+            channel = grpc.aio.insecure_channel(
+                address, options=list(CHANNEL_OPTIONS), interceptors=interceptors
+            )
         stub = IdentifiedStub(gateway_grpc.GatewayStub(channel), self.metadata)
         return Endpoint(address=address, channel=channel, stub=stub)
 

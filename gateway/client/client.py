@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 from gateway.client.channel import GatewayPool
 from gateway.client.errors import RequestTimedOutError, TributaryError, UnknownTopicOrPartitionError
@@ -18,6 +19,7 @@ from gateway.client.structs import OffsetAndTimestamp, TopicDescription, TopicPa
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
 from services.serde import error_from_proto
+from services.tls import ClientTls, client_tls_problem
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,11 @@ class GatewayClient:
         retry_backoff_ms: int = 100,
         clock: Clock = SYSTEM_CLOCK,
         client_id: str = "",
+        tls: ClientTls | None = None,
     ) -> None:
         self.addresses = resolve_servers(servers)
+        #: TLS to the gateways (gRPC and the raw data listener); None: plaintext.
+        self.tls = tls
         #: Kafka's client.id: sent in every call's metadata (``tributary-client-id``).
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
@@ -53,7 +58,9 @@ class GatewayClient:
         # Channels are created lazily, on the loop that first uses them (gRPC asyncio channels
         # belong to the loop they were created on).
         if self._pool is None:
-            self._pool = GatewayPool(self.addresses, monotonic=self.clock.monotonic, client_id=self.client_id)
+            self._pool = GatewayPool(
+                self.addresses, monotonic=self.clock.monotonic, client_id=self.client_id, tls=self.tls
+            )
         return self._pool
 
     async def call(self, method: str, request, *, timeout_ms: int | None = None, failover: bool = True):
@@ -159,3 +166,38 @@ async def list_offsets(client: GatewayClient, specs: dict, *, read_committed: bo
     for tp in specs:
         results.setdefault(tp, UnknownTopicOrPartitionError(f"no ListOffsets answer for {tp}"))
     return results
+
+
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+
+
+def client_tls(
+    security_protocol: str, ssl_cafile: str | None, ssl_certfile: str | None, ssl_keyfile: str | None
+) -> ClientTls | None:
+    """The TLS a client's settings ask for (Kafka's names): None for ``PLAINTEXT``; ValueError
+    for settings that contradict each other or name missing files (never ignored)."""
+    protocol = security_protocol.upper()
+    if protocol not in SECURITY_PROTOCOLS:
+        raise ValueError(f"security_protocol must be one of {SECURITY_PROTOCOLS}, not {security_protocol!r}")
+    given = [
+        name
+        for name, value in (
+            ("ssl_cafile", ssl_cafile),
+            ("ssl_certfile", ssl_certfile),
+            ("ssl_keyfile", ssl_keyfile),
+        )
+        if value
+    ]
+    if protocol == "PLAINTEXT":
+        if given:
+            raise ValueError(f"{', '.join(given)} need security_protocol='SSL' (it is PLAINTEXT)")
+        return None
+    tls = ClientTls(
+        Path(ssl_cafile) if ssl_cafile else None,
+        Path(ssl_certfile) if ssl_certfile else None,
+        Path(ssl_keyfile) if ssl_keyfile else None,
+    )
+    problem = client_tls_problem(tls)
+    if problem is not None:
+        raise ValueError(problem)
+    return tls

@@ -81,7 +81,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.client.client import GatewayClient, list_offsets
+from gateway.client.client import GatewayClient, client_tls, list_offsets
 from gateway.client.dataport import parse_data_path
 from gateway.client.errors import IllegalStateError, InvalidGroupIdError, TributaryError, WakeupError
 from gateway.client.fetcher import Fetcher
@@ -99,6 +99,7 @@ from gateway.client.structs import (
 from gateway.client.subscription import SubscriptionState, SubscriptionType, validate_reset_strategy
 from gateway.client.telemetry import ConsumerTelemetry
 from services.clock import SYSTEM_CLOCK, Clock
+from services.tls import ClientTls
 from services.topic_pattern import compile_topic_pattern
 
 
@@ -133,6 +134,13 @@ class ConsumerConfig:
     partition_assignment_strategy: str | Sequence[str] | None = "cooperative-sticky"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5_000
+    #: "PLAINTEXT" or "SSL" (Kafka's security.protocol): TLS to the gateways, gRPC and data.
+    security_protocol: str = "PLAINTEXT"
+    #: CA bundle (PEM) the gateways' certificates must chain to; None: the system's roots.
+    ssl_cafile: str | None = None
+    #: This client's certificate chain and key (PEM), for gateways that require mutual TLS.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ConsumerConfig:
@@ -147,10 +155,15 @@ class ConsumerConfig:
         config = cls(**values)
         validate_reset_strategy(config.auto_offset_reset)
         parse_data_path(config.data_path)
+        config.tls()
         if config.max_poll_records <= 0:
             raise ValueError("max_poll_records must be positive")
         config.validate_group_settings()
         return config
+
+    def tls(self) -> ClientTls | None:
+        """The TLS the security settings ask for (ValueError when they do not add up)."""
+        return client_tls(self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
 
     @property
     def assignor(self) -> str | None:
@@ -271,6 +284,7 @@ class AsyncConsumer:
             retry_backoff_ms=self.config.retry_backoff_ms,
             clock=clock,
             client_id=self.config.client_id,
+            tls=self.config.tls(),
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
         #: Spans and metrics of the polls, on the application's OpenTelemetry SDK (None: off).

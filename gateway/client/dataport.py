@@ -41,6 +41,7 @@ from services.dataport import protocol as dp
 from services.proto import pb
 from services.serde import acks_from_proto
 from services.telemetry import inject_metadata
+from services.tls import ClientTls, client_ssl_context
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,22 @@ class DataConnection:
         self.last_active = asyncio.get_running_loop().time()
 
     @classmethod
-    async def open(cls, host: str, port: int, *, client_id: str, timeout_s: float) -> DataConnection:
+    async def open(
+        cls, host: str, port: int, *, client_id: str, timeout_s: float, tls: ClientTls | None = None
+    ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions."""
         address = f"{host}:{port}"
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=1 << 16), timeout_s
+                asyncio.open_connection(
+                    host,
+                    port,
+                    limit=1 << 16,
+                    ssl=client_ssl_context(tls) if tls is not None else None,
+                    server_hostname=host if tls is not None else None,
+                ),
+                timeout_s,
             )
         except (OSError, TimeoutError) as exc:
             raise NetworkError(f"gateway data listener {address} unreachable: {exc!r}") from exc
@@ -282,7 +292,10 @@ class DataLink:
                 return None
             try:
                 self._connection = await DataConnection.open(
-                    *address, client_id=self._client.client_id, timeout_s=self._connect_timeout_s
+                    *address,
+                    client_id=self._client.client_id,
+                    timeout_s=self._connect_timeout_s,
+                    tls=self._client.tls,
                 )
             except UnsupportedVersionError as exc:
                 log.info("the gateway's data listener refused us (%s); using gRPC", exc)

@@ -63,7 +63,7 @@ from time import time_ns
 from typing import Any
 
 from gateway.client.accumulator import RECORD_OVERHEAD, BufferExhausted, BufferPool, RecordAccumulator
-from gateway.client.client import GatewayClient
+from gateway.client.client import GatewayClient, client_tls
 from gateway.client.dataport import RawTransport, parse_data_path
 from gateway.client.errors import (
     IllegalStateError,
@@ -85,6 +85,7 @@ from services.acks import Acks
 from services.clock import SYSTEM_CLOCK, Clock
 from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression
+from services.tls import ClientTls
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,13 @@ class ProducerConfig:
     transactional_id: str | None = None
     #: A transaction open longer than this is aborted by the coordinator (Kafka's default).
     transaction_timeout_ms: int = 60_000
+    #: "PLAINTEXT" or "SSL" (Kafka's security.protocol): TLS to the gateways, gRPC and data.
+    security_protocol: str = "PLAINTEXT"
+    #: CA bundle (PEM) the gateways' certificates must chain to; None: the system's roots.
+    ssl_cafile: str | None = None
+    #: This client's certificate chain and key (PEM), for gateways that require mutual TLS.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
@@ -160,6 +168,7 @@ class ProducerConfig:
     def validate(self) -> None:
         """Refuse settings that contradict each other or that could not be honoured."""
         self._validate_idempotence()
+        self.tls()
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
@@ -177,6 +186,10 @@ class ProducerConfig:
         for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms", "connections_max_idle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+
+    def tls(self) -> ClientTls | None:
+        """The TLS the security settings ask for (ValueError when they do not add up)."""
+        return client_tls(self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
 
     def _validate_idempotence(self) -> None:
         acks = Acks.parse(self.acks)
@@ -213,6 +226,7 @@ class ProducerCore:
             retry_backoff_ms=config.retry_backoff_ms,
             clock=clock,
             client_id=config.client_id,
+            tls=config.tls(),
         )
         self.pool = BufferPool(config.buffer_memory)
         self.accumulator = RecordAccumulator(

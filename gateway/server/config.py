@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.config import ServiceConfig
 
@@ -61,3 +62,11 @@ class GatewayConfig(ServiceConfig):
     #: A data connection with no request (and no answer owed) this long is closed, as Kafka
     #: closes connections idle for connections.max.idle.ms. 0 = never.
     data_max_idle_ms: int = 600_000
+    #: TLS on the public ports (gRPC and the raw data listener): this gateway's certificate
+    #: chain (PEM). With it and ``tls_key_file`` set, both ports speak TLS only; the files are
+    #: re-read when they change (new connections get the new certificate).
+    tls_cert_file: Path | None = None
+    #: The private key of ``tls_cert_file`` (PEM).
+    tls_key_file: Path | None = None
+    #: Mutual TLS: clients must present a certificate signed by this CA bundle (PEM).
+    tls_client_ca_file: Path | None = None

@@ -49,8 +49,12 @@ from gateway.server.produce import ProduceHandler, ProduceOutcome
 from services import errors
 from services.acks import Acks
 from services.dataport import protocol as dp
+from services.tls import ReloadingSslContext
 
 log = logging.getLogger(__name__)
+
+#: How often the TLS certificate files are checked for a rotation.
+TLS_RELOAD_CHECK_S = 5.0
 
 #: Bytes of requests one connection may hold unanswered before it stops reading.
 DEFAULT_MAX_IN_FLIGHT_BYTES = 64 << 20
@@ -82,6 +86,7 @@ class DataListener:
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         max_frame: int = dp.MAX_REQUEST_FRAME,
         telemetry=None,
+        ssl_context: ReloadingSslContext | None = None,
     ) -> None:
         self.produce = produce
         self.fetch = fetch
@@ -98,17 +103,39 @@ class DataListener:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self.port = 0
+        #: TLS (``services/tls.py``): every connection is TLS; None: plaintext.
+        self._ssl = ssl_context
+        self._reloader: asyncio.Task | None = None
 
     @property
     def connection_count(self) -> int:
         return len(self._connections)
 
     async def start(self) -> None:
+        ssl_context = self._ssl.context if self._ssl is not None else None
         self._server = await asyncio.start_server(
-            self._accept, self.host, self._requested_port, limit=1 << 16, backlog=1024
+            self._accept,
+            self.host,
+            self._requested_port,
+            limit=1 << 16,
+            backlog=1024,
+            ssl=ssl_context,
+            ssl_handshake_timeout=self.stall_timeout_s if ssl_context is not None else None,
         )
+        if self._ssl is not None:
+            self._reloader = asyncio.create_task(self._reload_certificates(), name="data-listener-tls")
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("data listener on %s:%d", self.host, self.port)
+
+    async def _reload_certificates(self) -> None:
+        """New TLS handshakes use the certificate files as they are now (checked every few s)."""
+        assert self._ssl is not None
+        while True:
+            await asyncio.sleep(TLS_RELOAD_CHECK_S)
+            try:
+                self._ssl.maybe_reload()
+            except Exception:
+                log.exception("reloading the data listener's TLS certificate failed")
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.max_connections:
@@ -131,6 +158,8 @@ class DataListener:
     async def close(self) -> None:
         """Stop accepting, end every connection (answers owed are lost to their clients, which
         fail those requests retriably)."""
+        if self._reloader is not None:
+            self._reloader.cancel()
         if self._server is not None:
             self._server.close()
         for connection in list(self._connections):

@@ -28,6 +28,7 @@ from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import Telemetry, setup_telemetry
+from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ class GatewayService:
             max_decoded_bytes=config.fetch_max_decoded_bytes,
             telemetry=self.instruments,
         )
+        tls = (
+            ServerTls(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+            if config.tls_cert_file is not None and config.tls_key_file is not None
+            else None
+        )
         if config.data_listener:
             self.data_listener = DataListener(
                 self.produce,
@@ -102,6 +108,7 @@ class GatewayService:
                 stall_timeout_s=config.data_stall_timeout_ms / 1000.0,
                 max_idle_s=config.data_max_idle_ms / 1000.0 if config.data_max_idle_ms > 0 else None,
                 telemetry=self.instruments,
+                ssl_context=ReloadingSslContext(tls) if tls is not None else None,
             )
             await self.data_listener.start()
         servicer = GatewayServicer(
@@ -119,12 +126,14 @@ class GatewayService:
             f"{config.host}:{config.port}",
             [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, servicer, GATEWAY_SERVICE)],
             interceptors=self.telemetry.server_interceptors(),
+            credentials=grpc_server_credentials(tls) if tls is not None else None,
         )
         self._write_ready_file()
         log.info(
-            "gateway serving on %s:%d, data listener %s (coordinators %s)",
+            "gateway serving on %s:%d%s, data listener %s (coordinators %s)",
             config.host,
             self.grpc.port,
+            "" if tls is None else (" with mutual TLS" if tls.client_ca_file else " with TLS"),
             self.data_port or "off",
             ",".join(config.coordinators),
         )

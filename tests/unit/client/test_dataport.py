@@ -102,6 +102,7 @@ class _Client:
 
     def __init__(self, data_address: str) -> None:
         self.client_id = "unit"
+        self.tls = None  # plaintext
         self.data_address = data_address
         self.metadata_calls = 0
         self.pool = SimpleNamespace(current=lambda: SimpleNamespace(address="127.0.0.1:1"))
