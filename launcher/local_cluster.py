@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from launcher.pki import LocalPki, local_pki
 from launcher.processes import ServiceProcess, ServiceStartError, log_tail, start_service
 
 if TYPE_CHECKING:  # imported where an embedded etcd is started
@@ -71,6 +72,9 @@ class LocalClusterSpec:
     coordinator_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: TLS and mutual TLS on the gateways' public ports, with a CA and certificates made for the
+    #: cluster in ``<data dir>/tls`` (``launcher/pki.py``); cluster.json names the admin client's.
+    secure: bool = False
 
 
 # ---- processes known only by pid ----------------------------------------------------------------
@@ -339,6 +343,24 @@ class LocalCluster:
     def _common_args(self) -> list[str]:
         return ["--etcd-endpoints", self.etcd_endpoint, "--cluster", self.spec.cluster]
 
+    @property
+    def pki(self) -> LocalPki | None:
+        """The cluster's certificates when it is secure (made on first use)."""
+        return local_pki(self.data_dir / "tls") if self.spec.secure else None
+
+    def _tls_args(self) -> list[str]:
+        pki = self.pki
+        if pki is None:
+            return []
+        return [
+            "--tls-cert-file",
+            str(pki.gateway_cert),
+            "--tls-key-file",
+            str(pki.gateway_key),
+            "--tls-client-ca-file",
+            str(pki.ca_file),
+        ]
+
     def _port_args(self, name: str, port: int | None) -> list[str]:
         # Come back on the previous port when it is free, so clients' addresses stay valid.
         port = self._last_ports.get(name) if port is None else port
@@ -408,6 +430,7 @@ class LocalCluster:
             "--coordinators",
             ",".join(self.coordinator_addresses()),
             *self._port_args(name, port),
+            *self._tls_args(),
             *self.spec.gateway_args,
         ]
         process = start_service(
@@ -644,6 +667,8 @@ class LocalCluster:
             "storage_nodes": {str(k): entry(p) for k, p in sorted(self.storage_nodes.items())},
             "gateways": [entry(p) for p in self.gateways],
             "gateway": ",".join(self.gateway_addresses()),
+            # The admin client's TLS settings (the CLI uses them for this cluster's gateways).
+            **({"tls": self.pki.client_settings()} if self.pki is not None else {}),
         }
 
     def write_cluster_file(self) -> Path:

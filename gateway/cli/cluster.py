@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
-from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
+from gateway.cli.connect import CliError, cluster_tls, data_dir_of, ensure_reachable
 from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, replication_health, table
 from gateway.client import Admin
-from gateway.client.servers import START_HINT
+from gateway.client.servers import START_HINT, cluster_file_tls
 from launcher.local_cluster import (
     LocalClusterSpec,
     cluster_down,
@@ -31,6 +32,8 @@ def _spec(args):
     for name, value in overrides.items():
         if value < 1:
             raise CliError(f"--{name.replace('_', '-')} must be at least 1", 2)
+    if getattr(args, "secure", False):
+        overrides["secure"] = True  # stays secure on later `cluster up`s (launch.json keeps it)
     return dataclasses.replace(spec, **overrides)
 
 
@@ -52,6 +55,11 @@ def up(args) -> int:
         f"\ngateway: {cluster.servers}   (export TRIBUTARY_GATEWAY={cluster.servers}, "
         f"or run commands from this directory)"
     )
+    if cluster.pki is not None:
+        print(
+            f"TLS: mutual TLS on the gateway; CA {cluster.pki.ca_file}, admin client certificate "
+            f"{cluster.pki.client_cert} (the CLI uses it for this cluster)"
+        )
     return 0
 
 
@@ -84,8 +92,9 @@ def status(args) -> int:
             f"\nno gateway is alive; run `tributary cluster up --data-dir {data_dir}` to restart what is down"
         )
         return 1
-    ensure_reachable(gateways)
-    with Admin(servers=",".join(gateways), request_timeout_ms=10_000) as admin:
+    tls_settings: dict[str, Any] = dict(cluster_file_tls(data_dir))
+    ensure_reachable(gateways, tls=cluster_tls(tls_settings))
+    with Admin(servers=",".join(gateways), request_timeout_ms=10_000, **tls_settings) as admin:
         cluster, topics = admin.metadata()
         moves = admin.list_partition_reassignments()
     health = replication_health(topics)

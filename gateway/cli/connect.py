@@ -18,8 +18,10 @@ from gateway.client.client import client_tls
 from gateway.client.errors import NoServersError
 from gateway.client.servers import (
     CLUSTER_FILE,
+    GATEWAY_ENV,
     START_HINT,
     cluster_file_gateways,
+    cluster_file_tls,
     default_data_dir,
     resolve_servers,
 )
@@ -85,26 +87,37 @@ def ensure_reachable(
 
 def security_settings(args) -> dict[str, Any]:
     """The SDK's TLS settings from ``--ssl-cafile/--ssl-certfile/--ssl-keyfile`` (or
-    ``$TRIBUTARY_SSL_CAFILE`` ...): any of them turns TLS on (``security_protocol="SSL"``)."""
+    ``$TRIBUTARY_SSL_CAFILE`` ...): any of them turns TLS on (``security_protocol="SSL"``).
+    Without them, a local cluster started with ``--secure`` whose gateways this command uses
+    (no ``--gateway``, no ``$TRIBUTARY_GATEWAY``) lends its admin client's, from cluster.json."""
     files = {
         name: getattr(args, name, None) or os.environ.get(f"TRIBUTARY_{name.upper()}") or None
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
     }
-    if not any(files.values()):
+    if any(files.values()):
+        return {"security_protocol": "SSL", **files}
+    if getattr(args, "gateway", None) or os.environ.get(GATEWAY_ENV):
         return {}
-    return {"security_protocol": "SSL", **files}
+    return dict(cluster_file_tls(data_dir_of(args)))
+
+
+def cluster_tls(settings: dict[str, Any]) -> ClientTls | None:
+    """The ClientTls of SDK settings (None: plaintext); CliError when they do not add up."""
+    try:
+        return client_tls(
+            settings.get("security_protocol", "PLAINTEXT"),
+            settings.get("ssl_cafile"),
+            settings.get("ssl_certfile"),
+            settings.get("ssl_keyfile"),
+        )
+    except ValueError as exc:
+        raise CliError(str(exc), 2) from None
 
 
 def client_settings(args) -> dict[str, Any]:
     """``servers=`` and the TLS settings for SDK clients, after checking the cluster answers."""
     security = security_settings(args)
-    try:
-        tls = client_tls(
-            security.get("security_protocol", "PLAINTEXT"),
-            *(security.get(name) for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")),
-        )
-    except ValueError as exc:
-        raise CliError(str(exc), 2) from None
+    tls = cluster_tls(security)
     addresses = gateway_addresses(args)
     ensure_reachable(addresses, data_dir=data_dir_of(args), tls=tls)
     return {"servers": ",".join(addresses), **security}

@@ -85,6 +85,11 @@ def _add_cluster(commands) -> None:
     )
     up.add_argument("--coordinators", type=int, help="coordinators (default 1)")
     up.add_argument("--gateways", type=int, help="gateways (default 1)")
+    up.add_argument(
+        "--secure",
+        action="store_true",
+        help="mutual TLS on the gateways, with a CA and certificates made in DIR/tls (kept on later ups)",
+    )
     up.set_defaults(func=cluster.up)
     down = actions.add_parser("down", help="stop every process of the cluster (data is kept)")
     _common(down, gateway=False)

@@ -53,6 +53,17 @@ def cluster_file_gateways(data_dir: Path) -> list[str]:
     return split_addresses(gateway) if isinstance(gateway, str) and gateway else []
 
 
+def cluster_file_tls(data_dir: Path) -> dict[str, str]:
+    """The admin client's TLS settings a local cluster started with ``--secure`` wrote to
+    ``data_dir/cluster.json`` (empty: plaintext)."""
+    try:
+        described = json.loads((Path(data_dir) / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    tls = described.get("tls") if isinstance(described, dict) else None
+    return {str(k): str(v) for k, v in tls.items()} if isinstance(tls, dict) else {}
+
+
 def resolve_servers(
     servers: str | Sequence[str] | None = None,
     *,
