@@ -279,6 +279,10 @@ class PartitionLog:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
     def _ensure_usable(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"partition log {self.name} is closed")
@@ -648,8 +652,8 @@ class PartitionLog:
         config = self._config
         if active.size + batch_size > config.segment_bytes:
             reason = f"segment.bytes {config.segment_bytes} reached"
-        elif active.time_waited_for_roll(now, max_timestamp) > config.segment_ms:
-            reason = f"segment.ms {config.segment_ms} reached"
+        elif active.time_waited_for_roll(now, max_timestamp) > config.max_segment_ms:
+            reason = f"segment.ms {config.max_segment_ms} reached"
         elif active.indexes_full:
             reason = "index full"
         elif not active.can_hold(last_offset):
@@ -665,8 +669,8 @@ class PartitionLog:
         with self._lock:
             self._ensure_usable()
             active = self._segments.active
-            if active.size and self._clock.time_ms() - active.created_ms > self._config.segment_ms:
-                self._roll(f"segment.ms {self._config.segment_ms} reached while idle")
+            if active.size and self._clock.time_ms() - active.created_ms > self._config.max_segment_ms:
+                self._roll(f"segment.ms {self._config.max_segment_ms} reached while idle")
                 return True
         return False
 
@@ -905,6 +909,36 @@ class PartitionLog:
             self.partition,
             self._log_start_offset,
         )
+
+    # ---- compaction (the log cleaner's hooks; the logic is in storage_node.log.cleaner) ---------
+
+    def producer_last_offsets(self) -> frozenset[int]:
+        """The last offset of each producer's newest batch: the batches compaction must keep (at
+        least as empty batches) so a replay can rebuild the producers' sequence numbers."""
+        with self._lock:
+            return frozenset(
+                entry.batches[-1].last_offset for entry in self._producers.producers.values() if entry.batches
+            )
+
+    @_disk_errors_as_storage_errors
+    def replace_segments(self, old: list[Segment], cleaned: Segment, on_step: Callable[[str], None]) -> bool:
+        """Swap ``cleaned`` in for ``old`` (consecutive inactive segments it was made from) with
+        the crash-safe ``.cleaned``/``.swap`` protocol (``cleaner.swap``), under the partition
+        lock. False, touching nothing, when ``old`` changed since the cleaner read it (retention
+        deleted one, a truncation made one active or cut it)."""
+        from storage_node.log.cleaner.swap import swap_in_cleaned_segment
+
+        with self._lock:
+            self._ensure_usable()
+            live = self._segments.snapshot()
+            active = live[-1]
+            unchanged = all(
+                not s.deleted and s is not active and self._segments.floor(s.base_offset) is s for s in old
+            )
+            if not unchanged or cleaned.next_offset > active.base_offset:
+                return False
+            swap_in_cleaned_segment(self.directory, self._segments, old, cleaned, on_step)
+            return True
 
     # ---- truncation (for replicas) -------------------------------------------------------------
 

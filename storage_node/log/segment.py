@@ -51,8 +51,9 @@ class Segment:
     """One segment: ``<base>.log`` plus the sparse ``<base>.index`` and ``<base>.timeindex``.
 
     File format: see :class:`FileRecords`, :class:`OffsetIndex`, :class:`TimeIndex`. Offsets in
-    the segment run densely from ``base_offset`` (the first batch's base offset, also the file
-    name) to ``next_offset - 1``; ``last offset - base_offset`` fits in int32 (the partition log
+    the segment run from ``base_offset`` (the first batch's base offset, also the file name) to
+    ``next_offset - 1``, densely except in a segment the log cleaner rewrote (gaps where it
+    removed batches); ``last offset - base_offset`` fits in int32 (the partition log
     rolls before it would not).
 
     Index maintenance: after each appended batch that follows more than
@@ -61,7 +62,7 @@ class Segment:
     :meth:`recover` rebuilds both indexes with exactly the same rule.
 
     Crash behaviour: the log tail and both indexes are untrusted after a crash. :meth:`recover`
-    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely),
+    scans from position 0, validates each batch (length, magic, CRC, offsets never going back),
     stops at the first bad one, truncates the file there and rebuilds the indexes. A segment that
     was flushed (below the recovery point) is only sanity-checked (:meth:`sanity_check`).
 
@@ -436,7 +437,8 @@ class Segment:
         bad one. Returns the bytes truncated (0 if the whole file was valid).
 
         A batch is valid if its length fits the file, magic and CRC check out, its base offset
-        continues the segment densely and its last offset fits the segment. ``max_message_bytes``,
+        is at or past the segment's next offset (a compacted segment has gaps) and its last offset
+        fits the segment. ``max_message_bytes``,
         if given, also rejects batches larger than it; the partition log passes None, because a
         topic's max.message.bytes may have been lowered after larger batches were written, and
         dropping them would be data loss. The length field is always bounded by the file size.
@@ -483,10 +485,13 @@ class Segment:
         self, view: RecordBatchView, expected_offset: int, max_message_bytes: int | None
     ) -> None:
         view.validate()
-        if view.base_offset != expected_offset:
-            # baseOffset is outside the CRC: this is what catches a corrupted offset field.
+        if view.base_offset < expected_offset:
+            # baseOffset is outside the CRC: this is what catches a corrupted offset field. A
+            # forward gap is legal: the log cleaner removes whole batches (Kafka's recovery
+            # accepts gaps too).
             raise CorruptRecordError(
-                f"batch base offset {view.base_offset} does not continue the segment at {expected_offset}"
+                f"batch base offset {view.base_offset} goes back before the segment's next offset "
+                f"{expected_offset}"
             )
         if not self.can_hold(view.last_offset):
             raise CorruptRecordError(
