@@ -93,7 +93,7 @@ def test_small_cleaned_segments_are_grouped(tmp_path, clock):
     partition_log.roll()
     clean_fully(partition_log)  # the next round regroups the now small cleaned segments
     assert len(partition_log.segments) <= 4  # one cleaned group, the new segments, the active one
-    assert {k: v for _, k, v in records_of(partition_log)} == {k: v for _, (k, v) in latest_per_key(produced).items()}
+    assert {k: v for _, k, v in records_of(partition_log)} == {k: v for k, (_, v) in latest_per_key(produced).items()}
 
 
 def test_the_dirty_ratio_and_min_compaction_lag(tmp_path, clock):
