@@ -62,7 +62,8 @@ class Segment:
     :meth:`recover` rebuilds both indexes with exactly the same rule.
 
     Crash behaviour: the log tail and both indexes are untrusted after a crash. :meth:`recover`
-    scans from position 0, validates each batch (length, magic, CRC, offsets never going back),
+    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely or,
+    in a compacted log, skipping ahead),
     stops at the first bad one, truncates the file there and rebuilds the indexes. A segment that
     was flushed (below the recovery point) is only sanity-checked (:meth:`sanity_check`).
 
@@ -102,6 +103,9 @@ class Segment:
         # segment found on disk, from the clock for one this process creates or appends to.
         self._last_modified_ms = _mtime_ms(log_records.path) if log_records.size else clock.time_ms()
         self.deleted = False
+        #: Whether recovery accepts batches that skip offsets: true in a compacted log (the
+        #: cleaner removes whole batches), once compacted always (see ``loader``).
+        self.allows_offset_gaps = config.compact_enabled
 
     @classmethod
     def open(
@@ -145,6 +149,7 @@ class Segment:
     def update_config(self, config: LogConfig) -> None:
         """New index interval and sizes apply to later appends."""
         self._config = config
+        self.allows_offset_gaps = self.allows_offset_gaps or config.compact_enabled
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -437,8 +442,8 @@ class Segment:
         bad one. Returns the bytes truncated (0 if the whole file was valid).
 
         A batch is valid if its length fits the file, magic and CRC check out, its base offset
-        is at or past the segment's next offset (a compacted segment has gaps) and its last offset
-        fits the segment. ``max_message_bytes``,
+        continues the segment densely (or skips ahead, when :attr:`allows_offset_gaps`: a
+        compacted segment) and its last offset fits the segment. ``max_message_bytes``,
         if given, also rejects batches larger than it; the partition log passes None, because a
         topic's max.message.bytes may have been lowered after larger batches were written, and
         dropping them would be data loss. The length field is always bounded by the file size.
@@ -485,13 +490,14 @@ class Segment:
         self, view: RecordBatchView, expected_offset: int, max_message_bytes: int | None
     ) -> None:
         view.validate()
-        if view.base_offset < expected_offset:
+        if view.base_offset < expected_offset or (
+            view.base_offset > expected_offset and not self.allows_offset_gaps
+        ):
             # baseOffset is outside the CRC: this is what catches a corrupted offset field. A
-            # forward gap is legal: the log cleaner removes whole batches (Kafka's recovery
-            # accepts gaps too).
+            # forward gap is legal only in a compacted log, where the cleaner removes whole
+            # batches (Kafka's recovery accepts gaps everywhere, and so misses such corruption).
             raise CorruptRecordError(
-                f"batch base offset {view.base_offset} goes back before the segment's next offset "
-                f"{expected_offset}"
+                f"batch base offset {view.base_offset} does not continue the segment at {expected_offset}"
             )
         if not self.can_hold(view.last_offset):
             raise CorruptRecordError(

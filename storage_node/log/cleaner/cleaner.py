@@ -58,8 +58,9 @@ log = logging.getLogger(__name__)
 
 #: Per partition directory: where the last round's offset map ended (Kafka keeps one such file
 #: per log dir; one per partition keeps a partition directory self-contained, as the other
-#: checkpoints here are).
-CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
+#: checkpoints here are). Written before the first swap of a partition's first round, so a log
+#: holding cleaned segments always has it (the loader then accepts offset gaps).
+CLEANER_CHECKPOINT_FILE = files.CLEANER_CHECKPOINT_FILE
 
 
 def _no_fault(step: str) -> None:
@@ -147,10 +148,13 @@ def clean_partition(
     throttler: Throttler | None = None,
     on_step: Callable[[str], None] = _no_fault,
     part: CleanablePart | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> CleanResult | None:
     """One cleaning round of ``partition_log`` (module docstring); None if nothing is cleanable.
 
-    Runs on a cleaner thread; appends and reads continue meanwhile.
+    Runs on a cleaner thread; appends and reads continue meanwhile. ``should_stop`` is asked
+    before each segment group: a stopping node ends the round there (``completed`` False; the
+    groups already swapped in stay, the next round redoes the rest).
     """
     started = time.monotonic()
     part = part or plan(partition_log, now_ms)
@@ -168,16 +172,27 @@ def clean_partition(
         return None
     to_clean = [s for s in segments if s.next_offset <= part.first_uncleanable and s.base_offset < result.map_end]
     result.segments_before = len(to_clean)
+    if read_checkpoint(partition_log) is None:
+        write_checkpoint(partition_log, part.first_dirty)  # before any gap exists (see above)
     keep_last = partition_log.producer_last_offsets()
     config = partition_log.config
     by_base = {s.base_offset: s for s in to_clean}
     for group in group_segments([segment_facts(s) for s in to_clean], max_bytes=config.segment_bytes):
+        if should_stop():
+            result.completed = False
+            break
         old = [by_base[facts.base_offset] for facts in group]
         cleaned = _write_cleaned_segment(
             partition_log, old, offset_map, result, keep_last, now_ms, read_batches
         )
         on_step(STEP_CLEANED_WRITTEN)
-        if not partition_log.replace_segments(old, cleaned, on_step):
+        try:
+            replaced = partition_log.replace_segments(old, cleaned, on_step)
+        except BaseException:
+            if not cleaned.log.path.name.endswith(files.LOG_FILE_SUFFIX):
+                cleaned.close()  # not live: the loader finishes or discards what is on disk
+            raise
+        if not replaced:
             log.info("Cleaning of %s stopped: its segments changed during the round", partition_log.name)
             _discard(cleaned)
             result.completed = False

@@ -29,17 +29,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DEDUPE_BUFFER_SIZE = 128 * 1024 * 1024
 DEFAULT_BACKOFF_MS = 15_000
-#: Kafka's default: unthrottled.
-DEFAULT_IO_MAX_BYTES_PER_SECOND = float("inf")
+#: Unthrottled (Kafka's default is Double.MAX_VALUE).
+DEFAULT_IO_MAX_BYTES_PER_SECOND = 0.0
 
 
 @dataclass(frozen=True)
 class CleanerSettings:
     """The broker-level cleaner settings (Kafka's ``log.cleaner.*``)."""
 
-    enable: bool = True
     threads: int = 1
     dedupe_buffer_size: int = DEFAULT_DEDUPE_BUFFER_SIZE
+    #: 0 = unthrottled.
     io_max_bytes_per_second: float = DEFAULT_IO_MAX_BYTES_PER_SECOND
     backoff_ms: int = DEFAULT_BACKOFF_MS
 
@@ -50,9 +50,10 @@ class CleanerSettings:
             raise ValueError(
                 f"log.cleaner.dedupe.buffer.size {self.dedupe_buffer_size} is below 1 KiB per cleaner thread"
             )
-        if self.io_max_bytes_per_second <= 0:
+        if self.io_max_bytes_per_second < 0:
             raise ValueError(
-                f"log.cleaner.io.max.bytes.per.second must be positive, got {self.io_max_bytes_per_second}"
+                f"log.cleaner.io.max.bytes.per.second must be 0 (unthrottled) or positive, "
+                f"got {self.io_max_bytes_per_second}"
             )
         if self.backoff_ms < 1:
             raise ValueError(f"log.cleaner.backoff.ms must be at least 1, got {self.backoff_ms}")
@@ -86,11 +87,10 @@ class LogCleaner:
         self._partitions = partitions
         self.settings = settings
         self._time_ms = time_ms
-        self._on_clean = on_clean
+        #: Called on the cleaner thread after each round (metrics).
+        self.on_clean = on_clean
         self._on_step = on_step
-        self.throttler = Throttler(
-            settings.io_max_bytes_per_second if settings.io_max_bytes_per_second != float("inf") else 0
-        )
+        self.throttler = Throttler(settings.io_max_bytes_per_second)
         self._lock = threading.Lock()
         self._in_progress: set[tuple[str, int]] = set()
         self._progress: dict[tuple[str, int], CleanerProgress] = {}
@@ -102,7 +102,7 @@ class LogCleaner:
     # ---- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
-        if not self.settings.enable or self._threads:
+        if self._threads:
             return
         for i in range(self.settings.threads):
             thread = threading.Thread(target=self._run, name=f"log-cleaner-{i}", daemon=True)
@@ -149,6 +149,7 @@ class LogCleaner:
                 throttler=self.throttler,
                 on_step=self._on_step or (lambda step: None),
                 part=part,
+                should_stop=self._stop.is_set,
             )
         except KafkaStorageError:
             if partition_log.closed:
@@ -174,8 +175,8 @@ class LogCleaner:
                 last_clean_ms=self._time_ms(),
                 last_duration_s=result.duration_s,
             )
-        if self._on_clean is not None:
-            self._on_clean(result)
+        if self.on_clean is not None:
+            self.on_clean(result)
         return True
 
     def _choose(self) -> tuple[PartitionLog, CleanablePart] | None:

@@ -123,3 +123,28 @@ def test_reopening_a_cleaned_log_recovers_it_unchanged(tmp_path, clock):
     reopened = compacted_log(tmp_path / "t-0", clock)
     assert records_of(reopened) == expected
     assert reopened.log_end_offset == end
+
+
+def test_a_compacted_log_keeps_its_gaps_through_recovery_after_the_policy_goes_back_to_delete(tmp_path, clock):
+    partition_log = compacted_log(tmp_path / "t-0", clock)
+    _produce(partition_log, clock, 60, 7)
+    partition_log.roll()
+    clean_fully(partition_log)
+    expected = records_of(partition_log)
+    for path in partition_log.directory.glob("*.index"):
+        path.unlink()
+    reopened = compacted_log(tmp_path / "t-0", clock, cleanup_policy="delete")
+    assert records_of(reopened) == expected
+
+
+def test_a_log_never_compacted_still_rejects_a_batch_that_skips_offsets(tmp_path, clock):
+    """The dense-offset check that catches a corrupted base offset stays for other logs."""
+    partition_log = compacted_log(tmp_path / "t-0", clock, cleanup_policy="delete")
+    _produce(partition_log, clock, 60, 7)
+    partition_log.roll()
+    first = partition_log.segments[0]
+    data = bytearray(first.log.path.read_bytes())
+    second_batch = next(iter_batches(bytes(data))).size_in_bytes
+    data[second_batch : second_batch + 8] = (10_000).to_bytes(8, "big")
+    first.log.path.write_bytes(bytes(data))
+    assert first.recover() > 0
