@@ -1,0 +1,98 @@
+"""A compacted topic through the SDK, against real processes: read from the beginning, a consumer
+gets the latest value per key (a deleted key not at all, once its tombstone is gone)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
+from launcher.local_cluster import LocalCluster, LocalClusterSpec
+
+
+@pytest.fixture(scope="module")
+def compact_cluster(tmp_path_factory):
+    spec = LocalClusterSpec(
+        storage_nodes=1,
+        coordinators=1,
+        gateways=1,
+        session_timeout_s=2,
+        storage_args=["--log-cleaner-backoff-ms", "50", "--maintenance-interval-ms", "100"],
+    )
+    with LocalCluster(tmp_path_factory.mktemp("compaction-cluster"), spec) as local:
+        yield local
+
+
+def _consume_from_beginning(servers: str, topic: str, end_offset: int) -> list:
+    """Every record of partition 0 from the earliest offset up to ``end_offset``."""
+    records = []
+    with Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        deadline = time.monotonic() + 30
+        while consumer.position(tp) < end_offset and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=500).values():
+                records.extend(batch)
+        assert consumer.position(tp) >= end_offset, "the consumer steps over the compacted holes"
+    return records
+
+
+def _log_bytes(cluster: LocalCluster, topic: str) -> int:
+    return sum(p.stat().st_size for p in cluster.data_dir.glob(f"storage-*/{topic}-0/*.log"))
+
+
+def test_the_sdk_reads_the_latest_value_per_key_of_a_compacted_topic(compact_cluster):
+    servers = compact_cluster.gateway
+    topic = f"compact-{uuid.uuid4().hex[:8]}"
+    with Admin(servers=servers) as admin:
+        admin.create_topics(
+            [
+                NewTopic(
+                    topic,
+                    1,
+                    1,
+                    {
+                        "cleanup.policy": "compact",
+                        "segment.bytes": "8192",
+                        "min.cleanable.dirty.ratio": "0.01",
+                        "delete.retention.ms": "0",
+                    },
+                )
+            ]
+        )
+    latest: dict[bytes, bytes | None] = {}
+    produced = 0
+    with Producer(servers=servers, linger_ms=2, compression="lz4") as producer:
+        for i in range(3000):
+            key = b"user-%d" % (i % 50)
+            value = b"profile-%d" % i
+            producer.send(topic, value, key=key)
+            latest[key] = value
+            produced += len(key) + len(value)
+        for i in range(10):  # delete ten users
+            producer.send(topic, None, key=b"user-%d" % i)
+            latest[b"user-%d" % i] = None
+        # Fill a few more segments so the tombstones leave the active segment.
+        for i in range(600):
+            key = b"filler-%d" % (i % 5)
+            producer.send(topic, b"x" * 20, key=key)
+            latest[key] = b"x" * 20
+        producer.flush(timeout=30)
+        end = producer.send(topic, b"last", key=b"last").get(10).offset + 1
+        latest[b"last"] = b"last"
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _log_bytes(compact_cluster, topic) > produced / 3:
+        time.sleep(0.1)
+    assert 0 < _log_bytes(compact_cluster, topic) < produced / 3, "the files on disk shrink"
+
+    records = _consume_from_beginning(servers, topic, end)
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(set(offsets)) and offsets[-1] == end - 1
+    seen = {}
+    for record in records:
+        seen[record.key] = record.value
+    assert {k: v for k, v in seen.items() if v is not None} == {k: v for k, v in latest.items() if v is not None}
+    assert len(records) < 3000 / 2, "superseded values are gone from the cleaned part"
