@@ -437,15 +437,20 @@ class PartitionLog:
 
         Offsets and leader epochs are the leader's: nothing is stamped. Structure and CRC are
         checked, and the batches must continue this log exactly (the first starts at the log
-        end, each follows the previous, epochs never go back); anything else is
-        CorruptRecordError and nothing is written. Empty ``data`` is a no-op.
+        end, each follows the previous, epochs never go back) -- or, in a compacted log, skip
+        ahead where the leader's cleaner removed batches; anything else is CorruptRecordError
+        and nothing is written. Empty ``data`` is a no-op.
         """
-        batches = validate_replicated_batches(data, self._next_offset, self._epochs.latest_epoch)
+        allow_gaps = self._config.compact_enabled  # the leader's cleaner removes whole batches
+        batches = validate_replicated_batches(
+            data, self._next_offset, self._epochs.latest_epoch, allow_gaps=allow_gaps
+        )
         if not batches:
             return ReplicatedAppendInfo(self._next_offset, self._next_offset - 1, 0)
         with self._lock:
             self._ensure_usable()
-            if batches[0].base_offset != self._next_offset:
+            first = batches[0].base_offset
+            if first < self._next_offset or (first > self._next_offset and not allow_gaps):
                 raise CorruptRecordError(
                     f"{self.name}: replicated batch starts at {batches[0].base_offset}, "
                     f"the log ends at {self._next_offset}"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from services.errors import CorruptRecordError
 from services.records import Compression, iter_batches
 from storage_node.log.cleaner.cleaner import CLEANER_CHECKPOINT_FILE, plan
 from tests.unit.storage_node.log_testkit import read_all
@@ -148,3 +151,26 @@ def test_a_log_never_compacted_still_rejects_a_batch_that_skips_offsets(tmp_path
     data[second_batch : second_batch + 8] = (10_000).to_bytes(8, "big")
     first.log.path.write_bytes(bytes(data))
     assert first.recover() > 0
+
+
+def test_a_follower_copies_a_compacted_leaders_batches_across_the_gaps(tmp_path, clock):
+    leader = compacted_log(tmp_path / "leader" / "t-0", clock)
+    produced = _produce(leader, clock, 60, 7)
+    leader.roll()
+    clean_fully(leader)
+    follower = compacted_log(tmp_path / "follower" / "t-0", clock)
+    follower.append_replicated(read_all(leader))
+    assert follower.log_end_offset == leader.log_end_offset
+    assert records_of(follower) == records_of(leader)
+    assert {k: (o, v) for o, k, v in records_of(follower)} == latest_per_key(produced)
+
+
+def test_a_follower_of_a_log_that_is_not_compacted_still_refuses_a_gap(tmp_path, clock):
+    leader = compacted_log(tmp_path / "leader" / "t-0", clock)
+    _produce(leader, clock, 60, 7)
+    leader.roll()
+    clean_fully(leader)
+    follower = compacted_log(tmp_path / "follower" / "t-0", clock, cleanup_policy="delete")
+    with pytest.raises(CorruptRecordError):
+        follower.append_replicated(read_all(leader))
+    assert follower.log_end_offset == 0
