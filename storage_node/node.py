@@ -120,7 +120,10 @@ class StorageNode:
         self.instruments = None
         if self.telemetry.enabled:
             self.instruments = StorageNodeInstruments(
-                self.telemetry, logs=self.logs, fetch_stats=lambda: self.fetch_server.stats, cleaner=self.cleaner
+                self.telemetry,
+                logs=self.logs,
+                fetch_stats=lambda: self.fetch_server.stats,
+                cleaner=self.cleaner,
             )
         self.handlers = StorageNodeHandlers(
             self.logs,

@@ -170,7 +170,7 @@ class StorageNodeInstruments:
             names.STORAGE_CLEANER_DIRTY_RATIO,
             [dirty_ratios],
             unit="1",
-            description="Uncleaned share of a compacted partition's cleanable bytes, as the cleaner last saw it.",
+            description="Uncleaned share of a compacted partition's cleanable bytes, as last seen.",
         )
 
     def _stat(self, attribute: str):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import crc32c
 
 from services.errors import CorruptRecordError
-from services.records import RecordBatchView
+from services.records import Compression, RecordBatchView
 from services.records.compression import compress
 from services.records.format import (
     COMPRESSION_CODEC_MASK,
@@ -126,7 +126,7 @@ def rebuild_batch(view: RecordBatchView, records: bytes, record_count: int) -> b
     if not record_count:
         attributes &= ~COMPRESSION_CODEC_MASK  # nothing to compress (Kafka's empty header too)
     codec = attributes & COMPRESSION_CODEC_MASK
-    body = compress(codec, records) if codec else records
+    body = compress(Compression(codec), records) if codec else records
     covered = CRC_COVERED_HEADER_STRUCT.pack(
         attributes,
         header.last_offset_delta,

@@ -106,7 +106,10 @@ def read_checkpoint(partition_log: PartitionLog) -> int | None:
 
 def write_checkpoint(partition_log: PartitionLog, offset: int) -> None:
     checkpoint.write_offset_checkpoint(
-        partition_log.directory / CLEANER_CHECKPOINT_FILE, partition_log.topic, partition_log.partition, offset
+        partition_log.directory / CLEANER_CHECKPOINT_FILE,
+        partition_log.topic,
+        partition_log.partition,
+        offset,
     )
 
 
@@ -165,12 +168,16 @@ def clean_partition(
         partition_log.topic, partition_log.partition, part.first_dirty, part.first_dirty, part.dirty_ratio
     )
     read_batches = _ReadBatches(throttler, result)
-    dirty = [s for s in segments if s.next_offset > part.first_dirty and s.next_offset <= part.first_uncleanable]
+    dirty = [
+        s for s in segments if s.next_offset > part.first_dirty and s.next_offset <= part.first_uncleanable
+    ]
     offset_map = OffsetMap(map_memory_bytes)
     result.map_end = _build_offset_map(partition_log, dirty, part, offset_map, read_batches)
     if result.map_end <= part.first_dirty:
         return None
-    to_clean = [s for s in segments if s.next_offset <= part.first_uncleanable and s.base_offset < result.map_end]
+    to_clean = [
+        s for s in segments if s.next_offset <= part.first_uncleanable and s.base_offset < result.map_end
+    ]
     result.segments_before = len(to_clean)
     if read_checkpoint(partition_log) is None:
         write_checkpoint(partition_log, part.first_dirty)  # before any gap exists (see above)
@@ -267,7 +274,9 @@ def _write_cleaned_segment(
         files.time_index_file(directory, base, files.CLEANED_FILE_SUFFIX),
     ):
         suffix_path.unlink(missing_ok=True)  # left by a round that failed in this process
-    cleaned = Segment.open(directory, base, config, partition_log.clock, file_suffix=files.CLEANED_FILE_SUFFIX)
+    cleaned = Segment.open(
+        directory, base, config, partition_log.clock, file_suffix=files.CLEANED_FILE_SUFFIX
+    )
     map_end = result.map_end
     delete_horizon = now_ms - config.delete_retention_ms
     aborted = _aborted_filter(partition_log, base, old[-1].next_offset)

@@ -115,13 +115,17 @@ def cleanable_part(
     return CleanablePart(first_dirty, first_uncleanable, clean, dirty, earliest)
 
 
-def is_due(part: CleanablePart, *, now_ms: int, min_cleanable_dirty_ratio: float, max_compaction_lag_ms: int) -> bool:
+def is_due(
+    part: CleanablePart, *, now_ms: int, min_cleanable_dirty_ratio: float, max_compaction_lag_ms: int
+) -> bool:
     """Whether the partition should be cleaned now (ratio reached, or max lag passed)."""
     if part.dirty_bytes <= 0:
         return False
     if part.dirty_ratio >= min_cleanable_dirty_ratio:
         return True
-    return part.earliest_dirty_timestamp >= 0 and now_ms - part.earliest_dirty_timestamp > max_compaction_lag_ms
+    return (
+        part.earliest_dirty_timestamp >= 0 and now_ms - part.earliest_dirty_timestamp > max_compaction_lag_ms
+    )
 
 
 def group_segments(segments: Sequence[SegmentFacts], *, max_bytes: int) -> list[list[SegmentFacts]]:

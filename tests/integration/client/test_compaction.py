@@ -94,5 +94,7 @@ def test_the_sdk_reads_the_latest_value_per_key_of_a_compacted_topic(compact_clu
     seen = {}
     for record in records:
         seen[record.key] = record.value
-    assert {k: v for k, v in seen.items() if v is not None} == {k: v for k, v in latest.items() if v is not None}
+    assert {k: v for k, v in seen.items() if v is not None} == {
+        k: v for k, v in latest.items() if v is not None
+    }
     assert len(records) < 3000 / 2, "superseded values are gone from the cleaned part"

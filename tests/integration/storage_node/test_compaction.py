@@ -73,7 +73,9 @@ def test_a_compacted_topic_shrinks_and_keeps_the_latest_value_per_key(tmp_path):
         produced_bytes = _produce(node, "c", 400, 20, latest)
         data_dir = tmp_path / "compact-data"
         # Everything but the active segment (at most segment.bytes) is cleaned down to 20 keys.
-        _wait_for(lambda: _segment_bytes(data_dir, "c") < produced_bytes / 4, 20, "the cleaner to shrink the log")
+        _wait_for(
+            lambda: _segment_bytes(data_dir, "c") < produced_bytes / 4, 20, "the cleaner to shrink the log"
+        )
         records = _read_all(node, "c")
         offsets = [o for o, _, _ in records]
         assert offsets == sorted(set(offsets))

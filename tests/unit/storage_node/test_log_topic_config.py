@@ -85,12 +85,15 @@ def test_compaction_configs_are_typed_and_reach_the_log_config():
     assert (cfg.min_cleanable_dirty_ratio, cfg.min_compaction_lag_ms) == (0.25, 1000)
     assert (cfg.max_compaction_lag_ms, cfg.delete_retention_ms) == (60000, 5000)
     assert cfg.max_segment_ms == 60000  # the active segment rolls in time for max.compaction.lag.ms
-    assert LogConfig.from_dict({"segment.ms": "600000", "max.compaction.lag.ms": "60000"}).max_segment_ms == 600000
+    assert (
+        LogConfig.from_dict({"segment.ms": "600000", "max.compaction.lag.ms": "60000"}).max_segment_ms
+        == 600000
+    )
     assert LogConfig.from_dict(cfg.to_dict()) == cfg
 
 
 def test_compaction_lags_out_of_order_across_layers_are_refused():
-    with pytest.raises(InvalidConfigError, match="min.compaction.lag.ms"):
+    with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms"):
         LogConfig.from_dict({"max.compaction.lag.ms": "100"}, {"min.compaction.lag.ms": "200"})
 
 

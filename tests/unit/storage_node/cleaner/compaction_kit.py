@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from services.clock import ManualClock
@@ -15,7 +16,7 @@ KeyValue = tuple[bytes | None, bytes | None]
 
 
 def keyed_batch(
-    records: list[KeyValue],
+    records: Sequence[KeyValue],
     *,
     timestamp: int,
     compression: Compression = Compression.NONE,
@@ -44,7 +45,7 @@ def clean(partition_log: PartitionLog, *, map_memory_bytes: int = 1 << 20, **kwa
 
 def clean_fully(partition_log: PartitionLog, **kwargs) -> list[CleanResult]:
     """Clean until a round finds nothing dirty (a small map takes several rounds)."""
-    results = []
+    results: list[CleanResult] = []
     for _ in range(1000):
         result = clean(partition_log, **kwargs)
         if result is None:
@@ -63,7 +64,9 @@ def records_of(partition_log: PartitionLog) -> list[tuple[int, bytes | None, byt
     return out
 
 
-def latest_per_key(produced: list[tuple[int, bytes | None, bytes | None]]) -> dict[bytes, tuple[int, bytes | None]]:
+def latest_per_key(
+    produced: list[tuple[int, bytes | None, bytes | None]],
+) -> dict[bytes, tuple[int, bytes | None]]:
     latest: dict[bytes, tuple[int, bytes | None]] = {}
     for offset, key, value in produced:
         if key is not None:

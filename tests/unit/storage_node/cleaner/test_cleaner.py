@@ -96,7 +96,9 @@ def test_small_cleaned_segments_are_grouped(tmp_path, clock):
     partition_log.roll()
     clean_fully(partition_log)  # the next round regroups the now small cleaned segments
     assert len(partition_log.segments) <= 4  # one cleaned group, the new segments, the active one
-    assert {k: v for _, k, v in records_of(partition_log)} == {k: v for k, (_, v) in latest_per_key(produced).items()}
+    assert {k: v for _, k, v in records_of(partition_log)} == {
+        k: v for k, (_, v) in latest_per_key(produced).items()
+    }
 
 
 def test_the_dirty_ratio_and_min_compaction_lag(tmp_path, clock):
@@ -128,7 +130,9 @@ def test_reopening_a_cleaned_log_recovers_it_unchanged(tmp_path, clock):
     assert reopened.log_end_offset == end
 
 
-def test_a_compacted_log_keeps_its_gaps_through_recovery_after_the_policy_goes_back_to_delete(tmp_path, clock):
+def test_a_compacted_log_keeps_its_gaps_through_recovery_after_the_policy_goes_back_to_delete(
+    tmp_path, clock
+):
     partition_log = compacted_log(tmp_path / "t-0", clock)
     _produce(partition_log, clock, 60, 7)
     partition_log.roll()
@@ -174,3 +178,21 @@ def test_a_follower_of_a_log_that_is_not_compacted_still_refuses_a_gap(tmp_path,
     with pytest.raises(CorruptRecordError):
         follower.append_replicated(read_all(leader))
     assert follower.log_end_offset == 0
+
+
+def test_compact_delete_topics_get_both_compaction_and_time_retention(tmp_path, clock):
+    partition_log = compacted_log(
+        tmp_path / "t-0", clock, cleanup_policy="compact,delete", retention_ms=60_000
+    )
+    _produce(partition_log, clock, 60, 7)
+    partition_log.roll()
+    clean_fully(partition_log)
+    assert partition_log.delete_old_segments() == 0  # nothing is old enough yet
+    clock.advance(60_001)
+    new = _produce(partition_log, clock, 10, 7)
+    assert partition_log.delete_old_segments() >= 1
+    assert partition_log.log_start_offset > 0
+    assert min(o for o, _, _ in records_of(partition_log)) >= new[0][0] - 30  # only recent data left
+    partition_log.roll()
+    clean_fully(partition_log)
+    assert {k: (o, v) for o, k, v in records_of(partition_log)} == latest_per_key(new)

@@ -49,7 +49,9 @@ def _fill(partition_log, clock):
 
 def _leftovers(directory):
     return sorted(
-        p.name for p in directory.iterdir() if p.name.endswith((files.CLEANED_FILE_SUFFIX, files.SWAP_FILE_SUFFIX))
+        p.name
+        for p in directory.iterdir()
+        if p.name.endswith((files.CLEANED_FILE_SUFFIX, files.SWAP_FILE_SUFFIX))
     )
 
 

@@ -83,12 +83,18 @@ def test_compaction_keeps_each_keys_last_record_byte_for_byte(batches, segment_b
 
         # Past delete.retention.ms, the next round (there is new dirty data) drops the tombstones.
         clock.advance(_RETENTION_MS + 1)
-        partition_log.append(keyed_batch([(b"zz", b"new")], timestamp=clock.time_ms(), compression=compression))
+        partition_log.append(
+            keyed_batch([(b"zz", b"new")], timestamp=clock.time_ms(), compression=compression)
+        )
         partition_log.roll()
         clean_fully(partition_log, map_memory_bytes=24 * map_keys * 2)
         final = _decoded(read_all(partition_log))
         assert not [1 for _, key, value in final if key is not None and value is None], "tombstones removed"
-        live = {key: offset for key, offset in last.items() if dict(((o, v) for o, _, v in produced))[offset] is not None}
+        live = {
+            key: offset
+            for key, offset in last.items()
+            if dict(((o, v) for o, _, v in produced))[offset] is not None
+        }
         assert {offset for offset, key, _ in final if key not in (None, b"zz")} == set(live.values())
         partition_log.close()
 

@@ -11,10 +11,16 @@ from .compaction_kit import clean_fully, compacted_log, keyed_batch, records_of
 
 def test_a_producers_last_batch_stays_as_an_empty_batch_with_its_sequence_headers(tmp_path, clock):
     partition_log = compacted_log(tmp_path / "t-0", clock)
-    partition_log.append(keyed_batch([(b"a", b"1"), (b"b", b"1")], timestamp=clock.time_ms(), producer=(7, 0, 0)))
-    partition_log.append(keyed_batch([(b"a", b"2"), (b"b", b"2")], timestamp=clock.time_ms(), producer=(7, 0, 2)))
+    partition_log.append(
+        keyed_batch([(b"a", b"1"), (b"b", b"1")], timestamp=clock.time_ms(), producer=(7, 0, 0))
+    )
+    partition_log.append(
+        keyed_batch([(b"a", b"2"), (b"b", b"2")], timestamp=clock.time_ms(), producer=(7, 0, 2))
+    )
     # Another producer overwrites both keys: producer 7's batches hold nothing current.
-    partition_log.append(keyed_batch([(b"a", b"3"), (b"b", b"3")], timestamp=clock.time_ms(), producer=(8, 0, 0)))
+    partition_log.append(
+        keyed_batch([(b"a", b"3"), (b"b", b"3")], timestamp=clock.time_ms(), producer=(8, 0, 0))
+    )
     partition_log.roll()
     clean_fully(partition_log)
 
@@ -40,10 +46,18 @@ def test_aborted_records_go_committed_ones_count_and_markers_stay(tmp_path, cloc
     partition_log = compacted_log(tmp_path / "t-0", clock)
     ts = clock.time_ms()
     partition_log.append(keyed_batch([(b"a", b"plain")], timestamp=ts))
-    partition_log.append(keyed_batch([(b"a", b"aborted")], timestamp=ts, producer=(5, 0, 0), transactional=True))
-    partition_log.append_marker(producer_id=5, producer_epoch=0, commit=False, coordinator_epoch=0, leader_epoch=0)
-    partition_log.append(keyed_batch([(b"b", b"committed")], timestamp=ts, producer=(6, 0, 0), transactional=True))
-    partition_log.append_marker(producer_id=6, producer_epoch=0, commit=True, coordinator_epoch=0, leader_epoch=0)
+    partition_log.append(
+        keyed_batch([(b"a", b"aborted")], timestamp=ts, producer=(5, 0, 0), transactional=True)
+    )
+    partition_log.append_marker(
+        producer_id=5, producer_epoch=0, commit=False, coordinator_epoch=0, leader_epoch=0
+    )
+    partition_log.append(
+        keyed_batch([(b"b", b"committed")], timestamp=ts, producer=(6, 0, 0), transactional=True)
+    )
+    partition_log.append_marker(
+        producer_id=6, producer_epoch=0, commit=True, coordinator_epoch=0, leader_epoch=0
+    )
     partition_log.append(keyed_batch([(b"c", b"x")], timestamp=ts))
     partition_log.roll()
     clean_fully(partition_log)
