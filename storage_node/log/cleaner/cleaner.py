@@ -127,20 +127,28 @@ def plan(partition_log: PartitionLog, now_ms: int) -> CleanablePart:
 
 
 class _ReadBatches:
-    """Whole batches of a segment, counted against the throttle."""
+    """Whole batches of a segment, counted against the throttle (as are the bytes written)."""
 
     def __init__(self, throttler: Throttler | None, result: CleanResult) -> None:
         self._throttler = throttler
         self._result = result
 
-    def __call__(self, segment: Segment) -> Iterator[tuple[int, memoryview]]:
+    def __call__(self, segment: Segment) -> Iterator[tuple[int, RecordBatchView]]:
+        """Each batch, its CRC checked: a rewritten batch gets a new CRC, so a corrupt one must
+        never be rewritten (that would launder the corruption); the round fails instead."""
         for position, data in segment.log.batches(0):
             if position >= segment.size:
                 return
             self._result.bytes_read += len(data)
             if self._throttler is not None:
                 self._throttler.maybe_throttle(len(data))
-            yield position, data
+            view = RecordBatchView(data)
+            view.validate()
+            yield position, view
+
+    def count_written(self, size: int) -> None:
+        if self._throttler is not None:
+            self._throttler.maybe_throttle(size)
 
 
 def clean_partition(
@@ -244,8 +252,7 @@ def _build_offset_map(
         return part.first_dirty
     aborted = _aborted_filter(partition_log, dirty[0].base_offset, part.first_uncleanable)
     for segment in dirty:
-        for _, data in read_batches(segment):
-            view = RecordBatchView(data)
+        for _, view in read_batches(segment):
             if aborted.drops(view) or view.last_offset < part.first_dirty:
                 continue
             for record in view.records():
@@ -295,8 +302,8 @@ def _write_cleaned_segment(
                     return False
                 return True
 
-            for _, data in read_batches(segment):
-                view = RecordBatchView(data)
+            for _, view in read_batches(segment):
+                data = view.buffer
                 keep_empty = view.producer_id >= 0 and view.last_offset in keep_last
                 if view.is_control:
                     aborted.drops(view)
@@ -311,6 +318,7 @@ def _write_cleaned_segment(
                     filtered_data = filtered.data
                 if filtered_data is not None:
                     cleaned.append(filtered_data, view.base_offset, view.last_offset, view.max_timestamp)
+                    read_batches.count_written(len(filtered_data))
         cleaned.on_become_inactive()
         cleaned.flush()
     except BaseException:

@@ -8,8 +8,9 @@ threads share one offset-map budget (``log.cleaner.dedupe.buffer.size``, split e
 Kafka) and one I/O throttle (``log.cleaner.io.max.bytes.per.second``). Nothing runs on the event
 loop.
 
-A partition whose round fails (a disk error) is logged and skipped for a backoff; the others go
-on. Per-partition progress (:meth:`progress`) feeds metrics and ``topics describe``.
+A partition whose round fails (a disk error, a corrupt batch) is logged and left alone for
+:data:`FAILED_PARTITION_BACKOFF_ROUNDS` backoffs (Kafka marks it uncleanable); the others go on.
+Per-partition progress (:meth:`progress`, :meth:`dirty_ratios`) feeds the metrics.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from storage_node.log.partition_log import PartitionLog
 log = logging.getLogger(__name__)
 
 DEFAULT_DEDUPE_BUFFER_SIZE = 128 * 1024 * 1024
+#: How many backoffs a partition whose round failed is skipped for.
+FAILED_PARTITION_BACKOFF_ROUNDS = 20
 DEFAULT_BACKOFF_MS = 15_000
 #: Unthrottled (Kafka's default is Double.MAX_VALUE).
 DEFAULT_IO_MAX_BYTES_PER_SECOND = 0.0
@@ -95,6 +98,8 @@ class LogCleaner:
         self._in_progress: set[tuple[str, int]] = set()
         self._progress: dict[tuple[str, int], CleanerProgress] = {}
         self._dirty_ratios: dict[tuple[str, int], float] = {}
+        #: Partitions whose last round failed -> when they may be tried again (ms).
+        self._failed_until: dict[tuple[str, int], int] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -151,14 +156,15 @@ class LogCleaner:
                 part=part,
                 should_stop=self._stop.is_set,
             )
-        except KafkaStorageError:
+        except Exception:
             if partition_log.closed:
                 return False  # deleted or closed under the round: nothing to report
-            raise
-        except OSError:
-            if partition_log.closed:
-                return False
-            raise
+            with self._lock:
+                self._failed_until[key] = (
+                    self._time_ms() + FAILED_PARTITION_BACKOFF_ROUNDS * self.settings.backoff_ms
+                )
+            log.exception("Cleaning %s failed; it is skipped for a while", partition_log.name)
+            return False
         finally:
             with self._lock:
                 self._in_progress.discard(key)
@@ -193,7 +199,7 @@ class LogCleaner:
                 continue
             with self._lock:
                 self._dirty_ratios[key] = part.dirty_ratio
-                if key in self._in_progress:
+                if key in self._in_progress or self._failed_until.get(key, 0) > now:
                     continue
             due = is_due(
                 part,

@@ -31,10 +31,10 @@ def keyed_batch(
     return builder.build()
 
 
-def compacted_log(directory: Path, clock: ManualClock, **overrides) -> PartitionLog:
+def compacted_log(directory: Path, clock: ManualClock, *, topic: str = "t", **overrides) -> PartitionLog:
     settings = {"cleanup_policy": "compact", "segment_bytes": 1024, "delete_retention_ms": 1000}
     settings.update(overrides)
-    return open_log(directory, clock, config(**settings))
+    return open_log(directory, clock, config(**settings), topic=topic)
 
 
 def clean(partition_log: PartitionLog, *, map_memory_bytes: int = 1 << 20, **kwargs) -> CleanResult | None:
