@@ -95,27 +95,32 @@ class FilteredBatch:
     records_removed: int
 
 
-#: ``keep(span)``: whether a record stays.
-KeepRecord = Callable[[RecordSpan], bool]
+#: ``keep(offset, key, is_tombstone)``: whether a record stays.
+KeepRecord = Callable[[int, "bytes | None", bool], bool]
 
 
 def filter_batch(batch: bytes | memoryview, keep: KeepRecord, *, keep_empty: bool = False) -> FilteredBatch:
     """``batch`` without the records ``keep`` refuses.
 
     Returns the original bytes unchanged when every record stays; ``data=None`` when none stays
-    and ``keep_empty`` is false; otherwise a rewritten batch (see the module docstring).
+    and ``keep_empty`` is false; otherwise a rewritten batch (see the module docstring). The
+    decisions are made on the decoded records (the C accelerator's loop); the records' byte
+    ranges are only walked for a batch that loses some.
     """
     view = RecordBatchView(batch)
     payload = view.payload()
-    spans = record_spans(view, payload)
-    kept = [span for span in spans if keep(span)]
-    removed = len(spans) - len(kept)
+    decisions = [keep(r.offset, r.key, r.value is None) for r in view.read_records(payload)]
+    kept_count = sum(decisions)
+    removed = len(decisions) - kept_count
     if not removed:
-        return FilteredBatch(bytes(batch), len(kept), 0)
-    if not kept and not keep_empty:
+        return FilteredBatch(bytes(batch), kept_count, 0)
+    if not kept_count and not keep_empty:
         return FilteredBatch(None, 0, removed)
-    records = b"".join(payload[span.start : span.end] for span in kept)
-    return FilteredBatch(rebuild_batch(view, records, len(kept)), len(kept), removed)
+    spans = record_spans(view, payload)
+    records = b"".join(
+        payload[span.start : span.end] for span, kept in zip(spans, decisions, strict=True) if kept
+    )
+    return FilteredBatch(rebuild_batch(view, records, kept_count), kept_count, removed)
 
 
 def rebuild_batch(view: RecordBatchView, records: bytes, record_count: int) -> bytes:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from services.records import RecordBatchView
 from services.records.aborted import AbortedTransactionFilter
 from storage_node.log import checkpoint, files
-from storage_node.log.cleaner.batch_filter import RecordSpan, filter_batch
+from storage_node.log.cleaner.batch_filter import filter_batch
 from storage_node.log.cleaner.offset_map import OffsetMap
 from storage_node.log.cleaner.planner import (
     CleanablePart,
@@ -291,13 +291,17 @@ def _write_cleaned_segment(
         for segment in old:
             tombstones_expired = segment.largest_timestamp < delete_horizon
 
-            def keep(span: RecordSpan, tombstones_expired: bool = tombstones_expired) -> bool:
-                if span.key is None:
+            def keep(
+                offset: int,
+                key: bytes | None,
+                is_tombstone: bool,
+                tombstones_expired: bool = tombstones_expired,
+            ) -> bool:
+                if key is None:
                     return True
-                latest = offset_map.get(span.key)
-                if span.offset < latest:
+                if offset < offset_map.get(key):
                     return False
-                if span.is_tombstone and tombstones_expired and span.offset < map_end:
+                if is_tombstone and tombstones_expired and offset < map_end:
                     result.tombstones_removed += 1
                     return False
                 return True
@@ -309,7 +313,7 @@ def _write_cleaned_segment(
                     aborted.drops(view)
                     filtered_data: bytes | None = bytes(data)
                 elif aborted.drops(view):
-                    filtered = filter_batch(data, lambda span: False, keep_empty=keep_empty)
+                    filtered = filter_batch(data, _drop_all, keep_empty=keep_empty)
                     result.records_removed += filtered.records_removed
                     filtered_data = filtered.data
                 else:
@@ -325,6 +329,10 @@ def _write_cleaned_segment(
         _discard(cleaned)
         raise
     return cleaned
+
+
+def _drop_all(offset: int, key: bytes | None, is_tombstone: bool) -> bool:
+    return False
 
 
 def _discard(cleaned: Segment) -> None:
