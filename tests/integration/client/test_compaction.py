@@ -3,6 +3,9 @@ gets the latest value per key (a deleted key not at all, once its tombstone is g
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 
@@ -98,3 +101,36 @@ def test_the_sdk_reads_the_latest_value_per_key_of_a_compacted_topic(compact_clu
         k: v for k, v in latest.items() if v is not None
     }
     assert len(records) < 3000 / 2, "superseded values are gone from the cleaned part"
+
+
+def test_topics_describe_shows_the_cleaners_progress(compact_cluster):
+    servers = compact_cluster.gateway
+    topic = f"progress-{uuid.uuid4().hex[:8]}"
+    with Admin(servers=servers) as admin:
+        admin.create_topics([NewTopic(topic, 2, 1, {"cleanup.policy": "compact", "segment.bytes": "4096"})])
+    with Producer(servers=servers, linger_ms=2) as producer:
+        for i in range(400):
+            producer.send(topic, b"value-%d" % i, key=b"k%d" % (i % 4), partition=0)
+            if i % 40 == 39:
+                producer.flush(timeout=30)  # many batches, so segments roll
+
+    def describe() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "gateway.cli.main", "topics", "describe", topic],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "TRIBUTARY_GATEWAY": servers},
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    deadline = time.monotonic() + 20
+    text = describe()
+    while "compacted below 0)" in text.splitlines()[2] and time.monotonic() < deadline:
+        time.sleep(0.2)
+        text = describe()
+    lines = text.splitlines()
+    assert "CLEANER" in lines[1]
+    assert "dirty" in lines[2] and "compacted below 0)" not in lines[2], text  # partition 0 was cleaned
+    assert "dirty 0% (compacted below 0)" in lines[3], text  # partition 1 holds nothing
