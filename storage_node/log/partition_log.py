@@ -283,6 +283,11 @@ class PartitionLog:
     def clock(self) -> Clock:
         return self._clock
 
+    @property
+    def handle_cache(self) -> FileHandleCache | None:
+        """The node's bound on open ``.log`` handles, for segments made outside this class."""
+        return self._handle_cache
+
     def _ensure_usable(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"partition log {self.name} is closed")

@@ -282,7 +282,12 @@ def _write_cleaned_segment(
     ):
         suffix_path.unlink(missing_ok=True)  # left by a round that failed in this process
     cleaned = Segment.open(
-        directory, base, config, partition_log.clock, file_suffix=files.CLEANED_FILE_SUFFIX
+        directory,
+        base,
+        config,
+        partition_log.clock,
+        file_suffix=files.CLEANED_FILE_SUFFIX,
+        handle_cache=partition_log.handle_cache,  # once swapped in, it counts like any segment
     )
     map_end = result.map_end
     delete_horizon = now_ms - config.delete_retention_ms

@@ -46,7 +46,7 @@ def _decoded(data: bytes) -> list[tuple[int, bytes | None, bytes | None]]:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     batches=st.lists(_BATCH, min_size=1, max_size=40),
-    segment_bytes=st.integers(min_value=150, max_value=3000),
+    segment_bytes=st.integers(min_value=600, max_value=4000),  # a batch (at most ~450 bytes) fits
     map_keys=st.integers(min_value=1, max_value=20),
     compression=st.sampled_from([Compression.NONE, Compression.GZIP, Compression.LZ4, Compression.ZSTD]),
 )
