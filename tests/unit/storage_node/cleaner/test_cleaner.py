@@ -196,3 +196,22 @@ def test_compact_delete_topics_get_both_compaction_and_time_retention(tmp_path, 
     partition_log.roll()
     clean_fully(partition_log)
     assert {k: (o, v) for o, k, v in records_of(partition_log)} == latest_per_key(new)
+
+
+def test_a_round_whose_segments_change_under_it_swaps_nothing_in(tmp_path, clock):
+    partition_log = compacted_log(tmp_path / "t-0", clock)
+    produced = _produce(partition_log, clock, 60, 7)
+    partition_log.roll()
+    second = partition_log.segments[1].base_offset
+
+    def retention_strikes(step: str) -> None:
+        if step == "cleaned-written":
+            partition_log.delete_records_before(second)  # deletes the first segment meanwhile
+
+    result = clean(partition_log, on_step=retention_strikes)
+    assert result is not None and not result.completed
+    assert not list(partition_log.directory.glob("*.cleaned")) and not list(partition_log.directory.glob("*.swap"))
+    assert records_of(partition_log) == [(o, k, v) for o, k, v in produced if o >= second]
+    clean_fully(partition_log)  # the next round starts over from the new log start
+    latest = {k: (o, v) for k, (o, v) in latest_per_key(produced).items() if o >= second}
+    assert {k: (o, v) for o, k, v in records_of(partition_log)} == latest
