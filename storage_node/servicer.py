@@ -32,7 +32,9 @@ def _offset_result_to_proto(result: OffsetResult):
     )
 
 
-def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = "", state=None):
+def _partition_info_to_proto(
+    topic: str, partition: int, partition_log, log_dir: str = "", state=None, cleaner=None
+):
     return pb.PartitionLogInfo(
         topic=topic,
         partition=partition,
@@ -48,7 +50,7 @@ def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir:
         isr=list(state.isr) if state is not None else [],
         state_version=state.version if state is not None else 0,
         latest_log_epoch=partition_log.latest_epoch,
-        cleaner=_cleaner_progress(partition_log),
+        cleaner=cleaner,
     )
 
 
@@ -234,7 +236,11 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                 continue
             infos.append(
                 _partition_info_to_proto(
-                    *key, partition_log, str(partition_log.directory.parent), self._role(*key)
+                    *key,
+                    partition_log,
+                    str(partition_log.directory.parent),
+                    self._role(*key),
+                    _cleaner_progress(partition_log),
                 )
             )
         missing = wanted - {(i.topic, i.partition) for i in infos}

@@ -188,7 +188,7 @@ def clean_partition(
     ]
     result.segments_before = len(to_clean)
     if read_checkpoint(partition_log) is None:
-        write_checkpoint(partition_log, part.first_dirty)  # before any gap exists (see above)
+        write_checkpoint(partition_log, part.first_dirty)  # before any gap exists: CLEANER_CHECKPOINT_FILE
     keep_last = partition_log.producer_last_offsets()
     config = partition_log.config
     by_base = {s.base_offset: s for s in to_clean}
