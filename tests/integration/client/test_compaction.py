@@ -134,3 +134,42 @@ def test_topics_describe_shows_the_cleaners_progress(compact_cluster):
     assert "CLEANER" in lines[1]
     assert "dirty" in lines[2] and "compacted below 0)" not in lines[2], text  # partition 0 was cleaned
     assert "dirty 0% (compacted below 0)" in lines[3], text  # partition 1 holds nothing
+
+
+def test_the_spark_sources_range_reader_steps_over_the_holes(compact_cluster):
+    """The executor side of the Spark source (``read_range``, what each task runs) over a
+    compacted partition: it ends at the range end, holes and all, with each key's latest row."""
+    from spark_jobs.offsets import OffsetRange
+    from spark_jobs.range_reader import RangeReadSettings, read_range
+
+    servers = compact_cluster.gateway
+    topic = f"spark-{uuid.uuid4().hex[:8]}"
+    with Admin(servers=servers) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, {"cleanup.policy": "compact", "segment.bytes": "4096"})])
+    latest: dict[bytes, bytes] = {}
+    with Producer(servers=servers, linger_ms=2) as producer:
+        for i in range(600):
+            key, value = b"k%d" % (i % 6), b"value-%d" % i
+            producer.send(topic, value, key=key)
+            latest[key] = value
+            if i % 60 == 59:
+                producer.flush(timeout=30)
+        end = producer.send(topic, b"end", key=b"end").get(10).offset + 1
+        latest[b"end"] = b"end"
+    data_dir = compact_cluster.data_dir
+    deadline = time.monotonic() + 20
+    while (
+        not list(data_dir.glob(f"storage-*/{topic}-0/cleaner-offset-checkpoint"))
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert list(data_dir.glob(f"storage-*/{topic}-0/cleaner-offset-checkpoint")), "a cleaning round ran"
+
+    batches = list(
+        read_range(OffsetRange(topic, 0, 0, end), RangeReadSettings(servers=servers, poll_timeout_ms=20_000))
+    )
+    rows = [row for batch in batches for row in batch.to_pylist()]
+    offsets = [row["offset"] for row in rows]
+    assert offsets == sorted(set(offsets)) and offsets[-1] == end - 1
+    assert len(rows) < 600 / 2, "the range reader got the compacted log"
+    assert {row["key"]: row["value"] for row in rows} == latest
