@@ -56,6 +56,14 @@ class CoordinatorConfig(ServiceConfig):
     #: per-cluster ceiling long advised for ZooKeeper-based Kafka; Tributary aims at tens of
     #: thousands of partitions working well, and this leaves room above that.
     max_partitions_per_cluster: int = 200_000
+    #: Move leadership back to each partition's preferred (first) replica on its own when a
+    #: node's share of it led elsewhere is above leader_imbalance_per_broker_percentage (Kafka's
+    #: auto.leader.rebalance.enable; `tributary topics elect-leaders` does it on demand).
+    auto_leader_rebalance_enable: bool = True
+    #: The imbalance that triggers it, percent (leader.imbalance.per.broker.percentage).
+    leader_imbalance_per_broker_percentage: int = 10
+    #: How often the imbalance is checked, seconds (leader.imbalance.check.interval.seconds).
+    leader_imbalance_check_interval_s: float = 300.0
     #: Deadline when a standby forwards an admin call to the active controller.
     forward_timeout_s: float = 10.0
     #: etcd health probe period; metadata is refused (UNAVAILABLE) while the probe fails.
@@ -108,4 +116,8 @@ def config_problem(config: CoordinatorConfig) -> str | None:
     ):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1, not {getattr(config, name)}"
+    if not 0 <= config.leader_imbalance_per_broker_percentage <= 100:
+        return "--leader-imbalance-per-broker-percentage must be between 0 and 100"
+    if config.leader_imbalance_check_interval_s <= 0:
+        return "--leader-imbalance-check-interval-s must be positive"
     return None

@@ -35,12 +35,14 @@ import dataclasses
 import functools
 import logging
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from coordinator import keys, topic_rules
 from coordinator.isr_changes import IsrChange, validated_isr_change
+from coordinator.leader_balance import imbalanced_partitions
 from coordinator.metadata import MetadataCache, MetadataState, leader_counts
 from coordinator.model import (
     NO_LEADER,
@@ -61,6 +63,7 @@ from coordinator.partition_state import (
     shutdown_progress,
 )
 from coordinator.placement import assign_added_partitions, assign_replicas, least_loaded_start
+from coordinator.reassigner import Reassigner
 from coordinator.redirect import ControllerMovedError
 from coordinator.replica_roles import RoleTracker, leader_and_isr
 from coordinator.storage_client import StorageNodes
@@ -96,6 +99,12 @@ class ControllerSettings:
     #: Partition limits (:mod:`coordinator.config` says why these defaults).
     max_partitions_per_topic: int = topic_rules.DEFAULT_MAX_PARTITIONS_PER_TOPIC
     max_partitions_per_cluster: int = topic_rules.DEFAULT_MAX_PARTITIONS_PER_CLUSTER
+    #: Move leadership back to preferred replicas on its own (auto.leader.rebalance.enable).
+    auto_leader_rebalance_enable: bool = True
+    #: A node's share of preferred-led partitions led elsewhere that triggers it, percent.
+    leader_imbalance_per_broker_percentage: int = 10
+    #: How often the imbalance is checked (leader.imbalance.check.interval.seconds).
+    leader_imbalance_check_interval_s: float = 300.0
 
 
 class Controller:
@@ -145,6 +154,9 @@ class Controller:
         self._rpc_slots = asyncio.Semaphore(settings.max_parallel_rpcs)
         # Node syncs get their own, smaller share, so a big one never starves the passes.
         self._sync_slots = asyncio.Semaphore(max(1, settings.max_parallel_rpcs // 4))
+        self.reassignments = Reassigner(self)
+        #: When the next automatic preferred-leader check is due (auto.leader.rebalance.enable).
+        self._next_balance_check = time.monotonic() + settings.leader_imbalance_check_interval_s
         cache.add_listener(self.kick)
 
     # -- term -------------------------------------------------------------------------------------
@@ -440,9 +452,30 @@ class Controller:
         shutting_down = self._nodes_shutting_down()
         await self._apply_transitions(plan_partitions(self.cache.state, self._lost, shutting_down))
         await self._push_roles()
+        await self.reassignments.advance()
         await self._finish_deletions(deleting_topics(self.cache.state))
         await self._push_altered_configs()
         self._start_node_syncs()
+        await self._maybe_balance_leaders()
+
+    async def _maybe_balance_leaders(self) -> None:
+        """auto.leader.rebalance.enable: every check interval, move leadership back to the
+        preferred replicas of each node whose share of them led by others is above
+        leader.imbalance.per.broker.percentage (Kafka's checkAndTriggerAutoLeaderRebalance)."""
+        settings = self.settings
+        if not settings.auto_leader_rebalance_enable or time.monotonic() < self._next_balance_check:
+            return
+        self._next_balance_check = time.monotonic() + settings.leader_imbalance_check_interval_s
+        due = imbalanced_partitions(
+            self.cache.state, settings.leader_imbalance_per_broker_percentage, self._nodes_shutting_down()
+        )
+        if due:
+            log.info(
+                "leader imbalance above %d%%: electing preferred leaders of %d partitions",
+                settings.leader_imbalance_per_broker_percentage,
+                len(due),
+            )
+            await self.elect_preferred_leaders((), due)
 
     async def _limited(self, call: Awaitable[None], slots: asyncio.Semaphore | None = None) -> bool:
         """Run one storage-node call within the parallelism limit; True if it succeeded."""
@@ -783,6 +816,13 @@ class Controller:
         for topic in topics:
             if any(node in self._syncs for replicas in topic.assignment for node in replicas):
                 continue  # a node sync could re-create what we delete; retried once it is done
+            brokers = self.cache.state.brokers
+            if any(
+                node in brokers
+                for record in self.cache.state.partitions.get(topic.name, {}).values()
+                for node in record.retired
+            ):
+                continue  # copies a reassignment left on live nodes are deleted first
             calls = [
                 self._limited(
                     self.storage.delete_partition(broker, topic.name, partition, controller_epoch=self.epoch)

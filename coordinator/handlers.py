@@ -22,10 +22,12 @@ from coordinator.model import (
     ClusterMetadata,
     ConfigValue,
     ControllerStatus,
+    PartitionRecord,
     TopicLookup,
     TopicSpec,
     TopicView,
 )
+from coordinator.reassignment import ReassignmentRequest
 from coordinator.redirect import ControllerMovedError
 from coordinator.transactions.manager import TransactionManager
 from services import errors
@@ -157,6 +159,16 @@ class CoordinatorHandlers:
         self, topics: Sequence[str], partitions: Sequence[tuple[str, int]]
     ) -> dict[tuple[str, int], errors.TributaryError | None]:
         return await self._controller().elect_preferred_leaders(topics, partitions)
+
+    async def alter_reassignments(
+        self, requests: Sequence[ReassignmentRequest], throttle_bytes_per_s: int, *, validate_only: bool
+    ) -> dict[tuple[str, int], errors.TributaryError | None]:
+        return await self._controller().reassignments.alter(
+            requests, throttle_bytes_per_s, validate_only=validate_only
+        )
+
+    async def list_reassignments(self, topics: Sequence[str]) -> list[tuple[str, int, PartitionRecord]]:
+        return self._controller().reassignments.in_progress(topics)
 
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)

@@ -13,6 +13,8 @@ key                                 value (JSON unless noted)                   
 ``topics/<topic>``                  topic_id, partitions, replication_factor,   persistent
                                     configs, assignment, deleting
 ``topics/<topic>/partitions/<p>``   replicas, leader, leader_epoch, isr, state  persistent
+                                    (+ adding, removing, retired, throttle
+                                    while a reassignment runs or cleans up)
 ==================================  ==========================================  ===================
 
 Consumer groups live under ``groups/`` (members, generation and target, the ownership registry,
@@ -248,15 +250,20 @@ def decode_topic(name: str, raw: bytes, *, mod_revision: int = 0) -> TopicRecord
 
 
 def encode_partition(record: PartitionRecord) -> bytes:
-    return _dump(
-        {
-            "replicas": list(record.replicas),
-            "leader": record.leader,
-            "leader_epoch": record.leader_epoch,
-            "isr": list(record.isr),
-            "state": record.status.value,
-        }
-    )
+    value: dict[str, Any] = {
+        "replicas": list(record.replicas),
+        "leader": record.leader,
+        "leader_epoch": record.leader_epoch,
+        "isr": list(record.isr),
+        "state": record.status.value,
+    }
+    # Reassignment fields only while they say something: most partitions never move.
+    for name in ("adding", "removing", "retired"):
+        if getattr(record, name):
+            value[name] = list(getattr(record, name))
+    if record.throttle_bytes_per_s:
+        value["throttle"] = record.throttle_bytes_per_s
+    return _dump(value)
 
 
 def decode_partition(raw: bytes, *, mod_revision: int = 0) -> PartitionRecord:
@@ -272,4 +279,8 @@ def decode_partition(raw: bytes, *, mod_revision: int = 0) -> PartitionRecord:
         isr=_int_list(value, "isr"),
         status=status,
         mod_revision=mod_revision,
+        adding=_int_list(value, "adding"),
+        removing=_int_list(value, "removing"),
+        retired=_int_list(value, "retired"),
+        throttle_bytes_per_s=_int(value, "throttle", 0),
     )

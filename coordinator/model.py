@@ -88,6 +88,24 @@ class PartitionRecord:
     isr: tuple[int, ...]
     status: PartitionStatus
     mod_revision: int = 0
+    #: A reassignment in progress (Kafka's KIP-455): replicas being added (in ``replicas``,
+    #: copying the log) and being removed (in ``replicas`` until the added ones are in sync).
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    #: Nodes taken off the partition by a finished reassignment that may still hold a copy: the
+    #: controller stops and deletes it there, then clears this.
+    retired: tuple[int, ...] = ()
+    #: Copy rate of the added replicas while they catch up, bytes/s (0: unthrottled).
+    throttle_bytes_per_s: int = 0
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """Where a reassignment ends: the replicas without those being removed."""
+        return tuple(r for r in self.replicas if r not in self.removing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ out-of-sync followers they copy the log again.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -74,6 +75,17 @@ class NodeSync:
     node_id: int
     create: tuple[tuple[str, int], ...]
     delete: tuple[tuple[str, int], ...]
+
+
+def _moved_on(
+    current: PartitionRecord, leader: int, leader_epoch: int, isr: tuple[int, ...], status: PartitionStatus
+) -> PartitionRecord:
+    """``current`` with a new leader, epoch, ISR and status -- and everything else kept: a
+    reassignment under way (adding, removing, its throttle) and retired copies outlive any
+    change of leader or ISR."""
+    return dataclasses.replace(
+        current, leader=leader, leader_epoch=leader_epoch, isr=isr, status=status, mod_revision=0
+    )
 
 
 def _unclean_allowed(topic: TopicRecord) -> bool:
@@ -124,9 +136,7 @@ def plan_partition(
         unclean = leader is not None
     if leader is not None:
         isr = (leader,) if unclean else _isr_after_election(current.isr, leader, eligible)
-        record = PartitionRecord(
-            current.replicas, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
-        )
+        record = _moved_on(current, leader, current.leader_epoch + 1, isr, PartitionStatus.ONLINE)
         return Transition(
             topic.name,
             partition,
@@ -139,9 +149,7 @@ def plan_partition(
         )
     if current.status is PartitionStatus.OFFLINE:
         return None  # still no live in-sync replica: wait
-    record = PartitionRecord(
-        current.replicas, NO_LEADER, current.leader_epoch + 1, current.isr, PartitionStatus.OFFLINE
-    )
+    record = _moved_on(current, NO_LEADER, current.leader_epoch + 1, current.isr, PartitionStatus.OFFLINE)
     return Transition(topic.name, partition, current.mod_revision, record)
 
 
@@ -152,9 +160,7 @@ def _plan_isr_shrink(
     isr = tuple(r for r in current.isr if r in usable)
     if isr == current.isr or current.leader not in isr:
         return None
-    record = PartitionRecord(
-        current.replicas, current.leader, current.leader_epoch, isr, PartitionStatus.ONLINE
-    )
+    record = _moved_on(current, current.leader, current.leader_epoch, isr, PartitionStatus.ONLINE)
     return Transition(topic.name, partition, current.mod_revision, record)
 
 
@@ -171,9 +177,7 @@ def _plan_leader_shutdown(
     if successor is None:
         return _plan_isr_shrink(topic, partition, current, usable)
     isr = tuple(r for r in current.isr if r in eligible)
-    record = PartitionRecord(
-        current.replicas, successor, current.leader_epoch + 1, isr, PartitionStatus.ONLINE
-    )
+    record = _moved_on(current, successor, current.leader_epoch + 1, isr, PartitionStatus.ONLINE)
     return Transition(
         topic.name, partition, current.mod_revision, record, (successor,), successor, must_exist=True
     )
@@ -223,9 +227,7 @@ def plan_preferred_leader(
         return errors.PreferredLeaderNotAvailableError(
             f"{name}: preferred leader {preferred} is not live and in sync (ISR {list(current.isr)})"
         )
-    record = PartitionRecord(
-        current.replicas, preferred, current.leader_epoch + 1, current.isr, PartitionStatus.ONLINE
-    )
+    record = _moved_on(current, preferred, current.leader_epoch + 1, current.isr, PartitionStatus.ONLINE)
     return Transition(
         topic.name, partition, current.mod_revision, record, (preferred,), preferred, must_exist=True
     )
@@ -321,7 +323,15 @@ def plan_node_sync(state: MetadataState, node_id: int, local: Iterable[tuple[str
     """
     assigned = assigned_partitions(state, node_id)
     wanted = set(assigned)
-    orphans = sorted(set(local) - wanted)
+    # Copies a finished reassignment took off this node are the reassignment's to delete (it
+    # stops the replica first; the node refuses to delete one it still serves).
+    retired = {
+        (name, p)
+        for name, records in state.partitions.items()
+        for p, record in records.items()
+        if node_id in record.retired
+    }
+    orphans = sorted(set(local) - wanted - retired)
     return NodeSync(node_id, tuple(assigned), tuple(orphans))
 
 

@@ -29,6 +29,8 @@ def leader_and_isr(topic: TopicRecord, partition: int, record: PartitionRecord) 
         record.isr,
         record.mod_revision,
         topic.deleting,
+        record.adding,
+        record.throttle_bytes_per_s,
     )
 
 

@@ -89,6 +89,9 @@ class CoordinatorService:
                 default_replication_factor=config.default_replication_factor,
                 max_partitions_per_topic=config.max_partitions_per_topic,
                 max_partitions_per_cluster=config.max_partitions_per_cluster,
+                auto_leader_rebalance_enable=config.auto_leader_rebalance_enable,
+                leader_imbalance_per_broker_percentage=config.leader_imbalance_per_broker_percentage,
+                leader_imbalance_check_interval_s=config.leader_imbalance_check_interval_s,
             ),
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
             transaction_settings=transaction_settings(config),
@@ -242,14 +245,17 @@ def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> C
     """The coordinator's gauges, from its metadata cache's state. Runs on the metrics exporter's
     thread: it only reads (copies the topic map first)."""
     counts = {"online": 0, "offline": 0, "pending": 0}
-    under_replicated = under_min_isr = 0
+    under_replicated = under_min_isr = reassigning = 0
     for topic in list(state.topics.values()):
         if topic.deleting:
             continue
         for partition in range(topic.partition_count):
+            record = state.partition_record(topic.name, partition)
+            reassigning += 1 if record is not None and record.reassigning else 0
             view = state.partition_view(topic, partition)
             counts[view.status.value.lower()] += 1
-            if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas):
+            adding = len(record.adding) if record is not None else 0  # copying: not yet expected
+            if view.status is PartitionStatus.ONLINE and len(view.isr) < len(view.replicas) - adding:
                 under_replicated += 1
             if view.status is PartitionStatus.ONLINE and len(view.isr) < _min_isr(topic):
                 under_min_isr += 1
@@ -260,6 +266,7 @@ def cluster_health(state, *, unclean_elections: int = 0, transactions=None) -> C
         partitions=counts,
         under_replicated=under_replicated,
         under_min_isr=under_min_isr,
+        reassigning=reassigning,
         unclean_elections=unclean_elections,
         **(transactions.health() if transactions is not None else {}),
     )

@@ -17,6 +17,7 @@ from coordinator.groups import serde as group_serde
 from coordinator.groups.handlers import GroupHandlers
 from coordinator.handlers import CoordinatorHandlers
 from coordinator.isr_changes import IsrChange
+from coordinator.reassignment import ReassignmentRequest
 from coordinator.redirect import ControllerMovedError, Forwarder
 from coordinator.transactions import serde as txn_serde
 from coordinator.transactions.handlers import TransactionHandlers
@@ -185,6 +186,42 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
             results=[
                 pb.ElectLeadersResult(topic=t, partition=p, error=error_to_proto(error) if error else None)
                 for (t, p), error in results.items()
+            ]
+        )
+
+    @_admin
+    async def AlterPartitionReassignments(self, request, context):
+        requests = [
+            ReassignmentRequest(r.topic, r.partition, tuple(r.replicas)) for r in request.reassignments
+        ]
+        results = await self._handlers.alter_reassignments(
+            requests, request.throttle_bytes_per_second, validate_only=request.validate_only
+        )
+        return pb.AlterPartitionReassignmentsResponse(
+            results=[
+                pb.AlterPartitionReassignmentsResult(
+                    topic=t, partition=p, error=error_to_proto(error) if error else None
+                )
+                for (t, p), error in results.items()
+            ]
+        )
+
+    @_admin
+    async def ListPartitionReassignments(self, request, context):
+        entries = await self._handlers.list_reassignments(list(request.topics))
+        return pb.ListPartitionReassignmentsResponse(
+            reassignments=[
+                pb.PartitionReassignment(
+                    topic=t,
+                    partition=p,
+                    replicas=list(r.replicas),
+                    adding_replicas=list(r.adding),
+                    removing_replicas=list(r.removing),
+                    isr=list(r.isr),
+                    leader=r.leader,
+                    throttle_bytes_per_second=r.throttle_bytes_per_s,
+                )
+                for t, p, r in entries
             ]
         )
 

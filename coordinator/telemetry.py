@@ -25,6 +25,8 @@ class ClusterHealth:
     under_replicated: int = 0
     #: Online partitions whose ISR is smaller than their topic's min.insync.replicas.
     under_min_isr: int = 0
+    #: Partitions being reassigned.
+    reassigning: int = 0
     #: Unclean leader elections this coordinator made (records may have been lost).
     unclean_elections: int = 0
     #: Transactional ids, open transactions and the oldest one's age (active controller only).
@@ -104,6 +106,12 @@ class CoordinatorInstruments:
             [lambda options: [Observation(self._health().under_min_isr)]],
             unit="{partition}",
             description="Partitions whose ISR is smaller than min.insync.replicas (acks=all refused).",
+        )
+        meter.create_observable_gauge(
+            names.COORDINATOR_PARTITIONS_REASSIGNING,
+            [lambda options: [Observation(self._health().reassigning)]],
+            unit="{partition}",
+            description="Partitions being reassigned (new replicas copying, old ones not yet dropped).",
         )
         meter.create_observable_counter(
             names.COORDINATOR_UNCLEAN_ELECTIONS,

@@ -403,6 +403,19 @@ class ElectionNotNeededError(TributaryError):
     reason, kafka_code, grpc_code = "ELECTION_NOT_NEEDED", 84, grpc.StatusCode.FAILED_PRECONDITION
 
 
+class ReassignmentInProgressError(TributaryError):
+    """A partition reassignment was asked for a partition that is being reassigned already
+    (cancel the running one first)."""
+
+    reason, kafka_code, grpc_code = "REASSIGNMENT_IN_PROGRESS", 60, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class NoReassignmentInProgressError(TributaryError):
+    """A cancel named a partition that is not being reassigned."""
+
+    reason, kafka_code, grpc_code = "NO_REASSIGNMENT_IN_PROGRESS", 85, grpc.StatusCode.FAILED_PRECONDITION
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 

@@ -28,6 +28,10 @@ class LeaderAndIsr:
     version: int
     #: The topic is being deleted: replicas stop serving it and drop their logs next.
     deleting: bool = False
+    #: Replicas a reassignment is adding (copying the log, not yet in sync).
+    adding: tuple[int, ...] = ()
+    #: Copy rate of the adding replicas, bytes/s, their own fetchers hold to (0: unthrottled).
+    throttle_bytes_per_s: int = 0
 
     @property
     def key(self) -> tuple[str, int]:

@@ -53,6 +53,8 @@ def leader_and_isr_to_proto(state: LeaderAndIsr):
         isr=list(state.isr),
         version=state.version,
         deleting=state.deleting,
+        adding_replicas=list(state.adding),
+        throttle_bytes_per_second=state.throttle_bytes_per_s,
     )
 
 
@@ -66,6 +68,8 @@ def leader_and_isr_from_proto(message) -> LeaderAndIsr:
         isr=tuple(message.isr),
         version=message.version,
         deleting=message.deleting,
+        adding=tuple(message.adding_replicas),
+        throttle_bytes_per_s=message.throttle_bytes_per_second,
     )
 
 

@@ -123,6 +123,7 @@ class StorageNode:
                 self.telemetry,
                 logs=self.logs,
                 fetch_stats=lambda: self.fetch_server.stats,
+                throttled_bytes=lambda: self.fetchers.throttle.bytes_copied,
                 cleaner=self.cleaner,
             )
         self.handlers = StorageNodeHandlers(

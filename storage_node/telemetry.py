@@ -24,7 +24,15 @@ class StorageNodeInstruments:
     LogCleaner (its rounds' bytes and durations, the dirty ratio of each compacted partition).
     """
 
-    def __init__(self, telemetry, *, logs, fetch_stats: Callable[[], object], cleaner=None) -> None:
+    def __init__(
+        self,
+        telemetry,
+        *,
+        logs,
+        fetch_stats: Callable[[], object],
+        throttled_bytes: Callable[[], int] = lambda: 0,
+        cleaner=None,
+    ) -> None:
         self._tracer = telemetry.tracer
         self._logs = logs
         self._fetch_stats = fetch_stats
@@ -124,6 +132,12 @@ class StorageNodeInstruments:
         ):
             create = meter.create_observable_up_down_counter if up_down else meter.create_observable_counter
             create(name, [self._stat(attribute)], unit=unit, description=description)
+        meter.create_observable_counter(
+            names.STORAGE_REPLICATION_THROTTLED_BYTES,
+            [lambda options: [Observation(throttled_bytes())]],
+            unit="By",
+            description="Bytes this node's new replicas copied under a reassignment's throttle.",
+        )
         for name, attribute, unit, description in (
             (names.STORAGE_LOG_END_OFFSET, "log_end_offset", "{offset}", "Next offset to be written."),
             (names.STORAGE_LOG_START_OFFSET, "log_start_offset", "{offset}", "First offset still kept."),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
-from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, table
+from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, replication_health, table
 from gateway.client import Admin
 from gateway.client.servers import START_HINT
 from launcher.local_cluster import (
@@ -87,11 +87,27 @@ def status(args) -> int:
     ensure_reachable(gateways)
     with Admin(servers=",".join(gateways), request_timeout_ms=10_000) as admin:
         cluster, topics = admin.metadata()
+        moves = admin.list_partition_reassignments()
+    health = replication_health(topics)
     print(f"\ncluster {cluster.cluster_id or '-'}  controller {cluster.controller_id or 'none'}")
     print(
+        f"partitions {health.partitions}  offline {health.offline}  under-replicated "
+        f"{health.under_replicated}  under-min-isr {health.under_min_isr}  reassigning {len(moves)}"
+    )
+    print(
         table(
-            ("NODE", "HOST", "PORT", "FETCH PORT"),
-            [[b.node_id, b.host, b.port, b.fetch_port] for b in cluster.brokers],
+            ("NODE", "HOST", "PORT", "FETCH PORT", "LEADERS", "REPLICAS"),
+            [
+                [
+                    b.node_id,
+                    b.host,
+                    b.port,
+                    b.fetch_port,
+                    health.leaders.get(b.node_id, 0),
+                    health.replicas.get(b.node_id, 0),
+                ]
+                for b in cluster.brokers
+            ],
         )
     )
     print()

@@ -4,6 +4,8 @@
 
     tributary cluster up [--data-dir DIR] [--storage-nodes N] [--coordinators N] [--gateways N]
     tributary cluster status | down
+    tributary cluster reassign TOPIC PARTITION --replicas N,N,.. [--throttle RATE] | --cancel
+    tributary cluster reassignments | rebalance [--dry-run] | decommission NODE [--dry-run]
     tributary topics create NAME --partitions N [--replication-factor R] [--config k=v ...]
     tributary topics list | describe [NAME] | delete NAME | alter NAME --config k=v
     tributary topics elect-leaders [TOPIC [--partition P]]
@@ -33,7 +35,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import cluster, console, demo, groups, top, topics, transactions
+from gateway.cli import cluster, console, demo, groups, reassign, top, topics, transactions
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -88,6 +90,46 @@ def _add_cluster(commands) -> None:
     )
     _common(status, gateway=False)
     status.set_defaults(func=cluster.status)
+    _add_reassignment_actions(actions)
+
+
+def _add_move_options(parser: argparse.ArgumentParser, *, plan: bool = True) -> None:
+    parser.add_argument(
+        "--throttle", metavar="RATE", help="copy rate of each node's new replicas, bytes/s (e.g. 10MB)"
+    )
+    parser.add_argument("--no-wait", action="store_true", help="start the moves and return")
+    parser.add_argument("--timeout", type=float, metavar="S", help="stop waiting after S seconds")
+    if plan:
+        parser.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+
+
+def _add_reassignment_actions(actions) -> None:
+    moving = actions.add_parser(
+        "reassign", help="move one partition to new replicas (kafka-reassign-partitions), or --cancel"
+    )
+    _common(moving)
+    moving.add_argument("topic")
+    moving.add_argument("partition", type=_non_negative)
+    moving.add_argument("--replicas", metavar="N,N,...", help="new replica list, preferred leader first")
+    moving.add_argument("--cancel", action="store_true", help="cancel the partition's running move")
+    _add_move_options(moving, plan=False)
+    moving.set_defaults(func=reassign.reassign)
+    listing = actions.add_parser("reassignments", help="partition moves in progress")
+    _common(listing)
+    listing.set_defaults(func=reassign.reassignments)
+    balance = actions.add_parser(
+        "rebalance", help="spread replicas and leaders evenly over the live storage nodes (racks kept)"
+    )
+    _common(balance)
+    _add_move_options(balance)
+    balance.set_defaults(func=reassign.rebalance)
+    retire = actions.add_parser(
+        "decommission", help="move every replica off a storage node so it can be stopped"
+    )
+    _common(retire)
+    retire.add_argument("node", type=_non_negative, help="node id")
+    _add_move_options(retire)
+    retire.set_defaults(func=reassign.decommission)
 
 
 def _add_topics(commands) -> None:

@@ -8,7 +8,8 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol, TextIO
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TextIO
 
 from gateway.client.structs import (
     ConsumerRecord,
@@ -121,6 +122,39 @@ def _replication_flags(p: PartitionMetadata, min_isr: int) -> str:
     if len(p.isr) < min_isr:
         flags.append("under-min-isr")
     return f" [{', '.join(flags)}]" if flags else ""
+
+
+@dataclass
+class ReplicationHealth:
+    """Kafka's cluster health counts over a metadata answer, and leaders and replicas per node."""
+
+    partitions: int = 0
+    offline: int = 0
+    under_replicated: int = 0
+    under_min_isr: int = 0
+    leaders: dict[int, int] = field(default_factory=dict)
+    replicas: dict[int, int] = field(default_factory=dict)
+
+
+def replication_health(topics: Iterable[Any]) -> ReplicationHealth:
+    """Counts over topics as metadata describes them (SDK descriptions or protobuf messages:
+    anything with ``configs`` and ``partitions`` holding ``leader``, ``replicas`` and ``isr``)."""
+    health = ReplicationHealth()
+    for topic in topics:
+        min_isr = int(topic.configs.get("min.insync.replicas", "1"))
+        for p in topic.partitions:
+            health.partitions += 1
+            if p.leader < 0:
+                health.offline += 1
+            else:
+                health.leaders[p.leader] = health.leaders.get(p.leader, 0) + 1
+            if len(p.isr) < len(p.replicas):
+                health.under_replicated += 1
+            if len(p.isr) < min_isr:
+                health.under_min_isr += 1
+            for r in p.replicas:
+                health.replicas[r] = health.replicas.get(r, 0) + 1
+    return health
 
 
 def is_under_replicated(p: PartitionMetadata) -> bool:

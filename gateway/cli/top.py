@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from gateway.cli.connect import connect
-from gateway.cli.output import table
+from gateway.cli.output import replication_health, table
+from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -32,6 +33,7 @@ class NodeSample:
     records_in: int
     bytes_out: int
     reachable: bool = True
+    replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class Snapshot:
     topics: int = 0
     partitions: int = 0
     offline: int = 0
+    under_replicated: int = 0
+    under_min_isr: int = 0
+    #: Partition reassignments in progress (-1: could not be listed).
+    reassigning: int = 0
 
 
 def _rate(now: int, before: int | None, seconds: float) -> float | None:
@@ -71,13 +77,14 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
         node = current.nodes[node_id]
         before = previous.nodes.get(node_id) if previous else None
         if not node.reachable:
-            rows.append([node_id, node.address, node.leaders, "-", "unreachable", "", ""])
+            rows.append([node_id, node.address, node.leaders, node.replicas, "-", "unreachable", "", ""])
             continue
         rows.append(
             [
                 node_id,
                 node.address,
                 node.leaders,
+                node.replicas,
                 f"{node.log_bytes / 1e6:,.1f} MB",
                 _fmt_rate(_rate(node.bytes_in, before.bytes_in if before else None, seconds), "MB/s", 1e6),
                 _fmt_rate(_rate(node.records_in, before.records_in if before else None, seconds), "rec/s"),
@@ -86,9 +93,11 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
         )
     lines = [
         f"tributary top  {time.strftime('%H:%M:%S', time.localtime(current.taken_at))}   "
-        f"topics {current.topics}  partitions {current.partitions}  offline {current.offline}",
+        f"topics {current.topics}  partitions {current.partitions}  offline {current.offline}  "
+        f"under-replicated {current.under_replicated}  under-min-isr {current.under_min_isr}  "
+        f"reassigning {current.reassigning if current.reassigning >= 0 else '?'}",
         "",
-        table(["NODE", "ADDRESS", "LEADERS", "LOG SIZE", "IN", "IN RECORDS", "OUT"], rows),
+        table(["NODE", "ADDRESS", "LEADERS", "REPLICAS", "LOG SIZE", "IN", "IN RECORDS", "OUT"], rows),
         "",
     ]
     if current.groups:
@@ -106,7 +115,7 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
     return "\n".join(lines)
 
 
-def _node_sample(broker, leaders: int) -> NodeSample:
+def _node_sample(broker, leaders: int, replicas: int) -> NodeSample:
     address = f"{broker.host}:{broker.grpc_port}"
     try:
         with grpc.insecure_channel(address) as channel:
@@ -114,11 +123,18 @@ def _node_sample(broker, leaders: int) -> NodeSample:
                 pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S
             )
     except grpc.RpcError:
-        return NodeSample(broker.node_id, address, leaders, 0, 0, 0, 0, reachable=False)
+        return NodeSample(broker.node_id, address, leaders, 0, 0, 0, 0, reachable=False, replicas=replicas)
     traffic = response.traffic
     log_bytes = sum(p.size_bytes for d in response.log_dirs for p in d.partitions)
     return NodeSample(
-        broker.node_id, address, leaders, log_bytes, traffic.bytes_in, traffic.records_in, traffic.bytes_out
+        broker.node_id,
+        address,
+        leaders,
+        log_bytes,
+        traffic.bytes_in,
+        traffic.records_in,
+        traffic.bytes_out,
+        replicas=replicas,
     )
 
 
@@ -150,17 +166,29 @@ def collect(gateway: str) -> Snapshot:
         stub = gateway_grpc.GatewayStub(channel)
         metadata = stub.GetMetadata(pb.GetMetadataRequest(), timeout=CALL_TIMEOUT_S)
         groups = _group_samples(stub)
-    leaders: dict[int, int] = {}
-    partitions = offline = 0
-    for topic in metadata.topics:
-        for partition in topic.partitions:
-            partitions += 1
-            if partition.leader < 0:
-                offline += 1
-            else:
-                leaders[partition.leader] = leaders.get(partition.leader, 0) + 1
-    nodes = {b.node_id: _node_sample(b, leaders.get(b.node_id, 0)) for b in metadata.brokers}
-    return Snapshot(time.time(), nodes, groups, len(metadata.topics), partitions, offline)
+        try:
+            moves = stub.ListPartitionReassignments(
+                pb.ListPartitionReassignmentsRequest(), timeout=CALL_TIMEOUT_S
+            )
+            reassigning = len(moves.reassignments)
+        except grpc.RpcError:
+            reassigning = -1
+    health = replication_health(topic_from_proto(t) for t in metadata.topics)
+    nodes = {
+        b.node_id: _node_sample(b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0))
+        for b in metadata.brokers
+    }
+    return Snapshot(
+        time.time(),
+        nodes,
+        groups,
+        len(metadata.topics),
+        health.partitions,
+        health.offline,
+        health.under_replicated,
+        health.under_min_isr,
+        reassigning,
+    )
 
 
 def run(args) -> int:

@@ -40,6 +40,7 @@ from gateway.client.structs import (
     NewTopic,
     OffsetAndMetadata,
     OffsetAndTimestamp,
+    PartitionReassignment,
     TopicDescription,
     TopicPartition,
     TransactionDescription,
@@ -262,6 +263,56 @@ class AsyncAdmin:
             for item in response.results
         }
 
+    async def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartition, Sequence[int] | None],
+        *,
+        throttle_bytes_per_second: int = 0,
+        validate_only: bool = False,
+    ) -> dict[TopicPartition, TributaryError | None]:
+        """Move partitions to new replica lists (Kafka's ``alterPartitionReassignments``): per
+        partition, the new replicas (first: the preferred leader) or None to cancel a running
+        reassignment. The new replicas copy the log -- at most ``throttle_bytes_per_second`` per
+        node while they catch up, if set -- join the ISR, then the removed ones are dropped and
+        their copies deleted; leadership moves if the leader is removed. Returns ``{tp: None}``
+        once started, else why not (``InvalidReplicaAssignmentError``,
+        ``ReassignmentInProgressError``, ``UnknownTopicOrPartitionError``, ...); follow progress
+        with :meth:`list_partition_reassignments`."""
+        request = pb.AlterPartitionReassignmentsRequest(
+            reassignments=[
+                pb.ReplicaReassignment(topic=tp[0], partition=tp[1], replicas=list(replicas or ()))
+                for tp, replicas in reassignments.items()
+            ],
+            throttle_bytes_per_second=throttle_bytes_per_second,
+            validate_only=validate_only,
+        )
+        response = await self._client.call("AlterPartitionReassignments", request)
+        return {
+            TopicPartition(item.topic, item.partition): (
+                error_from_proto(item.error) if item.HasField("error") else None
+            )
+            for item in response.results
+        }
+
+    async def list_partition_reassignments(self, topics: Iterable[str] = ()) -> list[PartitionReassignment]:
+        """Reassignments in progress (of ``topics``, or all), sorted by partition."""
+        response = await self._client.call(
+            "ListPartitionReassignments", pb.ListPartitionReassignmentsRequest(topics=list(topics))
+        )
+        return sorted(
+            PartitionReassignment(
+                r.topic,
+                r.partition,
+                tuple(r.replicas),
+                tuple(r.adding_replicas),
+                tuple(r.removing_replicas),
+                tuple(r.isr),
+                r.leader,
+                r.throttle_bytes_per_second,
+            )
+            for r in response.reassignments
+        )
+
     # -- transactions ----------------------------------------------------------------------
 
     async def describe_transactions(
@@ -410,6 +461,8 @@ class Admin:
 
     describe_transactions = _sync("describe_transactions")
     elect_leaders = _sync("elect_leaders")
+    alter_partition_reassignments = _sync("alter_partition_reassignments")
+    list_partition_reassignments = _sync("list_partition_reassignments")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")
     delete_topics = _sync("delete_topics")

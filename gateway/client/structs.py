@@ -183,6 +183,26 @@ class TransactionDescription(NamedTuple):
     groups: tuple[str, ...] = ()
 
 
+class PartitionReassignment(NamedTuple):
+    """A partition being reassigned (``list_partition_reassignments``): ``replicas`` is every
+    replica now (the target first, then those being removed); ``adding`` copy the log until they
+    join ``isr``; ``throttle_bytes_per_second`` caps their copy rate (0: none)."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    adding: tuple[int, ...]
+    removing: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    throttle_bytes_per_second: int
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """Where the partition's replicas will be."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+
 class MemberDescription(NamedTuple):
     """One member of a group: who it is, what it subscribed to, what it is assigned and holds.
 

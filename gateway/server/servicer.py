@@ -238,6 +238,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     CreatePartitions = _forward("CreatePartitions")
     AlterTopicConfigs = _forward("AlterTopicConfigs")
     ElectLeaders = _forward("ElectLeaders")
+    AlterPartitionReassignments = _forward("AlterPartitionReassignments")
+    ListPartitionReassignments = _forward("ListPartitionReassignments")
 
     # ---- consumer groups (forwarded to the controller) ---------------------------------------
 

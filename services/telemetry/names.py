@@ -145,6 +145,10 @@ COORDINATOR_PARTITIONS_UNDER_REPLICATED: Final = (
 COORDINATOR_PARTITIONS_UNDER_MIN_ISR: Final = (
     "tributary.coordinator.partitions.under_min_isr"  # gauge, {partition}
 )
+#: Partitions being reassigned (new replicas copying, old ones not yet dropped).
+COORDINATOR_PARTITIONS_REASSIGNING: Final = "tributary.coordinator.partitions.reassigning"  # gauge
+#: Bytes a storage node's new replicas copied under a reassignment's throttle.
+STORAGE_REPLICATION_THROTTLED_BYTES: Final = "tributary.storage.replication.throttled_bytes"  # counter, By
 #: Unclean leader elections (an out-of-sync replica made leader: records may be lost).
 COORDINATOR_UNCLEAN_ELECTIONS: Final = "tributary.coordinator.unclean_elections"  # counter, {election}
 #: Transactional ids the active controller holds, and those with a transaction open (gauges).

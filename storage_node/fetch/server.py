@@ -225,11 +225,18 @@ class FetchReader(Protocol):
     """What the fetch port reads through (the replica manager)."""
 
     def read_for_consumer(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, committed: bool = False
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed: bool = False,
+        bounds_only: bool = False,
     ) -> Any:
         """A FetchInfo (``slice``, ``log_start_offset``, ``log_end_offset``, ``high_watermark``)
         below the high watermark (the last stable offset when ``committed``) of a partition this
-        node leads, or a TributaryError."""
+        node leads, or a TributaryError; ``bounds_only``: without records."""
 
     def committed_view(self, topic: str, partition: int, offset: int) -> tuple[int, list[tuple[int, int]]]:
         """The last stable offset and the aborted transactions from ``offset`` (read_committed)."""
@@ -579,8 +586,15 @@ class FetchServer:
                     ), None
             else:
                 committed = request.isolation_level == multi.READ_COMMITTED
+                # Past the response's byte budget only the offsets are answered: no segment lookup
+                # (with hundreds of partitions per request most are past it).
                 info = self._reader.read_for_consumer(
-                    topic, partition, fetch.fetch_offset, fetch.partition_max_bytes, committed=committed
+                    topic,
+                    partition,
+                    fetch.fetch_offset,
+                    fetch.partition_max_bytes,
+                    committed=committed,
+                    bounds_only=max_bytes <= 0,
                 )
                 if committed:
                     last_stable, aborted = self._reader.committed_view(topic, partition, fetch.fetch_offset)
@@ -636,17 +650,22 @@ class FetchServer:
                 headers.append(multi.encode_partition_header(_with_length(header, length)))
             lengths = [length if fd is not None else 0 for (_, length, _), fd in zip(parts, fds)]
             body_length = sum(len(h) for h in headers) + sum(lengths)
-            prefix = multi.encode_response_prefix(correlation_id, len(parts), body_length)
-            await _send_header(loop, sock, prefix, more=bool(body_length))
+            # Headers go out together up to the next records (one send, not one per partition:
+            # most partitions of a wide fetch carry none).
+            pending = [multi.encode_response_prefix(correlation_id, len(parts), body_length)]
             sent_total = 0
             for (header, _, info), head, length, fd in zip(parts, headers, lengths, fds):
-                await _send_header(loop, sock, head, more=bool(length))
+                pending.append(head)
                 if length and fd is not None:  # fd is open whenever length is not 0
+                    await _send_header(loop, sock, b"".join(pending), more=True)
+                    pending = []
                     send = sendfile_range if self._zero_copy else copy_range
                     await send(loop, sock, fd, info.slice.position, length)
                     sent_total += length
                     if self._telemetry is not None:
                         self._telemetry.fetched(header.topic, length)
+            if pending:
+                await _send_header(loop, sock, b"".join(pending), more=False)
             if self._zero_copy:
                 self.stats.sendfile_bytes += sent_total
             else:

@@ -718,9 +718,13 @@ class PartitionLog:
     # ---- read ----------------------------------------------------------------------------------
 
     @_disk_errors_as_storage_errors
-    def read(self, offset: int, max_bytes: int, *, max_offset: int | None = None) -> FetchInfo:
+    def read(
+        self, offset: int, max_bytes: int, *, max_offset: int | None = None, bounds_only: bool = False
+    ) -> FetchInfo:
         """Whole batches starting with the one holding ``offset``, about ``max_bytes`` in all
-        (the first batch whole even if larger), below ``max_offset`` if given.
+        (the first batch whole even if larger), below ``max_offset`` if given. With
+        ``bounds_only``, no records: the offsets (and the range check) of a partition a fetch
+        reached past its response's byte budget, without looking into the segments.
 
         ``offset == log_end_offset`` -> a FetchInfo with ``slice=None`` (nothing yet);
         ``offset`` below the log start or above the log end -> OffsetOutOfRangeError.
@@ -732,6 +736,8 @@ class PartitionLog:
             end = self._end
             log_start = self._log_start_offset
             self._ensure_offset_in_range(offset, log_start, end.offset)
+            if bounds_only:
+                return FetchInfo(None, log_start, end.offset, high_watermark)
             try:
                 file_slice = self._read_segments(offset, max_bytes, end, max_offset)
             except SegmentFileGoneError:

@@ -35,6 +35,7 @@ from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.replication import rules
 from storage_node.replication.manager import ReplicationSettings
 from storage_node.replication.partition import Partition
+from storage_node.replication.throttle import CopyThrottle
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +53,17 @@ class ReplicaFetcher:
     """Copies the partitions this node follows from one leader. See the module docstring."""
 
     def __init__(
-        self, node_id: int, leader: BrokerAddress, settings: ReplicationSettings, clock: Clock
+        self,
+        node_id: int,
+        leader: BrokerAddress,
+        settings: ReplicationSettings,
+        clock: Clock,
+        throttle: CopyThrottle | None = None,
     ) -> None:
         self.node_id = node_id
+        self.throttle = throttle or CopyThrottle(clock.time_ms())
+        #: How long to sleep when no partition may be fetched now.
+        self._idle_s = settings.replica_fetch_backoff_ms / 1000
         self.leader = leader
         self.settings = settings
         self.clock = clock
@@ -93,7 +102,7 @@ class ReplicaFetcher:
         while True:
             request = self._next_request()
             if request is None:
-                await self._sleep_until_woken(backoff)
+                await self._sleep_until_woken(self._idle_s)
                 continue
             try:
                 response = await self._round_trip(request)
@@ -122,31 +131,56 @@ class ReplicaFetcher:
     def _next_request(self) -> multi.MultiFetchRequest | None:
         now = self.clock.time_ms()
         settings = self.settings
+        self._idle_s = settings.replica_fetch_backoff_ms / 1000
         fetches = []
+        budget: int | None = None
         for target in self._targets.values():
             if target.paused_until_ms > now:
                 continue
+            max_bytes = settings.replica_fetch_max_bytes
+            rate = self._throttle_rate(target)
+            if rate:
+                if budget is None:
+                    budget = self.throttle.allowance(rate, now)
+                if budget <= 0:
+                    self._idle_s = min(self._idle_s, max(0.01, self.throttle.wait_s()))
+                    continue
+                max_bytes = min(max_bytes, budget)
+                budget -= max_bytes
             partition_log = target.replica.log
             fetches.append(
                 multi.PartitionFetch(
                     partition_log.topic,
                     partition_log.partition,
                     partition_log.log_end_offset,
-                    settings.replica_fetch_max_bytes,
+                    max_bytes,
                     target.leader_epoch,
                     partition_log.latest_epoch,
                 )
             )
         if not fetches:
             return None
+        max_wait_ms = settings.replica_fetch_wait_max_ms
+        if budget is not None and budget <= 0:
+            # Throttled partitions were held back: come back when the bucket has refilled.
+            max_wait_ms = min(max_wait_ms, int(self.throttle.wait_s() * 1000) + 10)
         return multi.MultiFetchRequest(
             next(self._correlation),
             self.node_id,
             tuple(fetches),
             settings.replica_fetch_response_max_bytes,
             min_bytes=1,
-            max_wait_ms=settings.replica_fetch_wait_max_ms,
+            max_wait_ms=max_wait_ms,
         )
+
+    def _throttle_rate(self, target: _Target) -> int:
+        """The copy rate this replica holds to: set while a reassignment is adding it."""
+        state = target.replica.state
+        if state is None or not state.throttle_bytes_per_s or self.node_id not in state.adding:
+            return 0
+        if self.node_id in state.isr:
+            return 0  # caught up: in-sync replicas are never held back (acks=all waits on them)
+        return state.throttle_bytes_per_s
 
     async def _round_trip(self, request: multi.MultiFetchRequest) -> multi.MultiFetchResponse:
         reader, writer = await self._connect()
@@ -222,6 +256,8 @@ class ReplicaFetcher:
         if data.records:
             partition_log.append_replicated(data.records)
             self.bytes_fetched += len(data.records)
+            if self._throttle_rate(target):
+                self.throttle.consume(len(data.records))
         partition_log.update_high_watermark(min(header.high_watermark, partition_log.log_end_offset))
         if header.log_start_offset > partition_log.log_start_offset:
             bound = min(header.log_start_offset, partition_log.high_watermark)
@@ -295,6 +331,8 @@ class ReplicaFetchers:
         self.clock = clock
         self._fetchers: dict[BrokerAddress, ReplicaFetcher] = {}
         self._following: dict[tuple[str, int], BrokerAddress] = {}
+        #: One reassignment throttle for the node, all leaders together (Kafka's is per broker).
+        self.throttle = CopyThrottle(clock.time_ms())
 
     def follow(self, partition: Partition, leader: BrokerAddress) -> None:
         current = self._following.get(partition.key)
@@ -302,7 +340,9 @@ class ReplicaFetchers:
             self._fetchers[current].remove(partition.key)
         fetcher = self._fetchers.get(leader)
         if fetcher is None:
-            fetcher = self._fetchers[leader] = ReplicaFetcher(self.node_id, leader, self.settings, self.clock)
+            fetcher = self._fetchers[leader] = ReplicaFetcher(
+                self.node_id, leader, self.settings, self.clock, self.throttle
+            )
         fetcher.add(partition)
         self._following[partition.key] = leader
 

@@ -177,6 +177,8 @@ class ReplicaManager:
         self, state: LeaderAndIsr, leaders: Mapping[int, BrokerAddress], configs: Mapping[str, str] | None
     ) -> None:
         if self.node_id not in state.replicas:
+            if self._retire(state):
+                return
             raise errors.NotLeaderOrFollowerError(
                 f"node {self.node_id} is not a replica of {state.topic}-{state.partition} "
                 f"({list(state.replicas)})"
@@ -195,6 +197,21 @@ class ReplicaManager:
             )
         if self._fetchers is not None:
             self._fetchers.follow(replica, endpoint)
+
+    def _retire(self, state: LeaderAndIsr) -> bool:
+        """A state that no longer names this node, for a replica it holds: a reassignment took
+        the partition off it. The replica stops (fetching, serving, waiting appends fail) and may
+        be deleted next. False when this node holds no replica with a state."""
+        replica = self._partitions.get(state.key)
+        if replica is None or replica.state is None or replica.log.closed:
+            return False
+        if state.newer_than(replica.state):
+            replica.apply_state(state)
+            replica.stop(f"reassigned to nodes {list(state.replicas)}")
+            log.info("%s: reassigned off this node (now on %s): stopped", replica.name, list(state.replicas))
+        if self._fetchers is not None:
+            self._fetchers.unfollow(replica.key)
+        return True
 
     def _replica_for_state(self, state: LeaderAndIsr, configs: Mapping[str, str] | None) -> Partition:
         try:
@@ -229,7 +246,7 @@ class ReplicaManager:
         replica = self._partitions.get((topic, partition))
         if replica is None or replica.state is None or replica.log.closed:
             return
-        if not replica.state.deleting:
+        if not replica.state.deleting and self.node_id in replica.state.replicas:
             raise errors.PolicyViolationError(
                 f"{replica.name} is an active replica on node {self.node_id} (leader epoch "
                 f"{replica.state.leader_epoch}); only the controller deletes it, after stopping it"
@@ -248,9 +265,18 @@ class ReplicaManager:
         return replica, replica.append_as_leader(data, acks_all=acks_all, leader_epoch=leader_epoch)
 
     def read_for_consumer(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, committed: bool = False
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        max_bytes: int,
+        *,
+        committed: bool = False,
+        bounds_only: bool = False,
     ) -> FetchInfo:
-        return self.get(topic, partition).read_for_consumer(offset, max_bytes, committed=committed)
+        return self.get(topic, partition).read_for_consumer(
+            offset, max_bytes, committed=committed, bounds_only=bounds_only
+        )
 
     def committed_view(self, topic: str, partition: int, offset: int) -> tuple[int, list[tuple[int, int]]]:
         return self.get(topic, partition).committed_view(offset)

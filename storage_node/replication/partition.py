@@ -141,7 +141,7 @@ class Partition:
         if self.is_leader:
             if new_epoch or not was_leader:
                 self._become_leader(state)
-            self._forget_removed_followers(state)
+            self._track_followers(state)
             self._maybe_increment_high_watermark()
         elif was_leader or new_epoch or state.deleting:
             self._become_follower(state)
@@ -166,10 +166,18 @@ class Partition:
             self.log.high_watermark,
         )
 
-    def _forget_removed_followers(self, state: LeaderAndIsr) -> None:
+    def _track_followers(self, state: LeaderAndIsr) -> None:
+        """Follow the replica list within an epoch: a reassignment adds replicas (out of sync,
+        until they catch up) and removes others."""
         for replica in list(self._followers):
             if replica not in state.replicas:
                 del self._followers[replica]
+        now = self._clock.time_ms()
+        for replica in state.replicas:
+            if replica != self.node_id and replica not in self._followers:
+                follower = FollowerState(replica)
+                follower.reset(now, in_sync=replica in state.isr)
+                self._followers[replica] = follower
 
     def _become_follower(self, state: LeaderAndIsr) -> None:
         self._followers = {}
@@ -283,13 +291,20 @@ class Partition:
     # ---- reads -----------------------------------------------------------------------------------
 
     def read_for_consumer(
-        self, offset: int, max_bytes: int, leader_epoch: int | None = None, *, committed: bool = False
+        self,
+        offset: int,
+        max_bytes: int,
+        leader_epoch: int | None = None,
+        *,
+        committed: bool = False,
+        bounds_only: bool = False,
     ) -> FetchInfo:
         """A consumer's read: only the leader serves it, and only below the high watermark --
-        below the last stable offset for a read_committed consumer."""
+        below the last stable offset for a read_committed consumer (``bounds_only``: the offsets
+        without records)."""
         self.ensure_leader(leader_epoch)
         bound = self.log.last_stable_offset if committed else self.log.high_watermark
-        return self.log.read(offset, max_bytes, max_offset=bound)
+        return self.log.read(offset, max_bytes, max_offset=bound, bounds_only=bounds_only)
 
     def committed_view(self, offset: int) -> tuple[int, list[tuple[int, int]]]:
         """For a read_committed fetch from ``offset``: the last stable offset and the aborted

@@ -59,11 +59,12 @@ def test_top_shows_nodes_leaders_and_traffic(tmp_path):
     screens = result.stdout.split("tributary top")
     assert len(screens) == 3  # two screens
     last = screens[-1]
-    assert "topics 1  partitions 4  offline 0" in last
+    assert "topics 1  partitions 4  offline 0  under-replicated 0  under-min-isr 0  reassigning 0" in last
     node_lines = [line.split() for line in last.splitlines() if line[:1].isdigit()]
     assert sorted(int(cols[0]) for cols in node_lines) == [0, 1]
     assert sum(int(cols[2]) for cols in node_lines) == 4  # every partition has a leader
     # The second screen has rates, and bytes went in while it watched.
-    # NODE ADDRESS LEADERS <size> MB <in> MB/s <records> rec/s <out> MB/s
-    records_per_second = [float(cols[7].replace(",", "")) for cols in node_lines]
-    assert all(cols[8] == "rec/s" for cols in node_lines) and sum(records_per_second) > 0
+    # NODE ADDRESS LEADERS REPLICAS <size> MB <in> MB/s <records> rec/s <out> MB/s
+    assert sum(int(cols[3]) for cols in node_lines) == 4  # one replica per partition
+    records_per_second = [float(cols[8].replace(",", "")) for cols in node_lines]
+    assert all(cols[9] == "rec/s" for cols in node_lines) and sum(records_per_second) > 0
