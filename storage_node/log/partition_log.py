@@ -948,11 +948,15 @@ class PartitionLog:
             self._ensure_usable()
             live = self._segments.snapshot()
             active = live[-1]
-            unchanged = all(
-                not s.deleted and s is not active and self._segments.floor(s.base_offset) is s for s in old
+            first = next((i for i, s in enumerate(live) if s is old[0]), None)
+            unchanged = (
+                first is not None
+                and all(a is b for a, b in zip(live[first : first + len(old)], old, strict=False))
+                and first + len(old) < len(live)  # the active segment is never among them
+                and not any(s.deleted for s in old)
             )
             if not unchanged or cleaned.next_offset > active.base_offset:
-                return False
+                return False  # checked before the commit point: nothing on disk has changed
             swap_in_cleaned_segment(self.directory, self._segments, old, cleaned, on_step)
             return True
 

@@ -62,10 +62,10 @@ class Segment:
     :meth:`recover` rebuilds both indexes with exactly the same rule.
 
     Crash behaviour: the log tail and both indexes are untrusted after a crash. :meth:`recover`
-    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely or,
-    in a compacted log, skipping ahead),
-    stops at the first bad one, truncates the file there and rebuilds the indexes. A segment that
-    was flushed (below the recovery point) is only sanity-checked (:meth:`sanity_check`).
+    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely --
+    or skipping ahead, in a compacted log), stops at the first bad one, truncates the file there
+    and rebuilds the indexes. A segment that was flushed (below the recovery point) is only
+    sanity-checked (:meth:`sanity_check`).
 
     Thread safety: one writer (append, recover, truncate, roll, delete), serialised by the
     partition lock. :meth:`read`, :meth:`translate_offset` and :meth:`find_offset_for_timestamp`
