@@ -210,8 +210,26 @@ def test_a_round_whose_segments_change_under_it_swaps_nothing_in(tmp_path, clock
 
     result = clean(partition_log, on_step=retention_strikes)
     assert result is not None and not result.completed
-    assert not list(partition_log.directory.glob("*.cleaned")) and not list(partition_log.directory.glob("*.swap"))
+    assert not list(partition_log.directory.glob("*.cleaned")) and not list(
+        partition_log.directory.glob("*.swap")
+    )
     assert records_of(partition_log) == [(o, k, v) for o, k, v in produced if o >= second]
     clean_fully(partition_log)  # the next round starts over from the new log start
     latest = {k: (o, v) for k, (o, v) in latest_per_key(produced).items() if o >= second}
     assert {k: (o, v) for o, k, v in records_of(partition_log)} == latest
+
+
+def test_log_append_time_batches_keep_their_broker_timestamps_and_type(tmp_path, clock):
+    partition_log = compacted_log(tmp_path / "t-0", clock, message_timestamp_type="LogAppendTime")
+    _produce(partition_log, clock, 40, 3, compression=Compression.ZSTD)
+    partition_log.roll()
+    before = {
+        r.offset: (r.key, r.value, r.timestamp)
+        for b in iter_batches(read_all(partition_log))
+        for r in b.records()
+    }
+    clean_fully(partition_log)
+    batches = list(iter_batches(read_all(partition_log)))
+    assert all(b.timestamp_type == 1 and b.compression == Compression.ZSTD for b in batches if b.record_count)
+    after = {r.offset: (r.key, r.value, r.timestamp) for b in batches for r in b.records()}
+    assert len(after) == 3 and all(before[offset] == record for offset, record in after.items())
