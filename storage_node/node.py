@@ -58,6 +58,18 @@ def _fetch_limits(config: StorageNodeConfig, descriptors: DescriptorBudget) -> F
         ) from exc
 
 
+def _cleaner_settings(config: StorageNodeConfig) -> CleanerSettings:
+    try:
+        return CleanerSettings(
+            threads=config.log_cleaner_threads,
+            dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+            io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+            backoff_ms=config.log_cleaner_backoff_ms,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 class StorageNode:
     """Owns every part of a running node; ``start()`` then ``stop()``."""
 
@@ -88,16 +100,7 @@ class StorageNode:
             producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
         self.notifier = AppendNotifier()
-        self.cleaner = LogCleaner(
-            self.logs.partitions,
-            CleanerSettings(
-                threads=config.log_cleaner_threads,
-                dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
-                io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
-                backoff_ms=config.log_cleaner_backoff_ms,
-            ),
-            time_ms=clock.time_ms,
-        )
+        self.cleaner = LogCleaner(self.logs.partitions, _cleaner_settings(config), time_ms=clock.time_ms)
         self.replication_settings = ReplicationSettings(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,

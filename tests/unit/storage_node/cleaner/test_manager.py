@@ -119,3 +119,20 @@ def test_the_throttle_sleeps_to_keep_the_rate():
     throttler.maybe_throttle(500)
     assert sum(slept) == pytest.approx(1.0)
     assert not Throttler(0, monotonic=lambda: now[0], sleep=sleep).maybe_throttle(10**9)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--log-cleaner-threads", "0"),
+        ("--log-cleaner-io-max-bytes-per-second", "-5"),
+        ("--log-cleaner-backoff-ms", "0"),
+    ],
+)
+def test_a_storage_node_with_bad_cleaner_settings_refuses_to_start(tmp_path, capsys, flag, value):
+    from storage_node.main import main
+
+    assert (
+        main(["--node-id", "0", "--standalone", "true", "--log-dirs", str(tmp_path / "d"), flag, value]) == 2
+    )
+    assert "log.cleaner" in capsys.readouterr().err
