@@ -132,10 +132,6 @@ def ensure_record_fits(
 #: Topic config values that are valid Kafka but not honoured yet: refused at create and alter
 #: rather than stored and silently ignored.
 _NOT_SUPPORTED_YET = {
-    "cleanup.policy": (
-        lambda value: "compact" in value,
-        "cleanup.policy=compact is not supported yet (there is no log cleaner): use delete",
-    ),
     "compression.type": (
         lambda value: value != "producer",
         "compression.type other than 'producer' is not supported yet: batches keep the producer's "

@@ -12,7 +12,6 @@ accepted and the typed form is returned. Defaults are Kafka's, except where note
 Valid here but not honoured yet, so the controller refuses them at create and alter
 (``coordinator.topic_rules.ensure_supported_configs``) rather than storing and ignoring them:
 
-* ``cleanup.policy=compact`` -- there is no log cleaner yet.
 * ``compression.type`` other than ``producer`` -- batches keep the producer's compression; the
   storage node never recompresses.
 
@@ -82,6 +81,24 @@ def parse_bool(value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"expected true or false, got {value!r}")
+
+
+def parse_double(value: Any) -> float:
+    """A Kafka DOUBLE config: a finite number, or its decimal string (``"0.5"``); bools rejected."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    else:
+        raise ValueError(f"expected a number, got {value!r}")
+    if number != number or number in (float("inf"), float("-inf")):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    return number
 
 
 def parse_str(value: Any) -> str:
@@ -254,8 +271,42 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = {
             parse_list,
             (CLEANUP_POLICY_DELETE,),
             choices=(CLEANUP_POLICY_COMPACT, CLEANUP_POLICY_DELETE),
-            doc="delete: time/size retention. compact: accepted, NOT implemented yet "
-            "(no cleaner); a compact-only topic is never trimmed by time or size.",
+            doc="delete: time/size retention. compact: the log cleaner keeps the last record "
+            "per key (storage_node.log.cleaner); compact,delete: both. A compact-only topic is "
+            "never trimmed by time or size.",
+        ),
+        ConfigDef(
+            "min.cleanable.dirty.ratio",
+            parse_double,
+            0.5,
+            min=0,
+            max=1,
+            doc="Compacted topics: clean a partition once its uncleaned bytes are at least this "
+            "share of its cleanable bytes (unless max.compaction.lag.ms forces it sooner).",
+        ),
+        ConfigDef(
+            "min.compaction.lag.ms",
+            parse_long,
+            0,
+            min=0,
+            doc="Compacted topics: a record stays uncompacted at least this long (by the "
+            "largest timestamp of its segment).",
+        ),
+        ConfigDef(
+            "max.compaction.lag.ms",
+            parse_long,
+            LONG_MAX,
+            min=1,
+            doc="Compacted topics: a record becomes eligible for compaction at most this long "
+            "after it was written, whatever the dirty ratio (the active segment rolls by then).",
+        ),
+        ConfigDef(
+            "delete.retention.ms",
+            parse_long,
+            _DAY_MS,
+            min=0,
+            doc="Compacted topics: how long a tombstone (null value) is kept, so consumers "
+            "reading from behind see the delete, before the cleaner removes it.",
         ),
         ConfigDef(
             "min.insync.replicas",
@@ -302,7 +353,17 @@ def validate_topic_configs(configs: Mapping[str, Any]) -> dict[str, Any]:
         if definition is None:
             raise InvalidConfigError(f"Unknown topic config name: {name}")
         typed[name] = definition.validate(raw)
+    _ensure_consistent(typed)
     return typed
+
+
+def _ensure_consistent(typed: Mapping[str, Any]) -> None:
+    """Rules across configs (Kafka's LogConfig.validateValues): the compaction lags in order."""
+    low, high = typed.get("min.compaction.lag.ms"), typed.get("max.compaction.lag.ms")
+    if low is not None and high is not None and low > high:
+        raise InvalidConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > max.compaction.lag.ms ({high})"
+        )
 
 
 def resolve_topic_configs(*layers: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,6 +374,7 @@ def resolve_topic_configs(*layers: Mapping[str, Any]) -> dict[str, Any]:
     resolved = {name: definition.default for name, definition in TOPIC_CONFIGS.items()}
     for layer in layers:
         resolved.update(validate_topic_configs(layer))
+    _ensure_consistent(resolved)
     return resolved
 
 

@@ -88,6 +88,18 @@ class StorageNodeConfig(ServiceConfig):
     #: Longest a fetch-port long poll waits, whatever max_wait_ms it asked for (Kafka's
     #: fetch.max.wait.ms bound); a longer request is answered at this bound, maybe empty.
     fetch_max_wait_ms: int = 30_000
+    #: The log cleaner always runs (as in Kafka 4, where log.cleaner.enable is gone): a switch
+    #: would let a node hold cleanup.policy=compact topics it never compacts.
+    #: Cleaner threads, each cleaning one partition at a time (log.cleaner.threads).
+    log_cleaner_threads: int = 1
+    #: Memory budget of the cleaners' key -> offset maps, split among the threads
+    #: (log.cleaner.dedupe.buffer.size; 24 bytes per key as counted, see cleaner/offset_map.py).
+    log_cleaner_dedupe_buffer_size: int = 128 * 1024 * 1024
+    #: Read + write bytes per second all cleaner threads together may use
+    #: (log.cleaner.io.max.bytes.per.second); 0 = unthrottled (Kafka's default is unbounded).
+    log_cleaner_io_max_bytes_per_second: float = 0.0
+    #: Pause of a cleaner thread that found nothing to clean (log.cleaner.backoff.ms).
+    log_cleaner_backoff_ms: int = 15_000
     #: Topic config defaults for partitions created here (Kafka names: retention.ms=...).
     default_topic_configs: dict[str, str] = field(default_factory=dict)
     #: Start without etcd (tests and benchmarks of the node alone).

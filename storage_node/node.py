@@ -28,6 +28,7 @@ from storage_node.config import StorageNodeConfig
 from storage_node.descriptors import DescriptorBudget, current_descriptor_limit
 from storage_node.fetch.server import FetchLimits, FetchServer
 from storage_node.handlers import StorageNodeHandlers
+from storage_node.log.cleaner.manager import CleanerSettings, LogCleaner
 from storage_node.log.log_manager import LogManager
 from storage_node.notifier import AppendNotifier
 from storage_node.replication.fetcher import ReplicaFetchers
@@ -55,6 +56,18 @@ def _fetch_limits(config: StorageNodeConfig, descriptors: DescriptorBudget) -> F
             "fetch.max.connections.per.ip and fetch.max.wait.ms must not be negative "
             f"(got {config.fetch_max_connections_per_ip} and {config.fetch_max_wait_ms})"
         ) from exc
+
+
+def _cleaner_settings(config: StorageNodeConfig) -> CleanerSettings:
+    try:
+        return CleanerSettings(
+            threads=config.log_cleaner_threads,
+            dedupe_buffer_size=config.log_cleaner_dedupe_buffer_size,
+            io_max_bytes_per_second=config.log_cleaner_io_max_bytes_per_second,
+            backoff_ms=config.log_cleaner_backoff_ms,
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 class StorageNode:
@@ -87,6 +100,7 @@ class StorageNode:
             producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
         self.notifier = AppendNotifier()
+        self.cleaner = LogCleaner(self.logs.partitions, _cleaner_settings(config), time_ms=clock.time_ms)
         self.replication_settings = ReplicationSettings(
             replica_lag_time_max_ms=config.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=config.replica_fetch_wait_max_ms,
@@ -113,6 +127,7 @@ class StorageNode:
                 logs=self.logs,
                 fetch_stats=lambda: self.fetch_server.stats,
                 throttled_bytes=lambda: self.fetchers.throttle.bytes_copied,
+                cleaner=self.cleaner,
             )
         self.handlers = StorageNodeHandlers(
             self.logs,
@@ -154,6 +169,7 @@ class StorageNode:
             interceptors=self.telemetry.server_interceptors(),
         )
         await self.fetch_server.start()
+        self.cleaner.start()
         self._maintenance = asyncio.create_task(self._maintenance_routine(), name="log-maintenance")
         self._isr_upkeep = asyncio.create_task(self._isr_upkeep_routine(), name="isr-upkeep")
         if not self.config.standalone:
@@ -252,6 +268,8 @@ class StorageNode:
         self.replicas.stop()
         log.info("stopping: fetch port")
         await self.fetch_server.stop()
+        log.info("stopping: log cleaner")
+        await asyncio.to_thread(self.cleaner.stop)
         log.info("stopping: flushing and closing the logs")
         self.logs.close()
         if self.registration is not None:

@@ -16,6 +16,7 @@ from services.serde import (
     offset_spec_from_proto,
 )
 from storage_node.handlers import OffsetResult, StorageNodeHandlers, TxnMarker
+from storage_node.log.cleaner.cleaner import plan as cleaner_plan
 
 #: Deadline of an acks=all append whose request sets none.
 _DEFAULT_TIMEOUT_MS = 30_000
@@ -31,7 +32,9 @@ def _offset_result_to_proto(result: OffsetResult):
     )
 
 
-def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir: str = "", state=None):
+def _partition_info_to_proto(
+    topic: str, partition: int, partition_log, log_dir: str = "", state=None, cleaner=None
+):
     return pb.PartitionLogInfo(
         topic=topic,
         partition=partition,
@@ -47,6 +50,22 @@ def _partition_info_to_proto(topic: str, partition: int, partition_log, log_dir:
         isr=list(state.isr) if state is not None else [],
         state_version=state.version if state is not None else 0,
         latest_log_epoch=partition_log.latest_epoch,
+        cleaner=cleaner,
+    )
+
+
+def _cleaner_progress(partition_log) -> pb.CleanerProgress | None:
+    """The cleaner's split of a compacted partition, computed now (segment facts and one small
+    checkpoint read); None for a partition that is not compacted."""
+    if not partition_log.config.compact_enabled or partition_log.closed:
+        return None
+    part = cleaner_plan(partition_log, partition_log.clock.time_ms())
+    return pb.CleanerProgress(
+        dirty_ratio=part.dirty_ratio,
+        first_dirty_offset=part.first_dirty,
+        first_uncleanable_offset=part.first_uncleanable,
+        clean_bytes=part.clean_bytes,
+        dirty_bytes=part.dirty_bytes,
     )
 
 
@@ -217,7 +236,11 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
                 continue
             infos.append(
                 _partition_info_to_proto(
-                    *key, partition_log, str(partition_log.directory.parent), self._role(*key)
+                    *key,
+                    partition_log,
+                    str(partition_log.directory.parent),
+                    self._role(*key),
+                    _cleaner_progress(partition_log),
                 )
             )
         missing = wanted - {(i.topic, i.partition) for i in infos}

@@ -20,7 +20,8 @@ class StorageNodeInstruments:
 
     ``logs`` is the node's LogManager (``partitions()``); ``fetch_stats()`` returns the fetch
     server's FetchStats (``sendfile_bytes``, ``copied_bytes``, ``requests``, ``errors``,
-    ``connections``, ``connections_refused``, ``polls_cancelled``).
+    ``connections``, ``connections_refused``, ``polls_cancelled``); ``cleaner`` the node's
+    LogCleaner (its rounds' bytes and durations, the dirty ratio of each compacted partition).
     """
 
     def __init__(
@@ -30,6 +31,7 @@ class StorageNodeInstruments:
         logs,
         fetch_stats: Callable[[], object],
         throttled_bytes: Callable[[], int] = lambda: 0,
+        cleaner=None,
     ) -> None:
         self._tracer = telemetry.tracer
         self._logs = logs
@@ -148,6 +150,42 @@ class StorageNodeInstruments:
                 unit=unit,
                 description=f"{description} Per hosted partition.",
             )
+
+        if cleaner is not None:
+            self._observe_cleaner(meter, cleaner)
+
+    def _observe_cleaner(self, meter, cleaner) -> None:
+        read = meter.create_counter(
+            names.STORAGE_CLEANER_BYTES_READ, unit="By", description="Bytes the log cleaner read, per topic."
+        )
+        written = meter.create_counter(
+            names.STORAGE_CLEANER_BYTES_WRITTEN,
+            unit="By",
+            description="Bytes of cleaned segments the log cleaner swapped in, per topic.",
+        )
+        duration = meter.create_histogram(
+            names.STORAGE_CLEANER_DURATION, unit="s", description="Log cleaner rounds, one partition each."
+        )
+
+        def cleaned(result) -> None:
+            attributes = self._topics[result.topic]
+            read.add(result.bytes_read, attributes)
+            written.add(result.bytes_written, attributes)
+            duration.record(result.duration_s, attributes)
+
+        def dirty_ratios(options: CallbackOptions) -> list[Observation]:
+            return [
+                Observation(ratio, partition_attributes(topic, partition))
+                for (topic, partition), ratio in cleaner.dirty_ratios().items()
+            ]
+
+        cleaner.on_clean = cleaned
+        meter.create_observable_gauge(
+            names.STORAGE_CLEANER_DIRTY_RATIO,
+            [dirty_ratios],
+            unit="1",
+            description="Uncleaned share of a compacted partition's cleanable bytes, as last seen.",
+        )
 
     def _stat(self, attribute: str):
         def observe(options: CallbackOptions) -> list[Observation]:

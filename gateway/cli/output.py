@@ -7,9 +7,9 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from gateway.client.structs import (
     ConsumerRecord,
@@ -164,15 +164,38 @@ def is_under_replicated(p: PartitionMetadata) -> bool:
 PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "STATE")
 
 
-def describe_topic(description: TopicDescription) -> str:
-    """``kafka-topics --describe`` style: a summary line, configs, then one row per partition."""
+class Described(Protocol):
+    """A per-partition detail a describe column shows."""
+
+    def text(self) -> str: ...
+
+
+def describe_topic(
+    description: TopicDescription, cleaner: Mapping[tuple[str, int], Described] | None = None
+) -> str:
+    """``kafka-topics --describe`` style: a summary line, configs, then one row per partition.
+
+    ``cleaner`` ((topic, partition) -> progress with a ``text()``), given for a compacted topic,
+    adds a CLEANER column: the log cleaner's progress as the partition's leader reports it.
+    """
     configs = ",".join(f"{k}={v}" for k, v in sorted(description.configs.items()))
     header = (
         f"Topic: {description.name}\tPartitionCount: {len(description.partitions)}\t"
         f"ReplicationFactor: {description.replication_factor}\tConfigs: {configs}"
     )
     min_isr = int(description.configs.get("min.insync.replicas", "1"))
-    return header + "\n" + table(PARTITION_HEADERS, partition_rows(description.partitions, min_isr))
+    rows = partition_rows(description.partitions, min_isr)
+    if cleaner is None:
+        return header + "\n" + table(PARTITION_HEADERS, rows)
+    for row, p in zip(rows, description.partitions, strict=True):
+        progress = cleaner.get((p.topic, p.partition))
+        row.append(progress.text() if progress is not None else "-")
+    return header + "\n" + table((*PARTITION_HEADERS, "CLEANER"), rows)
+
+
+def is_compacted(description: TopicDescription) -> bool:
+    """Whether the topic's ``cleanup.policy`` includes ``compact``."""
+    return "compact" in description.configs.get("cleanup.policy", "").split(",")
 
 
 def offsets_table(topic: str, earliest: dict[int, int], latest: dict[int, int]) -> str:

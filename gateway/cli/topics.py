@@ -7,9 +7,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from gateway.cli.connect import CliError, client_settings
-from gateway.cli.output import describe_topic, is_under_replicated, offsets_table, parse_pairs
+from gateway.cli import cleaner_progress
+from gateway.cli.connect import CliError, client_settings, cluster_tls
+from gateway.cli.output import describe_topic, is_compacted, is_under_replicated, offsets_table, parse_pairs
 from gateway.client import Admin, NewTopic, TopicPartition
+from services.tls import grpc_channel_credentials
 
 CLI_REQUEST_TIMEOUT_MS = 15_000
 
@@ -43,6 +45,13 @@ def list_topics(args) -> int:
 def describe(args) -> int:
     with _admin(args) as admin:
         descriptions = admin.describe_topics([args.name] if args.name else [])
+    compacted = [d.name for d in descriptions if is_compacted(d)]
+    progress = {}
+    if compacted:
+        settings = client_settings(args)
+        tls = cluster_tls(settings)
+        credentials = grpc_channel_credentials(tls) if tls is not None else None
+        progress = cleaner_progress.collect(settings["servers"].split(",")[0], compacted, credentials)
     if getattr(args, "under_replicated_partitions", False):
         descriptions = [
             dataclasses.replace(d, partitions=tuple(p for p in d.partitions if is_under_replicated(p)))
@@ -52,7 +61,7 @@ def describe(args) -> int:
         if not descriptions:
             print("No under-replicated partitions.")
             return 0
-    print("\n\n".join(describe_topic(d) for d in descriptions))
+    print("\n\n".join(describe_topic(d, progress if is_compacted(d) else None) for d in descriptions))
     return 0
 
 

@@ -115,6 +115,11 @@ STORAGE_LOG_END_OFFSET: Final = "tributary.storage.log.end_offset"  # gauge, {of
 STORAGE_LOG_START_OFFSET: Final = "tributary.storage.log.start_offset"  # gauge, {offset}
 STORAGE_LOG_SIZE: Final = "tributary.storage.log.size"  # gauge, By
 STORAGE_LOG_SEGMENTS: Final = "tributary.storage.log.segments"  # gauge, {segment}
+# The log cleaner (compacted topics).
+STORAGE_CLEANER_BYTES_READ: Final = "tributary.storage.cleaner.read.bytes"  # counter, By
+STORAGE_CLEANER_BYTES_WRITTEN: Final = "tributary.storage.cleaner.written.bytes"  # counter, By
+STORAGE_CLEANER_DURATION: Final = "tributary.storage.cleaner.duration"  # histogram, s
+STORAGE_CLEANER_DIRTY_RATIO: Final = "tributary.storage.cleaner.dirty_ratio"  # gauge, 1
 
 # ---- gateway metrics ------------------------------------------------------------------------
 

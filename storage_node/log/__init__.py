@@ -18,10 +18,12 @@ module                        holds
 ``group_commit``              ``GroupCommit``: coalesced fsync for asyncio callers
 ``log_manager``               ``LogManager``: all partitions over several log dirs
 ``config``                    ``LogConfig`` from Kafka-named topic configs
+``cleaner`` (package)         the log cleaner: compaction of ``cleanup.policy=compact``
 ============================  ===========================================================
 
 Record batches are opaque here: only their headers are read (``services.records``), except for
-producer validation and ListOffsets-by-time, which decode one payload each.
+producer validation and ListOffsets-by-time, which decode one payload each, and the log cleaner,
+which decodes the batches it compacts.
 """
 
 from storage_node.log.config import LogConfig

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from services import topic_config
-from services.topic_config import CLEANUP_POLICY_DELETE, TIMESTAMP_TYPE_LOG_APPEND_TIME
+from services.topic_config import (
+    CLEANUP_POLICY_COMPACT,
+    CLEANUP_POLICY_DELETE,
+    TIMESTAMP_TYPE_LOG_APPEND_TIME,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,10 @@ class LogConfig:
     compression_type: str
     file_delete_delay_ms: int
     unclean_leader_election_enable: bool
+    min_cleanable_dirty_ratio: float
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+    delete_retention_ms: int
 
     @classmethod
     def from_dict(cls, *layers: Mapping[str, Any]) -> LogConfig:
@@ -59,3 +67,17 @@ class LogConfig:
     def delete_enabled(self) -> bool:
         """True when time and size retention apply (``cleanup.policy`` contains ``delete``)."""
         return CLEANUP_POLICY_DELETE in self.cleanup_policy
+
+    @property
+    def compact_enabled(self) -> bool:
+        """True when the log cleaner compacts the log (``cleanup.policy`` contains ``compact``)."""
+        return CLEANUP_POLICY_COMPACT in self.cleanup_policy
+
+    @property
+    def max_segment_ms(self) -> int:
+        """When the active segment rolls by age: ``segment.ms``, or sooner for a compacted log so
+        that ``max.compaction.lag.ms`` can be honoured (the cleaner never touches the active
+        segment; Kafka's LogConfig.maxSegmentMs)."""
+        if self.compact_enabled:
+            return min(self.segment_ms, self.max_compaction_lag_ms)
+        return self.segment_ms

@@ -49,6 +49,9 @@ RECOVERY_POINT_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE = "log-start-offset-checkpoint"
 #: The high watermark as last checkpointed (Kafka's replication-offset-checkpoint).
 HIGH_WATERMARK_CHECKPOINT_FILE = "replication-offset-checkpoint"
+#: Where the log cleaner's last round ended; its presence also says the log holds compacted
+#: segments, whose offsets may skip (Kafka keeps one per log dir, ``cleaner-offset-checkpoint``).
+CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
 #: Present only between a clean ``close()`` and the next open; its absence means "recover".
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 

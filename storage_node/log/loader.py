@@ -68,7 +68,7 @@ class _Context:
     handle_cache: FileHandleCache | None
 
     def open_segment(self, base_offset: int, suffix: str = "") -> Segment:
-        return Segment.open(
+        segment = Segment.open(
             self.directory,
             base_offset,
             self.config,
@@ -76,6 +76,9 @@ class _Context:
             file_suffix=suffix,
             handle_cache=self.handle_cache,
         )
+        # A log the cleaner has compacted keeps its offset gaps even if it is no longer compacted.
+        segment.allows_offset_gaps |= (self.directory / files.CLEANER_CHECKPOINT_FILE).exists()
+        return segment
 
 
 def load_log(

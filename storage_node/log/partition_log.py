@@ -279,6 +279,15 @@ class PartitionLog:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def handle_cache(self) -> FileHandleCache | None:
+        """The node's bound on open ``.log`` handles, for segments made outside this class."""
+        return self._handle_cache
+
     def _ensure_usable(self) -> None:
         if self._closed:
             raise KafkaStorageError(f"partition log {self.name} is closed")
@@ -433,15 +442,20 @@ class PartitionLog:
 
         Offsets and leader epochs are the leader's: nothing is stamped. Structure and CRC are
         checked, and the batches must continue this log exactly (the first starts at the log
-        end, each follows the previous, epochs never go back); anything else is
-        CorruptRecordError and nothing is written. Empty ``data`` is a no-op.
+        end, each follows the previous, epochs never go back) -- or, in a compacted log, skip
+        ahead where the leader's cleaner removed batches; anything else is CorruptRecordError
+        and nothing is written. Empty ``data`` is a no-op.
         """
-        batches = validate_replicated_batches(data, self._next_offset, self._epochs.latest_epoch)
+        allow_gaps = self._config.compact_enabled  # the leader's cleaner removes whole batches
+        batches = validate_replicated_batches(
+            data, self._next_offset, self._epochs.latest_epoch, allow_gaps=allow_gaps
+        )
         if not batches:
             return ReplicatedAppendInfo(self._next_offset, self._next_offset - 1, 0)
         with self._lock:
             self._ensure_usable()
-            if batches[0].base_offset != self._next_offset:
+            first = batches[0].base_offset
+            if first < self._next_offset or (first > self._next_offset and not allow_gaps):
                 raise CorruptRecordError(
                     f"{self.name}: replicated batch starts at {batches[0].base_offset}, "
                     f"the log ends at {self._next_offset}"
@@ -648,8 +662,8 @@ class PartitionLog:
         config = self._config
         if active.size + batch_size > config.segment_bytes:
             reason = f"segment.bytes {config.segment_bytes} reached"
-        elif active.time_waited_for_roll(now, max_timestamp) > config.segment_ms:
-            reason = f"segment.ms {config.segment_ms} reached"
+        elif active.time_waited_for_roll(now, max_timestamp) > config.max_segment_ms:
+            reason = f"segment.ms {config.max_segment_ms} reached"
         elif active.indexes_full:
             reason = "index full"
         elif not active.can_hold(last_offset):
@@ -665,8 +679,8 @@ class PartitionLog:
         with self._lock:
             self._ensure_usable()
             active = self._segments.active
-            if active.size and self._clock.time_ms() - active.created_ms > self._config.segment_ms:
-                self._roll(f"segment.ms {self._config.segment_ms} reached while idle")
+            if active.size and self._clock.time_ms() - active.created_ms > self._config.max_segment_ms:
+                self._roll(f"segment.ms {self._config.max_segment_ms} reached while idle")
                 return True
         return False
 
@@ -911,6 +925,40 @@ class PartitionLog:
             self.partition,
             self._log_start_offset,
         )
+
+    # ---- compaction (the log cleaner's hooks; the logic is in storage_node.log.cleaner) ---------
+
+    def producer_last_offsets(self) -> frozenset[int]:
+        """The last offset of each producer's newest batch: the batches compaction must keep (at
+        least as empty batches) so a replay can rebuild the producers' sequence numbers."""
+        with self._lock:
+            return frozenset(
+                entry.batches[-1].last_offset for entry in self._producers.producers.values() if entry.batches
+            )
+
+    @_disk_errors_as_storage_errors
+    def replace_segments(self, old: list[Segment], cleaned: Segment, on_step: Callable[[str], None]) -> bool:
+        """Swap ``cleaned`` in for ``old`` (consecutive inactive segments it was made from) with
+        the crash-safe ``.cleaned``/``.swap`` protocol (``cleaner.swap``), under the partition
+        lock. False, touching nothing, when ``old`` changed since the cleaner read it (retention
+        deleted one, a truncation made one active or cut it)."""
+        from storage_node.log.cleaner.swap import swap_in_cleaned_segment
+
+        with self._lock:
+            self._ensure_usable()
+            live = self._segments.snapshot()
+            active = live[-1]
+            first = next((i for i, s in enumerate(live) if s is old[0]), None)
+            unchanged = (
+                first is not None
+                and all(a is b for a, b in zip(live[first : first + len(old)], old, strict=False))
+                and first + len(old) < len(live)  # the active segment is never among them
+                and not any(s.deleted for s in old)
+            )
+            if not unchanged or cleaned.next_offset > active.base_offset:
+                return False  # checked before the commit point: nothing on disk has changed
+            swap_in_cleaned_segment(self.directory, self._segments, old, cleaned, on_step)
+            return True
 
     # ---- truncation (for replicas) -------------------------------------------------------------
 

@@ -23,7 +23,9 @@ def batch_facts(header: BatchHeader) -> BatchFacts:
         header.producer_id,
         header.producer_epoch,
         header.base_sequence,
-        header.record_count,
+        # The sequence span, as Kafka's lastSequence = baseSequence + lastOffsetDelta: the record
+        # count of any producer batch, but not of one the log cleaner emptied or thinned.
+        header.last_offset_delta + 1,
         bool(header.attributes & TRANSACTIONAL_MASK),
         bool(header.attributes & CONTROL_MASK),
         header.max_timestamp,

@@ -28,10 +28,14 @@ class ReplicatedBatch(NamedTuple):
     max_timestamp: int
 
 
-def validate_replicated_batches(data, log_end_offset: int, latest_epoch: int) -> list[ReplicatedBatch]:
+def validate_replicated_batches(
+    data, log_end_offset: int, latest_epoch: int, *, allow_gaps: bool = False
+) -> list[ReplicatedBatch]:
     """Check the fetched batches against the follower's log end and latest epoch; return them.
 
     ``data`` holds whole batches (the fetcher drops a partial tail before calling this).
+    ``allow_gaps`` (a compacted log, whose leader's cleaner removed whole batches): a batch may
+    start past where the previous one ended, never before.
     """
     view = as_byte_view(data)
     batches: list[ReplicatedBatch] = []
@@ -40,7 +44,7 @@ def validate_replicated_batches(data, log_end_offset: int, latest_epoch: int) ->
     position = 0
     for batch in iter_batches(view):
         batch.validate()
-        if batch.base_offset != expected:
+        if batch.base_offset < expected or (batch.base_offset > expected and not allow_gaps):
             raise CorruptRecordError(
                 f"replicated batch at byte {position} starts at offset {batch.base_offset}, "
                 f"expected {expected}"

@@ -51,8 +51,9 @@ class Segment:
     """One segment: ``<base>.log`` plus the sparse ``<base>.index`` and ``<base>.timeindex``.
 
     File format: see :class:`FileRecords`, :class:`OffsetIndex`, :class:`TimeIndex`. Offsets in
-    the segment run densely from ``base_offset`` (the first batch's base offset, also the file
-    name) to ``next_offset - 1``; ``last offset - base_offset`` fits in int32 (the partition log
+    the segment run from ``base_offset`` (the first batch's base offset, also the file name) to
+    ``next_offset - 1``, densely except in a segment the log cleaner rewrote (gaps where it
+    removed batches); ``last offset - base_offset`` fits in int32 (the partition log
     rolls before it would not).
 
     Index maintenance: after each appended batch that follows more than
@@ -61,9 +62,10 @@ class Segment:
     :meth:`recover` rebuilds both indexes with exactly the same rule.
 
     Crash behaviour: the log tail and both indexes are untrusted after a crash. :meth:`recover`
-    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely),
-    stops at the first bad one, truncates the file there and rebuilds the indexes. A segment that
-    was flushed (below the recovery point) is only sanity-checked (:meth:`sanity_check`).
+    scans from position 0, validates each batch (length, magic, CRC, offsets continuing densely --
+    or skipping ahead, in a compacted log), stops at the first bad one, truncates the file there
+    and rebuilds the indexes. A segment that was flushed (below the recovery point) is only
+    sanity-checked (:meth:`sanity_check`).
 
     Thread safety: one writer (append, recover, truncate, roll, delete), serialised by the
     partition lock. :meth:`read`, :meth:`translate_offset` and :meth:`find_offset_for_timestamp`
@@ -101,6 +103,9 @@ class Segment:
         # segment found on disk, from the clock for one this process creates or appends to.
         self._last_modified_ms = _mtime_ms(log_records.path) if log_records.size else clock.time_ms()
         self.deleted = False
+        #: Whether recovery accepts batches that skip offsets: true in a compacted log (the
+        #: cleaner removes whole batches), once compacted always (see ``loader``).
+        self.allows_offset_gaps = config.compact_enabled
 
     @classmethod
     def open(
@@ -144,6 +149,7 @@ class Segment:
     def update_config(self, config: LogConfig) -> None:
         """New index interval and sizes apply to later appends."""
         self._config = config
+        self.allows_offset_gaps = self.allows_offset_gaps or config.compact_enabled
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -436,7 +442,8 @@ class Segment:
         bad one. Returns the bytes truncated (0 if the whole file was valid).
 
         A batch is valid if its length fits the file, magic and CRC check out, its base offset
-        continues the segment densely and its last offset fits the segment. ``max_message_bytes``,
+        continues the segment densely (or skips ahead, when :attr:`allows_offset_gaps`: a
+        compacted segment) and its last offset fits the segment. ``max_message_bytes``,
         if given, also rejects batches larger than it; the partition log passes None, because a
         topic's max.message.bytes may have been lowered after larger batches were written, and
         dropping them would be data loss. The length field is always bounded by the file size.
@@ -483,8 +490,12 @@ class Segment:
         self, view: RecordBatchView, expected_offset: int, max_message_bytes: int | None
     ) -> None:
         view.validate()
-        if view.base_offset != expected_offset:
-            # baseOffset is outside the CRC: this is what catches a corrupted offset field.
+        if view.base_offset < expected_offset or (
+            view.base_offset > expected_offset and not self.allows_offset_gaps
+        ):
+            # baseOffset is outside the CRC: this is what catches a corrupted offset field. A
+            # forward gap is legal only in a compacted log, where the cleaner removes whole
+            # batches (Kafka's recovery accepts gaps everywhere, and so misses such corruption).
             raise CorruptRecordError(
                 f"batch base offset {view.base_offset} does not continue the segment at {expected_offset}"
             )

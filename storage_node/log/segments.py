@@ -96,6 +96,22 @@ class Segments:
             raise ValueError(f"{segment} is not in this partition")
         self._state = (bases[:slot] + bases[slot + 1 :], segments[:slot] + segments[slot + 1 :])
 
+    def replace(self, old: list[Segment], new: Segment) -> None:
+        """Put ``new`` in place of ``old`` (consecutive, in order) in one step, so no reader ever
+        sees the offsets they held missing (the log cleaner's swap)."""
+        bases, segments = self._state
+        if not old:
+            raise ValueError("nothing to replace")
+        slot = bisect.bisect_left(bases, old[0].base_offset)
+        current = segments[slot : slot + len(old)]
+        if len(current) != len(old) or any(a is not b for a, b in zip(current, old, strict=True)):
+            raise ValueError("the segments to replace are not consecutive segments of this partition")
+        rest = segments[slot + len(old) :]
+        if new.base_offset != old[0].base_offset or (rest and rest[0].base_offset <= new.base_offset):
+            raise ValueError(f"{new} cannot take the place of {old[0]}..{old[-1]}")
+        kept = segments[:slot] + (new,) + rest
+        self._state = (tuple(s.base_offset for s in kept), kept)
+
     @property
     def size_in_bytes(self) -> int:
         return sum(s.size for s in self._state[1])

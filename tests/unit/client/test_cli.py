@@ -186,6 +186,23 @@ def test_describe_topic():
     assert "none" in text.splitlines()[3] and "offline (LEADER_NOT_AVAILABLE)" in text
 
 
+def test_describe_topic_with_the_cleaners_progress():
+    from gateway.cli.cleaner_progress import CleanerProgress
+
+    partitions = (
+        PartitionMetadata("t", 0, 1, 0, (1,), (1,), "online"),
+        PartitionMetadata("t", 1, 1, 0, (1,), (1,), "online"),
+    )
+    description = TopicDescription("t", partitions, 1, {"cleanup.policy": "compact,delete"})
+    assert output.is_compacted(description)
+    assert not output.is_compacted(TopicDescription("t", partitions, 1, {}))
+    text = output.describe_topic(description, {("t", 0): CleanerProgress(0.25, 4500, 9000, 300, 100)})
+    lines = text.splitlines()
+    assert lines[1].split()[-1] == "CLEANER"
+    assert lines[2].endswith("dirty 25% (compacted below 4500)")
+    assert lines[3].endswith("-")  # its leader did not answer
+
+
 def test_offsets_table():
     text = output.offsets_table("t", {0: 0, 1: 5}, {0: 10, 1: 5})
     assert text.splitlines()[1].split() == ["t", "0", "0", "10", "10"]

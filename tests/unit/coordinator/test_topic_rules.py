@@ -127,8 +127,6 @@ def test_a_partition_limit_below_one_is_refused_at_start(flag, capsys):
 @pytest.mark.parametrize(
     ("configs", "reason"),
     [
-        ({"cleanup.policy": "compact"}, "compact is not supported yet"),
-        ({"cleanup.policy": "delete,compact"}, "compact is not supported yet"),
         ({"compression.type": "zstd"}, "compression.type other than 'producer'"),
     ],
 )
@@ -145,5 +143,22 @@ def test_supported_settings_pass():
     topic_rules.ensure_supported_configs(
         validate_topic_configs(
             {"cleanup.policy": "delete", "compression.type": "producer", "min.insync.replicas": "2"}
+        )
+    )
+
+
+@pytest.mark.parametrize("policy", ["compact", "delete,compact", "compact,delete"])
+def test_compaction_is_accepted_now_that_the_log_cleaner_honours_it(policy):
+    from services.topic_config import validate_topic_configs
+
+    topic_rules.ensure_supported_configs(
+        validate_topic_configs(
+            {
+                "cleanup.policy": policy,
+                "min.cleanable.dirty.ratio": "0.1",
+                "min.compaction.lag.ms": "0",
+                "max.compaction.lag.ms": "600000",
+                "delete.retention.ms": "1000",
+            }
         )
     )

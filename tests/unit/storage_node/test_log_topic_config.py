@@ -55,11 +55,46 @@ def test_string_values_are_typed():
         ({"message.timestamp.type": "createtime"}, "message.timestamp.type"),
         ({"compression.type": "brotli"}, "compression.type"),
         ({"unclean.leader.election.enable": "yes"}, "unclean.leader.election.enable"),
+        ({"min.cleanable.dirty.ratio": "1.5"}, "min.cleanable.dirty.ratio"),
+        ({"min.cleanable.dirty.ratio": "-0.1"}, "min.cleanable.dirty.ratio"),
+        ({"min.cleanable.dirty.ratio": "nan"}, "min.cleanable.dirty.ratio"),
+        ({"min.cleanable.dirty.ratio": "half"}, "half"),
+        ({"min.compaction.lag.ms": "-1"}, "min.compaction.lag.ms"),
+        ({"max.compaction.lag.ms": "0"}, "max.compaction.lag.ms"),
+        ({"delete.retention.ms": "-1"}, "delete.retention.ms"),
+        ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}, "min.compaction.lag.ms"),
     ],
 )
 def test_bad_names_and_values_name_the_culprit(configs, fragment):
     with pytest.raises(InvalidConfigError, match=fragment.replace(".", r"\.")):
         validate_topic_configs(configs)
+
+
+def test_compaction_configs_are_typed_and_reach_the_log_config():
+    cfg = LogConfig.from_dict(
+        {
+            "cleanup.policy": "compact,delete",
+            "min.cleanable.dirty.ratio": "0.25",
+            "min.compaction.lag.ms": "1000",
+            "max.compaction.lag.ms": "60000",
+            "delete.retention.ms": "5000",
+            "segment.ms": "600000",
+        }
+    )
+    assert cfg.compact_enabled and cfg.delete_enabled
+    assert (cfg.min_cleanable_dirty_ratio, cfg.min_compaction_lag_ms) == (0.25, 1000)
+    assert (cfg.max_compaction_lag_ms, cfg.delete_retention_ms) == (60000, 5000)
+    assert cfg.max_segment_ms == 60000  # the active segment rolls in time for max.compaction.lag.ms
+    assert (
+        LogConfig.from_dict({"segment.ms": "600000", "max.compaction.lag.ms": "60000"}).max_segment_ms
+        == 600000
+    )
+    assert LogConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_compaction_lags_out_of_order_across_layers_are_refused():
+    with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms"):
+        LogConfig.from_dict({"max.compaction.lag.ms": "100"}, {"min.compaction.lag.ms": "200"})
 
 
 def test_log_config_overlays_layers_and_round_trips():
@@ -77,6 +112,9 @@ _LONG_CONFIGS = (
     "flush.messages",
     "flush.ms",
     "file.delete.delay.ms",
+    "min.compaction.lag.ms",
+    "max.compaction.lag.ms",
+    "delete.retention.ms",
 )
 _INT_CONFIGS = (
     "segment.bytes",

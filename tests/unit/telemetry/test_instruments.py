@@ -165,6 +165,28 @@ def test_storage_gauges_observe_the_log_manager_at_collection_time():
     assert collected[names.STORAGE_FETCH_CONNECTIONS][0].value == 2
 
 
+def test_storage_cleaner_metrics_follow_its_rounds_and_dirty_ratios():
+    from storage_node.log.cleaner.cleaner import CleanResult
+
+    telemetry, _, reader = make(traces=False)
+
+    class FakeCleaner:
+        on_clean = None
+
+        def dirty_ratios(self):
+            return {("c", 0): 0.75}
+
+    cleaner = FakeCleaner()
+    StorageNodeInstruments(telemetry, logs=FakeLogs([]), fetch_stats=lambda: None, cleaner=cleaner)
+    assert cleaner.on_clean is not None
+    cleaner.on_clean(CleanResult("c", 0, 0, 100, 0.75, bytes_read=4000, bytes_written=1000, duration_s=0.5))
+    collected = metrics_of(reader)
+    assert [p.value for p in collected[names.STORAGE_CLEANER_DIRTY_RATIO]] == [0.75]
+    assert [p.value for p in collected[names.STORAGE_CLEANER_BYTES_READ]] == [4000]
+    assert [p.value for p in collected[names.STORAGE_CLEANER_BYTES_WRITTEN]] == [1000]
+    assert collected[names.STORAGE_CLEANER_DURATION][0].sum == 0.5
+
+
 def test_coordinator_gauges_and_lag_from_their_sources():
     telemetry, _, reader = make(traces=False)
     active = {"value": False}
