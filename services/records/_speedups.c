@@ -1243,6 +1243,670 @@ murmur2(PyObject *module, PyObject *data)
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* Columns: records decoded straight into Arrow buffers                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The buffers of an Arrow batch of records, in the order columns.py's COLUMN_BUFFERS names
+ * them. Offsets buffers are int32 and start with a 0; validity bitmaps are LSB-first, one bit per
+ * row (or header); integers are little-endian, as Arrow's IPC format and every platform this
+ * builds on (x86-64, aarch64) are. Timestamps are milliseconds, as in the batch. */
+enum {
+    COL_OFFSET,          /* int64 per record */
+    COL_TIMESTAMP,       /* int64 per record, ms */
+    COL_TIMESTAMP_TYPE,  /* int32 per record */
+    COL_KEY_OFFSETS,     /* int32 per record + 1 */
+    COL_KEY_DATA,
+    COL_KEY_VALIDITY,
+    COL_VALUE_OFFSETS,
+    COL_VALUE_DATA,
+    COL_VALUE_VALIDITY,
+    COL_HEADER_OFFSETS,  /* int32 per record + 1: where each record's headers start */
+    COL_HKEY_OFFSETS,    /* int32 per header + 1 */
+    COL_HKEY_DATA,
+    COL_HVALUE_OFFSETS,
+    COL_HVALUE_DATA,
+    COL_HVALUE_VALIDITY,
+    COL_COUNT
+};
+#define COL_COUNT_NO_HEADERS (COL_VALUE_VALIDITY + 1)
+
+typedef struct {
+    unsigned char *data;
+    Py_ssize_t len, cap;
+} growbuf;
+
+typedef struct {
+    PyObject_HEAD
+    int headers;
+    Py_ssize_t rows, header_rows, key_nulls, value_nulls, hvalue_nulls;
+    growbuf b[COL_COUNT];
+} ColumnsObject;
+
+/* Room for ``extra`` more bytes; new capacity is zeroed (bitmaps are written bit by bit). */
+static int
+gb_reserve(growbuf *g, Py_ssize_t extra)
+{
+    Py_ssize_t need, cap;
+    unsigned char *data;
+
+    if (extra > PY_SSIZE_T_MAX - g->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    need = g->len + extra;
+    if (need <= g->cap) {
+        return 0;
+    }
+    cap = g->cap < 64 ? 64 : g->cap;
+    while (cap < need) {
+        cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
+    }
+    data = PyMem_Realloc(g->data, (size_t)cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(data + g->cap, 0, (size_t)(cap - g->cap));
+    g->data = data;
+    g->cap = cap;
+    return 0;
+}
+
+static inline void
+gb_put64(growbuf *g, int64_t v)
+{
+    memcpy(g->data + g->len, &v, 8);
+    g->len += 8;
+}
+
+static inline void
+gb_put32(growbuf *g, int32_t v)
+{
+    memcpy(g->data + g->len, &v, 4);
+    g->len += 4;
+}
+
+static inline void
+bit_put(growbuf *g, Py_ssize_t i, int valid)
+{
+    unsigned char *p = g->data + (i >> 3);
+    if (valid) {
+        *p |= (unsigned char)(1u << (i & 7));
+    }
+    else {
+        *p &= (unsigned char)~(1u << (i & 7));
+    }
+}
+
+/* Append ``size`` bytes to a binary column's data and its next end offset, which must fit an
+ * int32 (Arrow's binary and string types): a batch of more than 2 GiB of keys, values or header
+ * data is refused (the caller takes a batch before that). */
+static int
+put_binary(growbuf *offsets, growbuf *data, const unsigned char *src, Py_ssize_t size)
+{
+    if (size > INT32_MAX - data->len) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "an Arrow batch holds at most 2 GiB of keys, values or header data");
+        return -1;
+    }
+    if (gb_reserve(data, size) < 0 || gb_reserve(offsets, 4) < 0) {
+        return -1;
+    }
+    if (size > 0) {
+        memcpy(data->data + data->len, src, (size_t)size);
+        data->len += size;
+    }
+    gb_put32(offsets, (int32_t)data->len);
+    return 0;
+}
+
+static int
+columns_reset(ColumnsObject *self)
+{
+    int i;
+    self->rows = self->header_rows = 0;
+    self->key_nulls = self->value_nulls = self->hvalue_nulls = 0;
+    for (i = 0; i < COL_COUNT; i++) {
+        self->b[i].len = 0;
+    }
+    /* Offsets buffers start with 0. */
+    for (i = 0; i < COL_COUNT; i++) {
+        if (i == COL_KEY_OFFSETS || i == COL_VALUE_OFFSETS || i == COL_HEADER_OFFSETS ||
+            i == COL_HKEY_OFFSETS || i == COL_HVALUE_OFFSETS) {
+            if (gb_reserve(&self->b[i], 4) < 0) {
+                return -1;
+            }
+            gb_put32(&self->b[i], 0);
+        }
+    }
+    return 0;
+}
+
+/* record.py's _decode_headers, into the header buffers. */
+static int
+columns_headers(ColumnsObject *self, const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t rend)
+{
+    int64_t count, size;
+    Py_ssize_t p = *pos, i;
+    growbuf *b = self->b;
+
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &count)) {
+        return -1;
+    }
+    if (count < 0 || 2 * count > rend - p) {
+        PyErr_Format(corrupt_error, "header count %lld out of bounds", (long long)count);
+        return -1;
+    }
+    if (self->headers && gb_reserve(&b[COL_HVALUE_VALIDITY], (Py_ssize_t)count / 8 + 2) < 0) {
+        return -1;
+    }
+    for (i = 0; i < (Py_ssize_t)count; i++) {
+        const unsigned char *key;
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            return -1;
+        }
+        if (size < 0 || size > rend - p) {
+            PyErr_Format(corrupt_error, "header key length %lld out of bounds", (long long)size);
+            return -1;
+        }
+        key = buf + p;
+        if (!check_header_key(key, (Py_ssize_t)size, self->rows)) {
+            /* decode_headers' message, so the two paths read the same. */
+            if (PyErr_ExceptionMatches(corrupt_error)) {
+                PyErr_Clear();
+                PyErr_SetString(corrupt_error, "header key is not UTF-8");
+            }
+            return -1;
+        }
+        p += (Py_ssize_t)size;
+        if (self->headers &&
+            put_binary(&b[COL_HKEY_OFFSETS], &b[COL_HKEY_DATA], key, (Py_ssize_t)size) < 0) {
+            return -1;
+        }
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            return -1;
+        }
+        if (size >= 0) {
+            if (size > rend - p) {
+                PyErr_Format(corrupt_error, "header value length %lld out of bounds",
+                             (long long)size);
+                return -1;
+            }
+            if (self->headers) {
+                if (put_binary(&b[COL_HVALUE_OFFSETS], &b[COL_HVALUE_DATA], buf + p,
+                               (Py_ssize_t)size) < 0) {
+                    return -1;
+                }
+                bit_put(&b[COL_HVALUE_VALIDITY], self->header_rows, 1);
+            }
+            p += (Py_ssize_t)size;
+        }
+        else if (size == -1) {
+            if (self->headers) {
+                if (put_binary(&b[COL_HVALUE_OFFSETS], &b[COL_HVALUE_DATA], NULL, 0) < 0) {
+                    return -1;
+                }
+                bit_put(&b[COL_HVALUE_VALIDITY], self->header_rows, 0);
+                self->hvalue_nulls += 1;
+            }
+        }
+        else {
+            PyErr_Format(corrupt_error, "negative header value length %lld", (long long)size);
+            return -1;
+        }
+        if (self->headers) {
+            self->header_rows += 1;
+        }
+    }
+    *pos = p;
+    return 0;
+}
+
+/* decode_one, into the buffers: the same checks in the same order, so the same inputs fail. The
+ * fixed-width buffers have room for this record (reserved per batch). */
+static int
+columns_one(ColumnsObject *self, const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end,
+            int64_t *previous_delta, int64_t base_offset, int64_t base_timestamp,
+            int log_append, int64_t log_append_time, int32_t timestamp_type)
+{
+    Py_ssize_t p = *pos, rend;
+    int64_t length, timestamp_delta, offset_delta, size, value;
+    int size_bytes;
+    growbuf *b = self->b;
+
+    if (p >= end) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    if (!read_varint(buf, &p, end, VARINT_MAX_BYTES, &length)) {
+        return -1;
+    }
+    if (length < 0) {
+        PyErr_Format(corrupt_error, "negative record length %lld", (long long)length);
+        return -1;
+    }
+    if (length > end - p) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    rend = p + (Py_ssize_t)length;
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    p += 1;
+    if (!read_varint(buf, &p, rend, VARLONG_MAX_BYTES, &timestamp_delta)) {
+        return -1;
+    }
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &offset_delta)) {
+        return -1;
+    }
+    if (offset_delta <= *previous_delta) {
+        PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                     (long long)offset_delta, (long long)*previous_delta);
+        return -1;
+    }
+    *previous_delta = offset_delta;
+    /* key */
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+        return -1;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            return -1;
+        }
+        if (put_binary(&b[COL_KEY_OFFSETS], &b[COL_KEY_DATA], buf + p, (Py_ssize_t)size) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_KEY_VALIDITY], self->rows, 1);
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1) {
+        if (put_binary(&b[COL_KEY_OFFSETS], &b[COL_KEY_DATA], NULL, 0) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_KEY_VALIDITY], self->rows, 0);
+        self->key_nulls += 1;
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative key length %lld", (long long)size);
+        return -1;
+    }
+    /* value (a two-byte -1 is refused, as decode_one refuses it) */
+    size_bytes = read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size);
+    if (!size_bytes) {
+        return -1;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            return -1;
+        }
+        if (put_binary(&b[COL_VALUE_OFFSETS], &b[COL_VALUE_DATA], buf + p, (Py_ssize_t)size) <
+            0) {
+            return -1;
+        }
+        bit_put(&b[COL_VALUE_VALIDITY], self->rows, 1);
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1 && size_bytes != 2) {
+        if (put_binary(&b[COL_VALUE_OFFSETS], &b[COL_VALUE_DATA], NULL, 0) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_VALUE_VALIDITY], self->rows, 0);
+        self->value_nulls += 1;
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative value length %lld", (long long)size);
+        return -1;
+    }
+    /* headers */
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    if (buf[p] == 0) {
+        p += 1;
+    }
+    else if (columns_headers(self, buf, &p, rend) < 0) {
+        return -1;
+    }
+    if (self->headers) {
+        if (self->header_rows > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "an Arrow batch holds at most 2**31 headers");
+            return -1;
+        }
+        if (gb_reserve(&b[COL_HEADER_OFFSETS], 4) < 0) {
+            return -1;
+        }
+        gb_put32(&b[COL_HEADER_OFFSETS], (int32_t)self->header_rows);
+    }
+    if (p != rend) {
+        PyErr_Format(corrupt_error, "record body is %lld bytes but its fields take %lld",
+                     (long long)length, (long long)(length + p - rend));
+        return -1;
+    }
+    if (__builtin_add_overflow(base_offset, offset_delta, &value)) {
+        PyErr_SetString(corrupt_error, "record offset out of range");
+        return -1;
+    }
+    gb_put64(&b[COL_OFFSET], value);
+    if (log_append) {
+        value = log_append_time;
+    }
+    else if (__builtin_add_overflow(base_timestamp, timestamp_delta, &value)) {
+        PyErr_SetString(corrupt_error, "record timestamp out of range");
+        return -1;
+    }
+    gb_put64(&b[COL_TIMESTAMP], value);
+    gb_put32(&b[COL_TIMESTAMP_TYPE], timestamp_type);
+    self->rows += 1;
+    *pos = p;
+    return 0;
+}
+
+static const char *const columns_append_names[] = {
+    "data", "count", "base_offset", "base_timestamp", "log_append_time", "last_offset_delta",
+    "first_offset", "max_records",
+};
+
+PyDoc_STRVAR(columns_append_doc,
+"append(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta,\n"
+"       first_offset=None, max_records=None)\n"
+"--\n\n"
+"Decode one batch's records into the columns: decode_records' arguments, checks and window\n"
+"(columns.py's PyColumns.append is the reference). Returns how many records were added. On\n"
+"an error nothing of this call stays in the columns.");
+
+static int
+as_int64(PyObject *obj, const char *name, int64_t *out)
+{
+    long long v;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static PyObject *
+columns_append(ColumnsObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[8];
+    Py_buffer view;
+    const unsigned char *buf;
+    Py_ssize_t end, pos = 0, i, count, taken = 0, limit;
+    Py_ssize_t saved_len[COL_COUNT], saved_rows, saved_header_rows, saved_nulls[3];
+    int64_t previous_delta = -1, base_offset, base_timestamp, log_append_time = 0, last_delta;
+    int64_t first_delta, requested, timestamp_type;
+    int log_append, k;
+
+    if (parse_args("append", args, nargs, kwnames, columns_append_names, 6, 8, argv) < 0) {
+        return NULL;
+    }
+    if (ensure_initialised() < 0) {
+        return NULL;
+    }
+    if (as_int64(argv[1], "count", &requested) < 0 ||
+        as_int64(argv[2], "base_offset", &base_offset) < 0 ||
+        as_int64(argv[3], "base_timestamp", &base_timestamp) < 0 ||
+        as_int64(argv[5], "last_offset_delta", &last_delta) < 0) {
+        return NULL;
+    }
+    log_append = argv[4] != Py_None;
+    if (log_append && as_int64(argv[4], "log_append_time", &log_append_time) < 0) {
+        return NULL;
+    }
+    timestamp_type = log_append ? 1 : 0;
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    buf = (const unsigned char *)view.buf;
+    end = view.len;
+    if (requested > 0 && requested > end / MIN_RECORD_SIZE) {
+        PyErr_Format(corrupt_error, "record count %lld cannot fit in %zd bytes of records",
+                     (long long)requested, end);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    count = requested < 0 ? 0 : (Py_ssize_t)requested;
+    if (parse_window(argv[6], argv[7], argv[2], &first_delta, &limit) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (k = 0; k < COL_COUNT; k++) {
+        saved_len[k] = self->b[k].len;
+    }
+    saved_rows = self->rows;
+    saved_header_rows = self->header_rows;
+    saved_nulls[0] = self->key_nulls;
+    saved_nulls[1] = self->value_nulls;
+    saved_nulls[2] = self->hvalue_nulls;
+    /* Fixed-width room for every record of the batch; variable data grows as it comes. */
+    if (gb_reserve(&self->b[COL_OFFSET], 8 * count) < 0 ||
+        gb_reserve(&self->b[COL_TIMESTAMP], 8 * count) < 0 ||
+        gb_reserve(&self->b[COL_TIMESTAMP_TYPE], 4 * count) < 0 ||
+        gb_reserve(&self->b[COL_KEY_VALIDITY], (self->rows + count) / 8 + 1 -
+                                                   self->b[COL_KEY_VALIDITY].len) < 0 ||
+        gb_reserve(&self->b[COL_VALUE_VALIDITY], (self->rows + count) / 8 + 1 -
+                                                     self->b[COL_VALUE_VALIDITY].len) < 0) {
+        goto error;
+    }
+    /* Bitmaps are written bit by bit within their capacity; their length is set by take(). */
+    i = 0;
+    if (first_delta > 0) {
+        for (; i < count; i++) {
+            Py_ssize_t start = pos;
+            int64_t offset_delta;
+            if (!walk_record(buf, &pos, end, i, &offset_delta)) {
+                goto error;
+            }
+            if (offset_delta <= previous_delta) {
+                PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                             (long long)offset_delta, (long long)previous_delta);
+                goto error;
+            }
+            if (offset_delta >= first_delta) {
+                pos = start;
+                break;
+            }
+            previous_delta = offset_delta;
+        }
+    }
+    for (; i < count; i++) {
+        if (columns_one(self, buf, &pos, end, &previous_delta, base_offset, base_timestamp,
+                        log_append, log_append_time, (int32_t)timestamp_type) < 0) {
+            goto error;
+        }
+        taken += 1;
+        if (taken == limit) {
+            PyBuffer_Release(&view);
+            return PyLong_FromSsize_t(taken);
+        }
+    }
+    if (pos != end) {
+        PyErr_Format(corrupt_error, "%zd bytes left after %zd records", end - pos, count);
+        goto error;
+    }
+    if (previous_delta > last_delta) {
+        PyErr_Format(corrupt_error, "offset delta %lld exceeds lastOffsetDelta %lld",
+                     (long long)previous_delta, (long long)last_delta);
+        goto error;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(taken);
+
+error:
+    for (k = 0; k < COL_COUNT; k++) {
+        self->b[k].len = saved_len[k];
+    }
+    self->rows = saved_rows;
+    self->header_rows = saved_header_rows;
+    self->key_nulls = saved_nulls[0];
+    self->value_nulls = saved_nulls[1];
+    self->hvalue_nulls = saved_nulls[2];
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+PyDoc_STRVAR(columns_take_doc,
+"take()\n"
+"--\n\n"
+"Everything appended since the last take, as (rows, buffers, null_counts), and start over:\n"
+"buffers is a tuple of bytes in COLUMN_BUFFERS order (the header buffers only with headers),\n"
+"null_counts is (keys, values, header values).");
+
+static PyObject *
+columns_take(ColumnsObject *self, PyObject *unused)
+{
+    PyObject *buffers, *result;
+    int i, n = self->headers ? COL_COUNT : COL_COUNT_NO_HEADERS;
+
+    (void)unused;
+    buffers = PyTuple_New(n);
+    if (buffers == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t len = self->b[i].len;
+        PyObject *bytes;
+        if (i == COL_KEY_VALIDITY || i == COL_VALUE_VALIDITY) {
+            len = (self->rows + 7) / 8;
+        }
+        else if (i == COL_HVALUE_VALIDITY) {
+            len = (self->header_rows + 7) / 8;
+        }
+        if (len > self->b[i].cap) { /* an empty bitmap never reserved: zero bytes */
+            len = 0;
+        }
+        bytes = PyBytes_FromStringAndSize((const char *)self->b[i].data, len);
+        if (bytes == NULL) {
+            Py_DECREF(buffers);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(buffers, i, bytes);
+    }
+    result = Py_BuildValue("(nN(nnn))", self->rows, buffers, self->key_nulls, self->value_nulls,
+                           self->hvalue_nulls);
+    if (result == NULL) {
+        return NULL;
+    }
+    /* Clear the bitmaps: bits are set and cleared one by one, but take() exposes whole bytes. */
+    memset(self->b[COL_KEY_VALIDITY].data, 0, (size_t)self->b[COL_KEY_VALIDITY].cap);
+    memset(self->b[COL_VALUE_VALIDITY].data, 0, (size_t)self->b[COL_VALUE_VALIDITY].cap);
+    if (self->b[COL_HVALUE_VALIDITY].data != NULL) {
+        memset(self->b[COL_HVALUE_VALIDITY].data, 0, (size_t)self->b[COL_HVALUE_VALIDITY].cap);
+    }
+    if (columns_reset(self) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static Py_ssize_t
+columns_len(ColumnsObject *self)
+{
+    return self->rows;
+}
+
+static PyObject *
+columns_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"include_headers", NULL};
+    int headers = 0;
+    ColumnsObject *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$p:Columns", kwlist, &headers)) {
+        return NULL;
+    }
+    self = (ColumnsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->headers = headers;
+    /* tp_alloc zero-fills: every growbuf starts empty. */
+    if (columns_reset(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+columns_dealloc(ColumnsObject *self)
+{
+    int i;
+    for (i = 0; i < COL_COUNT; i++) {
+        PyMem_Free(self->b[i].data);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+columns_include_headers(ColumnsObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->headers);
+}
+
+static PyMethodDef columns_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))columns_append, METH_FASTCALL | METH_KEYWORDS,
+     columns_append_doc},
+    {"take", (PyCFunction)columns_take, METH_NOARGS, columns_take_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *
+columns_last_offset(ColumnsObject *self, void *closure)
+{
+    int64_t last;
+    (void)closure;
+    if (self->rows == 0) {
+        Py_RETURN_NONE;
+    }
+    memcpy(&last, self->b[COL_OFFSET].data + self->b[COL_OFFSET].len - 8, 8);
+    return PyLong_FromLongLong(last);
+}
+
+static PyGetSetDef columns_getset[] = {
+    {"include_headers", (getter)columns_include_headers, NULL, "whether headers are kept", NULL},
+    {"last_offset", (getter)columns_last_offset, NULL,
+     "the offset of the last record appended since the last take(), or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods columns_as_sequence = {
+    .sq_length = (lenfunc)columns_len,
+};
+
+PyDoc_STRVAR(columns_doc,
+"Columns(*, include_headers=False)\n"
+"--\n\n"
+"C version of services.records.columns.PyColumns (the reference): records of any number of\n"
+"batches decoded straight into Arrow buffers, without a Python object per record.");
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "services.records._speedups.Columns",
+    .tp_basicsize = sizeof(ColumnsObject),
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_as_sequence = &columns_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = columns_doc,
+    .tp_methods = columns_methods,
+    .tp_getset = columns_getset,
+    .tp_new = columns_new,
+};
+
+/* ------------------------------------------------------------------------------------------ */
 /* module                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1313,5 +1977,18 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&speedups_module);
+    PyObject *module;
+
+    if (PyType_Ready(&ColumnsType) < 0) {
+        return NULL;
+    }
+    module = PyModule_Create(&speedups_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "Columns", (PyObject *)&ColumnsType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

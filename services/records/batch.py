@@ -332,6 +332,32 @@ class RecordBatchView:
             max_records,
         )
 
+    def read_columns(
+        self,
+        columns,
+        payload: bytes | None = None,
+        *,
+        first_offset: int | None = None,
+        max_records: int | None = None,
+    ) -> int:
+        """:meth:`read_records`' window of records appended to ``columns`` (a
+        :class:`services.records.columns.Columns`) as Arrow buffers instead of built as
+        ``Record`` objects; how many were appended. On :class:`CorruptRecordError` nothing of
+        this batch is in ``columns``. Like :meth:`records`, this does not check the CRC."""
+        self._ensure_valid_structure()
+        header = self._header
+        attributes = header.attributes
+        return columns.append(
+            self.payload() if payload is None else payload,
+            header.record_count,
+            header.base_offset,
+            header.base_timestamp,
+            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
+            header.last_offset_delta,
+            first_offset,
+            max_records,
+        )
+
     def __repr__(self) -> str:
         h = self._header
         return (
