@@ -88,6 +88,6 @@ def to_record_batch(taken: Taken, topic: str, partition: int, *, include_headers
     return pa.RecordBatch.from_arrays(columns, schema=record_schema(include_headers))
 
 
-def empty_table(include_headers: bool = True) -> pa.Table:
-    """A table of no records (what a poll that found nothing returns)."""
-    return record_schema(include_headers).empty_table()
+def to_table(batches: list[pa.RecordBatch], *, include_headers: bool) -> pa.Table:
+    """Record batches of :func:`record_schema` as one table (no rows for no batches)."""
+    return pa.Table.from_batches(batches, schema=record_schema(include_headers))

@@ -1338,6 +1338,18 @@ bit_put(growbuf *g, Py_ssize_t i, int valid)
     }
 }
 
+/* Clear every bit from ``bits`` on: what a failed append wrote past the rows that stay. */
+static void
+bitmap_truncate(growbuf *g, Py_ssize_t bits)
+{
+    Py_ssize_t byte = bits >> 3;
+    if (byte >= g->cap) {
+        return;
+    }
+    g->data[byte] &= (unsigned char)((1u << (bits & 7)) - 1);
+    memset(g->data + byte + 1, 0, (size_t)(g->cap - byte - 1));
+}
+
 /* Append ``size`` bytes to a binary column's data and its next end offset, which must fit an
  * int32 (Arrow's binary and string types): a batch of more than 2 GiB of keys, values or header
  * data is refused (the caller takes a batch before that). */
@@ -1752,6 +1764,9 @@ error:
     self->key_nulls = saved_nulls[0];
     self->value_nulls = saved_nulls[1];
     self->hvalue_nulls = saved_nulls[2];
+    bitmap_truncate(&self->b[COL_KEY_VALIDITY], saved_rows);
+    bitmap_truncate(&self->b[COL_VALUE_VALIDITY], saved_rows);
+    bitmap_truncate(&self->b[COL_HVALUE_VALIDITY], saved_header_rows);
     PyBuffer_Release(&view);
     return NULL;
 }

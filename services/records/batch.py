@@ -335,7 +335,7 @@ class RecordBatchView:
     def read_columns(
         self,
         columns,
-        payload: bytes | None = None,
+        payload: bytes | memoryview | None = None,
         *,
         first_offset: int | None = None,
         max_records: int | None = None,
@@ -347,8 +347,12 @@ class RecordBatchView:
         self._ensure_valid_structure()
         header = self._header
         attributes = header.attributes
+        if payload is None:
+            codec = attributes & COMPRESSION_CODEC_MASK
+            # Uncompressed records are read in place (the C decoder takes the memoryview).
+            payload = self.payload() if codec else self._view[RECORDS_OFFSET:]
         return columns.append(
-            self.payload() if payload is None else payload,
+            payload,
             header.record_count,
             header.base_offset,
             header.base_timestamp,
