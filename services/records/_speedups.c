@@ -1922,6 +1922,411 @@ static PyTypeObject ColumnsType = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
+/* encode_columns and partition_keys: the Spark sink's Arrow batches into records             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One Arrow binary (or string) column as the buffer protocol gives it: validity may be absent
+ * (no nulls); offsets absent means the column is absent, every item null. Offset 0 only: the
+ * caller passes arrays that start at their buffers' start. */
+typedef struct {
+    Py_buffer validity, offsets, data;
+    int has_validity, has_offsets, has_data;
+    Py_ssize_t count;
+} arrow_binary;
+
+static void
+arrow_binary_release(arrow_binary *a)
+{
+    if (a->has_validity) {
+        PyBuffer_Release(&a->validity);
+    }
+    if (a->has_offsets) {
+        PyBuffer_Release(&a->offsets);
+    }
+    if (a->has_data) {
+        PyBuffer_Release(&a->data);
+    }
+    a->has_validity = a->has_offsets = a->has_data = 0;
+}
+
+/* Take (validity, offsets, data) -- any of them None -- for ``count`` items, checking that the
+ * buffers are large enough and the offsets increase within the data: the bytes come from
+ * another library, and a bad offset must be an exception, not a read out of bounds. */
+static int
+arrow_binary_get(PyObject *obj, Py_ssize_t count, const char *what, arrow_binary *a)
+{
+    PyObject *items[3];
+    const int32_t *offsets;
+    Py_ssize_t i;
+
+    memset(a, 0, sizeof(*a));
+    a->count = count;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 3) {
+        PyErr_Format(PyExc_TypeError, "%s must be a (validity, offsets, data) tuple", what);
+        return -1;
+    }
+    for (i = 0; i < 3; i++) {
+        items[i] = PyTuple_GET_ITEM(obj, i);
+    }
+    if (items[1] == Py_None) {
+        return 0; /* the column is absent: every item is null */
+    }
+    if (items[0] != Py_None) {
+        if (PyObject_GetBuffer(items[0], &a->validity, PyBUF_SIMPLE) < 0) {
+            goto error;
+        }
+        a->has_validity = 1;
+        if (a->validity.len < (count + 7) / 8) {
+            PyErr_Format(PyExc_ValueError, "%s validity bitmap is too short", what);
+            goto error;
+        }
+    }
+    if (PyObject_GetBuffer(items[1], &a->offsets, PyBUF_SIMPLE) < 0) {
+        goto error;
+    }
+    a->has_offsets = 1;
+    if (items[2] == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s has offsets but no data", what);
+        goto error;
+    }
+    if (PyObject_GetBuffer(items[2], &a->data, PyBUF_SIMPLE) < 0) {
+        goto error;
+    }
+    a->has_data = 1;
+    if (a->offsets.len / 4 < count + 1) {
+        PyErr_Format(PyExc_ValueError, "%s offsets buffer is too short", what);
+        goto error;
+    }
+    offsets = (const int32_t *)a->offsets.buf;
+    if (offsets[0] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s offsets are out of bounds", what);
+        goto error;
+    }
+    for (i = 0; i < count; i++) {
+        if (offsets[i + 1] < offsets[i]) {
+            PyErr_Format(PyExc_ValueError, "%s offsets decrease at item %zd", what, i);
+            goto error;
+        }
+    }
+    if (offsets[count] > a->data.len) {
+        PyErr_Format(PyExc_ValueError, "%s offsets run past the data", what);
+        goto error;
+    }
+    return 0;
+
+error:
+    arrow_binary_release(a);
+    return -1;
+}
+
+static inline int
+arrow_is_null(const arrow_binary *a, Py_ssize_t i)
+{
+    if (!a->has_offsets) {
+        return 1;
+    }
+    if (!a->has_validity) {
+        return 0;
+    }
+    return !(((const unsigned char *)a->validity.buf)[i >> 3] & (1u << (i & 7)));
+}
+
+static inline const unsigned char *
+arrow_item(const arrow_binary *a, Py_ssize_t i, Py_ssize_t *size)
+{
+    const int32_t *offsets = (const int32_t *)a->offsets.buf;
+    *size = offsets[i + 1] - offsets[i];
+    return (const unsigned char *)a->data.buf + offsets[i];
+}
+
+static inline Py_ssize_t
+zigzag_size(int64_t v)
+{
+    return unsigned_varint_size(((uint64_t)v << 1) ^ (uint64_t)(v >> 63));
+}
+
+static inline unsigned char *
+put_zigzag(unsigned char *out, int64_t v)
+{
+    uint64_t raw = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (raw > 0x7F) {
+        *out++ = (unsigned char)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    *out++ = (unsigned char)raw;
+    return out;
+}
+
+/* A nullable length-prefixed field's size: its length varint and its bytes. */
+static inline Py_ssize_t
+field_size(const arrow_binary *a, Py_ssize_t i)
+{
+    Py_ssize_t size;
+    if (arrow_is_null(a, i)) {
+        return 1;
+    }
+    (void)arrow_item(a, i, &size);
+    return zigzag_size(size) + size;
+}
+
+static inline unsigned char *
+put_field(unsigned char *out, const arrow_binary *a, Py_ssize_t i)
+{
+    Py_ssize_t size;
+    const unsigned char *item;
+    if (arrow_is_null(a, i)) {
+        return put_zigzag(out, -1);
+    }
+    item = arrow_item(a, i, &size);
+    out = put_zigzag(out, size);
+    memcpy(out, item, (size_t)size);
+    return out + size;
+}
+
+static const char *const encode_columns_names[] = {
+    "count", "keys", "values", "header_offsets", "header_keys", "header_values",
+};
+
+PyDoc_STRVAR(encode_columns_doc,
+"encode_columns(count, keys, values, header_offsets=None, header_keys=None, header_values=None)\n"
+"--\n\n"
+"The records part of a RecordBatch v2 for ``count`` rows of Arrow columns, as bytes: offset\n"
+"deltas 0 .. count - 1, timestamp deltas 0, attributes 0. ``keys`` and ``values`` are\n"
+"(validity, offsets, data) buffer tuples of binary arrays starting at offset 0 (validity None\n"
+"without nulls; offsets None for an absent column: all null). ``header_offsets`` (int32, count\n"
+"+ 1) splits the header pairs -- ``header_keys`` (never null) and ``header_values`` -- by\n"
+"row. services.records.columns.py_encode_columns is the reference.");
+
+static PyObject *
+encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[6], *result = NULL;
+    arrow_binary keys, values, hkeys, hvalues;
+    Py_buffer hoffsets_view;
+    const int32_t *hoffsets = NULL;
+    int have_headers = 0, have_hoffsets = 0;
+    Py_ssize_t count, total = 0, i, nheaders = 0;
+    unsigned char *out;
+
+    (void)module;
+    memset(&keys, 0, sizeof(keys));
+    memset(&values, 0, sizeof(values));
+    memset(&hkeys, 0, sizeof(hkeys));
+    memset(&hvalues, 0, sizeof(hvalues));
+    if (parse_args("encode_columns", args, nargs, kwnames, encode_columns_names, 3, 6, argv) < 0) {
+        return NULL;
+    }
+    count = PyLong_AsSsize_t(argv[0]);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || count > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "count %zd out of range", count);
+        return NULL;
+    }
+    if (arrow_binary_get(argv[1], count, "keys", &keys) < 0 ||
+        arrow_binary_get(argv[2], count, "values", &values) < 0) {
+        goto done;
+    }
+    if (argv[3] != NULL && argv[3] != Py_None) {
+        if (PyObject_GetBuffer(argv[3], &hoffsets_view, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        have_hoffsets = 1;
+        if (hoffsets_view.len / 4 < count + 1) {
+            PyErr_SetString(PyExc_ValueError, "header offsets buffer is too short");
+            goto done;
+        }
+        hoffsets = (const int32_t *)hoffsets_view.buf;
+        if (hoffsets[0] < 0) {
+            PyErr_SetString(PyExc_ValueError, "header offsets are out of bounds");
+            goto done;
+        }
+        for (i = 0; i < count; i++) {
+            if (hoffsets[i + 1] < hoffsets[i]) {
+                PyErr_Format(PyExc_ValueError, "header offsets decrease at row %zd", i);
+                goto done;
+            }
+        }
+        nheaders = hoffsets[count];
+        if (argv[4] == NULL || argv[5] == NULL ||
+            arrow_binary_get(argv[4], nheaders, "header keys", &hkeys) < 0 ||
+            arrow_binary_get(argv[5], nheaders, "header values", &hvalues) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "header_offsets needs header_keys and header_values");
+            }
+            goto done;
+        }
+        if (!hkeys.has_offsets) {
+            PyErr_SetString(PyExc_ValueError, "header keys cannot be absent");
+            goto done;
+        }
+        for (i = 0; i < nheaders; i++) {
+            if (arrow_is_null(&hkeys, i)) {
+                PyErr_Format(PyExc_ValueError, "header %zd has a null key", i);
+                goto done;
+            }
+        }
+        have_headers = 1;
+    }
+    /* Sizes first: one allocation, then one pass writing. */
+    for (i = 0; i < count; i++) {
+        Py_ssize_t body = 2 + zigzag_size(i) + field_size(&keys, i) + field_size(&values, i);
+        if (have_headers) {
+            Py_ssize_t h;
+            body += zigzag_size(hoffsets[i + 1] - hoffsets[i]);
+            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
+                body += field_size(&hkeys, h) + field_size(&hvalues, h);
+            }
+        }
+        else {
+            body += 1;
+        }
+        if (body > INT32_MAX || total > PY_SSIZE_T_MAX - body - VARINT_MAX_BYTES) {
+            PyErr_SetString(PyExc_OverflowError, "the records exceed a batch's int32 length");
+            goto done;
+        }
+        total += zigzag_size(body) + body;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        goto done;
+    }
+    out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (i = 0; i < count; i++) {
+        Py_ssize_t body = 2 + zigzag_size(i) + field_size(&keys, i) + field_size(&values, i);
+        if (have_headers) {
+            Py_ssize_t h;
+            body += zigzag_size(hoffsets[i + 1] - hoffsets[i]);
+            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
+                body += field_size(&hkeys, h) + field_size(&hvalues, h);
+            }
+        }
+        else {
+            body += 1;
+        }
+        out = put_zigzag(out, body);
+        *out++ = 0; /* attributes */
+        *out++ = 0; /* timestamp delta: every record has the batch's timestamp */
+        out = put_zigzag(out, i);
+        out = put_field(out, &keys, i);
+        out = put_field(out, &values, i);
+        if (have_headers) {
+            Py_ssize_t h;
+            out = put_zigzag(out, hoffsets[i + 1] - hoffsets[i]);
+            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
+                out = put_field(out, &hkeys, h);
+                out = put_field(out, &hvalues, h);
+            }
+        }
+        else {
+            *out++ = 0;
+        }
+    }
+    assert(out == (unsigned char *)PyBytes_AS_STRING(result) + total);
+
+done:
+    arrow_binary_release(&keys);
+    arrow_binary_release(&values);
+    arrow_binary_release(&hkeys);
+    arrow_binary_release(&hvalues);
+    if (have_hoffsets) {
+        PyBuffer_Release(&hoffsets_view);
+    }
+    if (PyErr_Occurred()) {
+        Py_CLEAR(result);
+    }
+    return result;
+}
+
+static uint32_t
+murmur2_bytes(const unsigned char *bytes, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length, k;
+    Py_ssize_t tail = length & ~(Py_ssize_t)3, i;
+
+    for (i = 0; i < tail; i += 4) {
+        k = (uint32_t)bytes[i] | (uint32_t)bytes[i + 1] << 8 | (uint32_t)bytes[i + 2] << 16 |
+            (uint32_t)bytes[i + 3] << 24;
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)bytes[tail + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)bytes[tail + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)bytes[tail];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+PyDoc_STRVAR(partition_keys_doc,
+"partition_keys(count, keys, partition_count)\n"
+"--\n\n"
+"Kafka's default partition of each of ``count`` keys -- toPositive(murmur2(key)) %\n"
+"partition_count -- as int32 bytes, -1 for a null key. ``keys`` is a (validity, offsets,\n"
+"data) tuple as encode_columns takes it. services.partitioner.partition_for_key is the\n"
+"reference.");
+
+static PyObject *
+partition_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    arrow_binary keys;
+    Py_ssize_t count, partitions, i;
+    PyObject *result;
+    int32_t *out;
+
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "partition_keys() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    count = PyLong_AsSsize_t(args[0]);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    partitions = PyLong_AsSsize_t(args[2]);
+    if (partitions == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || partitions < 1 || partitions > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "count must be >= 0 and partition_count in 1 .. 2**31-1");
+        return NULL;
+    }
+    if (arrow_binary_get(args[1], count, "keys", &keys) < 0) {
+        return NULL;
+    }
+    result = PyBytes_FromStringAndSize(NULL, count * 4);
+    if (result != NULL) {
+        out = (int32_t *)PyBytes_AS_STRING(result);
+        for (i = 0; i < count; i++) {
+            if (arrow_is_null(&keys, i)) {
+                out[i] = -1;
+            }
+            else {
+                Py_ssize_t size;
+                const unsigned char *key = arrow_item(&keys, i, &size);
+                out[i] = (int32_t)((murmur2_bytes(key, size) & 0x7FFFFFFFu) % (uint32_t)partitions);
+            }
+        }
+    }
+    arrow_binary_release(&keys);
+    return result;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* module                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -1972,6 +2377,10 @@ static PyMethodDef speedups_methods[] = {
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      append_record_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL | METH_KEYWORDS,
+     encode_columns_doc},
+    {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,
+     partition_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 

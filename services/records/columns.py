@@ -39,6 +39,7 @@ from array import array
 
 from services.errors import CorruptRecordError
 from services.records import record as _record
+from services.records.format import RECORD_BATCH_OVERHEAD
 
 #: The names of ``take()``'s buffers, in order (the last six only with ``include_headers``).
 COLUMN_BUFFERS = (
@@ -218,6 +219,91 @@ def _bitmap(valid: list[bool]) -> bytes:
     return bytes(out)
 
 
+# ---- encoding: Arrow columns into records (the Spark sink) -------------------------------------
+
+#: An Arrow binary column's buffers: (validity or None, int32 offsets or None if absent, data).
+BinaryBuffers = tuple
+
+
+def _items(column: BinaryBuffers, count: int) -> list[bytes | None]:
+    """The items of a binary column given as buffers (the reference reads them one by one)."""
+    validity, offsets, data = column
+    if offsets is None:
+        return [None] * count
+    ends = array("i")
+    ends.frombytes(bytes(memoryview(offsets))[: 4 * (count + 1)])
+    if _BIG_ENDIAN:
+        ends.byteswap()
+    raw = bytes(memoryview(data))
+    bits = bytes(memoryview(validity)) if validity is not None else None
+    if len(ends) < count + 1 or any(ends[i + 1] < ends[i] for i in range(count)) or ends[count] > len(raw):
+        raise ValueError("offsets out of bounds")
+    return [
+        None if bits is not None and not bits[i >> 3] & (1 << (i & 7)) else raw[ends[i] : ends[i + 1]]
+        for i in range(count)
+    ]
+
+
+def py_encode_columns(
+    count: int,
+    keys: BinaryBuffers,
+    values: BinaryBuffers,
+    header_offsets=None,
+    header_keys: BinaryBuffers | None = None,
+    header_values: BinaryBuffers | None = None,
+) -> bytes:
+    """The records part of a batch for ``count`` rows of Arrow columns: offset deltas 0 ..
+    count - 1, every timestamp delta 0 (see the C ``encode_columns`` for the arguments). The
+    reference: the rows read out of the buffers and encoded by the Python builder."""
+    from services.records.builder import RecordBatchBuilder
+
+    key_items, value_items = _items(keys, count), _items(values, count)
+    rows_headers: list[list] = [[] for _ in range(count)]
+    if header_offsets is not None:
+        starts = array("i")
+        starts.frombytes(bytes(memoryview(header_offsets))[: 4 * (count + 1)])
+        if _BIG_ENDIAN:
+            starts.byteswap()
+        total = starts[count]
+        hkeys = _items(header_keys, total) if header_keys is not None else [None] * total
+        hvalues = _items(header_values, total) if header_values is not None else [None] * total
+        if any(k is None for k in hkeys):
+            raise ValueError("a header has a null key")
+        for i in range(count):
+            rows_headers[i] = [
+                (hkeys[h].decode("utf-8"), hvalues[h])  # type: ignore[union-attr]
+                for h in range(starts[i], starts[i + 1])
+            ]
+    builder = RecordBatchBuilder()
+    with _python_appends():
+        for key, value, pairs in zip(key_items, value_items, rows_headers):
+            builder.append(value, timestamp=0, key=key, headers=pairs)
+    return builder.build()[RECORD_BATCH_OVERHEAD:] if count else b""
+
+
+class _python_appends:
+    """Within the block the builder encodes in Python (the reference must not use the C code)."""
+
+    def __enter__(self) -> None:
+        from services.records import builder
+
+        self._saved = builder._append_record
+        builder._append_record = None
+
+    def __exit__(self, *exc_info) -> None:
+        from services.records import builder
+
+        builder._append_record = self._saved
+
+
+def py_partition_keys(count: int, keys: BinaryBuffers, partition_count: int) -> bytes:
+    """Kafka's default partition of each key as int32 bytes, -1 for a null key (the reference)."""
+    from services.partitioner import partition_for_key
+
+    out = array("i", (-1 if k is None else partition_for_key(k, partition_count) for k in _items(keys, count)))
+    return _le(out)
+
+
 def load_columns_class() -> type | None:
     """The C ``Columns`` class, or ``None`` without the accelerator (ignores the environment)."""
     speedups = _record.load_speedups()
@@ -226,3 +312,6 @@ def load_columns_class() -> type | None:
 
 #: The class this process uses: C with the accelerator, else the Python reference.
 Columns: type = PyColumns if _record.speedups is None else _record.speedups.Columns
+#: The encoders this process uses (C with the accelerator).
+encode_columns = py_encode_columns if _record.speedups is None else _record.speedups.encode_columns
+partition_keys = py_partition_keys if _record.speedups is None else _record.speedups.partition_keys
