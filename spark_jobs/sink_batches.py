@@ -91,9 +91,7 @@ def plan_batches(
         if topics.null_count:
             first = pc.index(pc.is_null(topics), True).as_py()
             raise RowError(first, "the topic column is null and no 'topic' option is set")
-        groups = [
-            (t, pc.indices_nonzero(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()
-        ]
+        groups = [(t, pc.indices_nonzero(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
     rng = rng or random.Random()
     for topic, indices in groups:
         rows = batch if indices is None or len(indices) == batch.num_rows else batch.take(indices)

@@ -852,11 +852,13 @@ class Consumer:
         """
         return self._run_here(self._core.poll(timeout_ms, max_records))
 
-    def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None, *, include_headers: bool = True):
+    def poll_arrow(
+        self, timeout_ms: int = 0, max_records: int | None = None, *, include_headers: bool = True
+    ):
         """``poll``'s records as one ``pyarrow.Table`` (see ``AsyncConsumer.poll_arrow``)::
 
-            table = consumer.poll_arrow(timeout_ms=1000)
-            frame = table.to_pandas()            # or polars.from_arrow(table)
+        table = consumer.poll_arrow(timeout_ms=1000)
+        frame = table.to_pandas()            # or polars.from_arrow(table)
         """
         return self._run_here(self._core.poll_arrow(timeout_ms, max_records, include_headers=include_headers))
 

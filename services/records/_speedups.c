@@ -9,6 +9,13 @@
  *   append_record         the per-record encode inside builder.py's RecordBatchBuilder.append:
  *                         the producer path.
  *
+ * and the Arrow paths of the SDK and the Spark source and sink (columns.py is their reference):
+ *
+ *   Columns               records of fetched batches decoded straight into Arrow buffers,
+ *                         decode_records' checks without a Python object per record;
+ *   encode_columns        Arrow binary columns (keys, values, headers) encoded as records;
+ *   partition_keys        Kafka's murmur2 partition of every key of an Arrow column.
+ *
  * The pure-Python code in record.py and builder.py is the reference and the fallback. These
  * functions must return the same values and raise the same exception types for every input;
  * tests/unit/services/records/test_records_speedups.py checks them side by side on random valid
@@ -1196,48 +1203,19 @@ PyDoc_STRVAR(murmur2_doc,
 "partitioner takes of a key (services/partitioner.py is the reference). Per keyed record on\n"
 "the producer's path, where the Python loop costs microseconds.");
 
+static uint32_t murmur2_bytes(const unsigned char *bytes, Py_ssize_t length);
+
 static PyObject *
 murmur2(PyObject *module, PyObject *data)
 {
     Py_buffer view;
-    const unsigned char *bytes;
-    const uint32_t m = 0x5bd1e995;
-    uint32_t h, k;
-    Py_ssize_t length, tail, i;
+    uint32_t h;
 
     (void)module;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    bytes = (const unsigned char *)view.buf;
-    length = view.len;
-    /* Java: int h = seed ^ length, with every product wrapping at 32 bits (unsigned here, the
-     * same bits), and >>> an unsigned shift. */
-    h = 0x9747b28cu ^ (uint32_t)length;
-    tail = length & ~(Py_ssize_t)3;
-    for (i = 0; i < tail; i += 4) {
-        k = (uint32_t)bytes[i] | (uint32_t)bytes[i + 1] << 8 | (uint32_t)bytes[i + 2] << 16 |
-            (uint32_t)bytes[i + 3] << 24;
-        k *= m;
-        k ^= k >> 24;
-        k *= m;
-        h *= m;
-        h ^= k;
-    }
-    switch (length & 3) {
-    case 3:
-        h ^= (uint32_t)bytes[tail + 2] << 16;
-        /* fall through */
-    case 2:
-        h ^= (uint32_t)bytes[tail + 1] << 8;
-        /* fall through */
-    case 1:
-        h ^= (uint32_t)bytes[tail];
-        h *= m;
-    }
-    h ^= h >> 13;
-    h *= m;
-    h ^= h >> 15;
+    h = murmur2_bytes((const unsigned char *)view.buf, view.len);
     PyBuffer_Release(&view);
     return PyLong_FromLong((long)(int32_t)h);
 }
@@ -2239,6 +2217,8 @@ done:
     return result;
 }
 
+/* Kafka's Utils.murmur2: seed 0x9747b28c, every product wrapping at 32 bits (unsigned here, the
+ * same bits), >>> an unsigned shift. */
 static uint32_t
 murmur2_bytes(const unsigned char *bytes, Py_ssize_t length)
 {

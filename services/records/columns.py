@@ -187,7 +187,11 @@ class PyColumns:
         ]
         if self.include_headers:
             buffers += [_le(self._header_offsets), *self._hkeys.buffers()[:2], *self._hvalues.buffers()]
-        taken = (len(self._offsets), tuple(buffers), (self._keys.nulls, self._values.nulls, self._hvalues.nulls))
+        taken = (
+            len(self._offsets),
+            tuple(buffers),
+            (self._keys.nulls, self._values.nulls, self._hvalues.nulls),
+        )
         self._reset()
         return taken
 
@@ -300,7 +304,9 @@ def py_partition_keys(count: int, keys: BinaryBuffers, partition_count: int) -> 
     """Kafka's default partition of each key as int32 bytes, -1 for a null key (the reference)."""
     from services.partitioner import partition_for_key
 
-    out = array("i", (-1 if k is None else partition_for_key(k, partition_count) for k in _items(keys, count)))
+    out = array(
+        "i", (-1 if k is None else partition_for_key(k, partition_count) for k in _items(keys, count))
+    )
     return _le(out)
 
 

@@ -42,9 +42,18 @@ def test_poll_arrow_gives_the_records_poll_gives(servers, make_topic):
 
     with Consumer(servers=servers, auto_offset_reset="earliest", max_poll_records=700) as consumer:
         consumer.assign(tps)
-        polls = read_until(consumer, total, lambda c: [r for rs in c.poll(timeout_ms=500).values() for r in rs])
+        polls = read_until(
+            consumer, total, lambda c: [r for rs in c.poll(timeout_ms=500).values() for r in rs]
+        )
         expected = sorted(
-            (r.partition, r.offset, r.key, r.value, [{"key": k, "value": v} for k, v in r.headers], r.timestamp)
+            (
+                r.partition,
+                r.offset,
+                r.key,
+                r.value,
+                [{"key": k, "value": v} for k, v in r.headers],
+                r.timestamp,
+            )
             for rs in polls
             for r in rs
         )

@@ -18,7 +18,13 @@ from gateway.client.arrow import to_record_batch, to_table
 from gateway.client.errors import CorruptRecordError
 from gateway.client.fetcher import PartitionRecords
 from gateway.client.structs import TopicPartition
-from services.records import Compression, RecordBatchBuilder, TimestampType, set_base_offset, set_log_append_time
+from services.records import (
+    Compression,
+    RecordBatchBuilder,
+    TimestampType,
+    set_base_offset,
+    set_log_append_time,
+)
 from services.records import record as record_module
 from services.records.aborted import AbortedTransactionFilter
 from services.records.columns import PyColumns
@@ -130,7 +136,9 @@ def test_take_columns_gives_what_take_gives(columns_class, kinds, fetch_offset, 
 
 def test_read_committed_drops_aborted_transactions(columns_class):
     def txn(values, pid, base):
-        builder = RecordBatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=0, is_transactional=True)
+        builder = RecordBatchBuilder(
+            producer_id=pid, producer_epoch=0, base_sequence=0, is_transactional=True
+        )
         for v in values:
             builder.append(v, timestamp=1)
         data = bytearray(builder.build())

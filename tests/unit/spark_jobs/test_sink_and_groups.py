@@ -18,10 +18,10 @@ from pyspark.sql.types import (
 
 from gateway.client.structs import TopicPartition
 from services.proto import gateway_grpc, pb
+from services.records import Compression
 from spark_jobs.group_offsets import GroupOffsets
 from spark_jobs.options import WriteOptions
 from spark_jobs.schema import HEADER_TYPE
-from services.records import Compression
 from spark_jobs.sink import WriteSchemaError, ensure_writable
 from spark_jobs.sink_batches import plan_batches
 

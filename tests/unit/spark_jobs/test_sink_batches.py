@@ -43,7 +43,9 @@ def test_rows_come_back_with_their_partitions():
     keys = [None if i % 5 == 0 else f"k{i}" for i in range(n)]
     values = [None if i % 7 == 0 else b"v%d" % i for i in range(n)]
     explicit = [3 if i % 11 == 0 else None for i in range(n)]
-    headers = [None if i % 2 else [{"key": "n", "value": b"%d" % i}, {"key": "nil", "value": None}] for i in range(n)]
+    headers = [
+        None if i % 2 else [{"key": "n", "value": b"%d" % i}, {"key": "nil", "value": None}] for i in range(n)
+    ]
     batch = pa.RecordBatch.from_pydict(
         {
             "key": pa.array(keys, pa.string()),
@@ -92,8 +94,12 @@ def test_the_topic_column_routes_rows_and_a_null_topic_is_the_rows_error():
 
 
 def test_a_partition_that_does_not_exist_names_its_row():
-    batch = pa.RecordBatch.from_pydict({"value": ["a", "b", "c"], "partition": pa.array([0, None, 9], pa.int32())})
-    with pytest.raises(RowError, match="partition 9 of topic 't' does not exist \\(2 partitions\\)") as raised:
+    batch = pa.RecordBatch.from_pydict(
+        {"value": ["a", "b", "c"], "partition": pa.array([0, None, 9], pa.int32())}
+    )
+    with pytest.raises(
+        RowError, match="partition 9 of topic 't' does not exist \\(2 partitions\\)"
+    ) as raised:
         list(plan_batches(batch, "t", lambda topic: 2, Compression.NONE))
     assert raised.value.row == 2
 
@@ -131,7 +137,11 @@ blobs = st.one_of(st.none(), st.binary(max_size=30))
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.tuples(blobs, blobs, st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=5), blobs), max_size=3)))),
+    st.lists(
+        st.tuples(
+            blobs, blobs, st.one_of(st.none(), st.lists(st.tuples(st.text(max_size=5), blobs), max_size=3))
+        )
+    ),
     st.integers(0, 5),
     st.booleans(),
     st.integers(1, 9),
@@ -147,10 +157,19 @@ def test_c_encoder_and_partitioner_match_the_reference(rows, cut, with_keys, par
     n = len(values)
     pairs = headers.values.flatten()
     key_buffers = buffers(keys) if with_keys else (None, None, None)
-    args = (n, key_buffers, buffers(values), headers.buffers()[1], buffers(flat(pairs[0])), buffers(flat(pairs[1])))
+    args = (
+        n,
+        key_buffers,
+        buffers(values),
+        headers.buffers()[1],
+        buffers(flat(pairs[0])),
+        buffers(flat(pairs[1])),
+    )
     assert SPEEDUPS.encode_columns(*args) == py_encode_columns(*args)
     assert SPEEDUPS.encode_columns(*args[:3]) == py_encode_columns(*args[:3])
-    assert SPEEDUPS.partition_keys(n, key_buffers, partitions) == py_partition_keys(n, key_buffers, partitions)
+    assert SPEEDUPS.partition_keys(n, key_buffers, partitions) == py_partition_keys(
+        n, key_buffers, partitions
+    )
 
 
 def test_c_encoder_refuses_offsets_outside_the_data():
@@ -163,4 +182,8 @@ def test_c_encoder_refuses_offsets_outside_the_data():
         SPEEDUPS.encode_columns(5, (None, None, None), (None, offsets, data))
     for encode in (SPEEDUPS.encode_columns, py_encode_columns):
         with pytest.raises(ValueError):
-            encode(2, (None, None, None), (None, pa.py_buffer(b"\x00\x00\x00\x00\x05\x00\x00\x00\x01\x00\x00\x00"), data))
+            encode(
+                2,
+                (None, None, None),
+                (None, pa.py_buffer(b"\x00\x00\x00\x00\x05\x00\x00\x00\x01\x00\x00\x00"), data),
+            )

@@ -95,7 +95,7 @@ def row_path(batches: list[bytes], first_offset=None, max_records=None, *, inclu
             max_records,
         )
         for r in decoded:
-            row = {
+            row: dict[str, object] = {
                 "key": r.key,
                 "value": r.value,
                 "topic": "t",
