@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from services.partitioner import partition_keys
 from services.records import Compression, RecordBatchBuilder
-from services.records.columns import encode_columns, partition_keys
+from services.records.columns import encode_columns
 
 #: Keys, values and headers per encoded batch, before compression: well under the producer's
 #: default ``max_request_size`` (1 MiB) so a batch is never refused for its size.

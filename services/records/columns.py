@@ -34,7 +34,6 @@ on the same inputs. :data:`Columns` is the C class when the accelerator is in us
 
 from __future__ import annotations
 
-import sys
 from array import array
 
 from services.errors import CorruptRecordError
@@ -61,7 +60,7 @@ COLUMN_BUFFERS = (
 )
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
-_BIG_ENDIAN = sys.byteorder == "big"
+_BIG_ENDIAN = array("H", [1]).tobytes() == b"\x00\x01"
 
 Taken = tuple[int, tuple[bytes, ...], tuple[int, int, int]]
 
@@ -229,7 +228,7 @@ def _bitmap(valid: list[bool]) -> bytes:
 BinaryBuffers = tuple
 
 
-def _items(column: BinaryBuffers, count: int) -> list[bytes | None]:
+def binary_items(column: BinaryBuffers, count: int) -> list[bytes | None]:
     """The items of a binary column given as buffers (the reference reads them one by one)."""
     validity, offsets, data = column
     if offsets is None:
@@ -261,7 +260,7 @@ def py_encode_columns(
     reference: the rows read out of the buffers and encoded by the Python builder."""
     from services.records.builder import RecordBatchBuilder
 
-    key_items, value_items = _items(keys, count), _items(values, count)
+    key_items, value_items = binary_items(keys, count), binary_items(values, count)
     rows_headers: list[list] = [[] for _ in range(count)]
     if header_offsets is not None:
         starts = array("i")
@@ -269,8 +268,8 @@ def py_encode_columns(
         if _BIG_ENDIAN:
             starts.byteswap()
         total = starts[count]
-        hkeys = _items(header_keys, total) if header_keys is not None else [None] * total
-        hvalues = _items(header_values, total) if header_values is not None else [None] * total
+        hkeys = binary_items(header_keys, total) if header_keys is not None else [None] * total
+        hvalues = binary_items(header_values, total) if header_values is not None else [None] * total
         if any(k is None for k in hkeys):
             raise ValueError("a header has a null key")
         for i in range(count):
@@ -300,16 +299,6 @@ class _python_appends:
         builder._append_record = self._saved
 
 
-def py_partition_keys(count: int, keys: BinaryBuffers, partition_count: int) -> bytes:
-    """Kafka's default partition of each key as int32 bytes, -1 for a null key (the reference)."""
-    from services.partitioner import partition_for_key
-
-    out = array(
-        "i", (-1 if k is None else partition_for_key(k, partition_count) for k in _items(keys, count))
-    )
-    return _le(out)
-
-
 def load_columns_class() -> type | None:
     """The C ``Columns`` class, or ``None`` without the accelerator (ignores the environment)."""
     speedups = _record.load_speedups()
@@ -318,6 +307,5 @@ def load_columns_class() -> type | None:
 
 #: The class this process uses: C with the accelerator, else the Python reference.
 Columns: type = PyColumns if _record.speedups is None else _record.speedups.Columns
-#: The encoders this process uses (C with the accelerator).
+#: The encoder this process uses (C with the accelerator).
 encode_columns = py_encode_columns if _record.speedups is None else _record.speedups.encode_columns
-partition_keys = py_partition_keys if _record.speedups is None else _record.speedups.partition_keys

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.partitioner import partition_for_key
+from services.partitioner import partition_for_key, py_partition_keys
 from services.records import Compression, RecordBatchView
 from services.records import record as record_module
-from services.records.columns import py_encode_columns, py_partition_keys
+from services.records.columns import py_encode_columns
 from spark_jobs.sink_batches import BATCH_BYTES, RowError, plan_batches
 
 HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
