@@ -1248,24 +1248,28 @@ enum {
 };
 #define COL_COUNT_NO_HEADERS (COL_VALUE_VALIDITY + 1)
 
+/* A buffer that grows by doubling, held in a bytes object so that take() hands it over without
+ * a copy (cut to its length with _PyBytes_Resize: the only reference is ours until then). */
 typedef struct {
+    PyObject *bytes;
     unsigned char *data;
     Py_ssize_t len, cap;
+    int zeroed; /* bitmaps: new capacity is zeroed, as their bits are written one by one */
 } growbuf;
 
 typedef struct {
     PyObject_HEAD
     int headers;
+    int broken; /* an allocation failed inside a buffer: nothing in it can be trusted */
     Py_ssize_t rows, header_rows, key_nulls, value_nulls, hvalue_nulls;
     growbuf b[COL_COUNT];
 } ColumnsObject;
 
-/* Room for ``extra`` more bytes; new capacity is zeroed (bitmaps are written bit by bit). */
+/* Room for ``extra`` more bytes. On failure (MemoryError) the buffer is empty again. */
 static int
 gb_reserve(growbuf *g, Py_ssize_t extra)
 {
     Py_ssize_t need, cap;
-    unsigned char *data;
 
     if (extra > PY_SSIZE_T_MAX - g->len) {
         PyErr_NoMemory();
@@ -1279,15 +1283,42 @@ gb_reserve(growbuf *g, Py_ssize_t extra)
     while (cap < need) {
         cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
     }
-    data = PyMem_Realloc(g->data, (size_t)cap);
-    if (data == NULL) {
-        PyErr_NoMemory();
+    if (g->bytes == NULL) {
+        g->bytes = PyBytes_FromStringAndSize(NULL, cap);
+    }
+    else if (_PyBytes_Resize(&g->bytes, cap) < 0) {
+        g->bytes = NULL; /* _PyBytes_Resize freed it */
+    }
+    if (g->bytes == NULL) {
+        g->data = NULL;
+        g->len = g->cap = 0;
         return -1;
     }
-    memset(data + g->cap, 0, (size_t)(cap - g->cap));
-    g->data = data;
+    g->data = (unsigned char *)PyBytes_AS_STRING(g->bytes);
+    if (g->zeroed) {
+        memset(g->data + g->cap, 0, (size_t)(cap - g->cap));
+    }
     g->cap = cap;
     return 0;
+}
+
+/* The first ``len`` bytes as a bytes object, and the buffer empty again. */
+static PyObject *
+gb_take(growbuf *g, Py_ssize_t len)
+{
+    PyObject *bytes = g->bytes;
+
+    if (bytes == NULL || len == 0) {
+        Py_XDECREF(bytes);
+        bytes = PyBytes_FromStringAndSize(NULL, 0);
+    }
+    else if (_PyBytes_Resize(&bytes, len) < 0) {
+        bytes = NULL;
+    }
+    g->bytes = NULL;
+    g->data = NULL;
+    g->len = g->cap = 0;
+    return bytes;
 }
 
 static inline void
@@ -1358,17 +1389,21 @@ columns_reset(ColumnsObject *self)
     self->key_nulls = self->value_nulls = self->hvalue_nulls = 0;
     for (i = 0; i < COL_COUNT; i++) {
         self->b[i].len = 0;
+        self->b[i].zeroed =
+            i == COL_KEY_VALIDITY || i == COL_VALUE_VALIDITY || i == COL_HVALUE_VALIDITY;
     }
     /* Offsets buffers start with 0. */
     for (i = 0; i < COL_COUNT; i++) {
         if (i == COL_KEY_OFFSETS || i == COL_VALUE_OFFSETS || i == COL_HEADER_OFFSETS ||
             i == COL_HKEY_OFFSETS || i == COL_HVALUE_OFFSETS) {
             if (gb_reserve(&self->b[i], 4) < 0) {
+                self->broken = 1;
                 return -1;
             }
             gb_put32(&self->b[i], 0);
         }
     }
+    self->broken = 0;
     return 0;
 }
 
@@ -1644,6 +1679,10 @@ columns_append(ColumnsObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
     if (ensure_initialised() < 0) {
         return NULL;
     }
+    if (self->broken) {
+        PyErr_SetString(PyExc_MemoryError, "these columns lost their data to a failed allocation");
+        return NULL;
+    }
     if (as_int64(argv[1], "count", &requested) < 0 ||
         as_int64(argv[2], "base_offset", &base_offset) < 0 ||
         as_int64(argv[3], "base_timestamp", &base_timestamp) < 0 ||
@@ -1735,7 +1774,12 @@ columns_append(ColumnsObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
 
 error:
     for (k = 0; k < COL_COUNT; k++) {
-        self->b[k].len = saved_len[k];
+        if (saved_len[k] > self->b[k].cap) { /* a failed allocation emptied this buffer */
+            self->broken = 1;
+        }
+        else {
+            self->b[k].len = saved_len[k];
+        }
     }
     self->rows = saved_rows;
     self->header_rows = saved_header_rows;
@@ -1763,6 +1807,10 @@ columns_take(ColumnsObject *self, PyObject *unused)
     int i, n = self->headers ? COL_COUNT : COL_COUNT_NO_HEADERS;
 
     (void)unused;
+    if (self->broken) {
+        PyErr_SetString(PyExc_MemoryError, "these columns lost their data to a failed allocation");
+        return NULL;
+    }
     buffers = PyTuple_New(n);
     if (buffers == NULL) {
         return NULL;
@@ -1779,26 +1827,21 @@ columns_take(ColumnsObject *self, PyObject *unused)
         if (len > self->b[i].cap) { /* an empty bitmap never reserved: zero bytes */
             len = 0;
         }
-        bytes = PyBytes_FromStringAndSize((const char *)self->b[i].data, len);
+        bytes = gb_take(&self->b[i], len);
         if (bytes == NULL) {
             Py_DECREF(buffers);
+            self->broken = 1;
             return NULL;
         }
         PyTuple_SET_ITEM(buffers, i, bytes);
     }
     result = Py_BuildValue("(nN(nnn))", self->rows, buffers, self->key_nulls, self->value_nulls,
                            self->hvalue_nulls);
-    if (result == NULL) {
-        return NULL;
-    }
-    /* Clear the bitmaps: bits are set and cleared one by one, but take() exposes whole bytes. */
-    memset(self->b[COL_KEY_VALIDITY].data, 0, (size_t)self->b[COL_KEY_VALIDITY].cap);
-    memset(self->b[COL_VALUE_VALIDITY].data, 0, (size_t)self->b[COL_VALUE_VALIDITY].cap);
-    if (self->b[COL_HVALUE_VALIDITY].data != NULL) {
-        memset(self->b[COL_HVALUE_VALIDITY].data, 0, (size_t)self->b[COL_HVALUE_VALIDITY].cap);
+    for (i = n; i < COL_COUNT; i++) { /* header buffers of a Columns without headers */
+        Py_XDECREF(gb_take(&self->b[i], 0));
     }
     if (columns_reset(self) < 0) {
-        Py_DECREF(result);
+        Py_XDECREF(result);
         return NULL;
     }
     return result;
@@ -1838,7 +1881,7 @@ columns_dealloc(ColumnsObject *self)
 {
     int i;
     for (i = 0; i < COL_COUNT; i++) {
-        PyMem_Free(self->b[i].data);
+        Py_XDECREF(self->b[i].bytes);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
