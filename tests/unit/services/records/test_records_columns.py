@@ -11,7 +11,9 @@ were before the failed batch.
 
 from __future__ import annotations
 
+import gc
 import random
+import sys
 
 import pyarrow as pa
 import pytest
@@ -33,6 +35,7 @@ from services.records.columns import COLUMN_BUFFERS, Columns, PyColumns
 from .records_backends import require_speedups
 
 T0 = 1_700_000_000_000
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 APPEND_TIME = 1_800_000_000_123
 
 
@@ -254,3 +257,55 @@ def test_bad_arguments_are_type_errors():
         c.append(b"", 0, 0, 0, None)
     with pytest.raises(TypeError):
         c_columns_class()(True)  # include_headers is keyword-only, as PyColumns'
+
+
+def _allocated_blocks_growth(call, rounds: int = 300) -> int:
+    for _ in range(20):
+        call()
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(rounds):
+        call()
+    gc.collect()
+    return sys.getallocatedblocks() - before
+
+
+def test_the_c_paths_leak_nothing_on_success_or_error():
+    c = require_speedups()
+    good = build(([(b"v", 1, b"k", [("h", None), ("\u00e9", b"x")])] * 20, Compression.NONE, False, 10))
+    view = RecordBatchView(good)
+    payload = good[61:]
+    bad = payload[:-1]
+    values = pa.array([b"a", None, b"ccc"], pa.binary())
+    keys = pa.array([b"k", b"", None], pa.binary())
+    hdr = pa.array([[{"key": "h", "value": b"x"}], [], None], HEADERS_TYPE).fill_null(
+        pa.scalar([], HEADERS_TYPE)
+    )
+    pairs = hdr.values.flatten()
+
+    def buffers(array):
+        validity, offsets, data = array.buffers()
+        return (validity if array.null_count else None, offsets, data)
+
+    def decode_and_take(data):
+        columns = c.Columns(include_headers=True)
+        try:
+            view.read_columns(columns, data)
+            view.read_columns(columns, data, first_offset=15, max_records=3)
+        except CorruptRecordError:
+            pass
+        return columns.take()
+
+    calls = [
+        lambda: decode_and_take(payload),
+        lambda: decode_and_take(bad),
+        lambda: c.Columns(include_headers=False).append(payload, 20, 10, T0, None, 19),
+        lambda: c.encode_columns(3, buffers(keys), buffers(values)),
+        lambda: c.encode_columns(
+            3, buffers(keys), buffers(values), hdr.buffers()[1], buffers(pairs[0]), buffers(pairs[1])
+        ),
+        lambda: pytest.raises(ValueError, c.encode_columns, 9, buffers(keys), buffers(values)),
+        lambda: c.partition_keys(3, buffers(keys), 4),
+    ]
+    for call in calls:
+        assert _allocated_blocks_growth(call) < 100, call
