@@ -7,6 +7,9 @@ One topic is filled with N records of 200-byte values (10-byte keys), then, on l
   executors fetching raw batches through the gateway and decoding them with the SDK;
 * **parquet** -- the same records, first written to Parquet by the source, read the same way
   (every column, ``noop`` sink): what reading them from a data lake costs;
+* **in-memory Arrow source** -- a Python data source whose readers yield Arrow batches of the
+  same shape built in memory (no cluster, no decoding): the ceiling of PySpark's Python data
+  source path on this machine, which the tributary source cannot beat;
 * **tributary sink** -- the Parquet copy written back to a new topic with
   ``df.write.format("tributary")`` (key and value columns): the sink's Arrow batches encoded into
   RecordBatch v2 and produced, every record acknowledged;
@@ -97,8 +100,59 @@ def spark_rows(spark, servers: str, topic: str, count: int, runs: int, parquet_d
     parquet = spark.read.parquet(parquet_dir)
     seconds = best_of(runs, lambda: timed_noop(spark.read.parquet(parquet_dir)))
     rows.append(Row("parquet -> noop", count, seconds, parquet.rdd.getNumPartitions()))
+    rows.append(ceiling_row(spark, count, runs))
     rows.append(sink_row(spark, servers, count, parquet_dir))
     return rows
+
+
+def ceiling_row(spark, count: int, runs: int) -> Row:
+    """An Arrow source with nothing behind it: PySpark's own cost per record, for comparison."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark_jobs.schema import read_schema
+
+    class MemoryReader(DataSourceReader):
+        def partitions(self):
+            return [InputPartition(i) for i in range(4)]
+
+        def read(self, partition):
+            import pyarrow as pa
+
+            from gateway.client.arrow import record_schema
+
+            rows = count // 4 + (partition.value < count % 4)
+            start = 0
+            while start < rows:
+                n = min(20_000, rows - start)
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.repeat(pa.scalar(b"k" * KEY_BYTES, pa.binary()), n),
+                        pa.repeat(pa.scalar(b"v" * VALUE_BYTES, pa.binary()), n),
+                        pa.repeat(pa.scalar("memory", pa.string()), n),
+                        pa.repeat(pa.scalar(partition.value, pa.int32()), n),
+                        pa.array(range(start, start + n), pa.int64()),
+                        pa.repeat(pa.scalar(0, pa.int64()), n).cast(pa.timestamp("us", tz="UTC")),
+                        pa.repeat(pa.scalar(0, pa.int32()), n),
+                    ],
+                    schema=record_schema(include_headers=False),
+                )
+                start += n
+
+    class MemorySource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "bench_memory_arrow"
+
+        def schema(self):
+            return read_schema(False)
+
+        def reader(self, schema):
+            return MemoryReader()
+
+    spark.dataSource.register(MemorySource)
+    frame = spark.read.format("bench_memory_arrow")
+    seconds = best_of(runs, lambda: timed_noop(frame.load()))
+    return Row("in-memory Arrow source -> noop (PySpark ceiling)", count, seconds, 4)
 
 
 def sink_row(spark, servers: str, count: int, parquet_dir: str) -> Row:
@@ -187,14 +241,14 @@ def progress(message: str) -> None:
 
 def print_table(rows: list[Row], master: str) -> None:
     header = (
-        f"{'read (' + master + ')':46} {'records':>10} {'tasks':>5} {'seconds':>8} {'records/s':>10} "
+        f"{'read (' + master + ')':50} {'records':>10} {'tasks':>5} {'seconds':>8} {'records/s':>10} "
         f"{'MB/s':>7}"
     )
     print(header)
     print("-" * len(header))
     for row in rows:
         print(
-            f"{row.name:46} {row.records:>10,} {row.tasks or '-':>5} {row.seconds:>8.2f} "
+            f"{row.name:50} {row.records:>10,} {row.tasks or '-':>5} {row.seconds:>8.2f} "
             f"{row.rate:>10,.0f} {row.mb_per_s:>7.1f}"
         )
 
