@@ -24,6 +24,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -82,97 +83,118 @@ def plan_batches(
     rng: random.Random | None = None,
 ) -> Iterator[PlannedBatch]:
     """The encoded batches of ``batch``'s rows (see the module); raises :class:`RowError`."""
-    if not batch.num_rows:
+    n = batch.num_rows
+    if not n:
         return
     names = batch.schema.names
-    if topic_option is not None:
-        groups: list[tuple[str, pa.Array | None]] = [(topic_option, None)]
-    else:
-        topics = batch.column("topic")
-        if topics.null_count:
-            first = pc.index(pc.is_null(topics), True).as_py()
-            raise RowError(first, "the topic column is null and no 'topic' option is set")
-        groups = [(t, pc.indices_nonzero(pc.equal(topics, t))) for t in pc.unique(topics).to_pylist()]
+    columns = _Columns(batch, names)
     rng = rng or random.Random()
-    for topic, indices in groups:
-        rows = batch if indices is None or len(indices) == batch.num_rows else batch.take(indices)
-        yield from _plan_topic(rows, names, topic, partition_count(topic), compression, rng, indices)
+    if topic_option is not None:
+        yield from _plan_topic(columns, batch, names, topic_option, partition_count, compression, rng, None)
+        return
+    topics = batch.column("topic")
+    if topics.null_count:
+        first = pc.index(pc.is_null(topics), True).as_py()
+        raise RowError(first, "the topic column is null and no 'topic' option is set")
+    for topic in pc.unique(topics).to_pylist():
+        rows = pc.indices_nonzero(pc.equal(topics, topic)).cast(pa.int32())
+        yield from _plan_topic(columns, batch, names, topic, partition_count, compression, rng, rows)
+
+
+class _Columns:
+    """The batch's key, value and header buffers, as the encoder reads them (offset 0)."""
+
+    def __init__(self, batch: pa.RecordBatch, names: list[str]) -> None:
+        self.keys = _binary(batch.column("key")) if "key" in names else None
+        self.values = _binary(batch.column("value"))
+        self.header_args: tuple[Any, Any, Any] = (None, None, None)
+        self.row_bytes = self.values.nbytes + (self.keys.nbytes if self.keys is not None else 0)
+        if "headers" in names:
+            headers = batch.column("headers")
+            if headers.null_count:
+                headers = pc.fill_null(headers, pa.scalar([], _HEADERS))
+            if headers.offset:
+                headers = pa.concat_arrays([pa.array([], headers.type), headers])
+            pairs = headers.values.flatten()  # key and value children, the struct's nulls applied
+            self.header_args = (
+                headers.buffers()[1],
+                _buffers(_binary(pairs[0])),
+                _buffers(_binary(pairs[1])),
+            )
+            self.row_bytes += headers.nbytes
+        self.row_bytes = self.row_bytes // max(batch.num_rows, 1) + 8
 
 
 def _plan_topic(
-    rows: pa.RecordBatch,
+    columns: _Columns,
+    batch: pa.RecordBatch,
     names: list[str],
     topic: str,
-    count: int,
+    partition_count: Callable[[str], int],
     compression: Compression,
     rng: random.Random,
-    indices: pa.Array | None,
+    rows: pa.Array | None,
 ) -> Iterator[PlannedBatch]:
-    n = rows.num_rows
-    keys = _binary(rows.column("key")) if "key" in names else None
-    if keys is not None:
-        hashed = partition_keys(n, _buffers(keys), count)
+    count = partition_count(topic)
+    n = batch.num_rows
+    if columns.keys is not None:
+        hashed = partition_keys(n, _buffers(columns.keys), count)
         partitions = pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(hashed)])
     else:
-        partitions = pa.array([-1] * n, pa.int32())
+        partitions = pa.nulls(n, pa.int32()).fill_null(-1)
     if "partition" in names:
-        chosen = rows.column("partition")
-        if chosen.null_count < n:
+        chosen = batch.column("partition")
+        if rows is not None:
+            chosen = chosen.take(rows)
+        if chosen.null_count < len(chosen):
             bad = pc.or_(pc.less(chosen, 0), pc.greater_equal(chosen, count))
             if pc.any(bad).as_py():
                 at = pc.index(pc.fill_null(bad, False), True).as_py()
                 raise RowError(
-                    _original(indices, at),
+                    _original(rows, at),
                     f"partition {chosen[at].as_py()} of topic {topic!r} does not exist ({count} partitions)",
                 )
-            partitions = pc.if_else(pc.is_null(chosen), partitions, chosen)
+    else:
+        chosen = None
+    if rows is not None:
+        partitions = partitions.take(rows)
+    if chosen is not None and chosen.null_count < len(chosen):
+        partitions = pc.if_else(pc.is_null(chosen), partitions, chosen)
     partitions = pc.if_else(pc.equal(partitions, -1), pa.scalar(rng.randrange(count), pa.int32()), partitions)
-    for partition in pc.unique(partitions).to_pylist():
-        where = pc.indices_nonzero(pc.equal(partitions, partition))
-        piece = rows if len(where) == n else rows.take(where)
-        first = _original(indices, where[0].as_py())
-        yield from _encode(piece, names, topic, partition, compression, first)
+    # One stable sort groups the rows by partition; each partition's rows are then encoded
+    # straight from the batch's buffers, in their order (no per-partition copy of the columns).
+    order = pc.sort_indices(partitions)
+    grouped = partitions.take(order)
+    row_numbers = (order if rows is None else rows.take(order)).cast(pa.int32())
+    step = max(1, BATCH_BYTES // columns.row_bytes)
+    start = 0
+    for run in pc.value_counts(grouped).to_pylist():
+        partition, size = run["values"], run["counts"]
+        for first in range(start, start + size, step):
+            chosen_rows = row_numbers.slice(first, min(step, start + size - first))
+            yield PlannedBatch(
+                topic,
+                partition,
+                _encode(columns, chosen_rows, compression),
+                len(chosen_rows),
+                chosen_rows[0].as_py(),
+            )
+        start += size
 
 
-def _original(indices: pa.Array | None, at: int) -> int:
-    return at if indices is None else indices[at].as_py()
+def _original(rows: pa.Array | None, at: int) -> int:
+    return at if rows is None else rows[at].as_py()
 
 
-def _encode(
-    rows: pa.RecordBatch, names: list[str], topic: str, partition: int, compression: Compression, first: int
-) -> Iterator[PlannedBatch]:
-    n = rows.num_rows
-    keys = _binary(rows.column("key")) if "key" in names else None
-    values = _binary(rows.column("value"))
-    headers = rows.column("headers") if "headers" in names else None
-    size = values.nbytes + (keys.nbytes if keys is not None else 0)
-    if headers is not None:
-        size += headers.nbytes
-    per_row = max(1, size // n + 8)
-    step = max(1, BATCH_BYTES // per_row)
-    for start in range(0, n, step):
-        chunk = rows.slice(start, step) if step < n else rows
-        yield PlannedBatch(topic, partition, _encode_chunk(chunk, names, compression), chunk.num_rows, first)
-
-
-def _encode_chunk(rows: pa.RecordBatch, names: list[str], compression: Compression) -> bytes:
-    n = rows.num_rows
-    keys = _binary(rows.column("key")) if "key" in names else None
-    values = _binary(rows.column("value"))
-    header_args: tuple = ()
-    if "headers" in names:
-        headers = rows.column("headers")
-        if headers.null_count:
-            headers = pc.fill_null(headers, pa.scalar([], _HEADERS))
-        if headers.offset:
-            headers = pa.concat_arrays([pa.array([], headers.type), headers])
-        pairs = headers.values.flatten()  # key and value children, the struct's nulls applied
-        header_args = (
-            headers.buffers()[1],
-            _buffers(_binary(pairs[0])),
-            _buffers(_binary(pairs[1])),
-        )
-    records = encode_columns(n, _buffers(keys), _buffers(values), *header_args)
+def _encode(columns: _Columns, rows: pa.Array, compression: Compression) -> bytes:
+    selection = rows.buffers()[1].slice(4 * rows.offset, 4 * len(rows))
+    records = encode_columns(
+        len(columns.values),
+        _buffers(columns.keys),
+        _buffers(columns.values),
+        *columns.header_args,
+        rows=selection,
+    )
     builder = RecordBatchBuilder(compression=compression)
-    builder.extend_encoded(records, n, time.time_ns() // 1_000_000)
+    builder.extend_encoded(records, len(rows), time.time_ns() // 1_000_000)
     return builder.build()

@@ -2105,28 +2105,50 @@ put_field(unsigned char *out, const arrow_binary *a, Py_ssize_t i)
 }
 
 static const char *const encode_columns_names[] = {
-    "count", "keys", "values", "header_offsets", "header_keys", "header_values",
+    "count", "keys", "values", "header_offsets", "header_keys", "header_values", "rows",
 };
 
 PyDoc_STRVAR(encode_columns_doc,
-"encode_columns(count, keys, values, header_offsets=None, header_keys=None, header_values=None)\n"
+"encode_columns(count, keys, values, header_offsets=None, header_keys=None, header_values=None,\n"
+"               rows=None)\n"
 "--\n\n"
-"The records part of a RecordBatch v2 for ``count`` rows of Arrow columns, as bytes: offset\n"
-"deltas 0 .. count - 1, timestamp deltas 0, attributes 0. ``keys`` and ``values`` are\n"
+"The records part of a RecordBatch v2 for rows of Arrow columns of ``count`` rows, as bytes:\n"
+"offset deltas 0, 1, ..., timestamp deltas 0, attributes 0. ``keys`` and ``values`` are\n"
 "(validity, offsets, data) buffer tuples of binary arrays starting at offset 0 (validity None\n"
 "without nulls; offsets None for an absent column: all null). ``header_offsets`` (int32, count\n"
 "+ 1) splits the header pairs -- ``header_keys`` (never null) and ``header_values`` -- by\n"
-"row. services.records.columns.py_encode_columns is the reference.");
+"row. ``rows`` (int32 row numbers) selects the rows to encode, in that order; all rows\n"
+"without it. services.records.columns.py_encode_columns is the reference.");
+
+/* One record's body size (everything after its length varint). */
+static inline Py_ssize_t
+record_body_size(const arrow_binary *keys, const arrow_binary *values, const int32_t *hoffsets,
+                 const arrow_binary *hkeys, const arrow_binary *hvalues, Py_ssize_t row,
+                 Py_ssize_t delta)
+{
+    Py_ssize_t body = 2 + zigzag_size(delta) + field_size(keys, row) + field_size(values, row);
+    if (hoffsets != NULL) {
+        Py_ssize_t h;
+        body += zigzag_size(hoffsets[row + 1] - hoffsets[row]);
+        for (h = hoffsets[row]; h < hoffsets[row + 1]; h++) {
+            body += field_size(hkeys, h) + field_size(hvalues, h);
+        }
+    }
+    else {
+        body += 1;
+    }
+    return body;
+}
 
 static PyObject *
 encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *argv[6], *result = NULL;
+    PyObject *argv[7], *result = NULL;
     arrow_binary keys, values, hkeys, hvalues;
-    Py_buffer hoffsets_view;
-    const int32_t *hoffsets = NULL;
-    int have_headers = 0, have_hoffsets = 0;
-    Py_ssize_t count, total = 0, i, nheaders = 0;
+    Py_buffer hoffsets_view, rows_view;
+    const int32_t *hoffsets = NULL, *rows = NULL;
+    int have_hoffsets = 0, have_rows = 0;
+    Py_ssize_t count, records, total = 0, i, nheaders = 0;
     unsigned char *out;
 
     (void)module;
@@ -2134,7 +2156,7 @@ encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     memset(&values, 0, sizeof(values));
     memset(&hkeys, 0, sizeof(hkeys));
     memset(&hvalues, 0, sizeof(hvalues));
-    if (parse_args("encode_columns", args, nargs, kwnames, encode_columns_names, 3, 6, argv) < 0) {
+    if (parse_args("encode_columns", args, nargs, kwnames, encode_columns_names, 3, 7, argv) < 0) {
         return NULL;
     }
     count = PyLong_AsSsize_t(argv[0]);
@@ -2148,6 +2170,21 @@ encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     if (arrow_binary_get(argv[1], count, "keys", &keys) < 0 ||
         arrow_binary_get(argv[2], count, "values", &values) < 0) {
         goto done;
+    }
+    records = count;
+    if (argv[6] != NULL && argv[6] != Py_None) {
+        if (PyObject_GetBuffer(argv[6], &rows_view, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        have_rows = 1;
+        rows = (const int32_t *)rows_view.buf;
+        records = rows_view.len / 4;
+        for (i = 0; i < records; i++) {
+            if (rows[i] < 0 || rows[i] >= count) {
+                PyErr_Format(PyExc_ValueError, "row %d out of range for %zd rows", rows[i], count);
+                goto done;
+            }
+        }
     }
     if (argv[3] != NULL && argv[3] != Py_None) {
         if (PyObject_GetBuffer(argv[3], &hoffsets_view, PyBUF_SIMPLE) < 0) {
@@ -2182,27 +2219,17 @@ encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
             PyErr_SetString(PyExc_ValueError, "header keys cannot be absent");
             goto done;
         }
-        for (i = 0; i < nheaders; i++) {
+        for (i = hoffsets[0]; i < nheaders; i++) {
             if (arrow_is_null(&hkeys, i)) {
                 PyErr_Format(PyExc_ValueError, "header %zd has a null key", i);
                 goto done;
             }
         }
-        have_headers = 1;
     }
     /* Sizes first: one allocation, then one pass writing. */
-    for (i = 0; i < count; i++) {
-        Py_ssize_t body = 2 + zigzag_size(i) + field_size(&keys, i) + field_size(&values, i);
-        if (have_headers) {
-            Py_ssize_t h;
-            body += zigzag_size(hoffsets[i + 1] - hoffsets[i]);
-            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
-                body += field_size(&hkeys, h) + field_size(&hvalues, h);
-            }
-        }
-        else {
-            body += 1;
-        }
+    for (i = 0; i < records; i++) {
+        Py_ssize_t body = record_body_size(&keys, &values, hoffsets, &hkeys, &hvalues,
+                                           rows != NULL ? rows[i] : i, i);
         if (body > INT32_MAX || total > PY_SSIZE_T_MAX - body - VARINT_MAX_BYTES) {
             PyErr_SetString(PyExc_OverflowError, "the records exceed a batch's int32 length");
             goto done;
@@ -2214,28 +2241,18 @@ encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
         goto done;
     }
     out = (unsigned char *)PyBytes_AS_STRING(result);
-    for (i = 0; i < count; i++) {
-        Py_ssize_t body = 2 + zigzag_size(i) + field_size(&keys, i) + field_size(&values, i);
-        if (have_headers) {
-            Py_ssize_t h;
-            body += zigzag_size(hoffsets[i + 1] - hoffsets[i]);
-            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
-                body += field_size(&hkeys, h) + field_size(&hvalues, h);
-            }
-        }
-        else {
-            body += 1;
-        }
-        out = put_zigzag(out, body);
+    for (i = 0; i < records; i++) {
+        Py_ssize_t row = rows != NULL ? rows[i] : i;
+        out = put_zigzag(out, record_body_size(&keys, &values, hoffsets, &hkeys, &hvalues, row, i));
         *out++ = 0; /* attributes */
         *out++ = 0; /* timestamp delta: every record has the batch's timestamp */
         out = put_zigzag(out, i);
-        out = put_field(out, &keys, i);
-        out = put_field(out, &values, i);
-        if (have_headers) {
+        out = put_field(out, &keys, row);
+        out = put_field(out, &values, row);
+        if (hoffsets != NULL) {
             Py_ssize_t h;
-            out = put_zigzag(out, hoffsets[i + 1] - hoffsets[i]);
-            for (h = hoffsets[i]; h < hoffsets[i + 1]; h++) {
+            out = put_zigzag(out, hoffsets[row + 1] - hoffsets[row]);
+            for (h = hoffsets[row]; h < hoffsets[row + 1]; h++) {
                 out = put_field(out, &hkeys, h);
                 out = put_field(out, &hvalues, h);
             }
@@ -2253,6 +2270,9 @@ done:
     arrow_binary_release(&hvalues);
     if (have_hoffsets) {
         PyBuffer_Release(&hoffsets_view);
+    }
+    if (have_rows) {
+        PyBuffer_Release(&rows_view);
     }
     if (PyErr_Occurred()) {
         Py_CLEAR(result);

@@ -254,10 +254,12 @@ def py_encode_columns(
     header_offsets=None,
     header_keys: BinaryBuffers | None = None,
     header_values: BinaryBuffers | None = None,
+    rows=None,
 ) -> bytes:
-    """The records part of a batch for ``count`` rows of Arrow columns: offset deltas 0 ..
-    count - 1, every timestamp delta 0 (see the C ``encode_columns`` for the arguments). The
-    reference: the rows read out of the buffers and encoded by the Python builder."""
+    """The records part of a batch for rows of Arrow columns of ``count`` rows: offset deltas
+    0, 1, ..., every timestamp delta 0; ``rows`` (int32 row numbers) picks the rows and their
+    order, else all (see the C ``encode_columns``). The reference: the rows read out of the
+    buffers and encoded by the Python builder."""
     from services.records.builder import RecordBatchBuilder
 
     key_items, value_items = binary_items(keys, count), binary_items(values, count)
@@ -277,11 +279,19 @@ def py_encode_columns(
                 (hkeys[h].decode("utf-8"), hvalues[h])  # type: ignore[union-attr]
                 for h in range(starts[i], starts[i + 1])
             ]
+    order = range(count)
+    if rows is not None:
+        order = array("i")  # type: ignore[assignment]
+        order.frombytes(bytes(memoryview(rows)))  # type: ignore[attr-defined]
+        if _BIG_ENDIAN:
+            order.byteswap()  # type: ignore[attr-defined]
+        if any(not 0 <= r < count for r in order):
+            raise ValueError(f"a row is out of range for {count} rows")
     builder = RecordBatchBuilder()
     with _python_appends():
-        for key, value, pairs in zip(key_items, value_items, rows_headers):
-            builder.append(value, timestamp=0, key=key, headers=pairs)
-    return builder.build()[RECORD_BATCH_OVERHEAD:] if count else b""
+        for r in order:
+            builder.append(value_items[r], timestamp=0, key=key_items[r], headers=rows_headers[r])
+    return builder.build()[RECORD_BATCH_OVERHEAD:] if len(order) else b""
 
 
 class _python_appends:

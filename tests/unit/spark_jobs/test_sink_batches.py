@@ -167,9 +167,19 @@ def test_c_encoder_and_partitioner_match_the_reference(rows, cut, with_keys, par
     )
     assert SPEEDUPS.encode_columns(*args) == py_encode_columns(*args)
     assert SPEEDUPS.encode_columns(*args[:3]) == py_encode_columns(*args[:3])
+    picked = pa.array(random.Random(n).choices(range(n), k=n // 2) if n else [], pa.int32()).buffers()[1]
+    assert SPEEDUPS.encode_columns(*args, rows=picked) == py_encode_columns(*args, rows=picked)
     assert SPEEDUPS.partition_keys(n, key_buffers, partitions) == py_partition_keys(
         n, key_buffers, partitions
     )
+
+
+def test_c_encoder_refuses_rows_outside_the_columns():
+    assert SPEEDUPS is not None
+    values = pa.array([b"abc", b"de"], pa.binary())
+    for encode in (SPEEDUPS.encode_columns, py_encode_columns):
+        with pytest.raises(ValueError, match="out of range"):
+            encode(2, (None, None, None), buffers(values), rows=pa.array([1, 2], pa.int32()).buffers()[1])
 
 
 def test_c_encoder_refuses_offsets_outside_the_data():
