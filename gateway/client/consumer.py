@@ -18,8 +18,10 @@ or with partitions chosen by hand (``consumer.assign([TopicPartition("activity",
 aiokafka style (``async for record in consumer``, ``await consumer.getmany(...)``).
 
 Records are fetched as raw RecordBatch v2 bytes and decoded here, in the client: compression is
-end to end. A background fetch routine keeps the next chunk of every partition on its way while
-the application processes the current one (see :mod:`gateway.client.fetcher`).
+end to end. ``poll_arrow()`` decodes them into one ``pyarrow.Table`` per poll instead of a
+``ConsumerRecord`` per record (see :mod:`gateway.client.arrow`), for pandas, polars and Spark.
+A background fetch routine keeps the next chunk of every partition on its way while the
+application processes the current one (see :mod:`gateway.client.fetcher`).
 
 **Consumer groups** (``group_id`` + ``subscribe``): the coordinator assigns partitions
 (server-side assignors); the consumer joins, heartbeats from its I/O routine -- so a slow

@@ -7,7 +7,11 @@
   ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up first (ListOffsets).
 * A fetched chunk stays the bytes the storage node wrote (compressed once by the producer);
   :class:`PartitionRecords` walks its batches, checks their CRCs, and decodes records only as
-  ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time.
+  ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time --
+  as ``ConsumerRecord`` objects (``take``) or, for ``poll_arrow``, straight into Arrow buffers
+  (``take_columns``: a batch is decoded from the position each time, so a window that stops
+  inside a batch leaves nothing decoded behind; a batch whose records turn out to be corrupt
+  gives the records in front of the fault first, as Kafka's consumer does).
 * A result is used only if it is still wanted: the partition is assigned and the offset it was
   fetched for is still where the consumer would fetch next; a ``seek`` discards what was
   buffered for that partition and cancels the fetch in flight, so it takes effect at once.
