@@ -1422,7 +1422,10 @@ columns_headers(ColumnsObject *self, const unsigned char *buf, Py_ssize_t *pos, 
         PyErr_Format(corrupt_error, "header count %lld out of bounds", (long long)count);
         return -1;
     }
-    if (self->headers && gb_reserve(&b[COL_HVALUE_VALIDITY], (Py_ssize_t)count / 8 + 2) < 0) {
+    /* Bitmaps keep len 0 and are written within their capacity: room for every bit so far plus
+     * this record's headers. */
+    if (self->headers &&
+        gb_reserve(&b[COL_HVALUE_VALIDITY], (self->header_rows + (Py_ssize_t)count) / 8 + 1) < 0) {
         return -1;
     }
     for (i = 0; i < (Py_ssize_t)count; i++) {

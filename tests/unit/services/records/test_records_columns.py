@@ -152,6 +152,23 @@ def test_windows_match_the_row_decoder(spec, skip, max_records):
     assert arrow_rows(taken) == row_path([data], first_offset, max_records)
 
 
+def test_many_headers_fill_long_bitmaps_alike():
+    # Thousands of header values per batch: the header validity bitmap grows far past its first
+    # allocation, record by record, and must stay within it.
+    entries = [
+        (b"v", i, b"k", [("a", None if i % 3 else b"x"), ("b", b"y"), ("c", None)]) for i in range(3000)
+    ]
+    data = build((entries, Compression.NONE, False, 0))
+    c, py = c_columns_class()(include_headers=True), PyColumns(include_headers=True)
+    for _ in range(3):
+        fill(c, [data])
+        fill(py, [data])
+    taken = c.take()
+    assert taken == py.take()
+    assert taken[2] == (0, 0, 3 * (3000 + 2000))
+    assert arrow_rows(taken) == row_path([data]) * 3
+
+
 def test_the_class_in_use_follows_the_accelerator():
     expected = PyColumns if record_module.speedups is None else c_columns_class()
     assert Columns is expected
