@@ -59,9 +59,13 @@ class PlannedBatch:
 
 
 def _binary(column: pa.Array) -> pa.Array:
-    """A string or binary column as binary with offset 0 (what the encoder reads)."""
-    if pa.types.is_string(column.type):
+    """A string or binary column as binary with offset 0 (what the encoder reads: int32 offsets,
+    so Arrow's large variants are cast down, and anything else is refused)."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_large_binary(kind):
         column = column.cast(pa.binary())
+    elif not pa.types.is_binary(kind):
+        raise TypeError(f"expected a binary or string column, not {kind}")
     if column.offset:
         column = pa.concat_arrays([pa.array([], pa.binary()), column])
     return column
@@ -111,6 +115,8 @@ class _Columns:
         self.row_bytes = self.values.nbytes + (self.keys.nbytes if self.keys is not None else 0)
         if "headers" in names:
             headers = batch.column("headers")
+            if headers.type != _HEADERS:  # large lists or strings, or other field nullability
+                headers = headers.cast(_HEADERS)
             if headers.null_count:
                 headers = pc.fill_null(headers, pa.scalar([], _HEADERS))
             if headers.offset:
