@@ -28,7 +28,6 @@ from spark_jobs.offsets import OffsetRange
 
 log = logging.getLogger("spark_jobs.source")
 
-OFFSET_COLUMN = 4  # read_schema's "offset"
 #: Rows per Arrow batch handed to Spark: large enough to amortise per-batch costs, small enough
 #: to keep a task's memory flat.
 BATCH_ROWS = 20_000
@@ -104,7 +103,7 @@ def _poll_range(
 
 def _before(batch: pa.RecordBatch, until_offset: int) -> pa.RecordBatch:
     """The rows of ``batch`` (one partition's, in offset order) with offsets below ``until_offset``."""
-    offsets = batch.column(OFFSET_COLUMN)
+    offsets = batch.column("offset")
     if not len(offsets) or offsets[-1].as_py() < until_offset:
         return batch
     keep = pc.sum(pc.less(offsets, until_offset)).as_py() or 0
