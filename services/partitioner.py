@@ -13,7 +13,9 @@ itself), so both place a key where the other -- and a Kafka client -- would.
 from __future__ import annotations
 
 import random
+from array import array
 
+from services.records.columns import binary_items
 from services.records.record import speedups as _speedups
 
 _SEED = 0x9747B28C
@@ -64,6 +66,19 @@ def partition_for_key(key: bytes, partition_count: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partition_count
 
 
+def py_partition_keys(count: int, keys: tuple, partition_count: int) -> bytes:
+    """:func:`partition_for_key` of each of ``count`` keys of an Arrow binary column given as
+    ``(validity, offsets, data)`` buffers, as int32 bytes (little-endian), -1 for a null key: the
+    reference for the Spark sink's ``partition_keys`` (C with the accelerator)."""
+    out = array(
+        "i",
+        (-1 if k is None else partition_for_key(k, partition_count) for k in binary_items(keys, count)),
+    )
+    if array("H", [1]).tobytes() == b"\x00\x01":  # Arrow is little-endian
+        out.byteswap()
+    return out.tobytes()
+
+
 class StickyPartitioner:
     """Null-key records stick to one partition per topic until a batch completes.
 
@@ -87,3 +102,7 @@ class StickyPartitioner:
             return
         choice = self._rng.randrange(partition_count - 1)
         self._current[topic] = choice if choice < previous else choice + 1
+
+
+#: ``py_partition_keys``, in C when the accelerator is built.
+partition_keys = py_partition_keys if _speedups is None else _speedups.partition_keys

@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from gateway.client import Consumer, TopicPartition
 from gateway.client.errors import OffsetOutOfRangeError
 from spark_jobs.offsets import OffsetRange
-from spark_jobs.schema import ArrowBatchBuilder
 
 log = logging.getLogger("spark_jobs.source")
 
@@ -56,10 +56,13 @@ class RangeReadSettings:
 
 
 def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.RecordBatch]:
-    """The records of ``rng`` as Arrow record batches, in offset order."""
+    """The records of ``rng`` as Arrow record batches, in offset order.
+
+    The consumer's ``poll_arrow`` decodes fetched batches straight into Arrow buffers, so no
+    Python object is made per record; a batch of at most :data:`BATCH_ROWS` rows per poll.
+    """
     if rng.size <= 0:
         return
-    builder = ArrowBatchBuilder(rng.topic, rng.partition, include_headers=settings.include_headers)
     with Consumer(
         servers=settings.servers,
         auto_offset_reset="none",
@@ -68,16 +71,13 @@ def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.Rec
         client_id="tributary-spark",
         isolation_level=settings.isolation_level,
     ) as consumer:
-        for records in _poll_range(consumer, rng, settings):
-            builder.add(records)
-            if len(builder) >= BATCH_ROWS:
-                yield builder.flush()
-    if len(builder):
-        yield builder.flush()
+        yield from _poll_range(consumer, rng, settings)
 
 
-def _poll_range(consumer: Consumer, rng: OffsetRange, settings: RangeReadSettings) -> Iterator[list]:
-    """Lists of records of ``rng``; stops once the consumer's position reaches the range end."""
+def _poll_range(
+    consumer: Consumer, rng: OffsetRange, settings: RangeReadSettings
+) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``rng``; stops once the consumer's position reaches the range end."""
     tp = rng.topic_partition
     consumer.assign([tp])
     consumer.seek(tp, rng.from_offset)
@@ -85,17 +85,12 @@ def _poll_range(consumer: Consumer, rng: OffsetRange, settings: RangeReadSetting
     last_progress = time.monotonic()
     while position < rng.until_offset:
         try:
-            polled = consumer.poll(timeout_ms=500).get(tp, [])
+            table = consumer.poll_arrow(timeout_ms=500, include_headers=settings.include_headers)
         except OffsetOutOfRangeError as exc:
             position = _skip_lost(consumer, rng, position, settings, exc)
             continue
-        records = (
-            polled
-            if not polled or polled[-1].offset < rng.until_offset
-            else [r for r in polled if r.offset < rng.until_offset]
-        )  # only the last poll overshoots
-        if records:
-            yield records
+        for batch in table.to_batches():
+            yield _before(batch, rng.until_offset)  # only the last poll overshoots
         moved = consumer.position(tp)
         if moved > position:
             position, last_progress = moved, time.monotonic()
@@ -104,6 +99,15 @@ def _poll_range(consumer: Consumer, rng: OffsetRange, settings: RangeReadSetting
                 f"reading {rng}: no record after offset {position} within "
                 f"{settings.poll_timeout_ms} ms (pollTimeoutMs)"
             )
+
+
+def _before(batch: pa.RecordBatch, until_offset: int) -> pa.RecordBatch:
+    """The rows of ``batch`` (one partition's, in offset order) with offsets below ``until_offset``."""
+    offsets = batch.column("offset")
+    if not len(offsets) or offsets[-1].as_py() < until_offset:
+        return batch
+    keep = pc.sum(pc.less(offsets, until_offset)).as_py() or 0
+    return batch.slice(0, keep)
 
 
 def _skip_lost(

@@ -5,8 +5,10 @@ tombstone), ``topic``, ``partition``, ``offset``, ``timestamp`` (the record's, U
 ``timestampType`` (0 create time, 1 log-append time), and ``headers`` -- an array of
 ``(key string, value binary)`` in the order they were sent -- only with ``includeHeaders``.
 
-Readers build Arrow record batches column by column (:class:`ArrowBatchBuilder`), which Spark
-takes without converting a Python row at a time.
+Readers hand Spark Arrow record batches that the SDK decoded straight from the fetched bytes
+(``Consumer.poll_arrow``, :mod:`gateway.client.arrow`, whose schema this is).
+:class:`ArrowBatchBuilder` builds the same batches from ``ConsumerRecord`` objects: the row
+path, kept as the reference the Arrow path is tested against.
 """
 
 from __future__ import annotations
@@ -23,14 +25,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from gateway.client.arrow import ARROW_HEADERS, ARROW_TIMESTAMP, record_schema
 from gateway.client.structs import ConsumerRecord
 
 HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-ARROW_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 #: ConsumerRecord's fields in order, for transposing records into columns.
 _RECORD_FIELDS = ConsumerRecord._fields
-#: Spark's TimestampType travels in Arrow as microseconds with the UTC zone.
-ARROW_TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
 def read_schema(include_headers: bool = False) -> StructType:
@@ -50,23 +50,13 @@ def read_schema(include_headers: bool = False) -> StructType:
 
 
 def arrow_schema(include_headers: bool = False) -> pa.Schema:
-    """The Arrow twin of :func:`read_schema`."""
-    fields = [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", ARROW_TIMESTAMP),
-        ("timestampType", pa.int32()),
-    ]
-    if include_headers:
-        fields.append(("headers", ARROW_HEADERS))
-    return pa.schema(fields)
+    """The Arrow twin of :func:`read_schema` (the SDK's :func:`~gateway.client.arrow.record_schema`)."""
+    return record_schema(include_headers)
 
 
 class ArrowBatchBuilder:
-    """Collects consumed records of one partition and emits them as Arrow record batches."""
+    """Collects consumed records of one partition and emits them as Arrow record batches (the
+    row path: the reference for ``Consumer.poll_arrow``)."""
 
     def __init__(self, topic: str, partition: int, *, include_headers: bool) -> None:
         self.topic = topic

@@ -7,10 +7,13 @@ tombstone), ``key`` (binary or string), ``topic`` (string; the ``topic`` option 
 is an append-only log; overwrite is refused, and Spark refuses its default ErrorIfExists for
 Python data sources with a message naming append).
 
-Each task sends its rows through one SDK ``Producer`` and flushes before it reports success, so
-a successful job has every record acknowledged (``acks``, default all). Delivery is
+Spark hands each task Arrow batches; their columns are encoded straight into RecordBatch v2
+(:mod:`spark_jobs.sink_batches`, in C with the accelerator: no Python object per row) and sent
+whole through one SDK ``Producer`` (``send_batch``), which the task flushes before it reports
+success, so a successful job has every record acknowledged (``acks``, default all). Delivery is
 at-least-once, like Kafka's sink: a failed task may have written part of its rows before it
-failed, and Spark's retry writes them again; ``abort`` logs how much the finished tasks wrote.
+failed, and Spark's retry writes them again (and so may the producer's own retries: pre-encoded
+batches carry no idempotent sequence numbers); ``abort`` logs how much the finished tasks wrote.
 
 A failed task raises :class:`WriteTaskError`, whose message names the task (partition id and
 attempt), how many of its records failed, and the first reasons with the rows they came from.
@@ -23,14 +26,15 @@ import threading
 from collections import Counter
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
 from gateway.client import Producer
+from services.records import Compression
 from spark_jobs.options import WriteOptions
 from spark_jobs.schema import HEADER_TYPE
+from spark_jobs.sink_batches import RowError, plan_batches
 
 log = logging.getLogger("spark_jobs.sink")
 
@@ -107,28 +111,8 @@ class _Failures:
             if len(self.quoted) < QUOTED_FAILURES:
                 self.quoted.append(f"{where}: {type(error).__name__}: {error}")
 
-    def on_delivery(self, row: int):
-        def settle(error, _metadata) -> None:
-            if error is not None:
-                self.add(f"row {row}", error)
-
-        return settle
-
     def __bool__(self) -> bool:
         return self.count > 0
-
-
-def _rows(batch: pa.RecordBatch, topic_option: str | None):
-    """``(topic, value, key, partition, headers)`` per row of an Arrow batch."""
-    n = batch.num_rows
-    column = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-    topics = [topic_option] * n if topic_option else column["topic"]
-    keys = column.get("key", [None] * n)
-    partitions = column.get("partition", [None] * n)
-    headers = column.get("headers", [None] * n)
-    for i in range(n):
-        pairs = [(h["key"], h["value"]) for h in headers[i]] if headers[i] else None
-        yield topics[i], column["value"][i], keys[i], partitions[i], pairs
 
 
 class _ProducingWriter:
@@ -161,26 +145,32 @@ class _ProducingWriter:
         return WriteResult(task, attempt, records, dict(by_topic))
 
     def _send_all(self, producer: Producer, iterator, failures: _Failures, by_topic: Counter) -> None:
+        counts: dict[str, int] = {}
+
+        def partition_count(topic: str) -> int:
+            if topic not in counts:
+                counts[topic] = len(producer.partitions_for(topic))
+            return counts[topic]
+
+        codec = Compression.from_name(self.options.compression)
         row = 0
         for batch in iterator:
-            for topic, value, key, partition, headers in _rows(batch, self.options.topic):
-                try:
-                    if topic is None:
-                        raise ValueError("the topic column is null and no 'topic' option is set")
-                    producer.send(
-                        topic,
-                        value,
-                        key=key,
-                        headers=headers,
-                        partition=partition,
-                        on_delivery=failures.on_delivery(row),
+            try:
+                for planned in plan_batches(batch, self.options.topic, partition_count, codec):
+                    where = (
+                        f"{planned.count} rows of {planned.topic}-{planned.partition} "
+                        f"from row {row + planned.first_row}"
                     )
-                    by_topic[topic] += 1
-                except Exception as exc:  # noqa: BLE001 -- reported with its row, then the task fails
-                    failures.add(f"row {row}", exc)
-                    by_topic[topic or "?"] += 1
-                    return
-                row += 1
+                    future = producer.send_batch(planned.topic, planned.partition, planned.data)
+                    future.add_errback(failures.add, where)
+                    by_topic[planned.topic] += planned.count
+            except RowError as exc:
+                failures.add(f"row {row + exc.row}", exc)
+                return
+            except Exception as exc:  # noqa: BLE001 -- reported with its batch, then the task fails
+                failures.add(f"rows {row} to {row + batch.num_rows - 1}", exc)
+                return
+            row += batch.num_rows
             if failures:  # an asynchronous failure: stop sending more
                 return
 

@@ -18,8 +18,10 @@ or with partitions chosen by hand (``consumer.assign([TopicPartition("activity",
 aiokafka style (``async for record in consumer``, ``await consumer.getmany(...)``).
 
 Records are fetched as raw RecordBatch v2 bytes and decoded here, in the client: compression is
-end to end. A background fetch routine keeps the next chunk of every partition on its way while
-the application processes the current one (see :mod:`gateway.client.fetcher`).
+end to end. ``poll_arrow()`` decodes them into one ``pyarrow.Table`` per poll instead of a
+``ConsumerRecord`` per record (see :mod:`gateway.client.arrow`), for pandas, polars and Spark.
+A background fetch routine keeps the next chunk of every partition on its way while the
+application processes the current one (see :mod:`gateway.client.fetcher`).
 
 **Consumer groups** (``group_id`` + ``subscribe``): the coordinator assigns partitions
 (server-side assignors); the consumer joins, heartbeats from its I/O routine -- so a slow
@@ -639,9 +641,49 @@ class AsyncConsumer:
             timeout_ms, max_records, set(_as_partitions(partitions)) if partitions else None
         )
 
+    async def poll_arrow(
+        self, timeout_ms: int = 0, max_records: int | None = None, *, include_headers: bool = True
+    ):
+        """``poll``'s records as one ``pyarrow.Table``, without a Python object per record.
+
+        Fetched batches are decoded straight into Arrow buffers (in C with the accelerator);
+        the table has one record batch per partition, with the columns of Spark's Kafka source
+        (see :mod:`gateway.client.arrow`; ``headers`` only with ``include_headers``), and no
+        rows when nothing arrived within ``timeout_ms``. Keys and values are the raw bytes, so
+        a consumer configured with a key or value deserializer refuses this call. Positions,
+        commits, errors and the group protocol are as for ``poll``. Needs ``pyarrow``.
+        """
+        from gateway.client import arrow
+        from services.records.columns import Columns
+
+        fetcher = self._fetcher
+        if fetcher.key_deserializer is not None or fetcher.value_deserializer is not None:
+            raise IllegalStateError(
+                "poll_arrow() returns keys and values as bytes; this consumer has a key or value "
+                "deserializer: use poll(), or a consumer without deserializers"
+            )
+
+        def drain(max_records: int, only: set[TopicPartition] | None) -> dict:
+            drained = fetcher.drain_columns(
+                max_records, only, lambda: Columns(include_headers=include_headers)
+            )
+            return {
+                tp: arrow.to_record_batch(
+                    columns.take(), tp.topic, tp.partition, include_headers=include_headers
+                )
+                for tp, columns in drained.items()
+            }
+
+        batches = await self._poll(timeout_ms, max_records, None, drain)
+        return arrow.to_table(list(batches.values()), include_headers=include_headers)
+
     async def _poll(
-        self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        self,
+        timeout_ms: int,
+        max_records: int | None,
+        only: set[TopicPartition] | None,
+        drain: Callable | None = None,
+    ) -> dict:
         if self._closed:
             raise IllegalStateError("the consumer is closed")
         if self._subscription.subscription_type is SubscriptionType.NONE:
@@ -653,12 +695,13 @@ class AsyncConsumer:
         started = telemetry.now() if telemetry is not None else 0
         await self.start()
         coordinator = self._coordinator
+        drain = drain or self._fetcher.drain
         if coordinator is None:
-            records = await self._poll_records(timeout_ms, max_records, only)
+            records = await self._poll_records(timeout_ms, max_records, only, drain)
         else:
             coordinator.poll_started()
             try:
-                records = await self._poll_records(timeout_ms, max_records, only)
+                records = await self._poll_records(timeout_ms, max_records, only, drain)
             finally:
                 coordinator.poll_finished()
         if telemetry is not None:
@@ -666,8 +709,8 @@ class AsyncConsumer:
         return records
 
     async def _poll_records(
-        self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        self, timeout_ms: int, max_records: int | None, only: set[TopicPartition] | None, drain: Callable
+    ) -> dict:
         max_records = max_records or self.config.max_poll_records
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000.0
@@ -676,7 +719,7 @@ class AsyncConsumer:
             self._maybe_raise_wakeup()
             if self._coordinator is not None:
                 await self._coordinator.poll()
-            records = self._fetcher.drain(max_records, only)
+            records = drain(max_records, only)
             remaining = deadline - loop.time()
             if records or remaining <= 0:
                 return records
@@ -824,6 +867,16 @@ class Consumer:
         Raises :class:`~gateway.client.errors.WakeupError` after ``wakeup()``.
         """
         return self._run_here(self._core.poll(timeout_ms, max_records))
+
+    def poll_arrow(
+        self, timeout_ms: int = 0, max_records: int | None = None, *, include_headers: bool = True
+    ):
+        """``poll``'s records as one ``pyarrow.Table`` (see ``AsyncConsumer.poll_arrow``)::
+
+        table = consumer.poll_arrow(timeout_ms=1000)
+        frame = table.to_pandas()            # or polars.from_arrow(table)
+        """
+        return self._run_here(self._core.poll_arrow(timeout_ms, max_records, include_headers=include_headers))
 
     def wakeup(self) -> None:
         """Interrupt the ``poll`` in progress (or the next one) with ``WakeupError``; thread-safe."""

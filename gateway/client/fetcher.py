@@ -7,7 +7,11 @@
   ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up first (ListOffsets).
 * A fetched chunk stays the bytes the storage node wrote (compressed once by the producer);
   :class:`PartitionRecords` walks its batches, checks their CRCs, and decodes records only as
-  ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time.
+  ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time --
+  as ``ConsumerRecord`` objects (``take``) or, for ``poll_arrow``, straight into Arrow buffers
+  (``take_columns``: a batch is decoded from the position each time, so a window that stops
+  inside a batch leaves nothing decoded behind; a batch whose records turn out to be corrupt
+  gives the records in front of the fault first, as Kafka's consumer does).
 * A result is used only if it is still wanted: the partition is assigned and the offset it was
   fetched for is still where the consumer would fetch next; a ``seek`` discards what was
   buffered for that partition and cancels the fetch in flight, so it takes effect at once.
@@ -27,6 +31,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from gateway.client.client import GatewayClient, list_offsets
 from gateway.client.dataport import RawFetcher, parse_data_path
@@ -42,6 +47,7 @@ from services.dataport import protocol as dp
 from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
+from services.records.format import COMPRESSION_CODEC_MASK
 from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
@@ -105,6 +111,7 @@ class PartitionRecords:
         "_batches",
         "_decoded",
         "_index",
+        "_payload",
         "_timestamp_type",
         "error",
         "fetch_offset",
@@ -132,6 +139,8 @@ class PartitionRecords:
         self._decoded: list = []
         self._index = 0
         self._timestamp_type = 0
+        #: take_columns: the decompressed payload of the batch it stopped inside, by batch index.
+        self._payload: tuple[int, bytes] | None = None
         try:
             for view in iter_batches(raw, allow_partial_tail=True):
                 if view.next_offset <= fetch_offset:
@@ -202,6 +211,51 @@ class PartitionRecords:
             if chunk:
                 position = chunk[-1][0] + 1
         return out
+
+    def take_columns(self, columns, max_records: int, position: int) -> int:
+        """Append up to ``max_records`` records at or after ``position`` to ``columns`` (a
+        :class:`services.records.columns.Columns`): ``take``'s records, decoded into Arrow
+        buffers instead of ``ConsumerRecord`` objects. Returns how many were appended;
+        ``columns.last_offset`` is the last one's offset."""
+        if self._index < len(self._decoded):
+            # ``take`` stopped inside a batch: decode that batch again, from the position.
+            self._batch_index -= 1
+        self._decoded, self._index = [], 0
+        taken = 0
+        while taken < max_records and self._batch_index < len(self._batches):
+            view = self._batches[self._batch_index]
+            dropped = self._aborted.drops(view) if self._aborted is not None else view.is_control
+            if dropped or view.next_offset <= position:
+                self._batch_index += 1
+                continue
+            wanted = max_records - taken
+            try:
+                added = view.read_columns(
+                    columns, self._batch_payload(view), first_offset=position, max_records=wanted
+                )
+            except CorruptRecordError as exc:
+                self.error = self._corrupt(exc, view)
+                self._batches = self._batches[: self._batch_index]
+                self.next_fetch_offset = view.base_offset
+                break
+            taken += added
+            if added:
+                position = columns.last_offset + 1
+            if added < wanted or position >= view.next_offset:
+                self._batch_index += 1  # the batch is done (a full window may end it exactly)
+        return taken
+
+    def _batch_payload(self, view: RecordBatchView) -> bytes | None:
+        """The current batch's decompressed payload, kept while a window stops inside it; None
+        for an uncompressed batch (read in place)."""
+        if not view.attributes & COMPRESSION_CODEC_MASK:
+            return None
+        cached = self._payload
+        if cached is not None and cached[0] == self._batch_index:
+            return cached[1]
+        payload = view.payload()
+        self._payload = (self._batch_index, payload)
+        return payload
 
     def _decode_next(self, position: int) -> bool:
         """Decode the next data batch, skipping records before ``position``; False at the end."""
@@ -535,6 +589,54 @@ class Fetcher:
         if not self.has_data():
             self._data_ready.clear()
         return drained
+
+    def drain_columns(
+        self, max_records: int, only: set[TopicPartition] | None, new_columns: Callable[[], Any]
+    ) -> dict[TopicPartition, Any]:
+        """``drain`` with each partition's records decoded into Arrow buffers: ``{tp: columns}``
+        where ``columns`` is a :class:`services.records.columns.Columns` made by ``new_columns``
+        holding the partition's records (positions advanced as ``drain`` advances them).
+        Deserializers do not apply: keys and values stay bytes. Raises as ``drain`` does."""
+        drained: dict[TopicPartition, Any] = {}
+        remaining = max_records
+        for tp in self._rotated(list(self._buffers)):
+            if remaining <= 0:
+                break
+            if self.subscription.is_paused(tp) or (only is not None and tp not in only):
+                continue
+            columns = new_columns()
+            self._drain_partition_columns(tp, remaining, columns)
+            if len(columns):
+                drained[tp] = columns
+                remaining -= len(columns)
+        if not drained:
+            self._maybe_raise(only)
+        if not self.has_data():
+            self._data_ready.clear()
+        return drained
+
+    def _drain_partition_columns(self, tp: TopicPartition, max_records: int, columns) -> None:
+        chunks = self._buffers.get(tp)
+        taken = 0
+        while chunks and taken < max_records:
+            chunk = chunks[0]
+            position = self.subscription.position(tp)
+            if position is None:
+                break
+            if chunk.take_columns(columns, max_records - taken, position):
+                taken = len(columns)
+                self.subscription.advance(tp, columns.last_offset + 1)
+            if not chunk.exhausted:
+                break
+            if chunk.error is not None:
+                chunks.popleft()
+                self._errors[tp] = chunk.error
+                break
+            chunks.popleft()
+            self.subscription.advance(tp, chunk.next_fetch_offset)
+            self.wakeup()  # room for another chunk of tp
+        if not chunks:
+            self._buffers.pop(tp, None)
 
     def _rotated(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         # Start each drain at a different partition so one busy partition cannot starve the rest.

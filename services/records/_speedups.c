@@ -9,6 +9,13 @@
  *   append_record         the per-record encode inside builder.py's RecordBatchBuilder.append:
  *                         the producer path.
  *
+ * and the Arrow paths of the SDK and the Spark source and sink (columns.py is their reference):
+ *
+ *   Columns               records of fetched batches decoded straight into Arrow buffers,
+ *                         decode_records' checks without a Python object per record;
+ *   encode_columns        Arrow binary columns (keys, values, headers) encoded as records;
+ *   partition_keys        Kafka's murmur2 partition of every key of an Arrow column.
+ *
  * The pure-Python code in record.py and builder.py is the reference and the fallback. These
  * functions must return the same values and raise the same exception types for every input;
  * tests/unit/services/records/test_records_speedups.py checks them side by side on random valid
@@ -1196,25 +1203,1095 @@ PyDoc_STRVAR(murmur2_doc,
 "partitioner takes of a key (services/partitioner.py is the reference). Per keyed record on\n"
 "the producer's path, where the Python loop costs microseconds.");
 
+static uint32_t murmur2_bytes(const unsigned char *bytes, Py_ssize_t length);
+
 static PyObject *
 murmur2(PyObject *module, PyObject *data)
 {
     Py_buffer view;
-    const unsigned char *bytes;
-    const uint32_t m = 0x5bd1e995;
-    uint32_t h, k;
-    Py_ssize_t length, tail, i;
+    uint32_t h;
 
     (void)module;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
-    bytes = (const unsigned char *)view.buf;
-    length = view.len;
-    /* Java: int h = seed ^ length, with every product wrapping at 32 bits (unsigned here, the
-     * same bits), and >>> an unsigned shift. */
-    h = 0x9747b28cu ^ (uint32_t)length;
-    tail = length & ~(Py_ssize_t)3;
+    h = murmur2_bytes((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromLong((long)(int32_t)h);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Columns: records decoded straight into Arrow buffers                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The buffers of an Arrow batch of records, in the order columns.py's COLUMN_BUFFERS names
+ * them. Offsets buffers are int32 and start with a 0; validity bitmaps are LSB-first, one bit per
+ * row (or header); integers are little-endian, as Arrow's IPC format and every platform this
+ * builds on (x86-64, aarch64) are. Timestamps are milliseconds, as in the batch. */
+enum {
+    COL_OFFSET,          /* int64 per record */
+    COL_TIMESTAMP,       /* int64 per record, ms */
+    COL_TIMESTAMP_TYPE,  /* int32 per record */
+    COL_KEY_OFFSETS,     /* int32 per record + 1 */
+    COL_KEY_DATA,
+    COL_KEY_VALIDITY,
+    COL_VALUE_OFFSETS,
+    COL_VALUE_DATA,
+    COL_VALUE_VALIDITY,
+    COL_HEADER_OFFSETS,  /* int32 per record + 1: where each record's headers start */
+    COL_HKEY_OFFSETS,    /* int32 per header + 1 */
+    COL_HKEY_DATA,
+    COL_HVALUE_OFFSETS,
+    COL_HVALUE_DATA,
+    COL_HVALUE_VALIDITY,
+    COL_COUNT
+};
+#define COL_COUNT_NO_HEADERS (COL_VALUE_VALIDITY + 1)
+
+/* A buffer that grows by doubling, held in a bytes object so that take() hands it over without
+ * a copy (cut to its length with _PyBytes_Resize: the only reference is ours until then). */
+typedef struct {
+    PyObject *bytes;
+    unsigned char *data;
+    Py_ssize_t len, cap;
+    int zeroed; /* bitmaps: new capacity is zeroed, as their bits are written one by one */
+} growbuf;
+
+typedef struct {
+    PyObject_HEAD
+    int headers;
+    int broken; /* an allocation failed inside a buffer: nothing in it can be trusted */
+    Py_ssize_t rows, header_rows, key_nulls, value_nulls, hvalue_nulls;
+    growbuf b[COL_COUNT];
+} ColumnsObject;
+
+/* Room for ``extra`` more bytes. On failure (MemoryError) the buffer is empty again. */
+static int
+gb_reserve(growbuf *g, Py_ssize_t extra)
+{
+    Py_ssize_t need, cap;
+
+    if (extra > PY_SSIZE_T_MAX - g->len) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    need = g->len + extra;
+    if (need <= g->cap) {
+        return 0;
+    }
+    cap = g->cap < 64 ? 64 : g->cap;
+    while (cap < need) {
+        cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
+    }
+    if (g->bytes == NULL) {
+        g->bytes = PyBytes_FromStringAndSize(NULL, cap);
+    }
+    else if (_PyBytes_Resize(&g->bytes, cap) < 0) {
+        g->bytes = NULL; /* _PyBytes_Resize freed it */
+    }
+    if (g->bytes == NULL) {
+        g->data = NULL;
+        g->len = g->cap = 0;
+        return -1;
+    }
+    g->data = (unsigned char *)PyBytes_AS_STRING(g->bytes);
+    if (g->zeroed) {
+        memset(g->data + g->cap, 0, (size_t)(cap - g->cap));
+    }
+    g->cap = cap;
+    return 0;
+}
+
+/* The first ``len`` bytes as a bytes object, and the buffer empty again. */
+static PyObject *
+gb_take(growbuf *g, Py_ssize_t len)
+{
+    PyObject *bytes = g->bytes;
+
+    if (bytes == NULL || len == 0) {
+        Py_XDECREF(bytes);
+        bytes = PyBytes_FromStringAndSize(NULL, 0);
+    }
+    else if (_PyBytes_Resize(&bytes, len) < 0) {
+        bytes = NULL;
+    }
+    g->bytes = NULL;
+    g->data = NULL;
+    g->len = g->cap = 0;
+    return bytes;
+}
+
+static inline void
+gb_put64(growbuf *g, int64_t v)
+{
+    memcpy(g->data + g->len, &v, 8);
+    g->len += 8;
+}
+
+static inline void
+gb_put32(growbuf *g, int32_t v)
+{
+    memcpy(g->data + g->len, &v, 4);
+    g->len += 4;
+}
+
+static inline void
+bit_put(growbuf *g, Py_ssize_t i, int valid)
+{
+    unsigned char *p = g->data + (i >> 3);
+    if (valid) {
+        *p |= (unsigned char)(1u << (i & 7));
+    }
+    else {
+        *p &= (unsigned char)~(1u << (i & 7));
+    }
+}
+
+/* Clear every bit from ``bits`` on: what a failed append wrote past the rows that stay. */
+static void
+bitmap_truncate(growbuf *g, Py_ssize_t bits)
+{
+    Py_ssize_t byte = bits >> 3;
+    if (byte >= g->cap) {
+        return;
+    }
+    g->data[byte] &= (unsigned char)((1u << (bits & 7)) - 1);
+    memset(g->data + byte + 1, 0, (size_t)(g->cap - byte - 1));
+}
+
+/* Append ``size`` bytes to a binary column's data and its next end offset, which must fit an
+ * int32 (Arrow's binary and string types): a batch of more than 2 GiB of keys, values or header
+ * data is refused (the caller takes a batch before that). */
+static int
+put_binary(growbuf *offsets, growbuf *data, const unsigned char *src, Py_ssize_t size)
+{
+    if (size > INT32_MAX - data->len) {
+        PyErr_SetString(PyExc_OverflowError,
+                        "an Arrow batch holds at most 2 GiB of keys, values or header data");
+        return -1;
+    }
+    if (gb_reserve(data, size) < 0 || gb_reserve(offsets, 4) < 0) {
+        return -1;
+    }
+    if (size > 0) {
+        memcpy(data->data + data->len, src, (size_t)size);
+        data->len += size;
+    }
+    gb_put32(offsets, (int32_t)data->len);
+    return 0;
+}
+
+static int
+columns_reset(ColumnsObject *self)
+{
+    int i;
+    self->rows = self->header_rows = 0;
+    self->key_nulls = self->value_nulls = self->hvalue_nulls = 0;
+    for (i = 0; i < COL_COUNT; i++) {
+        self->b[i].len = 0;
+        self->b[i].zeroed =
+            i == COL_KEY_VALIDITY || i == COL_VALUE_VALIDITY || i == COL_HVALUE_VALIDITY;
+    }
+    /* Offsets buffers start with 0. */
+    for (i = 0; i < COL_COUNT; i++) {
+        if (i == COL_KEY_OFFSETS || i == COL_VALUE_OFFSETS || i == COL_HEADER_OFFSETS ||
+            i == COL_HKEY_OFFSETS || i == COL_HVALUE_OFFSETS) {
+            if (gb_reserve(&self->b[i], 4) < 0) {
+                self->broken = 1;
+                return -1;
+            }
+            gb_put32(&self->b[i], 0);
+        }
+    }
+    self->broken = 0;
+    return 0;
+}
+
+/* record.py's _decode_headers, into the header buffers. */
+static int
+columns_headers(ColumnsObject *self, const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t rend)
+{
+    int64_t count, size;
+    Py_ssize_t p = *pos, i;
+    growbuf *b = self->b;
+
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &count)) {
+        return -1;
+    }
+    if (count < 0 || 2 * count > rend - p) {
+        PyErr_Format(corrupt_error, "header count %lld out of bounds", (long long)count);
+        return -1;
+    }
+    /* Bitmaps keep len 0 and are written within their capacity: room for every bit so far plus
+     * this record's headers. */
+    if (self->headers &&
+        gb_reserve(&b[COL_HVALUE_VALIDITY], (self->header_rows + (Py_ssize_t)count) / 8 + 1) < 0) {
+        return -1;
+    }
+    for (i = 0; i < (Py_ssize_t)count; i++) {
+        const unsigned char *key;
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            return -1;
+        }
+        if (size < 0 || size > rend - p) {
+            PyErr_Format(corrupt_error, "header key length %lld out of bounds", (long long)size);
+            return -1;
+        }
+        key = buf + p;
+        if (!check_header_key(key, (Py_ssize_t)size, self->rows)) {
+            /* decode_headers' message, so the two paths read the same. */
+            if (PyErr_ExceptionMatches(corrupt_error)) {
+                PyErr_Clear();
+                PyErr_SetString(corrupt_error, "header key is not UTF-8");
+            }
+            return -1;
+        }
+        p += (Py_ssize_t)size;
+        if (self->headers &&
+            put_binary(&b[COL_HKEY_OFFSETS], &b[COL_HKEY_DATA], key, (Py_ssize_t)size) < 0) {
+            return -1;
+        }
+        if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+            return -1;
+        }
+        if (size >= 0) {
+            if (size > rend - p) {
+                PyErr_Format(corrupt_error, "header value length %lld out of bounds",
+                             (long long)size);
+                return -1;
+            }
+            if (self->headers) {
+                if (put_binary(&b[COL_HVALUE_OFFSETS], &b[COL_HVALUE_DATA], buf + p,
+                               (Py_ssize_t)size) < 0) {
+                    return -1;
+                }
+                bit_put(&b[COL_HVALUE_VALIDITY], self->header_rows, 1);
+            }
+            p += (Py_ssize_t)size;
+        }
+        else if (size == -1) {
+            if (self->headers) {
+                if (put_binary(&b[COL_HVALUE_OFFSETS], &b[COL_HVALUE_DATA], NULL, 0) < 0) {
+                    return -1;
+                }
+                bit_put(&b[COL_HVALUE_VALIDITY], self->header_rows, 0);
+                self->hvalue_nulls += 1;
+            }
+        }
+        else {
+            PyErr_Format(corrupt_error, "negative header value length %lld", (long long)size);
+            return -1;
+        }
+        if (self->headers) {
+            self->header_rows += 1;
+        }
+    }
+    *pos = p;
+    return 0;
+}
+
+/* decode_one, into the buffers: the same checks in the same order, so the same inputs fail. The
+ * fixed-width buffers have room for this record (reserved per batch). */
+static int
+columns_one(ColumnsObject *self, const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end,
+            int64_t *previous_delta, int64_t base_offset, int64_t base_timestamp,
+            int log_append, int64_t log_append_time, int32_t timestamp_type)
+{
+    Py_ssize_t p = *pos, rend;
+    int64_t length, timestamp_delta, offset_delta, size, value;
+    int size_bytes;
+    growbuf *b = self->b;
+
+    if (p >= end) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    if (!read_varint(buf, &p, end, VARINT_MAX_BYTES, &length)) {
+        return -1;
+    }
+    if (length < 0) {
+        PyErr_Format(corrupt_error, "negative record length %lld", (long long)length);
+        return -1;
+    }
+    if (length > end - p) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    rend = p + (Py_ssize_t)length;
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    p += 1;
+    if (!read_varint(buf, &p, rend, VARLONG_MAX_BYTES, &timestamp_delta)) {
+        return -1;
+    }
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &offset_delta)) {
+        return -1;
+    }
+    if (offset_delta <= *previous_delta) {
+        PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                     (long long)offset_delta, (long long)*previous_delta);
+        return -1;
+    }
+    *previous_delta = offset_delta;
+    /* key */
+    if (!read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size)) {
+        return -1;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            return -1;
+        }
+        if (put_binary(&b[COL_KEY_OFFSETS], &b[COL_KEY_DATA], buf + p, (Py_ssize_t)size) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_KEY_VALIDITY], self->rows, 1);
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1) {
+        if (put_binary(&b[COL_KEY_OFFSETS], &b[COL_KEY_DATA], NULL, 0) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_KEY_VALIDITY], self->rows, 0);
+        self->key_nulls += 1;
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative key length %lld", (long long)size);
+        return -1;
+    }
+    /* value (a two-byte -1 is refused, as decode_one refuses it) */
+    size_bytes = read_varint(buf, &p, rend, VARINT_MAX_BYTES, &size);
+    if (!size_bytes) {
+        return -1;
+    }
+    if (size >= 0) {
+        if (size > rend - p) {
+            PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+            return -1;
+        }
+        if (put_binary(&b[COL_VALUE_OFFSETS], &b[COL_VALUE_DATA], buf + p, (Py_ssize_t)size) <
+            0) {
+            return -1;
+        }
+        bit_put(&b[COL_VALUE_VALIDITY], self->rows, 1);
+        p += (Py_ssize_t)size;
+    }
+    else if (size == -1 && size_bytes != 2) {
+        if (put_binary(&b[COL_VALUE_OFFSETS], &b[COL_VALUE_DATA], NULL, 0) < 0) {
+            return -1;
+        }
+        bit_put(&b[COL_VALUE_VALIDITY], self->rows, 0);
+        self->value_nulls += 1;
+    }
+    else {
+        PyErr_Format(corrupt_error, "negative value length %lld", (long long)size);
+        return -1;
+    }
+    /* headers */
+    if (p >= rend) {
+        PyErr_SetString(corrupt_error, "record runs past the end of the batch");
+        return -1;
+    }
+    if (buf[p] == 0) {
+        p += 1;
+    }
+    else if (columns_headers(self, buf, &p, rend) < 0) {
+        return -1;
+    }
+    if (self->headers) {
+        if (self->header_rows > INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "an Arrow batch holds at most 2**31 headers");
+            return -1;
+        }
+        if (gb_reserve(&b[COL_HEADER_OFFSETS], 4) < 0) {
+            return -1;
+        }
+        gb_put32(&b[COL_HEADER_OFFSETS], (int32_t)self->header_rows);
+    }
+    if (p != rend) {
+        PyErr_Format(corrupt_error, "record body is %lld bytes but its fields take %lld",
+                     (long long)length, (long long)(length + p - rend));
+        return -1;
+    }
+    if (__builtin_add_overflow(base_offset, offset_delta, &value)) {
+        PyErr_SetString(corrupt_error, "record offset out of range");
+        return -1;
+    }
+    gb_put64(&b[COL_OFFSET], value);
+    if (log_append) {
+        value = log_append_time;
+    }
+    else if (__builtin_add_overflow(base_timestamp, timestamp_delta, &value)) {
+        PyErr_SetString(corrupt_error, "record timestamp out of range");
+        return -1;
+    }
+    gb_put64(&b[COL_TIMESTAMP], value);
+    gb_put32(&b[COL_TIMESTAMP_TYPE], timestamp_type);
+    self->rows += 1;
+    *pos = p;
+    return 0;
+}
+
+static const char *const columns_append_names[] = {
+    "data", "count", "base_offset", "base_timestamp", "log_append_time", "last_offset_delta",
+    "first_offset", "max_records",
+};
+
+PyDoc_STRVAR(columns_append_doc,
+"append(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta,\n"
+"       first_offset=None, max_records=None)\n"
+"--\n\n"
+"Decode one batch's records into the columns: decode_records' arguments, checks and window\n"
+"(columns.py's PyColumns.append is the reference). Returns how many records were added. On\n"
+"an error nothing of this call stays in the columns.");
+
+static int
+as_int64(PyObject *obj, const char *name, int64_t *out)
+{
+    long long v;
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, not %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static PyObject *
+columns_append(ColumnsObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[8];
+    Py_buffer view;
+    const unsigned char *buf;
+    Py_ssize_t end, pos = 0, i, count, taken = 0, limit;
+    Py_ssize_t saved_len[COL_COUNT], saved_rows, saved_header_rows, saved_nulls[3];
+    int64_t previous_delta = -1, base_offset, base_timestamp, log_append_time = 0, last_delta;
+    int64_t first_delta, requested, timestamp_type;
+    int log_append, k;
+
+    if (parse_args("append", args, nargs, kwnames, columns_append_names, 6, 8, argv) < 0) {
+        return NULL;
+    }
+    if (ensure_initialised() < 0) {
+        return NULL;
+    }
+    if (self->broken) {
+        PyErr_SetString(PyExc_MemoryError, "these columns lost their data to a failed allocation");
+        return NULL;
+    }
+    if (as_int64(argv[1], "count", &requested) < 0 ||
+        as_int64(argv[2], "base_offset", &base_offset) < 0 ||
+        as_int64(argv[3], "base_timestamp", &base_timestamp) < 0 ||
+        as_int64(argv[5], "last_offset_delta", &last_delta) < 0) {
+        return NULL;
+    }
+    log_append = argv[4] != Py_None;
+    if (log_append && as_int64(argv[4], "log_append_time", &log_append_time) < 0) {
+        return NULL;
+    }
+    timestamp_type = log_append ? 1 : 0;
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    buf = (const unsigned char *)view.buf;
+    end = view.len;
+    if (requested > 0 && requested > end / MIN_RECORD_SIZE) {
+        PyErr_Format(corrupt_error, "record count %lld cannot fit in %zd bytes of records",
+                     (long long)requested, end);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    count = requested < 0 ? 0 : (Py_ssize_t)requested;
+    if (parse_window(argv[6], argv[7], argv[2], &first_delta, &limit) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (k = 0; k < COL_COUNT; k++) {
+        saved_len[k] = self->b[k].len;
+    }
+    saved_rows = self->rows;
+    saved_header_rows = self->header_rows;
+    saved_nulls[0] = self->key_nulls;
+    saved_nulls[1] = self->value_nulls;
+    saved_nulls[2] = self->hvalue_nulls;
+    /* Fixed-width room for every record of the batch; variable data grows as it comes. */
+    if (gb_reserve(&self->b[COL_OFFSET], 8 * count) < 0 ||
+        gb_reserve(&self->b[COL_TIMESTAMP], 8 * count) < 0 ||
+        gb_reserve(&self->b[COL_TIMESTAMP_TYPE], 4 * count) < 0 ||
+        gb_reserve(&self->b[COL_KEY_VALIDITY], (self->rows + count) / 8 + 1 -
+                                                   self->b[COL_KEY_VALIDITY].len) < 0 ||
+        gb_reserve(&self->b[COL_VALUE_VALIDITY], (self->rows + count) / 8 + 1 -
+                                                     self->b[COL_VALUE_VALIDITY].len) < 0) {
+        goto error;
+    }
+    /* Bitmaps are written bit by bit within their capacity; their length is set by take(). */
+    i = 0;
+    if (first_delta > 0) {
+        for (; i < count; i++) {
+            Py_ssize_t start = pos;
+            int64_t offset_delta;
+            if (!walk_record(buf, &pos, end, i, &offset_delta)) {
+                goto error;
+            }
+            if (offset_delta <= previous_delta) {
+                PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                             (long long)offset_delta, (long long)previous_delta);
+                goto error;
+            }
+            if (offset_delta >= first_delta) {
+                pos = start;
+                break;
+            }
+            previous_delta = offset_delta;
+        }
+    }
+    for (; i < count; i++) {
+        if (columns_one(self, buf, &pos, end, &previous_delta, base_offset, base_timestamp,
+                        log_append, log_append_time, (int32_t)timestamp_type) < 0) {
+            goto error;
+        }
+        taken += 1;
+        if (taken == limit) {
+            PyBuffer_Release(&view);
+            return PyLong_FromSsize_t(taken);
+        }
+    }
+    if (pos != end) {
+        PyErr_Format(corrupt_error, "%zd bytes left after %zd records", end - pos, count);
+        goto error;
+    }
+    if (previous_delta > last_delta) {
+        PyErr_Format(corrupt_error, "offset delta %lld exceeds lastOffsetDelta %lld",
+                     (long long)previous_delta, (long long)last_delta);
+        goto error;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(taken);
+
+error:
+    for (k = 0; k < COL_COUNT; k++) {
+        if (saved_len[k] > self->b[k].cap) { /* a failed allocation emptied this buffer */
+            self->broken = 1;
+        }
+        else {
+            self->b[k].len = saved_len[k];
+        }
+    }
+    self->rows = saved_rows;
+    self->header_rows = saved_header_rows;
+    self->key_nulls = saved_nulls[0];
+    self->value_nulls = saved_nulls[1];
+    self->hvalue_nulls = saved_nulls[2];
+    bitmap_truncate(&self->b[COL_KEY_VALIDITY], saved_rows);
+    bitmap_truncate(&self->b[COL_VALUE_VALIDITY], saved_rows);
+    bitmap_truncate(&self->b[COL_HVALUE_VALIDITY], saved_header_rows);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+PyDoc_STRVAR(columns_take_doc,
+"take()\n"
+"--\n\n"
+"Everything appended since the last take, as (rows, buffers, null_counts), and start over:\n"
+"buffers is a tuple of bytes in COLUMN_BUFFERS order (the header buffers only with headers),\n"
+"null_counts is (keys, values, header values).");
+
+static PyObject *
+columns_take(ColumnsObject *self, PyObject *unused)
+{
+    PyObject *buffers, *result;
+    int i, n = self->headers ? COL_COUNT : COL_COUNT_NO_HEADERS;
+
+    (void)unused;
+    if (self->broken) {
+        PyErr_SetString(PyExc_MemoryError, "these columns lost their data to a failed allocation");
+        return NULL;
+    }
+    buffers = PyTuple_New(n);
+    if (buffers == NULL) {
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        Py_ssize_t len = self->b[i].len;
+        PyObject *bytes;
+        if (i == COL_KEY_VALIDITY || i == COL_VALUE_VALIDITY) {
+            len = (self->rows + 7) / 8;
+        }
+        else if (i == COL_HVALUE_VALIDITY) {
+            len = (self->header_rows + 7) / 8;
+        }
+        if (len > self->b[i].cap) { /* an empty bitmap never reserved: zero bytes */
+            len = 0;
+        }
+        bytes = gb_take(&self->b[i], len);
+        if (bytes == NULL) {
+            Py_DECREF(buffers);
+            self->broken = 1;
+            return NULL;
+        }
+        PyTuple_SET_ITEM(buffers, i, bytes);
+    }
+    result = Py_BuildValue("(nN(nnn))", self->rows, buffers, self->key_nulls, self->value_nulls,
+                           self->hvalue_nulls);
+    for (i = n; i < COL_COUNT; i++) { /* header buffers of a Columns without headers */
+        Py_XDECREF(gb_take(&self->b[i], 0));
+    }
+    if (columns_reset(self) < 0) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static Py_ssize_t
+columns_len(ColumnsObject *self)
+{
+    return self->rows;
+}
+
+static PyObject *
+columns_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"include_headers", NULL};
+    int headers = 0;
+    ColumnsObject *self;
+
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$p:Columns", kwlist, &headers)) {
+        return NULL;
+    }
+    self = (ColumnsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->headers = headers;
+    /* tp_alloc zero-fills: every growbuf starts empty. */
+    if (columns_reset(self) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void
+columns_dealloc(ColumnsObject *self)
+{
+    int i;
+    for (i = 0; i < COL_COUNT; i++) {
+        Py_XDECREF(self->b[i].bytes);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+columns_include_headers(ColumnsObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->headers);
+}
+
+static PyMethodDef columns_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))columns_append, METH_FASTCALL | METH_KEYWORDS,
+     columns_append_doc},
+    {"take", (PyCFunction)columns_take, METH_NOARGS, columns_take_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *
+columns_last_offset(ColumnsObject *self, void *closure)
+{
+    int64_t last;
+    (void)closure;
+    if (self->rows == 0) {
+        Py_RETURN_NONE;
+    }
+    memcpy(&last, self->b[COL_OFFSET].data + self->b[COL_OFFSET].len - 8, 8);
+    return PyLong_FromLongLong(last);
+}
+
+static PyGetSetDef columns_getset[] = {
+    {"include_headers", (getter)columns_include_headers, NULL, "whether headers are kept", NULL},
+    {"last_offset", (getter)columns_last_offset, NULL,
+     "the offset of the last record appended since the last take(), or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods columns_as_sequence = {
+    .sq_length = (lenfunc)columns_len,
+};
+
+PyDoc_STRVAR(columns_doc,
+"Columns(*, include_headers=False)\n"
+"--\n\n"
+"C version of services.records.columns.PyColumns (the reference): records of any number of\n"
+"batches decoded straight into Arrow buffers, without a Python object per record.");
+
+static PyTypeObject ColumnsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "services.records._speedups.Columns",
+    .tp_basicsize = sizeof(ColumnsObject),
+    .tp_dealloc = (destructor)columns_dealloc,
+    .tp_as_sequence = &columns_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = columns_doc,
+    .tp_methods = columns_methods,
+    .tp_getset = columns_getset,
+    .tp_new = columns_new,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* encode_columns and partition_keys: the Spark sink's Arrow batches into records             */
+/* ------------------------------------------------------------------------------------------ */
+
+/* One Arrow binary (or string) column as the buffer protocol gives it: validity may be absent
+ * (no nulls); offsets absent means the column is absent, every item null. Offset 0 only: the
+ * caller passes arrays that start at their buffers' start. */
+typedef struct {
+    Py_buffer validity, offsets, data;
+    int has_validity, has_offsets, has_data;
+    Py_ssize_t count;
+} arrow_binary;
+
+static void
+arrow_binary_release(arrow_binary *a)
+{
+    if (a->has_validity) {
+        PyBuffer_Release(&a->validity);
+    }
+    if (a->has_offsets) {
+        PyBuffer_Release(&a->offsets);
+    }
+    if (a->has_data) {
+        PyBuffer_Release(&a->data);
+    }
+    a->has_validity = a->has_offsets = a->has_data = 0;
+}
+
+/* Take (validity, offsets, data) -- any of them None -- for ``count`` items, checking that the
+ * buffers are large enough and the offsets increase within the data: the bytes come from
+ * another library, and a bad offset must be an exception, not a read out of bounds. */
+static int
+arrow_binary_get(PyObject *obj, Py_ssize_t count, const char *what, arrow_binary *a)
+{
+    PyObject *items[3];
+    const int32_t *offsets;
+    Py_ssize_t i;
+
+    memset(a, 0, sizeof(*a));
+    a->count = count;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 3) {
+        PyErr_Format(PyExc_TypeError, "%s must be a (validity, offsets, data) tuple", what);
+        return -1;
+    }
+    for (i = 0; i < 3; i++) {
+        items[i] = PyTuple_GET_ITEM(obj, i);
+    }
+    if (items[1] == Py_None) {
+        return 0; /* the column is absent: every item is null */
+    }
+    if (items[0] != Py_None) {
+        if (PyObject_GetBuffer(items[0], &a->validity, PyBUF_SIMPLE) < 0) {
+            goto error;
+        }
+        a->has_validity = 1;
+        if (a->validity.len < (count + 7) / 8) {
+            PyErr_Format(PyExc_ValueError, "%s validity bitmap is too short", what);
+            goto error;
+        }
+    }
+    if (PyObject_GetBuffer(items[1], &a->offsets, PyBUF_SIMPLE) < 0) {
+        goto error;
+    }
+    a->has_offsets = 1;
+    if (items[2] == Py_None) {
+        PyErr_Format(PyExc_TypeError, "%s has offsets but no data", what);
+        goto error;
+    }
+    if (PyObject_GetBuffer(items[2], &a->data, PyBUF_SIMPLE) < 0) {
+        goto error;
+    }
+    a->has_data = 1;
+    if (a->offsets.len / 4 < count + 1) {
+        PyErr_Format(PyExc_ValueError, "%s offsets buffer is too short", what);
+        goto error;
+    }
+    offsets = (const int32_t *)a->offsets.buf;
+    if (offsets[0] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s offsets are out of bounds", what);
+        goto error;
+    }
+    for (i = 0; i < count; i++) {
+        if (offsets[i + 1] < offsets[i]) {
+            PyErr_Format(PyExc_ValueError, "%s offsets decrease at item %zd", what, i);
+            goto error;
+        }
+    }
+    if (offsets[count] > a->data.len) {
+        PyErr_Format(PyExc_ValueError, "%s offsets run past the data", what);
+        goto error;
+    }
+    return 0;
+
+error:
+    arrow_binary_release(a);
+    return -1;
+}
+
+static inline int
+arrow_is_null(const arrow_binary *a, Py_ssize_t i)
+{
+    if (!a->has_offsets) {
+        return 1;
+    }
+    if (!a->has_validity) {
+        return 0;
+    }
+    return !(((const unsigned char *)a->validity.buf)[i >> 3] & (1u << (i & 7)));
+}
+
+static inline const unsigned char *
+arrow_item(const arrow_binary *a, Py_ssize_t i, Py_ssize_t *size)
+{
+    const int32_t *offsets = (const int32_t *)a->offsets.buf;
+    *size = offsets[i + 1] - offsets[i];
+    return (const unsigned char *)a->data.buf + offsets[i];
+}
+
+static inline Py_ssize_t
+zigzag_size(int64_t v)
+{
+    return unsigned_varint_size(((uint64_t)v << 1) ^ (uint64_t)(v >> 63));
+}
+
+static inline unsigned char *
+put_zigzag(unsigned char *out, int64_t v)
+{
+    uint64_t raw = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    while (raw > 0x7F) {
+        *out++ = (unsigned char)((raw & 0x7F) | 0x80);
+        raw >>= 7;
+    }
+    *out++ = (unsigned char)raw;
+    return out;
+}
+
+/* A nullable length-prefixed field's size: its length varint and its bytes. */
+static inline Py_ssize_t
+field_size(const arrow_binary *a, Py_ssize_t i)
+{
+    Py_ssize_t size;
+    if (arrow_is_null(a, i)) {
+        return 1;
+    }
+    (void)arrow_item(a, i, &size);
+    return zigzag_size(size) + size;
+}
+
+static inline unsigned char *
+put_field(unsigned char *out, const arrow_binary *a, Py_ssize_t i)
+{
+    Py_ssize_t size;
+    const unsigned char *item;
+    if (arrow_is_null(a, i)) {
+        return put_zigzag(out, -1);
+    }
+    item = arrow_item(a, i, &size);
+    out = put_zigzag(out, size);
+    memcpy(out, item, (size_t)size);
+    return out + size;
+}
+
+static const char *const encode_columns_names[] = {
+    "count", "keys", "values", "header_offsets", "header_keys", "header_values", "rows",
+};
+
+PyDoc_STRVAR(encode_columns_doc,
+"encode_columns(count, keys, values, header_offsets=None, header_keys=None, header_values=None,\n"
+"               rows=None)\n"
+"--\n\n"
+"The records part of a RecordBatch v2 for rows of Arrow columns of ``count`` rows, as bytes:\n"
+"offset deltas 0, 1, ..., timestamp deltas 0, attributes 0. ``keys`` and ``values`` are\n"
+"(validity, offsets, data) buffer tuples of binary arrays starting at offset 0 (validity None\n"
+"without nulls; offsets None for an absent column: all null). ``header_offsets`` (int32, count\n"
+"+ 1) splits the header pairs -- ``header_keys`` (never null) and ``header_values`` -- by\n"
+"row. ``rows`` (int32 row numbers) selects the rows to encode, in that order; all rows\n"
+"without it. services.records.columns.py_encode_columns is the reference.");
+
+/* One record's body size (everything after its length varint). */
+static inline Py_ssize_t
+record_body_size(const arrow_binary *keys, const arrow_binary *values, const int32_t *hoffsets,
+                 const arrow_binary *hkeys, const arrow_binary *hvalues, Py_ssize_t row,
+                 Py_ssize_t delta)
+{
+    Py_ssize_t body = 2 + zigzag_size(delta) + field_size(keys, row) + field_size(values, row);
+    if (hoffsets != NULL) {
+        Py_ssize_t h;
+        body += zigzag_size(hoffsets[row + 1] - hoffsets[row]);
+        for (h = hoffsets[row]; h < hoffsets[row + 1]; h++) {
+            body += field_size(hkeys, h) + field_size(hvalues, h);
+        }
+    }
+    else {
+        body += 1;
+    }
+    return body;
+}
+
+static PyObject *
+encode_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[7], *result = NULL;
+    arrow_binary keys, values, hkeys, hvalues;
+    Py_buffer hoffsets_view, rows_view;
+    const int32_t *hoffsets = NULL, *rows = NULL;
+    int have_hoffsets = 0, have_rows = 0;
+    Py_ssize_t count, records, total = 0, i, nheaders = 0;
+    unsigned char *out;
+
+    (void)module;
+    memset(&keys, 0, sizeof(keys));
+    memset(&values, 0, sizeof(values));
+    memset(&hkeys, 0, sizeof(hkeys));
+    memset(&hvalues, 0, sizeof(hvalues));
+    if (parse_args("encode_columns", args, nargs, kwnames, encode_columns_names, 3, 7, argv) < 0) {
+        return NULL;
+    }
+    count = PyLong_AsSsize_t(argv[0]);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || count > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "count %zd out of range", count);
+        return NULL;
+    }
+    if (arrow_binary_get(argv[1], count, "keys", &keys) < 0 ||
+        arrow_binary_get(argv[2], count, "values", &values) < 0) {
+        goto done;
+    }
+    records = count;
+    if (argv[6] != NULL && argv[6] != Py_None) {
+        if (PyObject_GetBuffer(argv[6], &rows_view, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        have_rows = 1;
+        rows = (const int32_t *)rows_view.buf;
+        records = rows_view.len / 4;
+        for (i = 0; i < records; i++) {
+            if (rows[i] < 0 || rows[i] >= count) {
+                PyErr_Format(PyExc_ValueError, "row %d out of range for %zd rows", rows[i], count);
+                goto done;
+            }
+        }
+    }
+    if (argv[3] != NULL && argv[3] != Py_None) {
+        if (PyObject_GetBuffer(argv[3], &hoffsets_view, PyBUF_SIMPLE) < 0) {
+            goto done;
+        }
+        have_hoffsets = 1;
+        if (hoffsets_view.len / 4 < count + 1) {
+            PyErr_SetString(PyExc_ValueError, "header offsets buffer is too short");
+            goto done;
+        }
+        hoffsets = (const int32_t *)hoffsets_view.buf;
+        if (hoffsets[0] < 0) {
+            PyErr_SetString(PyExc_ValueError, "header offsets are out of bounds");
+            goto done;
+        }
+        for (i = 0; i < count; i++) {
+            if (hoffsets[i + 1] < hoffsets[i]) {
+                PyErr_Format(PyExc_ValueError, "header offsets decrease at row %zd", i);
+                goto done;
+            }
+        }
+        nheaders = hoffsets[count];
+        if (argv[4] == NULL || argv[5] == NULL ||
+            arrow_binary_get(argv[4], nheaders, "header keys", &hkeys) < 0 ||
+            arrow_binary_get(argv[5], nheaders, "header values", &hvalues) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "header_offsets needs header_keys and header_values");
+            }
+            goto done;
+        }
+        if (!hkeys.has_offsets) {
+            PyErr_SetString(PyExc_ValueError, "header keys cannot be absent");
+            goto done;
+        }
+        for (i = hoffsets[0]; i < nheaders; i++) {
+            if (arrow_is_null(&hkeys, i)) {
+                PyErr_Format(PyExc_ValueError, "header %zd has a null key", i);
+                goto done;
+            }
+        }
+    }
+    /* Sizes first: one allocation, then one pass writing. */
+    for (i = 0; i < records; i++) {
+        Py_ssize_t body = record_body_size(&keys, &values, hoffsets, &hkeys, &hvalues,
+                                           rows != NULL ? rows[i] : i, i);
+        if (body > INT32_MAX || total > PY_SSIZE_T_MAX - body - VARINT_MAX_BYTES) {
+            PyErr_SetString(PyExc_OverflowError, "the records exceed a batch's int32 length");
+            goto done;
+        }
+        total += zigzag_size(body) + body;
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (result == NULL) {
+        goto done;
+    }
+    out = (unsigned char *)PyBytes_AS_STRING(result);
+    for (i = 0; i < records; i++) {
+        Py_ssize_t row = rows != NULL ? rows[i] : i;
+        out = put_zigzag(out, record_body_size(&keys, &values, hoffsets, &hkeys, &hvalues, row, i));
+        *out++ = 0; /* attributes */
+        *out++ = 0; /* timestamp delta: every record has the batch's timestamp */
+        out = put_zigzag(out, i);
+        out = put_field(out, &keys, row);
+        out = put_field(out, &values, row);
+        if (hoffsets != NULL) {
+            Py_ssize_t h;
+            out = put_zigzag(out, hoffsets[row + 1] - hoffsets[row]);
+            for (h = hoffsets[row]; h < hoffsets[row + 1]; h++) {
+                out = put_field(out, &hkeys, h);
+                out = put_field(out, &hvalues, h);
+            }
+        }
+        else {
+            *out++ = 0;
+        }
+    }
+    assert(out == (unsigned char *)PyBytes_AS_STRING(result) + total);
+
+done:
+    arrow_binary_release(&keys);
+    arrow_binary_release(&values);
+    arrow_binary_release(&hkeys);
+    arrow_binary_release(&hvalues);
+    if (have_hoffsets) {
+        PyBuffer_Release(&hoffsets_view);
+    }
+    if (have_rows) {
+        PyBuffer_Release(&rows_view);
+    }
+    if (PyErr_Occurred()) {
+        Py_CLEAR(result);
+    }
+    return result;
+}
+
+/* Kafka's Utils.murmur2: seed 0x9747b28c, every product wrapping at 32 bits (unsigned here, the
+ * same bits), >>> an unsigned shift. */
+static uint32_t
+murmur2_bytes(const unsigned char *bytes, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length, k;
+    Py_ssize_t tail = length & ~(Py_ssize_t)3, i;
+
     for (i = 0; i < tail; i += 4) {
         k = (uint32_t)bytes[i] | (uint32_t)bytes[i + 1] << 8 | (uint32_t)bytes[i + 2] << 16 |
             (uint32_t)bytes[i + 3] << 24;
@@ -1238,8 +2315,61 @@ murmur2(PyObject *module, PyObject *data)
     h ^= h >> 13;
     h *= m;
     h ^= h >> 15;
-    PyBuffer_Release(&view);
-    return PyLong_FromLong((long)(int32_t)h);
+    return h;
+}
+
+PyDoc_STRVAR(partition_keys_doc,
+"partition_keys(count, keys, partition_count)\n"
+"--\n\n"
+"Kafka's default partition of each of ``count`` keys -- toPositive(murmur2(key)) %\n"
+"partition_count -- as int32 bytes, -1 for a null key. ``keys`` is a (validity, offsets,\n"
+"data) tuple as encode_columns takes it. services.partitioner.partition_for_key is the\n"
+"reference.");
+
+static PyObject *
+partition_keys(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    arrow_binary keys;
+    Py_ssize_t count, partitions, i;
+    PyObject *result;
+    int32_t *out;
+
+    (void)module;
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "partition_keys() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    count = PyLong_AsSsize_t(args[0]);
+    if (count == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    partitions = PyLong_AsSsize_t(args[2]);
+    if (partitions == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (count < 0 || partitions < 1 || partitions > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "count must be >= 0 and partition_count in 1 .. 2**31-1");
+        return NULL;
+    }
+    if (arrow_binary_get(args[1], count, "keys", &keys) < 0) {
+        return NULL;
+    }
+    result = PyBytes_FromStringAndSize(NULL, count * 4);
+    if (result != NULL) {
+        out = (int32_t *)PyBytes_AS_STRING(result);
+        for (i = 0; i < count; i++) {
+            if (arrow_is_null(&keys, i)) {
+                out[i] = -1;
+            }
+            else {
+                Py_ssize_t size;
+                const unsigned char *key = arrow_item(&keys, i, &size);
+                out[i] = (int32_t)((murmur2_bytes(key, size) & 0x7FFFFFFFu) % (uint32_t)partitions);
+            }
+        }
+    }
+    arrow_binary_release(&keys);
+    return result;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -1293,6 +2423,10 @@ static PyMethodDef speedups_methods[] = {
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      append_record_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL | METH_KEYWORDS,
+     encode_columns_doc},
+    {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,
+     partition_keys_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1313,5 +2447,18 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&speedups_module);
+    PyObject *module;
+
+    if (PyType_Ready(&ColumnsType) < 0) {
+        return NULL;
+    }
+    module = PyModule_Create(&speedups_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddObjectRef(module, "Columns", (PyObject *)&ColumnsType) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }

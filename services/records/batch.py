@@ -332,6 +332,36 @@ class RecordBatchView:
             max_records,
         )
 
+    def read_columns(
+        self,
+        columns,
+        payload: bytes | memoryview | None = None,
+        *,
+        first_offset: int | None = None,
+        max_records: int | None = None,
+    ) -> int:
+        """:meth:`read_records`' window of records appended to ``columns`` (a
+        :class:`services.records.columns.Columns`) as Arrow buffers instead of built as
+        ``Record`` objects; how many were appended. On :class:`CorruptRecordError` nothing of
+        this batch is in ``columns``. Like :meth:`records`, this does not check the CRC."""
+        self._ensure_valid_structure()
+        header = self._header
+        attributes = header.attributes
+        if payload is None:
+            codec = attributes & COMPRESSION_CODEC_MASK
+            # Uncompressed records are read in place (the C decoder takes the memoryview).
+            payload = self.payload() if codec else self._view[RECORDS_OFFSET:]
+        return columns.append(
+            payload,
+            header.record_count,
+            header.base_offset,
+            header.base_timestamp,
+            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
+            header.last_offset_delta,
+            first_offset,
+            max_records,
+        )
+
     def __repr__(self) -> str:
         h = self._header
         return (

@@ -290,6 +290,18 @@ class RecordBatchBuilder:
             self.append(value, timestamp=timestamp, key=key, headers=headers)
         return RECORD_BATCH_OVERHEAD + len(self._records)
 
+    def extend_encoded(self, records: bytes, count: int, timestamp: int) -> None:
+        """Take ``count`` records already encoded (``services.records.columns.encode_columns``:
+        offset deltas 0 .. count - 1, timestamp deltas 0) into an empty builder, all with
+        ``timestamp``. The bytes are trusted as the encoder's; the broker validates every record."""
+        if self._count:
+            raise ValueError("extend_encoded needs an empty builder")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, not {count}")
+        self._maybe_start(timestamp)
+        self._records = bytearray(records)
+        self._count = count
+
     def set_producer_state(
         self, producer_id: int, producer_epoch: int, base_sequence: int, *, is_transactional: bool = False
     ) -> None:

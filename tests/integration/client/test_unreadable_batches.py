@@ -103,3 +103,30 @@ def test_the_consumer_names_the_bad_batch_and_skips_it_only_when_told(cluster, t
             tolerate=(Exception,),
         )
         assert [r.offset for r in after] == [17, 18]
+
+
+def test_poll_arrow_stops_at_the_bad_batch_in_the_same_way(cluster, topic):
+    tp = TopicPartition(topic, 0)
+    with Consumer(servers=cluster.gateway, auto_offset_reset="earliest") as consumer:
+        consumer.assign([tp])
+        offsets: list[int] = []
+        deadline = time.monotonic() + 30
+        with pytest.raises(CorruptRecordError) as raised:
+            while time.monotonic() < deadline:
+                offsets += consumer.poll_arrow(timeout_ms=500).column("offset").to_pylist()
+        assert offsets == list(range(11))
+        error = raised.value
+        assert (error.topic, error.partition, error.offset, error.next_offset) == (topic, 0, 11, 17)
+        assert consumer.position(tp) == 11
+        consumer.seek(tp, error.next_offset)
+        after: list[int] = []
+        wait_until(
+            lambda: (
+                after.extend(consumer.poll_arrow(timeout_ms=500).column("offset").to_pylist())
+                or len(after) >= 2
+            ),
+            timeout=30.0,
+            interval=0.1,
+            tolerate=(Exception,),
+        )
+        assert after == [17, 18]

@@ -2,6 +2,7 @@
 
 import logging
 
+import pyarrow as pa
 import pytest
 
 from gateway.client.errors import OffsetOutOfRangeError
@@ -9,6 +10,7 @@ from gateway.client.structs import ConsumerRecord, TopicPartition
 from spark_jobs import range_reader
 from spark_jobs.offsets import OffsetRange
 from spark_jobs.range_reader import DataLossError, RangeReadSettings, ReadTimeoutError, read_range
+from spark_jobs.schema import ArrowBatchBuilder
 
 TP = TopicPartition("t", 0)
 
@@ -45,6 +47,12 @@ class FakeConsumer:
         ]
         self._position = until
         return {TP: records} if records else {}
+
+    def poll_arrow(self, timeout_ms=0, include_headers=True):
+        """``poll``'s records through the row path to Arrow (the reference for the SDK's own)."""
+        builder = ArrowBatchBuilder("t", 0, include_headers=include_headers)
+        builder.add(self.poll(timeout_ms).get(TP, []))
+        return pa.Table.from_batches([builder.flush()])
 
     def beginning_offsets(self, tps):
         return {TP: self.log_start}

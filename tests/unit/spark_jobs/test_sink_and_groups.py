@@ -1,4 +1,4 @@
-"""The writer's input contract, Arrow rows to records, and best-effort group commits."""
+"""The writer's input contract, the topic option over the column, and best-effort group commits."""
 
 import logging
 from concurrent import futures
@@ -18,10 +18,12 @@ from pyspark.sql.types import (
 
 from gateway.client.structs import TopicPartition
 from services.proto import gateway_grpc, pb
+from services.records import Compression
 from spark_jobs.group_offsets import GroupOffsets
 from spark_jobs.options import WriteOptions
 from spark_jobs.schema import HEADER_TYPE
-from spark_jobs.sink import WriteSchemaError, _rows, ensure_writable
+from spark_jobs.sink import WriteSchemaError, ensure_writable
+from spark_jobs.sink_batches import plan_batches
 
 
 def schema(**columns) -> StructType:
@@ -66,11 +68,12 @@ def test_rows_take_the_topic_option_over_the_column():
             "headers": [[{"key": "h", "value": b"x"}], None],
         }
     )
-    assert list(_rows(batch, "opt")) == [
-        ("opt", b"a", None, 1, [("h", b"x")]),
-        ("opt", None, None, None, None),
-    ]
-    assert [row[0] for row in _rows(batch, None)] == ["col", "col"]
+    planned = list(plan_batches(batch, "opt", lambda topic: 2, Compression.NONE))
+    assert {p.topic for p in planned} == {"opt"}
+    assert sum(p.count for p in planned) == 2
+    from_column = list(plan_batches(batch, None, lambda topic: 2, Compression.NONE))
+    assert {p.topic for p in from_column} == {"col"}
+    assert sum(p.count for p in from_column) == 2
 
 
 # ---- group offsets ------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from services.records import format as fmt
 ALLOWED_IMPORTS = {
     # os: record.py reads TRIBUTARY_NO_EXTENSIONS to choose the codec backend, nothing else.
     "__future__",
+    # array: columns.py packs Arrow buffers (typed arrays of ints, pure, in memory).
+    "array",
     "collections",
     "enum",
     # heapq: aborted.py orders aborted transactions by first offset (pure, in memory).
