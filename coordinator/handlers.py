@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from coordinator import topic_rules
+from coordinator.acls import MAX_ACLS, AclCache, acl_key, create_ops, delete_ops
 from coordinator.controller import Controller
 from coordinator.groups.manager import GroupManager
 from coordinator.health import EtcdHealth
@@ -31,20 +32,31 @@ from coordinator.reassignment import ReassignmentRequest
 from coordinator.redirect import ControllerMovedError
 from coordinator.transactions.manager import TransactionManager
 from services import errors
+from services.acls import AclBinding, AclFilter
 from services.leader_and_isr import LeaderAndIsr
 from services.topic_config import TOPIC_CONFIGS, format_topic_config
+
+#: ACL keys written per etcd transaction (etcd allows 128 operations, the controller adds guards).
+ACL_WRITE_CHUNK = 100
 
 
 class CoordinatorHandlers:
     """The Coordinator service's operations over this process's cache and leadership."""
 
     def __init__(
-        self, *, coordinator_id: str, cache: MetadataCache, leadership: Leadership, health: EtcdHealth
+        self,
+        *,
+        coordinator_id: str,
+        cache: MetadataCache,
+        leadership: Leadership,
+        health: EtcdHealth,
+        acls: AclCache | None = None,
     ) -> None:
         self.coordinator_id = coordinator_id
         self.cache = cache
         self.leadership = leadership
         self.health = health
+        self.acls = acls if acls is not None else AclCache()
 
     def _state(self) -> MetadataState:
         """The cache's state, if it can be trusted now (synced, etcd reachable)."""
@@ -169,6 +181,32 @@ class CoordinatorHandlers:
 
     async def list_reassignments(self, topics: Sequence[str]) -> list[tuple[str, int, PartitionRecord]]:
         return self._controller().reassignments.in_progress(topics)
+
+    # -- ACLs ---------------------------------------------------------------------------------------
+
+    async def create_acls(self, bindings: Sequence[AclBinding]) -> None:
+        """Store bindings (those there already are kept as they are), through the controller."""
+        controller = self._controller()
+        new = [b for b in dict.fromkeys(bindings) if acl_key(b) not in self.acls.bindings]
+        if len(self.acls.bindings) + len(new) > MAX_ACLS:
+            raise errors.PolicyViolationError(f"the cluster may hold at most {MAX_ACLS} ACLs")
+        for start in range(0, len(new), ACL_WRITE_CHUNK):
+            await controller._write(create_ops(new[start : start + ACL_WRITE_CHUNK]))
+        await controller._await_own_writes()
+
+    def describe_acls(self, filter_: AclFilter) -> list[AclBinding]:
+        self._state()
+        return [binding for _, binding in self.acls.matching(filter_)]
+
+    async def delete_acls(self, filters: Sequence[AclFilter]) -> list[AclBinding]:
+        """Delete every binding any filter matches; the deleted ones."""
+        controller = self._controller()
+        matched = {key: binding for f in filters for key, binding in self.acls.matching(f)}
+        found = list(matched)
+        for start in range(0, len(found), ACL_WRITE_CHUNK):
+            await controller._write(delete_ops(found[start : start + ACL_WRITE_CHUNK]))
+        await controller._await_own_writes()
+        return list(matched.values())
 
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)

@@ -19,6 +19,7 @@ import os
 import socket
 
 from coordinator import keys
+from coordinator.acls import AclCache
 from coordinator.config import CoordinatorConfig
 from coordinator.controller import ControllerSettings
 from coordinator.groups.handlers import GroupHandlers
@@ -97,11 +98,15 @@ class CoordinatorService:
             transaction_settings=transaction_settings(config),
         )
         self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
+        #: Every ACL, from the same watch as the metadata (WatchAcls streams it to gateways).
+        self.acls = AclCache()
+        self.cache.add_batch_listener(self.acls.apply)
         self.handlers = CoordinatorHandlers(
             coordinator_id=self.coordinator_id,
             cache=self.cache,
             leadership=self.leadership,
             health=self.health,
+            acls=self.acls,
         )
         self.grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task] = []

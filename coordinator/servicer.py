@@ -23,9 +23,11 @@ from coordinator.transactions import serde as txn_serde
 from coordinator.transactions.handlers import TransactionHandlers
 from coordinator.transactions.offload import off_loop_if_large
 from services import errors
+from services.acls import AclFilter
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
-from services.serde import error_to_proto, leader_and_isr_to_proto
+from services.serde import acl_filter_from_proto, acl_to_proto, error_to_proto, leader_and_isr_to_proto
+from services.serde import acl_from_proto as serde_acl_from_proto
 
 #: A watch re-checks etcd health at least this often even when nothing changes.
 WATCH_HEARTBEAT_S = 5.0
@@ -224,6 +226,35 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
                 for t, p, r in entries
             ]
         )
+
+    @_admin
+    async def CreateAcls(self, request, context):
+        bindings = [serde_acl_from_proto(a) for a in request.acls]
+        await self._handlers.create_acls(bindings)
+        return pb.CreateAclsResponse(errors=[pb.Error() for _ in bindings])
+
+    @translate_errors
+    async def DescribeAcls(self, request, context):
+        found = self._handlers.describe_acls(acl_filter_from_proto(request.filter))
+        return pb.DescribeAclsResponse(acls=[acl_to_proto(b) for b in found])
+
+    @_admin
+    async def DeleteAcls(self, request, context):
+        deleted = await self._handlers.delete_acls([acl_filter_from_proto(f) for f in request.filters])
+        return pb.DeleteAclsResponse(deleted=[acl_to_proto(b) for b in deleted])
+
+    @translate_errors
+    async def WatchAcls(self, request, context):
+        """Every ACL now, then again after every change (the gateways' authorizers)."""
+        acls = self._handlers.acls
+        sent = -1
+        while True:
+            version = acls.version
+            if version != sent:
+                self._handlers.describe_acls(AclFilter())  # refuses while the cache is not loaded
+                yield pb.AclSnapshot(acls=[acl_to_proto(b) for b in acls.bindings.values()], version=version)
+                sent = version
+            await acls.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
 
     @_admin
     async def AlterTopicConfigs(self, request, context):

@@ -217,6 +217,14 @@ class TopicAuthorizationFailedError(TributaryError):
     reason, kafka_code, grpc_code = "TOPIC_AUTHORIZATION_FAILED", 29, grpc.StatusCode.PERMISSION_DENIED
 
 
+class GroupAuthorizationFailedError(TributaryError):
+    reason, kafka_code, grpc_code = "GROUP_AUTHORIZATION_FAILED", 30, grpc.StatusCode.PERMISSION_DENIED
+
+
+class ClusterAuthorizationFailedError(TributaryError):
+    reason, kafka_code, grpc_code = "CLUSTER_AUTHORIZATION_FAILED", 31, grpc.StatusCode.PERMISSION_DENIED
+
+
 class InvalidTimestampError(TributaryError):
     reason, kafka_code, grpc_code = "INVALID_TIMESTAMP", 32, grpc.StatusCode.INVALID_ARGUMENT
 
@@ -414,6 +422,14 @@ class NoReassignmentInProgressError(TributaryError):
     """A cancel named a partition that is not being reassigned."""
 
     reason, kafka_code, grpc_code = "NO_REASSIGNMENT_IN_PROGRESS", 85, grpc.StatusCode.FAILED_PRECONDITION
+
+
+class TransactionalIdAuthorizationFailedError(TributaryError):
+    reason, kafka_code, grpc_code = (
+        "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+        53,
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
 
 
 class IneligibleReplicaError(TributaryError):

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from services import errors
 from services.acks import Acks
+from services.acls import (
+    AclBinding,
+    AclFilter,
+    Operation,
+    PatternType,
+    Permission,
+    ResourceType,
+    validate_binding,
+)
 from services.append_result import AppendResult
 from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
@@ -143,4 +152,63 @@ def append_result_from_proto(message) -> AppendResult:
         log_start_offset=message.log_start_offset,
         record_count=message.record_count,
         error=error_from_proto(message.error) if message.HasField("error") else None,
+    )
+
+
+def acl_to_proto(binding: AclBinding):
+    return pb.AclBinding(
+        principal=binding.principal,
+        host=binding.host,
+        resource_type=binding.resource_type.value,
+        pattern_type=binding.pattern_type.value,
+        resource_name=binding.resource_name,
+        operation=binding.operation.value,
+        permission=binding.permission.value,
+    )
+
+
+def acl_from_proto(message) -> AclBinding:
+    """A binding (InvalidRequestError naming the field for an unknown type, operation, ...)."""
+    try:
+        binding = AclBinding(
+            message.principal,
+            message.host,
+            ResourceType(message.resource_type.upper()),
+            PatternType((message.pattern_type or "LITERAL").upper()),
+            message.resource_name,
+            Operation(message.operation.upper()),
+            Permission(message.permission.upper()),
+        )
+        validate_binding(binding)
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"ACL binding: {exc}") from None
+    return binding
+
+
+def acl_filter_from_proto(message) -> AclFilter:
+    """A filter: empty fields match anything; others as in :func:`acl_from_proto`."""
+    try:
+        return AclFilter(
+            principal=message.principal or None,
+            host=message.host or None,
+            resource_type=ResourceType(message.resource_type.upper()) if message.resource_type else None,
+            pattern_type=PatternType(message.pattern_type.upper()) if message.pattern_type else None,
+            resource_name=message.resource_name or None,
+            operation=Operation(message.operation.upper()) if message.operation else None,
+            permission=Permission(message.permission.upper()) if message.permission else None,
+        )
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"ACL filter: {exc}") from None
+
+
+def acl_filter_to_proto(acl_filter: AclFilter):
+    """A filter as an AclBinding message whose empty fields match anything."""
+    return pb.AclBinding(
+        principal=acl_filter.principal or "",
+        host=acl_filter.host or "",
+        resource_type=acl_filter.resource_type.value if acl_filter.resource_type else "",
+        pattern_type=acl_filter.pattern_type.value if acl_filter.pattern_type else "",
+        resource_name=acl_filter.resource_name or "",
+        operation=acl_filter.operation.value if acl_filter.operation else "",
+        permission=acl_filter.permission.value if acl_filter.permission else "",
     )

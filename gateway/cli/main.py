@@ -35,7 +35,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import cluster, console, demo, groups, reassign, top, topics, transactions
+from gateway.cli import acls, cluster, console, demo, groups, reassign, top, topics, transactions
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -343,6 +343,10 @@ def _add_top(commands) -> None:
     top.add_parser(commands, _common)
 
 
+def _add_acls(commands) -> None:
+    acls.add_parser(commands, _common)
+
+
 def _add_demo(commands) -> None:
     parser = commands.add_parser(
         "demo", help="produce activity events to a topic and consume them back, checked"
@@ -374,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_groups,
         _add_transactions,
         _add_top,
+        _add_acls,
         _add_demo,
     ):
         add(commands)

@@ -45,9 +45,10 @@ from gateway.client.structs import (
     TopicPartition,
     TransactionDescription,
 )
+from services.acls import AclBinding, AclFilter
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
-from services.serde import error_from_proto
+from services.serde import acl_filter_to_proto, acl_from_proto, acl_to_proto, error_from_proto
 
 
 def _configs(configs: Mapping[str, Any] | None) -> dict[str, str]:
@@ -321,6 +322,29 @@ class AsyncAdmin:
             for r in response.reassignments
         )
 
+    # -- ACLs ------------------------------------------------------------------------------
+
+    async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
+        """Add ACL bindings (Kafka's ``createAcls``); bindings there already are kept. Needs
+        ALTER on the cluster when the gateway authorizes calls."""
+        request = pb.CreateAclsRequest(acls=[acl_to_proto(b) for b in bindings])
+        response = await self._client.call("CreateAcls", request)
+        for item in response.errors:
+            if item.reason and (error := error_from_proto(item)) is not None:
+                raise error
+
+    async def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
+        """The bindings the filter matches (its None fields match anything; no filter: all)."""
+        wanted = acl_filter_to_proto(acl_filter if acl_filter is not None else AclFilter())
+        response = await self._client.call("DescribeAcls", pb.DescribeAclsRequest(filter=wanted))
+        return [acl_from_proto(a) for a in response.acls]
+
+    async def delete_acls(self, filters: Iterable[AclFilter]) -> list[AclBinding]:
+        """Delete every binding any filter matches; returns those deleted."""
+        request = pb.DeleteAclsRequest(filters=[acl_filter_to_proto(f) for f in filters])
+        response = await self._client.call("DeleteAcls", request)
+        return [acl_from_proto(a) for a in response.deleted]
+
     # -- transactions ----------------------------------------------------------------------
 
     async def describe_transactions(
@@ -482,6 +506,9 @@ class Admin:
     describe_transactions = _sync("describe_transactions")
     elect_leaders = _sync("elect_leaders")
     alter_partition_reassignments = _sync("alter_partition_reassignments")
+    create_acls = _sync("create_acls")
+    describe_acls = _sync("describe_acls")
+    delete_acls = _sync("delete_acls")
     list_partition_reassignments = _sync("list_partition_reassignments")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")

@@ -89,6 +89,11 @@ class GatewayClient:
             "GetMetadata", pb.GetMetadataRequest(topics=list(topics)), max_wait_ms=max_wait_ms
         )
         self.metadata.update(response, self.clock.time_ms())
+        for topic in response.topics:  # a topic this client may not describe: no use waiting
+            if topic.HasField("error") and topic.error.reason == "TOPIC_AUTHORIZATION_FAILED":
+                refusal = error_from_proto(topic.error)
+                if refusal is not None:
+                    raise refusal
         return response
 
     async def ensure_topic(self, topic: str, *, max_wait_ms: int) -> TopicDescription:

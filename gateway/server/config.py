@@ -70,3 +70,9 @@ class GatewayConfig(ServiceConfig):
     tls_key_file: Path | None = None
     #: Mutual TLS: clients must present a certificate signed by this CA bundle (PEM).
     tls_client_ca_file: Path | None = None
+    #: Authorize every call against the cluster's ACLs (``tributary acls``): the caller is the
+    #: common name of its TLS client certificate (``User:<CN>``; ``User:ANONYMOUS`` without one),
+    #: nothing is allowed that no ACL allows, deny beats allow (Kafka's AclAuthorizer).
+    authorizer_enabled: bool = False
+    #: Principals allowed everything (Kafka's super.users), e.g. User:admin; comma-separated.
+    super_users: list[str] = field(default_factory=list)

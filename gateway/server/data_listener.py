@@ -36,6 +36,7 @@ import logging
 from collections.abc import Awaitable
 
 from gateway.server.append_queue import AppendQueues
+from gateway.server.authorization import Gatekeeper, certificate_principal
 from gateway.server.batching import ProduceCommand
 from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
@@ -87,7 +88,10 @@ class DataListener:
         max_frame: int = dp.MAX_REQUEST_FRAME,
         telemetry=None,
         ssl_context: ReloadingSslContext | None = None,
+        gatekeeper: Gatekeeper | None = None,
     ) -> None:
+        #: Authorization (None: off); a connection's principal is its TLS certificate's.
+        self.gatekeeper = gatekeeper
         self.produce = produce
         self.fetch = fetch
         self.host = host
@@ -188,6 +192,8 @@ class _Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        self.principal = certificate_principal(writer.get_extra_info("peercert"))
         self.client_id = ""
         self.queues: AppendQueues | None = None
         self.tasks: set[asyncio.Task] = set()
@@ -403,6 +409,7 @@ class _Connection:
         assert queues is not None, "set after the handshake"
         span = self._start_span("produce", request.topic, request.trace_context)
         try:
+            self._authorize("Produce", request)
             with self._current(span):  # its appends (and their RPCs) join the request's trace
                 plan = await produce.plan(command)
                 outcome = produce.enqueue(plan, deadline=produce.deadline_for(command, None), queues=queues)
@@ -421,6 +428,11 @@ class _Connection:
             self._end_span(span, None)
             return
         self._track(self._answer_produce(request.correlation_id, outcome, span), size)
+
+    def _authorize(self, method: str, request) -> None:
+        gate = self.listener.gatekeeper
+        if gate is not None:
+            gate.check(self.principal, self.host, method, request)
 
     async def _answer_produce(self, correlation_id: int, outcome: Awaitable[ProduceOutcome], span) -> None:
         result = await outcome
@@ -445,6 +457,7 @@ class _Connection:
             "fetch", request.partitions[0].topic if request.partitions else "", request.trace_context
         )
         try:
+            self._authorize("Fetch", request)
             with self._current(span):
                 results = await self.listener.fetch.fetch(command)
         except errors.TributaryError as exc:

@@ -8,10 +8,12 @@ every channel. The gateway keeps no state of its own, so nothing needs saving.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 
 from gateway.server.admin_forwarder import Forwarder
+from gateway.server.authorization import Gatekeeper, follow_acls
 from gateway.server.config import GatewayConfig
 from gateway.server.coordinators import CoordinatorPool
 from gateway.server.data_listener import DataListener
@@ -60,6 +62,7 @@ class GatewayService:
         self.produce: ProduceHandler | None = None
         self.decode_pool: DecodePool | None = None
         self.data_listener: DataListener | None = None
+        self._acl_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -97,6 +100,12 @@ class GatewayService:
             if config.tls_cert_file is not None and config.tls_key_file is not None
             else None
         )
+        self.gatekeeper: Gatekeeper | None = None
+        if config.authorizer_enabled:
+            self.gatekeeper = Gatekeeper(config.super_users)
+            self._acl_task = asyncio.create_task(
+                follow_acls(self.coordinators, self.gatekeeper), name="gateway-acls"
+            )
         if config.data_listener:
             self.data_listener = DataListener(
                 self.produce,
@@ -109,6 +118,7 @@ class GatewayService:
                 max_idle_s=config.data_max_idle_ms / 1000.0 if config.data_max_idle_ms > 0 else None,
                 telemetry=self.instruments,
                 ssl_context=ReloadingSslContext(tls) if tls is not None else None,
+                gatekeeper=self.gatekeeper,
             )
             await self.data_listener.start()
         servicer = GatewayServicer(
@@ -121,6 +131,7 @@ class GatewayService:
             default_timeout_ms=config.default_timeout_ms,
             stream_max_idle_ms=config.produce_stream_max_idle_ms,
             data_address=f"{config.host}:{self.data_port}" if self.data_listener is not None else "",
+            gatekeeper=self.gatekeeper,
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
@@ -161,6 +172,8 @@ class GatewayService:
 
     async def stop(self) -> None:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""
+        if self._acl_task is not None:
+            self._acl_task.cancel()
         if self.data_listener is not None:
             await self.data_listener.close()
         if self.produce is not None:

@@ -12,6 +12,7 @@ import logging
 
 from gateway.server import serde
 from gateway.server.admin_forwarder import Forwarder
+from gateway.server.authorization import FILTERED, Gatekeeper, grpc_host, grpc_principal
 from gateway.server.clients import ClientLog
 from gateway.server.decode_pool import DecodePool
 from gateway.server.delete_records import DeleteRecordsHandler
@@ -19,8 +20,10 @@ from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
 from services import errors
+from services.acls import ResourceType
 from services.grpc_server import translate_errors
-from services.proto import gateway_grpc
+from services.proto import gateway_grpc, pb
+from services.serde import error_to_proto
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,9 @@ def _forward(method: str):
 
     async def forward(self, request, context):
         self._clients.seen(context, method)
-        return await self._forwarder.forward(method, request, rpc_remaining_s=context.time_remaining())
+        self._authorize(context, method, request)
+        response = await self._forwarder.forward(method, request, rpc_remaining_s=context.time_remaining())
+        return self._filtered(context, method, response)
 
     forward.__name__ = method
     forward.__qualname__ = f"GatewayServicer.{method}"
@@ -82,7 +87,10 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         default_timeout_ms: int = 30_000,
         stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
         data_address: str = "",
+        gatekeeper: Gatekeeper | None = None,
     ) -> None:
+        #: The authorizer's decisions (None: authorization off, every call allowed).
+        self._gate = gatekeeper
         self._produce = produce
         self._fetch = fetch
         self._decode_pool = decode_pool
@@ -96,11 +104,47 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         #: host:port of this gateway's raw data listener, "" when it has none (GetMetadata says so).
         self._data_address = data_address
 
+    # ---- authorization ------------------------------------------------------------------------
+
+    def _authorize(self, context, method: str, request) -> None:
+        """Refuse the call unless the caller's principal may make it (authorization on)."""
+        if self._gate is not None and method not in FILTERED:
+            self._gate.check(grpc_principal(context), grpc_host(context), method, request)
+
+    def _filtered(self, context, method: str, response):
+        """Listings keep only what the caller may DESCRIBE (authorization on)."""
+        gate = self._gate
+        if gate is None:
+            return response
+        principal, host = grpc_principal(context), grpc_host(context)
+        if method == "ListTopics":
+            kept = [n for n in response.names if gate.may_describe(principal, host, ResourceType.TOPIC, n)]
+            del response.names[:]
+            response.names.extend(kept)
+        elif method == "ListGroups":
+            groups = [
+                g
+                for g in response.groups
+                if gate.may_describe(principal, host, ResourceType.GROUP, g.group_id)
+            ]
+            del response.groups[:]
+            response.groups.extend(groups)
+        elif method == "DescribeTopics":
+            topics = [
+                t
+                for t in response.topics
+                if gate.may_describe(principal, host, ResourceType.TOPIC, t.metadata.name)
+            ]
+            del response.topics[:]
+            response.topics.extend(topics)
+        return response
+
     # ---- data plane ------------------------------------------------------------------------
 
     @translate_errors
     async def Produce(self, request, context):
         self._clients.seen(context, "Produce")
+        self._authorize(context, "Produce", request)
         command = serde.produce_command_from_proto(request)
         deadline = self._produce.deadline_for(command, context.time_remaining())
         outcome = await self._produce.produce(command, deadline=deadline)
@@ -172,6 +216,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def _start_in_stream(self, request, context, queues) -> asyncio.Future:
         """A future of the request's answer; a request that fails as a whole is answered in-band."""
         try:
+            self._authorize(context, "Produce", request)
             command = serde.produce_command_from_proto(request)
             plan = await self._produce.plan(command)
         except errors.TributaryError as exc:
@@ -185,6 +230,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     @translate_errors
     async def Fetch(self, request, context):
         self._clients.seen(context, "Fetch")
+        self._authorize(context, "Fetch", request)
         command = serde.fetch_command_from_proto(request)
         results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
         if command.raw_batches:
@@ -205,6 +251,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
 
     @translate_errors
     async def ListOffsets(self, request, context):
+        self._authorize(context, "ListOffsets", request)
         outcomes = await self._offsets.list_offsets(
             serde.offset_queries_from_proto(request),
             deadline=self._deadline(context),
@@ -216,6 +263,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     async def DeleteRecords(self, request, context):
         if request.timeout_ms < 0:
             raise errors.InvalidRequestError(f"timeout_ms {request.timeout_ms} is negative")
+        self._authorize(context, "DeleteRecords", request)
         outcomes = await self._delete_records.delete_records(
             serde.deletions_from_proto(request), deadline=self._deadline(context, request.timeout_ms)
         )
@@ -228,6 +276,23 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         """Forwarded, with this gateway's raw data listener added (``data_address``). Setting
         it on a response the metadata cache may keep is harmless: it is this gateway's, always."""
         response = await self._forwarder.get_metadata(request, rpc_remaining_s=context.time_remaining())
+        if self._gate is not None:
+            # A shared (cached) answer is not filtered in place: a copy per caller.
+            filtered = type(response)()
+            filtered.CopyFrom(response)
+            principal, host = grpc_principal(context), grpc_host(context)
+            topics = []
+            for topic in filtered.topics:
+                if self._gate.may_describe(principal, host, ResourceType.TOPIC, topic.name):
+                    topics.append(topic)
+                elif request.topics:  # named: say why, as Kafka does; all topics: left out
+                    refusal = errors.TopicAuthorizationFailedError(
+                        f"{principal} may not describe {topic.name!r}"
+                    )
+                    topics.append(pb.TopicMetadata(name=topic.name, error=error_to_proto(refusal)))
+            del filtered.topics[:]
+            filtered.topics.extend(topics)
+            response = filtered
         response.data_address = self._data_address
         return response
 
@@ -248,6 +313,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         """Forwarded; an empty ``client_id`` is filled from the call's ``tributary-client-id``
         metadata, so ``groups describe`` shows every member's client."""
         client_id = self._clients.seen(context, "JoinGroup")
+        self._authorize(context, "JoinGroup", request)
         if not request.client_id and client_id:
             request.client_id = client_id
         return await self._forwarder.forward("JoinGroup", request, rpc_remaining_s=context.time_remaining())
@@ -269,3 +335,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     TxnOffsetCommit = _forward("TxnOffsetCommit")
     EndTxn = _forward("EndTxn")
     DescribeTransactions = _forward("DescribeTransactions")
+
+    # ---- ACLs (forwarded) ----------------------------------------------------------------------
+
+    CreateAcls = _forward("CreateAcls")
+    DescribeAcls = _forward("DescribeAcls")
+    DeleteAcls = _forward("DeleteAcls")
