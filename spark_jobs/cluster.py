@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from gateway.client import Admin, TopicPartition
 from gateway.client.servers import resolve_servers
 from spark_jobs.offsets import Offsets, PlanningError, listed_partitions, resolve_bound, timestamps_needed
-from spark_jobs.options import Subscription
+from spark_jobs.options import Subscription, sdk_settings
 
 #: ``--servers`` of every job.
 SERVERS_HELP = "gateway addresses, comma-separated (default: $TRIBUTARY_GATEWAY, then the local cluster)"
@@ -30,8 +30,14 @@ def resolve_addresses(servers: str | None) -> str:
 class ClusterView:
     """Partition and offset lookups for planning; use as a context manager."""
 
-    def __init__(self, servers: str, *, isolation_level: str = "read_uncommitted") -> None:
-        self._admin = Admin(servers=servers)
+    def __init__(
+        self,
+        servers: str,
+        *,
+        isolation_level: str = "read_uncommitted",
+        security: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self._admin = Admin(servers=servers, **sdk_settings(security))
         #: read_committed: "latest" is the last stable offset, where committed data ends.
         self._isolation_level = isolation_level
 

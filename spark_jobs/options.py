@@ -48,7 +48,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from gateway.client.client import client_tls
 from gateway.client.structs import TopicPartition
 from services.acks import Acks
 from services.errors import InvalidRequestError
@@ -63,6 +65,8 @@ from spark_jobs.offsets import (
     SpecificTimestamps,
 )
 
+#: TLS to the gateways, as the SDK's settings (``security_protocol`` ...): Spark option names.
+SECURITY_OPTIONS = ("security.protocol", "ssl.cafile", "ssl.certfile", "ssl.keyfile")
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 _STARTING = ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp")
 _ENDING = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
@@ -79,8 +83,9 @@ READ_OPTIONS = (
     "pollTimeoutMs",
     "isolation.level",
     "kafka.isolation.level",
+    *SECURITY_OPTIONS,
 )
-WRITE_OPTIONS = ("topic", "servers", "compression", "acks")
+WRITE_OPTIONS = ("topic", "servers", "compression", "acks", *SECURITY_OPTIONS)
 #: Options Spark itself passes along (``load(path)``, a stream writer's ``checkpointLocation``).
 _SPARK_OPTIONS = ("path", "checkpointlocation")
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -333,6 +338,8 @@ class ReadOptions:
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     #: read_committed: transactions' records only once committed, aborted ones never.
     isolation_level: str = "read_uncommitted"
+    #: The SDK's TLS settings (``security_protocol``, ``ssl_cafile`` ...); empty: plaintext.
+    security: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -360,6 +367,7 @@ class ReadOptions:
             servers=_parse_servers(raw),
             poll_timeout_ms=raw.positive_int("pollTimeoutMs") or DEFAULT_POLL_TIMEOUT_MS,
             isolation_level=_parse_isolation_level(raw),
+            security=_parse_security(raw),
         )
 
     def starting_bound(self, *, streaming: bool) -> OffsetBound:
@@ -377,6 +385,35 @@ def _parse_strategy(raw: _Raw) -> str:
     if value not in ("error", "latest"):
         raise OptionError("startingOffsetsByTimestampStrategy", f"must be error or latest, not {value!r}")
     return value
+
+
+def _parse_security(raw: _Raw) -> tuple[tuple[str, str], ...]:
+    """``security.protocol`` (PLAINTEXT or SSL) and the ``ssl.*`` files, checked as the SDK
+    checks them (files that exist, a certificate with its key) -- on the driver, before any task."""
+    given: dict[str, str] = {}
+    for name in SECURITY_OPTIONS:
+        value = raw.get(name)
+        if value:
+            given[name] = value
+    if not given:
+        return ()
+    settings = {name.replace(".", "_"): value for name, value in given.items()}
+    settings.setdefault("security_protocol", "SSL")
+    try:
+        client_tls(
+            settings["security_protocol"],
+            settings.get("ssl_cafile"),
+            settings.get("ssl_certfile"),
+            settings.get("ssl_keyfile"),
+        )
+    except ValueError as exc:
+        raise OptionError(next(iter(given)), str(exc)) from None
+    return tuple(sorted(settings.items()))
+
+
+def sdk_settings(security: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """Parsed security options as keyword arguments of the SDK's clients."""
+    return dict(security)
 
 
 def _parse_servers(raw: _Raw) -> str | None:
@@ -401,6 +438,8 @@ class WriteOptions:
     servers: str | None = None
     compression: str = "none"
     acks: Acks = Acks.ALL
+    #: The SDK's TLS settings (``security_protocol``, ``ssl_cafile`` ...); empty: plaintext.
+    security: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -420,4 +459,5 @@ class WriteOptions:
             servers=_parse_servers(raw),
             compression=compression,
             acks=parsed_acks,
+            security=_parse_security(raw),
         )

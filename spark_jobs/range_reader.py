@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from gateway.client import Consumer, TopicPartition
 from gateway.client.errors import OffsetOutOfRangeError
 from spark_jobs.offsets import OffsetRange
+from spark_jobs.options import sdk_settings
 
 log = logging.getLogger("spark_jobs.source")
 
@@ -53,6 +54,8 @@ class RangeReadSettings:
     include_headers: bool = False
     poll_timeout_ms: int = 120_000
     isolation_level: str = "read_uncommitted"
+    #: The SDK's TLS settings; empty: plaintext.
+    security: tuple[tuple[str, str], ...] = ()
 
 
 def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.RecordBatch]:
@@ -70,6 +73,7 @@ def read_range(rng: OffsetRange, settings: RangeReadSettings) -> Iterator[pa.Rec
         max_partition_fetch_bytes=FETCH_BYTES,
         client_id="tributary-spark",
         isolation_level=settings.isolation_level,
+        **sdk_settings(settings.security),
     ) as consumer:
         yield from _poll_range(consumer, rng, settings)
 

@@ -32,7 +32,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 
 from gateway.client import Producer
 from services.records import Compression
-from spark_jobs.options import WriteOptions
+from spark_jobs.options import WriteOptions, sdk_settings
 from spark_jobs.schema import HEADER_TYPE
 from spark_jobs.sink_batches import RowError, plan_batches
 
@@ -133,6 +133,7 @@ class _ProducingWriter:
             compression=self.options.compression,
             max_block_ms=30_000,
             client_id="tributary-spark",
+            **sdk_settings(self.options.security),
         ) as producer:
             self._send_all(producer, iterator, failures, by_topic)
             producer.flush()

@@ -76,6 +76,7 @@ def _settings(options: ReadOptions, servers: str) -> RangeReadSettings:
         include_headers=options.include_headers,
         poll_timeout_ms=options.poll_timeout_ms,
         isolation_level=options.isolation_level,
+        security=options.security,
     )
 
 
@@ -139,7 +140,9 @@ class TributaryBatchReader(DataSourceReader):
     def plan(self) -> list[OffsetRange]:
         """The offset ranges this read covers, resolved against the cluster now."""
         o = self.options
-        with ClusterView(self.servers, isolation_level=self.options.isolation_level) as view:
+        with ClusterView(
+            self.servers, isolation_level=self.options.isolation_level, security=self.options.security
+        ) as view:
             tps = view.partitions(o.subscription, must_exist=True)
             earliest, latest = view.offsets(tps, "earliest"), view.offsets(tps, "latest")
             start = resolve_offsets(
@@ -191,7 +194,9 @@ class TributaryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def _cluster(self) -> ClusterView:
         if self._view is None:
-            self._view = ClusterView(self.servers, isolation_level=self.options.isolation_level)
+            self._view = ClusterView(
+                self.servers, isolation_level=self.options.isolation_level, security=self.options.security
+            )
         return self._view
 
     def _partitions(self):

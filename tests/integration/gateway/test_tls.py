@@ -24,6 +24,10 @@ from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.dataport import protocol as dp
+from spark_jobs.cluster import ClusterView
+from spark_jobs.offsets import OffsetRange
+from spark_jobs.options import ReadOptions
+from spark_jobs.range_reader import RangeReadSettings, read_range
 from tests.support.wait import wait_until
 
 TOPIC = "secret"
@@ -147,6 +151,20 @@ def test_tls_clients_work_and_others_are_refused_and_certificates_rotate(cluster
                 for records in consumer.poll(timeout_ms=500).values():
                     got.extend(r.value for r in records)
         assert got == sent["auto"] + sent["grpc"], f"read back over TLS ({path})"
+
+    # The Spark source's planning and its tasks' reads, with the TLS options.
+    options = ReadOptions.parse(
+        {"subscribe": TOPIC, **{k.replace("_", "."): v for k, v in settings.items()}}, streaming=False
+    )
+    with ClusterView(cluster.gateway, security=options.security) as view:
+        ends = view.offsets([TopicPartition(TOPIC, 0)], "latest")
+    assert ends[TopicPartition(TOPIC, 0)] == 100
+    read = read_range(
+        OffsetRange(TOPIC, 0, 0, 100), RangeReadSettings(cluster.gateway, security=options.security)
+    )
+    assert [bytes(v) for batch in read for v in batch.column("value").to_pylist()] == sent["auto"] + sent[
+        "grpc"
+    ]
 
     # Refused: plaintext, no client certificate, a certificate of another CA.
     assert refused(servers=cluster.gateway)
