@@ -39,6 +39,10 @@ _WATCH_BACKOFF_MAX_S = 2.0
 _WATCH_RETRY_S = 60.0
 
 
+class MetadataGapError(Exception):
+    """A metadata delta that does not follow the snapshot held: the watch starts over."""
+
+
 class MetadataWatch:
     """The latest snapshot, kept current by a watch, refreshable on demand."""
 
@@ -72,10 +76,22 @@ class MetadataWatch:
                 await asyncio.gather(task, return_exceptions=True)
 
     def apply(self, response) -> bool:
-        """Install ``response`` if it is not older than the current snapshot; True if installed."""
-        if response.revision < self._snapshot.revision:
+        """Install ``response`` if it is not older than the current snapshot; True if installed.
+
+        A delta (WatchMetadata's ``is_delta``) is applied to the current snapshot; one whose base
+        is newer than that snapshot cannot be and raises :class:`MetadataGapError`."""
+        current = self._snapshot
+        if response.revision < current.revision:
             return False
-        self._snapshot = ClusterSnapshot.from_proto(response)
+        if response.is_delta:
+            if current.revision < response.base_revision:
+                raise MetadataGapError(
+                    f"metadata delta from revision {response.base_revision} does not apply to "
+                    f"revision {current.revision}"
+                )
+            self._snapshot = current.with_delta(response)
+        else:
+            self._snapshot = ClusterSnapshot.from_proto(response)
         self._changed.set()
         self._changed = asyncio.Event()
         return True
@@ -147,10 +163,17 @@ class MetadataWatch:
             backoff = min(backoff * 2, _WATCH_BACKOFF_MAX_S)
 
     async def _do_watch(self, address: str) -> None:
-        stream = self._coordinators.stub(address).WatchMetadata(pb.WatchMetadataRequest(after_revision=0))
-        async for response in stream:
-            if self.apply(response):
-                log.debug("metadata revision %d from %s", response.revision, address)
+        """Follow one coordinator's WatchMetadata: the whole metadata, then deltas."""
+        stream = self._coordinators.stub(address).WatchMetadata(
+            pb.WatchMetadataRequest(after_revision=0, accept_deltas=True)
+        )
+        try:
+            async for response in stream:
+                if self.apply(response):
+                    log.debug("metadata revision %d from %s", response.revision, address)
+        except MetadataGapError as exc:
+            stream.cancel()
+            log.warning("%s; watching %s again", exc, address)
 
     async def _poll_routine(self, duration_s: float) -> None:
         end = asyncio.get_running_loop().time() + duration_s
