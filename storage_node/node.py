@@ -83,6 +83,7 @@ class StorageNode:
             clock,
             dict(config.default_topic_configs),
             max_open_segments=config.max_open_segments,
+            recovery_threads_per_dir=config.num_recovery_threads_per_data_dir,
             producer_id_expiration_ms=config.producer_id_expiration_ms,
             producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
