@@ -190,7 +190,8 @@ class PartitionLog:
                 checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
             loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
             try:
-                cls._write_open_checkpoints(directory, topic, partition, loaded)
+                if not created:  # a new log's checkpoints would say 0, as their absence does
+                    cls._write_open_checkpoints(directory, topic, partition, loaded)
             except BaseException:
                 loader.close_segments(loaded.segments)
                 raise
