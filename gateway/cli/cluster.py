@@ -5,7 +5,14 @@ from __future__ import annotations
 import dataclasses
 
 from gateway.cli.connect import CliError, data_dir_of, ensure_reachable
-from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, table
+from gateway.cli.output import (
+    PARTITION_HEADERS,
+    TOPIC_SUMMARY_HEADERS,
+    Progress,
+    partition_rows,
+    table,
+    topic_summary_rows,
+)
 from gateway.client import Admin
 from gateway.client.servers import START_HINT
 from launcher.local_cluster import (
@@ -95,6 +102,9 @@ def status(args) -> int:
         )
     )
     print()
-    rows = [row for topic in topics for row in partition_rows(topic.partitions)]
-    print(table(PARTITION_HEADERS, rows) if rows else "no topics")
+    if getattr(args, "partitions", False):
+        rows = [row for topic in topics for row in partition_rows(topic.partitions)]
+        print(table(PARTITION_HEADERS, rows) if rows else "no topics")
+    else:  # one line per topic: tens of thousands of partition rows help nobody read a status
+        print(table(TOPIC_SUMMARY_HEADERS, topic_summary_rows(topics)) if topics else "no topics")
     return 0 if all_alive else 1

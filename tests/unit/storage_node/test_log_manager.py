@@ -240,3 +240,16 @@ def test_tick_forgets_idle_producers_every_check_interval(dirs, clock):
     manager.tick()
     assert set(partition_log.producer_state.producers) == {8}
     manager.close()
+
+
+def test_partitions_open_in_parallel_at_load(dirs, clock):
+    first = _manager(dirs, clock)
+    for partition in range(12):
+        first.create_partition("many", partition).append(make_batch(partition + 1))
+    first.close()
+    manager = LogManager(dirs, clock, {"segment.bytes": "2000"}, recovery_threads_per_dir=3)
+    assert len(manager.load()) == 12
+    assert [manager.get("many", p).log_end_offset for p in range(12)] == [p + 1 for p in range(12)]
+    manager.close()
+    with pytest.raises(ValueError, match="recovery threads"):
+        LogManager(dirs, clock, recovery_threads_per_dir=0)
