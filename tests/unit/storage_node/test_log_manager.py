@@ -156,6 +156,21 @@ def test_a_new_partition_writes_no_checkpoint(dirs, clock, monkeypatch):
     reopened.close()
 
 
+def test_reopening_rewrites_no_checkpoint_that_already_holds_its_value(dirs, clock, monkeypatch):
+    first = _manager(dirs[:1], clock)
+    first.create_partition("kept", 0).append(make_batch(3))
+    first.close()
+    written = []
+    real_write = checkpoint.write_atomically
+    monkeypatch.setattr(
+        checkpoint, "write_atomically", lambda p, d: (written.append(p.name), real_write(p, d))
+    )
+    reopened = _manager(dirs[:1], clock)
+    assert reopened.get("kept", 0).log_end_offset == 3
+    assert not [name for name in written if "offset-checkpoint" in name or "recovery" in name], written
+    reopened.close()
+
+
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
@@ -186,13 +201,15 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
         first = _manager(dirs[:1], clock)
         first.create_partition("full", 0).append(make_batch(3))
         first.close()
+        for name in (files.LOG_START_OFFSET_CHECKPOINT_FILE, files.RECOVERY_POINT_CHECKPOINT_FILE):
+            (dirs[0] / "full-0" / name).unlink()  # missing: the open writes both again
     manager = LogManager(dirs[:1], clock, {"segment.bytes": "2000"})
     real_write = checkpoint.write_atomically
     writes = []
 
     def second_write_fails(path, data):
         writes.append(path)
-        if len(writes) % 2 == 0:
+        if path.name == files.RECOVERY_POINT_CHECKPOINT_FILE:  # the second, the first succeeding
             _no_space()
         real_write(path, data)
 
