@@ -37,7 +37,13 @@ def _partition(name: str, revision: int) -> KeyValue:
 
 
 def _controller(cache: MetadataCache) -> Controller:
-    return Controller(client=None, cache=cache, storage=None, epoch=1, election_guard=lambda: None)  # type: ignore[arg-type]
+    return Controller(
+        client=None,
+        cache=cache,
+        storage=None,  # type: ignore[arg-type]  # a pass's planning calls no storage node
+        epoch=1,
+        election_guard=lambda: None,  # type: ignore[arg-type,return-value]  # nor etcd
+    )
 
 
 def test_a_pass_plans_what_changed_and_everything_after_shared_changes():

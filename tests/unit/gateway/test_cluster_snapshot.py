@@ -108,7 +108,7 @@ def test_a_whole_snapshot_serves_its_own_response():
 def test_the_watch_applies_deltas_in_order_and_refuses_a_gap():
     from gateway.server.routing import MetadataGapError, MetadataWatch
 
-    watch = MetadataWatch(coordinators=None)  # type: ignore[arg-type]  # apply() never calls it
+    watch = MetadataWatch(coordinators=None)  # apply() never calls the coordinators
     assert watch.apply(metadata(revision=5))
     step = pb.GetMetadataResponse(revision=7, is_delta=True, base_revision=5, removed_topics=["plain"])
     assert watch.apply(step)
