@@ -225,7 +225,8 @@ class PartitionLog:
             (files.LOG_START_OFFSET_CHECKPOINT_FILE, loaded.log_start_offset),
             (files.RECOVERY_POINT_CHECKPOINT_FILE, loaded.recovery_point),
         ):
-            if checkpoint.read_offset_checkpoint(directory / name, topic, partition) != offset:
+            # A missing checkpoint reads as 0, as the loader takes it (a new log writes none).
+            if (checkpoint.read_offset_checkpoint(directory / name, topic, partition) or 0) != offset:
                 checkpoint.write_offset_checkpoint(directory / name, topic, partition, offset)
         # From here on a crash must be treated as unclean.
         loader.remove_clean_shutdown_marker(directory)
