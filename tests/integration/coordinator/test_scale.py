@@ -82,6 +82,7 @@ def _produce(stub, topic: str, value: bytes) -> dict[int, int]:
                 topic=topic,
                 records=[pb.ProduceRecord(value=value, partition=p) for p in pending],
                 acks=pb.ACKS_LEADER,
+                timeout_ms=10_000,  # answer the partitions not ready yet as failed; asked again
             ),
             timeout=CALL_TIMEOUT,
         )
@@ -91,7 +92,7 @@ def _produce(stub, topic: str, value: bytes) -> dict[int, int]:
         pending[:] = sorted(failed)
         return not pending
 
-    wait_until(attempt, timeout=30, what=f"records produced to {topic}", tolerate=CLUSTER_ERRORS)
+    wait_until(attempt, timeout=90, what=f"records produced to {topic}", tolerate=CLUSTER_ERRORS)
     return offsets
 
 

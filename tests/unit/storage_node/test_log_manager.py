@@ -140,15 +140,20 @@ def test_delete_partition_removes_its_directory(dirs, clock):
     manager.close()
 
 
-def test_a_new_partition_writes_no_checkpoint(dirs, clock, monkeypatch):
-    """A new log's checkpoints would say what their absence says (offset 0): each was two fsyncs
-    per partition, most of what creating thousands of partitions cost a node."""
-    written = []
-    real_write = checkpoint.write_atomically
-    monkeypatch.setattr(checkpoint, "write_atomically", lambda p, d: (written.append(p), real_write(p, d)))
+def test_a_new_partition_writes_its_checkpoints_without_fsync(dirs, clock, monkeypatch):
+    """A new log's checkpoints say what their absence says (offset 0): written without fsyncs
+    (four per partition were most of what creating thousands of partitions cost a node), but
+    written, so a full disk fails the create rather than the first append."""
+    import os
+
     manager = _manager(dirs[:1], clock)
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     partition_log = manager.create_partition("fresh", 0)
-    assert written == [] and partition_log.log_end_offset == 0
+    monkeypatch.undo()
+    assert len(synced) == 1  # the log dir, so the new partition's directory survives a crash
+    assert (partition_log.directory / files.RECOVERY_POINT_CHECKPOINT_FILE).exists()
     partition_log.append(make_batch(3))
     manager.close()
     reopened = _manager(dirs[:1], clock)
@@ -163,7 +168,7 @@ def test_reopening_rewrites_no_checkpoint_that_already_holds_its_value(dirs, clo
     written = []
     real_write = checkpoint.write_atomically
     monkeypatch.setattr(
-        checkpoint, "write_atomically", lambda p, d: (written.append(p.name), real_write(p, d))
+        checkpoint, "write_atomically", lambda p, d, **kw: (written.append(p.name), real_write(p, d, **kw))
     )
     reopened = _manager(dirs[:1], clock)
     assert reopened.get("kept", 0).log_end_offset == 3
@@ -180,19 +185,14 @@ def _no_space(*args, **kwargs):
 
 
 @pytest.mark.parametrize(
-    ("failing_point", "existing"),
+    "failing_point",
     [
-        # A new partition writes no checkpoint (absent, they say 0): its index files are what
-        # it writes after opening the .log.
-        pytest.param("time_index", False, id="time_index-new"),
-        # The first data an existing log writes at open: the log-start checkpoint.
-        pytest.param("checkpoint", True, id="checkpoint-existing"),
-        # Creating the second index file, after the .log is open.
-        pytest.param("time_index", True, id="time_index-existing"),
-        # The second checkpoint, after the first succeeded.
-        pytest.param("recovery_checkpoint", True, id="recovery_checkpoint-existing"),
+        "checkpoint",  # the first data written: the log-start checkpoint
+        "time_index",  # creating the second index file, after the .log is open
+        "recovery_checkpoint",  # the second checkpoint, after the first succeeded
     ],
 )
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
 def test_create_partition_on_a_full_disk_keeps_no_file_open(
     dirs, clock, monkeypatch, failing_point, existing
 ):
@@ -207,11 +207,11 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
     real_write = checkpoint.write_atomically
     writes = []
 
-    def second_write_fails(path, data):
+    def second_write_fails(path, data, **kwargs):
         writes.append(path)
         if path.name == files.RECOVERY_POINT_CHECKPOINT_FILE:  # the second, the first succeeding
             _no_space()
-        real_write(path, data)
+        real_write(path, data, **kwargs)
 
     if failing_point == "checkpoint":
         monkeypatch.setattr(checkpoint, "write_atomically", _no_space)
