@@ -77,8 +77,10 @@ log = logging.getLogger(__name__)
 WRITE_BATCH = 100
 #: Attempts of an admin write that lost a compare-and-swap race with the reconcile loop.
 _CAS_ATTEMPTS = 5
-#: Partition states per UpdateLeaderAndIsr call.
-ROLES_BATCH = 2_000
+#: Partition states per UpdateLeaderAndIsr call. A node applies a call in one go on its event
+#: loop, two fsyncs per partition it starts leading (the leader-epoch checkpoint): 2,000 held it
+#: for seconds, past a short lease's keep-alive on a busy machine; 500 keep each under a second.
+ROLES_BATCH = 500
 #: A pass over every partition at least this often (the others plan only the topics that changed
 #: or still had work): the level-triggered safety net, at a cost linear in the cluster's partitions.
 FULL_PASS_INTERVAL_S = 30.0
