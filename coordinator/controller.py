@@ -80,8 +80,13 @@ log = logging.getLogger(__name__)
 WRITE_BATCH = 100
 #: Attempts of an admin write that lost a compare-and-swap race with the reconcile loop.
 _CAS_ATTEMPTS = 5
-#: Partition states per UpdateLeaderAndIsr call.
-ROLES_BATCH = 2_000
+#: Partition states per UpdateLeaderAndIsr call. A node applies a call in one go on its event
+#: loop, two fsyncs per partition it starts leading (the leader-epoch checkpoint): 2,000 held it
+#: for seconds, past a short lease's keep-alive on a busy machine; 500 keep each under a second.
+ROLES_BATCH = 500
+#: A pass over every partition at least this often (the others plan only the topics that changed
+#: or still had work): the level-triggered safety net, at a cost linear in the cluster's partitions.
+FULL_PASS_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +140,14 @@ class Controller:
         self._wake = asyncio.Event()
         self._last_write_revision = 0
         self._synced_incarnations: dict[int, int] = {}
+        #: Incremental passes (see :meth:`_topics_to_plan`): the metadata revision the last pass
+        #: planned at, the topics it left work in, topics marked for the next pass, and whether
+        #: the next pass must look at every partition.
+        self._planned_revision = 0
+        self._unfinished_topics: set[str] = set()
+        self._dirty_topics: set[str] = set()
+        self._full_pass_due = True
+        self._last_full_pass = 0.0
         self._syncs: dict[int, asyncio.Task] = {}
         self._configs_to_push: set[str] = set()
         self._roles = RoleTracker()
@@ -449,9 +462,17 @@ class Controller:
 
     async def _do_pass(self) -> None:
         await self._await_own_writes()
+        state = self.cache.state
+        revision = state.metadata_revision
         shutting_down = self._nodes_shutting_down()
-        await self._apply_transitions(plan_partitions(self.cache.state, self._lost, shutting_down))
-        await self._push_roles()
+        topics = self._topics_to_plan(state)
+        transitions = plan_partitions(state, self._lost, shutting_down, topics=topics)
+        await self._apply_transitions(transitions)
+        due = await self._push_roles(topics)
+        # Topics with work this pass are planned again next pass (a failed call is retried, a
+        # written state gets its roles pushed); the rest wait for a change.
+        self._unfinished_topics = {t.topic for t in transitions} | due
+        self._planned_revision = revision
         await self.reassignments.advance()
         await self._finish_deletions(deleting_topics(self.cache.state))
         await self._push_altered_configs()
@@ -476,6 +497,28 @@ class Controller:
                 len(due),
             )
             await self.elect_preferred_leaders((), due)
+
+    def _topics_to_plan(self, state: MetadataState) -> set[str] | None:
+        """The topics this pass plans: None (every topic) for the first pass of the term, after
+        a snapshot, a change of the live storage nodes or of the nodes in controlled shutdown,
+        and every :data:`FULL_PASS_INTERVAL_S`; otherwise only the topics changed since the
+        last pass, those it left work in, and those marked since (a replica lost its log).
+
+        What a partition needs depends only on its topic, its stored state, the live nodes,
+        the nodes shutting down and its lost replicas, so a topic none of those changed for
+        needs nothing new: a pass costs in proportion to what changed, not to the cluster."""
+        now = asyncio.get_running_loop().time()
+        full = (
+            self._full_pass_due
+            or not state.delta_possible_since(self._planned_revision)
+            or now - self._last_full_pass >= FULL_PASS_INTERVAL_S
+        )
+        dirty, self._dirty_topics = self._dirty_topics, set()
+        if full:
+            self._full_pass_due = False
+            self._last_full_pass = now
+            return None
+        return set(state.topics_changed_since(self._planned_revision)) | self._unfinished_topics | dirty
 
     async def _limited(self, call: Awaitable[None], slots: asyncio.Semaphore | None = None) -> bool:
         """Run one storage-node call within the parallelism limit; True if it succeeded."""
@@ -511,6 +554,7 @@ class Controller:
         lost = self._lost.setdefault((topic, partition), set())
         if node_id not in lost:
             lost.add(node_id)
+            self._dirty_topics.add(topic)
             log.error(
                 "node %d lost the log of %s-%d (%s): it may no longer lead it or count as in sync",
                 node_id,
@@ -583,10 +627,11 @@ class Controller:
 
     # -- replica roles ------------------------------------------------------------------------------
 
-    async def _push_roles(self) -> None:
-        """Tell every live node the partition states it has not acknowledged yet."""
+    async def _push_roles(self, topics: set[str] | None = None) -> set[str]:
+        """Tell every live node the partition states (of ``topics``; None: all) it has not
+        acknowledged yet; the topics that had any."""
         state = self.cache.state
-        due = self._roles.due(state)
+        due = self._roles.due(state, topics)
         calls = []
         for node_id, states in due.items():
             broker = state.brokers.get(node_id)
@@ -595,6 +640,7 @@ class Controller:
             for start in range(0, len(states), ROLES_BATCH):
                 calls.append(self._limited(self._push_roles_to(broker, states[start : start + ROLES_BATCH])))
         await asyncio.gather(*calls)
+        return {s.topic for states in due.values() for s in states}
 
     async def _push_roles_to(self, broker: RegisteredBroker, states: list[LeaderAndIsr]) -> None:
         state = self.cache.state
@@ -652,6 +698,7 @@ class Controller:
             )
         if self._shutting_down.get(node_id) != broker_epoch:
             self._shutting_down[node_id] = broker_epoch
+            self._full_pass_due = True  # every partition it leads or follows may move
             log.info("node %d asked for a controlled shutdown (broker epoch %d)", node_id, broker_epoch)
         self.kick()
 
@@ -789,6 +836,7 @@ class Controller:
         result = await self._write(ops, compares)
         if not result.succeeded:
             log.info("partition states changed during the pass; recomputing")
+            self._dirty_topics.update(t.topic for t in batch)
             self.kick()
             return
         created = sum(1 for t in batch if t.expected_mod_revision == 0)

@@ -92,6 +92,26 @@ class CoordinatorHandlers:
             cluster_id=state.cluster_id,
         )
 
+    def get_metadata_delta(self, after_revision: int) -> ClusterMetadata | None:
+        """What changed after ``after_revision``: the live storage nodes and controller in full,
+        the topics changed since (each whole) and those deleted since; None when a delta cannot
+        say it (a snapshot or a change of the live nodes since), so the whole metadata is due.
+        Costs in proportion to the changed topics, not to the cluster."""
+        state = self._state()
+        if after_revision <= 0 or not state.delta_possible_since(after_revision):
+            return None
+        changed = state.topics_changed_since(after_revision)
+        return ClusterMetadata(
+            brokers=tuple(sorted(state.brokers.values(), key=lambda b: b.node_id)),
+            topics=tuple(_lookup(state, name) for name in changed if state.live_topic(name) is not None),
+            controller=state.controller,
+            revision=state.metadata_revision,
+            cluster_id=state.cluster_id,
+            delta=True,
+            base_revision=after_revision,
+            removed_topics=tuple(name for name in changed if state.live_topic(name) is None),
+        )
+
     def controller_status(self) -> ControllerStatus:
         """This coordinator's role, and the active controller as etcd last said."""
         state = self._state()

@@ -58,6 +58,14 @@ class MetadataState:
         self.cluster_id = ""
         self.topics: dict[str, TopicRecord] = {}
         self.partitions: dict[str, dict[int, PartitionRecord]] = {}
+        #: Topic name -> the metadata revision of its last change (its key or one of its
+        #: partitions' states; deleted topics stay as tombstones), least recently changed first,
+        #: so :meth:`topics_changed_since` reads only the changes, not every topic.
+        self.topic_revisions: dict[str, int] = {}
+        #: The revision of the last change to the set of live storage nodes (every partition's
+        #: served view depends on it), and of the last snapshot (resync) applied.
+        self.brokers_revision = 0
+        self.snapshot_revision = 0
 
     # -- applying etcd data ---------------------------------------------------------------------
 
@@ -67,13 +75,16 @@ class MetadataState:
         for kv in resync.kvs:
             self._put(kv)
         self.revision = self.metadata_revision = resync.revision
+        self.brokers_revision = self.snapshot_revision = resync.revision
+        self.topic_revisions = dict.fromkeys(self.topics, resync.revision)
 
     def apply_events(self, events: Iterable[WatchEvent]) -> bool:
         """Apply events in order (a DELETE of a leased key is how a lease expiry shows up);
         return whether any of them was about metadata (not a key this state ignores)."""
         changed = False
         for event in events:
-            if keys.parse_key(event.kv.key).kind == "other":
+            parsed = keys.parse_key(event.kv.key)
+            if parsed.kind == "other":
                 self.revision = max(self.revision, event.revision)
                 continue
             if event.type is EventType.PUT:
@@ -81,6 +92,11 @@ class MetadataState:
             else:
                 self._delete(event.kv.key)
             self.revision = self.metadata_revision = max(self.revision, event.revision)
+            if parsed.kind in ("topic", "partition"):
+                self.topic_revisions.pop(parsed.name, None)  # re-inserted last: newest change
+                self.topic_revisions[parsed.name] = self.metadata_revision
+            elif parsed.kind == "broker":
+                self.brokers_revision = self.metadata_revision
             changed = True
         return changed
 
@@ -133,6 +149,23 @@ class MetadataState:
                 del self.partitions[parsed.name]
 
     # -- queries --------------------------------------------------------------------------------
+
+    def topics_changed_since(self, revision: int) -> list[str]:
+        """Names of the topics (existing or deleted) whose key or partition states changed after
+        ``revision``, newest change first. Reads only those changes: a create costs the readers
+        in proportion to its own topic, not to the cluster."""
+        changed = []
+        for name, changed_at in reversed(self.topic_revisions.items()):
+            if changed_at <= revision:
+                break
+            changed.append(name)
+        return changed
+
+    def delta_possible_since(self, revision: int) -> bool:
+        """Whether the topics changed after ``revision`` are all that differs from what was served
+        at ``revision``: no snapshot since (anything may differ), and the live storage nodes --
+        on which every partition's served view depends -- unchanged."""
+        return revision >= self.snapshot_revision and revision >= self.brokers_revision
 
     def live_topic(self, name: str) -> TopicRecord | None:
         """The topic, unless it does not exist or is being deleted."""

@@ -176,6 +176,11 @@ class ClusterMetadata:
     controller: ControllerInfo | None
     revision: int
     cluster_id: str
+    #: A delta (WatchMetadata to a watcher that accepts them): ``topics`` holds only the topics
+    #: changed after ``base_revision``, ``removed_topics`` those deleted since.
+    delta: bool = False
+    base_revision: int = 0
+    removed_topics: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,14 +279,16 @@ def plan_partitions(
     state: MetadataState,
     lost: Mapping[tuple[str, int], Collection[int]] | None = None,
     shutting_down: Collection[int] = (),
+    *,
+    topics: Collection[str] | None = None,
 ) -> list[Transition]:
     """Every partition transition the current state calls for (topics being deleted excluded).
     ``lost``: per partition, the replicas known to have lost its log; ``shutting_down``: live
-    nodes in controlled shutdown."""
+    nodes in controlled shutdown; ``topics``: plan only these (None: every topic)."""
     live = set(state.brokers)
     lost = lost or {}
     transitions = []
-    for topic in state.topics.values():
+    for topic in _selected_topics(state, topics):
         if topic.deleting:
             continue
         stored = state.partitions.get(topic.name, {})
@@ -302,6 +304,13 @@ def plan_partitions(
             if transition is not None:
                 transitions.append(transition)
     return transitions
+
+
+def _selected_topics(state: MetadataState, names: Collection[str] | None) -> list[TopicRecord]:
+    """The topic records named (those that exist), or every topic for None."""
+    if names is None:
+        return list(state.topics.values())
+    return [state.topics[name] for name in names if name in state.topics]
 
 
 def assigned_partitions(state: MetadataState, node_id: int) -> list[tuple[str, int]]:

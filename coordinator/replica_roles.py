@@ -9,7 +9,7 @@ incarnation) is told everything again, and a failed call is retried by the next 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.metadata import MetadataState
@@ -47,11 +47,19 @@ class RoleTracker:
     def __init__(self) -> None:
         self._nodes: dict[int, _NodeRoles] = {}
 
-    def due(self, state: MetadataState) -> dict[int, list[LeaderAndIsr]]:
-        """Per live node, the states it has not acknowledged yet."""
+    def due(
+        self, state: MetadataState, topics: Collection[str] | None = None
+    ) -> dict[int, list[LeaderAndIsr]]:
+        """Per live node, the states (of ``topics``; None: of every topic) it has not
+        acknowledged yet."""
         due: dict[int, list[LeaderAndIsr]] = {}
         brokers = state.brokers
-        for topic in state.topics.values():
+        selected = (
+            state.topics.values()
+            if topics is None
+            else [state.topics[name] for name in topics if name in state.topics]
+        )
+        for topic in selected:
             for partition, record in state.partitions.get(topic.name, {}).items():
                 version = (record.mod_revision, topic.deleting)
                 for node_id in record.replicas:

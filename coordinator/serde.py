@@ -92,6 +92,9 @@ def metadata_to_proto(metadata: ClusterMetadata):
         controller_epoch=controller.epoch if controller else 0,
         revision=metadata.revision,
         cluster_id=metadata.cluster_id,
+        is_delta=metadata.delta,
+        base_revision=metadata.base_revision,
+        removed_topics=metadata.removed_topics,
     )
 
 

@@ -99,18 +99,39 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     async def WatchMetadata(self, request, context):
         """The whole metadata now, then again after every change (gateways' routing caches).
 
+        A watcher that accepts deltas gets the whole metadata first and then, while a delta can
+        say what changed (:meth:`CoordinatorHandlers.get_metadata_delta`), only the changed
+        topics: with tens of thousands of partitions a create no longer re-sends, re-encodes
+        and re-parses every partition of the cluster on every coordinator and gateway.
+
         The stream ends with UNAVAILABLE when etcd cannot vouch for the cache; the caller
         reconnects (to this or another coordinator) and gets a fresh snapshot.
         """
         sent = request.after_revision
+        deltas = request.accept_deltas
+        whole_sent = False
         while True:
             revision = self._handlers.metadata_revision()
             if revision > sent:
-                yield self._metadata_memo.get_or_build(
-                    revision, (), lambda: serde.metadata_to_proto(self._handlers.get_metadata(()))
-                )
-                sent = revision
+                yield self._watch_answer(revision, sent if deltas and whole_sent else 0)
+                sent, whole_sent = revision, True
             await self._handlers.wait_for_metadata_after(sent, timeout=WATCH_HEARTBEAT_S)
+
+    def _watch_answer(self, revision: int, after: int):
+        """The delta since ``after`` (0: none wanted) when one can be given, else everything."""
+        if after > 0:
+            delta = self._metadata_memo.get_or_build(
+                revision, ("delta", after), lambda: self._encoded_delta(after)
+            )
+            if delta is not None:
+                return delta
+        return self._metadata_memo.get_or_build(
+            revision, (), lambda: serde.metadata_to_proto(self._handlers.get_metadata(()))
+        )
+
+    def _encoded_delta(self, after: int):
+        delta = self._handlers.get_metadata_delta(after)
+        return None if delta is None else serde.metadata_to_proto(delta)
 
     @translate_errors
     async def GetControllerInfo(self, request, context):

@@ -65,8 +65,15 @@ class StorageNodeConfig(ServiceConfig):
     fetch_zero_copy: bool = True
     #: Period of background work: flush.ms, retention, segment.ms.
     maintenance_interval_ms: int = 1000
-    #: Open segment file handles kept beyond the active segments (bounded file descriptors).
-    max_open_segments: int = 1024
+    #: Open segment (.log) file handles kept, least recently used closed first (bounded file
+    #: descriptors); 0 = a quarter of the descriptor limit (storage_node/descriptors.py). A
+    #: node appending to more partitions than this reopens a file per append, so the default
+    #: grows with the limit: 1,024 made 3,333 busy partitions per node reopen on every append.
+    max_open_segments: int = 0
+    #: Threads per log dir that open and recover partitions at startup (Kafka's
+    #: num.recovery.threads.per.data.dir); bench/scale.py measured the restart of a node holding
+    #: ~13,000 partitions with 1 and with this many.
+    num_recovery_threads_per_data_dir: int = 4
     #: An idempotent producer idle this long, with no transaction open, is forgotten by the
     #: partitions (producer.id.expiration.ms); its next batch moves it to a new epoch.
     producer_id_expiration_ms: int = 86_400_000

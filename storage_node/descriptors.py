@@ -51,6 +51,18 @@ def current_descriptor_limit() -> int:
     return 1 << 20 if soft == resource.RLIM_INFINITY else soft
 
 
+def resolve_max_open_segments(configured: int, limit: int) -> int:
+    """``max.open.segments`` as configured, or for 0 a quarter of the descriptor limit: the fetch
+    port may take half, the segment handles a quarter, and a quarter stays for everything else
+    (sockets, gRPC, etcd, checkpoints being written). Kafka keeps every segment open and asks
+    for a high limit; a bounded LRU sized from the limit keeps the descriptors bounded while a
+    raised limit (the node raises its soft limit to the hard one) lets every busy partition keep
+    its active segment open."""
+    if configured < 0:
+        raise ConfigError(f"max.open.segments must not be negative, got {configured}")
+    return configured or max(1, limit // 4)
+
+
 @dataclass(frozen=True, slots=True)
 class DescriptorBudget:
     """The descriptor limit and the fetch port's share of it."""

@@ -240,7 +240,7 @@ class StorageNodeHandlers:
         offset, ts = found
         return OffsetResult(topic, partition, offset=offset, timestamp=ts)
 
-    def create_partition(
+    async def create_partition(
         self,
         topic: str,
         partition: int,
@@ -268,7 +268,18 @@ class StorageNodeHandlers:
                 raise errors.ReplicaNotAvailableError(
                     f"{topic}-{partition} is not on node {self.replicas.node_id}: its log was lost"
                 ) from None
-        partition_log = self.logs.create_partition(topic, partition, configs)
+        try:
+            self.logs.get(topic, partition)
+            new = False
+        except errors.UnknownTopicOrPartitionError:
+            new = True
+        if new:
+            # A new log's directory and files are made durable with fsyncs (milliseconds): in a
+            # worker thread, so a create of thousands of partitions does not stall the appends
+            # and fetches this node serves meanwhile.
+            partition_log = await asyncio.to_thread(self.logs.create_partition, topic, partition, configs)
+        else:
+            partition_log = self.logs.create_partition(topic, partition, configs)  # applies configs
         if self.standalone:
             self.replicas.become_sole_leader(topic, partition, leader_epoch)
         return partition_log

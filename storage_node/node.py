@@ -25,7 +25,11 @@ from services.grpc_server import GrpcServer, ServiceRegistration, create_server,
 from services.proto import STORAGE_SERVICE, storage_grpc
 from services.telemetry import Telemetry, setup_telemetry
 from storage_node.config import StorageNodeConfig
-from storage_node.descriptors import DescriptorBudget, current_descriptor_limit
+from storage_node.descriptors import (
+    DescriptorBudget,
+    current_descriptor_limit,
+    resolve_max_open_segments,
+)
 from storage_node.fetch.server import FetchLimits, FetchServer
 from storage_node.handlers import StorageNodeHandlers
 from storage_node.log.cleaner.manager import CleanerSettings, LogCleaner
@@ -91,11 +95,13 @@ class StorageNode:
                 instance_id=f"storage-{config.node_id}",
             )
         )
+        max_open_segments = resolve_max_open_segments(config.max_open_segments, current_descriptor_limit())
         self.logs = LogManager(
             [Path(d) for d in config.log_dirs],
             clock,
             dict(config.default_topic_configs),
-            max_open_segments=config.max_open_segments,
+            max_open_segments=max_open_segments,
+            recovery_threads_per_dir=config.num_recovery_threads_per_data_dir,
             producer_id_expiration_ms=config.producer_id_expiration_ms,
             producer_id_expiration_check_interval_ms=config.producer_id_expiration_check_interval_ms,
         )
@@ -139,7 +145,7 @@ class StorageNode:
         )
         self.descriptors = DescriptorBudget.plan(
             current_descriptor_limit(),
-            max_open_segments=config.max_open_segments,
+            max_open_segments=max_open_segments,
             fetch_max_connections=config.fetch_max_connections,
         )
         self.fetch_server = FetchServer(

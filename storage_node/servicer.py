@@ -116,7 +116,7 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
     async def CreatePartition(self, request, context):
         if not request.topic or request.partition < 0:
             raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
-        partition_log = self._handlers.create_partition(
+        partition_log = await self._handlers.create_partition(
             request.topic,
             request.partition,
             dict(request.configs),

@@ -6,7 +6,15 @@ import dataclasses
 from typing import Any
 
 from gateway.cli.connect import CliError, cluster_tls, data_dir_of, ensure_reachable
-from gateway.cli.output import PARTITION_HEADERS, Progress, partition_rows, replication_health, table
+from gateway.cli.output import (
+    PARTITION_HEADERS,
+    TOPIC_SUMMARY_HEADERS,
+    Progress,
+    partition_rows,
+    replication_health,
+    table,
+    topic_summary_rows,
+)
 from gateway.client import Admin
 from gateway.client.servers import START_HINT, cluster_file_tls
 from launcher.local_cluster import (
@@ -120,6 +128,9 @@ def status(args) -> int:
         )
     )
     print()
-    rows = [row for topic in topics for row in partition_rows(topic.partitions)]
-    print(table(PARTITION_HEADERS, rows) if rows else "no topics")
+    if getattr(args, "partitions", False):
+        rows = [row for topic in topics for row in partition_rows(topic.partitions)]
+        print(table(PARTITION_HEADERS, rows) if rows else "no topics")
+    else:  # one line per topic: tens of thousands of partition rows help nobody read a status
+        print(table(TOPIC_SUMMARY_HEADERS, topic_summary_rows(topics)) if topics else "no topics")
     return 0 if all_alive else 1

@@ -98,6 +98,9 @@ def _add_cluster(commands) -> None:
         "status", help="each process alive or dead, and partitions with their leaders"
     )
     _common(status, gateway=False)
+    status.add_argument(
+        "--partitions", action="store_true", help="one row per partition (default: one per topic)"
+    )
     status.set_defaults(func=cluster.status)
     _add_reassignment_actions(actions)
 

@@ -162,6 +162,18 @@ def is_under_replicated(p: PartitionMetadata) -> bool:
 
 
 PARTITION_HEADERS = ("TOPIC", "PARTITION", "LEADER", "EPOCH", "REPLICAS", "ISR", "STATE")
+TOPIC_SUMMARY_HEADERS = ("TOPIC", "PARTITIONS", "ONLINE", "NO LEADER", "UNDER-REPLICATED")
+
+
+def topic_summary_rows(topics: Iterable[TopicDescription]) -> list[list[object]]:
+    """Per topic: its partitions, how many have a leader, how many none, how many lack replicas
+    in sync (what `tributary cluster status` shows by default)."""
+    rows: list[list[object]] = []
+    for topic in topics:
+        led = sum(1 for p in topic.partitions if p.leader >= 0)
+        under = sum(1 for p in topic.partitions if is_under_replicated(p))
+        rows.append([topic.name, len(topic.partitions), led, len(topic.partitions) - led, under])
+    return rows
 
 
 class Described(Protocol):

@@ -1,16 +1,19 @@
 """An immutable routing snapshot of cluster metadata, and leader lookup over it (pure, no I/O).
 
 A :class:`ClusterSnapshot` is built from one ``GetMetadataResponse`` (what ``WatchMetadata``
-streams); the gateway swaps whole snapshots, never mutates one, so a request that read a snapshot
-sees one consistent view. Lookups raise the taxonomy's retriable, ``invalid_metadata`` errors
-(``UNKNOWN_TOPIC_OR_PARTITION``, ``LEADER_NOT_AVAILABLE``, ``BROKER_NOT_AVAILABLE``) so callers
-know to refresh and retry.
+streams), or from the previous snapshot and a delta (:meth:`ClusterSnapshot.with_delta`: only
+the topics that changed, so following a cluster of tens of thousands of partitions costs each
+change in proportion to its topics); the gateway swaps whole snapshots, never mutates one, so a
+request that read a snapshot sees one consistent view. Lookups raise the taxonomy's retriable,
+``invalid_metadata`` errors (``UNKNOWN_TOPIC_OR_PARTITION``, ``LEADER_NOT_AVAILABLE``,
+``BROKER_NOT_AVAILABLE``) so callers know to refresh and retry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
 from services import errors
@@ -78,18 +81,69 @@ class ClusterSnapshot:
     revision: int
     nodes: Mapping[int, BrokerAddress]
     topics: Mapping[str, TopicRoute]
-    #: The response the snapshot was built from (served as is by GetMetadata fallbacks).
-    source: object = None
+    #: Each topic's message as the coordinator sent it (what :attr:`source` is rebuilt from).
+    messages: Mapping[str, object] = field(default_factory=dict)
+    #: The last response applied: brokers, controller and cluster id (its topics may be a delta).
+    header: object = None
 
     @classmethod
     def empty(cls) -> ClusterSnapshot:
-        return cls(revision=-1, nodes={}, topics={}, source=pb.GetMetadataResponse())
+        return cls.from_proto(pb.GetMetadataResponse(revision=-1))
 
     @classmethod
     def from_proto(cls, response) -> ClusterSnapshot:
+        """The snapshot a whole GetMetadataResponse describes."""
         nodes = {b.node_id: broker_address_from_proto(b) for b in response.brokers}
-        topics = {t.name: _topic_from_proto(t) for t in response.topics if not t.HasField("error")}
-        return cls(response.revision, MappingProxyType(nodes), MappingProxyType(topics), response)
+        messages = {t.name: t for t in response.topics if not t.HasField("error")}
+        topics = {name: _topic_from_proto(t) for name, t in messages.items()}
+        snapshot = cls(
+            response.revision,
+            MappingProxyType(nodes),
+            MappingProxyType(topics),
+            MappingProxyType(messages),
+            response,
+        )
+        snapshot.__dict__["source"] = response  # what cached_property would build, already at hand
+        return snapshot
+
+    def with_delta(self, response) -> ClusterSnapshot:
+        """This snapshot with a delta applied (``response.is_delta``; the caller checked that
+        ``response.base_revision <= self.revision <= response.revision``): brokers and header
+        replaced, the changed topics replaced, the removed ones dropped. Copies the topic maps
+        (one entry per topic) but re-parses only the changed topics."""
+        nodes = {b.node_id: broker_address_from_proto(b) for b in response.brokers}
+        topics, messages = dict(self.topics), dict(self.messages)
+        for name in response.removed_topics:
+            topics.pop(name, None)
+            messages.pop(name, None)
+        for message in response.topics:
+            if message.HasField("error"):
+                topics.pop(message.name, None)
+                messages.pop(message.name, None)
+            else:
+                topics[message.name] = _topic_from_proto(message)
+                messages[message.name] = message
+        return ClusterSnapshot(
+            response.revision,
+            MappingProxyType(nodes),
+            MappingProxyType(topics),
+            MappingProxyType(messages),
+            response,
+        )
+
+    @cached_property
+    def source(self):
+        """The whole GetMetadataResponse this snapshot stands for (served as is by GetMetadata
+        fallbacks); rebuilt from the topic messages, once, when the snapshot came from a delta."""
+        response = pb.GetMetadataResponse()
+        if self.header is not None:
+            response.CopyFrom(self.header)
+        del response.topics[:]
+        del response.removed_topics[:]
+        response.is_delta = False
+        response.base_revision = 0
+        response.topics.extend(self.messages[name] for name in sorted(self.messages))
+        return response
 
     def ensure_topic(self, topic: str) -> TopicRoute:
         route = self.topics.get(topic)

@@ -39,6 +39,10 @@ _WATCH_BACKOFF_MAX_S = 2.0
 _WATCH_RETRY_S = 60.0
 
 
+class MetadataGapError(Exception):
+    """A metadata delta that does not follow the snapshot held: the watch starts over."""
+
+
 class MetadataWatch:
     """The latest snapshot, kept current by a watch, refreshable on demand."""
 
@@ -72,10 +76,22 @@ class MetadataWatch:
                 await asyncio.gather(task, return_exceptions=True)
 
     def apply(self, response) -> bool:
-        """Install ``response`` if it is not older than the current snapshot; True if installed."""
-        if response.revision < self._snapshot.revision:
+        """Install ``response`` if it is not older than the current snapshot; True if installed.
+
+        A delta (WatchMetadata's ``is_delta``) is applied to the current snapshot; one whose base
+        is newer than that snapshot cannot be and raises :class:`MetadataGapError`."""
+        current = self._snapshot
+        if response.revision < current.revision:
             return False
-        self._snapshot = ClusterSnapshot.from_proto(response)
+        if response.is_delta:
+            if current.revision < response.base_revision:
+                raise MetadataGapError(
+                    f"metadata delta from revision {response.base_revision} does not apply to "
+                    f"revision {current.revision}"
+                )
+            self._snapshot = current.with_delta(response)
+        else:
+            self._snapshot = ClusterSnapshot.from_proto(response)
         self._changed.set()
         self._changed = asyncio.Event()
         return True
@@ -147,10 +163,17 @@ class MetadataWatch:
             backoff = min(backoff * 2, _WATCH_BACKOFF_MAX_S)
 
     async def _do_watch(self, address: str) -> None:
-        stream = self._coordinators.stub(address).WatchMetadata(pb.WatchMetadataRequest(after_revision=0))
-        async for response in stream:
-            if self.apply(response):
-                log.debug("metadata revision %d from %s", response.revision, address)
+        """Follow one coordinator's WatchMetadata: the whole metadata, then deltas."""
+        stream = self._coordinators.stub(address).WatchMetadata(
+            pb.WatchMetadataRequest(after_revision=0, accept_deltas=True)
+        )
+        try:
+            async for response in stream:
+                if self.apply(response):
+                    log.debug("metadata revision %d from %s", response.revision, address)
+        except MetadataGapError as exc:
+            stream.cancel()
+            log.warning("%s; watching %s again", exc, address)
 
     async def _poll_routine(self, duration_s: float) -> None:
         end = asyncio.get_running_loop().time() + duration_s
@@ -186,9 +209,15 @@ class NodeClients:
         #: target -> client interceptors for its channel (telemetry), or None.
         self._interceptors = interceptors
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, storage_grpc.StorageNodeStub] = {}
         self._fetchers: dict[tuple[str, int], FetchClient] = {}
 
     def storage(self, node: BrokerAddress) -> storage_grpc.StorageNodeStub:
+        # One stub per channel: building one creates a callable per RPC of the service, which
+        # per call was a tenth of the gateway's time producing to thousands of partitions.
+        stub = self._stubs.get(node.grpc_target)
+        if stub is not None:
+            return stub
         channel = self._channels.get(node.grpc_target)
         if channel is None:
             target = node.grpc_target
@@ -197,7 +226,8 @@ class NodeClients:
                 target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
             )
             self._channels[target] = channel
-        return storage_grpc.StorageNodeStub(channel)
+        stub = self._stubs[node.grpc_target] = storage_grpc.StorageNodeStub(channel)
+        return stub
 
     def fetcher(self, node: BrokerAddress) -> FetchClient:
         key = (node.host, node.fetch_port)
@@ -223,6 +253,8 @@ class NodeClients:
         targets = {n.grpc_target for n in snapshot.nodes.values()}
         fetch_keys = {(n.host, n.fetch_port) for n in snapshot.nodes.values()}
         stale_channels = [self._channels.pop(t) for t in list(self._channels) if t not in targets]
+        for target in [t for t in self._stubs if t not in targets]:
+            del self._stubs[target]
         stale_fetchers = [self._fetchers.pop(k) for k in list(self._fetchers) if k not in fetch_keys]
         stale_appends = [self._appends.pop(k) for k in list(self._appends) if k not in fetch_keys]
         await asyncio.gather(*(a.close() for a in stale_appends), return_exceptions=True)
@@ -234,6 +266,7 @@ class NodeClients:
         await asyncio.gather(*(f.close() for f in self._fetchers.values()), return_exceptions=True)
         await asyncio.gather(*(a.close() for a in self._appends.values()), return_exceptions=True)
         self._appends.clear()
+        self._stubs.clear()
         self._channels.clear()
         self._fetchers.clear()
 

@@ -38,26 +38,33 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
+def write_atomically(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
+
+    ``durable=False`` skips both fsyncs: for content whose loss costs nothing (a crash may then
+    leave the old content, or none), written only so a full disk fails the call now."""
     tmp = path.with_name(path.name + TEMP_FILE_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         tmp.unlink(missing_ok=True)  # e.g. ENOSPC: leave no half-written file behind
         raise
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
-def write_offset_checkpoint(path: Path, topic: str, partition: int, offset: int) -> None:
-    write_atomically(path, f"{_VERSION}\n1\n{topic} {partition} {offset}\n".encode())
+def write_offset_checkpoint(
+    path: Path, topic: str, partition: int, offset: int, *, durable: bool = True
+) -> None:
+    write_atomically(path, f"{_VERSION}\n1\n{topic} {partition} {offset}\n".encode(), durable=durable)
 
 
 def read_offset_checkpoint(path: Path, topic: str, partition: int) -> int | None:

@@ -6,6 +6,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,18 +106,26 @@ class LogManager:
         max_open_segments: int = DEFAULT_MAX_OPEN_SEGMENTS,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
         producer_id_expiration_check_interval_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
+        recovery_threads_per_dir: int = 1,
     ) -> None:
         if not log_dirs:
             raise ValueError("at least one log dir is needed")
         if len({Path(d).resolve() for d in log_dirs}) != len(log_dirs):
             raise ValueError(f"log dirs must be distinct: {log_dirs}")
         self.log_dirs = [Path(d) for d in log_dirs]
+        if recovery_threads_per_dir < 1:
+            raise ValueError(f"recovery threads per log dir must be >= 1, got {recovery_threads_per_dir}")
+        #: Threads opening and recovering partitions in :meth:`load`, per log dir (Kafka's
+        #: num.recovery.threads.per.data.dir).
+        self.recovery_threads_per_dir = recovery_threads_per_dir
         self._clock = clock
         self._default_config = dict(default_config or {})
         LogConfig.from_dict(self._default_config)  # fail now on a bad default, not at first use
         self._topic_overrides: dict[str, dict[str, Any]] = {}
         self.handle_cache = FileHandleCache(max_open_segments)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
+        #: Partitions per log dir (new partitions go to the emptiest).
+        self._dir_counts: dict[Path, int] = {}
         self._lock = threading.Lock()
         #: Idempotent producers idle this long (no transaction open) are forgotten; their next
         #: batch gets UNKNOWN_PRODUCER_ID and the producer moves to a new epoch (KIP-360).
@@ -151,12 +160,26 @@ class LogManager:
                         f"{found.get(key) or self._logs[key].directory} and {child}"
                     )
                 found[key] = child
-        for (topic, partition), path in found.items():
+
+        def open_one(item: tuple[tuple[str, int], Path]) -> None:
+            (topic, partition), path = item
             partition_log = PartitionLog.open(
                 path, topic, partition, self._config_for(topic), self._clock, handle_cache=self.handle_cache
             )
             with self._lock:
                 self._logs[(topic, partition)] = partition_log
+                self._count_in_dir(partition_log, 1)
+
+        # Opening is mostly file I/O (listing, reading indexes and the tail to recover after a
+        # crash), which threads overlap; the first error is raised once the others finished.
+        workers = self.recovery_threads_per_dir * len(self.log_dirs)
+        if workers == 1 or len(found) < 2:
+            for item in found.items():
+                open_one(item)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="log-recovery") as pool:
+                for future in [pool.submit(open_one, item) for item in found.items()]:
+                    future.result()
         return sorted(found)
 
     @staticmethod
@@ -192,6 +215,7 @@ class LogManager:
                 log_dir / name, topic, partition, config, self._clock, handle_cache=self.handle_cache
             )
             self._logs[(topic, partition)] = partition_log
+            self._count_in_dir(partition_log, 1)
             log.info("Created partition %s in %s", name, log_dir)
             return partition_log
 
@@ -210,12 +234,13 @@ class LogManager:
             raise
 
     def _least_loaded_dir(self) -> Path:
-        counts = {d: 0 for d in self.log_dirs}
-        for partition_log in self._logs.values():
-            parent = partition_log.directory.parent
-            if parent in counts:
-                counts[parent] += 1
-        return min(self.log_dirs, key=lambda d: counts[d])  # ties: first listed
+        """The log dir holding the fewest partitions (kept counted: counting them here walked
+        every partition, so each create cost in proportion to the partitions already held)."""
+        return min(self.log_dirs, key=lambda d: self._dir_counts.get(d, 0))  # ties: first listed
+
+    def _count_in_dir(self, partition_log: PartitionLog, delta: int) -> None:
+        parent = partition_log.directory.parent
+        self._dir_counts[parent] = self._dir_counts.get(parent, 0) + delta
 
     def update_topic_config(self, topic: str, configs: Mapping[str, Any]) -> None:
         """Replace a topic's overrides and apply them to its partitions here."""
@@ -238,6 +263,8 @@ class LogManager:
         """Close and delete the partition's directory; UnknownTopicOrPartitionError if absent."""
         with self._lock:
             partition_log = self._logs.pop((topic, partition), None)
+            if partition_log is not None:
+                self._count_in_dir(partition_log, -1)
         if partition_log is None:
             raise UnknownTopicOrPartitionError(
                 f"this storage node does not host partition {topic}-{partition}"
@@ -303,11 +330,22 @@ class LogManager:
             logs = list(self._logs.values())
             self._logs.clear()
         errors = []
-        for partition_log in logs:
+
+        def close_one(partition_log: PartitionLog) -> None:
             try:
                 partition_log.close()
             except (KafkaStorageError, OSError) as exc:
                 errors.append(exc)
                 log.exception("Closing %s failed", partition_log.name)
+
+        # As Kafka's shutdown, with the recovery threads: each close is fsyncs (segments, the
+        # recovery point, the clean-shutdown marker), which threads overlap.
+        workers = self.recovery_threads_per_dir * len(self.log_dirs)
+        if workers == 1 or len(logs) < 2:
+            for partition_log in logs:
+                close_one(partition_log)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="log-close") as pool:
+                list(pool.map(close_one, logs))
         if errors:
             raise KafkaStorageError(f"{len(errors)} partition logs failed to close: {errors[0]}")

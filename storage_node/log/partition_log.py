@@ -190,7 +190,7 @@ class PartitionLog:
                 checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
             loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
             try:
-                cls._write_open_checkpoints(directory, topic, partition, loaded)
+                cls._write_open_checkpoints(directory, topic, partition, loaded, durable=not created)
             except BaseException:
                 loader.close_segments(loaded.segments)
                 raise
@@ -216,14 +216,26 @@ class PartitionLog:
 
     @staticmethod
     def _write_open_checkpoints(
-        directory: Path, topic: str, partition: int, loaded: loader.LoadedLog
+        directory: Path, topic: str, partition: int, loaded: loader.LoadedLog, *, durable: bool = True
     ) -> None:
-        checkpoint.write_offset_checkpoint(
-            directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, topic, partition, loaded.log_start_offset
-        )
-        checkpoint.write_offset_checkpoint(
-            directory / files.RECOVERY_POINT_CHECKPOINT_FILE, topic, partition, loaded.recovery_point
-        )
+        """The offsets the log opened with. A new log's (``durable=False``) say 0, as their
+        absence does, so they are written without fsyncs (four per partition, most of what
+        creating thousands of partitions cost a node) -- written still, so that a full disk
+        fails the create now rather than its first append."""
+        # Each write is two fsyncs; a checkpoint already saying the value is left as it is (a
+        # node restarting with tens of thousands of partitions spent most of its start here).
+        for name, offset in (
+            (files.LOG_START_OFFSET_CHECKPOINT_FILE, loaded.log_start_offset),
+            (files.RECOVERY_POINT_CHECKPOINT_FILE, loaded.recovery_point),
+        ):
+            # A missing checkpoint reads as 0, as the loader takes it (a new log's may be lost).
+            if (
+                not durable
+                or (checkpoint.read_offset_checkpoint(directory / name, topic, partition) or 0) != offset
+            ):
+                checkpoint.write_offset_checkpoint(
+                    directory / name, topic, partition, offset, durable=durable
+                )
         # From here on a crash must be treated as unclean.
         loader.remove_clean_shutdown_marker(directory)
 

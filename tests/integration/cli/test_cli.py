@@ -264,6 +264,9 @@ def test_lifecycle_status_crash_up_down_up(data_dir):
     status = ok(tributary(data_dir, "cluster", "status")).stdout
     assert status.count("alive") == 5 and "dead" not in status  # etcd, coordinator, 2 storage, gateway
     assert "lines" in status, "partitions and their leaders, from GetMetadata"
+    assert "UNDER-REPLICATED" in status, "one summary row per topic by default"
+    every = ok(tributary(data_dir, "cluster", "status", "--partitions")).stdout
+    assert "ISR" in every and "lines" in every, "one row per partition when asked"
 
     victim = read_cluster_file(data_dir)["storage_nodes"]["1"]["pid"]
     os.kill(victim, signal.SIGKILL)

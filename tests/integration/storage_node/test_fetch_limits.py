@@ -19,7 +19,7 @@ import pytest
 from services import errors
 from services.fetchport import protocol
 from services.proto import pb
-from storage_node.descriptors import DescriptorBudget
+from storage_node.descriptors import DescriptorBudget, resolve_max_open_segments
 from storage_node.fetch.server import DEFAULT_MAX_CONNECTIONS_PER_IP
 from tests.support.wait import wait_until
 
@@ -99,7 +99,7 @@ def test_a_full_fetch_port_leaves_descriptors_for_partitions_and_segment_rolls(t
     """The reproduction at a scale a test can hold: a node whose descriptor limit is 2048, no
     per-address cap, and more idle connections than its share; then partitions and rolls."""
     limit = 2048
-    budget = DescriptorBudget.plan(limit, max_open_segments=1024)
+    budget = DescriptorBudget.plan(limit, max_open_segments=resolve_max_open_segments(0, limit))
     node = start_node_wrapped(
         tmp_path,
         "small-limit",

@@ -215,3 +215,14 @@ def test_progress_lines_on_a_pipe():
     progress.update("sent 1")
     progress.step("done")
     assert stream.getvalue() == "sent 1\ndone\n"
+
+
+def test_status_summarises_each_topic_in_one_row():
+    partitions = (
+        PartitionMetadata("t", 0, 1, 0, (1, 2), (1, 2), "online"),
+        PartitionMetadata("t", 1, 2, 0, (2, 1), (2,), "online"),
+        PartitionMetadata("t", 2, -1, 0, (1, 2), (), "offline", "LEADER_NOT_AVAILABLE"),
+    )
+    rows = output.topic_summary_rows([TopicDescription("t", partitions, 2, {})])
+    assert rows == [["t", 3, 2, 1, 2]]
+    assert build_parser().parse_args(["cluster", "status", "--partitions"]).partitions

@@ -208,3 +208,38 @@ async def _cache_waits():
     cache.apply([WatchEvent(EventType.PUT, kv(keys.CLUSTER_ID, "x", mod=200_000))])
     assert await waiter
     assert calls[-1] == 200_000
+
+
+def test_topics_changed_since_reads_the_changes_newest_first():
+    state = MetadataState()
+    at = next(_revision)
+    state.apply_resync(snapshot(broker(1), topic("a", [[1]]), topic("b", [[1]]), revision=at))
+    assert set(state.topics_changed_since(at - 1)) == {"a", "b"}
+    assert state.topics_changed_since(at) == []
+    put_a = put(partition("a", 0, 1))
+    state.apply_events([put_a])
+    put_c = put(topic("c", [[1]]))
+    state.apply_events([put_c])
+    assert state.topics_changed_since(at) == ["c", "a"]
+    assert state.topics_changed_since(put_a.revision) == ["c"]
+    removal = delete(keys.topic_key("b"))
+    state.apply_events([removal])
+    assert state.topics_changed_since(put_c.revision) == ["b"]  # a tombstone: b is gone
+    assert state.live_topic("b") is None
+    # Group keys move the revision but change no topic.
+    state.apply_events([put(kv("groups/g/members/m", "{}"))])
+    assert state.topics_changed_since(removal.revision) == []
+
+
+def test_a_delta_is_possible_only_without_a_snapshot_or_broker_change_since():
+    state = MetadataState()
+    at = next(_revision)
+    state.apply_resync(snapshot(broker(1), topic("a", [[1]]), revision=at))
+    assert not state.delta_possible_since(at - 1)  # before the snapshot: anything may differ
+    event = put(partition("a", 0, 1))
+    state.apply_events([event])
+    assert state.delta_possible_since(at)
+    node = put(broker(2))
+    state.apply_events([node])
+    assert not state.delta_possible_since(event.revision)  # every partition's view may differ
+    assert state.delta_possible_since(node.revision)

@@ -141,6 +141,14 @@ def test_plan_partitions_skips_topics_being_deleted():
     assert sorted((t.topic, t.partition) for t in transitions) == [("keep", 0), ("keep", 1)]
 
 
+def test_plan_partitions_limited_to_named_topics():
+    a, b = topic([[1], [2]], name="a"), topic([[1]], name="b")
+    state = state_with([a, b], brokers=[1, 2])
+    assert {t.topic for t in plan_partitions(state, topics={"b", "unknown"})} == {"b"}
+    assert plan_partitions(state, topics=set()) == []
+    assert len(plan_partitions(state, topics=None)) == 3
+
+
 def test_node_sync_creates_assigned_and_deletes_orphans():
     a = topic([[1, 2], [2, 3]], name="a")
     gone = TopicRecord("gone", "id", 1, {}, ((1,),), deleting=True)

@@ -72,3 +72,48 @@ def test_cached_metadata_filters_and_flags_unknown_topics():
     assert [t.name for t in answer.topics] == ["plain", "missing"]
     assert answer.topics[1].error.reason == "UNKNOWN_TOPIC_OR_PARTITION"
     assert len(answer.brokers) == 2 and answer.revision == 5
+
+
+def test_a_delta_replaces_changed_topics_and_drops_removed_ones():
+    base = ClusterSnapshot.from_proto(metadata(revision=5))
+    delta = pb.GetMetadataResponse(
+        revision=9,
+        is_delta=True,
+        base_revision=5,
+        brokers=[pb.BrokerInfo(node_id=1, host="h1", grpc_port=101, fetch_port=201)],
+        topics=[
+            pb.TopicMetadata(
+                name="plain", partitions=[pb.PartitionMetadata(partition=0, leader=1, leader_epoch=3)]
+            ),
+            pb.TopicMetadata(name="new", partitions=[pb.PartitionMetadata(partition=0, leader=1)]),
+        ],
+        removed_topics=["t"],
+    )
+    snapshot = base.with_delta(delta)
+    assert snapshot.revision == 9 and set(snapshot.nodes) == {1}
+    assert set(snapshot.topics) == {"plain", "new"}
+    assert snapshot.topics["plain"].partitions[0].leader_epoch == 3
+    assert base.topics["plain"].partitions[0].leader_epoch == 0  # the old snapshot is untouched
+    full = snapshot.source  # rebuilt whole for GetMetadata fallbacks
+    assert not full.is_delta and not full.removed_topics and full.revision == 9
+    assert [t.name for t in full.topics] == ["new", "plain"]
+    assert [b.node_id for b in full.brokers] == [1]
+
+
+def test_a_whole_snapshot_serves_its_own_response():
+    response = metadata()
+    assert ClusterSnapshot.from_proto(response).source is response
+
+
+def test_the_watch_applies_deltas_in_order_and_refuses_a_gap():
+    from gateway.server.routing import MetadataGapError, MetadataWatch
+
+    watch = MetadataWatch(coordinators=None)  # apply() never calls the coordinators
+    assert watch.apply(metadata(revision=5))
+    step = pb.GetMetadataResponse(revision=7, is_delta=True, base_revision=5, removed_topics=["plain"])
+    assert watch.apply(step)
+    assert set(watch.snapshot.topics) == {"t"} and watch.snapshot.revision == 7
+    stale = pb.GetMetadataResponse(revision=6, is_delta=True, base_revision=5, removed_topics=["t"])
+    assert not watch.apply(stale) and "t" in watch.snapshot.topics
+    with pytest.raises(MetadataGapError):
+        watch.apply(pb.GetMetadataResponse(revision=12, is_delta=True, base_revision=9))

@@ -16,7 +16,7 @@ def test_tls_options_become_sdk_settings(tmp_path):
 
 
 def test_bad_tls_options_name_the_option(tmp_path):
-    with pytest.raises(OptionError, match="ssl.cafile"):
+    with pytest.raises(OptionError, match=r"ssl\.cafile"):
         ReadOptions.parse({"subscribe": "t", "ssl.cafile": str(tmp_path / "missing.pem")}, streaming=False)
-    with pytest.raises(OptionError, match="security.protocol"):
+    with pytest.raises(OptionError, match=r"security\.protocol"):
         WriteOptions.parse({"security.protocol": "SASL_SSL"})

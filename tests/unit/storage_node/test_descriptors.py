@@ -41,3 +41,17 @@ def test_a_limit_too_small_for_the_segment_cache_is_a_clear_start_error():
     ):
         DescriptorBudget.plan(1024, max_open_segments=1024)
     assert DescriptorBudget.plan(1024, max_open_segments=128).fetch_connections == 256
+
+
+def test_max_open_segments_defaults_to_a_quarter_of_the_limit():
+    from storage_node.descriptors import resolve_max_open_segments
+
+    assert resolve_max_open_segments(0, 20_000) == 5_000
+    assert resolve_max_open_segments(0, 1 << 20) == 1 << 18
+    assert resolve_max_open_segments(300, 20_000) == 300  # set explicitly: honoured
+    for limit in (1_024, 2_048, 20_000):  # the default always leaves the fetch port its share
+        assert DescriptorBudget.plan(
+            limit, max_open_segments=resolve_max_open_segments(0, limit)
+        ).fetch_connections
+    with pytest.raises(ConfigError, match=r"max\.open\.segments"):
+        resolve_max_open_segments(-1, 20_000)

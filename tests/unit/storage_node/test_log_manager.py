@@ -140,6 +140,42 @@ def test_delete_partition_removes_its_directory(dirs, clock):
     manager.close()
 
 
+def test_a_new_partition_writes_its_checkpoints_without_fsync(dirs, clock, monkeypatch):
+    """A new log's checkpoints say what their absence says (offset 0): written without fsyncs
+    (four per partition were most of what creating thousands of partitions cost a node), but
+    written, so a full disk fails the create rather than the first append."""
+    import os
+
+    manager = _manager(dirs[:1], clock)
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    partition_log = manager.create_partition("fresh", 0)
+    monkeypatch.undo()
+    assert len(synced) == 1  # the log dir, so the new partition's directory survives a crash
+    assert (partition_log.directory / files.RECOVERY_POINT_CHECKPOINT_FILE).exists()
+    partition_log.append(make_batch(3))
+    manager.close()
+    reopened = _manager(dirs[:1], clock)
+    assert reopened.get("fresh", 0).log_end_offset == 3
+    reopened.close()
+
+
+def test_reopening_rewrites_no_checkpoint_that_already_holds_its_value(dirs, clock, monkeypatch):
+    first = _manager(dirs[:1], clock)
+    first.create_partition("kept", 0).append(make_batch(3))
+    first.close()
+    written = []
+    real_write = checkpoint.write_atomically
+    monkeypatch.setattr(
+        checkpoint, "write_atomically", lambda p, d, **kw: (written.append(p.name), real_write(p, d, **kw))
+    )
+    reopened = _manager(dirs[:1], clock)
+    assert reopened.get("kept", 0).log_end_offset == 3
+    assert not [name for name in written if "offset-checkpoint" in name or "recovery" in name], written
+    reopened.close()
+
+
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
@@ -165,15 +201,17 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
         first = _manager(dirs[:1], clock)
         first.create_partition("full", 0).append(make_batch(3))
         first.close()
+        for name in (files.LOG_START_OFFSET_CHECKPOINT_FILE, files.RECOVERY_POINT_CHECKPOINT_FILE):
+            (dirs[0] / "full-0" / name).unlink()  # missing: the open writes both again
     manager = LogManager(dirs[:1], clock, {"segment.bytes": "2000"})
     real_write = checkpoint.write_atomically
     writes = []
 
-    def second_write_fails(path, data):
+    def second_write_fails(path, data, **kwargs):
         writes.append(path)
-        if len(writes) % 2 == 0:
+        if path.name == files.RECOVERY_POINT_CHECKPOINT_FILE:  # the second, the first succeeding
             _no_space()
-        real_write(path, data)
+        real_write(path, data, **kwargs)
 
     if failing_point == "checkpoint":
         monkeypatch.setattr(checkpoint, "write_atomically", _no_space)
@@ -219,3 +257,16 @@ def test_tick_forgets_idle_producers_every_check_interval(dirs, clock):
     manager.tick()
     assert set(partition_log.producer_state.producers) == {8}
     manager.close()
+
+
+def test_partitions_open_in_parallel_at_load(dirs, clock):
+    first = _manager(dirs, clock)
+    for partition in range(12):
+        first.create_partition("many", partition).append(make_batch(partition + 1))
+    first.close()
+    manager = LogManager(dirs, clock, {"segment.bytes": "2000"}, recovery_threads_per_dir=3)
+    assert len(manager.load()) == 12
+    assert [manager.get("many", p).log_end_offset for p in range(12)] == [p + 1 for p in range(12)]
+    manager.close()
+    with pytest.raises(ValueError, match="recovery threads"):
+        LogManager(dirs, clock, recovery_threads_per_dir=0)

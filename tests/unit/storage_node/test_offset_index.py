@@ -103,3 +103,23 @@ def test_sanity_check_rejects_torn_and_unsorted_files(tmp_path):
     index.append(3, 5000)
     with pytest.raises(CorruptIndexError):
         index.ensure_within(log_size=5000)
+
+
+def test_an_index_holds_no_descriptor_between_appends(tmp_path):
+    """Two descriptors per active segment, kept, were unbounded with tens of thousands of
+    partitions; appends now open and close the file."""
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    indexes = [OffsetIndex.open(tmp_path / f"{i}.index", BASE, 800) for i in range(50)]
+    for index in indexes:
+        index.append(BASE + 1, 10)
+        index.append(BASE + 2, 20)
+    assert len(os.listdir("/proc/self/fd")) == before
+    for index in indexes:
+        index.flush()  # durable through a descriptor of its own
+    (tmp_path / "0.index").unlink()
+    indexes[0].append(BASE + 3, 30)
+    (tmp_path / "0.index").unlink()
+    indexes[0].flush()  # the file is gone: nothing to sync, no error
+    assert OffsetIndex.open(tmp_path / "1.index", BASE, 800).entries == 2
