@@ -38,7 +38,7 @@ TOPIC = "moving"
 PARTITIONS = 4
 NODES = 4
 RF = 3
-NEMESIS_S = 20.0
+NEMESIS_S = 12.0
 #: The fault sequence; TRIBUTARY_CHAOS_SEED explores others.
 SEED = int(os.environ.get("TRIBUTARY_CHAOS_SEED", "1824"))
 
