@@ -35,19 +35,22 @@ def test_spark_reads_the_latest_value_per_key(spark, compact_cluster):
     with Admin(servers=servers) as admin:
         admin.create_topics([NewTopic(topic, 1, 1, configs)])
     latest: dict[bytes, bytes | None] = {}
-    with Producer(servers=servers, linger_ms=2) as producer:
+    sent = []
+    # Batches below segment.bytes (a batch larger than a segment is refused, as in Kafka).
+    with Producer(servers=servers, linger_ms=2, batch_size=4096) as producer:
         for i in range(2000):
             key = b"row-%d" % (i % 40)
-            producer.send(topic, b"version-%d" % i, key=key)
+            sent.append(producer.send(topic, b"version-%d" % i, key=key))
             latest[key] = b"version-%d" % i
         for i in range(5):
-            producer.send(topic, None, key=b"row-%d" % i)
+            sent.append(producer.send(topic, None, key=b"row-%d" % i))
             latest[b"row-%d" % i] = None
         for i in range(400):  # roll past the tombstones so they can be cleaned too
-            producer.send(topic, b"f" * 30, key=b"filler-%d" % (i % 3))
+            sent.append(producer.send(topic, b"f" * 30, key=b"filler-%d" % (i % 3)))
             latest[b"filler-%d" % (i % 3)] = b"f" * 30
         end = producer.send(topic, b"end", key=b"end").get(10).offset + 1
         latest[b"end"] = b"end"
+    assert end == len(sent) + 1 and all(f.get(10).offset >= 0 for f in sent), "every record appended"
 
     def rows() -> list:
         return read_topic(spark, servers, subscribe=topic).collect()
