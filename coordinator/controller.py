@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from coordinator import keys, topic_rules
 from coordinator.isr_changes import IsrChange, validated_isr_change
+from coordinator.keys import WRITE_BATCH
 from coordinator.leader_balance import imbalanced_partitions
 from coordinator.metadata import MetadataCache, MetadataState, leader_counts
 from coordinator.model import (
@@ -76,8 +77,6 @@ from services.topic_config import TOPIC_CONFIGS, format_topic_config, validate_t
 
 log = logging.getLogger(__name__)
 
-#: Partition-state writes per transaction: etcd allows 128 compares and 128 ops per txn.
-WRITE_BATCH = 100
 #: Attempts of an admin write that lost a compare-and-swap race with the reconcile loop.
 _CAS_ATTEMPTS = 5
 #: Partition states per UpdateLeaderAndIsr call. A node applies a call in one go on its event

@@ -17,6 +17,7 @@ from coordinator.controller import Controller
 from coordinator.groups.manager import GroupManager
 from coordinator.health import EtcdHealth
 from coordinator.isr_changes import IsrChange
+from coordinator.keys import WRITE_BATCH
 from coordinator.leadership import Leadership
 from coordinator.metadata import MetadataCache, MetadataState
 from coordinator.model import (
@@ -35,9 +36,6 @@ from services import errors
 from services.acls import AclBinding, AclFilter
 from services.leader_and_isr import LeaderAndIsr
 from services.topic_config import TOPIC_CONFIGS, format_topic_config
-
-#: ACL keys written per etcd transaction (etcd allows 128 operations, the controller adds guards).
-ACL_WRITE_CHUNK = 100
 
 
 class CoordinatorHandlers:
@@ -210,8 +208,8 @@ class CoordinatorHandlers:
         new = [b for b in dict.fromkeys(bindings) if acl_key(b) not in self.acls.bindings]
         if len(self.acls.bindings) + len(new) > MAX_ACLS:
             raise errors.PolicyViolationError(f"the cluster may hold at most {MAX_ACLS} ACLs")
-        for start in range(0, len(new), ACL_WRITE_CHUNK):
-            await controller._write(create_ops(new[start : start + ACL_WRITE_CHUNK]))
+        for start in range(0, len(new), WRITE_BATCH):
+            await controller._write(create_ops(new[start : start + WRITE_BATCH]))
         await controller._await_own_writes()
 
     def describe_acls(self, filter_: AclFilter) -> list[AclBinding]:
@@ -223,8 +221,8 @@ class CoordinatorHandlers:
         controller = self._controller()
         matched = {key: binding for f in filters for key, binding in self.acls.matching(f)}
         found = list(matched)
-        for start in range(0, len(found), ACL_WRITE_CHUNK):
-            await controller._write(delete_ops(found[start : start + ACL_WRITE_CHUNK]))
+        for start in range(0, len(found), WRITE_BATCH):
+            await controller._write(delete_ops(found[start : start + WRITE_BATCH]))
         await controller._await_own_writes()
         return list(matched.values())
 

@@ -70,6 +70,10 @@ _PARTITIONS = "partitions"
 #: small. A topic at the default partition limit (10,000) with replication factor 3 is ~170 KiB.
 MAX_TOPIC_VALUE_BYTES = 1024 * 1024
 
+#: Keys written per transaction (partition states, ACLs; a reassignment adds its topic record and
+#: the controller its fencing compares): etcd allows 128 compares and 128 ops per txn.
+WRITE_BATCH = 100
+
 
 class BadValueError(ValueError):
     """A key's value is not in the format this module writes."""

@@ -38,10 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Partitions written per transaction: etcd allows 128 operations (and 128 compares) in one,
-#: and each carries the partition, the topic record and the controller's two fencing compares.
-TOPIC_WRITE_CHUNK = 100
-
 #: min.insync.replicas of a topic that does not set it (the broker default, as Kafka's).
 DEFAULT_MIN_INSYNC_REPLICAS = 1
 
@@ -207,8 +203,8 @@ class Reassigner:
         controller = self._controller
         outcomes: Outcomes = {}
         topic = controller.cache.state.topics.get(name)
-        for start in range(0, len(transitions), TOPIC_WRITE_CHUNK):
-            chunk = transitions[start : start + TOPIC_WRITE_CHUNK]
+        for start in range(0, len(transitions), keys.WRITE_BATCH):
+            chunk = transitions[start : start + keys.WRITE_BATCH]
             if topic is None:
                 gone = errors.UnknownTopicOrPartitionError(f"topic {name} is gone")
                 outcomes.update({(t.topic, t.partition): gone for t in chunk})

@@ -96,8 +96,8 @@ def validate_binding(binding: AclBinding) -> None:
         raise ValueError("host must be an address or *")
     if not binding.resource_name:
         raise ValueError("resource name must not be empty")
-    if binding.resource_type is ResourceType.CLUSTER and binding.resource_name != "tributary-cluster":
-        raise ValueError("the CLUSTER resource is named tributary-cluster")
+    if binding.resource_type is ResourceType.CLUSTER and binding.resource_name != CLUSTER_NAME:
+        raise ValueError(f"the CLUSTER resource is named {CLUSTER_NAME}")
     for value in (binding.principal, binding.host, binding.resource_name):
         if len(value) > MAX_FIELD_LENGTH:
             raise ValueError(f"ACL fields are at most {MAX_FIELD_LENGTH} characters")

@@ -626,17 +626,23 @@ class Fetcher:
             if chunk.take_columns(columns, max_records - taken, position):
                 taken = len(columns)
                 self.subscription.advance(tp, columns.last_offset + 1)
-            if not chunk.exhausted:
+            if not self._finish_chunk(tp, chunks, chunk):
                 break
-            if chunk.error is not None:
-                chunks.popleft()
-                self._errors[tp] = chunk.error
-                break
-            chunks.popleft()
-            self.subscription.advance(tp, chunk.next_fetch_offset)
-            self.wakeup()  # room for another chunk of tp
         if not chunks:
             self._buffers.pop(tp, None)
+
+    def _finish_chunk(self, tp: TopicPartition, chunks, chunk) -> bool:
+        """After taking from ``tp``'s head chunk: drop it once exhausted, keeping its error for
+        the next poll or moving past it; True when the next chunk may be taken from."""
+        if not chunk.exhausted:
+            return False
+        chunks.popleft()
+        if chunk.error is not None:
+            self._errors[tp] = chunk.error
+            return False
+        self.subscription.advance(tp, chunk.next_fetch_offset)
+        self.wakeup()  # room for another chunk of tp
+        return True
 
     def _rotated(self, tps: list[TopicPartition]) -> list[TopicPartition]:
         # Start each drain at a different partition so one busy partition cannot starve the rest.
@@ -659,15 +665,8 @@ class Fetcher:
             if records:
                 taken.extend(records)
                 self.subscription.advance(tp, records[-1].offset + 1)
-            if not chunk.exhausted:
+            if not self._finish_chunk(tp, chunks, chunk):
                 break
-            if chunk.error is not None:
-                chunks.popleft()
-                self._errors[tp] = chunk.error
-                break
-            chunks.popleft()
-            self.subscription.advance(tp, chunk.next_fetch_offset)
-            self.wakeup()  # room for another chunk of tp
         if not chunks:
             self._buffers.pop(tp, None)
         return taken

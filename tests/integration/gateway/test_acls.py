@@ -21,7 +21,7 @@ from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.acls import AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType
-from tests.integration.gateway.test_tls import make_ca, make_cert
+from tests.integration.gateway.test_tls import client_tls_settings, gateway_tls_args, make_ca, make_cert
 from tests.support.wait import wait_until
 
 TOPIC = ResourceType.TOPIC
@@ -45,24 +45,18 @@ def cluster(tmp_path, certs):
         coordinators=1,
         gateways=1,
         gateway_args=[
-            "--tls-cert-file", str(certs / "gateway.pem"),
-            "--tls-key-file", str(certs / "gateway.key"),
-            "--tls-client-ca-file", str(certs / "ca.pem"),
-            "--authorizer-enabled", "true",
-            "--super-users", "User:admin",
+            *gateway_tls_args(certs),
+            "--authorizer-enabled",
+            "true",
+            "--super-users",
+            "User:admin",
         ],
-    )  # fmt: skip
+    )
     with LocalCluster(tmp_path / "cluster", spec) as local:
         yield local
 
 
-def settings(certs, name: str) -> dict[str, str]:
-    return {
-        "security_protocol": "SSL",
-        "ssl_cafile": str(certs / "ca.pem"),
-        "ssl_certfile": str(certs / f"{name}.pem"),
-        "ssl_keyfile": str(certs / f"{name}.key"),
-    }
+settings = client_tls_settings
 
 
 def allow(name: str, operation: Operation, *, prefixed: bool = False, resource=TOPIC) -> AclBinding:

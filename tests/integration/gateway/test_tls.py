@@ -72,29 +72,38 @@ def certs(tmp_path):
     return directory
 
 
-@pytest.fixture
-def cluster(tmp_path, certs):
-    spec = LocalClusterSpec(
-        storage_nodes=1,
-        coordinators=1,
-        gateways=1,
-        gateway_args=[
-            "--tls-cert-file", str(certs / "gateway.pem"),
-            "--tls-key-file", str(certs / "gateway.key"),
-            "--tls-client-ca-file", str(certs / "ca.pem"),
-        ],
-    )  # fmt: skip
-    with LocalCluster(tmp_path / "cluster", spec) as local:
-        yield local
+def gateway_tls_args(certs: Path) -> list[str]:
+    """The gateway's mutual-TLS flags for the certificates ``make_cert`` wrote."""
+    return [
+        "--tls-cert-file", str(certs / "gateway.pem"),
+        "--tls-key-file", str(certs / "gateway.key"),
+        "--tls-client-ca-file", str(certs / "ca.pem"),
+    ]  # fmt: skip
 
 
-def tls_settings(certs: Path, client: str = "client") -> dict[str, str]:
+def client_tls_settings(certs: Path, client: str = "client") -> dict[str, str]:
+    """The SDK's settings for ``client``'s certificate."""
     return {
         "security_protocol": "SSL",
         "ssl_cafile": str(certs / "ca.pem"),
         "ssl_certfile": str(certs / f"{client}.pem"),
         "ssl_keyfile": str(certs / f"{client}.key"),
     }
+
+
+@pytest.fixture
+def cluster(tmp_path, certs):
+    spec = LocalClusterSpec(
+        storage_nodes=1,
+        coordinators=1,
+        gateways=1,
+        gateway_args=gateway_tls_args(certs),
+    )
+    with LocalCluster(tmp_path / "cluster", spec) as local:
+        yield local
+
+
+tls_settings = client_tls_settings
 
 
 def served_certificate(address: str, certs: Path, *, alpn: str | None) -> bytes:
