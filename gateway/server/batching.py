@@ -157,6 +157,27 @@ def plan_typed(
 ) -> tuple[list[int], dict[int, PartitionPayload], list[int]]:
     """Plan a typed produce: (assignment, payloads of valid partitions, out-of-range partitions)."""
     assignment = assign_partitions(command.topic, command.records, partition_count, sticky)
+    payloads, unknown = build_payloads(
+        command, assignment, partition_count, now_ms=now_ms, max_batch_bytes=max_batch_bytes
+    )
+    return assignment, payloads, unknown
+
+
+def typed_payload_bytes(command: ProduceCommand) -> int:
+    """The key and value bytes of a typed produce (what building its batches copies)."""
+    return sum(len(r.value or b"") + len(r.key or b"") for r in command.records)
+
+
+def build_payloads(
+    command: ProduceCommand,
+    assignment: Sequence[int],
+    partition_count: int,
+    *,
+    now_ms: int,
+    max_batch_bytes: int,
+) -> tuple[dict[int, PartitionPayload], list[int]]:
+    """The batches of each assigned partition: (payloads of valid partitions, out-of-range
+    partitions). Touches nothing shared, so it may run on a worker thread."""
     payloads: dict[int, PartitionPayload] = {}
     unknown: list[int] = []
     for partition, indexes in group_by_partition(assignment).items():
@@ -171,7 +192,7 @@ def plan_typed(
             max_batch_bytes=max_batch_bytes,
         )
         payloads[partition] = PartitionPayload(partition, data, indexes)
-    return assignment, payloads, unknown
+    return payloads, unknown
 
 
 def plan_raw(command: ProduceCommand, partition_count: int) -> tuple[dict[int, PartitionPayload], list[int]]:

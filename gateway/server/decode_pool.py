@@ -19,6 +19,9 @@ Three parts answer it:
   and worker threads allocate from arenas of their own, so without it a rare large answer would
   keep its peak resident.
 
+The pool also builds the record batches of large typed produce requests
+(:data:`gateway.server.produce.OFFLOAD_BUILD_BYTES`), for the same reason.
+
 Thread-safety: ``run`` and ``account`` are called from the event loop's thread only.
 """
 

@@ -47,6 +47,9 @@ UNSUPPORTED_RECHECK_S = 60.0
 MAX_RESPONSE_FRAME = 16 << 20
 #: Wait for the socket to drain past this many unsent bytes (back-pressure on the callers).
 WRITE_HIGH_WATER = 4 << 20
+#: A frame larger than this goes out in pieces of this size, draining between them (see
+#: :meth:`_Link.send`).
+WRITE_PIECE_BYTES = 1 << 20
 
 
 class _Unsupported(Exception):
@@ -64,6 +67,41 @@ class _Link:
         self.ids = itertools.count(1)
         self.alive = True
         self.task: asyncio.Task | None = None
+        #: Held while a large frame goes out in pieces, so no other frame lands between them.
+        self._sending = asyncio.Lock()
+
+    async def send(self, parts: list[bytes | memoryview]) -> None:
+        """Write one frame, whole, then wait while the socket is behind.
+
+        A small frame is joined and written in one step. A large one is written a piece at a
+        time, draining whenever the unsent bytes pass :data:`WRITE_HIGH_WATER`: handed whole
+        to asyncio's transport, a 100 MB frame is copied into its buffer (twice, on a partial
+        first send) and every later send moves the rest of that buffer down, which held the
+        event loop -- every other client of the gateway -- for most of a second.
+        """
+        writer = self.writer
+        size = sum(len(part) for part in parts)
+        if size <= WRITE_PIECE_BYTES and not self._sending.locked():
+            writer.write(b"".join(parts))
+            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                await writer.drain()
+            return
+        async with self._sending:
+            try:
+                for part in parts:
+                    view = memoryview(part)
+                    for start in range(0, len(view), WRITE_PIECE_BYTES):
+                        if not self.alive:
+                            raise errors.NetworkError(f"the data-port connection to {self.name} was lost")
+                        writer.write(view[start : start + WRITE_PIECE_BYTES])
+                        if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                            await writer.drain()
+            except BaseException:
+                # Part of a frame is out (a timeout, the caller cancelled): the next frame would
+                # read as its rest, so the connection goes and everything on it fails retriably.
+                if self.alive:
+                    self.fail(errors.NetworkError(f"an append frame to {self.name} was cut short"))
+                raise
 
     async def read_answers(self) -> None:
         """Resolve pending appends as their answers come; on any failure, fail them all."""
@@ -225,13 +263,11 @@ class NodeAppends:
             return {p: AppendResult(topic, p, error=error) for p in payloads}
         future: asyncio.Future[frames.AppendResponse] = asyncio.get_running_loop().create_future()
         link.pending[correlation_id] = future
-        writer = link.writer
-        writer.write(b"".join(frames.encode_request_parts(request)))
         sent = False
         try:
             async with asyncio.timeout(max(timeout_s, 0.001)):
-                if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                    await writer.drain()  # a node that stopped reading: bounded by the timeout too
+                # A node that stopped reading holds this up: bounded by the timeout too.
+                await link.send(frames.encode_request_parts(request))
                 sent = True
                 response = await future
         except TimeoutError:

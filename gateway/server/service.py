@@ -79,6 +79,7 @@ class GatewayService:
             ),
         )
         self.router.start()
+        self.decode_pool = DecodePool(threads=config.fetch_decode_threads)
         self.produce = ProduceHandler(
             self.router,
             clock=self.clock,
@@ -86,8 +87,8 @@ class GatewayService:
             max_batch_bytes=config.max_batch_bytes,
             max_unacked=config.max_unacked_appends,
             telemetry=self.instruments,
+            offload=self.decode_pool.run,
         )
-        self.decode_pool = DecodePool(threads=config.fetch_decode_threads)
         fetch = FetchHandler(
             self.router,
             self.decode_pool,

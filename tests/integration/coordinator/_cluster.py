@@ -138,7 +138,10 @@ class Cluster:
         return storage_grpc.StorageNodeStub(self._channels[address])
 
     def active_id(self) -> str | None:
-        """The coordinator that says it is active, asking every running one."""
+        """The coordinator that says it is active, asking every running one -- once every running
+        one names it as the active controller (a standby that has not yet seen the election answers
+        an admin call with NOT_CONTROLLER instead of forwarding it)."""
+        active, named = None, set()
         for coordinator_id, process in self.coordinators.items():
             if not process.is_running() or not process.info:
                 continue
@@ -147,8 +150,9 @@ class Cluster:
             except grpc.RpcError:
                 continue
             if info.is_active:
-                return coordinator_id
-        return None
+                active = coordinator_id
+            named.add(info.active_id)
+        return active if named == {active} else None
 
     def metadata(self, coordinator_id: str | None = None, topics=(), timeout: float = 5.0):
         return self.stub(coordinator_id).GetMetadata(
