@@ -186,6 +186,13 @@ class ProducerConfig:
         for name in ("linger_ms", "max_block_ms", "retries", "retry_backoff_ms", "connections_max_idle_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            # Kafka's rule: one request may take request_timeout_ms after lingering, so a shorter
+            # delivery timeout could not be kept (a record would fail later than it says).
+            raise ValueError(
+                f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be at least linger_ms + "
+                f"request_timeout_ms ({self.linger_ms} + {self.request_timeout_ms})"
+            )
 
     def tls(self) -> ClientTls | None:
         """The TLS the security settings ask for (ValueError when they do not add up)."""

@@ -22,6 +22,7 @@ not what the replicas served, and the page cache shows a running node's writes t
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import time
@@ -67,18 +68,21 @@ REPLICA_LAG_MS = 1000
 #: The issue's 100,000 records, from two producers, spread over the fault window.
 RECORDS = 100_000
 PRODUCERS = 2
-PRODUCE_S = 60.0
 #: Faults (see _chaos.FAULT_KINDS), one every few seconds: this gap, plus the failover and the
-#: restart (4-8 s here, so the plan about fills the produce window).
-FAULT_PLAN = ("kill", "isolate", "lag", "pause", "double", "kill", "isolate", "lag", "double")
+#: restart (4-8 s here, so the plan about fills the produce window). Every kind once, then a
+#: second kill and double fault, in the suite; TRIBUTARY_CHAOS_ROUNDS=N repeats the whole plan
+#: N times (and stretches the produce window with it) for a longer soak.
+ROUNDS = int(os.environ.get("TRIBUTARY_CHAOS_ROUNDS", "1"))
+FAULT_PLAN = ("kill", "isolate", "lag", "pause", "double", "kill") * ROUNDS
+PRODUCE_S = 36.0 * ROUNDS
 FAULT_INTERVAL_S = 1.5
 #: Bound on the whole plan (a fault takes 4-10 s here; each of its waits is bounded on its own).
-NEMESIS_TIMEOUT_S = 180
+NEMESIS_TIMEOUT_S = 180 * ROUNDS
 #: How long the other nodes stay frozen before an isolated leader is killed (leases last 2 s).
 ISOLATE_S = 0.8
 #: The zombie stays stopped this much longer after the controller replaced it.
 PAUSE_HOLD_S = 1.5
-SEED = 20240611
+SEED = int(os.environ.get("TRIBUTARY_CHAOS_SEED", "20240611"))
 
 TOPIC_CONFIGS = {
     "min.insync.replicas": "2",

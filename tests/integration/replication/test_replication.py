@@ -33,7 +33,9 @@ def produce(
     servers: str, topic: str, values: list[bytes], *, acks="all", index: int = 0, timeout_ms: int = 20_000
 ):
     """Send ``values`` to one partition; the offsets acknowledged, or raise the first failure."""
-    with Producer(servers=servers, acks=acks, delivery_timeout_ms=timeout_ms, linger_ms=0) as producer:
+    with Producer(
+        servers=servers, acks=acks, delivery_timeout_ms=timeout_ms, request_timeout_ms=timeout_ms, linger_ms=0
+    ) as producer:
         futures = [producer.send(topic, value, partition=index) for value in values]
         producer.flush()
         return [f.get(timeout_ms / 1000 + 5).offset for f in futures]
