@@ -3,7 +3,7 @@ SDK's Admin. A gateway with ``--authorizer-enabled`` decides every call by them.
 
 from __future__ import annotations
 
-from gateway.cli.connect import CliError, client_settings
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings
 from gateway.cli.output import table
 from gateway.client import Admin
 from services.acls import (
@@ -16,8 +16,6 @@ from services.acls import (
     ResourceType,
     validate_binding,
 )
-
-CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 def _admin(args) -> Admin:

@@ -28,6 +28,9 @@ from gateway.client.servers import (
 from services.tls import ClientTls, grpc_channel_credentials
 
 PROBE_TIMEOUT_S = 3.0
+#: How long a CLI command waits for one request (the clients' default is 30 s; an operator at a
+#: terminal hears sooner that something is wrong).
+CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 class CliError(Exception):

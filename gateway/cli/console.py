@@ -12,12 +12,11 @@ import sys
 import threading
 import time
 
-from gateway.cli.connect import CliError, client_settings
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings
 from gateway.cli.output import Progress, parse_line, parse_pairs, record_json, record_text
 from gateway.client import Consumer, Producer, TopicPartition
 from gateway.client.errors import WakeupError
 
-CLI_REQUEST_TIMEOUT_MS = 15_000
 #: How long produce waits for a topic it does not know (Kafka's console producer: 60 s).
 CLI_MAX_BLOCK_MS = 3_000
 CLOSE_TIMEOUT_S = 5.0

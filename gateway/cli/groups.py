@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from gateway.cli.connect import CliError, client_settings
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings
 from gateway.cli.output import (
     clamp_offsets,
     describe_group,
@@ -20,8 +20,6 @@ from gateway.cli.output import (
     reset_table,
 )
 from gateway.client import Admin, TopicPartition
-
-CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 def _admin(args) -> Admin:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import time
 
-from gateway.cli.connect import CliError, client_settings
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings
 from gateway.cli.output import table
 from gateway.client import Admin, TopicPartition
 from services.replica_moves import plan_decommission, plan_rebalance
 
-CLI_REQUEST_TIMEOUT_MS = 15_000
 POLL_S = 1.0
 
 _UNITS = {"": 1, "b": 1, "k": 1_000, "kb": 1_000, "m": 1_000_000, "mb": 1_000_000, "g": 10**9, "gb": 10**9}

@@ -8,12 +8,10 @@ import json
 from pathlib import Path
 
 from gateway.cli import cleaner_progress
-from gateway.cli.connect import CliError, client_settings, cluster_tls
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings, cluster_tls
 from gateway.cli.output import describe_topic, is_compacted, is_under_replicated, offsets_table, parse_pairs
 from gateway.client import Admin, NewTopic, TopicPartition
 from services.tls import grpc_channel_credentials
-
-CLI_REQUEST_TIMEOUT_MS = 15_000
 
 
 def _admin(args) -> Admin:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import time
 
-from gateway.cli.connect import client_settings
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, client_settings
 from gateway.cli.output import table
 from gateway.client import Admin, TransactionDescription
 
-CLI_REQUEST_TIMEOUT_MS = 15_000
 HEADERS = ("TRANSACTIONAL-ID", "STATE", "PRODUCER-ID", "EPOCH", "TIMEOUT-MS", "PARTITIONS", "OPEN-FOR")
 
 
