@@ -254,8 +254,15 @@ def _read_string(view: memoryview, position: int, what: str) -> tuple[str, int]:
 # ---- responses ----------------------------------------------------------------------------------
 
 
-def encode_partition_header(header: PartitionHeader, error: errors.TributaryError | None = None) -> bytes:
-    """A partition's header bytes; ``header.records_length`` record bytes must follow."""
+def encode_partition_header(
+    header: PartitionHeader, error: errors.TributaryError | None = None, *, records_length: int | None = None
+) -> bytes:
+    """A partition's header bytes; ``records_length`` (default ``header.records_length``) record
+    bytes must follow. (The server passes the length it will send rather than copying the
+    header with it: a wide fetch encodes hundreds of headers, and the copy cost more than the
+    encoding.)"""
+    if records_length is None:
+        records_length = header.records_length
     return (
         _string(header.topic, MAX_TOPIC_BYTES)
         + _PARTITION_RESPONSE.pack(
@@ -271,7 +278,7 @@ def encode_partition_header(header: PartitionHeader, error: errors.TributaryErro
         + _INT.pack(len(header.aborted))
         + b"".join(_ABORTED.pack(pid, first) for pid, first in header.aborted)
         + (_message(error) if error else _message_bytes(header.message))
-        + _INT.pack(header.records_length)
+        + _INT.pack(records_length)
     )
 
 

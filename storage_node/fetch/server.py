@@ -647,7 +647,7 @@ class FetchServer:
                     except FileNotFoundError:
                         length = 0  # deleted by retention meanwhile: an empty answer, fetched again
                 fds.append(fd)
-                headers.append(multi.encode_partition_header(_with_length(header, length)))
+                headers.append(multi.encode_partition_header(header, records_length=length))
             lengths = [length if fd is not None else 0 for (_, length, _), fd in zip(parts, fds)]
             body_length = sum(len(h) for h in headers) + sum(lengths)
             # Headers go out together up to the next records (one send, not one per partition:
@@ -674,7 +674,3 @@ class FetchServer:
             for fd in fds:
                 if fd is not None:
                     os.close(fd)
-
-
-def _with_length(header: multi.PartitionHeader, length: int) -> multi.PartitionHeader:
-    return dataclasses.replace(header, records_length=length)
