@@ -432,6 +432,13 @@ class TransactionalIdAuthorizationFailedError(TributaryError):
     )
 
 
+class SaslAuthenticationFailedError(TributaryError):
+    """A client's credentials (a bearer token) are missing, malformed, expired or not signed
+    with the gateway's key. Not retriable with the same credentials."""
+
+    reason, kafka_code, grpc_code = "SASL_AUTHENTICATION_FAILED", 58, grpc.StatusCode.UNAUTHENTICATED
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 

@@ -46,11 +46,13 @@ default all).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.client.client import client_tls
+from gateway.client.credentials import client_token_source
 from gateway.client.structs import TopicPartition
 from services.acks import Acks
 from services.errors import InvalidRequestError
@@ -66,7 +68,14 @@ from spark_jobs.offsets import (
 )
 
 #: TLS to the gateways, as the SDK's settings (``security_protocol`` ...): Spark option names.
-SECURITY_OPTIONS = ("security.protocol", "ssl.cafile", "ssl.certfile", "ssl.keyfile")
+SECURITY_OPTIONS = (
+    "security.protocol",
+    "ssl.cafile",
+    "ssl.certfile",
+    "ssl.keyfile",
+    "sasl.mechanism",
+    "sasl.oauthbearer.token.file",
+)
 _SUBSCRIPTIONS = ("subscribe", "subscribePattern", "assign")
 _STARTING = ("startingOffsets", "startingOffsetsByTimestamp", "startingTimestamp")
 _ENDING = ("endingOffsets", "endingOffsetsByTimestamp", "endingTimestamp")
@@ -398,7 +407,8 @@ def _parse_security(raw: _Raw) -> tuple[tuple[str, str], ...]:
     if not given:
         return ()
     settings = {name.replace(".", "_"): value for name, value in given.items()}
-    settings.setdefault("security_protocol", "SSL")
+    token_file = settings.pop("sasl_oauthbearer_token_file", None)
+    settings.setdefault("security_protocol", "SASL_SSL" if token_file else "SSL")
     try:
         client_tls(
             settings["security_protocol"],
@@ -406,14 +416,39 @@ def _parse_security(raw: _Raw) -> tuple[tuple[str, str], ...]:
             settings.get("ssl_certfile"),
             settings.get("ssl_keyfile"),
         )
+        client_token_source(
+            settings["security_protocol"],
+            settings.get("sasl_mechanism"),
+            _TokenFile(token_file) if token_file else None,
+        )
+        if token_file and not os.path.isfile(token_file):
+            raise ValueError(f"sasl.oauthbearer.token.file {token_file} does not exist")
     except ValueError as exc:
         raise OptionError(next(iter(given)), str(exc)) from None
+    if token_file:
+        settings["sasl_oauthbearer_token_file"] = token_file
     return tuple(sorted(settings.items()))
 
 
+class _TokenFile:
+    """A token provider reading a file each time a token is needed (picklable: tasks carry it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def token(self) -> str:
+        with open(self.path) as file:
+            return file.read().strip()
+
+
 def sdk_settings(security: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """Parsed security options as keyword arguments of the SDK's clients."""
-    return dict(security)
+    """Parsed security options as keyword arguments of the SDK's clients (the token file
+    becomes the token provider, read on the executor)."""
+    settings: dict[str, Any] = dict(security)
+    token_file = settings.pop("sasl_oauthbearer_token_file", None)
+    if token_file:
+        settings["sasl_oauth_token_provider"] = _TokenFile(token_file)
+    return settings
 
 
 def _parse_servers(raw: _Raw) -> str | None:

@@ -9,6 +9,7 @@ not up" is reported at once instead of after the clients' retry timeouts.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from gateway.client.servers import (
 from services.tls import ClientTls, grpc_channel_credentials
 
 PROBE_TIMEOUT_S = 3.0
+#: A file holding the bearer token CLI commands present (same as ``--token-file``).
+TOKEN_FILE_ENV = "TRIBUTARY_TOKEN_FILE"
 #: How long a CLI command waits for one request (the clients' default is 30 s; an operator at a
 #: terminal hears sooner that something is wrong).
 CLI_REQUEST_TIMEOUT_MS = 15_000
@@ -97,11 +100,33 @@ def security_settings(args) -> dict[str, Any]:
         name: getattr(args, name, None) or os.environ.get(f"TRIBUTARY_{name.upper()}") or None
         for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile")
     }
+    token_file = getattr(args, "token_file", None) or os.environ.get(TOKEN_FILE_ENV) or None
+    if token_file is not None:
+        return {
+            "security_protocol": "SASL_SSL",
+            **files,
+            "sasl_mechanism": "OAUTHBEARER",
+            "sasl_oauth_token_provider": token_file_provider(Path(token_file)),
+        }
     if any(files.values()):
         return {"security_protocol": "SSL", **files}
     if getattr(args, "gateway", None) or os.environ.get(GATEWAY_ENV):
         return {}
     return dict(cluster_file_tls(data_dir_of(args)))
+
+
+def token_file_provider(path: Path) -> Callable[[], str]:
+    """A token provider reading ``path`` each time a token is needed (a file an identity
+    provider's agent refreshes keeps working); CliError when it cannot be read now."""
+
+    def read() -> str:
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise CliError(f"cannot read the token file {path}: {exc.strerror}", 2) from None
+
+    read()
+    return read
 
 
 def cluster_tls(settings: dict[str, Any]) -> ClientTls | None:

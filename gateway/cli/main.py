@@ -35,7 +35,7 @@ import argparse
 import os
 import sys
 
-from gateway.cli import acls, cluster, console, demo, groups, reassign, top, topics, transactions
+from gateway.cli import acls, cluster, console, demo, groups, reassign, tokens, top, topics, transactions
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -54,6 +54,12 @@ def _common(parser: argparse.ArgumentParser, *, gateway: bool = True) -> None:
         tls.add_argument("--ssl-cafile", metavar="PEM", help="CA bundle the gateway's certificate chains to")
         tls.add_argument("--ssl-certfile", metavar="PEM", help="client certificate, for mutual TLS")
         tls.add_argument("--ssl-keyfile", metavar="PEM", help="key of --ssl-certfile")
+        tls.add_argument(
+            "--token-file",
+            metavar="FILE",
+            help="bearer token to present (SASL_SSL/OAUTHBEARER; or $TRIBUTARY_TOKEN_FILE): for "
+            "gateways that authenticate by token; see `tributary tokens issue`",
+        )
     parser.add_argument(
         "--data-dir", metavar="DIR", help=f"local cluster directory (default ${DATA_DIR_ENV} or ./.tributary)"
     )
@@ -350,6 +356,10 @@ def _add_acls(commands) -> None:
     acls.add_parser(commands, _common)
 
 
+def _add_tokens(commands) -> None:
+    tokens.add_parser(commands)
+
+
 def _add_demo(commands) -> None:
     parser = commands.add_parser(
         "demo", help="produce activity events to a topic and consume them back, checked"
@@ -382,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_transactions,
         _add_top,
         _add_acls,
+        _add_tokens,
         _add_demo,
     ):
         add(commands)

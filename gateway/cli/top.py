@@ -17,6 +17,7 @@ import grpc
 from gateway.cli.connect import client_settings
 from gateway.cli.output import replication_health, table
 from gateway.client.client import client_tls
+from gateway.client.credentials import TokenSource, bearer_call_credentials
 from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
 from services.tls import grpc_channel_credentials
@@ -207,6 +208,9 @@ def run(args) -> int:
         settings.get("ssl_keyfile"),
     )
     credentials = grpc_channel_credentials(tls) if tls is not None else None
+    if credentials is not None and settings.get("sasl_oauth_token_provider") is not None:
+        source = TokenSource(settings["sasl_oauth_token_provider"])
+        credentials = grpc.composite_channel_credentials(credentials, bearer_call_credentials(source))
     interactive = sys.stdout.isatty()
     previous = None
     shown = 0

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from gateway.client.client import GatewayClient, client_tls, list_offsets, offset_spec
+from gateway.client.credentials import client_token_source
 from gateway.client.errors import TributaryError
 from gateway.client.group_serde import (
     committed_from_proto,
@@ -69,6 +70,8 @@ class AsyncAdmin:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauth_token_provider: Any = None,
     ) -> None:
         self._client = GatewayClient(
             servers,
@@ -76,6 +79,7 @@ class AsyncAdmin:
             clock=clock,
             client_id=client_id,
             tls=client_tls(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile),
+            token_source=client_token_source(security_protocol, sasl_mechanism, sasl_oauth_token_provider),
         )
 
     @property
@@ -470,8 +474,11 @@ class Admin:
         ssl_cafile: str | None = None,
         ssl_certfile: str | None = None,
         ssl_keyfile: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_oauth_token_provider: Any = None,
     ) -> None:
         client_tls(security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile)  # refuse bad ones here
+        client_token_source(security_protocol, sasl_mechanism, sasl_oauth_token_provider)
         self._io = IOThread("tributary-admin")
 
         async def create() -> AsyncAdmin:
@@ -484,6 +491,8 @@ class Admin:
                 ssl_cafile=ssl_cafile,
                 ssl_certfile=ssl_certfile,
                 ssl_keyfile=ssl_keyfile,
+                sasl_mechanism=sasl_mechanism,
+                sasl_oauth_token_provider=sasl_oauth_token_provider,
             )
 
         try:

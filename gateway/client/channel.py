@@ -21,6 +21,7 @@ from typing import cast
 
 import grpc
 
+from gateway.client.credentials import TokenSource, bearer_call_credentials
 from gateway.client.errors import NetworkError, TributaryError, error_from_rpc
 from services.client_id import CLIENT_ID_METADATA_KEY
 from services.proto import gateway_grpc
@@ -111,6 +112,7 @@ class GatewayPool:
         monotonic: Callable[[], float] = time.monotonic,
         client_id: str = "",
         tls: ClientTls | None = None,
+        token_source: TokenSource | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("at least one gateway address is needed")
@@ -120,6 +122,12 @@ class GatewayPool:
             ((CLIENT_ID_METADATA_KEY, client_id),) if client_id else ()
         )
         self._credentials = grpc_channel_credentials(tls) if tls is not None else None
+        if self._credentials is not None and token_source is not None:
+            # The token rides on every call as standard call credentials, what any language's
+            # gRPC library sends for ``authorization: Bearer``.
+            self._credentials = grpc.composite_channel_credentials(
+                self._credentials, bearer_call_credentials(token_source)
+            )
         self.endpoints = [self._open(address) for address in addresses]
         self._current = 0
         self._closed = False

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.client.channel import GatewayPool
+from gateway.client.credentials import TokenSource
 from gateway.client.errors import RequestTimedOutError, TributaryError, UnknownTopicOrPartitionError
 from gateway.client.metadata import MetadataCache
 from gateway.client.servers import resolve_servers
@@ -41,10 +42,15 @@ class GatewayClient:
         clock: Clock = SYSTEM_CLOCK,
         client_id: str = "",
         tls: ClientTls | None = None,
+        token_source: TokenSource | None = None,
     ) -> None:
         self.addresses = resolve_servers(servers)
         #: TLS to the gateways (gRPC and the raw data listener); None: plaintext.
         self.tls = tls
+        #: The bearer token presented to the gateways (SASL_SSL), else None.
+        self.token_source = token_source
+        if token_source is not None and tls is None:
+            raise ValueError("a bearer token is only sent over TLS (security_protocol='SASL_SSL')")
         #: Kafka's client.id: sent in every call's metadata (``tributary-client-id``).
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
@@ -59,7 +65,11 @@ class GatewayClient:
         # belong to the loop they were created on).
         if self._pool is None:
             self._pool = GatewayPool(
-                self.addresses, monotonic=self.clock.monotonic, client_id=self.client_id, tls=self.tls
+                self.addresses,
+                monotonic=self.clock.monotonic,
+                client_id=self.client_id,
+                tls=self.tls,
+                token_source=self.token_source,
             )
         return self._pool
 
@@ -173,7 +183,10 @@ async def list_offsets(client: GatewayClient, specs: dict, *, read_committed: bo
     return results
 
 
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL")
+#: Kafka's security.protocol values a client may use: SASL_SSL is TLS plus a bearer token
+#: (``gateway/client/credentials.py``). SASL_PLAINTEXT is refused: a token sent in the clear
+#: can be replayed by anyone on the path.
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
 
 
 def client_tls(
@@ -182,6 +195,11 @@ def client_tls(
     """The TLS a client's settings ask for (Kafka's names): None for ``PLAINTEXT``; ValueError
     for settings that contradict each other or name missing files (never ignored)."""
     protocol = security_protocol.upper()
+    if protocol == "SASL_PLAINTEXT":
+        raise ValueError(
+            "security_protocol='SASL_PLAINTEXT' is not supported: a bearer token sent without TLS "
+            "can be replayed by anyone who sees it; use 'SASL_SSL'"
+        )
     if protocol not in SECURITY_PROTOCOLS:
         raise ValueError(f"security_protocol must be one of {SECURITY_PROTOCOLS}, not {security_protocol!r}")
     given = [

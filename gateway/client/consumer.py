@@ -84,6 +84,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.client.client import GatewayClient, client_tls, list_offsets
+from gateway.client.credentials import TokenSource, client_token_source
 from gateway.client.dataport import parse_data_path
 from gateway.client.errors import IllegalStateError, InvalidGroupIdError, TributaryError, WakeupError
 from gateway.client.fetcher import Fetcher
@@ -136,13 +137,19 @@ class ConsumerConfig:
     partition_assignment_strategy: str | Sequence[str] | None = "cooperative-sticky"
     enable_auto_commit: bool = True
     auto_commit_interval_ms: int = 5_000
-    #: "PLAINTEXT" or "SSL" (Kafka's security.protocol): TLS to the gateways, gRPC and data.
+    #: "PLAINTEXT", "SSL" or "SASL_SSL" (Kafka's security.protocol): TLS to the gateways, gRPC
+    #: and data; SASL_SSL also presents a bearer token (``sasl_oauth_token_provider``).
     security_protocol: str = "PLAINTEXT"
     #: CA bundle (PEM) the gateways' certificates must chain to; None: the system's roots.
     ssl_cafile: str | None = None
     #: This client's certificate chain and key (PEM), for gateways that require mutual TLS.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: "OAUTHBEARER" with SASL_SSL (the only mechanism so far).
+    sasl_mechanism: str | None = None
+    #: The bearer token: a string, a callable returning one, or an object with ``token()``
+    #: (``gateway/client/credentials.py``).
+    sasl_oauth_token_provider: Any = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ConsumerConfig:
@@ -158,6 +165,7 @@ class ConsumerConfig:
         validate_reset_strategy(config.auto_offset_reset)
         parse_data_path(config.data_path)
         config.tls()
+        config.token_source()
         if config.max_poll_records <= 0:
             raise ValueError("max_poll_records must be positive")
         config.validate_group_settings()
@@ -166,6 +174,12 @@ class ConsumerConfig:
     def tls(self) -> ClientTls | None:
         """The TLS the security settings ask for (ValueError when they do not add up)."""
         return client_tls(self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+
+    def token_source(self) -> TokenSource | None:
+        """The bearer token the SASL settings ask for (ValueError when they do not add up)."""
+        return client_token_source(
+            self.security_protocol, self.sasl_mechanism, self.sasl_oauth_token_provider
+        )
 
     @property
     def assignor(self) -> str | None:
@@ -287,6 +301,7 @@ class AsyncConsumer:
             clock=clock,
             client_id=self.config.client_id,
             tls=self.config.tls(),
+            token_source=self.config.token_source(),
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
         #: Spans and metrics of the polls, on the application's OpenTelemetry SDK (None: off).

@@ -29,6 +29,7 @@ from typing import NamedTuple
 from opentelemetry import trace
 
 from gateway.client.client import GatewayClient
+from gateway.client.credentials import TokenSource
 from gateway.client.errors import (
     NetworkError,
     RequestTimedOutError,
@@ -105,11 +106,21 @@ class DataConnection:
 
     @classmethod
     async def open(
-        cls, host: str, port: int, *, client_id: str, timeout_s: float, tls: ClientTls | None = None
+        cls,
+        host: str,
+        port: int,
+        *,
+        client_id: str,
+        timeout_s: float,
+        tls: ClientTls | None = None,
+        token_source: TokenSource | None = None,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
-        UnsupportedVersionError when it speaks none of our versions."""
+        UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
+        when it refuses our token."""
         address = f"{host}:{port}"
+        # The provider may fetch from an identity provider: not on the event loop.
+        token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -124,7 +135,7 @@ class DataConnection:
         except (OSError, TimeoutError) as exc:
             raise NetworkError(f"gateway data listener {address} unreachable: {exc!r}") from exc
         try:
-            writer.write(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, client_id)))
+            writer.write(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, client_id, token)))
             answer = await asyncio.wait_for(_read_handshake_answer(reader), timeout_s)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.TributaryError) as exc:
             writer.transport.abort()
@@ -296,6 +307,7 @@ class DataLink:
                     client_id=self._client.client_id,
                     timeout_s=self._connect_timeout_s,
                     tls=self._client.tls,
+                    token_source=self._client.token_source,
                 )
             except UnsupportedVersionError as exc:
                 log.info("the gateway's data listener refused us (%s); using gRPC", exc)

@@ -64,6 +64,7 @@ from typing import Any
 
 from gateway.client.accumulator import RECORD_OVERHEAD, BufferExhausted, BufferPool, RecordAccumulator
 from gateway.client.client import GatewayClient, client_tls
+from gateway.client.credentials import TokenSource, client_token_source
 from gateway.client.dataport import RawTransport, parse_data_path
 from gateway.client.errors import (
     IllegalStateError,
@@ -127,13 +128,19 @@ class ProducerConfig:
     transactional_id: str | None = None
     #: A transaction open longer than this is aborted by the coordinator (Kafka's default).
     transaction_timeout_ms: int = 60_000
-    #: "PLAINTEXT" or "SSL" (Kafka's security.protocol): TLS to the gateways, gRPC and data.
+    #: "PLAINTEXT", "SSL" or "SASL_SSL" (Kafka's security.protocol): TLS to the gateways, gRPC
+    #: and data; SASL_SSL also presents a bearer token (``sasl_oauth_token_provider``).
     security_protocol: str = "PLAINTEXT"
     #: CA bundle (PEM) the gateways' certificates must chain to; None: the system's roots.
     ssl_cafile: str | None = None
     #: This client's certificate chain and key (PEM), for gateways that require mutual TLS.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: "OAUTHBEARER" with SASL_SSL (the only mechanism so far).
+    sasl_mechanism: str | None = None
+    #: The bearer token: a string, a callable returning one, or an object with ``token()``
+    #: (``gateway/client/credentials.py``).
+    sasl_oauth_token_provider: Any = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> ProducerConfig:
@@ -169,6 +176,7 @@ class ProducerConfig:
         """Refuse settings that contradict each other or that could not be honoured."""
         self._validate_idempotence()
         self.tls()
+        self.token_source()
         Compression.from_name(self.compression)
         if self.transport not in ("stream", "unary"):
             raise ValueError("transport must be 'stream' or 'unary'")
@@ -197,6 +205,12 @@ class ProducerConfig:
     def tls(self) -> ClientTls | None:
         """The TLS the security settings ask for (ValueError when they do not add up)."""
         return client_tls(self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile)
+
+    def token_source(self) -> TokenSource | None:
+        """The bearer token the SASL settings ask for (ValueError when they do not add up)."""
+        return client_token_source(
+            self.security_protocol, self.sasl_mechanism, self.sasl_oauth_token_provider
+        )
 
     def _validate_idempotence(self) -> None:
         acks = Acks.parse(self.acks)
@@ -234,6 +248,7 @@ class ProducerCore:
             clock=clock,
             client_id=config.client_id,
             tls=config.tls(),
+            token_source=config.token_source(),
         )
         self.pool = BufferPool(config.buffer_memory)
         self.accumulator = RecordAccumulator(

@@ -70,8 +70,20 @@ class GatewayConfig(ServiceConfig):
     tls_key_file: Path | None = None
     #: Mutual TLS: clients must present a certificate signed by this CA bundle (PEM).
     tls_client_ca_file: Path | None = None
+    #: Authenticate clients by bearer token (``services/tokens.py``, Kafka's SASL/OAUTHBEARER):
+    #: the PEM public key (Ed25519, RSA or ECDSA) tokens must be signed with; re-read when the
+    #: file changes. Every call and data connection must then carry a valid token (gRPC:
+    #: ``authorization: Bearer <token>``), and its ``sub`` is the principal (``User:<sub>``).
+    #: Needs TLS; a gateway authenticates by certificate or by token, not both (run one of each,
+    #: as Kafka runs an SSL and a SASL_SSL listener).
+    token_public_key_file: Path | None = None
+    #: When set, a token's ``iss`` claim must be this.
+    token_issuer: str | None = None
+    #: When set, a token's ``aud`` claim must include this.
+    token_audience: str | None = None
     #: Authorize every call against the cluster's ACLs (``tributary acls``): the caller is the
-    #: common name of its TLS client certificate (``User:<CN>``; ``User:ANONYMOUS`` without one),
+    #: common name of its TLS client certificate (``User:<CN>``; ``User:ANONYMOUS`` without one)
+    #: or its token's subject,
     #: nothing is allowed that no ACL allows, deny beats allow (Kafka's AclAuthorizer).
     authorizer_enabled: bool = False
     #: Principals allowed everything (Kafka's super.users), e.g. User:admin; comma-separated.

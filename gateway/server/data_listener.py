@@ -33,10 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable
+from typing import NoReturn
 
 from gateway.server.append_queue import AppendQueues
-from gateway.server.authorization import Gatekeeper, certificate_principal
+from gateway.server.authentication import Authenticator
+from gateway.server.authorization import Gatekeeper
 from gateway.server.batching import ProduceCommand
 from gateway.server.fetch import (
     DEFAULT_PARTITION_MAX_BYTES,
@@ -47,8 +50,9 @@ from gateway.server.fetch import (
     PartitionFetch,
 )
 from gateway.server.produce import ProduceHandler, ProduceOutcome
-from services import errors
+from services import errors, tokens
 from services.acks import Acks
+from services.acls import ANONYMOUS
 from services.dataport import protocol as dp
 from services.tls import ReloadingSslContext
 
@@ -89,9 +93,12 @@ class DataListener:
         telemetry=None,
         ssl_context: ReloadingSslContext | None = None,
         gatekeeper: Gatekeeper | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
-        #: Authorization (None: off); a connection's principal is its TLS certificate's.
+        #: Authorization (None: off).
         self.gatekeeper = gatekeeper
+        #: Who a connection is: its TLS certificate, or the token in its handshake.
+        self.authenticator = authenticator or Authenticator()
         self.produce = produce
         self.fetch = fetch
         self.host = host
@@ -193,7 +200,10 @@ class _Connection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        self.principal = certificate_principal(writer.get_extra_info("peercert"))
+        #: Set by the handshake (the certificate's, or the token's subject).
+        self.principal = ANONYMOUS
+        #: When the connection's token expires (seconds since the epoch); None: never.
+        self.expires_at: float | None = None
         self.client_id = ""
         self.queues: AppendQueues | None = None
         self.tasks: set[asyncio.Task] = set()
@@ -260,29 +270,42 @@ class _Connection:
         version = dp.choose_version(handshake)
         self.client_id = handshake.client_id
         if version is None:
-            refusal = errors.UnsupportedVersionError(
-                f"the client speaks versions {handshake.min_version}..{handshake.max_version}, "
-                f"this gateway {dp.MIN_VERSION}..{dp.MAX_VERSION}"
-            )
-            self.writer.write(
-                dp.encode_handshake_answer(
-                    dp.HandshakeAnswer(
-                        refusal.kafka_code,
-                        -1,
-                        dp.MIN_VERSION,
-                        dp.MAX_VERSION,
-                        listener.max_frame,
-                        refusal.message,
-                    )
+            await self._refuse_handshake(
+                errors.UnsupportedVersionError(
+                    f"the client speaks versions {handshake.min_version}..{handshake.max_version}, "
+                    f"this gateway {dp.MIN_VERSION}..{dp.MAX_VERSION}"
                 )
             )
-            await _close(self.writer)
-            raise _Closed
+        try:
+            self.principal, self.expires_at = listener.authenticator.connection_principal(
+                handshake.auth_token, self.writer.get_extra_info("peercert")
+            )
+        except errors.SaslAuthenticationFailedError as exc:
+            log.info("data connection %s (%s) refused: %s", self.peer, self.client_id or "-", exc)
+            await self._refuse_handshake(exc)
         self.writer.write(
             dp.encode_handshake_answer(
                 dp.HandshakeAnswer(0, version, dp.MIN_VERSION, dp.MAX_VERSION, listener.max_frame)
             )
         )
+
+    async def _refuse_handshake(self, refusal: errors.TributaryError) -> NoReturn:
+        """Answer the handshake with ``refusal`` and end the connection (raises _Closed)."""
+        listener = self.listener
+        self.writer.write(
+            dp.encode_handshake_answer(
+                dp.HandshakeAnswer(
+                    refusal.kafka_code,
+                    -1,
+                    dp.MIN_VERSION,
+                    dp.MAX_VERSION,
+                    listener.max_frame,
+                    refusal.message,
+                )
+            )
+        )
+        await _close(self.writer)
+        raise _Closed
 
     async def _next_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
         """The next frame's body, or None at a clean end of the connection (between frames).
@@ -359,6 +382,14 @@ class _Connection:
 
     async def _dispatch(self, body: bytes) -> None:
         kind, correlation_id = dp.decode_header(body)
+        if self.expires_at is not None and time.time() > self.expires_at + tokens.LEEWAY_S:
+            # Kafka's KIP-368: a connection lives no longer than its credentials. As a Kafka
+            # broker does, the connection is closed without serving the request: the client
+            # sees a lost connection (retriable) and reconnects with a fresh token.
+            log.info(
+                "data connection %s (%s): its bearer token expired; closing it", self.peer, self.principal
+            )
+            raise _Closed
         if kind == dp.PRODUCE_REQUEST:
             try:
                 request = dp.decode_produce_request(body)

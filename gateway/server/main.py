@@ -9,6 +9,7 @@ from gateway.server.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
 from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
 from services.tls import server_tls_problem
+from services.tokens import TokenVerifier
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,24 @@ def _check(config: GatewayConfig) -> str | None:
     for name in ("fetch_max_decoded_records", "fetch_max_decoded_bytes", "fetch_decode_threads"):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
-    return server_tls_problem(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+    problem = server_tls_problem(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+    if problem is not None or config.token_public_key_file is None:
+        return problem
+    if config.tls_cert_file is None:
+        return (
+            "--token-public-key-file needs TLS (--tls-cert-file, --tls-key-file): a bearer token "
+            "sent in the clear can be replayed"
+        )
+    if config.tls_client_ca_file is not None:
+        return (
+            "--token-public-key-file and --tls-client-ca-file: a gateway authenticates clients by "
+            "certificate or by token, not both (run one gateway of each kind)"
+        )
+    try:
+        TokenVerifier.from_file(config.token_public_key_file)
+    except ValueError as exc:
+        return f"--token-public-key-file: {exc}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

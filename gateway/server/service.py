@@ -13,6 +13,7 @@ import logging
 import os
 
 from gateway.server.admin_forwarder import Forwarder
+from gateway.server.authentication import Authenticator, TokenInterceptor
 from gateway.server.authorization import Gatekeeper, follow_acls
 from gateway.server.config import GatewayConfig
 from gateway.server.coordinators import CoordinatorPool
@@ -31,6 +32,7 @@ from services.grpc_server import GrpcServer, ServiceRegistration, create_server,
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import Telemetry, setup_telemetry
 from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials
+from services.tokens import TokenVerifier
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +103,14 @@ class GatewayService:
             if config.tls_cert_file is not None and config.tls_key_file is not None
             else None
         )
+        verifier = (
+            TokenVerifier.from_file(
+                config.token_public_key_file, issuer=config.token_issuer, audience=config.token_audience
+            )
+            if config.token_public_key_file is not None
+            else None
+        )
+        authenticator = Authenticator(verifier)
         self.gatekeeper: Gatekeeper | None = None
         if config.authorizer_enabled:
             self.gatekeeper = Gatekeeper(config.super_users)
@@ -120,6 +130,7 @@ class GatewayService:
                 telemetry=self.instruments,
                 ssl_context=ReloadingSslContext(tls) if tls is not None else None,
                 gatekeeper=self.gatekeeper,
+                authenticator=authenticator,
             )
             await self.data_listener.start()
         servicer = GatewayServicer(
@@ -133,11 +144,16 @@ class GatewayService:
             stream_max_idle_ms=config.produce_stream_max_idle_ms,
             data_address=f"{config.host}:{self.data_port}" if self.data_listener is not None else "",
             gatekeeper=self.gatekeeper,
+            authenticator=authenticator,
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
             [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, servicer, GATEWAY_SERVICE)],
-            interceptors=self.telemetry.server_interceptors(),
+            # The token check first: a call without a valid token reaches nothing else.
+            interceptors=[
+                *([TokenInterceptor(verifier)] if verifier is not None else []),
+                *self.telemetry.server_interceptors(),
+            ],
             credentials=grpc_server_credentials(tls) if tls is not None else None,
         )
         self._write_ready_file()
@@ -145,7 +161,13 @@ class GatewayService:
             "gateway serving on %s:%d%s, data listener %s (coordinators %s)",
             config.host,
             self.grpc.port,
-            "" if tls is None else (" with mutual TLS" if tls.client_ca_file else " with TLS"),
+            ""
+            if tls is None
+            else (
+                " with mutual TLS"
+                if tls.client_ca_file
+                else (" with TLS and bearer tokens" if verifier is not None else " with TLS")
+            ),
             self.data_port or "off",
             ",".join(config.coordinators),
         )

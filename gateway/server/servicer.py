@@ -12,7 +12,8 @@ import logging
 
 from gateway.server import serde
 from gateway.server.admin_forwarder import Forwarder
-from gateway.server.authorization import FILTERED, Gatekeeper, grpc_host, grpc_principal
+from gateway.server.authentication import Authenticator
+from gateway.server.authorization import FILTERED, Gatekeeper, grpc_host
 from gateway.server.clients import ClientLog
 from gateway.server.decode_pool import DecodePool
 from gateway.server.delete_records import DeleteRecordsHandler
@@ -88,9 +89,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         stream_max_idle_ms: int = DEFAULT_STREAM_MAX_IDLE_MS,
         data_address: str = "",
         gatekeeper: Gatekeeper | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         #: The authorizer's decisions (None: authorization off, every call allowed).
         self._gate = gatekeeper
+        #: Who a caller is (its certificate, or its bearer token).
+        self._authenticator = authenticator or Authenticator()
         self._produce = produce
         self._fetch = fetch
         self._decode_pool = decode_pool
@@ -109,14 +113,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     def _authorize(self, context, method: str, request) -> None:
         """Refuse the call unless the caller's principal may make it (authorization on)."""
         if self._gate is not None and method not in FILTERED:
-            self._gate.check(grpc_principal(context), grpc_host(context), method, request)
+            self._gate.check(self._authenticator.call_principal(context), grpc_host(context), method, request)
 
     def _filtered(self, context, method: str, response):
         """Listings keep only what the caller may DESCRIBE (authorization on)."""
         gate = self._gate
         if gate is None:
             return response
-        principal, host = grpc_principal(context), grpc_host(context)
+        principal, host = self._authenticator.call_principal(context), grpc_host(context)
         if method == "ListTopics":
             kept = [n for n in response.names if gate.may_describe(principal, host, ResourceType.TOPIC, n)]
             del response.names[:]
@@ -280,7 +284,7 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             # A shared (cached) answer is not filtered in place: a copy per caller.
             filtered = type(response)()
             filtered.CopyFrom(response)
-            principal, host = grpc_principal(context), grpc_host(context)
+            principal, host = self._authenticator.call_principal(context), grpc_host(context)
             topics = []
             for topic in filtered.topics:
                 if self._gate.may_describe(principal, host, ResourceType.TOPIC, topic.name):

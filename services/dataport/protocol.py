@@ -25,6 +25,9 @@ The client's first frame::
     min_version     int16   the oldest protocol version the client speaks
     max_version     int16   the newest
     client_id       string  Kafka's client.id (may be empty)
+    auth_token      string  optional: a bearer token (``services/tokens.py``), sent by clients
+                            configured with SASL_SSL / OAUTHBEARER; a frame that ends after
+                            client_id carries none
 
 The gateway answers::
 
@@ -36,6 +39,11 @@ The gateway answers::
     max_version     int16
     max_frame       int32   the largest request frame the gateway accepts
     message         string  the refusal's explanation, else empty
+
+A gateway that authenticates clients by token answers a handshake without a valid
+``auth_token`` with error_code 58 SASL_AUTHENTICATION_FAILED (version -1) and closes; it closes
+a connection whose token has expired with an error frame of that code (the client reconnects
+with a fresh token, as Kafka's KIP-368 re-authentication has it).
 
 A client that does not like the chosen version closes the connection. A gateway that cannot take
 the connection at all (too many open) sends an error frame (below) instead of the answer and
@@ -201,6 +209,8 @@ class Handshake:
     min_version: int
     max_version: int
     client_id: str = ""
+    #: A bearer token, "" when the client sends none.
+    auth_token: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,11 +424,16 @@ def encode_handshake(handshake: Handshake) -> bytes:
     body = _HANDSHAKE_REQUEST.pack(MAGIC, handshake.min_version, handshake.max_version) + _string(
         handshake.client_id, MAX_CLIENT_ID_BYTES
     )
+    if handshake.auth_token:
+        body += _string(handshake.auth_token, MAX_AUTH_TOKEN_BYTES)
     return SIZE.pack(len(body)) + body
 
 
-#: A handshake frame body is at most this long (fixed part, client id); anything longer is refused.
-MAX_HANDSHAKE_FRAME = _HANDSHAKE_REQUEST.size + 2 + MAX_CLIENT_ID_BYTES
+#: Longest bearer token in a handshake (a JWT is a few hundred bytes).
+MAX_AUTH_TOKEN_BYTES = 8192
+#: A handshake frame body is at most this long (fixed part, client id, token); anything longer
+#: is refused.
+MAX_HANDSHAKE_FRAME = _HANDSHAKE_REQUEST.size + 2 + MAX_CLIENT_ID_BYTES + 2 + MAX_AUTH_TOKEN_BYTES
 
 
 def decode_handshake(body: bytes | memoryview) -> Handshake:
@@ -428,10 +443,13 @@ def decode_handshake(body: bytes | memoryview) -> Handshake:
     if magic != MAGIC:
         raise errors.InvalidRequestError(f"not a data protocol handshake (magic {magic:#010x})")
     client_id = reader.string("client_id", MAX_CLIENT_ID_BYTES)
+    auth_token = (
+        reader.string("auth_token", MAX_AUTH_TOKEN_BYTES) if reader.position < len(reader.view) else ""
+    )
     reader.finish()
     if low > high:
         raise errors.InvalidRequestError(f"handshake offers versions {low}..{high}")
-    return Handshake(low, high, client_id)
+    return Handshake(low, high, client_id, auth_token)
 
 
 def choose_version(handshake: Handshake, low: int = MIN_VERSION, high: int = MAX_VERSION) -> int | None:

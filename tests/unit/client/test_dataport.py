@@ -103,6 +103,7 @@ class _Client:
     def __init__(self, data_address: str) -> None:
         self.client_id = "unit"
         self.tls = None  # plaintext
+        self.token_source = None
         self.data_address = data_address
         self.metadata_calls = 0
         self.pool = SimpleNamespace(current=lambda: SimpleNamespace(address="127.0.0.1:1"))

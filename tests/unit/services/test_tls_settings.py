@@ -13,7 +13,9 @@ def test_plaintext_needs_no_files_and_refuses_them(tmp_path):
     with pytest.raises(ValueError, match="need security_protocol='SSL'"):
         client_tls("PLAINTEXT", str(tmp_path / "ca.pem"), None, None)
     with pytest.raises(ValueError, match="security_protocol must be one of"):
-        client_tls("SASL_SSL", None, None, None)
+        client_tls("KERBEROS", None, None, None)
+    with pytest.raises(ValueError, match="SASL_PLAINTEXT' is not supported: a bearer token sent without TLS"):
+        client_tls("SASL_PLAINTEXT", None, None, None)
 
 
 def test_ssl_checks_its_files(tmp_path):
