@@ -22,6 +22,7 @@ from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
+from gateway.server.quotas import ClientQuotas, QuotaWindows, follow_quotas
 from gateway.server.routing import MetadataWatch, NodeClients, Router
 from gateway.server.servicer import GatewayServicer
 from gateway.server.telemetry import GatewayInstruments
@@ -63,6 +64,14 @@ class GatewayService:
         self.decode_pool: DecodePool | None = None
         self.data_listener: DataListener | None = None
         self._acl_task: asyncio.Task | None = None
+        #: Client quotas: every client's allowances, following the coordinators (always on; a
+        #: client without a quota is not metered).
+        self.quotas = ClientQuotas(
+            QuotaWindows(config.quota_window_num, config.quota_window_size_seconds), clock=clock.monotonic
+        )
+        if self.instruments is not None:
+            self.instruments.watch_quotas(self.quotas)
+        self._quota_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -107,6 +116,9 @@ class GatewayService:
             self._acl_task = asyncio.create_task(
                 follow_acls(self.coordinators, self.gatekeeper), name="gateway-acls"
             )
+        self._quota_task = asyncio.create_task(
+            follow_quotas(self.coordinators, self.quotas), name="gateway-quotas"
+        )
         if config.data_listener:
             self.data_listener = DataListener(
                 self.produce,
@@ -120,6 +132,7 @@ class GatewayService:
                 telemetry=self.instruments,
                 ssl_context=ReloadingSslContext(tls) if tls is not None else None,
                 gatekeeper=self.gatekeeper,
+                quotas=self.quotas,
             )
             await self.data_listener.start()
         servicer = GatewayServicer(
@@ -133,6 +146,7 @@ class GatewayService:
             stream_max_idle_ms=config.produce_stream_max_idle_ms,
             data_address=f"{config.host}:{self.data_port}" if self.data_listener is not None else "",
             gatekeeper=self.gatekeeper,
+            quotas=self.quotas,
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
@@ -175,6 +189,8 @@ class GatewayService:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""
         if self._acl_task is not None:
             self._acl_task.cancel()
+        if self._quota_task is not None:
+            self._quota_task.cancel()
         if self.data_listener is not None:
             await self.data_listener.close()
         if self.produce is not None:
