@@ -385,6 +385,9 @@ class _Connection:
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
             metered = _metered(quota, spent, started, len(body))
+            if quota is not None:
+                # Counted as it is read, so a client pipelining requests is held from the next one.
+                self.throttle.hold(quota.record_produce_bytes(len(body)))
             starting = self._start_produce(request, len(body), metered)
             await (timed(starting, spent) if spent is not None else starting)
         elif kind == dp.FETCH_REQUEST:
@@ -410,17 +413,17 @@ class _Connection:
             return None
         return quotas.client(self.principal, self.client_id)
 
-    def _throttle_ms(self, metered: _Metered | None, fetched_bytes: int = -1) -> int:
-        """Record a request on its client's quotas; the ms the connection is now held."""
+    def _throttle_ms(self, metered: _Metered | None, fetched_bytes: int = 0) -> int:
+        """At a request's answer: count its loop time (and a fetch's bytes) on its client's
+        quotas; how long from now the connection is held (the answer's throttle_time_ms)."""
         if metered is None:
             return 0
-        spent = metered.spent.seconds if metered.spent is not None else 0.0
-        if fetched_bytes >= 0:
-            throttle_ms = metered.quota.record_fetch(fetched_bytes, spent)
-        else:
-            throttle_ms = metered.quota.record_produce(metered.request_bytes, spent)
-        self.throttle.hold(throttle_ms)
-        return throttle_ms
+        quota = metered.quota
+        if fetched_bytes:
+            self.throttle.hold(quota.record_fetch_bytes(fetched_bytes))
+        if metered.spent is not None:
+            self.throttle.hold(quota.record_loop_time(metered.spent.seconds))
+        return self.throttle.remaining_ms()
 
     def _track(self, work: Awaitable[None], size: int) -> None:
         self.in_flight_bytes += size
@@ -514,7 +517,7 @@ class _Connection:
                 results = await self.listener.fetch.fetch(command)
         except errors.TributaryError as exc:
             self._end_span(span, exc)
-            throttle_ms = self._throttle_ms(metered, 0)
+            throttle_ms = self._throttle_ms(metered)
             self._write(
                 dp.encode_fetch_response_parts(
                     dp.FetchResponse(request.correlation_id, exc.kafka_code, exc.message, [], throttle_ms),

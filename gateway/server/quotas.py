@@ -127,36 +127,39 @@ class ClientQuota:
             until = max(until, self.request.muted_until)
         return until
 
+    def held_ms(self, byte_sensor: QuotaSensor | None) -> int:
+        """How long from now unary calls metered by ``byte_sensor`` are held, in ms (what a unary
+        answer's ``throttle_time_ms`` says)."""
+        return _ms(self.muted_until(byte_sensor) - self._quotas.clock())
+
     async def wait_unmuted(self, byte_sensor: QuotaSensor | None) -> None:
         """Hold a unary call while its allowance is throttled (a timer: nothing else waits)."""
         delay = self.muted_until(byte_sensor) - self._quotas.clock()
         if delay > 0:
             await asyncio.sleep(delay)
 
-    def record(self, byte_sensor: QuotaSensor | None, nbytes: int, loop_s: float) -> int:
-        """Count a request's bytes and loop time; the ms to hold the client (0: within quota)."""
-        quotas = self._quotas
-        now = quotas.clock()
-        throttle = 0.0
-        if byte_sensor is not None and nbytes:
-            throttle = byte_sensor.record(nbytes, now)
-            if throttle > 0:
-                quotas.throttled(byte_sensor, throttle)
-        if self.request is not None:
-            # KIP-124 bounds a request-time throttle by one window.
-            request_throttle = self.request.record(
-                loop_s * _PERCENT_PER_SECOND, now, max_throttle_s=quotas.windows.window_s
-            )
-            if request_throttle > 0:
-                quotas.throttled(self.request, request_throttle)
-            throttle = max(throttle, request_throttle)
-        return int(throttle * 1000.0 + 0.5)
+    def record_produce_bytes(self, nbytes: int) -> int:
+        """Count a produce request's size (when it is read); the ms to hold the client."""
+        return self._record(self.produce, nbytes)
 
-    def record_produce(self, nbytes: int, loop_s: float = 0.0) -> int:
-        return self.record(self.produce, nbytes, loop_s)
+    def record_fetch_bytes(self, nbytes: int) -> int:
+        """Count the bytes of a fetch answer (when it is ready); the ms to hold the client."""
+        return self._record(self.fetch, nbytes)
 
-    def record_fetch(self, nbytes: int, loop_s: float = 0.0) -> int:
-        return self.record(self.fetch, nbytes, loop_s)
+    def record_loop_time(self, loop_s: float) -> int:
+        """Count the loop time a request took (when it is answered); the ms to hold the client.
+        KIP-124 bounds a request-time throttle by one window."""
+        if self.request is None:
+            return 0
+        return self._record(self.request, loop_s * _PERCENT_PER_SECOND, self._quotas.windows.window_s)
+
+    def _record(self, sensor: QuotaSensor | None, value: float, max_throttle_s: float | None = None) -> int:
+        if sensor is None or value <= 0:
+            return 0
+        throttle = sensor.record(value, self._quotas.clock(), max_throttle_s)
+        if throttle > 0:
+            self._quotas.throttled(sensor, throttle)
+        return _ms(throttle)
 
     def fetch_max_bytes(self, requested: int) -> int:
         """A fetch's ``max_bytes`` bounded by one window's worth of the consumer quota, so one
@@ -264,6 +267,10 @@ _UNKNOWN = object()
 _UNIMPLEMENTED_RETRY_S = 30.0
 
 
+def _ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000.0 + 0.5))
+
+
 class ChannelThrottle:
     """Until when one channel (a data connection, a ProduceStream) is held (KIP-219's mute)."""
 
@@ -276,6 +283,10 @@ class ChannelThrottle:
     def hold(self, throttle_ms: int) -> None:
         if throttle_ms > 0:
             self.muted_until = max(self.muted_until, self.clock() + throttle_ms / 1000.0)
+
+    def remaining_ms(self) -> int:
+        """How long from now the channel is held (what its next answer's throttle_time_ms says)."""
+        return _ms(self.muted_until - self.clock())
 
     async def wait(self) -> None:
         """Return once the channel may be read again (at once when it is not held)."""

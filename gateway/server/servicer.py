@@ -65,13 +65,13 @@ async def _encode_outcome(outcome):
 
 
 async def _metered_answer(
-    answer: asyncio.Future, quota: ClientQuota, request_bytes: int, spent: LoopTime, throttle: ChannelThrottle
+    answer: asyncio.Future, quota: ClientQuota, spent: LoopTime, throttle: ChannelThrottle
 ):
-    """A ProduceStream answer with the request counted on its client's quotas; the stream is
-    held for the throttle time it carries."""
+    """A ProduceStream answer, its loop time counted on its client's quotas, saying how long
+    from now the stream is held."""
     response = await answer
-    response.throttle_time_ms = quota.record_produce(request_bytes, spent.seconds)
-    throttle.hold(response.throttle_time_ms)
+    throttle.hold(quota.record_loop_time(spent.seconds))
+    response.throttle_time_ms = throttle.remaining_ms()
     return response
 
 
@@ -179,10 +179,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         if quota is None:
             return await self._do_produce(request, context)
         await quota.wait_unmuted(quota.produce)
+        quota.record_produce_bytes(request.ByteSize())
         spent = LoopTime()
         producing = self._do_produce(request, context)
         response = await (timed(producing, spent) if quota.times_requests else producing)
-        response.throttle_time_ms = quota.record_produce(request.ByteSize(), spent.seconds)
+        quota.record_loop_time(spent.seconds)
+        response.throttle_time_ms = quota.held_ms(quota.produce)
         return response
 
     async def _do_produce(self, request, context):
@@ -233,12 +235,12 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                 if quota is None:
                     answer = await self._start_in_stream(request, context, queues)
                 else:
+                    # Counted as it is read: the stream is held from the next request on.
+                    throttle.hold(quota.record_produce_bytes(request.ByteSize()))
                     spent = LoopTime()
                     starting = self._start_in_stream(request, context, queues, spent)
                     answer = await (timed(starting, spent) if quota.times_requests else starting)
-                    answer = asyncio.ensure_future(
-                        _metered_answer(answer, quota, request.ByteSize(), spent, throttle)
-                    )
+                    answer = asyncio.ensure_future(_metered_answer(answer, quota, spent, throttle))
                 await in_flight.put(answer)
                 await queues.wait_for_room()
         finally:
@@ -300,7 +302,9 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         spent = LoopTime()
         fetching = self._do_fetch(request, context, quota)
         response = await (timed(fetching, spent) if quota.times_requests else fetching)
-        response.throttle_time_ms = quota.record_fetch(response.ByteSize(), spent.seconds)
+        quota.record_fetch_bytes(response.ByteSize())
+        quota.record_loop_time(spent.seconds)
+        response.throttle_time_ms = quota.held_ms(quota.fetch)
         return response
 
     async def _do_fetch(self, request, context, quota: ClientQuota | None):

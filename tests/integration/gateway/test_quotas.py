@@ -7,6 +7,8 @@ through the Admin API and the CLI, enforced by the gateway, honoured by the SDK.
 * a quota set, overridden (Kafka's precedence) and lifted while a producer runs takes effect
   without the producer reconnecting;
 * a request_percentage quota throttles on event-loop time alone;
+* clients that ignore throttle_time_ms (a unary gRPC caller, a version-1 data connection
+  pipelining its requests) are held by the gateway itself, and nobody else is;
 * bad admin input is refused with INVALID_ARGUMENT and a Kafka-style reason, storing nothing.
 
 The gateway meters with its default windows (11 of 1 s). Quotas on ``client-id`` entities
@@ -16,10 +18,11 @@ keep the tests apart; the one that sets the ``user <default>`` (which every clie
 
 from __future__ import annotations
 
+import socket
 import statistics
+import struct
 import threading
 import time
-import uuid
 
 import grpc
 import pytest
@@ -28,6 +31,8 @@ from gateway.cli.main import main as cli
 from gateway.client import Admin, Consumer, NewTopic, Producer, TopicPartition
 from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from services.client_id import CLIENT_ID_METADATA_KEY
+from services.dataport import protocol as dp
 from services.proto import gateway_grpc, pb
 from services.quotas import (
     CONSUMER_BYTE_RATE,
@@ -36,6 +41,8 @@ from services.quotas import (
     REQUEST_PERCENTAGE,
     QuotaEntity,
 )
+from services.records import RecordBatchBuilder
+from tests.support.names import unique
 from tests.support.wait import wait_until
 
 VALUE = b"q" * 1000
@@ -48,10 +55,6 @@ FETCH_RATE = 400_000
 FETCH_SECONDS = 6.0
 #: Small requests, so one request is a small part of a second's quota.
 PRODUCER_SETTINGS = {"acks": 1, "batch_size": 16_384, "linger_ms": 5, "max_request_size": 65_536}
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
@@ -249,6 +252,111 @@ def test_a_request_percentage_quota_throttles_on_loop_time(cluster, admin):
         assert metrics["batches-failed"] == 0
         assert metrics["produce-throttle-time-max"] <= 1000  # a request-time throttle lasts a window at most
     admin.alter_client_quotas({QuotaEntity(None, client_id): {REQUEST_PERCENTAGE: None}})
+
+
+HOLD_RATE = 40_000
+HOLD_REQUESTS = 8
+HOLD_BATCH = 20_000
+
+
+def one_batch(size: int) -> bytes:
+    builder = RecordBatchBuilder()
+    builder.append(b"h" * size, timestamp=1_700_000_000_000)
+    return builder.build()
+
+
+def rude_grpc_client(cluster, topic: str, client_id: str, outcome: dict) -> None:
+    """Unary Produce calls one after another, ignoring every throttle_time_ms."""
+    batch = one_batch(HOLD_BATCH)
+    with grpc.insecure_channel(cluster.gateway) as channel:
+        stub = gateway_grpc.GatewayStub(channel)
+        start = time.monotonic()
+        answers = [
+            stub.Produce(
+                pb.ProduceRequest(
+                    topic=topic,
+                    acks=pb.ACKS_LEADER,
+                    batches=[pb.PartitionBatches(partition=0, record_batches=batch)],
+                ),
+                metadata=[(CLIENT_ID_METADATA_KEY, client_id)],
+                timeout=30,
+            )
+            for _ in range(HOLD_REQUESTS)
+        ]
+        outcome["elapsed"] = time.monotonic() - start
+    outcome["errors"] = [p.error.reason for a in answers for p in a.partitions if p.HasField("error")]
+    outcome["throttles"] = [a.throttle_time_ms for a in answers]
+
+
+def rude_raw_client(cluster, topic: str, client_id: str, outcome: dict) -> None:
+    """A version-1 data connection (its answers carry no throttle time) sending every request
+    at once."""
+    port = cluster.gateways[0].info["data_port"]
+    frames = b"".join(
+        dp.encode_produce_request(dp.ProduceRequest(n + 1, 1, 30_000, topic, [(0, one_batch(HOLD_BATCH))]))
+        for n in range(HOLD_REQUESTS)
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(dp.encode_handshake(dp.Handshake(1, 1, client_id)))
+        assert dp.decode_handshake_answer(read_frame(sock)).version == 1
+        start = time.monotonic()
+        sock.sendall(frames)
+        answers = [dp.decode_produce_response(read_frame(sock), 1) for _ in range(HOLD_REQUESTS)]
+        outcome["elapsed"] = time.monotonic() - start
+    outcome["errors"] = [p.error_code for a in answers for p in a.partitions if p.error_code] + [
+        a.error_code for a in answers if a.error_code
+    ]
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    def exactly(count: int) -> bytes:
+        data = b""
+        while len(data) < count:
+            chunk = sock.recv(count - len(data))
+            if not chunk:
+                raise ConnectionError("closed by the gateway")
+            data += chunk
+        return data
+
+    (size,) = struct.unpack(">i", exactly(4))
+    return exactly(size)
+
+
+def test_clients_that_ignore_throttle_times_are_held_by_the_gateway(cluster, admin):
+    """160 kB at 40 kB/s: the first second's worth goes at once, the rest takes about 3 s
+    whether the client waits or not; meanwhile a client without a quota is not held at all."""
+    by_grpc, by_raw = unique("rude-grpc"), unique("rude-raw")
+    topic = new_topic(admin)
+    set_quotas(
+        cluster,
+        admin,
+        {QuotaEntity(None, c): {PRODUCER_BYTE_RATE: HOLD_RATE} for c in (by_grpc, by_raw)},
+    )
+    outcomes: dict[str, dict] = {by_grpc: {}, by_raw: {}}
+    rude = [
+        threading.Thread(target=rude_grpc_client, args=(cluster, topic, by_grpc, outcomes[by_grpc])),
+        threading.Thread(target=rude_raw_client, args=(cluster, topic, by_raw, outcomes[by_raw])),
+    ]
+    for thread in rude:
+        thread.start()
+    polite: list[float] = []
+    with Producer(servers=cluster.gateway, client_id=unique("polite"), acks=1) as producer:
+        for _ in range(20):
+            started = time.monotonic()
+            producer.send(topic, VALUE).get(10)
+            polite.append(time.monotonic() - started)
+            if not any(t.is_alive() for t in rude):
+                break
+    for thread in rude:
+        thread.join(60)
+    expected = (HOLD_REQUESTS * HOLD_BATCH / HOLD_RATE) - 1.0  # less the first window's allowance
+    for client_id, outcome in outcomes.items():
+        assert outcome["errors"] == [], client_id
+        assert outcome["elapsed"] >= expected * 0.8, f"{client_id} was not held: {outcome}"
+    assert max(outcomes[by_grpc]["throttles"]) > 0
+    assert max(polite) < 1.0, f"a client without a quota waited: {polite}"
+    for client_id in (by_grpc, by_raw):
+        admin.alter_client_quotas({QuotaEntity(None, client_id): {PRODUCER_BYTE_RATE: None}})
 
 
 def reason_of(action) -> str:
