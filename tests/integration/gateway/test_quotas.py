@@ -23,6 +23,7 @@ import statistics
 import struct
 import threading
 import time
+from typing import Any
 
 import grpc
 import pytest
@@ -54,7 +55,12 @@ FREE_PACE = 300
 FETCH_RATE = 400_000
 FETCH_SECONDS = 6.0
 #: Small requests, so one request is a small part of a second's quota.
-PRODUCER_SETTINGS = {"acks": 1, "batch_size": 16_384, "linger_ms": 5, "max_request_size": 65_536}
+PRODUCER_SETTINGS: dict[str, Any] = {
+    "acks": 1,
+    "batch_size": 16_384,
+    "linger_ms": 5,
+    "max_request_size": 65_536,
+}
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,10 @@ class FakeClock:
         return self.now
 
 
-def quotas_with(*entries, windows=QuotaWindows(11, 1.0)):
+DEFAULT_WINDOWS = QuotaWindows(11, 1.0)
+
+
+def quotas_with(*entries, windows=DEFAULT_WINDOWS):
     clock = FakeClock()
     throttles: list[tuple[str, float]] = []
     quotas = ClientQuotas(windows, clock=clock, on_throttle=lambda s, t: throttles.append((s.quota_key, t)))
