@@ -384,7 +384,7 @@ class _Connection:
                 request = dp.decode_produce_request(body)
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
-            metered = _metered(quota, spent, started, len(body))
+            metered = _metered(quota, spent, started)
             if quota is not None:
                 # Counted as it is read, so a client pipelining requests is held from the next one.
                 self.throttle.hold(quota.record_produce_bytes(len(body)))
@@ -400,7 +400,7 @@ class _Connection:
             if quota is not None:
                 max_bytes = quota.fetch_max_bytes(max_bytes)
             fetch = fetch._replace(max_bytes=max_bytes)
-            metered = _metered(quota, spent, started, len(body))
+            metered = _metered(quota, spent, started)
             serving = self._serve_fetch(fetch, metered)
             self._track(timed(serving, spent) if spent is not None else serving, len(body) + max_bytes)
         else:
@@ -589,20 +589,19 @@ class _Connection:
 
 
 class _Metered(NamedTuple):
-    """A request of a client with quotas: its quotas, its loop time when metered, its size."""
+    """A request of a client with quotas: its quotas, and its loop time when that is metered."""
 
     quota: ClientQuota
     spent: LoopTime | None
-    request_bytes: int
 
 
-def _metered(quota: ClientQuota | None, spent: LoopTime | None, started: float, size: int) -> _Metered | None:
+def _metered(quota: ClientQuota | None, spent: LoopTime | None, started: float) -> _Metered | None:
     """What a request's client quotas need at its answer (None: no quota applies)."""
     if quota is None:
         return None
     if spent is not None:
         spent.add_since(started)  # decoding the frame
-    return _Metered(quota, spent, size)
+    return _Metered(quota, spent)
 
 
 def _produce_error(
