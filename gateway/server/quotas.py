@@ -245,11 +245,17 @@ class ClientQuotas:
         return sensor
 
     def _maybe_sweep(self) -> None:
-        """Drop sensors whose windows are empty (their rate is 0, nothing is lost); every few
-        windows, or at once when there are too many."""
+        """Drop sensors whose windows are empty (their rate is 0, nothing is lost): every
+        ``quota_window_num`` windows, or every window while there are too many (never more
+        often: a sweep looks at every sensor)."""
         now = self.clock()
-        span = self.windows.samples * self.windows.window_s
-        if now - self._last_sweep < span and len(self.sensors) < MAX_SENSORS:
+        since = now - self._last_sweep
+        every = (
+            self.windows.window_s
+            if len(self.sensors) >= MAX_SENSORS
+            else self.windows.samples * self.windows.window_s
+        )
+        if since < every:
             return
         self._last_sweep = now
         idle = [
