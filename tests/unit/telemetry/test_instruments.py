@@ -15,7 +15,7 @@ from gateway.server.quotas import ClientQuotas
 from gateway.server.telemetry import GatewayInstruments, count_records
 from services.quotas import PRODUCER_BYTE_RATE, QuotaEntity
 from services.records import RecordBatchBuilder
-from services.telemetry import ConsumerLagRegistry, Telemetry, names, telemetry_settings
+from services.telemetry import ClientInstruments, ConsumerLagRegistry, Telemetry, names, telemetry_settings
 from storage_node.telemetry import StorageNodeInstruments
 
 
@@ -353,3 +353,16 @@ def test_gateway_quota_metrics_per_user_client_id_and_key():
     (limit,) = found[names.GATEWAY_QUOTA_LIMIT]
     assert limit.value == 1000.0
     assert names.GATEWAY_QUOTA_REQUEST_TIME not in found  # no request_percentage allowance
+
+
+def test_the_sdk_records_how_long_a_gateway_held_it():
+    telemetry, _, reader = make()
+    instruments = ClientInstruments(telemetry.meter, server_address="gw", server_port=9092)
+    instruments.throttled(0.25, operation="produce")
+    (held,) = metrics_of(reader)[names.CLIENT_THROTTLE_TIME]
+    assert held.sum == 0.25
+    assert dict(held.attributes) == {
+        names.MESSAGING_OPERATION_NAME: "produce",
+        names.SERVER_ADDRESS: "gw",
+        names.SERVER_PORT: 9092,
+    }
