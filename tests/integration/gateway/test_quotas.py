@@ -84,11 +84,13 @@ def new_topic(admin: Admin, partitions: int = 1) -> str:
 
 def set_quotas(cluster, admin: Admin, alterations: dict) -> None:
     """Store ``alterations`` and wait until the gateway enforces them: a probe client whose
-    tiny quota is written in the same transaction gets throttled on its first request."""
+    tiny quota is written in the same transaction gets throttled on its first request (over
+    gRPC, named by its call metadata; the tests' other clients use the data listener, named in
+    its handshake)."""
     probe = QuotaEntity(None, unique("probe"))
     admin.alter_client_quotas({**alterations, probe: {PRODUCER_BYTE_RATE: 1_000}})
     topic = new_topic(admin)
-    with Producer(servers=cluster.gateway, client_id=probe.client_id, acks=1) as producer:
+    with Producer(servers=cluster.gateway, client_id=probe.client_id, acks=1, data_path="grpc") as producer:
 
         def throttled() -> bool:
             producer.send(topic, b"p" * 3_000).get(20)
