@@ -482,6 +482,23 @@ def test_the_cli_sets_describes_and_removes_quotas(cluster, admin, capsys):
     assert cli(["quotas", "set", *gateway, "--client-id", client_id, "--producer-byte-rate", "-5"]) == 2
     assert "negative" in capsys.readouterr().err
     assert cli(["quotas", "set", *gateway, "--producer-byte-rate", "1MB"]) == 2  # no entity
+    checked = unique("checked")
+    assert (
+        cli(
+            [
+                "quotas",
+                "set",
+                *gateway,
+                "--client-id",
+                checked,
+                "--consumer-byte-rate",
+                "1MB",
+                "--validate-only",
+            ]
+        )
+        == 0
+    )
+    assert QuotaEntity(None, checked) not in admin.describe_client_quotas()
     assert cli(["quotas", "remove", *gateway, "--client-id", client_id]) == 0
     assert cli(["quotas", "remove", *gateway, "--user", "alice", "--default", "client-id"]) == 0
     assert QuotaEntity(None, client_id) not in admin.describe_client_quotas()
