@@ -9,6 +9,7 @@ call fails with COORDINATOR_NOT_AVAILABLE (UNAVAILABLE, retriable).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 from coordinator import topic_rules
@@ -29,12 +30,14 @@ from coordinator.model import (
     TopicSpec,
     TopicView,
 )
+from coordinator.quotas import MAX_QUOTA_ENTITIES, QuotaCache, alter_ops, quota_key
 from coordinator.reassignment import ReassignmentRequest
 from coordinator.redirect import ControllerMovedError
 from coordinator.transactions.manager import TransactionManager
 from services import errors
 from services.acls import AclBinding, AclFilter
 from services.leader_and_isr import LeaderAndIsr
+from services.quotas import QuotaEntity, QuotaFilter, apply_alteration
 from services.topic_config import TOPIC_CONFIGS, format_topic_config
 
 
@@ -49,12 +52,16 @@ class CoordinatorHandlers:
         leadership: Leadership,
         health: EtcdHealth,
         acls: AclCache | None = None,
+        quotas: QuotaCache | None = None,
     ) -> None:
         self.coordinator_id = coordinator_id
         self.cache = cache
         self.leadership = leadership
         self.health = health
         self.acls = acls if acls is not None else AclCache()
+        self.quotas = quotas if quotas is not None else QuotaCache()
+        #: Quota alterations read, change and write an entity's values: one at a time.
+        self._quota_writes = asyncio.Lock()
 
     def _state(self) -> MetadataState:
         """The cache's state, if it can be trusted now (synced, etcd reachable)."""
@@ -225,6 +232,45 @@ class CoordinatorHandlers:
             await controller._write(delete_ops(found[start : start + WRITE_BATCH]))
         await controller._await_own_writes()
         return list(matched.values())
+
+    # -- client quotas ------------------------------------------------------------------------------
+
+    async def alter_client_quotas(
+        self,
+        alterations: Sequence[tuple[QuotaEntity, Sequence[tuple[str, float | None]]]],
+        *,
+        validate_only: bool = False,
+    ) -> None:
+        """Set and remove quota keys per entity (each entity at most once), through the
+        controller; an entity left without keys is deleted. Validated as a whole first."""
+        controller = self._controller()
+        entities = [entity for entity, _ in alterations]
+        if len(set(entities)) != len(entities):
+            raise errors.InvalidRequestError("a quota entity appears twice in one alteration")
+        async with self._quota_writes:
+            updated = []
+            for entity, changes in alterations:
+                try:
+                    updated.append((entity, apply_alteration(self.quotas.values_of(entity), changes)))
+                except ValueError as exc:
+                    raise errors.InvalidRequestError(f"quota entity {entity}: {exc}") from None
+            new = sum(1 for e, values in updated if values and quota_key(e) not in self.quotas.entries)
+            if len(self.quotas.entries) + new > MAX_QUOTA_ENTITIES:
+                raise errors.PolicyViolationError(
+                    f"the cluster may hold at most {MAX_QUOTA_ENTITIES} quota entities"
+                )
+            if validate_only:
+                return
+            for start in range(0, len(updated), WRITE_BATCH):
+                ops = [
+                    op for e, values in updated[start : start + WRITE_BATCH] for op in alter_ops(e, values)
+                ]
+                await controller._write(ops)
+            await controller._await_own_writes()
+
+    def describe_client_quotas(self, quota_filter: QuotaFilter) -> list[tuple[QuotaEntity, dict[str, float]]]:
+        self._state()
+        return self.quotas.matching(quota_filter)
 
     async def create_partitions(self, topic: str, total: int, *, validate_only: bool) -> TopicView:
         return await self._controller().create_partitions(topic, total, validate_only=validate_only)

@@ -29,6 +29,7 @@ from coordinator.health import EtcdHealth
 from coordinator.leadership import Leadership
 from coordinator.metadata import MetadataCache
 from coordinator.model import CoordinatorInfo, PartitionStatus
+from coordinator.quotas import QuotaCache
 from coordinator.redirect import Forwarder
 from coordinator.servicer import CoordinatorServicer
 from coordinator.storage_client import StorageNodes
@@ -101,12 +102,16 @@ class CoordinatorService:
         #: Every ACL, from the same watch as the metadata (WatchAcls streams it to gateways).
         self.acls = AclCache()
         self.cache.add_batch_listener(self.acls.apply)
+        #: Every client quota, likewise (WatchClientQuotas streams it to gateways).
+        self.quotas = QuotaCache()
+        self.cache.add_batch_listener(self.quotas.apply)
         self.handlers = CoordinatorHandlers(
             coordinator_id=self.coordinator_id,
             cache=self.cache,
             leadership=self.leadership,
             health=self.health,
             acls=self.acls,
+            quotas=self.quotas,
         )
         self.grpc: GrpcServer | None = None
         self._tasks: list[asyncio.Task] = []

@@ -26,7 +26,16 @@ from services import errors
 from services.acls import AclFilter
 from services.grpc_server import translate_errors
 from services.proto import coordinator_grpc, pb
-from services.serde import acl_filter_from_proto, acl_to_proto, error_to_proto, leader_and_isr_to_proto
+from services.quotas import QuotaFilter
+from services.serde import (
+    acl_filter_from_proto,
+    acl_to_proto,
+    error_to_proto,
+    leader_and_isr_to_proto,
+    quota_alteration_from_proto,
+    quota_entry_to_proto,
+    quota_filter_from_proto,
+)
 from services.serde import acl_from_proto as serde_acl_from_proto
 
 #: A watch re-checks etcd health at least this often even when nothing changes.
@@ -276,6 +285,32 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
                 yield pb.AclSnapshot(acls=[acl_to_proto(b) for b in acls.bindings.values()], version=version)
                 sent = version
             await acls.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
+
+    @_admin
+    async def AlterClientQuotas(self, request, context):
+        alterations = [quota_alteration_from_proto(entry) for entry in request.entries]
+        await self._handlers.alter_client_quotas(alterations, validate_only=request.validate_only)
+        return pb.AlterClientQuotasResponse(errors=[pb.Error() for _ in alterations])
+
+    @translate_errors
+    async def DescribeClientQuotas(self, request, context):
+        found = self._handlers.describe_client_quotas(quota_filter_from_proto(request))
+        return pb.DescribeClientQuotasResponse(entries=[quota_entry_to_proto(e, v) for e, v in found])
+
+    @translate_errors
+    async def WatchClientQuotas(self, request, context):
+        """Every quota entity now, then again after every change (the gateways' quota managers)."""
+        quotas = self._handlers.quotas
+        sent = -1
+        while True:
+            version = quotas.version
+            if version != sent:
+                entries = self._handlers.describe_client_quotas(QuotaFilter())  # refuses until loaded
+                yield pb.ClientQuotaSnapshot(
+                    entries=[quota_entry_to_proto(e, v) for e, v in entries], version=version
+                )
+                sent = version
+            await quotas.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
 
     @_admin
     async def AlterTopicConfigs(self, request, context):

@@ -5,6 +5,8 @@ Servicers only translate: they decode with these, call a plain handler, and enco
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+
 from services import errors
 from services.acks import Acks
 from services.acls import (
@@ -21,6 +23,19 @@ from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
 from services.proto import pb
+from services.quotas import (
+    CLIENT_ID,
+    DEFAULT,
+    ENTITY_TYPES,
+    USER,
+    ComponentFilter,
+    MatchType,
+    QuotaEntity,
+    QuotaFilter,
+    apply_alteration,
+    validate_entity,
+    validate_filter,
+)
 
 
 def error_to_proto(error: errors.TributaryError):
@@ -211,4 +226,104 @@ def acl_filter_to_proto(acl_filter: AclFilter):
         resource_name=acl_filter.resource_name or "",
         operation=acl_filter.operation.value if acl_filter.operation else "",
         permission=acl_filter.permission.value if acl_filter.permission else "",
+    )
+
+
+# ---- client quotas ---------------------------------------------------------------------------
+
+
+def quota_entity_to_proto(entity: QuotaEntity):
+    return pb.ClientQuotaEntity(
+        parts=[
+            pb.ClientQuotaEntityPart(entity_type=kind, is_default=True)
+            if name == DEFAULT
+            else pb.ClientQuotaEntityPart(entity_type=kind, name=name)
+            for kind, name in entity.parts().items()
+        ]
+    )
+
+
+def quota_entity_from_proto(message) -> QuotaEntity:
+    """An entity (InvalidRequestError naming what is wrong: an unknown type, a part twice, a
+    name and the default at once, the name <default> spelled out)."""
+    parts: dict[str, str] = {}
+    try:
+        for part in message.parts:
+            kind = part.entity_type
+            if kind not in ENTITY_TYPES:
+                raise ValueError(f"unknown entity type {kind!r} (known: {', '.join(ENTITY_TYPES)})")
+            if kind in parts:
+                raise ValueError(f"entity type {kind} appears twice")
+            if part.is_default and part.name:
+                raise ValueError(f"the {kind} part has a name ({part.name!r}) and is the default")
+            if part.name == DEFAULT:
+                raise ValueError(f"the default {kind} is is_default=true, not the name {DEFAULT}")
+            parts[kind] = DEFAULT if part.is_default else part.name
+        entity = QuotaEntity(parts.get(USER), parts.get(CLIENT_ID))
+        validate_entity(entity)
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"quota entity: {exc}") from None
+    return entity
+
+
+def quota_alteration_from_proto(message) -> tuple[QuotaEntity, list[tuple[str, float | None]]]:
+    """(entity, [(key, value or None to remove)]) of one alteration; the values are checked
+    against the keys (InvalidRequestError naming the entity and the key)."""
+    entity = quota_entity_from_proto(message.entity)
+    changes = [(op.key, None if op.remove else op.value) for op in message.ops]
+    if not changes:
+        raise errors.InvalidRequestError(f"quota entity {entity}: no quota key to set or remove")
+    try:
+        apply_alteration({}, changes)
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"quota entity {entity}: {exc}") from None
+    return entity, changes
+
+
+def quota_alteration_to_proto(entity: QuotaEntity, changes: Iterable[tuple[str, float | None]]):
+    return pb.ClientQuotaAlteration(
+        entity=quota_entity_to_proto(entity),
+        ops=[
+            pb.ClientQuotaOp(key=key, remove=True)
+            if value is None
+            else pb.ClientQuotaOp(key=key, value=value)
+            for key, value in changes
+        ],
+    )
+
+
+def quota_entry_to_proto(entity: QuotaEntity, values: Mapping[str, float]):
+    return pb.ClientQuotaEntry(entity=quota_entity_to_proto(entity), values=dict(values))
+
+
+def quota_entry_from_proto(message) -> tuple[QuotaEntity, dict[str, float]]:
+    """An entry as stored (its values checked: InvalidRequestError otherwise)."""
+    entity = quota_entity_from_proto(message.entity)
+    try:
+        values = apply_alteration({}, list(message.values.items()))
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"quota entity {entity}: {exc}") from None
+    return entity, values
+
+
+def quota_filter_from_proto(message) -> QuotaFilter:
+    try:
+        components = tuple(
+            ComponentFilter(c.entity_type, MatchType((c.match_type or "EXACT").upper()), c.name)
+            for c in message.components
+        )
+        quota_filter = QuotaFilter(components, message.strict)
+        validate_filter(quota_filter)
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"quota filter: {exc}") from None
+    return quota_filter
+
+
+def quota_filter_to_proto(quota_filter: QuotaFilter):
+    return pb.DescribeClientQuotasRequest(
+        components=[
+            pb.ClientQuotaFilterComponent(entity_type=c.entity_type, match_type=c.match.value, name=c.name)
+            for c in quota_filter.components
+        ],
+        strict=quota_filter.strict,
     )

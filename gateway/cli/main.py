@@ -21,6 +21,9 @@
     tributary groups list | describe G | reset-offsets G --topic T --to-... | delete G
     tributary transactions list [--state Ongoing] | describe ID [--format text|json]
     tributary top [--interval S] [--iterations N]
+    tributary acls add | list | remove  (--topic T | --group G | --cluster ...) [--principal User:N]
+    tributary quotas set | describe | remove  [--user NAME] [--client-id ID] [--default user|client-id]
+                     [--producer-byte-rate RATE] [--consumer-byte-rate RATE] [--request-percentage P]
     tributary demo [--records N]
 
 Every command but ``cluster`` finds the gateways through ``--gateway HOST:PORT[,HOST:PORT]``,
@@ -35,7 +38,19 @@ import argparse
 import os
 import sys
 
-from gateway.cli import acls, cluster, console, demo, groups, reassign, tokens, top, topics, transactions
+from gateway.cli import (
+    acls,
+    cluster,
+    console,
+    demo,
+    groups,
+    quotas,
+    reassign,
+    tokens,
+    top,
+    topics,
+    transactions,
+)
 from gateway.cli.connect import CliError
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
@@ -360,6 +375,10 @@ def _add_tokens(commands) -> None:
     tokens.add_parser(commands)
 
 
+def _add_quotas(commands) -> None:
+    quotas.add_parser(commands, _common)
+
+
 def _add_demo(commands) -> None:
     parser = commands.add_parser(
         "demo", help="produce activity events to a topic and consume them back, checked"
@@ -393,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_top,
         _add_acls,
         _add_tokens,
+        _add_quotas,
         _add_demo,
     ):
         add(commands)

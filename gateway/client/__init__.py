@@ -11,7 +11,8 @@
   auto-commit, static membership) or ``assign``; ``poll``, iteration, ``seek*``, ``position``,
   ``offsets_for_times``, ``pause``/``resume``, ``wakeup``; batches decoded client-side;
   ``isolation_level="read_committed"`` reads only committed transactions.
-* :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets, consumer groups.
+* :class:`Admin` / :class:`AsyncAdmin` -- topics, cluster metadata, offsets, consumer groups,
+  ACLs, client quotas.
 
 The thread-based clients run their I/O on a background thread with an asyncio loop; the asyncio
 clients run on yours. Both share one core. Every client takes ``servers="host:port,..."``

@@ -49,7 +49,16 @@ from gateway.client.structs import (
 from services.acls import AclBinding, AclFilter
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
-from services.serde import acl_filter_to_proto, acl_from_proto, acl_to_proto, error_from_proto
+from services.quotas import QuotaEntity, QuotaFilter
+from services.serde import (
+    acl_filter_to_proto,
+    acl_from_proto,
+    acl_to_proto,
+    error_from_proto,
+    quota_alteration_to_proto,
+    quota_entry_from_proto,
+    quota_filter_to_proto,
+)
 
 
 def _configs(configs: Mapping[str, Any] | None) -> dict[str, str]:
@@ -349,6 +358,35 @@ class AsyncAdmin:
         response = await self._client.call("DeleteAcls", request)
         return [acl_from_proto(a) for a in response.deleted]
 
+    # -- client quotas ---------------------------------------------------------------------
+
+    async def alter_client_quotas(
+        self, alterations: Mapping[QuotaEntity, Mapping[str, float | None]], *, validate_only: bool = False
+    ) -> None:
+        """Set (a value) or remove (None) quota keys per entity (Kafka's ``alterClientQuotas``):
+        ``{QuotaEntity(user="alice"): {"producer_byte_rate": 1_048_576}}``. Keys:
+        ``producer_byte_rate``, ``consumer_byte_rate`` (bytes/s), ``request_percentage``.
+        Invalid input stores nothing (InvalidRequestError naming the entity and the key). Needs
+        ALTER_CONFIGS on the cluster when the gateway authorizes calls."""
+        request = pb.AlterClientQuotasRequest(
+            entries=[
+                quota_alteration_to_proto(entity, changes.items()) for entity, changes in alterations.items()
+            ],
+            validate_only=validate_only,
+        )
+        response = await self._client.call("AlterClientQuotas", request)
+        for item in response.errors:
+            if item.reason and (error := error_from_proto(item)) is not None:
+                raise error
+
+    async def describe_client_quotas(
+        self, quota_filter: QuotaFilter | None = None
+    ) -> dict[QuotaEntity, dict[str, float]]:
+        """The quota entities the filter matches, with their values (no filter: every one)."""
+        request = quota_filter_to_proto(quota_filter if quota_filter is not None else QuotaFilter())
+        response = await self._client.call("DescribeClientQuotas", request)
+        return dict(quota_entry_from_proto(entry) for entry in response.entries)
+
     # -- transactions ----------------------------------------------------------------------
 
     async def describe_transactions(
@@ -518,6 +556,8 @@ class Admin:
     create_acls = _sync("create_acls")
     describe_acls = _sync("describe_acls")
     delete_acls = _sync("delete_acls")
+    alter_client_quotas = _sync("alter_client_quotas")
+    describe_client_quotas = _sync("describe_client_quotas")
     list_partition_reassignments = _sync("list_partition_reassignments")
     create_topics = _sync("create_topics")
     create_topic = _sync("create_topic")

@@ -17,6 +17,7 @@ from gateway.client.errors import RequestTimedOutError, TributaryError, UnknownT
 from gateway.client.metadata import MetadataCache
 from gateway.client.servers import resolve_servers
 from gateway.client.structs import OffsetAndTimestamp, TopicDescription, TopicPartition
+from gateway.client.throttle import Throttles
 from services.clock import SYSTEM_CLOCK, Clock
 from services.proto import pb
 from services.serde import error_from_proto
@@ -58,6 +59,10 @@ class GatewayClient:
         self.clock = clock
         self.metadata = MetadataCache(max_age_ms=metadata_max_age_ms)
         self._pool: GatewayPool | None = None
+        #: How long gateways asked this client to hold its produce and fetch requests (client
+        #: quotas, ``throttle_time_ms``), per gateway address: see ``gateway/client/throttle.py``.
+        self.produce_throttles = Throttles("produce", monotonic=clock.monotonic)
+        self.fetch_throttles = Throttles("fetch", monotonic=clock.monotonic)
 
     @property
     def pool(self) -> GatewayPool:

@@ -596,6 +596,12 @@ class AsyncConsumer:
         """The partitions paused with ``pause``."""
         return self._subscription.paused_partitions()
 
+    def metrics(self) -> dict[str, float]:
+        """The gateways' throttling of this consumer's fetches (client quotas):
+        ``fetch-throttle-time-avg`` / ``-max`` in ms over every fetch answer, as Kafka's consumer
+        names them, the throttled answers and their total (``gateway/client/throttle.py``)."""
+        return self._client.fetch_throttles.metrics()
+
     # -- offsets lookups -------------------------------------------------------------------
 
     async def offsets_for_times(
@@ -938,6 +944,10 @@ class Consumer:
     def paused(self) -> set[TopicPartition]:
         """The partitions paused with ``pause``."""
         return self._io.call(self._core.paused)
+
+    def metrics(self) -> dict[str, float]:
+        """The gateways' throttling of this consumer's fetches (see ``AsyncConsumer.metrics``)."""
+        return self._io.call(self._core.metrics)
 
     def offsets_for_times(
         self, timestamps: dict[TopicPartition, int]

@@ -16,6 +16,9 @@ the others with ``NetworkError``. A request not answered within its timeout mark
 connection stuck: it and every request waiting on it fail with a retriable
 ``RequestTimedOutError`` and the next request opens a new connection. acks=0 requests are done
 once written, as in Kafka.
+
+Client quotas: an answer's ``throttle_time_ms`` (protocol version 2) holds the link's next
+requests that long (:mod:`gateway.client.throttle`); they wait in order, under the link's lock.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from gateway.client.errors import (
     TributaryError,
     UnsupportedVersionError,
 )
+from gateway.client.throttle import Throttles
 from services import errors
 from services.acks import Acks
 from services.dataport import protocol as dp
@@ -89,8 +93,16 @@ async def discover(client: GatewayClient, topic: str) -> tuple[str, int] | None:
 class DataConnection:
     """One handshaken connection with its unanswered requests by correlation id."""
 
-    def __init__(self, address: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        address: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        version: int = dp.MAX_VERSION,
+    ) -> None:
         self.address = address
+        #: The protocol version agreed in the handshake (answers are decoded by it).
+        self.version = version
         self.reader = reader
         self.writer = writer
         self.pending: dict[int, asyncio.Future] = {}
@@ -146,7 +158,7 @@ class DataConnection:
         if error is not None:
             writer.transport.abort()
             raise error
-        connection = cls(address, reader, writer)
+        connection = cls(address, reader, writer, answer.version)
         connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
         return connection
 
@@ -271,8 +283,11 @@ class DataLink:
         *,
         connect_timeout_s: float = 10.0,
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
+        throttles: Throttles | None = None,
     ) -> None:
         self._client = client
+        #: What the gateway asked to wait for (None: nothing is waited for).
+        self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
         #: A connection idle this long is closed before the next request (None: never).
         self._max_idle_s = max_idle_s
@@ -285,36 +300,49 @@ class DataLink:
         self.opened = 0
 
     async def connection(self, topic: str) -> DataConnection | None:
-        """The open connection (opened now if needed), or None: use gRPC.
+        """The open connection (opened now if needed), or None: use gRPC. While the gateway
+        holds this client (``throttle_time_ms``), it is handed out once the hold is over.
 
         Always through the lock, which is FIFO and free of charge when nobody waits: a request
-        arriving while the connection is being opened must not overtake those waiting for it
-        (the order requests are written in is the order they are appended in)."""
+        arriving while the connection is being opened, or while the client is throttled, must
+        not overtake those waiting for it (the order requests are written in is the order they
+        are appended in)."""
         async with self._lock:
-            self._maybe_retire_idle()
-            if self._connection is not None and not self._connection.broken:
-                return self._connection
-            if self.unavailable:
-                return None
-            address = await discover(self._client, topic)
-            if address is None:
-                log.info("the gateway offers no raw data listener; using gRPC")
-                self.unavailable = True
-                return None
-            try:
-                self._connection = await DataConnection.open(
-                    *address,
-                    client_id=self._client.client_id,
-                    timeout_s=self._connect_timeout_s,
-                    tls=self._client.tls,
-                    token_source=self._client.token_source,
-                )
-            except UnsupportedVersionError as exc:
-                log.info("the gateway's data listener refused us (%s); using gRPC", exc)
-                self.unavailable = True
-                return None
-            self.opened += 1
+            connection = await self._connection_locked(topic)
+            if connection is not None and self.throttles is not None:
+                await self.throttles.of(connection.address).wait()
+            return connection
+
+    def observe(self, connection: DataConnection, throttle_time_ms: int) -> None:
+        """An answer on ``connection`` and the throttle time it carried."""
+        if self.throttles is not None:
+            self.throttles.of(connection.address).observe(throttle_time_ms)
+
+    async def _connection_locked(self, topic: str) -> DataConnection | None:
+        self._maybe_retire_idle()
+        if self._connection is not None and not self._connection.broken:
             return self._connection
+        if self.unavailable:
+            return None
+        address = await discover(self._client, topic)
+        if address is None:
+            log.info("the gateway offers no raw data listener; using gRPC")
+            self.unavailable = True
+            return None
+        try:
+            self._connection = await DataConnection.open(
+                *address,
+                client_id=self._client.client_id,
+                timeout_s=self._connect_timeout_s,
+                tls=self._client.tls,
+                token_source=self._client.token_source,
+            )
+        except UnsupportedVersionError as exc:
+            log.info("the gateway's data listener refused us (%s); using gRPC", exc)
+            self.unavailable = True
+            return None
+        self.opened += 1
+        return self._connection
 
     def _maybe_retire_idle(self) -> None:
         """Close a connection idle ``max_idle_s`` before using it: the gateway closes idle ones
@@ -388,11 +416,12 @@ class ProduceAnswer:
     that saves ~10 us per request. A request-level error goes on partition -1, as ProduceStream
     answers a request that failed as a whole."""
 
-    __slots__ = ("correlation_id", "partitions", "topic")
+    __slots__ = ("correlation_id", "partitions", "throttle_time_ms", "topic")
 
     def __init__(self, topic: str, answer: dp.ProduceResponse) -> None:
         self.topic = topic
         self.correlation_id = answer.correlation_id
+        self.throttle_time_ms = answer.throttle_time_ms
         self.partitions = [_PartitionAnswer(p, p.error()) for p in answer.partitions]
         whole = answer.error()
         if whole is not None:
@@ -410,7 +439,7 @@ class RawTransport:
         self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
     ) -> None:
         self._client = client
-        self._link = DataLink(client, max_idle_s=max_idle_s)
+        self._link = DataLink(client, max_idle_s=max_idle_s, throttles=client.produce_throttles)
         self._fallback = fallback
 
     @property
@@ -454,10 +483,11 @@ class RawTransport:
             )
             body = await future
         try:
-            answer = dp.decode_produce_response(body)
+            answer = dp.decode_produce_response(body, connection.version)
         except errors.TributaryError as exc:
             connection.break_(NetworkError(f"bad produce answer from {connection.address}: {exc}"))
             raise NetworkError(f"bad produce answer from {connection.address}: {exc}") from exc
+        self._link.observe(connection, answer.throttle_time_ms)
         return ProduceAnswer(request.topic, answer)
 
     async def close(self, timeout_s: float = 30.0) -> None:
@@ -472,7 +502,7 @@ class RawFetcher:
     """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC"."""
 
     def __init__(self, client: GatewayClient) -> None:
-        self._link = DataLink(client)
+        self._link = DataLink(client, throttles=client.fetch_throttles)
 
     async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
         topic = request.partitions[0].topic if request.partitions else ""
@@ -499,10 +529,12 @@ class RawFetcher:
             connection.pending.pop(correlation_id, None)
             raise
         try:
-            return dp.decode_fetch_response(body)
+            answer = dp.decode_fetch_response(body, connection.version)
         except errors.TributaryError as exc:
             connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
             raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+        self._link.observe(connection, answer.throttle_time_ms)
+        return answer
 
     async def close(self, timeout_s: float = 5.0) -> None:
         await self._link.close(timeout_s)

@@ -400,7 +400,10 @@ class Fetcher:
                 if answer is not None:
                     handler.handle_raw_response(answer)
                     return
+            throttle = self.client.fetch_throttles.of(self.client.pool.current().address)
+            await throttle.wait()  # held by the gateway (a quota): the raw path waits in its link
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)
+            throttle.observe(response.throttle_time_ms)
         except TributaryError as exc:
             handler.handle_error(exc)
         else:

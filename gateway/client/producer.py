@@ -458,6 +458,12 @@ class ProducerCore:
         self.wakeup_sender()
         return FutureRecordMetadata(result, 0, -1)
 
+    def metrics(self) -> dict[str, float]:
+        """The sender's counters and the gateways' throttling (on the loop thread)."""
+        counters: dict[str, float] = dict(self.sender.metrics) if self.sender is not None else {}
+        counters.update(self.client.produce_throttles.metrics())
+        return counters
+
     def wakeup_sender(self) -> None:
         """Wake the sender routine from any thread; at most one wakeup is in the loop's queue."""
         if self.loop is None or self._wakeup_pending:
@@ -670,9 +676,11 @@ class AsyncProducer:
         finally:
             core.accumulator.end_flush()
 
-    def metrics(self) -> dict[str, int]:
-        """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
-        return dict(self._core.sender.metrics) if self._core.sender is not None else {}
+    def metrics(self) -> dict[str, float]:
+        """Counters of the sender: requests, batches retried / failed / acknowledged, records
+        acknowledged; and the gateways' throttling (``produce-throttle-time-avg`` / ``-max`` in
+        ms, as Kafka's producer names them; ``gateway/client/throttle.py``)."""
+        return self._core.metrics()
 
     async def partitions_for(self, topic: str) -> set[int]:
         """The topic's partition numbers (fetching metadata if needed)."""
@@ -823,9 +831,9 @@ class Producer:
         """The topic's partition numbers (fetching metadata if needed)."""
         return set(range(self._io.run(self._core.fetch_partition_count(topic))))
 
-    def metrics(self) -> dict[str, int]:
-        """Counters of the sender: requests, batches retried / failed / acknowledged, records acknowledged."""
-        return self._io.call(lambda: dict(self._core.sender.metrics) if self._core.sender else {})
+    def metrics(self) -> dict[str, float]:
+        """The sender's counters and the gateways' throttling (see ``AsyncProducer.metrics``)."""
+        return self._io.call(self._core.metrics)
 
     # -- transactions (see AsyncProducer for what each does) -------------------------------
 

@@ -27,6 +27,9 @@ Idle streams: a stream with nothing written or read for ``max_idle_s`` (the prod
 ended by the client before the next request goes out on a new one. Kafka picks its client
 default below the broker's for the same reason: a request written the moment the server gives
 up on the stream would be lost, and an acks=0 request would be lost without anyone knowing.
+
+Client quotas: an answer's ``throttle_time_ms`` holds the next requests to that gateway that
+long (:mod:`gateway.client.throttle`); on a stream they wait in order, under its write lock.
 """
 
 from __future__ import annotations
@@ -57,7 +60,13 @@ class UnaryTransport:
         self._client = client
 
     async def send(self, request, timeout_s: float):
-        return await self._client.call("Produce", request, timeout_ms=int(timeout_s * 1000), failover=False)
+        throttle = self._client.produce_throttles.of(self._client.pool.current().address)
+        await throttle.wait()
+        response = await self._client.call(
+            "Produce", request, timeout_ms=int(timeout_s * 1000), failover=False
+        )
+        throttle.observe(response.throttle_time_ms)
+        return response
 
     async def close(self, timeout_s: float = 30.0) -> None:
         pass
@@ -175,6 +184,8 @@ class StreamTransport:
         stream.last_active = asyncio.get_running_loop().time()
         try:
             async with stream.write_lock:
+                # Held by the gateway (a quota): wait in order, so no request overtakes another.
+                await self._client.produce_throttles.of(stream.endpoint.address).wait()
                 await stream.call.write(request)
         except Exception as exc:  # noqa: BLE001 -- RpcError, UsageError, InvalidStateError alike
             # Write failures carry no status; the reader reports the real one when it ends.
@@ -190,6 +201,7 @@ class StreamTransport:
                     break
                 stream.confirmed = True
                 stream.last_active = asyncio.get_running_loop().time()
+                self._client.produce_throttles.of(stream.endpoint.address).observe(response.throttle_time_ms)
                 future = stream.pending.pop(response.correlation_id, None)
                 if future is not None and not future.done():
                     future.set_result(response)

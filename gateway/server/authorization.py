@@ -144,6 +144,9 @@ _REQUIRED: dict[str, Callable[[Any], list[Request]]] = {
     "CreateAcls": lambda r: _cluster(ALTER),
     "DeleteAcls": lambda r: _cluster(ALTER),
     "DescribeAcls": lambda r: _cluster(DESCRIBE),
+    # Kafka: ALTER_CONFIGS / DESCRIBE_CONFIGS on the cluster for client quotas.
+    "AlterClientQuotas": lambda r: _cluster(Operation.ALTER_CONFIGS),
+    "DescribeClientQuotas": lambda r: _cluster(Operation.DESCRIBE_CONFIGS),
 }
 
 #: Calls every principal may make: their answers are filtered instead (or they carry nothing).

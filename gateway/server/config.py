@@ -88,3 +88,9 @@ class GatewayConfig(ServiceConfig):
     authorizer_enabled: bool = False
     #: Principals allowed everything (Kafka's super.users), e.g. User:admin; comma-separated.
     super_users: list[str] = field(default_factory=list)
+    #: Client quotas (``tributary quotas``) are metered over this many windows (Kafka's
+    #: quota.window.num) ...
+    quota_window_num: int = 11
+    #: ... of this many seconds each (Kafka's quota.window.size.seconds; fractions allowed). A
+    #: request-time throttle lasts at most one window.
+    quota_window_size_seconds: float = 1.0

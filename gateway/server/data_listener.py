@@ -26,6 +26,10 @@ One connection, one :class:`_Connection`:
   owed nothing for ``max_idle_s`` too (Kafka's connections.max.idle.ms). Beyond
   ``max_connections`` new connections get an error frame and are closed. No other client
   notices any of this.
+* Client quotas (:mod:`gateway.server.quotas`): a request that takes its client over a quota
+  is served, its answer says for how long the client is held (``throttle_time_ms``, protocol
+  version 2), and the connection reads no frame until then (Kafka's KIP-219 channel mute; an
+  acks=0 produce, which gets no answer, holds it too).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable
-from typing import NoReturn
+from time import perf_counter
+from typing import NamedTuple, NoReturn
 
 from gateway.server.append_queue import AppendQueues
 from gateway.server.authentication import Authenticator
@@ -49,7 +54,9 @@ from gateway.server.fetch import (
     FetchHandler,
     PartitionFetch,
 )
+from gateway.server.loop_time import LoopTime, timed
 from gateway.server.produce import ProduceHandler, ProduceOutcome
+from gateway.server.quotas import ChannelThrottle, ClientQuota, ClientQuotas
 from services import errors, tokens
 from services.acks import Acks
 from services.acls import ANONYMOUS
@@ -94,11 +101,14 @@ class DataListener:
         ssl_context: ReloadingSslContext | None = None,
         gatekeeper: Gatekeeper | None = None,
         authenticator: Authenticator | None = None,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         #: Authorization (None: off).
         self.gatekeeper = gatekeeper
         #: Who a connection is: its TLS certificate, or the token in its handshake.
         self.authenticator = authenticator or Authenticator()
+        #: Client quotas (None: none enforced), per the connection's principal and client id.
+        self.quotas = quotas
         self.produce = produce
         self.fetch = fetch
         self.host = host
@@ -205,6 +215,10 @@ class _Connection:
         #: When the connection's token expires (seconds since the epoch); None: never.
         self.expires_at: float | None = None
         self.client_id = ""
+        #: The protocol version agreed in the handshake.
+        self.version = dp.MIN_VERSION
+        #: Until when the connection is held for its client's quota (no frame is read).
+        self.throttle = ChannelThrottle()
         self.queues: AppendQueues | None = None
         self.tasks: set[asyncio.Task] = set()
         self.in_flight_bytes = 0
@@ -230,6 +244,7 @@ class _Connection:
             max_frame = self.listener.max_frame
             while True:
                 await self._wait_for_room()
+                await self.throttle.wait()
                 body = await self._next_frame(max_frame)
                 if body is None:
                     return
@@ -276,6 +291,7 @@ class _Connection:
                     f"this gateway {dp.MIN_VERSION}..{dp.MAX_VERSION}"
                 )
             )
+        self.version = version
         try:
             self.principal, self.expires_at = listener.authenticator.connection_principal(
                 handshake.auth_token, self.writer.get_extra_info("peercert")
@@ -370,7 +386,7 @@ class _Connection:
             and self.in_flight_requests < listener.max_in_flight_requests
         )
 
-    def _fail(self, correlation_id: int, error: errors.TributaryError):
+    def _fail(self, correlation_id: int, error: errors.TributaryError) -> NoReturn:
         """Answer an error frame and end the connection (bad input)."""
         log.info("data connection %s (%s): %s; closing it", self.peer, self.client_id or "-", error)
         with contextlib.suppress(Exception):
@@ -390,12 +406,20 @@ class _Connection:
                 "data connection %s (%s): its bearer token expired; closing it", self.peer, self.principal
             )
             raise _Closed
+        quota = self._quota()
+        spent = LoopTime() if quota is not None and quota.times_requests else None
+        started = perf_counter()
         if kind == dp.PRODUCE_REQUEST:
             try:
                 request = dp.decode_produce_request(body)
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
-            await self._start_produce(request, len(body))
+            metered = _metered(quota, spent, started)
+            if quota is not None:
+                # Counted as it is read, so a client pipelining requests is held from the next one.
+                self.throttle.hold(quota.record_produce_bytes(len(body)))
+            starting = self._start_produce(request, len(body), metered)
+            await (timed(starting, spent) if spent is not None else starting)
         elif kind == dp.FETCH_REQUEST:
             try:
                 fetch = dp.decode_fetch_request(body)
@@ -403,10 +427,33 @@ class _Connection:
                 self._fail(correlation_id, exc)
             # The answer's record bytes count against the connection's budget while it is built.
             max_bytes = min(fetch.max_bytes or DEFAULT_TOTAL_MAX_BYTES, self.listener.max_in_flight_bytes)
+            if quota is not None:
+                max_bytes = quota.fetch_max_bytes(max_bytes)
             fetch = fetch._replace(max_bytes=max_bytes)
-            self._track(self._serve_fetch(fetch), len(body) + max_bytes)
+            metered = _metered(quota, spent, started)
+            serving = self._serve_fetch(fetch, metered)
+            self._track(timed(serving, spent) if spent is not None else serving, len(body) + max_bytes)
         else:
             self._fail(correlation_id, errors.InvalidRequestError(f"unknown data frame kind {kind}"))
+
+    def _quota(self) -> ClientQuota | None:
+        """The quotas of this connection's client now (they may change while it is open)."""
+        quotas = self.listener.quotas
+        if quotas is None or not quotas.configured:
+            return None
+        return quotas.client(self.principal, self.client_id)
+
+    def _throttle_ms(self, metered: _Metered | None, fetched_bytes: int = 0) -> int:
+        """At a request's answer: count its loop time (and a fetch's bytes) on its client's
+        quotas; how long from now the connection is held (the answer's throttle_time_ms)."""
+        if metered is None:
+            return 0
+        quota = metered.quota
+        if fetched_bytes:
+            self.throttle.hold(quota.record_fetch_bytes(fetched_bytes))
+        if metered.spent is not None:
+            self.throttle.hold(quota.record_loop_time(metered.spent.seconds))
+        return self.throttle.remaining_ms()
 
     def _track(self, work: Awaitable[None], size: int) -> None:
         self.in_flight_bytes += size
@@ -426,7 +473,7 @@ class _Connection:
 
         task.add_done_callback(done)
 
-    async def _start_produce(self, request: dp.ProduceRequest, size: int) -> None:
+    async def _start_produce(self, request: dp.ProduceRequest, size: int, metered: _Metered | None) -> None:
         """Plan now (arrival order is append order), answer when appended."""
         produce = self.listener.produce
         command = ProduceCommand(
@@ -446,8 +493,9 @@ class _Connection:
                 outcome = produce.enqueue(plan, deadline=produce.deadline_for(command, None), queues=queues)
         except errors.TributaryError as exc:
             self._end_span(span, exc)
+            throttle_ms = self._throttle_ms(metered)
             if request.acks != 0:
-                self._write([_produce_error(request.correlation_id, exc)])
+                self._write([_produce_error(request.correlation_id, exc, throttle_ms, self.version)])
             else:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return
@@ -457,20 +505,26 @@ class _Connection:
             if close is not None:
                 close()
             self._end_span(span, None)
+            self._throttle_ms(metered)  # no answer to say it: the connection is held all the same
             return
-        self._track(self._answer_produce(request.correlation_id, outcome, span), size)
+        answering = self._answer_produce(request.correlation_id, outcome, span, metered)
+        spent = metered.spent if metered is not None else None
+        self._track(timed(answering, spent) if spent is not None else answering, size)
 
     def _authorize(self, method: str, request) -> None:
         gate = self.listener.gatekeeper
         if gate is not None:
             gate.check(self.principal, self.host, method, request)
 
-    async def _answer_produce(self, correlation_id: int, outcome: Awaitable[ProduceOutcome], span) -> None:
+    async def _answer_produce(
+        self, correlation_id: int, outcome: Awaitable[ProduceOutcome], span, metered: _Metered | None
+    ) -> None:
         result = await outcome
         self._end_span(span, next((p.error for p in result.partitions if p.error is not None), None))
-        self._write([_produce_answer(correlation_id, result)])
+        throttle_ms = self._throttle_ms(metered)
+        self._write([_produce_answer(correlation_id, result, throttle_ms, self.version)])
 
-    async def _serve_fetch(self, request: dp.FetchRequest) -> None:
+    async def _serve_fetch(self, request: dp.FetchRequest, metered: _Metered | None) -> None:
         command = FetchCommand(
             partitions=tuple(
                 PartitionFetch(
@@ -493,16 +547,20 @@ class _Connection:
                 results = await self.listener.fetch.fetch(command)
         except errors.TributaryError as exc:
             self._end_span(span, exc)
+            throttle_ms = self._throttle_ms(metered)
             self._write(
                 dp.encode_fetch_response_parts(
-                    dp.FetchResponse(request.correlation_id, exc.kafka_code, exc.message, [])
+                    dp.FetchResponse(request.correlation_id, exc.kafka_code, exc.message, [], throttle_ms),
+                    self.version,
                 )
             )
             return
         self._end_span(span, next((r.error for r in results if r.error is not None), None))
+        throttle_ms = self._throttle_ms(metered, sum(len(r.raw) for r in results))
         self._write(
             dp.encode_fetch_response_parts(
-                dp.FetchResponse(request.correlation_id, 0, "", [_fetched(r) for r in results])
+                dp.FetchResponse(request.correlation_id, 0, "", [_fetched(r) for r in results], throttle_ms),
+                self.version,
             )
         )
 
@@ -560,11 +618,31 @@ class _Connection:
             self.listener.telemetry.end_data_request(span, error)
 
 
-def _produce_error(correlation_id: int, error: errors.TributaryError) -> bytes:
-    return dp.encode_produce_response(dp.ProduceResponse(correlation_id, error.kafka_code, error.message, []))
+class _Metered(NamedTuple):
+    """A request of a client with quotas: its quotas, and its loop time when that is metered."""
+
+    quota: ClientQuota
+    spent: LoopTime | None
 
 
-def _produce_answer(correlation_id: int, outcome: ProduceOutcome) -> bytes:
+def _metered(quota: ClientQuota | None, spent: LoopTime | None, started: float) -> _Metered | None:
+    """What a request's client quotas need at its answer (None: no quota applies)."""
+    if quota is None:
+        return None
+    if spent is not None:
+        spent.add_since(started)  # decoding the frame
+    return _Metered(quota, spent)
+
+
+def _produce_error(
+    correlation_id: int, error: errors.TributaryError, throttle_ms: int, version: int
+) -> bytes:
+    return dp.encode_produce_response(
+        dp.ProduceResponse(correlation_id, error.kafka_code, error.message, [], throttle_ms), version
+    )
+
+
+def _produce_answer(correlation_id: int, outcome: ProduceOutcome, throttle_ms: int, version: int) -> bytes:
     return dp.encode_produce_response(
         dp.ProduceResponse(
             correlation_id,
@@ -582,7 +660,9 @@ def _produce_answer(correlation_id: int, outcome: ProduceOutcome) -> bytes:
                 )
                 for r in outcome.partitions
             ],
-        )
+            throttle_ms,
+        ),
+        version,
     )
 
 

@@ -23,6 +23,7 @@ from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
+from gateway.server.quotas import ClientQuotas, QuotaWindows, follow_quotas
 from gateway.server.routing import MetadataWatch, NodeClients, Router
 from gateway.server.servicer import GatewayServicer
 from gateway.server.telemetry import GatewayInstruments
@@ -65,6 +66,14 @@ class GatewayService:
         self.decode_pool: DecodePool | None = None
         self.data_listener: DataListener | None = None
         self._acl_task: asyncio.Task | None = None
+        #: Client quotas: every client's allowances, following the coordinators (always on; a
+        #: client without a quota is not metered).
+        self.quotas = ClientQuotas(
+            QuotaWindows(config.quota_window_num, config.quota_window_size_seconds), clock=clock.monotonic
+        )
+        if self.instruments is not None:
+            self.instruments.watch_quotas(self.quotas)
+        self._quota_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         config = self.config
@@ -117,6 +126,9 @@ class GatewayService:
             self._acl_task = asyncio.create_task(
                 follow_acls(self.coordinators, self.gatekeeper), name="gateway-acls"
             )
+        self._quota_task = asyncio.create_task(
+            follow_quotas(self.coordinators, self.quotas), name="gateway-quotas"
+        )
         if config.data_listener:
             self.data_listener = DataListener(
                 self.produce,
@@ -131,6 +143,7 @@ class GatewayService:
                 ssl_context=ReloadingSslContext(tls) if tls is not None else None,
                 gatekeeper=self.gatekeeper,
                 authenticator=authenticator,
+                quotas=self.quotas,
             )
             await self.data_listener.start()
         servicer = GatewayServicer(
@@ -145,6 +158,7 @@ class GatewayService:
             data_address=f"{config.host}:{self.data_port}" if self.data_listener is not None else "",
             gatekeeper=self.gatekeeper,
             authenticator=authenticator,
+            quotas=self.quotas,
         )
         self.grpc = await create_server(
             f"{config.host}:{config.port}",
@@ -197,6 +211,8 @@ class GatewayService:
         """Release everything after the server stopped (``run`` calls it after the grace period)."""
         if self._acl_task is not None:
             self._acl_task.cancel()
+        if self._quota_task is not None:
+            self._quota_task.cancel()
         if self.data_listener is not None:
             await self.data_listener.close()
         if self.produce is not None:

@@ -3,11 +3,16 @@
 Each data-plane RPC decodes with :mod:`gateway.server.serde`, calls one handler and encodes the answer;
 errors raised as the taxonomy become a status with the Kafka reason (``translate_errors``).
 Admin, metadata and group RPCs carry the coordinator's own messages and are forwarded as they are.
+
+Client quotas (:mod:`gateway.server.quotas`) meter Produce, ProduceStream and Fetch: an answer
+that takes its client over a quota carries ``throttle_time_ms``; a ProduceStream then reads no
+further request for that long, and unary calls of the same allowance wait that long first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from gateway.server import serde
@@ -18,8 +23,10 @@ from gateway.server.clients import ClientLog
 from gateway.server.decode_pool import DecodePool
 from gateway.server.delete_records import DeleteRecordsHandler
 from gateway.server.fetch import FetchHandler
+from gateway.server.loop_time import LoopTime, timed
 from gateway.server.offsets import OffsetsHandler
 from gateway.server.produce import ProduceHandler
+from gateway.server.quotas import ChannelThrottle, ClientQuota, ClientQuotas
 from services import errors
 from services.acls import ResourceType
 from services.grpc_server import translate_errors
@@ -58,6 +65,17 @@ async def _encode_outcome(outcome):
     return serde.produce_outcome_to_proto(await outcome)
 
 
+async def _metered_answer(
+    answer: asyncio.Future, quota: ClientQuota, spent: LoopTime, throttle: ChannelThrottle
+):
+    """A ProduceStream answer, its loop time counted on its client's quotas, saying how long
+    from now the stream is held."""
+    response = await answer
+    throttle.hold(quota.record_loop_time(spent.seconds))
+    response.throttle_time_ms = throttle.remaining_ms()
+    return response
+
+
 def _forward(method: str):
     """A servicer method that forwards ``method`` to a coordinator unchanged."""
 
@@ -90,11 +108,14 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         data_address: str = "",
         gatekeeper: Gatekeeper | None = None,
         authenticator: Authenticator | None = None,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         #: The authorizer's decisions (None: authorization off, every call allowed).
         self._gate = gatekeeper
         #: Who a caller is (its certificate, or its bearer token).
         self._authenticator = authenticator or Authenticator()
+        #: Client quotas (None: none enforced).
+        self._quotas = quotas
         self._produce = produce
         self._fetch = fetch
         self._decode_pool = decode_pool
@@ -143,12 +164,36 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             response.topics.extend(topics)
         return response
 
+    # ---- client quotas ------------------------------------------------------------------------
+
+    def _quota(self, principal: str | None, context, client_id: str) -> ClientQuota | None:
+        """The quotas of the calling client (None: none applies, nothing to meter)."""
+        quotas = self._quotas
+        if quotas is None or not quotas.configured:
+            return None
+        return quotas.client(
+            principal if principal is not None else self._authenticator.call_principal(context), client_id
+        )
+
     # ---- data plane ------------------------------------------------------------------------
 
     @translate_errors
     async def Produce(self, request, context):
-        self._clients.seen(context, "Produce")
+        client_id = self._clients.seen(context, "Produce")
         self._authorize(context, "Produce", request)
+        quota = self._quota(None, context, client_id)
+        if quota is None:
+            return await self._do_produce(request, context)
+        await quota.wait_unmuted(quota.produce)
+        quota.record_produce_bytes(request.ByteSize())
+        spent = LoopTime()
+        producing = self._do_produce(request, context)
+        response = await (timed(producing, spent) if quota.times_requests else producing)
+        quota.record_loop_time(spent.seconds)
+        response.throttle_time_ms = quota.held_ms(quota.produce)
+        return response
+
+    async def _do_produce(self, request, context):
         command = serde.produce_command_from_proto(request)
         deadline = self._produce.deadline_for(command, context.time_remaining())
         outcome = await self._produce.produce(command, deadline=deadline)
@@ -160,11 +205,13 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
         ``stream_max_idle_ms`` is ended with NETWORK_EXCEPTION (UNAVAILABLE, retriable), as a
         Kafka broker closes a connection idle for connections.max.idle.ms; clients open a new
         stream for their next request."""
-        self._clients.seen(context, "ProduceStream")
+        client_id = self._clients.seen(context, "ProduceStream")
         loop = asyncio.get_running_loop()
         activity = _StreamActivity(loop.time())
         in_flight: asyncio.Queue = asyncio.Queue(MAX_STREAM_IN_FLIGHT)
-        reader = asyncio.create_task(self._read_stream(request_iterator, context, in_flight, activity))
+        reader = asyncio.create_task(
+            self._read_stream(request_iterator, context, in_flight, activity, client_id)
+        )
         try:
             while (task := await in_flight.get()) is not None:
                 answer = await task
@@ -179,13 +226,28 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
                     task.cancel()
 
     async def _read_stream(
-        self, request_iterator, context, in_flight: asyncio.Queue, activity: _StreamActivity
+        self, request_iterator, context, in_flight: asyncio.Queue, activity: _StreamActivity, client_id: str
     ) -> None:
-        """Plan and queue each request as it arrives, in order; appends run while more come in."""
+        """Plan and queue each request as it arrives, in order; appends run while more come in.
+        A request whose client is throttled waits for the throttle to end first (the stream is
+        held: nothing more is read from it meanwhile)."""
         queues = self._produce.stream_queues()
+        throttle = ChannelThrottle()
+        principal = self._authenticator.call_principal(context) if self._quotas is not None else None
         try:
             async for request in self._requests_until_idle(request_iterator, activity):
-                await in_flight.put(await self._start_in_stream(request, context, queues))
+                await throttle.wait()
+                quota = self._quota(principal, context, client_id)
+                if quota is None:
+                    answer = await self._start_in_stream(request, context, queues)
+                else:
+                    # Counted as it is read: the stream is held from the next request on.
+                    throttle.hold(quota.record_produce_bytes(request.ByteSize()))
+                    spent = LoopTime()
+                    starting = self._start_in_stream(request, context, queues, spent)
+                    answer = await (timed(starting, spent) if quota.times_requests else starting)
+                    answer = asyncio.ensure_future(_metered_answer(answer, quota, spent, throttle))
+                await in_flight.put(answer)
                 await queues.wait_for_room()
         finally:
             await in_flight.put(None)
@@ -217,8 +279,11 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             activity.received(loop.time())
             yield request
 
-    async def _start_in_stream(self, request, context, queues) -> asyncio.Future:
-        """A future of the request's answer; a request that fails as a whole is answered in-band."""
+    async def _start_in_stream(
+        self, request, context, queues, spent: LoopTime | None = None
+    ) -> asyncio.Future:
+        """A future of the request's answer; a request that fails as a whole is answered in-band.
+        With ``spent``, the loop time of encoding the answer counts there (request quotas)."""
         try:
             self._authorize(context, "Produce", request)
             command = serde.produce_command_from_proto(request)
@@ -229,13 +294,29 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
             return answer
         deadline = self._produce.deadline_for(command, context.time_remaining())
         outcome = self._produce.enqueue(plan, deadline=deadline, queues=queues)
-        return asyncio.ensure_future(_encode_outcome(outcome))
+        encoding = _encode_outcome(outcome)
+        return asyncio.ensure_future(timed(encoding, spent) if spent is not None else encoding)
 
     @translate_errors
     async def Fetch(self, request, context):
-        self._clients.seen(context, "Fetch")
+        client_id = self._clients.seen(context, "Fetch")
         self._authorize(context, "Fetch", request)
+        quota = self._quota(None, context, client_id)
+        if quota is None:
+            return await self._do_fetch(request, context, None)
+        await quota.wait_unmuted(quota.fetch)
+        spent = LoopTime()
+        fetching = self._do_fetch(request, context, quota)
+        response = await (timed(fetching, spent) if quota.times_requests else fetching)
+        quota.record_fetch_bytes(response.ByteSize())
+        quota.record_loop_time(spent.seconds)
+        response.throttle_time_ms = quota.held_ms(quota.fetch)
+        return response
+
+    async def _do_fetch(self, request, context, quota: ClientQuota | None):
         command = serde.fetch_command_from_proto(request)
+        if quota is not None:
+            command = dataclasses.replace(command, max_bytes=quota.fetch_max_bytes(command.max_bytes))
         results = await self._fetch.fetch(command, rpc_remaining_s=context.time_remaining())
         if command.raw_batches:
             return serde.fetch_response_to_proto(results)
@@ -345,3 +426,8 @@ class GatewayServicer(gateway_grpc.GatewayServicer):
     CreateAcls = _forward("CreateAcls")
     DescribeAcls = _forward("DescribeAcls")
     DeleteAcls = _forward("DeleteAcls")
+
+    # ---- client quotas (forwarded) -------------------------------------------------------------
+
+    AlterClientQuotas = _forward("AlterClientQuotas")
+    DescribeClientQuotas = _forward("DescribeClientQuotas")

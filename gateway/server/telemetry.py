@@ -9,9 +9,10 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
-from opentelemetry.metrics import Histogram
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from services.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE
 from services.records import RECORD_BATCH_OVERHEAD, read_batch_header
 from services.telemetry import extract_context, names
 from services.telemetry.metrics import (
@@ -36,6 +37,14 @@ def count_records(data) -> int:
     return total
 
 
+def _quota_attributes(sensor) -> dict[str, str]:
+    return {
+        names.ATTR_QUOTA_USER: sensor.key.user,
+        names.ATTR_QUOTA_CLIENT_ID: sensor.key.client_id,
+        names.ATTR_QUOTA_KEY: sensor.quota_key,
+    }
+
+
 class DataRequest(NamedTuple):
     """A request on the raw data listener being served: for ``end_data_request``."""
 
@@ -55,7 +64,7 @@ class GatewayInstruments:
         self._records_out: RunningTotals | None = None
         self._bytes_out: RunningTotals | None = None
         self._data_duration: Histogram | None = None
-        meter = telemetry.meter
+        meter = self._meter = telemetry.meter
         if meter is None:
             return
         self._data_duration = meter.create_histogram(
@@ -88,6 +97,58 @@ class GatewayInstruments:
             unit="By",
             description="Record batch bytes returned by Fetch, per topic.",
             attributes=self._topics.__getitem__,
+        )
+
+    def watch_quotas(self, quotas) -> None:
+        """Throttle times as they happen, and each metered allowance's rate and bound when
+        collected (``quotas``: the gateway's :class:`~gateway.server.quotas.ClientQuotas`)."""
+        meter = self._meter
+        if meter is None:
+            return
+        throttle_time = meter.create_histogram(
+            names.GATEWAY_QUOTA_THROTTLE_TIME,
+            unit="s",
+            description="How long an answer held its client for going over a client quota, per "
+            "user, client id and quota key.",
+        )
+
+        def throttled(sensor, seconds: float) -> None:
+            throttle_time.record(seconds, _quota_attributes(sensor))
+
+        quotas.on_throttle = throttled
+
+        def observe(wanted: tuple[str, ...]):
+            def callback(options: CallbackOptions) -> list[Observation]:
+                now = quotas.clock()
+                return [
+                    Observation(sensor.rate.peek(now), _quota_attributes(sensor))
+                    for sensor in list(quotas.sensors.values())
+                    if sensor.quota_key in wanted
+                ]
+
+            return callback
+
+        def limits(options: CallbackOptions) -> list[Observation]:
+            return [Observation(s.limit, _quota_attributes(s)) for s in list(quotas.sensors.values())]
+
+        meter.create_observable_gauge(
+            names.GATEWAY_QUOTA_BYTE_RATE,
+            [observe((PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE))],
+            unit="By/s",
+            description="Bytes per second a client-quota allowance is used at (produce: "
+            "producer_byte_rate, fetch: consumer_byte_rate), over the quota windows.",
+        )
+        meter.create_observable_gauge(
+            names.GATEWAY_QUOTA_REQUEST_TIME,
+            [observe((REQUEST_PERCENTAGE,))],
+            unit="%",
+            description="Percent of the gateway's event loop a request_percentage allowance uses.",
+        )
+        meter.create_observable_gauge(
+            names.GATEWAY_QUOTA_LIMIT,
+            [limits],
+            unit="1",
+            description="The bound of each metered client-quota allowance, in its key's unit.",
         )
 
     def produce_planned(self, topic: str, payloads: Iterable) -> None:

@@ -48,8 +48,11 @@ with a fresh token, as Kafka's KIP-368 re-authentication has it).
 A client that does not like the chosen version closes the connection. A gateway that cannot take
 the connection at all (too many open) sends an error frame (below) instead of the answer and
 closes; the first byte after the size tells the two apart (127 for an error frame, 0x54 for the
-magic number). This document describes
-version 1, the only one so far.
+magic number).
+
+Versions: 1, and 2, which adds ``throttle_time_ms`` to the produce and fetch responses (client
+quotas, below); requests are the same in both. A gateway speaking 2 answers a client that
+offers only 1 in version 1.
 
 Requests and responses
 ----------------------
@@ -81,6 +84,7 @@ Kind 1, produce request::
 
 Kind 2, produce response::
 
+    throttle_time_ms int32  version 2 only: see "Client quotas" below
     error_code      int16   a request-level error (an unknown topic, an invalid request): then
                             partition_count is 0 and every partition of the request failed
     message         string
@@ -111,6 +115,7 @@ Kind 3, fetch request (what the gRPC ``Fetch`` with ``raw_batches`` true asks)::
 
 Kind 4, fetch response::
 
+    throttle_time_ms int32  version 2 only: see "Client quotas" below
     error_code      int16   a request-level error (then partition_count is 0)
     message         string
     partition_count int32   then per partition, in request order:
@@ -139,6 +144,16 @@ Kind 127, error (gateway -> client): the connection is about to be closed::
 be read. Requests the gateway had not answered when it closed are lost to the client, which
 fails them with a retriable NETWORK_EXCEPTION (an idempotent producer resends them safely).
 
+Client quotas
+-------------
+A client over one of its quotas (``tributary quotas``: producer_byte_rate, consumer_byte_rate,
+request_percentage) is throttled as Kafka does it since KIP-219: its request is served in full,
+the answer carries ``throttle_time_ms`` > 0, and the gateway reads nothing more from the
+connection for that long (the requests the client sends meanwhile wait in the socket). A client
+should send nothing to that gateway for ``throttle_time_ms`` after reading such an answer. A
+version 1 connection is held the same way; its answers just do not say so. An acks=0 produce,
+which has no answer, holds the connection all the same.
+
 Error codes are Kafka's numeric codes (``services/errors.py``); messages are explanations for
 people, never parsed.
 """
@@ -153,7 +168,9 @@ from services import errors
 
 MAGIC = 0x54524457
 MIN_VERSION = 1
-MAX_VERSION = 1
+MAX_VERSION = 2
+#: The first version whose produce and fetch answers carry throttle_time_ms.
+THROTTLE_VERSION = 2
 
 PRODUCE_REQUEST = 1
 PRODUCE_RESPONSE = 2
@@ -193,6 +210,8 @@ _ABORTED = struct.Struct(">qq")
 _PLAIN_PRODUCE_RESPONSE = struct.Struct(">bihhiihqqqih")
 #: Bytes 5..13 of such a body: no error, an empty message, one partition.
 _PLAIN_PREFIX = struct.pack(">hhi", 0, 0, 1)
+#: The same answer in version 2 (throttle_time_ms after the correlation id; the prefix at 9..17).
+_PLAIN_PRODUCE_RESPONSE_V2 = struct.Struct(">biihhiihqqqih")
 _SHORT = struct.Struct(">h")
 _INT = struct.Struct(">i")
 #: The smallest request frame after the handshake: kind and correlation id.
@@ -255,6 +274,8 @@ class ProduceResponse(NamedTuple):
     error_code: int
     message: str
     partitions: list[PartitionProduceResult]
+    #: ms the client is held for going over a quota (version 2; 0 in version 1).
+    throttle_time_ms: int = 0
 
     def error(self) -> errors.TributaryError | None:
         return _error(self.error_code, self.message)
@@ -300,6 +321,8 @@ class FetchResponse(NamedTuple):
     error_code: int
     message: str
     partitions: list[FetchPartitionResult]
+    #: ms the client is held for going over a quota (version 2; 0 in version 1).
+    throttle_time_ms: int = 0
 
     def error(self) -> errors.TributaryError | None:
         return _error(self.error_code, self.message)
@@ -532,8 +555,14 @@ def decode_produce_request(body: bytes | memoryview) -> ProduceRequest:
     return ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions, trace_context)
 
 
-def encode_produce_response(response: ProduceResponse) -> bytes:
+def _throttle_part(throttle_time_ms: int, version: int) -> list[bytes]:
+    """The version-2 throttle_time_ms field, or nothing in version 1."""
+    return [_INT.pack(throttle_time_ms)] if version >= THROTTLE_VERSION else []
+
+
+def encode_produce_response(response: ProduceResponse, version: int = MAX_VERSION) -> bytes:
     parts = [
+        *_throttle_part(response.throttle_time_ms, version),
         _SHORT.pack(response.error_code),
         _message(response.message),
         _INT.pack(len(response.partitions)),
@@ -553,23 +582,28 @@ def encode_produce_response(response: ProduceResponse) -> bytes:
     return _frame(PRODUCE_RESPONSE, response.correlation_id, parts)
 
 
-def decode_produce_response(body: bytes | memoryview) -> ProduceResponse:
-    """Parse a kind-2 frame body (header included). CorruptRecordError on bad input."""
-    if len(body) == _PLAIN_PRODUCE_RESPONSE.size and body[5:13] == _PLAIN_PREFIX:
+def decode_produce_response(body: bytes | memoryview, version: int = MAX_VERSION) -> ProduceResponse:
+    """Parse a kind-2 frame body (header included) of a connection speaking ``version``.
+    CorruptRecordError on bad input."""
+    throttled = version >= THROTTLE_VERSION
+    plain, prefix_at = (_PLAIN_PRODUCE_RESPONSE_V2, 9) if throttled else (_PLAIN_PRODUCE_RESPONSE, 5)
+    if len(body) == plain.size and body[prefix_at : prefix_at + 8] == _PLAIN_PREFIX:
         # The common answer, one partition without messages: one unpack (the SDK's hot path).
-        _, correlation_id, _, _, _, partition, code, base, append_time, start, records, length = (
-            _PLAIN_PRODUCE_RESPONSE.unpack(body)
-        )
+        values = plain.unpack(body)
+        throttle_time_ms = values[2] if throttled else 0
+        partition, code, base, append_time, start, records, length = values[-7:]
         if length != 0:
             raise errors.CorruptRecordError("data frame has a message beyond its end")
         return ProduceResponse(
-            correlation_id,
+            values[1],
             0,
             "",
             [PartitionProduceResult(partition, code, base, append_time, start, records)],
+            throttle_time_ms,
         )
     _, correlation_id = decode_header(body)
     reader = _Reader(body, HEADER.size, errors.CorruptRecordError)
+    throttle_time_ms = _read_throttle(reader, version)
     (code,) = reader.unpack(_SHORT, "the error code")
     message = reader.string("message")
     count = reader.count("partitions", _PRODUCE_RESPONSE_PARTITION.size + 2)
@@ -584,7 +618,16 @@ def decode_produce_response(body: bytes | memoryview) -> ProduceResponse:
             )
         )
     reader.finish()
-    return ProduceResponse(correlation_id, code, message, partitions)
+    return ProduceResponse(correlation_id, code, message, partitions, throttle_time_ms)
+
+
+def _read_throttle(reader: _Reader, version: int) -> int:
+    if version < THROTTLE_VERSION:
+        return 0
+    (throttle_time_ms,) = reader.unpack(_INT, "throttle_time_ms")
+    if throttle_time_ms < 0:
+        raise reader.fail(f"has a negative throttle_time_ms {throttle_time_ms}")
+    return throttle_time_ms
 
 
 # ---- fetch -----------------------------------------------------------------------------------
@@ -630,11 +673,14 @@ def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
     )
 
 
-def encode_fetch_response_parts(response: FetchResponse) -> list[bytes | memoryview]:
+def encode_fetch_response_parts(
+    response: FetchResponse, version: int = MAX_VERSION
+) -> list[bytes | memoryview]:
     """The response frame as a list of buffers to write in order (``writelines``): the records
     of each partition are passed through as they are, never copied into one frame."""
     parts: list[bytes | memoryview] = [
         b"",  # size and header, filled in below
+        *_throttle_part(response.throttle_time_ms, version),
         _SHORT.pack(response.error_code),
         _message(response.message),
         _INT.pack(len(response.partitions)),
@@ -663,17 +709,19 @@ def encode_fetch_response_parts(response: FetchResponse) -> list[bytes | memoryv
     return parts
 
 
-def encode_fetch_response(response: FetchResponse) -> bytes:
-    return b"".join(encode_fetch_response_parts(response))
+def encode_fetch_response(response: FetchResponse, version: int = MAX_VERSION) -> bytes:
+    return b"".join(encode_fetch_response_parts(response, version))
 
 
-def decode_fetch_response(body: bytes | memoryview) -> FetchResponse:
-    """Parse a kind-4 frame body (header included). CorruptRecordError on bad input.
+def decode_fetch_response(body: bytes | memoryview, version: int = MAX_VERSION) -> FetchResponse:
+    """Parse a kind-4 frame body (header included) of a connection speaking ``version``.
+    CorruptRecordError on bad input.
 
     Each partition's ``records`` is a view into ``body`` (no copy).
     """
     _, correlation_id = decode_header(body)
     reader = _Reader(body, HEADER.size, errors.CorruptRecordError)
+    throttle_time_ms = _read_throttle(reader, version)
     (code,) = reader.unpack(_SHORT, "the error code")
     message = reader.string("message")
     count = reader.count("partitions", 2 + _FETCH_RESPONSE_PARTITION.size + 4 + 2 + 4)
@@ -693,7 +741,7 @@ def decode_fetch_response(body: bytes | memoryview) -> FetchResponse:
             )
         )
     reader.finish()
-    return FetchResponse(correlation_id, code, message, partitions)
+    return FetchResponse(correlation_id, code, message, partitions, throttle_time_ms)
 
 
 # ---- errors ----------------------------------------------------------------------------------

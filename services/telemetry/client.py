@@ -55,6 +55,12 @@ class ClientInstruments:
                 10.0,
             ),
         )
+        self._throttle = meter.create_histogram(
+            names.CLIENT_THROTTLE_TIME,
+            unit="s",
+            description="How long the client held its requests to a gateway that throttled it "
+            "for going over a client quota (throttle_time_ms, KIP-219).",
+        )
 
     def _set_peer(self, server_address: str, server_port: int | None) -> None:
         self._peer: dict[str, str | int] = {names.SERVER_ADDRESS: server_address} if server_address else {}
@@ -66,6 +72,7 @@ class ClientInstruments:
         """The same instruments, recording another ``server.address``/``server.port``."""
         other = object.__new__(ClientInstruments)
         other._sent, other._consumed, other._duration = self._sent, self._consumed, self._duration
+        other._throttle = self._throttle
         other._set_peer(server_address, server_port)
         return other
 
@@ -128,6 +135,10 @@ class ClientInstruments:
     ) -> None:
         """How long one send (request until acknowledged) or one poll took."""
         self._duration.record(seconds, self._attrs(operation, topic, partition, group, error_type))
+
+    def throttled(self, seconds: float, *, operation: str) -> None:
+        """A gateway's answer asked the client to hold its next requests for ``seconds``."""
+        self._throttle.record(seconds, {names.MESSAGING_OPERATION_NAME: operation, **self._peer})
 
     @staticmethod
     def now() -> float:

@@ -75,6 +75,11 @@ ATTR_ERROR_REASON: Final = "tributary.error.reason"
 ATTR_PARTITION_STATE: Final = "tributary.partition.state"
 #: Which coordinator reports a gauge.
 ATTR_COORDINATOR_ID: Final = "tributary.coordinator.id"
+#: A client quota's metered allowance: the user and client id it is metered for ("" = shared
+#: across), and the quota key (producer_byte_rate, consumer_byte_rate, request_percentage).
+ATTR_QUOTA_USER: Final = "tributary.quota.user"
+ATTR_QUOTA_CLIENT_ID: Final = "tributary.quota.client_id"
+ATTR_QUOTA_KEY: Final = "tributary.quota.key"
 
 # ---- RPC metrics (semantic conventions) -----------------------------------------------------
 
@@ -131,6 +136,13 @@ GATEWAY_FETCHED_RECORDS: Final = "tributary.gateway.fetched.records"  # counter,
 GATEWAY_FETCHED_BYTES: Final = "tributary.gateway.fetched.bytes"  # counter, By
 #: A request on the gateway's raw data listener (the gRPC calls have rpc.server.call.duration).
 GATEWAY_DATA_REQUEST_DURATION: Final = "tributary.gateway.data.request.duration"  # histogram, s
+#: Client quotas (Kafka's throttle-time, byte-rate and request-time quota metrics), per user and
+#: client id of each metered allowance (ATTR_QUOTA_USER, ATTR_QUOTA_CLIENT_ID, ATTR_QUOTA_KEY):
+#: how long each answer held its client, and the rate each allowance is used at now.
+GATEWAY_QUOTA_THROTTLE_TIME: Final = "tributary.gateway.quota.throttle.time"  # histogram, s
+GATEWAY_QUOTA_BYTE_RATE: Final = "tributary.gateway.quota.byte_rate"  # gauge, By/s
+GATEWAY_QUOTA_REQUEST_TIME: Final = "tributary.gateway.quota.request_time"  # gauge, % of the loop
+GATEWAY_QUOTA_LIMIT: Final = "tributary.gateway.quota.limit"  # gauge, the key's unit
 
 # ---- coordinator metrics --------------------------------------------------------------------
 
@@ -162,6 +174,10 @@ COORDINATOR_BROKERS_LIVE: Final = "tributary.coordinator.brokers.live"  # gauge,
 
 #: Log end offset minus committed offset, per group, topic and partition.
 CONSUMER_LAG: Final = "tributary.consumer.lag"  # gauge, {record}
+
+#: The SDK's wait before its next request to a gateway that throttled it (KIP-219), per
+#: operation (produce, fetch).
+CLIENT_THROTTLE_TIME: Final = "tributary.client.throttle.time"  # histogram, s
 
 # ---- spans (ours; RPC spans are named after the method) -------------------------------------
 

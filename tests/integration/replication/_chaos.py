@@ -130,7 +130,7 @@ class ProducerLoad(threading.Thread):
         #: time.monotonic() when the last record was handed to the producer.
         self.all_sent_at = 0.0
         self.error: BaseException | None = None
-        self.metrics: dict[str, int] = {}
+        self.metrics: dict[str, float] = {}
         self._abort = threading.Event()
 
     def abort(self) -> None:

@@ -171,7 +171,7 @@ class Load(threading.Thread):
         self.plan = plan
         self.history = history
         self.sent = 0
-        self.metrics: dict[str, int] = {}
+        self.metrics: dict[str, float] = {}
         self.error: BaseException | None = None
         self._abort = threading.Event()
 

@@ -16,6 +16,7 @@ import pytest
 
 from gateway.client.dataport import DataConnection, RawTransport, parse_data_path
 from gateway.client.errors import NetworkError, UnsupportedVersionError
+from gateway.client.throttle import Throttles
 from services import errors
 from services.dataport import protocol as dp
 from services.proto import pb
@@ -32,10 +33,11 @@ def run_async(test):
 
 
 class ScriptedGateway:
-    """Handshakes (or refuses), then hands each request body to ``on_request``."""
+    """Handshakes (or refuses) in ``version``, then hands each request body to ``on_request``."""
 
-    def __init__(self, *, refuse: bool = False, on_request=None) -> None:
+    def __init__(self, *, refuse: bool = False, on_request=None, version: int = dp.MAX_VERSION) -> None:
         self.refuse = refuse
+        self.version = version
         self.on_request = on_request
         self.requests: list[bytes] = []
         self.writers: list[asyncio.StreamWriter] = []
@@ -64,7 +66,11 @@ class ScriptedGateway:
             writer.write(dp.encode_handshake_answer(dp.HandshakeAnswer(35, -1, 7, 9, 0, "only 7..9")))
             writer.close()
             return
-        writer.write(dp.encode_handshake_answer(dp.HandshakeAnswer(0, 1, 1, 1, dp.MAX_REQUEST_FRAME)))
+        writer.write(
+            dp.encode_handshake_answer(
+                dp.HandshakeAnswer(0, self.version, dp.MIN_VERSION, dp.MAX_VERSION, dp.MAX_REQUEST_FRAME)
+            )
+        )
         try:
             while True:
                 (size,) = struct.unpack(">i", await reader.readexactly(4))
@@ -107,6 +113,8 @@ class _Client:
         self.data_address = data_address
         self.metadata_calls = 0
         self.pool = SimpleNamespace(current=lambda: SimpleNamespace(address="127.0.0.1:1"))
+        self.produce_throttles = Throttles("produce")
+        self.fetch_throttles = Throttles("fetch")
 
     async def call_with_retry(self, method, request, **_):
         assert method == "GetMetadata"
@@ -215,3 +223,56 @@ async def test_no_data_address_means_grpc():
     await transport.send(_request(), 5.0)
     await transport.send(_request(), 5.0)
     assert len(fallback.sent) == 2 and client.metadata_calls == 1
+
+
+def _answer_throttled(throttle_ms: int, version: int):
+    def answer(writer, body) -> None:
+        request = dp.decode_produce_request(body)
+        writer.write(
+            dp.encode_produce_response(
+                dp.ProduceResponse(
+                    request.correlation_id,
+                    0,
+                    "",
+                    [dp.PartitionProduceResult(p, 0, 0, -1, 0, 1) for p, _ in request.partitions],
+                    throttle_ms,
+                ),
+                version,
+            )
+        )
+
+    return answer
+
+
+@run_async
+async def test_a_throttled_answer_holds_the_next_request_that_long():
+    """KIP-219 on the client: the answer's throttle_time_ms holds the next request to that
+    gateway; requests waiting for it go out in order; the producer's metrics count it."""
+    async with ScriptedGateway(on_request=_answer_throttled(300, 2)) as gateway:
+        client = _Client(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        first = await transport.send(_request(), 5.0)
+        assert first.throttle_time_ms == 300
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        later = await asyncio.gather(*(transport.send(_request(), 5.0) for _ in range(3)))
+        waited = loop.time() - started
+        await transport.close(1.0)
+    assert waited >= 0.29
+    assert [r.correlation_id for r in later] == [2, 3, 4]  # written in the order sent
+    metrics = client.produce_throttles.metrics()
+    assert metrics["produce-throttled-requests"] == 4
+    assert metrics["produce-throttle-time-max"] == 300
+    assert metrics["produce-throttle-time-avg"] == 300
+
+
+@run_async
+async def test_a_version_1_gateway_answers_without_throttle_times():
+    async with ScriptedGateway(on_request=_answer_throttled(300, 1), version=1) as gateway:
+        client = _Client(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        responses = await asyncio.gather(*(transport.send(_request(), 5.0) for _ in range(2)))
+        await transport.close(1.0)
+    assert [r.throttle_time_ms for r in responses] == [0, 0]
+    assert [r.partitions[0].base_offset for r in responses] == [0, 0]
+    assert client.produce_throttles.metrics()["produce-throttled-requests"] == 0

@@ -9,6 +9,7 @@ from gateway.client.fetcher import PREFETCH_DEPTH, Fetcher, PartitionRecords, Se
 from gateway.client.metadata import MetadataCache
 from gateway.client.structs import ConsumerRecord, TopicPartition
 from gateway.client.subscription import SubscriptionState
+from gateway.client.throttle import Throttles
 from services.clock import ManualClock
 from services.proto import pb
 from services.records import Compression, RecordBatchBuilder, set_base_offset
@@ -114,6 +115,7 @@ class _Client:
         self.clock = ManualClock()
         self.metadata = MetadataCache()
         self.request_timeout_ms = 30_000
+        self.fetch_throttles = Throttles("fetch")
 
 
 def fetcher(reset="earliest", positions=None):

@@ -22,6 +22,7 @@ from gateway.client.io_thread import call_directly
 from gateway.client.membership import GroupMembership
 from gateway.client.structs import OffsetAndMetadata, TopicPartition
 from gateway.client.subscription import SubscriptionState
+from gateway.client.throttle import Throttles
 from services import errors
 from services.clock import ManualClock, SystemClock
 from services.proto import pb
@@ -45,6 +46,7 @@ class FakeGateway:
     def __init__(self, clock=None) -> None:
         self.clock = clock or ManualClock()
         self.request_timeout_ms = 2000
+        self.fetch_throttles = Throttles("fetch")
         self.calls: list[tuple[str, object]] = []
         self.answers: dict[str, deque] = defaultdict(deque)
         self.defaults: dict[str, object] = {

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from gateway.client.errors import NetworkError, UnsupportedVersionError
+from gateway.client.throttle import Throttles
 from gateway.client.transport import StreamTransport
 from services.proto import pb
 
@@ -71,7 +72,8 @@ def transport_with(call, unary_calls: list | None = None, **settings) -> StreamT
         )
 
     pool = SimpleNamespace(current=lambda: endpoint, mark_ok=lambda e: None, translate=translate)
-    client: Any = SimpleNamespace(pool=pool, call=unary)  # the part of GatewayClient the transport uses
+    # the part of GatewayClient the transport uses
+    client: Any = SimpleNamespace(pool=pool, call=unary, produce_throttles=Throttles("produce"))
     return StreamTransport(client, **settings)
 
 

@@ -254,3 +254,35 @@ def test_the_one_partition_answer_fast_path_agrees_with_the_general_decoder():
     bad[-1] = 5  # a partition message of 5 bytes the frame does not hold
     with pytest.raises(errors.CorruptRecordError):
         dp.decode_produce_response(bytes(bad))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_throttle_time_travels_in_version_2_only(version):
+    """Version 2 answers carry throttle_time_ms (client quotas); version 1 answers are as they
+    were, so a gateway can still serve a client that offers only version 1."""
+    throttle = 250 if version == 2 else 0
+    produce = dp.ProduceResponse(9, 0, "", [dp.PartitionProduceResult(3, 0, 100, -1, 0, 7)], throttle)
+    many = produce._replace(
+        partitions=[dp.PartitionProduceResult(1), dp.PartitionProduceResult(2, 6, message="x")]
+    )
+    fetch = dp.FetchResponse(4, 0, "", [dp.FetchPartitionResult("t", 0, records=b"abc")], throttle)
+    for response in (produce, many):  # the one-partition fast path and the general decoder
+        body = _body(dp.encode_produce_response(response._replace(throttle_time_ms=250), version))
+        assert dp.decode_produce_response(body, version) == response
+    body = _body(dp.encode_fetch_response(fetch._replace(throttle_time_ms=250), version))
+    decoded = dp.decode_fetch_response(body, version)
+    assert decoded.throttle_time_ms == throttle
+    assert bytes(decoded.partitions[0].records) == b"abc"
+
+
+def test_version_1_frames_are_4_bytes_shorter():
+    response = dp.ProduceResponse(1, 0, "", [dp.PartitionProduceResult(0)], 7)
+    assert len(dp.encode_produce_response(response, 1)) + 4 == len(dp.encode_produce_response(response, 2))
+    assert dp.MAX_VERSION == dp.THROTTLE_VERSION == 2 and dp.MIN_VERSION == 1
+
+
+def test_a_negative_throttle_time_is_a_corrupt_answer():
+    body = bytearray(_body(dp.encode_fetch_response(dp.FetchResponse(1, 0, "", []), 2)))
+    body[5:9] = struct.pack(">i", -1)
+    with pytest.raises(errors.CorruptRecordError, match="negative throttle_time_ms"):
+        dp.decode_fetch_response(bytes(body), 2)

@@ -11,9 +11,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from coordinator.telemetry import ClusterHealth, CoordinatorInstruments
+from gateway.server.quotas import ClientQuotas
 from gateway.server.telemetry import GatewayInstruments, count_records
+from services.quotas import PRODUCER_BYTE_RATE, QuotaEntity
 from services.records import RecordBatchBuilder
-from services.telemetry import ConsumerLagRegistry, Telemetry, names, telemetry_settings
+from services.telemetry import ClientInstruments, ConsumerLagRegistry, Telemetry, names, telemetry_settings
 from storage_node.telemetry import StorageNodeInstruments
 
 
@@ -327,3 +329,40 @@ def test_instruments_tolerate_a_signal_being_off(with_metrics):
     gateway = GatewayInstruments(telemetry)
     gateway.produce_planned("t", [Payload(batch(1), [0])])
     assert (telemetry.meter is not None) == with_metrics
+
+
+def test_gateway_quota_metrics_per_user_client_id_and_key():
+    telemetry, _, reader = make()
+    gateway = GatewayInstruments(telemetry)
+    quotas = ClientQuotas()
+    gateway.watch_quotas(quotas)
+    quotas.update([(QuotaEntity(None, "app"), {PRODUCER_BYTE_RATE: 1000.0})])
+    quota = quotas.client("User:alice", "app")
+    assert quota is not None
+    assert quota.record_produce_bytes(3000) > 0
+    found = metrics_of(reader)
+    attributes = {
+        names.ATTR_QUOTA_USER: "",
+        names.ATTR_QUOTA_CLIENT_ID: "app",
+        names.ATTR_QUOTA_KEY: PRODUCER_BYTE_RATE,
+    }
+    (throttle,) = found[names.GATEWAY_QUOTA_THROTTLE_TIME]
+    assert dict(throttle.attributes) == attributes and throttle.sum == pytest.approx(2.0, rel=0.01)
+    (rate,) = found[names.GATEWAY_QUOTA_BYTE_RATE]
+    assert dict(rate.attributes) == attributes and rate.value == pytest.approx(3000, rel=0.01)
+    (limit,) = found[names.GATEWAY_QUOTA_LIMIT]
+    assert limit.value == 1000.0
+    assert names.GATEWAY_QUOTA_REQUEST_TIME not in found  # no request_percentage allowance
+
+
+def test_the_sdk_records_how_long_a_gateway_held_it():
+    telemetry, _, reader = make()
+    instruments = ClientInstruments(telemetry.meter, server_address="gw", server_port=9092)
+    instruments.throttled(0.25, operation="produce")
+    (held,) = metrics_of(reader)[names.CLIENT_THROTTLE_TIME]
+    assert held.sum == 0.25
+    assert dict(held.attributes) == {
+        names.MESSAGING_OPERATION_NAME: "produce",
+        names.SERVER_ADDRESS: "gw",
+        names.SERVER_PORT: 9092,
+    }
