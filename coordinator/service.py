@@ -43,6 +43,7 @@ from services.etcd.exceptions import EtcdError
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
 from services.telemetry import Telemetry, setup_telemetry
+from services.tls import grpc_server_credentials, member_tls
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ class CoordinatorService:
     def __init__(self, config: CoordinatorConfig, *, telemetry: Telemetry | None = None) -> None:
         self.config = config
         self.coordinator_id = config.coordinator_id or f"{socket.gethostname()}-{os.getpid()}"
+        #: Mutual TLS on the gRPC port and to storage nodes and other coordinators (None: plaintext).
+        self.member_tls = member_tls(config)
+        member_client = self.member_tls.client if self.member_tls is not None else None
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
         self.telemetry = (
@@ -76,7 +80,7 @@ class CoordinatorService:
         self.health = EtcdHealth(
             self.client, interval=config.health_interval_s, timeout=min(1.0, config.etcd_timeout_s)
         )
-        self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s)
+        self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s, tls=member_client)
         self.leadership = Leadership(
             client=self.client,
             cache=self.cache,
@@ -97,7 +101,7 @@ class CoordinatorService:
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
             transaction_settings=transaction_settings(config),
         )
-        self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
+        self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s, tls=member_client)
         #: Every ACL, from the same watch as the metadata (WatchAcls streams it to gateways).
         self.acls = AclCache()
         self.cache.add_batch_listener(self.acls.apply)
@@ -141,6 +145,9 @@ class CoordinatorService:
                 )
             ],
             interceptors=self.telemetry.server_interceptors(),
+            credentials=grpc_server_credentials(self.member_tls.server)
+            if self.member_tls is not None
+            else None,
         )
         # The address in etcd must carry the port actually bound (port 0 = any free port).
         self.leadership.identity = CoordinatorInfo(self.coordinator_id, self.config.host, self.grpc.port)
@@ -151,9 +158,10 @@ class CoordinatorService:
         self._spawn(self.leadership.campaign_routine(), "controller-election")
         self._write_ready_file()
         log.info(
-            "coordinator %s serving on %s (cluster %s, etcd %s)",
+            "coordinator %s serving on %s%s (cluster %s, etcd %s)",
             self.coordinator_id,
             self.identity.address,
+            "" if self.member_tls is None else " with mutual TLS",
             self.config.cluster,
             ",".join(self.config.etcd_endpoints),
         )

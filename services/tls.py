@@ -11,6 +11,16 @@ stdlib ``ssl`` module loads them), and until they check out the previous certifi
 Clients verify the server against a CA bundle (or the system's trust store) and may present
 their own certificate for mutual TLS. Names follow Kafka's client settings: ``ssl_cafile``,
 ``ssl_certfile``, ``ssl_keyfile``.
+
+Between the cluster's own processes (the internal ports: a storage node's gRPC port and its
+fetch/data port, a coordinator's gRPC port) the same pieces make mutual TLS: each process has a
+*member certificate* (:class:`MemberTls`, from the ``internal_tls_*`` settings of
+:class:`MemberTlsConfig`) that it presents both on its internal ports and to the members it
+connects to, and it accepts only peers whose certificate chains to the *cluster CA*. Keep that CA
+apart from the one that signs application clients' certificates for the gateway: an internal port
+authorizes nothing, so whoever it lets in may read and write every partition. Internal clients
+pick up rotated member certificates on their next connection (:class:`ReloadingClientContext`
+for raw connections; gRPC channels read the files when they are opened).
 """
 
 from __future__ import annotations
@@ -18,10 +28,15 @@ from __future__ import annotations
 import logging
 import os
 import ssl
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+import grpc.aio
+
+from services.config import ConfigError, InternalPortTlsConfig, MemberTlsConfig
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +58,71 @@ class ClientTls:
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberTls:
+    """Mutual TLS between cluster members: this process's member certificate and key (served on
+    its internal ports, presented to the members it connects to) and the cluster CA every peer's
+    certificate must chain to. ``require_client_cert`` off: internal ports take TLS clients
+    without a certificate too (server authentication only)."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    require_client_cert: bool = True
+
+    @property
+    def server(self) -> ServerTls:
+        """The internal listeners' TLS."""
+        return ServerTls(self.cert_file, self.key_file, self.ca_file if self.require_client_cert else None)
+
+    @property
+    def client(self) -> ClientTls:
+        """The TLS of this process's connections to other members."""
+        return ClientTls(self.ca_file, self.cert_file, self.key_file)
+
+
+def member_tls_problem(config: MemberTlsConfig) -> str | None:
+    """What is wrong with a config's ``internal_tls_*`` settings (None: fine, or all unset)."""
+    given = {
+        "--internal-tls-cert-file": config.internal_tls_cert_file,
+        "--internal-tls-key-file": config.internal_tls_key_file,
+        "--internal-tls-ca-file": config.internal_tls_ca_file,
+    }
+    missing = [flag for flag, path in given.items() if path is None]
+    if len(missing) == len(given):
+        if isinstance(config, InternalPortTlsConfig) and not config.internal_tls_require_client_cert:
+            return "--internal-tls-require-client-cert false needs internal TLS (its certificate, key and CA)"
+        return None
+    if missing:
+        return (
+            "internal TLS needs --internal-tls-cert-file, --internal-tls-key-file and "
+            f"--internal-tls-ca-file together; {', '.join(missing)} not given"
+        )
+    ca_file = config.internal_tls_ca_file
+    problem = server_tls_problem(config.internal_tls_cert_file, config.internal_tls_key_file, ca_file)
+    if problem is None:
+        try:
+            ssl.create_default_context(cafile=str(ca_file))
+        except (ssl.SSLError, OSError) as exc:
+            problem = f"TLS CA file {ca_file}: {exc}"
+    return f"internal TLS: {problem}" if problem is not None else None
+
+
+def member_tls(config: MemberTlsConfig) -> MemberTls | None:
+    """The member TLS a config asks for, or None (internal connections in plaintext).
+
+    Raises :class:`~services.config.ConfigError` for settings :func:`member_tls_problem` refuses.
+    """
+    problem = member_tls_problem(config)
+    if problem is not None:
+        raise ConfigError(problem)
+    cert, key, ca = config.internal_tls_cert_file, config.internal_tls_key_file, config.internal_tls_ca_file
+    if cert is None or key is None or ca is None:
+        return None
+    require = config.internal_tls_require_client_cert if isinstance(config, InternalPortTlsConfig) else True
+    return MemberTls(cert, key, ca, require_client_cert=require)
 
 
 def server_tls_problem(
@@ -178,3 +258,50 @@ def client_tls_problem(tls: ClientTls) -> str | None:
         if path is not None and not Path(path).is_file():
             return f"TLS file {path} does not exist"
     return None
+
+
+class ReloadingClientContext:
+    """A raw client's SSL context (:func:`client_ssl_context`) that follows its files: each
+    :attr:`context` read checks their modification times and rebuilds the context when they
+    changed, so the next connection presents a rotated certificate. Until new files check out
+    (a half-written pair), the previous context stays."""
+
+    def __init__(self, tls: ClientTls) -> None:
+        self.tls = tls
+        self._paths = (tls.ca_file, tls.cert_file, tls.key_file)
+        self._stamp = _stamp(self._paths)
+        self._context = client_ssl_context(tls)
+
+    @property
+    def context(self) -> ssl.SSLContext:
+        try:
+            stamp = _stamp(self._paths)
+        except OSError:
+            return self._context  # a file being replaced: keep what we have
+        if stamp != self._stamp:
+            try:
+                self._context = client_ssl_context(self.tls)
+                log.info("TLS client certificate %s reloaded: new connections use it", self.tls.cert_file)
+            except (ssl.SSLError, OSError) as exc:
+                log.warning(
+                    "TLS client files changed but cannot be used yet (keeping the current ones): %s", exc
+                )
+                return self._context
+            self._stamp = stamp
+        return self._context
+
+
+def aio_channel(
+    target: str,
+    tls: ClientTls | None,
+    *,
+    options: Sequence[tuple[str, Any]] = (),
+    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
+) -> grpc.aio.Channel:
+    """A ``grpc.aio`` channel to ``target``: TLS with ``tls`` (its files read now, so a channel
+    opened after a rotation presents the new certificate), else plaintext."""
+    if tls is None:
+        return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        target, grpc_channel_credentials(tls), options=list(options), interceptors=interceptors
+    )

@@ -17,6 +17,10 @@ from services.proto import gateway_grpc, pb, storage_grpc
 CALL_TIMEOUT_S = 5.0
 
 
+def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+    return grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
+
+
 class CleanerProgress(NamedTuple):
     """One compacted partition as its leader's cleaner sees it."""
 
@@ -32,10 +36,14 @@ class CleanerProgress(NamedTuple):
 
 
 def collect(
-    gateway: str, topics: list[str], credentials: grpc.ChannelCredentials | None = None
+    gateway: str,
+    topics: list[str],
+    credentials: grpc.ChannelCredentials | None = None,
+    node_credentials: grpc.ChannelCredentials | None = None,
 ) -> dict[tuple[str, int], CleanerProgress]:
     """(topic, partition) -> progress for every partition of ``topics`` whose leader answered
-    (the gateway over TLS with ``credentials``)."""
+    (the gateway over TLS with ``credentials``, the leaders with ``node_credentials``: a member
+    certificate, when the cluster runs internal TLS)."""
     if not topics:
         return {}
     to_gateway = grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
@@ -56,7 +64,7 @@ def collect(
         if not wanted:
             continue
         try:
-            with grpc.insecure_channel(f"{broker.host}:{broker.grpc_port}") as channel:
+            with _channel(f"{broker.host}:{broker.grpc_port}", node_credentials) as channel:
                 response = storage_grpc.StorageNodeStub(channel).DescribePartitions(
                     pb.DescribePartitionsRequest(partitions=wanted), timeout=CALL_TIMEOUT_S
                 )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.cli.connect import client_settings
+from gateway.cli.connect import add_internal_tls_arguments, client_settings, internal_tls
 from gateway.cli.output import replication_health, table
 from gateway.client.client import client_tls
 from gateway.client.metadata import topic_from_proto
@@ -117,10 +117,14 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
     return "\n".join(lines)
 
 
-def _node_sample(broker, leaders: int, replicas: int) -> NodeSample:
+def _node_sample(
+    broker, leaders: int, replicas: int, credentials: grpc.ChannelCredentials | None = None
+) -> NodeSample:
     address = f"{broker.host}:{broker.grpc_port}"
     try:
-        with grpc.insecure_channel(address) as channel:
+        with (
+            grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+        ) as channel:
             response = storage_grpc.StorageNodeStub(channel).DescribeLogDirs(
                 pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S
             )
@@ -162,8 +166,13 @@ def _group_samples(stub) -> list[GroupSample]:
     return samples
 
 
-def collect(gateway: str, credentials: grpc.ChannelCredentials | None = None) -> Snapshot:
-    """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``)."""
+def collect(
+    gateway: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    node_credentials: grpc.ChannelCredentials | None = None,
+) -> Snapshot:
+    """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``), the
+    storage nodes asked directly (TLS with ``node_credentials``: a member certificate)."""
     channel_to_gateway = (
         grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
     )
@@ -180,7 +189,9 @@ def collect(gateway: str, credentials: grpc.ChannelCredentials | None = None) ->
             reassigning = -1
     health = replication_health(topic_from_proto(t) for t in metadata.topics)
     nodes = {
-        b.node_id: _node_sample(b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0))
+        b.node_id: _node_sample(
+            b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0), node_credentials
+        )
         for b in metadata.brokers
     }
     return Snapshot(
@@ -207,12 +218,14 @@ def run(args) -> int:
         settings.get("ssl_keyfile"),
     )
     credentials = grpc_channel_credentials(tls) if tls is not None else None
+    internal = internal_tls(args)
+    node_credentials = grpc_channel_credentials(internal) if internal is not None else None
     interactive = sys.stdout.isatty()
     previous = None
     shown = 0
     try:
         while args.iterations is None or shown < args.iterations:
-            current = collect(gateway, credentials)
+            current = collect(gateway, credentials, node_credentials)
             screen = render(current, previous)
             sys.stdout.write((CLEAR_SCREEN if interactive else ("\n" if shown else "")) + screen + "\n")
             sys.stdout.flush()
@@ -228,6 +241,7 @@ def add_parser(commands, common) -> None:
     """Register ``top`` on the CLI's subcommands (``common`` adds --gateway/--data-dir)."""
     parser = commands.add_parser("top", help="live view: per node partitions and traffic, per group lag")
     common(parser)
+    add_internal_tls_arguments(parser)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     parser.add_argument(
         "--iterations", type=int, default=None, help="stop after N screens (default: until Ctrl-C)"

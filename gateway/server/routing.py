@@ -31,6 +31,7 @@ from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
+from services.tls import ClientTls, ReloadingClientContext, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +200,12 @@ class NodeClients:
         interceptors: Callable[[str], list] | None = None,
         data_port_appends: bool = True,
         tracer=None,
+        tls: ClientTls | None = None,
     ) -> None:
         self._fetch_connections = fetch_connections
+        #: Mutual TLS to the nodes' gRPC and fetch/data ports (the gateway's member certificate).
+        self._tls = tls
+        self._ssl = ReloadingClientContext(tls) if tls is not None else None
         #: Appends go over the nodes' data ports (``node_appends.py``); False = gRPC only.
         self._data_port_appends = data_port_appends
         self._appends: dict[tuple[str, int], NodeAppends] = {}
@@ -222,8 +227,8 @@ class NodeClients:
         if channel is None:
             target = node.grpc_target
             interceptors = self._interceptors(target) if self._interceptors is not None else None
-            channel = grpc.aio.insecure_channel(
-                target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
+            channel = aio_channel(
+                target, self._tls, options=CHANNEL_OPTIONS, interceptors=interceptors or None
             )
             self._channels[target] = channel
         stub = self._stubs[node.grpc_target] = storage_grpc.StorageNodeStub(channel)
@@ -233,7 +238,9 @@ class NodeClients:
         key = (node.host, node.fetch_port)
         client = self._fetchers.get(key)
         if client is None:
-            client = FetchClient(node.host, node.fetch_port, max_connections=self._fetch_connections)
+            client = FetchClient(
+                node.host, node.fetch_port, max_connections=self._fetch_connections, ssl=self._ssl
+            )
             self._fetchers[key] = client
         return client
 
@@ -245,7 +252,9 @@ class NodeClients:
         key = (node.host, node.fetch_port)
         appends = self._appends.get(key)
         if appends is None:
-            appends = self._appends[key] = NodeAppends(node.host, node.fetch_port, tracer=self._tracer)
+            appends = self._appends[key] = NodeAppends(
+                node.host, node.fetch_port, tracer=self._tracer, tls=self._ssl
+            )
         return appends
 
     async def prune(self, snapshot: ClusterSnapshot) -> None:

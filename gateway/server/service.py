@@ -30,7 +30,7 @@ from services.entrypoint import write_ready_file
 from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import Telemetry, setup_telemetry
-from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials
+from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials, member_tls
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,9 @@ class GatewayService:
     async def start(self) -> None:
         config = self.config
         interceptors = self.telemetry.client_interceptors if self.telemetry.enabled else None
-        self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
+        member = member_tls(config)
+        internal = member.client if member is not None else None
+        self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors, tls=internal)
         cache = MetadataWatch(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
         self.router = Router(
             cache,
@@ -76,6 +78,7 @@ class GatewayService:
                 interceptors=interceptors,
                 data_port_appends=config.data_port_appends,
                 tracer=self.telemetry.tracer if self.telemetry.enabled else None,
+                tls=internal,
             ),
         )
         self.router.start()
@@ -142,12 +145,13 @@ class GatewayService:
         )
         self._write_ready_file()
         log.info(
-            "gateway serving on %s:%d%s, data listener %s (coordinators %s)",
+            "gateway serving on %s:%d%s, data listener %s (coordinators %s%s)",
             config.host,
             self.grpc.port,
             "" if tls is None else (" with mutual TLS" if tls.client_ca_file else " with TLS"),
             self.data_port or "off",
             ",".join(config.coordinators),
+            "" if member is None else "; mutual TLS to coordinators and storage nodes",
         )
 
     @property

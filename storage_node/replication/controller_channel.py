@@ -24,6 +24,7 @@ from services.etcd.values import EventType, KeyValue, WatchResync
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc, pb
 from services.serde import error_from_proto, leader_and_isr_from_proto
+from services.tls import ClientTls, aio_channel
 from storage_node.replication.manager import ReplicaManager
 from storage_node.replication.partition import Partition
 
@@ -33,8 +34,17 @@ log = logging.getLogger(__name__)
 class ControllerChannel:
     """Follows the active controller in etcd and carries AlterPartition requests to it."""
 
-    def __init__(self, client: EtcdClient, manager: ReplicaManager, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        manager: ReplicaManager,
+        *,
+        timeout_s: float = 5.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         self._client = client
+        #: Mutual TLS to the controller (the node's member certificate); None: plaintext.
+        self._tls = tls
         self._manager = manager
         self._timeout_s = timeout_s
         self.active: ControllerRecord | None = None
@@ -202,6 +212,6 @@ class ControllerChannel:
                 asyncio.get_running_loop().create_task(old.close())
             self._channel = (
                 active.address,
-                grpc.aio.insecure_channel(active.address, options=list(INTERNAL_CHANNEL_OPTIONS)),
+                aio_channel(active.address, self._tls, options=INTERNAL_CHANNEL_OPTIONS),
             )
         return coordinator_grpc.CoordinatorStub(self._channel[1])
