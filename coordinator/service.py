@@ -40,7 +40,13 @@ from services.entrypoint import write_ready_file
 from services.etcd.client import EtcdClient
 from services.etcd.connection import Backoff, tls_from_files
 from services.etcd.exceptions import EtcdError
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
 from services.telemetry import Telemetry, setup_telemetry
 from services.tls import grpc_server_credentials, member_tls
@@ -148,6 +154,7 @@ class CoordinatorService:
             credentials=grpc_server_credentials(self.member_tls.server)
             if self.member_tls is not None
             else None,
+            health_address=health_address(self.config),
         )
         # The address in etcd must carry the port actually bound (port 0 = any free port).
         self.leadership.identity = CoordinatorInfo(self.coordinator_id, self.config.host, self.grpc.port)
@@ -206,6 +213,7 @@ class CoordinatorService:
                 "pid": os.getpid(),
                 "host": self.config.host,
                 "grpc_port": self.identity.grpc_port,
+                "health_port": self.grpc.health_port if self.grpc is not None else 0,
             },
         )
 

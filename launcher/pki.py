@@ -197,9 +197,10 @@ def issue_certificate(
     server: bool,
     client: bool,
     loopback: bool = True,
+    dns_names: tuple[str, ...] = (),
 ) -> tuple[EllipticCurvePrivateKey, x509.Certificate]:
     """A certificate for ``common`` signed by ``ca``; ``loopback``: valid for 127.0.0.1 and
-    localhost (what a server's address is checked against)."""
+    localhost (what a server's address is checked against), and for ``dns_names``."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -216,8 +217,10 @@ def issue_certificate(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     )
+    san: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
     if loopback:
-        san = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+        san += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    if san:
         builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
     return key, _validity(builder).sign(ca_key, hashes.SHA256())
 

@@ -67,6 +67,11 @@ class ServiceConfig:
     log_level: str = "INFO"
     #: Also log to this file (logs always go to stderr).
     log_file: Path | None = None
+    #: A second port, on ``host``, serving only grpc.health.v1 in plaintext (0 = any free port),
+    #: for health checkers that cannot speak TLS -- Kubernetes' gRPC probes -- when the service's
+    #: own gRPC port is TLS only. It tells whether the service is serving, nothing more. Unset:
+    #: no such port (probe the gRPC port).
+    health_port: int | None = None
 
 
 @dataclass
@@ -85,6 +90,12 @@ class MemberTlsConfig:
     #: internal ports, must hold a certificate that chains to it. Use a CA of the cluster's own,
     #: not the one signing application clients' certificates: internal ports authorize nothing.
     internal_tls_ca_file: Path | None = None
+    #: With internal TLS: the name every member's certificate is checked for when this process
+    #: connects to it, instead of the host it dials. For members reached at addresses no
+    #: certificate can name in advance (Kubernetes pod IPs): give every member certificate this
+    #: DNS name (e.g. ``member.tributary.internal``). Empty: the dialled host (an IP address or
+    #: DNS name in the certificate's subjectAltName), as HTTPS does.
+    internal_tls_server_name: str = ""
 
 
 @dataclass

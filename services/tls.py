@@ -53,11 +53,17 @@ class ServerTls:
 @dataclass(frozen=True, slots=True)
 class ClientTls:
     """A client's TLS files: the CA to verify servers with (None: the system's trust store),
-    and its own certificate and key for mutual TLS (optional)."""
+    and its own certificate and key for mutual TLS (optional); ``server_name``: the name a
+    server's certificate must carry, instead of the host dialled (None: that host)."""
 
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    server_name: str | None = None
+
+    def expected_name(self, host: str) -> str:
+        """The name the certificate of the server at ``host`` is checked for."""
+        return self.server_name or host
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,8 @@ class MemberTls:
     key_file: Path
     ca_file: Path
     require_client_cert: bool = True
+    #: The name members' certificates are checked for (None: the host dialled).
+    server_name: str | None = None
 
     @property
     def server(self) -> ServerTls:
@@ -80,7 +88,7 @@ class MemberTls:
     @property
     def client(self) -> ClientTls:
         """The TLS of this process's connections to other members."""
-        return ClientTls(self.ca_file, self.cert_file, self.key_file)
+        return ClientTls(self.ca_file, self.cert_file, self.key_file, self.server_name)
 
 
 def member_tls_problem(config: MemberTlsConfig) -> str | None:
@@ -94,6 +102,8 @@ def member_tls_problem(config: MemberTlsConfig) -> str | None:
     if len(missing) == len(given):
         if isinstance(config, InternalPortTlsConfig) and not config.internal_tls_require_client_cert:
             return "--internal-tls-require-client-cert false needs internal TLS (its certificate, key and CA)"
+        if config.internal_tls_server_name:
+            return "--internal-tls-server-name needs internal TLS (its certificate, key and CA)"
         return None
     if missing:
         return (
@@ -122,7 +132,9 @@ def member_tls(config: MemberTlsConfig) -> MemberTls | None:
     if cert is None or key is None or ca is None:
         return None
     require = config.internal_tls_require_client_cert if isinstance(config, InternalPortTlsConfig) else True
-    return MemberTls(cert, key, ca, require_client_cert=require)
+    return MemberTls(
+        cert, key, ca, require_client_cert=require, server_name=config.internal_tls_server_name or None
+    )
 
 
 def server_tls_problem(
@@ -268,6 +280,8 @@ class ReloadingClientContext:
 
     def __init__(self, tls: ClientTls) -> None:
         self.tls = tls
+        #: The name to give ``open_connection(server_hostname=...)`` for a server at a host.
+        self.server_hostname = tls.expected_name
         self._paths = (tls.ca_file, tls.cert_file, tls.key_file)
         self._stamp = _stamp(self._paths)
         self._context = client_ssl_context(tls)
@@ -291,6 +305,14 @@ class ReloadingClientContext:
         return self._context
 
 
+def sync_channel(target: str, tls: ClientTls | None) -> grpc.Channel:
+    """:func:`aio_channel` for synchronous callers (the CLI)."""
+    if tls is None:
+        return grpc.insecure_channel(target)
+    options = [("grpc.ssl_target_name_override", tls.server_name)] if tls.server_name else None
+    return grpc.secure_channel(target, grpc_channel_credentials(tls), options=options)
+
+
 def aio_channel(
     target: str,
     tls: ClientTls | None,
@@ -299,9 +321,12 @@ def aio_channel(
     interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
     """A ``grpc.aio`` channel to ``target``: TLS with ``tls`` (its files read now, so a channel
-    opened after a rotation presents the new certificate), else plaintext."""
+    opened after a rotation presents the new certificate; the server's certificate checked for
+    ``tls.server_name`` when set), else plaintext."""
     if tls is None:
         return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    if tls.server_name:
+        options = [*options, ("grpc.ssl_target_name_override", tls.server_name)]
     return grpc.aio.secure_channel(
         target, grpc_channel_credentials(tls), options=list(options), interceptors=interceptors
     )

@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 from services.clock import SYSTEM_CLOCK
 from services.config import ConfigError
 from services.entrypoint import write_ready_file
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import STORAGE_SERVICE, storage_grpc
 from services.telemetry import Telemetry, setup_telemetry
 from services.tls import ReloadingClientContext, ReloadingSslContext, grpc_server_credentials, member_tls
@@ -185,6 +191,7 @@ class StorageNode:
             credentials=grpc_server_credentials(self.member_tls.server)
             if self.member_tls is not None
             else None,
+            health_address=health_address(self.config),
         )
         await self.fetch_server.start()
         self.cleaner.start()
@@ -242,6 +249,7 @@ class StorageNode:
                 "host": self.config.host,
                 "grpc_port": self.grpc.port,
                 "fetch_port": self.fetch_server.port,
+                "health_port": self.grpc.health_port,
             },
         )
 

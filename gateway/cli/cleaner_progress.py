@@ -13,12 +13,9 @@ from typing import NamedTuple
 import grpc
 
 from services.proto import gateway_grpc, pb, storage_grpc
+from services.tls import ClientTls, sync_channel
 
 CALL_TIMEOUT_S = 5.0
-
-
-def _channel(target: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
-    return grpc.secure_channel(target, credentials) if credentials else grpc.insecure_channel(target)
 
 
 class CleanerProgress(NamedTuple):
@@ -39,10 +36,10 @@ def collect(
     gateway: str,
     topics: list[str],
     credentials: grpc.ChannelCredentials | None = None,
-    node_credentials: grpc.ChannelCredentials | None = None,
+    node_tls: ClientTls | None = None,
 ) -> dict[tuple[str, int], CleanerProgress]:
     """(topic, partition) -> progress for every partition of ``topics`` whose leader answered
-    (the gateway over TLS with ``credentials``, the leaders with ``node_credentials``: a member
+    (the gateway over TLS with ``credentials``, the leaders with ``node_tls``: a member
     certificate, when the cluster runs internal TLS)."""
     if not topics:
         return {}
@@ -64,7 +61,7 @@ def collect(
         if not wanted:
             continue
         try:
-            with _channel(f"{broker.host}:{broker.grpc_port}", node_credentials) as channel:
+            with sync_channel(f"{broker.host}:{broker.grpc_port}", node_tls) as channel:
                 response = storage_grpc.StorageNodeStub(channel).DescribePartitions(
                     pb.DescribePartitionsRequest(partitions=wanted), timeout=CALL_TIMEOUT_S
                 )

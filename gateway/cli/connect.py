@@ -118,6 +118,11 @@ def add_internal_tls_arguments(parser) -> None:
         "--internal-ssl-certfile", metavar="PEM", help="a member certificate of the cluster CA"
     )
     group.add_argument("--internal-ssl-keyfile", metavar="PEM", help="key of --internal-ssl-certfile")
+    group.add_argument(
+        "--internal-ssl-server-name",
+        metavar="NAME",
+        help="the name the nodes' certificates carry if not their addresses (internal_tls_server_name)",
+    )
 
 
 def internal_tls(args) -> ClientTls | None:
@@ -137,7 +142,11 @@ def internal_tls(args) -> ClientTls | None:
     missing = [f"--{name.replace('_', '-')}" for name in INTERNAL_TLS_FLAGS if not files.get(name)]
     if missing:
         raise CliError(f"internal TLS needs a member certificate: {', '.join(missing)} not given", 2)
-    tls = ClientTls(*(Path(str(files[name])) for name in INTERNAL_TLS_FLAGS))
+    ca, cert, key = (Path(str(files[name])) for name in INTERNAL_TLS_FLAGS)
+    server_name = getattr(args, "internal_ssl_server_name", None) or os.environ.get(
+        "TRIBUTARY_INTERNAL_SSL_SERVER_NAME"
+    )
+    tls = ClientTls(ca, cert, key, server_name or None)
     problem = client_tls_problem(tls)
     if problem is not None:
         raise CliError(problem, 2)

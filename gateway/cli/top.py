@@ -19,7 +19,7 @@ from gateway.cli.output import replication_health, table
 from gateway.client.client import client_tls
 from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
-from services.tls import grpc_channel_credentials
+from services.tls import ClientTls, grpc_channel_credentials, sync_channel
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 CALL_TIMEOUT_S = 5.0
@@ -117,14 +117,10 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
     return "\n".join(lines)
 
 
-def _node_sample(
-    broker, leaders: int, replicas: int, credentials: grpc.ChannelCredentials | None = None
-) -> NodeSample:
+def _node_sample(broker, leaders: int, replicas: int, tls: ClientTls | None = None) -> NodeSample:
     address = f"{broker.host}:{broker.grpc_port}"
     try:
-        with (
-            grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
-        ) as channel:
+        with sync_channel(address, tls) as channel:
             response = storage_grpc.StorageNodeStub(channel).DescribeLogDirs(
                 pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S
             )
@@ -169,10 +165,10 @@ def _group_samples(stub) -> list[GroupSample]:
 def collect(
     gateway: str,
     credentials: grpc.ChannelCredentials | None = None,
-    node_credentials: grpc.ChannelCredentials | None = None,
+    node_tls: ClientTls | None = None,
 ) -> Snapshot:
     """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``), the
-    storage nodes asked directly (TLS with ``node_credentials``: a member certificate)."""
+    storage nodes asked directly (TLS with ``node_tls``: a member certificate)."""
     channel_to_gateway = (
         grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
     )
@@ -190,7 +186,7 @@ def collect(
     health = replication_health(topic_from_proto(t) for t in metadata.topics)
     nodes = {
         b.node_id: _node_sample(
-            b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0), node_credentials
+            b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0), node_tls
         )
         for b in metadata.brokers
     }
@@ -218,14 +214,13 @@ def run(args) -> int:
         settings.get("ssl_keyfile"),
     )
     credentials = grpc_channel_credentials(tls) if tls is not None else None
-    internal = internal_tls(args)
-    node_credentials = grpc_channel_credentials(internal) if internal is not None else None
+    node_tls = internal_tls(args)
     interactive = sys.stdout.isatty()
     previous = None
     shown = 0
     try:
         while args.iterations is None or shown < args.iterations:
-            current = collect(gateway, credentials, node_credentials)
+            current = collect(gateway, credentials, node_tls)
             screen = render(current, previous)
             sys.stdout.write((CLEAR_SCREEN if interactive else ("\n" if shown else "")) + screen + "\n")
             sys.stdout.flush()

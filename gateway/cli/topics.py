@@ -51,12 +51,11 @@ def describe(args) -> int:
         settings = client_settings(args)
         tls = cluster_tls(settings)
         credentials = grpc_channel_credentials(tls) if tls is not None else None
-        internal = internal_tls(args)
         progress = cleaner_progress.collect(
             settings["servers"].split(",")[0],
             compacted,
             credentials,
-            grpc_channel_credentials(internal) if internal is not None else None,
+            internal_tls(args),
         )
     if getattr(args, "under_replicated_partitions", False):
         descriptions = [

@@ -330,8 +330,13 @@ class NodeAppends:
         answer, or closes, or stays silent: an older node, or not a storage node at all.
         """
         async with asyncio.timeout(self._connect_timeout_s):
-            ssl = self._tls.context if self._tls is not None else None
-            reader, writer = await asyncio.open_connection(self.host, self.port, ssl=ssl)
+            tls = self._tls
+            reader, writer = await asyncio.open_connection(
+                self.host,
+                self.port,
+                ssl=tls.context if tls is not None else None,
+                server_hostname=tls.server_hostname(self.host) if tls is not None else None,
+            )
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 writer.write(frames.probe(0))

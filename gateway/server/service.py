@@ -27,7 +27,13 @@ from gateway.server.servicer import GatewayServicer
 from gateway.server.telemetry import GatewayInstruments
 from services.clock import SYSTEM_CLOCK, Clock
 from services.entrypoint import write_ready_file
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import Telemetry, setup_telemetry
 from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials, member_tls
@@ -142,6 +148,7 @@ class GatewayService:
             [ServiceRegistration(gateway_grpc.add_GatewayServicer_to_server, servicer, GATEWAY_SERVICE)],
             interceptors=self.telemetry.server_interceptors(),
             credentials=grpc_server_credentials(tls) if tls is not None else None,
+            health_address=health_address(config),
         )
         self._write_ready_file()
         log.info(
@@ -172,6 +179,7 @@ class GatewayService:
                 "host": self.config.host,
                 "grpc_port": self.port,
                 "data_port": self.data_port,
+                "health_port": self.grpc.health_port if self.grpc is not None else 0,
             },
         )
 

@@ -125,6 +125,7 @@ class FetchClient:
                     self.port,
                     limit=1 << 20,
                     ssl=self._ssl.context if self._ssl is not None else None,
+                    server_hostname=self._ssl.server_hostname(self.host) if self._ssl is not None else None,
                 ),
                 self._connect_timeout,
             )

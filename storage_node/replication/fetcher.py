@@ -222,6 +222,9 @@ class ReplicaFetcher:
                     self.leader.fetch_port,
                     limit=1 << 20,
                     ssl=self._ssl.context if self._ssl is not None else None,
+                    server_hostname=self._ssl.server_hostname(self.leader.host)
+                    if self._ssl is not None
+                    else None,
                 )
         return self._connection
 

@@ -18,11 +18,16 @@ def new_ca(directory: Path, name: str) -> Path:
     return directory / f"{name}.pem"
 
 
-def new_certificate(directory: Path, ca: str, name: str) -> tuple[Path, Path]:
-    """A certificate for ``name`` (server and client, 127.0.0.1 and localhost) signed by CA
-    ``ca`` of ``directory``: ``(<name>.pem, <name>.key)``, replaced in place if they exist."""
+def new_certificate(
+    directory: Path, ca: str, name: str, *, loopback: bool = True, dns_names: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """A certificate for ``name`` (server and client; valid for 127.0.0.1 and localhost unless
+    ``loopback`` is off, and for ``dns_names``) signed by CA ``ca`` of ``directory``:
+    ``(<name>.pem, <name>.key)``, replaced in place if they exist."""
     ca_key, ca_cert = load_ca(directory / f"{ca}.pem", directory / f"{ca}.key")
-    key, cert = issue_certificate(ca_key, ca_cert, name, server=True, client=True)
+    key, cert = issue_certificate(
+        ca_key, ca_cert, name, server=True, client=True, loopback=loopback, dns_names=dns_names
+    )
     write_key(key, directory / f"{name}.key")
     write_certificate(cert, directory / f"{name}.pem")
     return directory / f"{name}.pem", directory / f"{name}.key"
