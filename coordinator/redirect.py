@@ -19,7 +19,7 @@ import grpc.aio
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
-from services.tls import ClientTls, aio_channel
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,14 @@ class Forwarder:
         self.coordinator_id = coordinator_id
         #: Mutual TLS to the other coordinators (this one's member certificate); None: plaintext.
         self._tls = tls
+        self._rotation = ChannelRotation(tls)
         self.timeout = timeout
         self._stubs: dict[str, tuple[grpc.aio.Channel, coordinator_grpc.CoordinatorStub]] = {}
 
     def _stub(self, address: str) -> coordinator_grpc.CoordinatorStub:
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(channel for channel, _ in self._stubs.values())
+            self._stubs = {}
         entry = self._stubs.get(address)
         if entry is None:
             channel = aio_channel(address, self._tls, options=INTERNAL_CHANNEL_OPTIONS)

@@ -23,7 +23,7 @@ from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
 from services.serde import error_from_proto, leader_and_isr_to_proto, offset_spec_to_proto
-from services.tls import ClientTls, aio_channel
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,13 @@ class StorageNodes:
         self.timeout = timeout
         #: Mutual TLS to the nodes (the coordinator's member certificate); None: plaintext.
         self._tls = tls
+        self._rotation = ChannelRotation(tls)
         self._stubs: dict[str, tuple[grpc.aio.Channel, storage_grpc.StorageNodeStub]] = {}
 
     def _stub(self, broker: RegisteredBroker) -> storage_grpc.StorageNodeStub:
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(channel for channel, _ in self._stubs.values())
+            self._stubs = {}
         entry = self._stubs.get(broker.grpc_target)
         if entry is None:
             channel = aio_channel(broker.grpc_target, self._tls, options=INTERNAL_CHANNEL_OPTIONS)

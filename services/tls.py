@@ -25,10 +25,12 @@ for raw connections; gRPC channels read the files when they are opened).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import ssl
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,8 +158,18 @@ def server_tls_problem(
     return None
 
 
-def _stamp(paths: tuple[Path | None, ...]) -> tuple[int, ...]:
-    return tuple(os.stat(p).st_mtime_ns if p is not None else 0 for p in paths)
+def _stamp(paths: tuple[Path | None, ...]) -> tuple[tuple[int, int, int], ...]:
+    """What tells that files changed: modification time, and inode and size (a file replaced by a
+    rename -- how certificates are best rotated, and how Kubernetes updates a mounted Secret --
+    within the file system's timestamp granularity still counts)."""
+    stamps = []
+    for path in paths:
+        if path is None:
+            stamps.append((0, 0, 0))
+        else:
+            stat = os.stat(path)
+            stamps.append((stat.st_mtime_ns, stat.st_ino, stat.st_size))
+    return tuple(stamps)
 
 
 class _ServerFiles:
@@ -166,7 +178,7 @@ class _ServerFiles:
     def __init__(self, tls: ServerTls) -> None:
         self.tls = tls
         self._paths = (tls.cert_file, tls.key_file, tls.client_ca_file)
-        self._stamp: tuple[int, ...] | None = None
+        self._stamp: tuple[tuple[int, int, int], ...] | None = None
 
     def changed(self) -> bool:
         try:
@@ -303,6 +315,49 @@ class ReloadingClientContext:
                 return self._context
             self._stamp = stamp
         return self._context
+
+
+#: How long a gRPC channel replaced after a certificate rotation may finish the calls it carries.
+RETIRED_CHANNEL_GRACE_S = 30.0
+_retiring: set[asyncio.Task] = set()
+
+
+class ChannelRotation:
+    """For a cache of gRPC channels (one per peer, opened once): :meth:`rotated` says when the
+    client's TLS files changed and check out, so the cache opens new channels, which present
+    the rotated certificate (a channel keeps the credentials it was opened with), and retires the
+    old ones (:func:`retire_channels`). The files are looked at most every ``check_interval_s``."""
+
+    def __init__(self, tls: ClientTls | None, *, check_interval_s: float = 1.0) -> None:
+        self._tls = tls
+        self._paths = (tls.ca_file, tls.cert_file, tls.key_file) if tls is not None else ()
+        self._interval = check_interval_s
+        self._checked = time.monotonic()
+        self._stamp = _stamp(self._paths) if tls is not None else ()
+
+    def rotated(self) -> bool:
+        if self._tls is None or time.monotonic() - self._checked < self._interval:
+            return False
+        self._checked = time.monotonic()
+        try:
+            stamp = _stamp(self._paths)
+            if stamp == self._stamp:
+                return False
+            client_ssl_context(self._tls)  # a half-written pair: not yet
+        except (OSError, ssl.SSLError):
+            return False
+        self._stamp = stamp
+        log.info("TLS client certificate %s changed: new gRPC channels present it", self._tls.cert_file)
+        return True
+
+
+def retire_channels(channels: Iterable[grpc.aio.Channel], grace: float = RETIRED_CHANNEL_GRACE_S) -> None:
+    """Close ``channels`` in the background once their calls end (at most ``grace`` s)."""
+    loop = asyncio.get_running_loop()
+    for channel in channels:
+        task = loop.create_task(channel.close(grace))
+        _retiring.add(task)
+        task.add_done_callback(_retiring.discard)
 
 
 def sync_channel(target: str, tls: ClientTls | None) -> grpc.Channel:

@@ -17,7 +17,7 @@ import grpc
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
-from services.tls import ClientTls, aio_channel
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,7 @@ class CoordinatorPool:
         self._interceptors = interceptors
         #: Mutual TLS to the coordinators (the gateway's member certificate); None: plaintext.
         self._tls = tls
+        self._rotation = ChannelRotation(tls)
 
     @property
     def current_address(self) -> str:
@@ -67,6 +68,9 @@ class CoordinatorPool:
 
     def stub(self, address: str | None = None) -> coordinator_grpc.CoordinatorStub:
         address = address or self.current_address
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(self._channels.values())
+            self._channels = {}
         channel = self._channels.get(address)
         if channel is None:
             interceptors = self._interceptors(address) if self._interceptors is not None else None

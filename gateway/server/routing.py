@@ -31,7 +31,7 @@ from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
-from services.tls import ClientTls, ReloadingClientContext, aio_channel
+from services.tls import ChannelRotation, ClientTls, ReloadingClientContext, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,7 @@ class NodeClients:
         #: Mutual TLS to the nodes' gRPC and fetch/data ports (the gateway's member certificate).
         self._tls = tls
         self._ssl = ReloadingClientContext(tls) if tls is not None else None
+        self._rotation = ChannelRotation(tls)
         #: Appends go over the nodes' data ports (``node_appends.py``); False = gRPC only.
         self._data_port_appends = data_port_appends
         self._appends: dict[tuple[str, int], NodeAppends] = {}
@@ -220,6 +221,9 @@ class NodeClients:
     def storage(self, node: BrokerAddress) -> storage_grpc.StorageNodeStub:
         # One stub per channel: building one creates a callable per RPC of the service, which
         # per call was a tenth of the gateway's time producing to thousands of partitions.
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(self._channels.values())
+            self._channels, self._stubs = {}, {}
         stub = self._stubs.get(node.grpc_target)
         if stub is not None:
             return stub

@@ -17,6 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.grpc_server import ServiceRegistration, create_server
 from services.proto import STORAGE_SERVICE, pb, storage_grpc
 from services.tls import (
+    ChannelRotation,
     ClientTls,
     MemberTls,
     ReloadingClientContext,
@@ -145,3 +146,22 @@ async def test_raw_clients_check_the_configured_name_and_present_rotated_certifi
     unnamed = ReloadingClientContext(ClientTls(ca, *member))  # checks 127.0.0.1: not in the cert
     with pytest.raises(OSError):
         await connect(unnamed)
+
+
+def test_channel_caches_learn_of_a_rotation_once_the_new_pair_checks_out(files):
+    directory, ca, _, member, _ = files
+    assert not ChannelRotation(None, check_interval_s=0).rotated()  # plaintext: never
+    rotation = ChannelRotation(ClientTls(ca, *member), check_interval_s=0)
+    assert not rotation.rotated()
+    _, key = member
+    old_key = key.read_bytes()
+    new_certificate(directory, "cluster-ca", "member")
+    new_key = key.read_bytes()
+    key.write_bytes(old_key)  # half-way through a rotation: new certificate, old key
+    assert not rotation.rotated(), "a pair that does not match is not taken"
+    key.write_bytes(new_key)
+    assert rotation.rotated()
+    assert not rotation.rotated(), "once per change"
+    slow = ChannelRotation(ClientTls(ca, *member), check_interval_s=3600)
+    new_certificate(directory, "cluster-ca", "member")
+    assert not slow.rotated(), "looked at most every check_interval_s"
