@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import ServiceConfig
+from services.config import InternalPortTlsConfig, ServiceConfig
+from services.tls import member_tls_problem
 
 ENV_PREFIX = "TRIBUTARY_COORDINATOR"
 
 
 @dataclass
-class CoordinatorConfig(ServiceConfig):
+class CoordinatorConfig(ServiceConfig, InternalPortTlsConfig):
     #: Stable id of this coordinator; empty = "<hostname>-<port>" once the port is bound.
     coordinator_id: str = ""
     #: Address other coordinators and gateways use to reach this one; also the bind address.
@@ -105,6 +106,9 @@ class CoordinatorConfig(ServiceConfig):
 
 def config_problem(config: CoordinatorConfig) -> str | None:
     """What is wrong with settings that parsed but cannot be honoured (None when nothing)."""
+    problem = member_tls_problem(config)
+    if problem is not None:
+        return problem
     for name in (
         "max_partitions_per_topic",
         "max_partitions_per_cluster",

@@ -19,6 +19,7 @@ import grpc.aio
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +61,21 @@ def was_forwarded(context: grpc.aio.ServicerContext) -> bool:
 class Forwarder:
     """Sends admin requests on to the active controller over a cached channel per address."""
 
-    def __init__(self, coordinator_id: str, *, timeout: float = 10.0) -> None:
+    def __init__(self, coordinator_id: str, *, timeout: float = 10.0, tls: ClientTls | None = None) -> None:
         self.coordinator_id = coordinator_id
+        #: Mutual TLS to the other coordinators (this one's member certificate); None: plaintext.
+        self._tls = tls
+        self._rotation = ChannelRotation(tls)
         self.timeout = timeout
         self._stubs: dict[str, tuple[grpc.aio.Channel, coordinator_grpc.CoordinatorStub]] = {}
 
     def _stub(self, address: str) -> coordinator_grpc.CoordinatorStub:
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(channel for channel, _ in self._stubs.values())
+            self._stubs = {}
         entry = self._stubs.get(address)
         if entry is None:
-            channel = grpc.aio.insecure_channel(address, options=list(INTERNAL_CHANNEL_OPTIONS))
+            channel = aio_channel(address, self._tls, options=INTERNAL_CHANNEL_OPTIONS)
             entry = (channel, coordinator_grpc.CoordinatorStub(channel))
             self._stubs[address] = entry
         return entry[1]

@@ -41,9 +41,16 @@ from services.entrypoint import write_ready_file
 from services.etcd.client import EtcdClient
 from services.etcd.connection import Backoff, tls_from_files
 from services.etcd.exceptions import EtcdError
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import COORDINATOR_SERVICE, coordinator_grpc
 from services.telemetry import Telemetry, setup_telemetry
+from services.tls import grpc_server_credentials, member_tls
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,9 @@ class CoordinatorService:
     def __init__(self, config: CoordinatorConfig, *, telemetry: Telemetry | None = None) -> None:
         self.config = config
         self.coordinator_id = config.coordinator_id or f"{socket.gethostname()}-{os.getpid()}"
+        #: Mutual TLS on the gRPC port and to storage nodes and other coordinators (None: plaintext).
+        self.member_tls = member_tls(config)
+        member_client = self.member_tls.client if self.member_tls is not None else None
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
         self.telemetry = (
@@ -77,7 +87,7 @@ class CoordinatorService:
         self.health = EtcdHealth(
             self.client, interval=config.health_interval_s, timeout=min(1.0, config.etcd_timeout_s)
         )
-        self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s)
+        self.storage = StorageNodes(timeout=config.storage_rpc_timeout_s, tls=member_client)
         self.leadership = Leadership(
             client=self.client,
             cache=self.cache,
@@ -98,7 +108,7 @@ class CoordinatorService:
             group_settings=group_settings(config, lag_sampling=self.telemetry.enabled),
             transaction_settings=transaction_settings(config),
         )
-        self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s)
+        self.forwarder = Forwarder(self.coordinator_id, timeout=config.forward_timeout_s, tls=member_client)
         #: Every ACL, from the same watch as the metadata (WatchAcls streams it to gateways).
         self.acls = AclCache()
         self.cache.add_batch_listener(self.acls.apply)
@@ -146,6 +156,10 @@ class CoordinatorService:
                 )
             ],
             interceptors=self.telemetry.server_interceptors(),
+            credentials=grpc_server_credentials(self.member_tls.server)
+            if self.member_tls is not None
+            else None,
+            health_address=health_address(self.config),
         )
         # The address in etcd must carry the port actually bound (port 0 = any free port).
         self.leadership.identity = CoordinatorInfo(self.coordinator_id, self.config.host, self.grpc.port)
@@ -156,9 +170,10 @@ class CoordinatorService:
         self._spawn(self.leadership.campaign_routine(), "controller-election")
         self._write_ready_file()
         log.info(
-            "coordinator %s serving on %s (cluster %s, etcd %s)",
+            "coordinator %s serving on %s%s (cluster %s, etcd %s)",
             self.coordinator_id,
             self.identity.address,
+            "" if self.member_tls is None else " with mutual TLS",
             self.config.cluster,
             ",".join(self.config.etcd_endpoints),
         )
@@ -203,6 +218,7 @@ class CoordinatorService:
                 "pid": os.getpid(),
                 "host": self.config.host,
                 "grpc_port": self.identity.grpc_port,
+                "health_port": self.grpc.health_port if self.grpc is not None else 0,
             },
         )
 

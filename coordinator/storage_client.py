@@ -23,6 +23,7 @@ from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.leader_and_isr import LeaderAndIsr
 from services.proto import pb, storage_grpc
 from services.serde import error_from_proto, leader_and_isr_to_proto, offset_spec_to_proto
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,20 @@ log = logging.getLogger(__name__)
 class StorageNodes:
     """Partition-lifecycle RPCs to storage nodes, by :class:`~coordinator.model.RegisteredBroker`."""
 
-    def __init__(self, *, timeout: float = 5.0) -> None:
+    def __init__(self, *, timeout: float = 5.0, tls: ClientTls | None = None) -> None:
         self.timeout = timeout
+        #: Mutual TLS to the nodes (the coordinator's member certificate); None: plaintext.
+        self._tls = tls
+        self._rotation = ChannelRotation(tls)
         self._stubs: dict[str, tuple[grpc.aio.Channel, storage_grpc.StorageNodeStub]] = {}
 
     def _stub(self, broker: RegisteredBroker) -> storage_grpc.StorageNodeStub:
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(channel for channel, _ in self._stubs.values())
+            self._stubs = {}
         entry = self._stubs.get(broker.grpc_target)
         if entry is None:
-            channel = grpc.aio.insecure_channel(broker.grpc_target, options=list(INTERNAL_CHANNEL_OPTIONS))
+            channel = aio_channel(broker.grpc_target, self._tls, options=INTERNAL_CHANNEL_OPTIONS)
             entry = (channel, storage_grpc.StorageNodeStub(channel))
             self._stubs[broker.grpc_target] = entry
         return entry[1]

@@ -72,8 +72,10 @@ class LocalClusterSpec:
     coordinator_args: list[str] = field(default_factory=list)
     gateway_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
-    #: TLS and mutual TLS on the gateways' public ports, with a CA and certificates made for the
-    #: cluster in ``<data dir>/tls`` (``launcher/pki.py``); cluster.json names the admin client's.
+    #: TLS and mutual TLS on the gateways' public ports, and mutual TLS between every process on
+    #: the internal ports (each with a member certificate of the cluster CA), with CAs and
+    #: certificates made for the cluster in ``<data dir>/tls`` (``launcher/pki.py``);
+    #: cluster.json names the admin client's and the CLI's member certificate.
     secure: bool = False
 
 
@@ -348,6 +350,11 @@ class LocalCluster:
         """The cluster's certificates when it is secure (made on first use)."""
         return local_pki(self.data_dir / "tls") if self.spec.secure else None
 
+    def _member_args(self, name: str) -> list[str]:
+        """Process ``name``'s mutual TLS on internal connections (a secure cluster)."""
+        pki = self.pki
+        return pki.member_args(name) if pki is not None else []
+
     def _tls_args(self) -> list[str]:
         pki = self.pki
         if pki is None:
@@ -377,6 +384,7 @@ class LocalCluster:
             str(self.spec.session_timeout_s),
             *self._port_args(name, port),
             *self._common_args(),
+            *self._member_args(name),
             *self.spec.coordinator_args,
         ]
         process = start_service(
@@ -395,6 +403,7 @@ class LocalCluster:
             "--session-timeout-s",
             str(self.spec.session_timeout_s),
             *self._common_args(),
+            *self._member_args(f"storage-{node_id}"),
             *self.spec.storage_args,
         ]
         process = self._start_storage_process(node_id, args, timeout)
@@ -431,6 +440,7 @@ class LocalCluster:
             ",".join(self.coordinator_addresses()),
             *self._port_args(name, port),
             *self._tls_args(),
+            *self._member_args(name),
             *self.spec.gateway_args,
         ]
         process = start_service(
@@ -667,8 +677,13 @@ class LocalCluster:
             "storage_nodes": {str(k): entry(p) for k, p in sorted(self.storage_nodes.items())},
             "gateways": [entry(p) for p in self.gateways],
             "gateway": ",".join(self.gateway_addresses()),
-            # The admin client's TLS settings (the CLI uses them for this cluster's gateways).
-            **({"tls": self.pki.client_settings()} if self.pki is not None else {}),
+            # The admin client's TLS settings (the CLI uses them for this cluster's gateways), and
+            # the CLI's member certificate for what it asks storage nodes directly.
+            **(
+                {"tls": self.pki.client_settings(), "internal_tls": self.pki.operator_settings()}
+                if self.pki is not None
+                else {}
+            ),
         }
 
     def write_cluster_file(self) -> Path:

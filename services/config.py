@@ -67,6 +67,45 @@ class ServiceConfig:
     log_level: str = "INFO"
     #: Also log to this file (logs always go to stderr).
     log_file: Path | None = None
+    #: A second port, on ``host``, serving only grpc.health.v1 in plaintext (0 = any free port),
+    #: for health checkers that cannot speak TLS -- Kubernetes' gRPC probes -- when the service's
+    #: own gRPC port is TLS only. It tells whether the service is serving, nothing more. Unset:
+    #: no such port (probe the gRPC port).
+    health_port: int | None = None
+
+
+@dataclass
+class MemberTlsConfig:
+    """Mutual TLS between cluster members (``services/tls.py``), for every service: all three
+    files, or none (internal connections in plaintext, the local default)."""
+
+    #: Mutual TLS between the cluster's processes: this process's member certificate (PEM),
+    #: presented to the storage nodes and coordinators it connects to and served on its own
+    #: internal ports. With ``internal_tls_key_file`` and ``internal_tls_ca_file`` (all three or
+    #: none), every internal connection is TLS; files are re-read when they change.
+    internal_tls_cert_file: Path | None = None
+    #: The private key of ``internal_tls_cert_file`` (PEM).
+    internal_tls_key_file: Path | None = None
+    #: The cluster CA (PEM): the members this process connects to, and the clients of its
+    #: internal ports, must hold a certificate that chains to it. Use a CA of the cluster's own,
+    #: not the one signing application clients' certificates: internal ports authorize nothing.
+    internal_tls_ca_file: Path | None = None
+    #: With internal TLS: the name every member's certificate is checked for when this process
+    #: connects to it, instead of the host it dials. For members reached at addresses no
+    #: certificate can name in advance (Kubernetes pod IPs): give every member certificate this
+    #: DNS name (e.g. ``member.tributary.internal``). Empty: the dialled host (an IP address or
+    #: DNS name in the certificate's subjectAltName), as HTTPS does.
+    internal_tls_server_name: str = ""
+
+
+@dataclass
+class InternalPortTlsConfig(MemberTlsConfig):
+    """:class:`MemberTlsConfig` for a service with internal ports (storage node, coordinator)."""
+
+    #: With internal TLS on, internal ports accept only clients presenting a certificate from
+    #: ``internal_tls_ca_file`` (mutual TLS). False: any TLS client (server authentication only),
+    #: e.g. while the cluster's members are being given their certificates one by one.
+    internal_tls_require_client_cert: bool = True
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -85,6 +85,9 @@ class GrpcServer:
     port: int
     health: health.aio.HealthServicer
     service_names: list[str] = field(default_factory=list)
+    #: The plaintext health-only server and its port (``health_address``), if any.
+    health_server: grpc.aio.Server | None = None
+    health_port: int = 0
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -97,6 +100,8 @@ class GrpcServer:
         """Stop accepting calls; give in-flight ones ``grace`` seconds."""
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
 
 
 async def create_server(
@@ -106,9 +111,12 @@ async def create_server(
     interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
     options: Iterable[tuple[str, int]] = DEFAULT_OPTIONS,
     credentials: grpc.ServerCredentials | None = None,
+    health_address: str | None = None,
 ) -> GrpcServer:
     """Build, bind and start a server; ``address`` may use port 0 (the bound port is returned).
-    With ``credentials`` (:mod:`services.tls`) the port speaks TLS only.
+    With ``credentials`` (:mod:`services.tls`) the port speaks TLS only. With ``health_address``
+    a second server there serves the same health statuses, and nothing else, in plaintext (for
+    probes that cannot speak TLS).
 
     Registers grpc.health.v1 (every service SERVING once started) and server reflection (v1 and
     v1alpha).
@@ -139,10 +147,38 @@ async def create_server(
     port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind gRPC server to {address}")
+    health_server, health_port = None, 0
+    if health_address is not None:
+        health_server, health_port = await _start_health_only(health_address, health_servicer)
     await server.start()
-    hosted = GrpcServer(server=server, port=port, health=health_servicer, service_names=names)
+    hosted = GrpcServer(
+        server=server,
+        port=port,
+        health=health_servicer,
+        service_names=names,
+        health_server=health_server,
+        health_port=health_port,
+    )
     await hosted.set_serving(True)
     return hosted
+
+
+def health_address(config) -> str | None:
+    """The health-only port's address of a service config (``health_port`` on ``host``), or None."""
+    port = getattr(config, "health_port", None)
+    return None if port is None else f"{config.host}:{port}"
+
+
+async def _start_health_only(
+    address: str, health_servicer: health.aio.HealthServicer
+) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"could not bind the health port to {address}")
+    await server.start()
+    return server, port
 
 
 def _unexpected(method_name: str, exc: BaseException, context) -> errors.TributaryError:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import ServiceConfig
+from services.config import InternalPortTlsConfig, ServiceConfig
 
 ENV_PREFIX = "TRIBUTARY_STORAGE"
 
 
 @dataclass
-class StorageNodeConfig(ServiceConfig):
+class StorageNodeConfig(ServiceConfig, InternalPortTlsConfig):
     #: Stable id of this node (Kafka's node.id / broker.id); unique among live nodes.
     node_id: int = 0
     #: Address clients use to reach this node; also the bind address.

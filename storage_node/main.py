@@ -7,6 +7,7 @@ import sys
 
 from services.entrypoint import build_service_parser, run_service
 from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
+from services.tls import member_tls_problem
 from storage_node.config import ENV_PREFIX, StorageNodeConfig
 from storage_node.descriptors import raise_descriptor_limit
 from storage_node.registration import NodeIdInUseError
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         ENV_PREFIX,
         log_name=lambda config: f"storage-{config.node_id}",
         run=_run,
+        check=member_tls_problem,
         exit_codes={NodeIdInUseError: EXIT_NODE_ID_IN_USE},
     )
 

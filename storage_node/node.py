@@ -21,9 +21,16 @@ from typing import TYPE_CHECKING
 from services.clock import SYSTEM_CLOCK
 from services.config import ConfigError
 from services.entrypoint import write_ready_file
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import STORAGE_SERVICE, storage_grpc
 from services.telemetry import Telemetry, setup_telemetry
+from services.tls import ReloadingClientContext, ReloadingSslContext, grpc_server_credentials, member_tls
 from storage_node.config import StorageNodeConfig
 from storage_node.descriptors import (
     DescriptorBudget,
@@ -82,6 +89,8 @@ class StorageNode:
     ) -> None:
         self.config = config
         self.clock = clock
+        #: Mutual TLS on the gRPC and fetch ports and to other members (None: plaintext).
+        self.member_tls = member_tls(config)
         #: Given (tests share one) or built from the config and OTEL_* environment; off by default.
         self._owns_telemetry = telemetry is None
         self.telemetry = (
@@ -117,7 +126,12 @@ class StorageNode:
         self.replicas = ReplicaManager(
             config.node_id, self.logs, self.notifier, clock, self.replication_settings
         )
-        self.fetchers = ReplicaFetchers(config.node_id, self.replication_settings, clock)
+        self.fetchers = ReplicaFetchers(
+            config.node_id,
+            self.replication_settings,
+            clock,
+            ssl=ReloadingClientContext(self.member_tls.client) if self.member_tls is not None else None,
+        )
         self.shutdown_settings = ShutdownSettings(
             enable=config.controlled_shutdown_enable,
             timeout_ms=config.controlled_shutdown_timeout_ms,
@@ -157,6 +171,7 @@ class StorageNode:
             limits=_fetch_limits(config, self.descriptors),
             telemetry=self.instruments,
             appender=self.handlers,
+            tls=ReloadingSslContext(self.member_tls.server) if self.member_tls is not None else None,
         )
         self.grpc: GrpcServer | None = None
         self.registration: BrokerRegistration | None = None
@@ -173,6 +188,10 @@ class StorageNode:
             f"{self.config.host}:{self.config.port}",
             [ServiceRegistration(storage_grpc.add_StorageNodeServicer_to_server, servicer, STORAGE_SERVICE)],
             interceptors=self.telemetry.server_interceptors(),
+            credentials=grpc_server_credentials(self.member_tls.server)
+            if self.member_tls is not None
+            else None,
+            health_address=health_address(self.config),
         )
         await self.fetch_server.start()
         self.cleaner.start()
@@ -185,7 +204,11 @@ class StorageNode:
             self.registration = registration = BrokerRegistration.from_config(
                 self.config, grpc_port=grpc.port, fetch_port=self.fetch_server.port
             )
-            self.controller_channel = channel = ControllerChannel(registration.client, self.replicas)
+            self.controller_channel = channel = ControllerChannel(
+                registration.client,
+                self.replicas,
+                tls=self.member_tls.client if self.member_tls is not None else None,
+            )
             self.replicas.attach(isr_channel=channel, fetchers=self.fetchers)
             if self.config.transaction_verification:
                 self.handlers.transaction_verifier = channel
@@ -201,9 +224,10 @@ class StorageNode:
         self._write_ready_file()
         limits = self.fetch_server.limits
         log.info(
-            "storage node %d serving: grpc %s:%d, fetch %s:%d (at most %d connections, %s per "
+            "storage node %d serving%s: grpc %s:%d, fetch %s:%d (at most %d connections, %s per "
             "address, long polls up to %d ms; descriptor limit %d, %d kept for the log)",
             self.config.node_id,
+            "" if self.member_tls is None else " with mutual TLS on its internal ports",
             self.config.host,
             self.grpc.port,
             self.config.host,
@@ -225,6 +249,7 @@ class StorageNode:
                 "host": self.config.host,
                 "grpc_port": self.grpc.port,
                 "fetch_port": self.fetch_server.port,
+                "health_port": self.grpc.health_port,
             },
         )
 

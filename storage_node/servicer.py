@@ -224,6 +224,8 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
             data_port_appends=stats.appends if stats else 0,
             data_port_append_connections=stats.append_connections if stats else 0,
             data_port_append_errors=stats.append_errors if stats else 0,
+            fetch_tls_handshakes=stats.tls_handshakes if stats else 0,
+            fetch_tls_handshake_failures=stats.tls_handshake_failures if stats else 0,
         )
 
     @translate_errors

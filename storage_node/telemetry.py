@@ -91,7 +91,7 @@ class StorageNodeInstruments:
                 names.STORAGE_FETCH_COPIED_BYTES,
                 "copied_bytes",
                 "By",
-                "Bytes the fetch port sent through read+send (fetch_zero_copy=false).",
+                "Bytes the fetch port sent through read+send (fetch_zero_copy=false, or TLS).",
                 False,
             ),
             (
@@ -127,6 +127,21 @@ class StorageNodeInstruments:
                 "polls_cancelled",
                 "{request}",
                 "Fetch-port long polls ended because their client disconnected.",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_TLS_HANDSHAKES,
+                "tls_handshakes",
+                "{connection}",
+                "TLS handshakes completed on the fetch port (internal TLS on).",
+                False,
+            ),
+            (
+                names.STORAGE_FETCH_TLS_HANDSHAKE_FAILURES,
+                "tls_handshake_failures",
+                "{connection}",
+                "Fetch-port connections refused at the TLS handshake: no certificate of the "
+                "cluster CA, not TLS, or gone before it ended.",
                 False,
             ),
         ):

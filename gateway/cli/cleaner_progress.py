@@ -13,6 +13,7 @@ from typing import NamedTuple
 import grpc
 
 from services.proto import gateway_grpc, pb, storage_grpc
+from services.tls import ClientTls, sync_channel
 
 CALL_TIMEOUT_S = 5.0
 
@@ -32,10 +33,14 @@ class CleanerProgress(NamedTuple):
 
 
 def collect(
-    gateway: str, topics: list[str], credentials: grpc.ChannelCredentials | None = None
+    gateway: str,
+    topics: list[str],
+    credentials: grpc.ChannelCredentials | None = None,
+    node_tls: ClientTls | None = None,
 ) -> dict[tuple[str, int], CleanerProgress]:
     """(topic, partition) -> progress for every partition of ``topics`` whose leader answered
-    (the gateway over TLS with ``credentials``)."""
+    (the gateway over TLS with ``credentials``, the leaders with ``node_tls``: a member
+    certificate, when the cluster runs internal TLS)."""
     if not topics:
         return {}
     to_gateway = grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
@@ -56,7 +61,7 @@ def collect(
         if not wanted:
             continue
         try:
-            with grpc.insecure_channel(f"{broker.host}:{broker.grpc_port}") as channel:
+            with sync_channel(f"{broker.host}:{broker.grpc_port}", node_tls) as channel:
                 response = storage_grpc.StorageNodeStub(channel).DescribePartitions(
                     pb.DescribePartitionsRequest(partitions=wanted), timeout=CALL_TIMEOUT_S
                 )

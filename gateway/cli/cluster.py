@@ -66,7 +66,9 @@ def up(args) -> int:
     if cluster.pki is not None:
         print(
             f"TLS: mutual TLS on the gateway; CA {cluster.pki.ca_file}, admin client certificate "
-            f"{cluster.pki.client_cert} (the CLI uses it for this cluster)"
+            f"{cluster.pki.client_cert} (the CLI uses it for this cluster)\n"
+            f"     mutual TLS between every process on the internal ports; cluster CA "
+            f"{cluster.pki.cluster_ca_file}, member certificates in {cluster.pki.members_dir}"
         )
     return 0
 

@@ -22,11 +22,12 @@ from gateway.client.servers import (
     GATEWAY_ENV,
     START_HINT,
     cluster_file_gateways,
+    cluster_file_internal_tls,
     cluster_file_tls,
     default_data_dir,
     resolve_servers,
 )
-from services.tls import ClientTls, grpc_channel_credentials
+from services.tls import ClientTls, client_tls_problem, grpc_channel_credentials
 
 PROBE_TIMEOUT_S = 3.0
 #: A file holding the bearer token CLI commands present (same as ``--token-file``).
@@ -127,6 +128,57 @@ def token_file_provider(path: Path) -> Callable[[], str]:
 
     read()
     return read
+
+
+#: The flags of :func:`internal_tls` (and ``$TRIBUTARY_INTERNAL_SSL_CAFILE`` ...).
+INTERNAL_TLS_FLAGS = ("internal_ssl_cafile", "internal_ssl_certfile", "internal_ssl_keyfile")
+
+
+def add_internal_tls_arguments(parser) -> None:
+    """The flags of a command that also asks storage nodes directly (their internal gRPC port)."""
+    group = parser.add_argument_group(
+        "internal TLS (storage nodes' ports; all three, or $TRIBUTARY_INTERNAL_SSL_CAFILE ...)"
+    )
+    group.add_argument(
+        "--internal-ssl-cafile", metavar="PEM", help="the cluster CA the nodes' certificates chain to"
+    )
+    group.add_argument(
+        "--internal-ssl-certfile", metavar="PEM", help="a member certificate of the cluster CA"
+    )
+    group.add_argument("--internal-ssl-keyfile", metavar="PEM", help="key of --internal-ssl-certfile")
+    group.add_argument(
+        "--internal-ssl-server-name",
+        metavar="NAME",
+        help="the name the nodes' certificates carry if not their addresses (internal_tls_server_name)",
+    )
+
+
+def internal_tls(args) -> ClientTls | None:
+    """The TLS for asking storage nodes directly (a cluster with internal TLS accepts only a
+    member certificate of its cluster CA there): ``--internal-ssl-*`` (or
+    ``$TRIBUTARY_INTERNAL_SSL_*``), all three; without them, a local cluster started with
+    ``--secure`` whose gateways this command uses lends the CLI's member certificate from
+    cluster.json. None: plaintext. CliError when only some are given."""
+    files = {
+        name: getattr(args, name, None) or os.environ.get(f"TRIBUTARY_{name.upper()}") or None
+        for name in INTERNAL_TLS_FLAGS
+    }
+    if not any(files.values()) and not (getattr(args, "gateway", None) or os.environ.get(GATEWAY_ENV)):
+        files = {f"internal_{k}": v for k, v in cluster_file_internal_tls(data_dir_of(args)).items()}
+    if not any(files.values()):
+        return None
+    missing = [f"--{name.replace('_', '-')}" for name in INTERNAL_TLS_FLAGS if not files.get(name)]
+    if missing:
+        raise CliError(f"internal TLS needs a member certificate: {', '.join(missing)} not given", 2)
+    ca, cert, key = (Path(str(files[name])) for name in INTERNAL_TLS_FLAGS)
+    server_name = getattr(args, "internal_ssl_server_name", None) or os.environ.get(
+        "TRIBUTARY_INTERNAL_SSL_SERVER_NAME"
+    )
+    tls = ClientTls(ca, cert, key, server_name or None)
+    problem = client_tls_problem(tls)
+    if problem is not None:
+        raise CliError(problem, 2)
+    return tls
 
 
 def cluster_tls(settings: dict[str, Any]) -> ClientTls | None:

@@ -51,7 +51,7 @@ from gateway.cli import (
     topics,
     transactions,
 )
-from gateway.cli.connect import CliError
+from gateway.cli.connect import CliError, add_internal_tls_arguments
 from gateway.client.errors import NoServersError, TributaryError
 from gateway.client.servers import DATA_DIR_ENV, GATEWAY_ENV
 
@@ -109,7 +109,8 @@ def _add_cluster(commands) -> None:
     up.add_argument(
         "--secure",
         action="store_true",
-        help="mutual TLS on the gateways, with a CA and certificates made in DIR/tls (kept on later ups)",
+        help="mutual TLS on the gateways and between all processes (internal ports), with CAs and "
+        "certificates made in DIR/tls (kept on later ups)",
     )
     up.set_defaults(func=cluster.up)
     down = actions.add_parser("down", help="stop every process of the cluster (data is kept)")
@@ -190,6 +191,7 @@ def _add_topics(commands) -> None:
         help="only partitions with fewer in-sync replicas than replicas",
     )
     describe.set_defaults(func=topics.describe)
+    add_internal_tls_arguments(describe)
     delete = actions.add_parser("delete", help="delete a topic and its data")
     delete.add_argument("name")
     delete.set_defaults(func=topics.delete)

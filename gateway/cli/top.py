@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gateway.cli.connect import client_settings
+from gateway.cli.connect import add_internal_tls_arguments, client_settings, internal_tls
 from gateway.cli.output import replication_health, table
 from gateway.client.client import client_tls
 from gateway.client.credentials import TokenSource, bearer_call_credentials
 from gateway.client.metadata import topic_from_proto
 from services.proto import gateway_grpc, pb, storage_grpc
-from services.tls import grpc_channel_credentials
+from services.tls import ClientTls, grpc_channel_credentials, sync_channel
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 CALL_TIMEOUT_S = 5.0
@@ -118,10 +118,10 @@ def render(current: Snapshot, previous: Snapshot | None = None) -> str:
     return "\n".join(lines)
 
 
-def _node_sample(broker, leaders: int, replicas: int) -> NodeSample:
+def _node_sample(broker, leaders: int, replicas: int, tls: ClientTls | None = None) -> NodeSample:
     address = f"{broker.host}:{broker.grpc_port}"
     try:
-        with grpc.insecure_channel(address) as channel:
+        with sync_channel(address, tls) as channel:
             response = storage_grpc.StorageNodeStub(channel).DescribeLogDirs(
                 pb.DescribeLogDirsRequest(), timeout=CALL_TIMEOUT_S
             )
@@ -163,8 +163,13 @@ def _group_samples(stub) -> list[GroupSample]:
     return samples
 
 
-def collect(gateway: str, credentials: grpc.ChannelCredentials | None = None) -> Snapshot:
-    """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``)."""
+def collect(
+    gateway: str,
+    credentials: grpc.ChannelCredentials | None = None,
+    node_tls: ClientTls | None = None,
+) -> Snapshot:
+    """One snapshot of the cluster behind ``gateway`` (host:port; TLS with ``credentials``), the
+    storage nodes asked directly (TLS with ``node_tls``: a member certificate)."""
     channel_to_gateway = (
         grpc.secure_channel(gateway, credentials) if credentials else grpc.insecure_channel(gateway)
     )
@@ -181,7 +186,9 @@ def collect(gateway: str, credentials: grpc.ChannelCredentials | None = None) ->
             reassigning = -1
     health = replication_health(topic_from_proto(t) for t in metadata.topics)
     nodes = {
-        b.node_id: _node_sample(b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0))
+        b.node_id: _node_sample(
+            b, health.leaders.get(b.node_id, 0), health.replicas.get(b.node_id, 0), node_tls
+        )
         for b in metadata.brokers
     }
     return Snapshot(
@@ -211,12 +218,13 @@ def run(args) -> int:
     if credentials is not None and settings.get("sasl_oauth_token_provider") is not None:
         source = TokenSource(settings["sasl_oauth_token_provider"])
         credentials = grpc.composite_channel_credentials(credentials, bearer_call_credentials(source))
+    node_tls = internal_tls(args)
     interactive = sys.stdout.isatty()
     previous = None
     shown = 0
     try:
         while args.iterations is None or shown < args.iterations:
-            current = collect(gateway, credentials)
+            current = collect(gateway, credentials, node_tls)
             screen = render(current, previous)
             sys.stdout.write((CLEAR_SCREEN if interactive else ("\n" if shown else "")) + screen + "\n")
             sys.stdout.flush()
@@ -232,6 +240,7 @@ def add_parser(commands, common) -> None:
     """Register ``top`` on the CLI's subcommands (``common`` adds --gateway/--data-dir)."""
     parser = commands.add_parser("top", help="live view: per node partitions and traffic, per group lag")
     common(parser)
+    add_internal_tls_arguments(parser)
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     parser.add_argument(
         "--iterations", type=int, default=None, help="stop after N screens (default: until Ctrl-C)"

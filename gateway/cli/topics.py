@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from gateway.cli import cleaner_progress
-from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings, cluster_tls
+from gateway.cli.connect import CLI_REQUEST_TIMEOUT_MS, CliError, client_settings, cluster_tls, internal_tls
 from gateway.cli.output import describe_topic, is_compacted, is_under_replicated, offsets_table, parse_pairs
 from gateway.client import Admin, NewTopic, TopicPartition
 from services.tls import grpc_channel_credentials
@@ -49,7 +49,12 @@ def describe(args) -> int:
         settings = client_settings(args)
         tls = cluster_tls(settings)
         credentials = grpc_channel_credentials(tls) if tls is not None else None
-        progress = cleaner_progress.collect(settings["servers"].split(",")[0], compacted, credentials)
+        progress = cleaner_progress.collect(
+            settings["servers"].split(",")[0],
+            compacted,
+            credentials,
+            internal_tls(args),
+        )
     if getattr(args, "under_replicated_partitions", False):
         descriptions = [
             dataclasses.replace(d, partitions=tuple(p for p in d.partitions if is_under_replicated(p)))

@@ -64,6 +64,18 @@ def cluster_file_tls(data_dir: Path) -> dict[str, str]:
     return {str(k): str(v) for k, v in tls.items()} if isinstance(tls, dict) else {}
 
 
+def cluster_file_internal_tls(data_dir: Path) -> dict[str, str]:
+    """The CLI's member certificate a local cluster started with ``--secure`` wrote to
+    ``data_dir/cluster.json`` (``ssl_cafile``/``ssl_certfile``/``ssl_keyfile`` for the internal
+    ports of storage nodes and coordinators; empty: plaintext)."""
+    try:
+        described = json.loads((Path(data_dir) / CLUSTER_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    tls = described.get("internal_tls") if isinstance(described, dict) else None
+    return {str(k): str(v) for k, v in tls.items()} if isinstance(tls, dict) else {}
+
+
 def resolve_servers(
     servers: str | Sequence[str] | None = None,
     *,

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.config import ServiceConfig
+from services.config import MemberTlsConfig, ServiceConfig
 
 ENV_PREFIX = "TRIBUTARY_GATEWAY"
 
 
 @dataclass
-class GatewayConfig(ServiceConfig):
+class GatewayConfig(ServiceConfig, MemberTlsConfig):
     #: Bind address of the public Gateway gRPC service; also written to the ready file.
     host: str = "127.0.0.1"
     #: gRPC port (0 = any free port).

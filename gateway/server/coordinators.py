@@ -17,6 +17,7 @@ import grpc
 from services import errors
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,13 @@ class CoordinatorPool:
     Must be used from one event loop.
     """
 
-    def __init__(self, addresses: list[str], *, interceptors: Callable[[str], list] | None = None) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        *,
+        interceptors: Callable[[str], list] | None = None,
+        tls: ClientTls | None = None,
+    ) -> None:
         if not addresses:
             raise ValueError("at least one coordinator address is needed")
         self._addresses = list(addresses)
@@ -51,6 +58,9 @@ class CoordinatorPool:
         self._channels: dict[str, grpc.aio.Channel] = {}
         #: target -> client interceptors for its channel (telemetry), or None.
         self._interceptors = interceptors
+        #: Mutual TLS to the coordinators (the gateway's member certificate); None: plaintext.
+        self._tls = tls
+        self._rotation = ChannelRotation(tls)
 
     @property
     def current_address(self) -> str:
@@ -58,11 +68,14 @@ class CoordinatorPool:
 
     def stub(self, address: str | None = None) -> coordinator_grpc.CoordinatorStub:
         address = address or self.current_address
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(self._channels.values())
+            self._channels = {}
         channel = self._channels.get(address)
         if channel is None:
             interceptors = self._interceptors(address) if self._interceptors is not None else None
-            channel = grpc.aio.insecure_channel(
-                address, options=CHANNEL_OPTIONS, interceptors=interceptors or None
+            channel = aio_channel(
+                address, self._tls, options=CHANNEL_OPTIONS, interceptors=interceptors or None
             )
             self._channels[address] = channel
         return coordinator_grpc.CoordinatorStub(channel)

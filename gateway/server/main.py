@@ -8,7 +8,7 @@ import sys
 from gateway.server.config import ENV_PREFIX, GatewayConfig
 from services.entrypoint import build_service_parser, run_service
 from services.malloc_tuning import keep_large_buffers_in_heap, start_heap_trimmer
-from services.tls import server_tls_problem
+from services.tls import member_tls_problem, server_tls_problem
 from services.tokens import TokenVerifier
 
 
@@ -44,7 +44,9 @@ def _check(config: GatewayConfig) -> str | None:
     for name in ("fetch_max_decoded_records", "fetch_max_decoded_bytes", "fetch_decode_threads"):
         if getattr(config, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
-    problem = server_tls_problem(config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file)
+    problem = server_tls_problem(
+        config.tls_cert_file, config.tls_key_file, config.tls_client_ca_file
+    ) or member_tls_problem(config)
     if problem is not None or config.token_public_key_file is None:
         return problem
     if config.tls_cert_file is None:

@@ -37,6 +37,7 @@ from services.fetchport.protocol import SIZE
 from services.grpc_server import MAX_MESSAGE_BYTES
 from services.telemetry import names
 from services.telemetry.rpc import inject_metadata
+from services.tls import ReloadingClientContext
 
 log = logging.getLogger(__name__)
 
@@ -166,9 +167,19 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 class NodeAppends:
     """Appends to one storage node over its data port (see the module docstring)."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout_s: float = 5.0, tracer=None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float = 5.0,
+        tracer=None,
+        tls: ReloadingClientContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
+        #: TLS to the node's data port (the gateway's member certificate); None: plaintext.
+        self._tls = tls
         #: The gateway's tracer when telemetry is on: a CLIENT span per append, its context sent
         #: in the frame so the node's spans join the trace.
         self._tracer = tracer
@@ -319,7 +330,13 @@ class NodeAppends:
         answer, or closes, or stays silent: an older node, or not a storage node at all.
         """
         async with asyncio.timeout(self._connect_timeout_s):
-            reader, writer = await asyncio.open_connection(self.host, self.port)
+            tls = self._tls
+            reader, writer = await asyncio.open_connection(
+                self.host,
+                self.port,
+                ssl=tls.context if tls is not None else None,
+                server_hostname=tls.server_hostname(self.host) if tls is not None else None,
+            )
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 writer.write(frames.probe(0))

@@ -31,6 +31,7 @@ from services import errors
 from services.broker_address import BrokerAddress
 from services.fetchport.client import FetchClient
 from services.proto import pb, storage_grpc
+from services.tls import ChannelRotation, ClientTls, ReloadingClientContext, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +200,13 @@ class NodeClients:
         interceptors: Callable[[str], list] | None = None,
         data_port_appends: bool = True,
         tracer=None,
+        tls: ClientTls | None = None,
     ) -> None:
         self._fetch_connections = fetch_connections
+        #: Mutual TLS to the nodes' gRPC and fetch/data ports (the gateway's member certificate).
+        self._tls = tls
+        self._ssl = ReloadingClientContext(tls) if tls is not None else None
+        self._rotation = ChannelRotation(tls)
         #: Appends go over the nodes' data ports (``node_appends.py``); False = gRPC only.
         self._data_port_appends = data_port_appends
         self._appends: dict[tuple[str, int], NodeAppends] = {}
@@ -215,6 +221,9 @@ class NodeClients:
     def storage(self, node: BrokerAddress) -> storage_grpc.StorageNodeStub:
         # One stub per channel: building one creates a callable per RPC of the service, which
         # per call was a tenth of the gateway's time producing to thousands of partitions.
+        if self._rotation.rotated():  # new channels present the new certificate
+            retire_channels(self._channels.values())
+            self._channels, self._stubs = {}, {}
         stub = self._stubs.get(node.grpc_target)
         if stub is not None:
             return stub
@@ -222,8 +231,8 @@ class NodeClients:
         if channel is None:
             target = node.grpc_target
             interceptors = self._interceptors(target) if self._interceptors is not None else None
-            channel = grpc.aio.insecure_channel(
-                target, options=CHANNEL_OPTIONS, interceptors=interceptors or None
+            channel = aio_channel(
+                target, self._tls, options=CHANNEL_OPTIONS, interceptors=interceptors or None
             )
             self._channels[target] = channel
         stub = self._stubs[node.grpc_target] = storage_grpc.StorageNodeStub(channel)
@@ -233,7 +242,9 @@ class NodeClients:
         key = (node.host, node.fetch_port)
         client = self._fetchers.get(key)
         if client is None:
-            client = FetchClient(node.host, node.fetch_port, max_connections=self._fetch_connections)
+            client = FetchClient(
+                node.host, node.fetch_port, max_connections=self._fetch_connections, ssl=self._ssl
+            )
             self._fetchers[key] = client
         return client
 
@@ -245,7 +256,9 @@ class NodeClients:
         key = (node.host, node.fetch_port)
         appends = self._appends.get(key)
         if appends is None:
-            appends = self._appends[key] = NodeAppends(node.host, node.fetch_port, tracer=self._tracer)
+            appends = self._appends[key] = NodeAppends(
+                node.host, node.fetch_port, tracer=self._tracer, tls=self._ssl
+            )
         return appends
 
     async def prune(self, snapshot: ClusterSnapshot) -> None:

@@ -29,10 +29,16 @@ from gateway.server.servicer import GatewayServicer
 from gateway.server.telemetry import GatewayInstruments
 from services.clock import SYSTEM_CLOCK, Clock
 from services.entrypoint import write_ready_file
-from services.grpc_server import GrpcServer, ServiceRegistration, create_server, run_until_signalled
+from services.grpc_server import (
+    GrpcServer,
+    ServiceRegistration,
+    create_server,
+    health_address,
+    run_until_signalled,
+)
 from services.proto import GATEWAY_SERVICE, gateway_grpc
 from services.telemetry import Telemetry, setup_telemetry
-from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials
+from services.tls import ReloadingSslContext, ServerTls, grpc_server_credentials, member_tls
 from services.tokens import TokenVerifier
 
 log = logging.getLogger(__name__)
@@ -78,7 +84,9 @@ class GatewayService:
     async def start(self) -> None:
         config = self.config
         interceptors = self.telemetry.client_interceptors if self.telemetry.enabled else None
-        self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors)
+        member = member_tls(config)
+        internal = member.client if member is not None else None
+        self.coordinators = CoordinatorPool(config.coordinators, interceptors=interceptors, tls=internal)
         cache = MetadataWatch(self.coordinators, poll_interval_s=config.metadata_poll_interval_ms / 1000.0)
         self.router = Router(
             cache,
@@ -87,6 +95,7 @@ class GatewayService:
                 interceptors=interceptors,
                 data_port_appends=config.data_port_appends,
                 tracer=self.telemetry.tracer if self.telemetry.enabled else None,
+                tls=internal,
             ),
         )
         self.router.start()
@@ -169,10 +178,11 @@ class GatewayService:
                 *self.telemetry.server_interceptors(),
             ],
             credentials=grpc_server_credentials(tls) if tls is not None else None,
+            health_address=health_address(config),
         )
         self._write_ready_file()
         log.info(
-            "gateway serving on %s:%d%s, data listener %s (coordinators %s)",
+            "gateway serving on %s:%d%s, data listener %s (coordinators %s%s)",
             config.host,
             self.grpc.port,
             ""
@@ -184,6 +194,7 @@ class GatewayService:
             ),
             self.data_port or "off",
             ",".join(config.coordinators),
+            "" if member is None else "; mutual TLS to coordinators and storage nodes",
         )
 
     @property
@@ -204,6 +215,7 @@ class GatewayService:
                 "host": self.config.host,
                 "grpc_port": self.port,
                 "data_port": self.data_port,
+                "health_port": self.grpc.health_port if self.grpc is not None else 0,
             },
         )
 

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from services import errors
 from services.fetchport import multi, protocol
+from services.tls import ReloadingClientContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +96,18 @@ class FetchClient:
     """Fetches from one storage node's fetch port over up to ``max_connections`` connections."""
 
     def __init__(
-        self, host: str, port: int, *, max_connections: int = 4, connect_timeout: float = 5.0
+        self,
+        host: str,
+        port: int,
+        *,
+        max_connections: int = 4,
+        connect_timeout: float = 5.0,
+        ssl: ReloadingClientContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        #: TLS to the fetch port (a member certificate: mutual TLS); None: plaintext.
+        self._ssl = ssl
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
         self._correlation = itertools.count(1)
@@ -111,7 +120,14 @@ class FetchClient:
     async def _connect(self) -> _Connection:
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=1 << 20), self._connect_timeout
+                asyncio.open_connection(
+                    self.host,
+                    self.port,
+                    limit=1 << 20,
+                    ssl=self._ssl.context if self._ssl is not None else None,
+                    server_hostname=self._ssl.server_hostname(self.host) if self._ssl is not None else None,
+                ),
+                self._connect_timeout,
             )
         except (OSError, TimeoutError) as exc:
             raise errors.BrokerNotAvailableError(

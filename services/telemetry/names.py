@@ -115,6 +115,8 @@ STORAGE_FETCH_ERRORS: Final = "tributary.storage.fetch.errors"  # obs. counter, 
 STORAGE_FETCH_CONNECTIONS: Final = "tributary.storage.fetch.connections"  # obs. up-down, {connection}
 STORAGE_FETCH_CONNECTIONS_REFUSED: Final = "tributary.storage.fetch.connections.refused"  # obs. counter
 STORAGE_FETCH_POLLS_CANCELLED: Final = "tributary.storage.fetch.polls.cancelled"  # obs. counter, {request}
+STORAGE_FETCH_TLS_HANDSHAKES: Final = "tributary.storage.fetch.tls.handshakes"  # obs. counter
+STORAGE_FETCH_TLS_HANDSHAKE_FAILURES: Final = "tributary.storage.fetch.tls.handshake_failures"  # obs. counter
 #: Per hosted partition (observed from the LogManager at collection time).
 STORAGE_LOG_END_OFFSET: Final = "tributary.storage.log.end_offset"  # gauge, {offset}
 STORAGE_LOG_START_OFFSET: Final = "tributary.storage.log.start_offset"  # gauge, {offset}

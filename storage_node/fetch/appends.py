@@ -35,10 +35,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services import errors
 from services.acks import Acks
@@ -46,6 +45,9 @@ from services.append_result import AppendResult
 from services.fetchport import append as frames
 from services.fetchport.protocol import SIZE
 from services.grpc_server import MAX_MESSAGE_BYTES
+
+if TYPE_CHECKING:
+    from storage_node.fetch.links import PlainLink, TlsLink
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,7 @@ class AppendConnection:
 
     def __init__(
         self,
-        sock: socket.socket,
+        link: PlainLink | TlsLink,
         appender: Appender,
         *,
         limits: AppendLimits,
@@ -106,7 +108,8 @@ class AppendConnection:
         telemetry=None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        self._sock = sock
+        #: The connection's byte stream (``links.py``): the socket, or TLS over it.
+        self._link = link
         self._appender = appender
         self._limits = limits
         self._frame_timeout = frame_timeout
@@ -207,10 +210,10 @@ class AppendConnection:
     async def _recv_into(self, view: memoryview, deadline: float) -> int:
         """Receive into ``view``: at once when bytes are waiting, else by ``deadline``."""
         try:
-            got = self._sock.recv_into(view)
+            got = self._link.recv_into_nowait(view)
         except BlockingIOError:
             async with asyncio.timeout_at(deadline):
-                got = await self._loop.sock_recv_into(self._sock, view)
+                got = await self._link.recv_into(view)
         if got == 0:
             raise PeerClosed()
         return got
@@ -380,9 +383,7 @@ class AppendConnection:
         self._unsent.clear()
         self._unsent_bytes = 0
         try:
-            sent = self._sock.send(data)
-        except BlockingIOError:
-            sent = 0
+            sent = self._link.try_send(data)
         except OSError:
             self._broken = True
             return
@@ -399,7 +400,7 @@ class AppendConnection:
                 self._unsent.clear()
                 self._unsent_bytes = 0
                 self._update_room()
-                await self._loop.sock_sendall(self._sock, data)
+                await self._link.sendall(data)
         except OSError:
             self._broken = True
             self._unsent.clear()
@@ -425,6 +426,9 @@ class AppendConnection:
         self._flush()
         if self._sender is not None:
             await asyncio.gather(self._sender, return_exceptions=True)
+        if not self._broken:
+            with contextlib.suppress(OSError):
+                await self._link.drain()
 
 
 def _failed(p: frames.PartitionAppend, exc: BaseException) -> AppendResult:

@@ -33,16 +33,25 @@ Bounds (:class:`FetchLimits`), the same for every connection whatever it asks fo
   2^31-1 ms request no longer parks a connection for 24 days. Counted in ``waits_capped``.
 * a long poll whose client disconnects ends at once (the socket is watched for EOF while it
   waits; ``polls_cancelled``), instead of holding its descriptor until the wait runs out.
+
+TLS (``tls``, a :class:`~services.tls.ReloadingSslContext`; the storage node's internal TLS):
+every connection starts with a TLS handshake, within ``frame_timeout``; with mutual TLS a client
+without a certificate from the cluster CA fails it and is closed before a byte of it is read as a
+request (``tls_handshake_failures``). Connections run through a
+:class:`~storage_node.fetch.links.TlsLink`: no sendfile, the records are read and encrypted in
+the process. Rotated certificate files are picked up at the next accept (checked at most every
+:data:`TLS_RELOAD_CHECK_S`). A connection over a cap is closed without the error frame (it could
+only be sent in plaintext).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import logging
 import os
 import socket
+import ssl
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -52,13 +61,17 @@ from services import errors
 from services.fetchport import append as append_frames
 from services.fetchport import multi, protocol
 from services.log_limit import RepeatedLog
+from services.tls import ReloadingSslContext
 from storage_node.fetch.appends import AppendConnection, Appender, AppendLimits, PeerClosed
+from storage_node.fetch.links import PlainLink, TlsLink
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)
 
 
 SEND_BUFFER_BYTES = 4 * 1024 * 1024
+#: Under TLS, how often (at most) an accept checks the certificate files for a rotation.
+TLS_RELOAD_CHECK_S = 1.0
 
 
 #: Kafka's fetch.max.wait.ms bound: a long poll answers within this, whatever it asked for.
@@ -105,6 +118,9 @@ class FetchStats:
     append_errors: int = 0
     #: Connections carrying appends, open now (counted in ``connections`` too).
     append_connections: int = 0
+    #: TLS handshakes completed, and failed (a client without a valid certificate, not TLS, gone).
+    tls_handshakes: int = 0
+    tls_handshake_failures: int = 0
 
 
 class _PeerClosed(Exception):
@@ -112,113 +128,26 @@ class _PeerClosed(Exception):
 
 
 class _Connection:
-    """One accepted client socket and the address its per-address count is kept under."""
+    """One accepted client: its link (plaintext or TLS) and the address its per-address count is
+    kept under."""
 
-    __slots__ = ("host", "loop", "sock")
+    __slots__ = ("host", "link")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, host: str) -> None:
-        self.loop = loop
-        self.sock = sock
+    def __init__(self, link: PlainLink | TlsLink, host: str) -> None:
+        self.link = link
         self.host = host
 
-    def watch_for_close(self) -> asyncio.Future[None]:
-        """A future done when the peer closes the connection (EOF or reset), for a long poll to
-        wait on; call :meth:`stop_watching` after. The socket is only peeked at: if the client
-        sends its next request early, watching stops and the request stays unread."""
-        closed: asyncio.Future[None] = self.loop.create_future()
-        sock = self.sock
 
-        def on_readable() -> None:
-            try:
-                peeked = sock.recv(1, socket.MSG_PEEK)
-            except BlockingIOError:
-                return
-            except OSError:  # reset by the peer
-                peeked = b""
-            self.stop_watching()
-            if not peeked and not closed.done():
-                closed.set_result(None)
-
-        self.loop.add_reader(sock.fileno(), on_readable)
-        return closed
-
-    def stop_watching(self) -> None:
-        self.loop.remove_reader(self.sock.fileno())
-
-
-async def _recv_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int) -> bytes:
+async def _recv_exactly(link: PlainLink | TlsLink, size: int) -> bytes:
     buf = bytearray(size)
     view = memoryview(buf)
     got = 0
     while got < size:
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await link.recv_into(view[got:])
         if n == 0:
             raise _PeerClosed()
         got += n
     return bytes(buf)
-
-
-async def _wait_writable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    future = loop.create_future()
-    fd = sock.fileno()
-    loop.add_writer(fd, lambda: None if future.done() else future.set_result(None))
-    try:
-        await future
-    finally:
-        loop.remove_writer(fd)
-
-
-async def sendfile_range(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, file_fd: int, position: int, length: int
-) -> None:
-    """Send ``length`` bytes of ``file_fd`` from ``position`` with ``os.sendfile``.
-
-    Fails loudly (OSError) if the file ends before ``length`` bytes: a segment must never shrink
-    under a reader, and a short send would corrupt the framing.
-    """
-    sent_total = 0
-    out_fd = sock.fileno()
-    while sent_total < length:
-        try:
-            sent = os.sendfile(out_fd, file_fd, position + sent_total, length - sent_total)
-        except BlockingIOError:
-            await _wait_writable(loop, sock)
-            continue
-        if sent == 0:
-            raise OSError(
-                errno.EIO, f"segment file ended {length - sent_total} bytes early while serving a fetch"
-            )
-        sent_total += sent
-
-
-async def _send_header(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, header: bytes, *, more: bool
-) -> None:
-    """Send a response header; with ``more``, corked (MSG_MORE) so it leaves in the same TCP
-    segment as the records that follow instead of as its own packet and wake-up (measured: a
-    separate ~40-byte send cost ~200 us of loopback stack time per fetch)."""
-    if more:
-        try:
-            sent = sock.send(header, socket.MSG_MORE)
-        except BlockingIOError:
-            sent = 0
-        header = header[sent:]
-    if header:
-        await loop.sock_sendall(sock, header)
-
-
-async def copy_range(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, file_fd: int, position: int, length: int
-) -> None:
-    """The non-zero-copy comparison path: pread into the process, then send (benchmarks only)."""
-    chunk = 1 << 20
-    done = 0
-    while done < length:
-        data = os.pread(file_fd, min(chunk, length - done), position + done)
-        if not data:
-            raise OSError(errno.EIO, "segment file ended early while serving a fetch")
-        await loop.sock_sendall(sock, data)
-        done += len(data)
 
 
 class FetchReader(Protocol):
@@ -265,8 +194,13 @@ class FetchServer:
         telemetry=None,
         appender: Appender | None = None,
         append_limits: AppendLimits | None = None,
+        tls: ReloadingSslContext | None = None,
     ) -> None:
         self._reader = reader
+        #: TLS on every connection (see the module docstring); None: plaintext.
+        self._tls = tls
+        self._tls_checked_at = 0.0
+        self._handshake_log = RepeatedLog(log)
         #: The append path for connections that carry appends; None = fetches only.
         self._appender = appender
         self.append_limits = append_limits or AppendLimits()
@@ -327,15 +261,29 @@ class FetchServer:
             if refusal is not None:
                 self._refuse(sock, host, refusal)
                 continue
+            link = self._link(loop, sock)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A send buffer that holds a whole default-sized fetch lets one sendfile call hand
             # it all to the kernel instead of waking up per 200 KiB of buffer space.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
             self.stats.connections += 1
             self._connections_per_host[host] += 1
-            task = asyncio.create_task(self._connection_routine(_Connection(loop, sock, host)))
+            task = asyncio.create_task(self._connection_routine(_Connection(link, host)))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
+
+    def _link(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> PlainLink | TlsLink:
+        """The new connection's link: TLS with the certificate files as they are now, or plain."""
+        if self._tls is None:
+            return PlainLink(loop, sock, zero_copy=self._zero_copy)
+        now = loop.time()
+        if now - self._tls_checked_at >= TLS_RELOAD_CHECK_S:
+            self._tls_checked_at = now
+            try:
+                self._tls.maybe_reload()
+            except Exception:
+                log.exception("reloading the fetch port's TLS certificate failed")
+        return TlsLink(loop, sock, self._tls.context)
 
     def _refusal(self, host: str) -> str | None:
         """Why a new connection from ``host`` must be refused, or None."""
@@ -360,60 +308,31 @@ class FetchServer:
         error = errors.ThrottlingQuotaExceededError(
             f"connection refused: {reason}; close idle connections or retry later"
         )
-        try:
-            sock.send(protocol.encode_response_header(-1, error=error))
-        except OSError:
-            pass  # the peer is gone already, or its buffer is full: the close says enough
+        if self._tls is None:  # under TLS the frame could only go in plaintext: just close
+            try:
+                sock.send(protocol.encode_response_header(-1, error=error))
+            except OSError:
+                pass  # the peer is gone already, or its buffer is full: the close says enough
         sock.close()
 
-    async def _connection_routine(self, conn: _Connection) -> None:
-        loop = asyncio.get_running_loop()
-        sock = conn.sock
+    async def _handshake(self, conn: _Connection) -> bool:
+        """The TLS handshake (nothing in plaintext); False when the client is refused or left."""
+        if not conn.link.tls:
+            return True
         try:
-            while True:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the
-                # cancellation of a stopping node (when the read completes at that moment), and
-                # the connection then held up the node's shutdown until its idle timeout.
-                async with asyncio.timeout(self._idle_timeout):
-                    size_bytes = await _recv_exactly(loop, sock, 4)
-                (size,) = protocol.SIZE.unpack(size_bytes)
-                version_bytes = b""
-                if 2 <= size <= max(multi.MAX_MULTI_REQUEST_FRAME, self.append_limits.max_frame_bytes):
-                    async with asyncio.timeout(self._frame_timeout):
-                        version_bytes = await _recv_exactly(loop, sock, 2)
-                    if append_frames.request_version(version_bytes) == append_frames.APPEND_VERSION:
-                        await self._serve_appends(conn, size, version_bytes)
-                        return
-                if not 2 <= size <= multi.MAX_MULTI_REQUEST_FRAME:
-                    await self._answer_error(
-                        loop,
-                        sock,
-                        -1,
-                        errors.InvalidRequestError(
-                            f"fetch request frame size {size} outside 2..{multi.MAX_MULTI_REQUEST_FRAME}"
-                        ),
-                    )
-                    return
-                async with asyncio.timeout(self._frame_timeout):
-                    rest = await _recv_exactly(loop, sock, size - 2)
-                body = version_bytes + rest
-                version = append_frames.request_version(body)
-                try:
-                    if version == multi.MULTI_FETCH_VERSION:
-                        multi_request = multi.decode_request_body(body)
-                    else:
-                        protocol.check_request_size(size)
-                        request = protocol.decode_request_body(body)
-                except errors.TributaryError as exc:
-                    if version == multi.MULTI_FETCH_VERSION:
-                        await loop.sock_sendall(sock, multi.encode_error_response(-1, exc))
-                    else:
-                        await self._answer_error(loop, sock, -1, exc)
-                    return
-                if version == multi.MULTI_FETCH_VERSION:
-                    await self._serve_multi(loop, conn, multi_request)
-                else:
-                    await self._serve(loop, conn, request)
+            async with asyncio.timeout(self._frame_timeout):
+                await conn.link.handshake()
+        except (ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            self.stats.tls_handshake_failures += 1
+            self._handshake_log.warning("fetch port: TLS handshake with %s failed: %s", conn.host, exc)
+            return False
+        self.stats.tls_handshakes += 1
+        return True
+
+    async def _connection_routine(self, conn: _Connection) -> None:
+        try:
+            if await self._handshake(conn):
+                await self._serve_requests(conn)
         except (_PeerClosed, PeerClosed, TimeoutError, ConnectionError):
             pass
         except OSError as exc:
@@ -423,22 +342,68 @@ class FetchServer:
             self._connections_per_host[conn.host] -= 1
             if not self._connections_per_host[conn.host]:
                 del self._connections_per_host[conn.host]
-            sock.close()
+            conn.link.close()
+
+    async def _serve_requests(self, conn: _Connection) -> None:
+        """Requests one after another until the client leaves or misbehaves (or sends an append:
+        the connection is the append path's from then on)."""
+        loop = asyncio.get_running_loop()
+        link = conn.link
+        while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the
+            # cancellation of a stopping node (when the read completes at that moment), and
+            # the connection then held up the node's shutdown until its idle timeout.
+            async with asyncio.timeout(self._idle_timeout):
+                size_bytes = await _recv_exactly(link, 4)
+            (size,) = protocol.SIZE.unpack(size_bytes)
+            version_bytes = b""
+            if 2 <= size <= max(multi.MAX_MULTI_REQUEST_FRAME, self.append_limits.max_frame_bytes):
+                async with asyncio.timeout(self._frame_timeout):
+                    version_bytes = await _recv_exactly(link, 2)
+                if append_frames.request_version(version_bytes) == append_frames.APPEND_VERSION:
+                    await self._serve_appends(conn, size, version_bytes)
+                    return
+            if not 2 <= size <= multi.MAX_MULTI_REQUEST_FRAME:
+                await self._answer_error(
+                    link,
+                    -1,
+                    errors.InvalidRequestError(
+                        f"fetch request frame size {size} outside 2..{multi.MAX_MULTI_REQUEST_FRAME}"
+                    ),
+                )
+                return
+            async with asyncio.timeout(self._frame_timeout):
+                rest = await _recv_exactly(link, size - 2)
+            body = version_bytes + rest
+            version = append_frames.request_version(body)
+            try:
+                if version == multi.MULTI_FETCH_VERSION:
+                    multi_request = multi.decode_request_body(body)
+                else:
+                    protocol.check_request_size(size)
+                    request = protocol.decode_request_body(body)
+            except errors.TributaryError as exc:
+                if version == multi.MULTI_FETCH_VERSION:
+                    await link.sendall(multi.encode_error_response(-1, exc))
+                else:
+                    await self._answer_error(link, -1, exc)
+                return
+            if version == multi.MULTI_FETCH_VERSION:
+                await self._serve_multi(loop, conn, multi_request)
+            else:
+                await self._serve(loop, conn, request)
 
     async def _serve_appends(self, conn: _Connection, size: int, version_bytes: bytes) -> None:
         """The connection carries appends from this frame on (``storage_node/fetch/appends.py``)."""
         if self._appender is None:
             await self._answer_error(
-                asyncio.get_running_loop(),
-                conn.sock,
-                -1,
-                errors.UnsupportedVersionError("this port serves fetches only (no appends)"),
+                conn.link, -1, errors.UnsupportedVersionError("this port serves fetches only (no appends)")
             )
             return
         self.stats.append_connections += 1
         try:
             await AppendConnection(
-                conn.sock,
+                conn.link,
                 self._appender,
                 limits=self.append_limits,
                 frame_timeout=self._frame_timeout,
@@ -449,9 +414,11 @@ class FetchServer:
         finally:
             self.stats.append_connections -= 1
 
-    async def _answer_error(self, loop, sock, correlation_id: int, error: errors.TributaryError) -> None:
+    async def _answer_error(
+        self, link: PlainLink | TlsLink, correlation_id: int, error: errors.TributaryError
+    ) -> None:
         self.stats.errors += 1
-        await loop.sock_sendall(sock, protocol.encode_response_header(correlation_id, error=error))
+        await link.sendall(protocol.encode_response_header(correlation_id, error=error))
 
     def _poll_deadline(self, loop: asyncio.AbstractEventLoop, max_wait_ms: int) -> float:
         """When a long poll asking for ``max_wait_ms`` must answer: capped by the limits."""
@@ -466,11 +433,11 @@ class FetchServer:
         Raises _PeerClosed when the client disconnects meanwhile, so the poll ends at once.
         """
         appended = [self._notifier.next_append(key) for key in keys]
-        closed = conn.watch_for_close()
+        closed = conn.link.watch_for_close()
         try:
             await asyncio.wait([*appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            conn.stop_watching()
+            conn.link.stop_watching()
         if closed.done():
             self.stats.polls_cancelled += 1
             raise _PeerClosed()
@@ -479,7 +446,7 @@ class FetchServer:
         self, loop: asyncio.AbstractEventLoop, conn: _Connection, request: protocol.FetchRequest
     ):
         self.stats.requests += 1
-        sock = conn.sock
+        link = conn.link
         deadline = self._poll_deadline(loop, request.max_wait_ms)
         key = (request.topic, request.partition)
         while True:
@@ -488,18 +455,18 @@ class FetchServer:
                     request.topic, request.partition, request.offset, request.max_bytes
                 )
             except errors.TributaryError as exc:
-                await self._answer_error(loop, sock, request.correlation_id, exc)
+                await self._answer_error(link, request.correlation_id, exc)
                 return
             available = info.slice.length if info.slice is not None else 0
             remaining = deadline - loop.time()
             if available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
             await self._wait_for_appends(conn, (key,), remaining)
-        sent = await self._send_slice(loop, sock, request.correlation_id, info)
+        sent = await self._send_slice(link, request.correlation_id, info)
         if self._telemetry is not None:
             self._telemetry.fetched(request.topic, sent)
 
-    async def _send_slice(self, loop, sock, correlation_id: int, info) -> int:
+    async def _send_slice(self, link: PlainLink | TlsLink, correlation_id: int, info) -> int:
         """Send the header and the slice's bytes; returns the record bytes sent."""
         file_slice = info.slice
         length = file_slice.length if file_slice is not None else 0
@@ -519,18 +486,20 @@ class FetchServer:
             records_length=length,
         )
         try:
-            await _send_header(loop, sock, header, more=bool(length))
+            await link.send_header(header, more=bool(length))
             if length and fd is not None:  # fd is open whenever length is not 0
-                send = sendfile_range if self._zero_copy else copy_range
-                await send(loop, sock, fd, file_slice.position, length)
-                if self._zero_copy:
-                    self.stats.sendfile_bytes += length
-                else:
-                    self.stats.copied_bytes += length
+                await link.send_file(fd, file_slice.position, length)
+                self._count_sent(link, length)
         finally:
             if fd is not None:
                 os.close(fd)
         return length
+
+    def _count_sent(self, link: PlainLink | TlsLink, length: int) -> None:
+        if link.zero_copy:
+            self.stats.sendfile_bytes += length
+        else:
+            self.stats.copied_bytes += length
 
     # ---- version 1: many partitions, followers and consumers -------------------------------------
 
@@ -551,7 +520,7 @@ class FetchServer:
             if urgent or available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
             await self._wait_for_appends(conn, keys, remaining)
-        await self._send_multi(loop, conn.sock, request.correlation_id, parts)
+        await self._send_multi(conn.link, request.correlation_id, parts)
 
     def _read_partitions(
         self, request: multi.MultiFetchRequest
@@ -635,7 +604,7 @@ class FetchServer:
             message=error.message,
         )
 
-    async def _send_multi(self, loop, sock, correlation_id: int, parts) -> None:
+    async def _send_multi(self, link: PlainLink | TlsLink, correlation_id: int, parts) -> None:
         fds: list[int | None] = []
         headers: list[bytes] = []
         try:
@@ -657,19 +626,15 @@ class FetchServer:
             for (header, _, info), head, length, fd in zip(parts, headers, lengths, fds):
                 pending.append(head)
                 if length and fd is not None:  # fd is open whenever length is not 0
-                    await _send_header(loop, sock, b"".join(pending), more=True)
+                    await link.send_header(b"".join(pending), more=True)
                     pending = []
-                    send = sendfile_range if self._zero_copy else copy_range
-                    await send(loop, sock, fd, info.slice.position, length)
+                    await link.send_file(fd, info.slice.position, length)
                     sent_total += length
                     if self._telemetry is not None:
                         self._telemetry.fetched(header.topic, length)
             if pending:
-                await _send_header(loop, sock, b"".join(pending), more=False)
-            if self._zero_copy:
-                self.stats.sendfile_bytes += sent_total
-            else:
-                self.stats.copied_bytes += sent_total
+                await link.send_header(b"".join(pending), more=False)
+            self._count_sent(link, sent_total)
         finally:
             for fd in fds:
                 if fd is not None:

@@ -24,6 +24,7 @@ from services.etcd.values import EventType, KeyValue, WatchResync
 from services.grpc_server import INTERNAL_CHANNEL_OPTIONS
 from services.proto import coordinator_grpc, pb
 from services.serde import error_from_proto, leader_and_isr_from_proto
+from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 from storage_node.replication.manager import ReplicaManager
 from storage_node.replication.partition import Partition
 
@@ -33,8 +34,18 @@ log = logging.getLogger(__name__)
 class ControllerChannel:
     """Follows the active controller in etcd and carries AlterPartition requests to it."""
 
-    def __init__(self, client: EtcdClient, manager: ReplicaManager, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        client: EtcdClient,
+        manager: ReplicaManager,
+        *,
+        timeout_s: float = 5.0,
+        tls: ClientTls | None = None,
+    ) -> None:
         self._client = client
+        #: Mutual TLS to the controller (the node's member certificate); None: plaintext.
+        self._tls = tls
+        self._rotation = ChannelRotation(tls)
         self._manager = manager
         self._timeout_s = timeout_s
         self.active: ControllerRecord | None = None
@@ -196,12 +207,12 @@ class ControllerChannel:
         active = self.active
         if active is None or not active.address:
             raise errors.CoordinatorNotAvailableError("no active controller is known")
-        if self._channel is None or self._channel[0] != active.address:
+        rotated = self._rotation.rotated()  # a new channel presents the new certificate
+        if self._channel is None or self._channel[0] != active.address or rotated:
             if self._channel is not None:
-                old = self._channel[1]
-                asyncio.get_running_loop().create_task(old.close())
+                retire_channels([self._channel[1]])
             self._channel = (
                 active.address,
-                grpc.aio.insecure_channel(active.address, options=list(INTERNAL_CHANNEL_OPTIONS)),
+                aio_channel(active.address, self._tls, options=INTERNAL_CHANNEL_OPTIONS),
             )
         return coordinator_grpc.CoordinatorStub(self._channel[1])

@@ -16,7 +16,9 @@ log ends and the epoch of its last batch; the leader answers with:
   pauses for ``replica.fetch.backoff.ms``; the controller's next state moves it.
 
 A connection failure pauses the whole fetcher for the backoff and reconnects. Responses for a
-partition whose leader epoch changed while the fetch was out are dropped.
+partition whose leader epoch changed while the fetch was out are dropped. With internal TLS the
+connection is TLS, the node presenting its member certificate (a leader requiring mutual TLS
+refuses a follower without one: its fetches fail and are retried like any connection failure).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from services.broker_address import BrokerAddress
 from services.clock import Clock
 from services.fetchport import multi
 from services.fetchport.protocol import MAX_RESPONSE_FRAME, SIZE
+from services.tls import ReloadingClientContext
 from storage_node.log.leader_epochs import EpochEndOffset
 from storage_node.replication import rules
 from storage_node.replication.manager import ReplicationSettings
@@ -59,8 +62,11 @@ class ReplicaFetcher:
         settings: ReplicationSettings,
         clock: Clock,
         throttle: CopyThrottle | None = None,
+        ssl: ReloadingClientContext | None = None,
     ) -> None:
         self.node_id = node_id
+        #: TLS to the leader's fetch port (the node's member certificate); None: plaintext.
+        self._ssl = ssl
         self.throttle = throttle or CopyThrottle(clock.time_ms())
         #: How long to sleep when no partition may be fetched now.
         self._idle_s = settings.replica_fetch_backoff_ms / 1000
@@ -212,7 +218,13 @@ class ReplicaFetcher:
         if self._connection is None:
             async with asyncio.timeout(5.0):
                 self._connection = await asyncio.open_connection(
-                    self.leader.host, self.leader.fetch_port, limit=1 << 20
+                    self.leader.host,
+                    self.leader.fetch_port,
+                    limit=1 << 20,
+                    ssl=self._ssl.context if self._ssl is not None else None,
+                    server_hostname=self._ssl.server_hostname(self.leader.host)
+                    if self._ssl is not None
+                    else None,
                 )
         return self._connection
 
@@ -325,8 +337,16 @@ class ReplicaFetcher:
 class ReplicaFetchers:
     """Every replica fetcher of this node, one per leader; what follows whom."""
 
-    def __init__(self, node_id: int, settings: ReplicationSettings, clock: Clock) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        settings: ReplicationSettings,
+        clock: Clock,
+        *,
+        ssl: ReloadingClientContext | None = None,
+    ) -> None:
         self.node_id = node_id
+        self._ssl = ssl
         self.settings = settings
         self.clock = clock
         self._fetchers: dict[BrokerAddress, ReplicaFetcher] = {}
@@ -341,7 +361,7 @@ class ReplicaFetchers:
         fetcher = self._fetchers.get(leader)
         if fetcher is None:
             fetcher = self._fetchers[leader] = ReplicaFetcher(
-                self.node_id, leader, self.settings, self.clock, self.throttle
+                self.node_id, leader, self.settings, self.clock, self.throttle, ssl=self._ssl
             )
         fetcher.add(partition)
         self._following[partition.key] = leader

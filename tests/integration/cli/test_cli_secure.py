@@ -1,16 +1,18 @@
 """``tributary cluster up --secure``: one command for a local cluster with mutual TLS on its
-gateway -- a CA and certificates made in ``DIR/tls`` -- which the CLI then uses by itself (from
-cluster.json), while a plaintext client is refused."""
+gateway and between its processes -- CAs and certificates made in ``DIR/tls`` -- which the CLI
+then uses by itself (from cluster.json), while a plaintext client is refused."""
 
 from __future__ import annotations
 
 import stat
 
+import grpc
 import pytest
 
 from gateway.client import Admin
 from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster, read_cluster_file, read_launch_file
+from services.proto import pb, storage_grpc
 from tests.integration.cli.test_cli import ok, tributary
 
 
@@ -42,6 +44,18 @@ def test_a_secure_local_cluster_is_one_command(secure_dir):
     assert sorted(consumed) == ["a", "b", "c"]
     status = ok(tributary(secure_dir, "cluster", "status")).stdout
     assert "under-replicated 0" in status
+
+    # Mutual TLS inside: the storage node's port takes the CLI's member certificate (top asks it
+    # directly) and nobody without one.
+    assert "internal_tls" in described
+    screen = ok(tributary(secure_dir, "top", "--iterations", "1")).stdout
+    assert "unreachable" not in screen
+    node = described["storage_nodes"]["0"]
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{node['grpc_port']}") as plain_channel,
+        pytest.raises(grpc.RpcError),
+    ):
+        storage_grpc.StorageNodeStub(plain_channel).DescribeLogDirs(pb.DescribeLogDirsRequest(), timeout=3)
 
     with (
         pytest.raises(TributaryError),

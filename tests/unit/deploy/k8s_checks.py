@@ -364,7 +364,7 @@ def service_wiring_problems(bundle: Bundle, run: Run) -> list[str]:
     where, config = run.where, run.config
     problems = host_problems(config, where) + topic_config_problems(config, where)
     problems += _port_problems(run) + _probe_problems(run)
-    problems += data_dir_problems(run)
+    problems += data_dir_problems(run) + tls_file_problems(bundle, run)
     for name, answers in ADDRESS_FIELDS.items():
         for address in getattr(config, name, None) or []:
             problems += address_problems(bundle, address, answers, f"{where}: {name} {address}")
@@ -390,10 +390,25 @@ def _port_problems(run: Run) -> list[str]:
     return problems
 
 
+def _tls_only(config) -> bool:
+    """Whether the service's gRPC port speaks TLS only (internal or public TLS)."""
+    if getattr(config, "internal_tls_require_client_cert", None) is not None:  # internal ports
+        return config.internal_tls_cert_file is not None
+    return getattr(config, "tls_cert_file", None) is not None
+
+
 def _probe_problems(run: Run) -> list[str]:
-    """Readiness and liveness probes exist, and every probe is a grpc probe of the gRPC port."""
+    """Readiness and liveness probes exist, and every probe is a grpc probe of the gRPC port --
+    or of the plaintext health-only port when there is one (the kubelet's gRPC probes speak
+    plaintext only, so a TLS-only gRPC port needs it)."""
     where, config, container = run.where, run.config, run.container
+    probed = config.health_port if getattr(config, "health_port", None) is not None else config.port
     problems = []
+    if _tls_only(config) and probed == config.port:
+        problems.append(
+            f"{where}: the gRPC port {config.port} is TLS only and the kubelet's gRPC probes speak "
+            "plaintext: set health_port and probe it"
+        )
     for probe_name in ("readinessProbe", "livenessProbe"):
         if probe_name not in container:
             problems.append(f"{where}: no {probe_name}")
@@ -405,11 +420,45 @@ def _probe_problems(run: Run) -> list[str]:
             problems.append(
                 f"{where}: {probe_name} is not a grpc probe (every service serves grpc.health.v1)"
             )
-        elif probe["grpc"].get("port") != config.port:
+        elif probe["grpc"].get("port") != probed:
             problems.append(
-                f"{where}: {probe_name} probes port {probe['grpc'].get('port')}, the gRPC port is "
-                f"{config.port}"
+                f"{where}: {probe_name} probes port {probe['grpc'].get('port')}, the "
+                f"{'health' if probed != config.port else 'gRPC'} port is {probed}"
             )
+    return problems
+
+
+#: Settings naming certificate and key files.
+TLS_FILE_FIELDS = (
+    "internal_tls_cert_file",
+    "internal_tls_key_file",
+    "internal_tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "tls_client_ca_file",
+    "etcd_ca_file",
+    "etcd_cert_file",
+    "etcd_key_file",
+)
+
+
+def tls_file_problems(bundle: Bundle, run: Run) -> list[str]:
+    """Certificate and key files come from a Secret volume (mounted whole: a subPath mount
+    never sees the Secret's updates, so a rotation would not reach the service)."""
+    problems = []
+    volumes = {v["name"]: v for v in pod_spec(run.workload).get("volumes", [])}
+    for name in TLS_FILE_FIELDS:
+        path = getattr(run.config, name, None)
+        if path is None:
+            continue
+        found = mount_of(run, str(path))
+        volume = volumes.get(found[1]) if found is not None else None
+        if found is None or volume is None or "secret" not in volume:
+            problems.append(f"{run.where}: {name} {path} is on no Secret volume")
+            continue
+        mounts = [m for m in run.container.get("volumeMounts", []) if m["name"] == found[1]]
+        if any(m.get("subPath") for m in mounts):
+            problems.append(f"{run.where}: {name} {path}: its Secret is mounted with subPath (no rotation)")
     return problems
 
 

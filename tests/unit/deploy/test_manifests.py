@@ -34,6 +34,7 @@ from tests.unit.deploy.wiring_checks import REPO, project_version
 
 THREE_NODE = OVERLAYS / "three-node"
 EXTERNAL_ETCD = COMPONENTS / "external-etcd"
+INTERNAL_TLS = COMPONENTS / "internal-tls"
 needs_kubectl = pytest.mark.skipif(
     shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed"
 )
@@ -69,7 +70,7 @@ def test_every_yaml_file_parses_into_kubernetes_objects():
 
 
 @pytest.mark.parametrize(
-    "directory", [BASE, THREE_NODE, EXTERNAL_ETCD], ids=lambda p: str(p.relative_to(K8S))
+    "directory", [BASE, THREE_NODE, EXTERNAL_ETCD, INTERNAL_TLS], ids=lambda p: str(p.relative_to(K8S))
 )
 def test_kustomization_references_exist(directory):
     assert kustomization_problems(directory) == []
@@ -77,7 +78,7 @@ def test_kustomization_references_exist(directory):
 
 def test_every_kustomization_is_checked():
     found = {p.parent for p in K8S.rglob("kustomization.yaml")}
-    assert found == {BASE, THREE_NODE, EXTERNAL_ETCD}
+    assert found == {BASE, THREE_NODE, EXTERNAL_ETCD, INTERNAL_TLS}
 
 
 # ---- the base, whole ----------------------------------------------------------------------------
@@ -175,6 +176,84 @@ def test_external_etcd_component_removes_the_bundled_etcd(entries, tmp_path):
     )
     assert bundle.get("Service", "tributary-etcd") is None
     assert bundle_problems(objects, entries, tmp_path / "scratch") == []
+
+
+def _with_component(tmp_path, component: str) -> list[dict]:
+    """The three-node overlay rendered with ``component`` enabled the way deploy/README.md says
+    (in a copy of the tree)."""
+    k8s = tmp_path / "k8s"
+    shutil.copytree(K8S, k8s)
+    overlay = k8s / "overlays" / "three-node" / "kustomization.yaml"
+    data = yaml.safe_load(overlay.read_text())
+    data["components"] = [f"../../components/{component}"]
+    overlay.write_text(yaml.safe_dump(data))
+    objects = kubectl_render(overlay.parent)
+    assert objects is not None, "kubectl is needed to render a component"
+    return objects
+
+
+@pytest.fixture(scope="module")
+def internal_tls_objects(tmp_path_factory) -> list[dict]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (kustomize) not installed")
+    return _with_component(tmp_path_factory.mktemp("internal-tls"), "internal-tls")
+
+
+@needs_kubectl
+def test_internal_tls_component_gives_every_service_the_member_certificate(
+    internal_tls_objects, entries, tmp_path
+):
+    assert bundle_problems(internal_tls_objects, entries, tmp_path) == []
+    bundle = Bundle(internal_tls_objects)
+    config = bundle.get("ConfigMap", "tributary-config")["data"]
+    for script, prefix in (
+        ("tributary-storage-node", "STORAGE"),
+        ("tributary-coordinator", "COORDINATOR"),
+        ("tributary-gateway", "GATEWAY"),
+    ):
+        spec = pod_spec(running(bundle, script))
+        secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+        assert secrets == {"internal-tls": "tributary-internal-tls"}, script
+        for name in ("CERT_FILE", "KEY_FILE", "CA_FILE"):
+            assert config[f"TRIBUTARY_{prefix}_INTERNAL_TLS_{name}"].startswith(
+                "/etc/tributary/internal-tls/"
+            )
+        assert config[f"TRIBUTARY_{prefix}_INTERNAL_TLS_SERVER_NAME"] == "member.tributary.internal"
+    # The TLS-only ports are probed on the plaintext health port instead.
+    storage = pod_spec(running(bundle, "tributary-storage-node"))["containers"][0]
+    assert {storage[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {9097}
+
+
+TLS_BREAKAGES = {
+    "probe of a TLS-only port": (
+        lambda o: _storage(o)["livenessProbe"]["grpc"].__setitem__("port", 9094),
+        "livenessProbe probes port 9094, the health port is 9097",
+    ),
+    "no health port": (
+        lambda o: _config(o).pop("TRIBUTARY_COORDINATOR_HEALTH_PORT"),
+        "is TLS only and the kubelet's gRPC probes speak plaintext",
+    ),
+    "certificate off the Secret": (
+        lambda o: _config(o).__setitem__("TRIBUTARY_STORAGE_INTERNAL_TLS_CA_FILE", "/tmp/ca.crt"),
+        "internal_tls_ca_file /tmp/ca.crt is on no Secret volume",
+    ),
+    "subPath mount": (
+        lambda o: next(m for m in _storage(o)["volumeMounts"] if m["name"] == "internal-tls").__setitem__(
+            "subPath", "tls.crt"
+        ),
+        "mounted with subPath",
+    ),
+}
+
+
+@needs_kubectl
+@pytest.mark.parametrize("breakage", sorted(TLS_BREAKAGES))
+def test_the_checker_catches_a_broken_internal_tls_setup(breakage, internal_tls_objects, entries, tmp_path):
+    broken = copy.deepcopy(internal_tls_objects)
+    mutate, expected = TLS_BREAKAGES[breakage]
+    mutate(broken)
+    problems = bundle_problems(broken, entries, tmp_path)
+    assert any(expected in p for p in problems), problems
 
 
 # ---- the checker can fail -----------------------------------------------------------------------

@@ -211,11 +211,12 @@ def topic_config_problems(config: Any, where: str) -> list[str]:
 
 
 def port_fields(config: Any) -> dict[str, int]:
-    """``{"port": 9094, "fetch_port": 9095}``: the ports a service binds."""
+    """``{"port": 9094, "fetch_port": 9095}``: the ports a service binds (an optional port left
+    unset, e.g. ``health_port``, binds nothing)."""
     return {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
-        if f.name == "port" or f.name.endswith("_port")
+        if (f.name == "port" or f.name.endswith("_port")) and getattr(config, f.name) is not None
     }
 
 

@@ -1,21 +1,51 @@
 """The data port's append connection (``storage_node/fetch/appends.py``) over a real socket pair,
 with a stand-in for the append path that can hold an append before or after its write: order per
-partition, answers in completion order, and the bounds on what a connection may hold."""
+partition, answers in completion order, and the bounds on what a connection may hold. Every test
+runs twice: in plaintext, and over TLS (``storage_node/fetch/links.py``, mutual TLS)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import socket
+import ssl
 import struct
+
+import pytest
 
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
 from services.fetchport import append as frames
+from services.tls import ClientTls, ReloadingSslContext, ServerTls, client_ssl_context
 from storage_node.fetch.appends import AppendConnection, AppendLimits
+from storage_node.fetch.links import PlainLink, TlsLink
 from storage_node.fetch.server import FetchStats
+from tests.support.certificates import new_ca, new_certificate
 from tests.support.wait import async_wait_until
+
+#: The contexts of the TLS run (server, client), or None in the plaintext run.
+_tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("certs")
+    ca = new_ca(directory, "ca")
+    server = new_certificate(directory, "ca", "node")
+    client = new_certificate(directory, "ca", "gateway")
+    return ServerTls(*server, client_ca_file=ca), ClientTls(ca, *client)
+
+
+@pytest.fixture(autouse=True, params=["plaintext", "tls"])
+def transport(request, certificates):
+    global _tls
+    server, client = certificates
+    _tls = (
+        (ReloadingSslContext(server).context, client_ssl_context(client)) if request.param == "tls" else None
+    )
+    yield request.param
+    _tls = None
 
 
 def run_async(test):
@@ -70,30 +100,52 @@ async def _read(reader: asyncio.StreamReader) -> frames.AppendResponse:
     return frames.decode_response_body(body)
 
 
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (a socketpair is AF_UNIX: a write after the peer
+    closed fails at once, which TCP does not, and TLS's closing exchange would trip on it)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+    return server, client
+
+
 async def _start(appender, limits=None, frame_timeout=5.0):
-    """A served connection: the fetch server's part (reading the first size and version) is done
-    here by reading them off the socket as the server would."""
-    server_sock, client_sock = socket.socketpair()
+    """A served connection: the fetch server's part (the TLS handshake, reading the first size
+    and version) is done here as the server would."""
+    server_sock, client_sock = _tcp_pair()
     server_sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    link: PlainLink | TlsLink
+    if _tls is None:
+        link = PlainLink(loop, server_sock)
+        reader, writer = await asyncio.open_connection(sock=client_sock)
+    else:
+        link = TlsLink(loop, server_sock, _tls[0])
+        handshake = asyncio.create_task(link.handshake())
+        reader, writer = await asyncio.open_connection(
+            sock=client_sock, ssl=_tls[1], server_hostname="localhost"
+        )
+        await handshake
     stats = FetchStats()
     connection = AppendConnection(
-        server_sock,
+        link,
         appender,
         limits=limits or AppendLimits(),
         frame_timeout=frame_timeout,
         idle_timeout=30,
         stats=stats,
     )
-    reader, writer = await asyncio.open_connection(sock=client_sock)
-    loop = asyncio.get_running_loop()
 
     async def run():
-        head = await loop.sock_recv(server_sock, 6)
+        head = bytearray(6)
+        got = 0
+        while got < 6:
+            got += await link.recv_into(memoryview(head)[got:])
         (size,) = struct.unpack(">i", head[:4])
         try:
-            await connection.serve(size, head[4:6])
+            await connection.serve(size, bytes(head[4:6]))
         finally:
-            server_sock.close()
+            link.close()
 
     return reader, writer, stats, asyncio.create_task(run())
 
