@@ -171,7 +171,11 @@ class Gatekeeper:
         self.ready = asyncio.Event()
 
     def update(self, bindings: Iterable[AclBinding]) -> None:
-        self._authorizer = Authorizer(bindings, self.super_users)
+        self.install(Authorizer(bindings, self.super_users))
+
+    def install(self, authorizer: Authorizer) -> None:
+        """Take a built authorizer (built off the event loop: 100,000 ACLs take ~0.2 s)."""
+        self._authorizer = authorizer
         self.ready.set()
 
     def allowed(self, principal: str, host: str, request: Request) -> bool:
@@ -204,19 +208,25 @@ class Gatekeeper:
         return self.allowed(principal, host, Request(DESCRIBE, resource_type, name))
 
 
+def _authorizer_of(acls: list, super_users: frozenset[str]) -> Authorizer:
+    from services.serde import acl_from_proto
+
+    return Authorizer([acl_from_proto(a) for a in acls], super_users)
+
+
 async def follow_acls(pool, gatekeeper: Gatekeeper, *, retry_s: float = 0.5) -> None:
     """Keep ``gatekeeper`` on the coordinators' ACLs: follow ``WatchAcls`` on one coordinator,
     moving to the next when the stream breaks. Runs until cancelled."""
     import grpc
 
     from services.proto import pb
-    from services.serde import acl_from_proto
 
     while True:
         address = pool.current_address
         try:
             async for snapshot in pool.stub(address).WatchAcls(pb.WatchAclsRequest()):
-                gatekeeper.update([acl_from_proto(a) for a in snapshot.acls])
+                bindings = list(snapshot.acls)
+                gatekeeper.install(await asyncio.to_thread(_authorizer_of, bindings, gatekeeper.super_users))
         except grpc.aio.AioRpcError as exc:
             log.info("ACL stream from coordinator %s ended (%s); trying the next", address, exc.code())
         except errors.TributaryError as exc:

@@ -91,3 +91,54 @@ def test_filters_and_validation():
     with pytest.raises(ValueError):
         validate_binding(acl("User:a", "other-cluster", Operation.ALTER, kind=CLUSTER))
     validate_binding(acl("User:a", CLUSTER_NAME, Operation.ALTER, kind=CLUSTER))
+
+
+def _naive(bindings, super_users, principal, host, request):
+    """The rule written out over every binding (what the index must agree with)."""
+    if principal in super_users:
+        return True
+    matching = [
+        b
+        for b in bindings
+        if b.matches_resource(request.resource_type, request.name) and b.matches_caller(principal, host)
+    ]
+    wanted = (request.operation, Operation.ALL)
+    if any(b.permission is Permission.DENY and b.operation in wanted for b in matching):
+        return False
+    implied = {Operation.DESCRIBE: (Operation.READ, Operation.WRITE, Operation.DELETE, Operation.ALTER)}
+    allowing = (*wanted, *implied.get(request.operation, ()))
+    if request.operation is Operation.DESCRIBE_CONFIGS:
+        allowing = (*allowing, Operation.ALTER_CONFIGS)
+    return any(b.permission is Permission.ALLOW and b.operation in allowing for b in matching)
+
+
+def test_the_indexed_authorizer_decides_as_a_scan_of_every_binding_would():
+    import random
+
+    rng = random.Random(16)
+    names = ["orders", "orders-eu", "ord", "pay", "pay-eu-1", "*", "o", "x"]
+    types = [ResourceType.TOPIC, ResourceType.GROUP]
+    operations = [Operation.READ, Operation.WRITE, Operation.DESCRIBE, Operation.ALL, Operation.ALTER]
+    for _ in range(300):
+        bindings = [
+            AclBinding(
+                rng.choice(["User:alice", "User:bob", "User:*"]),
+                rng.choice(["*", "10.0.0.1"]),
+                rng.choice(types),
+                rng.choice([PatternType.LITERAL, PatternType.PREFIXED]),
+                rng.choice(names),
+                rng.choice(operations),
+                rng.choice([Permission.ALLOW, Permission.ALLOW, Permission.DENY]),
+            )
+            for _ in range(rng.randrange(0, 12))
+        ]
+        authorizer = Authorizer(bindings, ["User:root"])
+        for _ in range(20):
+            principal = rng.choice(["User:alice", "User:bob", "User:root", "User:carol"])
+            host = rng.choice(["10.0.0.1", "10.0.0.2"])
+            request = Request(
+                rng.choice(operations[:3]), rng.choice(types), rng.choice(names[:5] + ["orders-us"])
+            )
+            assert authorizer.authorize(principal, host, request) == _naive(
+                bindings, {"User:root"}, principal, host, request
+            ), (bindings, principal, host, request)
