@@ -78,7 +78,7 @@ def test_kustomization_references_exist(directory):
 
 def test_every_kustomization_is_checked():
     found = {p.parent for p in K8S.rglob("kustomization.yaml")}
-    assert found == {BASE, THREE_NODE, EXTERNAL_ETCD, INTERNAL_TLS}
+    assert found == {BASE, THREE_NODE, EXTERNAL_ETCD, INTERNAL_TLS, COMPONENTS / "gateway-tls"}
 
 
 # ---- the base, whole ----------------------------------------------------------------------------
@@ -222,6 +222,25 @@ def test_internal_tls_component_gives_every_service_the_member_certificate(
     # The TLS-only ports are probed on the plaintext health port instead.
     storage = pod_spec(running(bundle, "tributary-storage-node"))["containers"][0]
     assert {storage[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {9097}
+
+
+@needs_kubectl
+def test_gateway_tls_component_mounts_the_public_certificate_and_probes_in_plaintext(entries, tmp_path):
+    objects = _with_component(tmp_path, "gateway-tls")
+    assert bundle_problems(objects, entries, tmp_path) == []
+    bundle = Bundle(objects)
+    config = bundle.get("ConfigMap", "tributary-config")["data"]
+    spec = pod_spec(running(bundle, "tributary-gateway"))
+    mounts = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert mounts == {"gateway-tls": "tributary-gateway-tls"}
+    (gateway,) = spec["containers"]
+    (mount,) = [m for m in gateway["volumeMounts"] if m["name"] == "gateway-tls"]
+    assert "subPath" not in mount, "a subPath mount never sees a rotated Secret"
+    for name in ("CERT_FILE", "KEY_FILE"):
+        assert config[f"TRIBUTARY_GATEWAY_TLS_{name}"].startswith(mount["mountPath"] + "/")
+    # TLS-only public ports: the probes use the plaintext health port the config opens.
+    assert config["TRIBUTARY_GATEWAY_HEALTH_PORT"] == "9097"
+    assert {gateway[p]["grpc"]["port"] for p in ("readinessProbe", "livenessProbe")} == {9097}
 
 
 TLS_BREAKAGES = {
