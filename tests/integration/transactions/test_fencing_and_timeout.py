@@ -298,21 +298,39 @@ def test_a_frozen_application_s_transaction_is_aborted_after_its_timeout_and_a_s
         stable, high = (end_offsets(admin, sink, PARTITIONS, committed=c) for c in (True, False))
         return stable != high
 
+    def transaction():
+        (described,) = admin.describe_transactions(["frozen-app"])
+        return described
+
     try:
-        # Freeze it while a transaction of it holds records in the output (LSO below the HW). It
-        # may commit between the look and the SIGSTOP: then look again (a few tries).
+        # Freeze it while a transaction of it holds records in the output (LSO below the HW) and
+        # is still Ongoing: frozen after it asked to commit, the commit completes without it (the
+        # LSO reaches the HW with no abort at all). It may commit between the look and the
+        # SIGSTOP: then look again (a few tries). Asked twice, so an EndTxn already on its way
+        # when the application stopped has landed by the second answer.
         for _attempt in range(5):
             wait_until(open_transaction_with_records, 30, "a transaction with records open", interval_s=0.01)
             app.popen.send_signal(signal.SIGSTOP)
             frozen_at = time.monotonic()
-            if open_transaction_with_records():
+            frozen = transaction()
+            if (
+                frozen.state == "Ongoing"
+                and transaction().state == "Ongoing"
+                and open_transaction_with_records()
+            ):
                 break
             app.popen.send_signal(signal.SIGCONT)
         else:
             raise AssertionError("never froze the application inside a transaction")
         frozen_lines = len(app.lines)
+        # Aborted by the coordinator for its timeout: the epoch moves on (the frozen instance is
+        # fenced) and the transaction's records are no longer held open.
         aborted_s = wait_until(
-            lambda: not open_transaction_with_records() and time.monotonic() - frozen_at,
+            lambda: (
+                transaction().producer_epoch > frozen.producer_epoch
+                and not open_transaction_with_records()
+                and time.monotonic() - frozen_at
+            ),
             timeout_ms / 1000 + 15,
             "the coordinator aborts the frozen application's transaction",
             interval_s=0.05,
