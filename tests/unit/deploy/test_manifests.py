@@ -35,9 +35,6 @@ from tests.unit.deploy.wiring_checks import REPO, project_version
 THREE_NODE = OVERLAYS / "three-node"
 EXTERNAL_ETCD = COMPONENTS / "external-etcd"
 INTERNAL_TLS = COMPONENTS / "internal-tls"
-needs_kubectl = pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed"
-)
 
 
 def running(bundle: Bundle, script: str) -> dict:
@@ -147,7 +144,6 @@ def test_three_node_overlay_sets_three_storage_nodes(base):
     assert counts.get(running(base, "tributary-gateway")["metadata"]["name"], 2) >= 2
 
 
-@needs_kubectl
 def test_three_node_overlay_renders_wired(entries, tmp_path):
     objects = kubectl_render(THREE_NODE)
     assert bundle_problems(objects, entries, tmp_path) == []
@@ -160,7 +156,6 @@ def test_three_node_overlay_renders_wired(entries, tmp_path):
     }
 
 
-@needs_kubectl
 def test_external_etcd_component_removes_the_bundled_etcd(entries, tmp_path):
     """Enable the component the way deploy/README.md says, in a copy of the overlay."""
     k8s = tmp_path / "k8s"
@@ -187,19 +182,14 @@ def _with_component(tmp_path, component: str) -> list[dict]:
     data = yaml.safe_load(overlay.read_text())
     data["components"] = [f"../../components/{component}"]
     overlay.write_text(yaml.safe_dump(data))
-    objects = kubectl_render(overlay.parent)
-    assert objects is not None, "kubectl is needed to render a component"
-    return objects
+    return kubectl_render(overlay.parent)
 
 
 @pytest.fixture(scope="module")
 def internal_tls_objects(tmp_path_factory) -> list[dict]:
-    if shutil.which("kubectl") is None:
-        pytest.skip("kubectl (kustomize) not installed")
     return _with_component(tmp_path_factory.mktemp("internal-tls"), "internal-tls")
 
 
-@needs_kubectl
 def test_internal_tls_component_gives_every_service_the_member_certificate(
     internal_tls_objects, entries, tmp_path
 ):
@@ -224,7 +214,6 @@ def test_internal_tls_component_gives_every_service_the_member_certificate(
     assert {storage[p]["grpc"]["port"] for p in ("startupProbe", "readinessProbe", "livenessProbe")} == {9097}
 
 
-@needs_kubectl
 def test_gateway_tls_component_mounts_the_public_certificate_and_probes_in_plaintext(entries, tmp_path):
     objects = _with_component(tmp_path, "gateway-tls")
     assert bundle_problems(objects, entries, tmp_path) == []
@@ -265,7 +254,6 @@ TLS_BREAKAGES = {
 }
 
 
-@needs_kubectl
 @pytest.mark.parametrize("breakage", sorted(TLS_BREAKAGES))
 def test_the_checker_catches_a_broken_internal_tls_setup(breakage, internal_tls_objects, entries, tmp_path):
     broken = copy.deepcopy(internal_tls_objects)
@@ -447,7 +435,6 @@ class TestCheckerCatches:
         ] == 2
         assert any("tributary-brokers: no such" in p for p in kustomization_problems(path.parent))
 
-    @needs_kubectl
     def test_overlay_patch_that_breaks_the_wiring(self, entries, tmp_path):
         """A patch in an overlay can break what the base got right; the rendered check sees it."""
         k8s = tmp_path / "k8s"
