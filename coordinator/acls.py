@@ -9,16 +9,15 @@ writes go through the active controller, so a deposed one writes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from coordinator.watched_keys import WatchedKeys
 from services.acls import AclBinding, AclFilter, Operation, PatternType, Permission, ResourceType
 from services.etcd.txn import Op
-from services.etcd.values import EventType, WatchEvent, WatchResync
 
 log = logging.getLogger(__name__)
 
@@ -60,59 +59,19 @@ def decode_binding(raw: bytes) -> AclBinding:
     )
 
 
-class AclCache:
-    """Every binding, as of the cluster watch; ``changed`` is set on each change (for streams)."""
+class AclCache(WatchedKeys[AclBinding]):
+    """Every binding, as of the cluster watch (``entries``: etcd key -> binding)."""
 
     def __init__(self) -> None:
-        self.bindings: dict[str, AclBinding] = {}
-        self.version = 0
-        self._changed = asyncio.Condition()
+        super().__init__(ACLS, decode_binding, "ACL")
 
-    def apply(self, batch: list[WatchEvent] | WatchResync) -> None:
-        """A cluster-watch response (a batch listener of the metadata cache)."""
-        before = self.version
-        if isinstance(batch, WatchResync):
-            self.bindings = {}
-            for kv in batch.kvs:
-                if kv.key.startswith(ACLS):
-                    self._put(kv.key, kv.value)
-            self.version += 1
-        else:
-            for event in batch:
-                if not event.kv.key.startswith(ACLS):
-                    continue
-                if event.type is EventType.PUT:
-                    self._put(event.kv.key, event.kv.value)
-                else:
-                    self.bindings.pop(event.kv.key, None)
-                self.version = before + 1
-        if self.version != before:
-            asyncio.get_running_loop().create_task(self._notify())
-
-    def _put(self, key: str, raw: bytes) -> None:
-        try:
-            self.bindings[key] = decode_binding(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("ignoring ACL key %r with a bad value: %s", key, exc)
-            self.bindings.pop(key, None)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait_changed(self, version: int, timeout: float) -> bool:
-        """Wait until the version passes ``version`` (True) or ``timeout`` (False)."""
-        async with self._changed:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._changed.wait_for(lambda: self.version != version)
-            except TimeoutError:
-                return False
-        return True
+    @property
+    def bindings(self) -> dict[str, AclBinding]:
+        return self.entries
 
     def matching(self, filter_: AclFilter) -> list[tuple[str, AclBinding]]:
         return sorted(
-            ((key, b) for key, b in self.bindings.items() if filter_.matches(b)), key=lambda kb: kb[0]
+            ((key, b) for key, b in self.entries.items() if filter_.matches(b)), key=lambda kb: kb[0]
         )
 
 

@@ -10,14 +10,13 @@ enforce); writes go through the active controller, so a deposed one writes nothi
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
 from typing import Any
 
+from coordinator.watched_keys import WatchedKeys
 from services.etcd.txn import Op
-from services.etcd.values import EventType, WatchEvent, WatchResync
 from services.quotas import QuotaEntity, QuotaFilter, QuotaResolver, apply_alteration, validate_entity
 
 log = logging.getLogger(__name__)
@@ -48,56 +47,11 @@ def decode_entry(raw: bytes) -> tuple[QuotaEntity, dict[str, float]]:
     return entity, apply_alteration({}, list(dict(value["values"]).items()))
 
 
-class QuotaCache:
-    """Every quota entity, as of the cluster watch; waiters learn of each change (for streams)."""
+class QuotaCache(WatchedKeys[tuple[QuotaEntity, dict[str, float]]]):
+    """Every quota entity, as of the cluster watch (``entries``: etcd key -> (entity, values))."""
 
     def __init__(self) -> None:
-        #: etcd key -> (entity, values).
-        self.entries: dict[str, tuple[QuotaEntity, dict[str, float]]] = {}
-        self.version = 0
-        self._changed = asyncio.Condition()
-
-    def apply(self, batch: list[WatchEvent] | WatchResync) -> None:
-        """A cluster-watch response (a batch listener of the metadata cache)."""
-        before = self.version
-        if isinstance(batch, WatchResync):
-            self.entries = {}
-            for kv in batch.kvs:
-                if kv.key.startswith(QUOTAS):
-                    self._put(kv.key, kv.value)
-            self.version += 1
-        else:
-            for event in batch:
-                if not event.kv.key.startswith(QUOTAS):
-                    continue
-                if event.type is EventType.PUT:
-                    self._put(event.kv.key, event.kv.value)
-                else:
-                    self.entries.pop(event.kv.key, None)
-                self.version = before + 1
-        if self.version != before:
-            asyncio.get_running_loop().create_task(self._notify())
-
-    def _put(self, key: str, raw: bytes) -> None:
-        try:
-            self.entries[key] = decode_entry(raw)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("ignoring quota key %r with a bad value: %s", key, exc)
-            self.entries.pop(key, None)
-
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def wait_changed(self, version: int, timeout: float) -> bool:
-        """Wait until the version passes ``version`` (True) or ``timeout`` (False)."""
-        async with self._changed:
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._changed.wait_for(lambda: self.version != version)
-            except TimeoutError:
-                return False
-        return True
+        super().__init__(QUOTAS, decode_entry, "quota")
 
     def values_of(self, entity: QuotaEntity) -> dict[str, float]:
         found = self.entries.get(quota_key(entity))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from coordinator import serde
 from coordinator.groups import serde as group_serde
@@ -22,6 +24,7 @@ from coordinator.redirect import ControllerMovedError, Forwarder
 from coordinator.transactions import serde as txn_serde
 from coordinator.transactions.handlers import TransactionHandlers
 from coordinator.transactions.offload import off_loop_if_large
+from coordinator.watched_keys import WatchedKeys
 from services import errors
 from services.acls import AclFilter
 from services.grpc_server import translate_errors
@@ -42,6 +45,18 @@ from services.serde import acl_from_proto as serde_acl_from_proto
 WATCH_HEARTBEAT_S = 5.0
 #: The longest one ControlledShutdown waits for its moves (and its default): the node asks again.
 _CONTROLLED_SHUTDOWN_WAIT_MS = 10_000
+
+
+async def _snapshots(cache: WatchedKeys, snapshot: Callable[[int], Any]) -> AsyncIterator[Any]:
+    """``snapshot(version)`` of a watched set now, then after every change; a quiet stream still
+    answers within WATCH_HEARTBEAT_S of a change (a wake-up lost to a race is only late)."""
+    sent = -1
+    while True:
+        version = cache.version
+        if version != sent:
+            yield snapshot(version)
+            sent = version
+        await cache.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
 
 
 class _RevisionMemo:
@@ -276,15 +291,13 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     @translate_errors
     async def WatchAcls(self, request, context):
         """Every ACL now, then again after every change (the gateways' authorizers)."""
-        acls = self._handlers.acls
-        sent = -1
-        while True:
-            version = acls.version
-            if version != sent:
-                self._handlers.describe_acls(AclFilter())  # refuses while the cache is not loaded
-                yield pb.AclSnapshot(acls=[acl_to_proto(b) for b in acls.bindings.values()], version=version)
-                sent = version
-            await acls.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
+
+        def snapshot(version: int):
+            bindings = self._handlers.describe_acls(AclFilter())  # refuses while the cache is not loaded
+            return pb.AclSnapshot(acls=[acl_to_proto(b) for b in bindings], version=version)
+
+        async for answer in _snapshots(self._handlers.acls, snapshot):
+            yield answer
 
     @_admin
     async def AlterClientQuotas(self, request, context):
@@ -300,17 +313,15 @@ class CoordinatorServicer(coordinator_grpc.CoordinatorServicer):
     @translate_errors
     async def WatchClientQuotas(self, request, context):
         """Every quota entity now, then again after every change (the gateways' quota managers)."""
-        quotas = self._handlers.quotas
-        sent = -1
-        while True:
-            version = quotas.version
-            if version != sent:
-                entries = self._handlers.describe_client_quotas(QuotaFilter())  # refuses until loaded
-                yield pb.ClientQuotaSnapshot(
-                    entries=[quota_entry_to_proto(e, v) for e, v in entries], version=version
-                )
-                sent = version
-            await quotas.wait_changed(version, timeout=WATCH_HEARTBEAT_S)
+
+        def snapshot(version: int):
+            entries = self._handlers.describe_client_quotas(QuotaFilter())  # refuses until loaded
+            return pb.ClientQuotaSnapshot(
+                entries=[quota_entry_to_proto(e, v) for e, v in entries], version=version
+            )
+
+        async for answer in _snapshots(self._handlers.quotas, snapshot):
+            yield answer
 
     @_admin
     async def AlterTopicConfigs(self, request, context):

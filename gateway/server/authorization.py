@@ -8,7 +8,7 @@
   Calls that list things (metadata, topics, groups) are not refused: their answers are filtered to
   what the principal may DESCRIBE.
 * **The decision** is :class:`services.acls.Authorizer`'s over the ACLs the coordinators stream
-  (``WatchAcls``), kept by :class:`AclFollower`. Until the first list has arrived every call is
+  (``WatchAcls``), kept by :func:`follow_acls`. Until the first list has arrived every call is
   refused with a retriable error (never let through).
 
 A refusal is PERMISSION_DENIED with Kafka's reason: TOPIC_AUTHORIZATION_FAILED,
@@ -214,22 +214,13 @@ def _authorizer_of(acls: list, super_users: frozenset[str]) -> Authorizer:
     return Authorizer([acl_from_proto(a) for a in acls], super_users)
 
 
-async def follow_acls(pool, gatekeeper: Gatekeeper, *, retry_s: float = 0.5) -> None:
-    """Keep ``gatekeeper`` on the coordinators' ACLs: follow ``WatchAcls`` on one coordinator,
-    moving to the next when the stream breaks. Runs until cancelled."""
-    import grpc
-
+async def follow_acls(pool, gatekeeper: Gatekeeper) -> None:
+    """Keep ``gatekeeper`` on the coordinators' ACLs (``WatchAcls``). Runs until cancelled."""
+    from gateway.server.coordinators import follow_snapshots
     from services.proto import pb
 
-    while True:
-        address = pool.current_address
-        try:
-            async for snapshot in pool.stub(address).WatchAcls(pb.WatchAclsRequest()):
-                bindings = list(snapshot.acls)
-                gatekeeper.install(await asyncio.to_thread(_authorizer_of, bindings, gatekeeper.super_users))
-        except grpc.aio.AioRpcError as exc:
-            log.info("ACL stream from coordinator %s ended (%s); trying the next", address, exc.code())
-        except errors.TributaryError as exc:
-            log.error("an ACL from coordinator %s cannot be read (%s); trying the next", address, exc)
-        pool.rotate()
-        await asyncio.sleep(retry_s)
+    async def apply(snapshot) -> None:
+        acls = list(snapshot.acls)  # the index is built off the event loop
+        gatekeeper.install(await asyncio.to_thread(_authorizer_of, acls, gatekeeper.super_users))
+
+    await follow_snapshots(pool, lambda stub: stub.WatchAcls(pb.WatchAclsRequest()), apply, "ACLs")

@@ -49,6 +49,8 @@ class ProduceCommand:
     timeout_ms: int = 0
     compression: Compression = Compression.NONE
     correlation_id: int = 0
+    #: The request's encoded size (0: not known); large typed requests are built off the loop.
+    request_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -161,11 +163,6 @@ def plan_typed(
         command, assignment, partition_count, now_ms=now_ms, max_batch_bytes=max_batch_bytes
     )
     return assignment, payloads, unknown
-
-
-def typed_payload_bytes(command: ProduceCommand) -> int:
-    """The key and value bytes of a typed produce (what building its batches copies)."""
-    return sum(len(r.value or b"") + len(r.key or b"") for r in command.records)
 
 
 def build_payloads(

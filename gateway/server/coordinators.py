@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -126,3 +127,34 @@ class CoordinatorPool:
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
         await asyncio.gather(*(channel.close() for channel in channels), return_exceptions=True)
+
+
+#: How long to wait before asking again a coordinator that does not serve a stream (an older one).
+UNIMPLEMENTED_RETRY_S = 30.0
+
+
+async def follow_snapshots(
+    pool: CoordinatorPool,
+    open_stream: Callable[[Any], Any],
+    apply: Callable[[Any], Awaitable[None]],
+    what: str,
+    *,
+    retry_s: float = 0.5,
+) -> None:
+    """Follow a snapshot stream of the coordinators (ACLs, client quotas): ``open_stream(stub)``
+    on the current coordinator, ``await apply(snapshot)`` for each answer, and on to the next
+    coordinator when the stream breaks. Runs until cancelled."""
+    while True:
+        address = pool.current_address
+        try:
+            async for snapshot in open_stream(pool.stub(address)):
+                await apply(snapshot)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.warning("coordinator %s serves no %s (an older version?)", address, what)
+                await asyncio.sleep(UNIMPLEMENTED_RETRY_S)
+            log.info("%s stream from coordinator %s ended (%s); trying the next", what, address, exc.code())
+        except errors.TributaryError as exc:
+            log.error("%s from coordinator %s cannot be read (%s); trying the next", what, address, exc)
+        pool.rotate()
+        await asyncio.sleep(retry_s)

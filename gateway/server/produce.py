@@ -42,7 +42,6 @@ from gateway.server.batching import (
     build_payloads,
     ensure_valid_command,
     plan_raw,
-    typed_payload_bytes,
 )
 from gateway.server.cluster_snapshot import TopicRoute
 from gateway.server.partition_retry import retry_partitions
@@ -55,7 +54,7 @@ from services.partitioner import StickyPartitioner
 
 log = logging.getLogger(__name__)
 
-#: A typed request with more key and value bytes than this has its batches built on a worker
+#: A typed request larger than this (encoded) has its batches built on a worker
 #: thread: built on the event loop, a 100 MB request held every other client for ~0.3 s.
 OFFLOAD_BUILD_BYTES = 4 << 20
 
@@ -189,7 +188,7 @@ class ProduceHandler:
                 now_ms=self._clock.time_ms(),
                 max_batch_bytes=min(self._max_batch_bytes, topic.max_message_bytes),
             )
-            if self._offload is not None and typed_payload_bytes(command) > OFFLOAD_BUILD_BYTES:
+            if self._offload is not None and command.request_bytes > OFFLOAD_BUILD_BYTES:
                 payloads, unknown = await self._offload(build)
             else:
                 payloads, unknown = build()

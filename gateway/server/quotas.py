@@ -34,7 +34,6 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from services import errors
 from services.quotas import (
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
@@ -269,8 +268,6 @@ class ClientQuotas:
 
 
 _UNKNOWN = object()
-#: How long to wait before asking a coordinator that has no WatchClientQuotas again.
-_UNIMPLEMENTED_RETRY_S = 30.0
 
 
 def _ms(seconds: float) -> int:
@@ -301,26 +298,17 @@ class ChannelThrottle:
             await asyncio.sleep(delay)
 
 
-async def follow_quotas(pool, quotas: ClientQuotas, *, retry_s: float = 0.5) -> None:
-    """Keep ``quotas`` on the coordinators' quota entities: follow ``WatchClientQuotas`` on one
-    coordinator, moving to the next when the stream breaks. Runs until cancelled. Until the first
-    snapshot arrives no client is metered (quotas limit use; they are not access control)."""
-    import grpc
-
+async def follow_quotas(pool, quotas: ClientQuotas) -> None:
+    """Keep ``quotas`` on the coordinators' quota entities (``WatchClientQuotas``). Runs until
+    cancelled. Until the first snapshot arrives no client is metered (quotas limit use; they are
+    not access control)."""
+    from gateway.server.coordinators import follow_snapshots
     from services.proto import pb
     from services.serde import quota_entry_from_proto
 
-    while True:
-        address = pool.current_address
-        try:
-            async for snapshot in pool.stub(address).WatchClientQuotas(pb.WatchClientQuotasRequest()):
-                quotas.update([quota_entry_from_proto(entry) for entry in snapshot.entries])
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                log.warning("coordinator %s serves no client quotas (an older version?)", address)
-                await asyncio.sleep(_UNIMPLEMENTED_RETRY_S)
-            log.info("quota stream from coordinator %s ended (%s); trying the next", address, exc.code())
-        except errors.TributaryError as exc:
-            log.error("a quota from coordinator %s cannot be read (%s); trying the next", address, exc)
-        pool.rotate()
-        await asyncio.sleep(retry_s)
+    async def apply(snapshot) -> None:
+        quotas.update([quota_entry_from_proto(entry) for entry in snapshot.entries])
+
+    await follow_snapshots(
+        pool, lambda stub: stub.WatchClientQuotas(pb.WatchClientQuotasRequest()), apply, "client quotas"
+    )

@@ -66,6 +66,9 @@ def produce_command_from_proto(request) -> ProduceCommand:
         timeout_ms=request.timeout_ms,
         compression=compression,
         correlation_id=request.correlation_id,
+        # Computed in C from the parsed message: a pass over the records in Python would cost
+        # the hot path more than the decision it serves.
+        request_bytes=request.ByteSize(),
     )
 
 
