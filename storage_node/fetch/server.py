@@ -64,6 +64,7 @@ from services.log_limit import RepeatedLog
 from services.tls import ReloadingSslContext
 from storage_node.fetch.appends import AppendConnection, Appender, AppendLimits, PeerClosed
 from storage_node.fetch.links import PlainLink, TlsLink
+from storage_node.log.file_records import FileSlice
 from storage_node.notifier import AppendNotifier
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,17 @@ class FetchStats:
     #: TLS handshakes completed, and failed (a client without a valid certificate, not TLS, gone).
     tls_handshakes: int = 0
     tls_handshake_failures: int = 0
+
+
+def slice_descriptor(file_slice: FileSlice) -> int:
+    """A descriptor of our own for the file the slice was taken from, to send it with.
+
+    A duplicate of the slice's descriptor, never the file opened again by its path: the cleaner
+    renames a cleaned segment to the name of the one it replaces, and retention or the cleaner
+    unlink segments, so by the time the answer goes out the path may name another file or none.
+    The duplicate keeps the slice's inode (its bytes, even once unlinked) until we close it, and
+    is ours to close whatever the log does with its own handle meanwhile."""
+    return os.dup(file_slice.fileno())
 
 
 class _PeerClosed(Exception):
@@ -470,14 +482,7 @@ class FetchServer:
         """Send the header and the slice's bytes; returns the record bytes sent."""
         file_slice = info.slice
         length = file_slice.length if file_slice is not None else 0
-        fd = None
-        if length:
-            try:
-                # Our own descriptor: the log may close or delete the segment's handle meanwhile,
-                # and an open fd keeps the inode's bytes readable until we are done.
-                fd = os.open(file_slice.path, os.O_RDONLY)
-            except FileNotFoundError:
-                length = 0  # deleted by retention between read and open: answer empty, client retries
+        fd = slice_descriptor(file_slice) if length else None
         header = protocol.encode_response_header(
             correlation_id,
             high_watermark=info.high_watermark,
@@ -609,12 +614,7 @@ class FetchServer:
         headers: list[bytes] = []
         try:
             for header, length, info in parts:
-                fd = None
-                if length:
-                    try:
-                        fd = os.open(info.slice.path, os.O_RDONLY)
-                    except FileNotFoundError:
-                        length = 0  # deleted by retention meanwhile: an empty answer, fetched again
+                fd = slice_descriptor(info.slice) if length else None
                 fds.append(fd)
                 headers.append(multi.encode_partition_header(header, records_length=length))
             lengths = [length if fd is not None else 0 for (_, length, _), fd in zip(parts, fds)]
