@@ -35,7 +35,7 @@ from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.index import CorruptIndexError
-from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache
+from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache, read_checkpoint
 from storage_node.log.producer_replay import replay_segments
 from storage_node.log.producer_state import ProducerStateManager
 from storage_node.log.segment import Segment
@@ -163,13 +163,14 @@ def _fifth_pass_leader_epochs(
     ctx: _Context, segments: list[Segment], recovery_point: int, had_clean_shutdown: bool, log_start: int
 ) -> LeaderEpochCache:
     """The leader-epoch cache as the recovered log says it must be (Kafka assigns the epoch of
-    every batch it recovers). A log without any checkpoint (written before epochs were kept) is
-    scanned whole, once: headers only."""
-    written = (ctx.directory / LEADER_EPOCH_CHECKPOINT_FILE).exists()
-    epochs = LeaderEpochCache.load(ctx.directory)
+    every batch it recovers). A log without a readable checkpoint (written before epochs were
+    kept, or never flushed) is scanned whole: headers only."""
+    path = ctx.directory / LEADER_EPOCH_CHECKPOINT_FILE
+    stored = read_checkpoint(path)
+    epochs = LeaderEpochCache(path, stored or ())
     next_offset = segments[-1].next_offset
     epochs.truncate_from_end(next_offset)
-    if not written:
+    if stored is None:  # never written (or torn by a crash): nothing is known
         scan_from = 0
     elif had_clean_shutdown:
         scan_from = next_offset

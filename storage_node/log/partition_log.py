@@ -855,6 +855,9 @@ class PartitionLog:
                     segment.flush()
                 if dir_needs_fsync:
                     checkpoint.fsync_dir(self.directory)  # new segment files must survive too
+                # The epochs of the offsets about to fall below the recovery point must be on
+                # disk first: the loader relearns epochs from the batches above it only.
+                self._epochs.flush()
             except OSError as exc:
                 raise KafkaStorageError(f"flush of {self.name} failed: {exc}") from exc
             with self._lock:
@@ -1031,6 +1034,7 @@ class PartitionLog:
             self._producers.load(0)
             self._producers.map_end_offset = offset
             self._aborted.clear()
+            self._epochs.flush()  # rare: an emptied log must not reload the old epochs after a crash
             self._log_start_offset = offset
             self._checkpoint_log_start_offset()
             self._set_log_end(offset, segment)

@@ -90,7 +90,8 @@ def test_truncation_forgets_the_epochs_past_the_cut(leader):
     leader.truncate_to(6)
     assert leader.log_end_offset == 6
     assert leader.leader_epochs.entries == ((0, 0), (2, 3))
-    # the checkpoint on disk agrees
+    # the checkpoint on disk agrees once the log is flushed
+    leader.flush()
     assert (leader.directory / LEADER_EPOCH_CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n2 3\n"
 
 

@@ -111,13 +111,18 @@ def test_start_offset_of():
     assert c.start_offset_of(2) is None
 
 
-def test_every_change_is_checkpointed_and_loads_back(tmp_path):
+def test_changes_are_checkpointed_by_flush_and_load_back(tmp_path):
     c = LeaderEpochCache.load(tmp_path)
     assert c.entries == ()
     c.assign(0, 0)
     c.assign(5, 42)
+    assert c.dirty and not (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).exists(), "not written per change"
+    assert c.flush()
+    assert not c.dirty and not c.flush(), "nothing changed: no write"
     assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (5, 42))
     c.truncate_from_end(42)
+    assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (5, 42))
+    c.flush()
     assert LeaderEpochCache.load(tmp_path).entries == ((0, 0),)
     assert (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).read_text() == "0\n1\n0 0\n"
 
@@ -133,9 +138,17 @@ def test_every_change_is_checkpointed_and_loads_back(tmp_path):
         "0\n1\n-1 0\n",
     ],
 )
-def test_a_malformed_checkpoint_loads_as_empty(tmp_path, text):
+def test_a_malformed_checkpoint_reads_as_unknown_and_loads_as_empty(tmp_path, text):
     path = tmp_path / LEADER_EPOCH_CHECKPOINT_FILE
     path.write_text(text)
+    assert read_checkpoint(path) is None
+    assert LeaderEpochCache.load(tmp_path).entries == ()
+
+
+def test_a_missing_checkpoint_reads_as_unknown_and_one_without_entries_as_empty(tmp_path):
+    path = tmp_path / LEADER_EPOCH_CHECKPOINT_FILE
+    assert read_checkpoint(path) is None
+    path.write_text("0\n0\n")
     assert read_checkpoint(path) == ()
 
 
