@@ -18,11 +18,18 @@ Rules:
   ``max_request_size`` per request, and rotates where it starts so no partition starves. For an
   idempotent producer a retried batch goes alone (a partition leader remembers a request's
   batches as one run, so it recognises each of them retried alone: producer_state.py).
-* Buffer memory is reserved per batch, as Kafka's ``BufferPool`` does: the record that opens a
-  batch reserves ``batch_size`` bytes (or its own size when larger), the records that join it
-  reserve nothing, and the batch releases it all when it completes (acknowledged or failed for
-  good). :class:`BufferPool` blocks the appender, or makes it wait asynchronously, while the
-  buffer is full. (Per record it was a lock and a condition a record: the producer's hot loop.)
+* Buffer memory is reserved per batch, in steps, for the bytes the batch holds: the record that
+  opens a batch reserves :data:`INITIAL_BATCH_RESERVATION` bytes (or what the batch header and
+  the record need, when more), and a batch about to outgrow its reservation doubles it (up to
+  ``batch_size``); the batch releases it all when it completes (acknowledged or failed for
+  good). A batch whose next step the pool cannot give is full: it is sent, and the record opens
+  a new batch, which waits for memory -- :class:`BufferPool` blocks the appender, or makes it
+  wait asynchronously, while the buffer is full. Kafka reserves ``batch_size`` at once (its
+  batches are fixed buffers); a builder here grows with its records, and reserving 16 KiB for a
+  batch of one record capped a producer spreading records over 10,000 partitions at ~2,000 open
+  batches in 32 MiB, so nearly every batch went out with one record (190,000 batches for 200,000
+  records, 50x below the 1-partition rate). (Per record it was a lock and a condition a record:
+  the producer's hot loop; steps keep it to a few reservations a batch.)
 
 Thread-safety: every public method takes the accumulator's lock; only ``append`` and the pool's
 ``allocate`` are called off the I/O thread.
@@ -41,11 +48,15 @@ from gateway.client.errors import IllegalStateError, RecordTooLargeError, Reques
 from gateway.client.futures import FutureRecordMetadata, ProduceResult
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
-from services.records.format import Compression
+from services.records.format import RECORD_BATCH_OVERHEAD, Compression
 from services.records.inplace import set_producer_state
 
 #: ``_oldest_created_ms`` when no batch is queued: later than any clock reading.
 _NO_BATCH_MS = 2**63 - 1
+
+#: Buffer memory a new batch reserves at first (it doubles as the batch grows, up to
+#: ``batch_size``): a batch of a few records holds this much, not a whole ``batch_size``.
+INITIAL_BATCH_RESERVATION = 1024
 
 #: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
 #: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
@@ -357,7 +368,10 @@ class RecordAccumulator:
                 delta = None
                 if not batch.is_full:
                     delta = batch.record_count
-                    if delta and batch._used + size > batch._batch_size:
+                    needed = batch._used + size
+                    if (delta and needed > batch._batch_size) or (
+                        needed > batch.reserved_bytes and not self._grow_reservation(batch, needed)
+                    ):
                         batch.is_full = True
                         delta = None
                     else:
@@ -428,10 +442,22 @@ class RecordAccumulator:
         return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True
 
     def batch_reservation(self, size: int) -> int:
-        """Buffer memory a new batch takes for a first record of ``size`` bytes: ``batch_size``
-        (all the batch may grow to), or the record's size when larger; never more than the whole
-        pool, which then also bounds the batch (see ``_new_batch``)."""
-        return max(size, min(self.batch_size, self.pool.total_bytes))
+        """Buffer memory a new batch takes for a first record of ``size`` bytes: what the batch
+        header and the record need, or :data:`INITIAL_BATCH_RESERVATION` bytes (at most
+        ``batch_size``) when more; never more than the whole pool, which then also bounds the
+        batch (see ``_new_batch``)."""
+        first = max(RECORD_BATCH_OVERHEAD + size, min(INITIAL_BATCH_RESERVATION, self.batch_size))
+        return max(size, min(first, self.pool.total_bytes))  # a record beyond the pool: too large
+
+    def _grow_reservation(self, batch: ProducerBatch, needed: int) -> bool:
+        """Reserve more for ``batch``, which is to hold ``needed`` bytes (call with the lock):
+        twice what it has, or ``needed``, up to ``batch_size``. False when the pool has not got
+        it now (the batch is then full, and the record waits for a new batch's memory)."""
+        target = min(max(needed, 2 * batch.reserved_bytes), max(batch._batch_size, needed))
+        if not self.pool.try_allocate(target - batch.reserved_bytes):
+            return False
+        batch.reserved_bytes = target
+        return True
 
     def _new_batch(self, topic: str, partition: int, now_ms: int, reserved: int) -> ProducerBatch:
         batch = ProducerBatch(
