@@ -89,8 +89,12 @@ def load_log(
     clock: Clock,
     *,
     handle_cache: FileHandleCache | None = None,
+    high_watermark: int | None = None,
 ) -> LoadedLog:
-    """Recover ``directory`` and return its segments and offsets. The caller owns the segments."""
+    """Recover ``directory`` and return its segments and offsets. The caller owns the segments.
+
+    ``high_watermark``: the checkpointed one (the log dir's checkpoint); None reads the
+    partition directory's own (the layout before log-dir checkpoints), else 0."""
     ctx = _Context(directory, config, clock, handle_cache)
     had_clean_shutdown = (directory / files.CLEAN_SHUTDOWN_FILE).exists()
     recovery_point = (
@@ -119,9 +123,10 @@ def load_log(
     next_offset = segments[-1].next_offset
     log_start_offset = max(log_start_checkpoint, segments[0].base_offset)
     epochs = _fifth_pass_leader_epochs(ctx, segments, recovery_point, had_clean_shutdown, log_start_offset)
-    high_watermark = checkpoint.read_offset_checkpoint(
-        directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
-    )
+    if high_watermark is None:
+        high_watermark = checkpoint.read_offset_checkpoint(
+            directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
+        )
     high_watermark = min(max(high_watermark or 0, log_start_offset), next_offset)
     producers, aborted = _sixth_pass_producer_state(ctx, segments, next_offset, topic, partition)
     # Only a flush moves the recovery point forward (Kafka's rule): after an unclean shutdown the

@@ -13,7 +13,7 @@ from typing import Any
 
 from services.clock import Clock
 from services.errors import KafkaStorageError, UnknownTopicOrPartitionError
-from storage_node.log import files
+from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.partition_log import PartitionLog
@@ -89,6 +89,10 @@ class LogManager:
     Open files: ``.log`` handles go through one :class:`FileHandleCache` of ``max_open_segments``;
     index files are read into memory at open and only the active segment keeps index handles.
 
+    High watermarks: one ``replication-offset-checkpoint`` per log dir, naming every partition
+    in it, rewritten by :meth:`tick` when any of them moved and at :meth:`close` (Kafka's
+    layout; one file per partition cost two fsyncs per busy partition per tick).
+
     Topic configs: ``default_config`` (broker-level defaults, Kafka names) overlaid by each
     topic's overrides as given to :meth:`create_partition`, :meth:`load` or
     :meth:`update_topic_config` -- the coordinator owns them; nothing is persisted here.
@@ -148,8 +152,12 @@ class LogManager:
             self._topic_overrides[topic] = dict(overrides)
             self._config_for(topic)  # validate
         found: dict[tuple[str, int], Path] = {}
+        high_watermarks: dict[tuple[str, int], int] = {}
         for log_dir in self.log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
+            high_watermarks.update(
+                checkpoint.read_offsets_checkpoint(log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE)
+            )
             for child in sorted(log_dir.iterdir()):
                 key = self._partition_dir_key(child)
                 if key is None:
@@ -164,7 +172,13 @@ class LogManager:
         def open_one(item: tuple[tuple[str, int], Path]) -> None:
             (topic, partition), path = item
             partition_log = PartitionLog.open(
-                path, topic, partition, self._config_for(topic), self._clock, handle_cache=self.handle_cache
+                path,
+                topic,
+                partition,
+                self._config_for(topic),
+                self._clock,
+                handle_cache=self.handle_cache,
+                high_watermark=high_watermarks.get((topic, partition)),
             )
             with self._lock:
                 self._logs[(topic, partition)] = partition_log
@@ -298,9 +312,9 @@ class LogManager:
 
     def tick(self) -> TickResult:
         """One round of periodic work for every partition: roll idle segments past
-        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``, checkpoint the
-        high watermark if it moved; every ``producer_id_expiration_check_interval_ms``, forget
-        idle producers.
+        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``; every
+        ``producer_id_expiration_check_interval_ms``, forget idle producers; then checkpoint the
+        high watermarks of each log dir where one moved.
 
         A partition whose disk fails is logged and skipped; the others still get their turn.
         """
@@ -318,14 +332,54 @@ class LogManager:
                 rolled += partition_log.maybe_roll()
                 deleted += partition_log.delete_old_segments()
                 flushed += partition_log.maybe_flush()
-                partition_log.checkpoint_high_watermark()
             except (KafkaStorageError, OSError):
                 failed += 1
                 log.exception("Periodic work failed for %s", partition_log.name)
+        self.checkpoint_high_watermarks()
         return TickResult(rolled, flushed, deleted, failed)
 
+    def checkpoint_high_watermarks(self, *, force: bool = False) -> int:
+        """Rewrite the high-watermark checkpoint of each log dir in which one moved since the
+        last (every one with ``force``); returns how many were written. A dir whose write fails
+        is logged and tried again next time."""
+        by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
+        due: set[Path] = set(self.log_dirs) if force else set()
+        for partition_log in list(self._logs.values()):
+            parent = partition_log.directory.parent
+            by_dir.setdefault(parent, []).append(partition_log)
+            if partition_log.high_watermark_checkpoint_due:
+                due.add(parent)
+        for log_dir in due:
+            logs = by_dir[log_dir]
+            marks = [partition_log.high_watermark for partition_log in logs]
+            try:
+                checkpoint.write_offsets_checkpoint(
+                    log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE,
+                    ((pl.topic, pl.partition, mark) for pl, mark in zip(logs, marks, strict=True)),
+                )
+            except OSError:
+                log.exception("Checkpointing the high watermarks of %s failed", log_dir)
+                continue
+            for partition_log, mark in zip(logs, marks, strict=True):
+                partition_log.high_watermark_checkpointed(mark)
+        return len(due)
+
+    def _write_final_high_watermarks(self, logs: list[PartitionLog]) -> None:
+        by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
+        for partition_log in logs:
+            by_dir.setdefault(partition_log.directory.parent, []).append(partition_log)
+        for log_dir, dir_logs in by_dir.items():
+            try:
+                checkpoint.write_offsets_checkpoint(
+                    log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE,
+                    ((pl.topic, pl.partition, pl.high_watermark) for pl in dir_logs),
+                )
+            except OSError:
+                log.exception("Checkpointing the high watermarks of %s failed", log_dir)
+
     def close(self) -> None:
-        """Close every partition cleanly (each leaves its clean-shutdown marker)."""
+        """Close every partition cleanly (each leaves its clean-shutdown marker) and checkpoint
+        the high watermarks."""
         with self._lock:
             logs = list(self._logs.values())
             self._logs.clear()
@@ -347,5 +401,6 @@ class LogManager:
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="log-close") as pool:
                 list(pool.map(close_one, logs))
+        self._write_final_high_watermarks(logs)
         if errors:
             raise KafkaStorageError(f"{len(errors)} partition logs failed to close: {errors[0]}")

@@ -109,7 +109,8 @@ class PartitionLog:
     Offsets: dense from ``log_start_offset`` to ``log_end_offset - 1``. ``high_watermark`` is what
     consumers may read up to. The log never moves it on its own: replication does
     (:meth:`maybe_increment_high_watermark` on a leader, :meth:`update_high_watermark` on a
-    follower); it is checkpointed by :meth:`checkpoint_high_watermark` and at close.
+    follower); the log manager checkpoints it, with every partition of the log dir, in one file
+    (:attr:`high_watermark_checkpoint_due`, :meth:`high_watermark_checkpointed`).
 
     Leader epochs: :attr:`leader_epochs` (``leader_epochs.py``) records the first offset of every
     leader epoch in the log; appends, truncation and moves of the log start keep it in step.
@@ -176,8 +177,10 @@ class PartitionLog:
         clock: Clock,
         *,
         handle_cache: FileHandleCache | None = None,
+        high_watermark: int | None = None,
     ) -> PartitionLog:
-        """Open (creating if needed) and recover the partition directory ``directory``.
+        """Open (creating if needed) and recover the partition directory ``directory``;
+        ``high_watermark`` is the one the log dir's checkpoint holds (None: not there).
 
         Raises KafkaStorageError when the disk fails (a full disk: ENOSPC). A failed open keeps
         no file open, and a directory this call created is removed again, so retrying on a full
@@ -188,7 +191,15 @@ class PartitionLog:
             if created:
                 directory.mkdir(parents=True)
                 checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
-            loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
+            loaded = loader.load_log(
+                directory,
+                topic,
+                partition,
+                config,
+                clock,
+                handle_cache=handle_cache,
+                high_watermark=0 if created else high_watermark,
+            )
             try:
                 cls._write_open_checkpoints(directory, topic, partition, loaded, durable=not created)
             except BaseException:
@@ -329,20 +340,18 @@ class PartitionLog:
             self._high_watermark = offset
             return True
 
-    def checkpoint_high_watermark(self) -> bool:
-        """Write the high watermark to its checkpoint file if it changed; True if written.
+    @property
+    def high_watermark_checkpoint_due(self) -> bool:
+        """Whether the high watermark moved since it was last checkpointed.
 
-        Called by the periodic tick and at close, not per append: after a crash the checkpoint may
-        be behind, which is safe (a replica only exposes less until its leader tells it more).
-        """
-        high_watermark = self._high_watermark
-        if high_watermark == self._checkpointed_high_watermark or self._closed:
-            return False
-        checkpoint.write_offset_checkpoint(
-            self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, self.topic, self.partition, high_watermark
-        )
+        The log manager checkpoints it with the log dir's others, periodically and at close, not
+        per append: after a crash the checkpoint may be behind, which is safe (a replica only
+        exposes less until its leader tells it more)."""
+        return self._high_watermark != self._checkpointed_high_watermark
+
+    def high_watermark_checkpointed(self, high_watermark: int) -> None:
+        """``high_watermark`` is now in the log dir's checkpoint."""
         self._checkpointed_high_watermark = high_watermark
-        return True
 
     # ---- leader epochs -------------------------------------------------------------------------
 
@@ -1067,12 +1076,6 @@ class PartitionLog:
             if self._failure is None:
                 self._checkpoint_log_start_offset()
                 self._producers.take_snapshot(self._next_offset)
-                checkpoint.write_offset_checkpoint(
-                    self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE,
-                    self.topic,
-                    self.partition,
-                    self._high_watermark,
-                )
                 loader.write_clean_shutdown_marker(self.directory)
 
     @_disk_errors_as_storage_errors
