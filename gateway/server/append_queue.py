@@ -90,20 +90,20 @@ class _Pending:
         return self._counts
 
 
-def take_group(queue: deque[_Pending], max_bytes: int = MAX_MERGED_BYTES) -> list[_Pending]:
-    """The longest run at the head of ``queue`` that can go out as one append."""
+def take_group(queue: deque[_Pending], max_bytes: int = MAX_MERGED_BYTES) -> tuple[list[_Pending], int]:
+    """The longest run at the head of ``queue`` that can go out as one append, and its bytes."""
     first = queue.popleft()
     group = [first]
-    if not queue or first.counts is None:
-        return group
     size = len(first.data)
+    if not queue or first.counts is None:
+        return group, size
     while queue:
         nxt = queue[0]
         if nxt.acks != first.acks or size + len(nxt.data) > max_bytes or nxt.counts is None:
             break
         group.append(queue.popleft())
         size += len(nxt.data)
-    return group
+    return group, size
 
 
 def split_result(result: AppendResult, group: list[_Pending]) -> list[AppendResult]:
@@ -124,22 +124,23 @@ def split_result(result: AppendResult, group: list[_Pending]) -> list[AppendResu
 
 
 def _group_bytes(group: list[_Pending]) -> int:
-    return sum(len(p.data) for p in group)
+    return len(group[0].data) if len(group) == 1 else sum(len(p.data) for p in group)
 
 
-def _rounds_within(
-    groups: list[tuple[int, list[_Pending]]], max_bytes: int
-) -> Iterator[list[tuple[int, list[_Pending]]]]:
-    """``groups`` cut into runs of at most ``max_bytes`` (a larger group goes alone)."""
-    run: list[tuple[int, list[_Pending]]] = []
+#: One partition's next append in a round: (partition, the requests merged, their bytes).
+_Take = tuple[int, list[_Pending], int]
+
+
+def _rounds_within(takes: list[_Take], max_bytes: int) -> Iterator[list[_Take]]:
+    """``takes`` cut into runs of at most ``max_bytes`` (a larger one goes alone)."""
+    run: list[_Take] = []
     size = 0
-    for partition, group in groups:
-        group_size = _group_bytes(group)
-        if run and size + group_size > max_bytes:
+    for take in takes:
+        if run and size + take[2] > max_bytes:
             yield run
             run, size = [], 0
-        run.append((partition, group))
-        size += group_size
+        run.append(take)
+        size += take[2]
     if run:
         yield run
 
@@ -204,15 +205,16 @@ class AppendQueues:
         """Take the next append of every ready partition; one appender call per topic and acks."""
         self._round_scheduled = False
         ready, self._ready = self._ready, {}
-        by_topic: dict[tuple[str, Acks], list[tuple[int, list[_Pending]]]] = {}
+        by_topic: dict[tuple[str, Acks], list[_Take]] = {}
         for key in ready:
-            group = take_group(self._queues[key], self._max_merged_bytes)
+            group, size = take_group(self._queues[key], self._max_merged_bytes)
             self._in_flight.add(key)
-            by_topic.setdefault((key[0], group[0].acks), []).append((key[1], group))
+            by_topic.setdefault((key[0], group[0].acks), []).append((key[1], group, size))
         loop = asyncio.get_running_loop()
-        for (topic, acks), groups in by_topic.items():
-            for run in _rounds_within(groups, self._max_round_bytes):
-                self._track(loop.create_task(self._do_round(topic, acks, dict(run))))
+        for (topic, acks), takes in by_topic.items():
+            for run in _rounds_within(takes, self._max_round_bytes):
+                groups = {partition: group for partition, group, _ in run}
+                self._track(loop.create_task(self._do_round(topic, acks, groups)))
 
     def _track(self, task: asyncio.Task) -> None:
         self._tasks.add(task)

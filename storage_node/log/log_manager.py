@@ -253,7 +253,7 @@ class LogManager:
         return min(self.log_dirs, key=lambda d: self._dir_counts.get(d, 0))  # ties: first listed
 
     def _count_in_dir(self, partition_log: PartitionLog, delta: int) -> None:
-        parent = partition_log.directory.parent
+        parent = partition_log.log_dir
         self._dir_counts[parent] = self._dir_counts.get(parent, 0) + delta
 
     def update_topic_config(self, topic: str, configs: Mapping[str, Any]) -> None:
@@ -297,7 +297,7 @@ class LogManager:
         for log_dir in self.log_dirs:
             infos = tuple(
                 sorted(
-                    (PartitionDirInfo.of(pl) for pl in logs if pl.directory.parent == log_dir),
+                    (PartitionDirInfo.of(pl) for pl in logs if pl.log_dir == log_dir),
                     key=lambda info: (info.topic, info.partition),
                 )
             )
@@ -345,7 +345,7 @@ class LogManager:
         by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
         due: set[Path] = set(self.log_dirs) if force else set()
         for partition_log in list(self._logs.values()):
-            parent = partition_log.directory.parent
+            parent = partition_log.log_dir
             by_dir.setdefault(parent, []).append(partition_log)
             if partition_log.high_watermark_checkpoint_due:
                 due.add(parent)
@@ -367,7 +367,7 @@ class LogManager:
     def _write_final_high_watermarks(self, logs: list[PartitionLog]) -> None:
         by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
         for partition_log in logs:
-            by_dir.setdefault(partition_log.directory.parent, []).append(partition_log)
+            by_dir.setdefault(partition_log.log_dir, []).append(partition_log)
         for log_dir, dir_logs in by_dir.items():
             try:
                 checkpoint.write_offsets_checkpoint(

@@ -142,6 +142,8 @@ class PartitionLog:
     ) -> None:
         """Visible for tests; use :meth:`open`."""
         self.directory = directory
+        #: The log dir holding the partition's directory.
+        self.log_dir = directory.parent
         self.topic = topic
         self.partition = partition
         self._config = config
@@ -697,6 +699,9 @@ class PartitionLog:
     def maybe_roll(self) -> bool:
         """Roll a non-empty active segment that is older than ``segment.ms`` by the clock (the
         periodic tick's check, so an idle partition's last segment can eventually expire)."""
+        active = self._segments.active  # a look without the lock first: the tick asks every partition
+        if not active.size or self._clock.time_ms() - active.created_ms <= self._config.max_segment_ms:
+            return False
         with self._lock:
             self._ensure_usable()
             active = self._segments.active
@@ -884,6 +889,8 @@ class PartitionLog:
         """Apply retention: segments below the log start offset, then (when ``cleanup.policy``
         includes ``delete``) over ``retention.bytes``, then older than ``retention.ms``. Never
         the active segment. Returns how many segments were deleted."""
+        if len(self._segments) < 2:  # only the active segment (read without the lock): nothing to do
+            return 0
         with self._lock:
             self._ensure_usable()
             deleted = self._delete_segments(
