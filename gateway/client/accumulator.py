@@ -15,7 +15,10 @@ Rules:
   off, or the partition is *muted* (it has a request in flight: that is how per-partition order
   survives retries).
 * A drain takes, per ready partition, the first batch and the complete ones behind it, up to
-  ``max_request_size`` per request, and rotates where it starts so no partition starves. For an
+  ``max_request_size`` per request, starting after the last partition the previous drain took
+  (Kafka's ``drainIndex``), so every ready partition gets a turn before any gets a second.
+  (Moving the start by one partition per drain let the first thousand of 10,000 partitions be
+  sent again and again with a record or two each, while the rest waited.) For an
   idempotent producer a retried batch goes alone (a partition leader remembers a request's
   batches as one run, so it recognises each of them retried alone: producer_state.py).
 * Buffer memory is reserved per batch, in steps, for the bytes the batch holds: the record that
@@ -38,6 +41,7 @@ Thread-safety: every public method takes the accumulator's lock; only ``append``
 from __future__ import annotations
 
 import asyncio
+import bisect
 import threading
 import time
 from collections import deque
@@ -316,7 +320,10 @@ class RecordAccumulator:
         self._lock = threading.Lock()
         self._flushes = 0
         self._closed = False
-        self._drain_start = 0
+        #: Every queue's place in creation order, and the place of the last partition drained:
+        #: the next drain starts after it.
+        self._queue_order: dict[TopicPartition, int] = {}
+        self._drain_cursor = -1
         #: When the sender routine will call ``ready`` again by itself (ms; None: only when woken),
         #: as its last ``ready`` call told it. See ``sender_looks_by``.
         self._sender_looks_at: int | None = None
@@ -475,6 +482,7 @@ class RecordAccumulator:
         if queue is None:
             queue = self._queues[tp] = deque()
             self._by_topic.setdefault(tp.topic, {})[tp.partition] = queue
+            self._queue_order[tp] = len(self._queue_order)
         return queue
 
     def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:
@@ -558,10 +566,15 @@ class RecordAccumulator:
         return plans
 
     def _rotate(self, ready: list[TopicPartition]) -> list[TopicPartition]:
-        if not ready:
-            return ready
-        self._drain_start = (self._drain_start + 1) % len(ready)
-        return ready[self._drain_start :] + ready[: self._drain_start]
+        """``ready`` in queue order, starting after the last partition drained."""
+        order = self._queue_order
+
+        def place(tp: TopicPartition) -> int:
+            return order.get(tp, -1)
+
+        ready.sort(key=place)  # already in this order when it comes from ready(): linear
+        start = bisect.bisect_right(ready, self._drain_cursor, key=place)
+        return ready[start:] + ready[:start]
 
     def _plan_topic(
         self,
@@ -585,17 +598,19 @@ class RecordAccumulator:
                 current, size = {}, 0
             if not current and len(plans) >= max_requests:
                 return False
-            batches = self._take(tp, now_ms, max_request_size - size, sending_all)
+            batches, taken_size = self._take(tp, now_ms, max_request_size - size, sending_all)
             current[tp.partition] = batches
-            size += sum(b.estimated_size for b in batches)
+            size += taken_size
+            self._drain_cursor = self._queue_order.get(tp, -1)
         if current:
             plans.append((topic, current))
         return len(plans) < max_requests
 
     def _take(
         self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool
-    ) -> list[ProducerBatch]:
-        """Pop the first batch of ``tp`` and the complete ones behind it, up to ``max_bytes``."""
+    ) -> tuple[list[ProducerBatch], int]:
+        """Pop the first batch of ``tp`` and the complete ones behind it, up to ``max_bytes``;
+        returns them and their estimated size."""
         queue = self._queues.get(tp)
         taken: list[ProducerBatch] = []
         size = 0
@@ -607,17 +622,18 @@ class RecordAccumulator:
                 and (batch.attempts or taken[0].attempts or batch.prebuilt or taken[0].prebuilt)
             ):
                 break
+            estimated = batch.estimated_size
             if taken:
                 last = len(queue) == 1
                 complete = (
                     batch.is_full or not last or sending_all or now_ms - batch.created_ms >= self.linger_ms
                 )
-                if not complete or batch.retry_at_ms > now_ms or size + batch.estimated_size > max_bytes:
+                if not complete or batch.retry_at_ms > now_ms or size + estimated > max_bytes:
                     break
             queue.popleft()
             taken.append(batch)
-            size += batch.estimated_size
-        return taken
+            size += estimated
+        return taken, size
 
     def reenqueue(self, batches: list[ProducerBatch], retry_at_ms: int) -> None:
         """Put failed batches back at the *front* of their queues, in their original order."""
@@ -646,11 +662,21 @@ class RecordAccumulator:
 
     def complete(self, batch: ProducerBatch) -> None:
         """Forget a finished batch and release its buffer memory (the caller resolves its result)."""
+        self.complete_all((batch,))
+
+    def complete_all(self, batches: Iterable[ProducerBatch]) -> None:
+        """:meth:`complete` of many batches: one lock and one release for an answer's batches
+        (per batch, the lock -- wanted by the appending threads too -- was a tenth of the
+        producer's time for answers of a thousand partitions)."""
+        released = 0
+        incomplete = self._incomplete
         with self._lock:
-            if batch not in self._incomplete:
-                return
-            self._incomplete.discard(batch)
-        self.pool.deallocate(batch.reserved_bytes)
+            for batch in batches:
+                if batch in incomplete:
+                    incomplete.discard(batch)
+                    released += batch.reserved_bytes
+        if released:
+            self.pool.deallocate(released)
 
     # -- flush, close, abort ---------------------------------------------------------------
 
