@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.clock import Clock
-from services.errors import KafkaStorageError, UnknownTopicOrPartitionError
+from services.errors import KafkaStorageError, TributaryError, UnknownTopicOrPartitionError
 from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
@@ -126,6 +126,8 @@ class LogManager:
         self._default_config = dict(default_config or {})
         LogConfig.from_dict(self._default_config)  # fail now on a bad default, not at first use
         self._topic_overrides: dict[str, dict[str, Any]] = {}
+        #: Topic -> (the overrides it was resolved from, the resolved config).
+        self._resolved: dict[str, tuple[dict[str, Any], LogConfig]] = {}
         self.handle_cache = FileHandleCache(max_open_segments)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         #: Partitions per log dir (new partitions go to the emptiest).
@@ -138,7 +140,15 @@ class LogManager:
         self._last_expiration_check_ms = clock.time_ms()
 
     def _config_for(self, topic: str) -> LogConfig:
-        return LogConfig.from_dict(self._default_config, self._topic_overrides.get(topic, {}))
+        """The topic's config, resolved once per change of its overrides (every partition of the
+        topic shares the object, so a confirmation can tell by identity that nothing changed)."""
+        overrides = self._topic_overrides.get(topic, {})
+        cached = self._resolved.get(topic)
+        if cached is not None and cached[0] == overrides:
+            return cached[1]
+        config = LogConfig.from_dict(self._default_config, overrides)
+        self._resolved[topic] = (dict(overrides), config)
+        return config
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -216,17 +226,61 @@ class LogManager:
         Idempotent: for an existing partition, applies ``configs`` (when given) and returns it.
         InvalidConfigError for bad configs, ValueError for an illegal topic name.
         """
+        return self._create(topic, partition, configs, sync_parent=True)
+
+    def create_partitions(
+        self, items: Sequence[tuple[str, int, Mapping[str, Any] | None]]
+    ) -> list[PartitionLog | TributaryError]:
+        """:meth:`create_partition` of each (topic, partition, configs), each its own outcome
+        (the log, or the error: InvalidConfigError, KafkaStorageError, ...). New partitions'
+        directories are made durable with one fsync of each log dir they went to, not one each
+        (most of what a create of thousands of partitions cost a node)."""
+        outcomes: list[PartitionLog | TributaryError] = []
+        new_in: dict[Path, list[int]] = {}
+        for topic, partition, configs in items:
+            existed = (topic, partition) in self._logs
+            try:
+                partition_log = self._create(topic, partition, configs, sync_parent=False)
+            except TributaryError as exc:
+                outcomes.append(exc)
+                continue
+            if not existed:
+                new_in.setdefault(partition_log.log_dir, []).append(len(outcomes))
+            outcomes.append(partition_log)
+        for log_dir, indexes in new_in.items():
+            try:
+                checkpoint.fsync_dir(log_dir)
+            except OSError as exc:
+                failure = KafkaStorageError(f"{log_dir}: making new partitions durable failed: {exc}")
+                for index in indexes:
+                    outcomes[index] = failure
+        return outcomes
+
+    def _create(
+        self, topic: str, partition: int, configs: Mapping[str, Any] | None, *, sync_parent: bool
+    ) -> PartitionLog:
         name = files.partition_dir_name(topic, partition)
         with self._lock:
-            config = self._config_for(topic) if configs is None else self._replace_overrides(topic, configs)
             existing = self._logs.get((topic, partition))
             if existing is not None:
                 if configs is not None:
-                    existing.update_config(config)
+                    # Overrides unchanged (a controller confirming the log is here): no new config
+                    # to resolve, and none to apply unless this log has an older one.
+                    unchanged = self._topic_overrides.get(topic) == dict(configs)
+                    config = self._config_for(topic) if unchanged else self._replace_overrides(topic, configs)
+                    if existing.config is not config:
+                        existing.update_config(config)
                 return existing
+            config = self._config_for(topic) if configs is None else self._replace_overrides(topic, configs)
             log_dir = self._least_loaded_dir()
             partition_log = PartitionLog.open(
-                log_dir / name, topic, partition, config, self._clock, handle_cache=self.handle_cache
+                log_dir / name,
+                topic,
+                partition,
+                config,
+                self._clock,
+                handle_cache=self.handle_cache,
+                sync_parent=sync_parent,
             )
             self._logs[(topic, partition)] = partition_log
             self._count_in_dir(partition_log, 1)

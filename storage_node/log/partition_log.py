@@ -180,9 +180,12 @@ class PartitionLog:
         *,
         handle_cache: FileHandleCache | None = None,
         high_watermark: int | None = None,
+        sync_parent: bool = True,
     ) -> PartitionLog:
         """Open (creating if needed) and recover the partition directory ``directory``;
-        ``high_watermark`` is the one the log dir's checkpoint holds (None: not there).
+        ``high_watermark`` is the one the log dir's checkpoint holds (None: not there). A new
+        directory is made durable by an fsync of the log dir, unless ``sync_parent`` is False
+        (the caller fsyncs it once for many new partitions).
 
         Raises KafkaStorageError when the disk fails (a full disk: ENOSPC). A failed open keeps
         no file open, and a directory this call created is removed again, so retrying on a full
@@ -192,7 +195,8 @@ class PartitionLog:
         try:
             if created:
                 directory.mkdir(parents=True)
-                checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
+                if sync_parent:
+                    checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
             loaded = loader.load_log(
                 directory,
                 topic,
