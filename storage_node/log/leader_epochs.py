@@ -86,8 +86,8 @@ class LeaderEpochCache:
         _ensure_increasing(entries)
         self._path = path
         self._entries = tuple(entries)
-        #: Entries changed since the file was last written (see :meth:`flush`).
-        self._dirty = False
+        #: The entries as the checkpoint file last got them (see :meth:`flush`).
+        self._written = self._entries
         self._write_lock = threading.Lock()
 
     @classmethod
@@ -99,22 +99,28 @@ class LeaderEpochCache:
     @property
     def dirty(self) -> bool:
         """Whether the entries changed since the checkpoint file was last written."""
-        return self._dirty
+        return self._entries != self._written
 
-    def flush(self) -> bool:
+    def needs_flush(self, below: int) -> bool:
+        """Whether the entries for offsets below ``below`` differ from the file's (those the log
+        is about to make durable; later ones -- an epoch that wrote nothing yet -- need not be)."""
+        entries, written = self._entries, self._written
+        if entries == written:
+            return False
+        return _below(entries, below) != _below(written, below)
+
+    def flush(self, below: int | None = None) -> bool:
         """Write the entries to the checkpoint file, durably, if they changed since the last
-        write; True if written. (The log calls it before moving its recovery point.)"""
+        write (with ``below``: if those for offsets below it did); True if written. The log
+        calls it before moving its recovery point to ``below``."""
         if self._path is None:
             return False
         with self._write_lock:
-            if not self._dirty:
+            entries = self._entries  # one read: a change made meanwhile stays to write next time
+            if entries == self._written or (below is not None and not self.needs_flush(below)):
                 return False
-            self._dirty = False  # first: a change made while writing leaves it set again
-            try:
-                write_checkpoint(self._path, self._entries)
-            except BaseException:
-                self._dirty = True
-                raise
+            write_checkpoint(self._path, entries)
+            self._written = entries
             return True
 
     # ---- reads ---------------------------------------------------------------------------------
@@ -220,10 +226,13 @@ class LeaderEpochCache:
     def _replace(self, entries: tuple[EpochEntry, ...]) -> None:
         _ensure_increasing(entries)
         self._entries = entries
-        self._dirty = True
 
     def __repr__(self) -> str:
         return f"LeaderEpochCache({list(self._entries)})"
+
+
+def _below(entries: tuple[EpochEntry, ...], offset: int) -> tuple[EpochEntry, ...]:
+    return tuple(e for e in entries if e.start_offset < offset)
 
 
 def _ensure_increasing(entries: tuple[EpochEntry, ...] | list[EpochEntry]) -> None:

@@ -161,6 +161,9 @@ class PartitionLog:
         self._producers = loaded.producers
         self._aborted = loaded.aborted
         self._recovery_point = loaded.recovery_point
+        #: What the recovery-point and log-start checkpoint files hold (written at open).
+        self._checkpointed_recovery_point = loaded.recovery_point
+        self._checkpointed_log_start = loaded.log_start_offset
         self._last_flush_ms = clock.time_ms()
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
@@ -866,7 +869,11 @@ class PartitionLog:
             with self._lock:
                 self._ensure_usable()
                 end = self._next_offset
-                segments = self._segments.from_offset(self._recovery_point)
+                # Only what changed since the last flush is synced: a node closing thousands of
+                # idle (or new, empty) partitions spent its shutdown rewriting what was on disk.
+                segments = (
+                    self._segments.from_offset(self._recovery_point) if end > self._recovery_point else ()
+                )
                 dir_needs_fsync, self._dir_needs_fsync = self._dir_needs_fsync, False
             try:
                 for segment in segments:
@@ -875,16 +882,18 @@ class PartitionLog:
                     checkpoint.fsync_dir(self.directory)  # new segment files must survive too
                 # The epochs of the offsets about to fall below the recovery point must be on
                 # disk first: the loader relearns epochs from the batches above it only.
-                self._epochs.flush()
+                self._epochs.flush(below=end)
             except OSError as exc:
                 raise KafkaStorageError(f"flush of {self.name} failed: {exc}") from exc
             with self._lock:
                 if end > self._recovery_point:
                     self._recovery_point = end
                 self._last_flush_ms = self._clock.time_ms()
-            checkpoint.write_offset_checkpoint(
-                self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
-            )
+            if end != self._checkpointed_recovery_point:
+                checkpoint.write_offset_checkpoint(
+                    self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
+                )
+                self._checkpointed_recovery_point = end
 
     # ---- retention -----------------------------------------------------------------------------
 
@@ -954,12 +963,11 @@ class PartitionLog:
         return len(doomed)
 
     def _checkpoint_log_start_offset(self) -> None:
+        log_start = self._log_start_offset
         checkpoint.write_offset_checkpoint(
-            self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE,
-            self.topic,
-            self.partition,
-            self._log_start_offset,
+            self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, self.topic, self.partition, log_start
         )
+        self._checkpointed_log_start = log_start
 
     # ---- compaction (the log cleaner's hooks; the logic is in storage_node.log.cleaner) ---------
 
@@ -1085,8 +1093,11 @@ class PartitionLog:
             for segment in self._segments:
                 segment.close()
             if self._failure is None:
-                self._checkpoint_log_start_offset()
-                self._producers.take_snapshot(self._next_offset)
+                # Only what changed: an idle partition's close writes nothing but its marker.
+                if self._log_start_offset != self._checkpointed_log_start:
+                    self._checkpoint_log_start_offset()
+                if self._next_offset > self._log_start_offset:  # an empty log replays nothing
+                    self._producers.ensure_snapshot(self._next_offset)
                 loader.write_clean_shutdown_marker(self.directory)
 
     @_disk_errors_as_storage_errors

@@ -155,3 +155,16 @@ def test_a_missing_checkpoint_reads_as_unknown_and_one_without_entries_as_empty(
 def test_entries_out_of_order_are_refused():
     with pytest.raises(ValueError):
         cache((2, 0), (1, 10))
+
+
+def test_a_flush_up_to_an_offset_writes_only_when_the_entries_below_it_changed(tmp_path):
+    c = LeaderEpochCache.load(tmp_path)
+    c.assign(0, 0)
+    c.assign(3, 10)
+    assert not c.needs_flush(0), "no offset below 0: nothing the log makes durable depends on them"
+    assert not c.flush(below=0) and not (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).exists()
+    assert c.needs_flush(5) and not c.needs_flush(0)
+    assert c.flush(below=5)
+    assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (3, 10)), "written whole"
+    c.assign(4, 12)  # an epoch that wrote nothing below 12 yet
+    assert c.dirty and not c.needs_flush(12) and c.needs_flush(13)
