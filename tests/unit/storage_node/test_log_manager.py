@@ -321,3 +321,21 @@ def test_a_malformed_log_dir_checkpoint_reads_as_empty(tmp_path, text):
     path = tmp_path / files.HIGH_WATERMARK_CHECKPOINT_FILE
     path.write_text(text)
     assert checkpoint.read_offsets_checkpoint(path) == {}
+
+
+def test_a_batch_of_new_partitions_syncs_each_log_dir_once(dirs, clock, monkeypatch):
+    manager = _manager(dirs[:2], clock)
+    manager.create_partition("old", 0).append(make_batch(2))
+    synced_dirs = []
+    real_fsync_dir = checkpoint.fsync_dir
+    monkeypatch.setattr(checkpoint, "fsync_dir", lambda d: (synced_dirs.append(d), real_fsync_dir(d)))
+    outcomes = manager.create_partitions(
+        [("new", p, {}) for p in range(6)] + [("old", 0, {}), ("bad", 0, {"retention.ms": "soon"})]
+    )
+    assert sorted(synced_dirs) == sorted(dirs[:2]), "one fsync per log dir, not one per partition"
+    assert [type(o).__name__ for o in outcomes] == ["PartitionLog"] * 7 + ["InvalidConfigError"]
+    assert outcomes[6].log_end_offset == 2  # the existing log, as it was
+    manager.close()
+    reopened = _manager(dirs[:2], clock)
+    assert sorted(p.partition for p in reopened.partitions() if p.topic == "new") == list(range(6))
+    reopened.close()
