@@ -127,7 +127,7 @@ def controller_failover(cluster: LocalCluster, admin: Admin) -> float:
     return elapsed
 
 
-def leaderless(admin: Admin, topics: list[str] | None = None) -> int:
+def leaderless(admin: Admin, topics: list[str] | tuple[str, ...] = ()) -> int:
     _, described = admin.metadata(topics)
     return sum(1 for t in described for p in t.partitions if p.leader < 0)
 
@@ -199,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
         wait_led(admin, ["produce-1"], time.perf_counter())
         total = len(creates) * TOPIC_PARTITIONS + BIG_TOPIC_PARTITIONS + 1
         print("produce ...", flush=True)
-        rates = {
-            1: produce_rate(cluster.gateway, "produce-1", args.records),
-            1_000: produce_rate(cluster.gateway, "series-000", args.records),
-            10_000: produce_rate(cluster.gateway, "produce-10000", args.records),
-        }
+        print(
+            f"  create of {BIG_TOPIC_PARTITIONS:,}: {big_create:.2f} s, every partition led {big_led:.2f} s"
+        )
+        rates = {}
+        for partitions, topic in ((1, "produce-1"), (1_000, "series-000"), (10_000, "produce-10000")):
+            rates[partitions] = produce_rate(cluster.gateway, topic, args.records)
+            print(f"  {partitions:,} partitions: {rates[partitions]:,.0f} rec/s", flush=True)
         print("reads ...", flush=True)
         list_s, list_lines = timed_cli("topics", "list", "--gateway", cluster.gateway)
         status_s, status_lines = timed_cli("cluster", "status", "--data-dir", str(cluster.data_dir))
@@ -213,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         processes = process_table(cluster)
         print("controller failover ...", flush=True)
         failover_s = controller_failover(cluster, admin)
+        print(f"  {failover_s:.2f} s", flush=True)
         print("storage-node restart ...", flush=True)
         restart_ready_s, restart_online_s = storage_restart(cluster, admin)
+        print(f"  ready {restart_ready_s:.2f} s, every partition led {restart_online_s:.2f} s", flush=True)
         admin.close()
 
     first, last = creates[0], creates[-1]
