@@ -97,18 +97,23 @@ class CoordinatorHandlers:
             cluster_id=state.cluster_id,
         )
 
-    def get_metadata_delta(self, after_revision: int) -> ClusterMetadata | None:
+    def get_metadata_delta(self, after_revision: int, *, partitions: bool = False) -> ClusterMetadata | None:
         """What changed after ``after_revision``: the live storage nodes and controller in full,
-        the topics changed since (each whole) and those deleted since; None when a delta cannot
-        say it (a snapshot or a change of the live nodes since), so the whole metadata is due.
-        Costs in proportion to the changed topics, not to the cluster."""
+        the topics changed since (each whole, or with ``partitions`` only their changed
+        partitions where that says it) and those deleted since; None when a delta cannot say it
+        (a snapshot or a change of the live nodes since), so the whole metadata is due. Costs in
+        proportion to the changed topics (partitions), not to the cluster."""
         state = self._state()
         if after_revision <= 0 or not state.delta_possible_since(after_revision):
             return None
         changed = state.topics_changed_since(after_revision)
         return ClusterMetadata(
             brokers=tuple(sorted(state.brokers.values(), key=lambda b: b.node_id)),
-            topics=tuple(_lookup(state, name) for name in changed if state.live_topic(name) is not None),
+            topics=tuple(
+                _changed_lookup(state, name, after_revision, partitions)
+                for name in changed
+                if state.live_topic(name) is not None
+            ),
             controller=state.controller,
             revision=state.metadata_revision,
             cluster_id=state.cluster_id,
@@ -286,6 +291,17 @@ class CoordinatorHandlers:
         if view is None:
             raise errors.UnknownTopicOrPartitionError(f"Topic '{topic}' was deleted meanwhile")
         return TopicLookup(topic, view, configs=describe_configs(record.configs, True))
+
+
+def _changed_lookup(state: MetadataState, name: str, after_revision: int, partial: bool) -> TopicLookup:
+    """A changed live topic in a delta: whole, or (``partial``) only its changed partitions
+    when the topic itself did not change."""
+    topic = state.live_topic(name)
+    if partial and topic is not None:
+        changed = state.changed_partitions(topic, after_revision)
+        if changed is not None:
+            return TopicLookup(name, state.partial_topic_view(topic, changed))
+    return _lookup(state, name)
 
 
 def _lookup(state: MetadataState, name: str) -> TopicLookup:

@@ -134,6 +134,9 @@ class TopicView:
     replication_factor: int
     configs: Mapping[str, str]
     partitions: tuple[PartitionView, ...] = field(default=())
+    #: Only the partitions that changed after a delta's base revision (the others are as the
+    #: watcher has them); see ``MetadataState.changed_partitions``.
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)

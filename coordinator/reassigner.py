@@ -130,8 +130,7 @@ class Reassigner:
             if transition is not None:
                 due[name].append(transition)
         for name, transitions in due.items():
-            pushed = await asyncio.gather(*map(controller._push, transitions))
-            ready = [t for t in pushed if t is not None]
+            ready = await controller.push_transitions(transitions)
             if ready:
                 await self._write_topic(name, ready, "completion")
         await self._retire()

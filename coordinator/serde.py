@@ -56,6 +56,7 @@ def topic_to_proto(view: TopicView):
         partitions=[partition_to_proto(p) for p in view.partitions],
         replication_factor=view.replication_factor,
         configs=dict(view.configs),
+        partial=view.partial,
     )
 
 

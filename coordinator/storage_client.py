@@ -10,8 +10,10 @@ errors.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -26,6 +28,23 @@ from services.serde import error_from_proto, leader_and_isr_to_proto, offset_spe
 from services.tls import ChannelRotation, ClientTls, aio_channel, retire_channels
 
 log = logging.getLogger(__name__)
+
+
+#: Extra deadline per partition of a CreatePartitionBatch (a new log is a few file operations).
+CREATE_DEADLINE_PER_PARTITION_S = 0.005
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCreation:
+    """One partition of a CreatePartitionBatch: create it (idempotent; configs applied), or with
+    ``must_exist`` only confirm the node holds it."""
+
+    topic: str
+    partition: int
+    configs: Mapping[str, str]
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    must_exist: bool = False
 
 
 class StorageNodes:
@@ -73,6 +92,64 @@ class StorageNodes:
             must_exist=must_exist,
         )
         await self._call(broker, "CreatePartition", request)
+
+    async def create_partitions(
+        self, broker: RegisteredBroker, creations: Sequence[PartitionCreation], *, controller_epoch: int
+    ) -> list[errors.TributaryError | None]:
+        """:meth:`create_partition` for many partitions in one call: each one's outcome (None =
+        held), in order. Raises when the call as a whole fails. A node without the batch call
+        (an older one) gets one CreatePartition per partition."""
+        request = pb.CreatePartitionBatchRequest(
+            partitions=[
+                pb.CreatePartitionRequest(
+                    topic=c.topic,
+                    partition=c.partition,
+                    configs=dict(c.configs),
+                    leader_epoch=c.leader_epoch,
+                    replicas=list(c.replicas),
+                    controller_epoch=controller_epoch,
+                    must_exist=c.must_exist,
+                )
+                for c in creations
+            ]
+        )
+        timeout = self.timeout + CREATE_DEADLINE_PER_PARTITION_S * len(creations)
+        try:
+            response = await self._stub(broker).CreatePartitionBatch(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return await self._create_one_by_one(broker, creations, controller_epoch)
+            raise errors.error_from_rpc(exc) from exc
+        results = {(r.topic, r.partition): r for r in response.partitions}
+        outcomes: list[errors.TributaryError | None] = []
+        for c in creations:
+            result = results.get((c.topic, c.partition))
+            if result is None:
+                outcomes.append(errors.UnknownServerError("the storage node did not answer for it"))
+            else:
+                outcomes.append(error_from_proto(result.error) if result.HasField("error") else None)
+        return outcomes
+
+    async def _create_one_by_one(
+        self, broker: RegisteredBroker, creations: Sequence[PartitionCreation], controller_epoch: int
+    ) -> list[errors.TributaryError | None]:
+        async def one(c: PartitionCreation) -> errors.TributaryError | None:
+            try:
+                await self.create_partition(
+                    broker,
+                    c.topic,
+                    c.partition,
+                    configs=c.configs,
+                    leader_epoch=c.leader_epoch,
+                    replicas=c.replicas,
+                    controller_epoch=controller_epoch,
+                    must_exist=c.must_exist,
+                )
+                return None
+            except errors.TributaryError as exc:
+                return exc
+
+        return list(await asyncio.gather(*map(one, creations)))
 
     async def delete_partition(
         self, broker: RegisteredBroker, topic: str, partition: int, *, controller_epoch: int

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,6 +27,7 @@ from services.records import read_batch_header
 from services.records.format import TRANSACTIONAL_MASK
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
+from storage_node.log.partition_log import PartitionLog
 from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
 
@@ -39,6 +40,19 @@ class TransactionVerifier(Protocol):
     async def verify_transaction(
         self, producer_id: int, producer_epoch: int, topic: str, partition: int
     ) -> errors.TributaryError | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CreationRequest:
+    """What a CreatePartition asks of this node for one partition."""
+
+    topic: str
+    partition: int
+    configs: Mapping[str, str]
+    controller_epoch: int = 0
+    leader_epoch: int = 0
+    #: Only confirm the log is here (REPLICA_NOT_AVAILABLE when it is not).
+    must_exist: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,26 +267,9 @@ class StorageNodeHandlers:
         """Create the partition's log (idempotent; configs applied), or with ``must_exist`` only
         confirm it is here (REPLICA_NOT_AVAILABLE when it was lost). A standalone node leads
         what it creates; with a controller the role comes from UpdateLeaderAndIsr."""
-        from services.topic_config import validate_topic_configs
-
-        self.replicas.ensure_controller_epoch(controller_epoch)
-        validate_topic_configs(configs)
-        try:
-            partition_dir_name(topic, partition)  # a name the disk can hold, before anything else
-        except ValueError as exc:
-            raise errors.InvalidTopicError(str(exc)) from None
-        if must_exist:
-            try:
-                self.logs.get(topic, partition)
-            except errors.UnknownTopicOrPartitionError:
-                raise errors.ReplicaNotAvailableError(
-                    f"{topic}-{partition} is not on node {self.replicas.node_id}: its log was lost"
-                ) from None
-        try:
-            self.logs.get(topic, partition)
-            new = False
-        except errors.UnknownTopicOrPartitionError:
-            new = True
+        new = self._check_creation(
+            CreationRequest(topic, partition, configs, controller_epoch, leader_epoch, must_exist)
+        )
         if new:
             # A new log's directory and files are made durable with fsyncs (milliseconds): in a
             # worker thread, so a create of thousands of partitions does not stall the appends
@@ -283,6 +280,75 @@ class StorageNodeHandlers:
         if self.standalone:
             self.replicas.become_sole_leader(topic, partition, leader_epoch)
         return partition_log
+
+    async def create_partitions(
+        self, creations: Sequence[CreationRequest]
+    ) -> list[PartitionLog | errors.TributaryError]:
+        """:meth:`create_partition` of each, each its own outcome (the log or the error), in
+        order. The new logs are made in one worker-thread batch, their directories made durable
+        with one fsync per log dir."""
+        outcomes: list[PartitionLog | errors.TributaryError | None] = [None] * len(creations)
+        new: list[int] = []
+        checked: dict[tuple, errors.TributaryError | None] = {}
+        for index, creation in enumerate(creations):
+            try:
+                if self._check_creation(creation, checked):
+                    new.append(index)
+                else:  # applies configs
+                    outcomes[index] = self.logs.create_partition(
+                        creation.topic, creation.partition, creation.configs
+                    )
+            except errors.TributaryError as exc:
+                outcomes[index] = exc
+        if new:
+            items = [(creations[i].topic, creations[i].partition, creations[i].configs) for i in new]
+            made = await asyncio.to_thread(self.logs.create_partitions, items)
+            for index, outcome in zip(new, made, strict=True):
+                outcomes[index] = outcome
+        if self.standalone:
+            for creation, outcome in zip(creations, outcomes, strict=True):
+                if not isinstance(outcome, errors.TributaryError):
+                    self.replicas.become_sole_leader(
+                        creation.topic, creation.partition, creation.leader_epoch
+                    )
+        return outcomes  # type: ignore[return-value]  # every slot filled above
+
+    def _check_creation(
+        self, creation: CreationRequest, checked: dict[tuple, errors.TributaryError | None] | None = None
+    ) -> bool:
+        """Raise what refuses ``creation`` (a stale controller, bad configs, a name the disk
+        cannot hold, a lost log it must already hold); True when the log is new here.
+        ``checked`` remembers configs already validated (a batch's are mostly one topic's)."""
+        from services.topic_config import validate_topic_configs
+
+        self.replicas.ensure_controller_epoch(creation.controller_epoch)
+        key = tuple(sorted(creation.configs.items()))
+        if checked is None or key not in checked:
+            try:
+                validate_topic_configs(dict(creation.configs))
+                error = None
+            except errors.TributaryError as exc:
+                error = exc
+            if checked is not None:
+                checked[key] = error
+        else:
+            error = checked[key]
+        if error is not None:
+            raise error
+        topic, partition = creation.topic, creation.partition
+        try:
+            partition_dir_name(topic, partition)  # a name the disk can hold, before anything else
+        except ValueError as exc:
+            raise errors.InvalidTopicError(str(exc)) from None
+        try:
+            self.logs.get(topic, partition)
+            return False
+        except errors.UnknownTopicOrPartitionError:
+            if creation.must_exist:
+                raise errors.ReplicaNotAvailableError(
+                    f"{topic}-{partition} is not on node {self.replicas.node_id}: its log was lost"
+                ) from None
+            return True
 
     def delete_partition(self, topic: str, partition: int, *, controller_epoch: int = 0) -> None:
         """Delete the partition's log (idempotent). Refused while this node is an active replica

@@ -15,11 +15,13 @@ from services.serde import (
     leader_and_isr_from_proto,
     offset_spec_from_proto,
 )
-from storage_node.handlers import OffsetResult, StorageNodeHandlers, TxnMarker
+from storage_node.handlers import CreationRequest, OffsetResult, StorageNodeHandlers, TxnMarker
 from storage_node.log.cleaner.cleaner import plan as cleaner_plan
 
 #: Deadline of an acks=all append whose request sets none.
 _DEFAULT_TIMEOUT_MS = 30_000
+#: Partitions one CreatePartitionBatch may name (the controller sends 1,000).
+MAX_CREATE_BATCH = 10_000
 
 
 def _offset_result_to_proto(result: OffsetResult):
@@ -126,6 +128,36 @@ class StorageNodeServicer(storage_grpc.StorageNodeServicer):
         )
         return pb.CreatePartitionResponse(
             log_dir=str(partition_log.directory.parent), log_end_offset=partition_log.log_end_offset
+        )
+
+    @translate_errors
+    async def CreatePartitionBatch(self, request, context):
+        if len(request.partitions) > MAX_CREATE_BATCH:
+            raise errors.InvalidRequestError(
+                f"{len(request.partitions)} partitions in one call, at most {MAX_CREATE_BATCH}"
+            )
+        creations = []
+        for r in request.partitions:
+            if not r.topic or r.partition < 0:
+                raise errors.InvalidRequestError("create partition needs a topic and a partition >= 0")
+            creations.append(
+                CreationRequest(
+                    r.topic, r.partition, dict(r.configs), r.controller_epoch, r.leader_epoch, r.must_exist
+                )
+            )
+        outcomes = await self._handlers.create_partitions(creations)
+        return pb.CreatePartitionBatchResponse(
+            partitions=[
+                pb.CreatePartitionResult(topic=c.topic, partition=c.partition, error=error_to_proto(outcome))
+                if isinstance(outcome, errors.TributaryError)
+                else pb.CreatePartitionResult(
+                    topic=c.topic,
+                    partition=c.partition,
+                    log_dir=str(outcome.log_dir),
+                    log_end_offset=outcome.log_end_offset,
+                )
+                for c, outcome in zip(creations, outcomes, strict=True)
+            ]
         )
 
     @translate_errors

@@ -14,11 +14,13 @@ and aiokafka style::
 What happens to a record: it is serialized and partitioned in the caller's thread (explicit
 ``partition``; else Kafka's murmur2 of the key modulo the partition count, so keys land where a
 Kafka client would put them; else a sticky partition per batch for null keys), and it is
-appended to its partition's RecordBatch v2 builder in the accumulator; a record that opens a
-batch reserves ``batch_size`` bytes of buffer memory for it first (waiting up to ``max_block_ms``
-when ``buffer_memory`` is full), as Kafka's producer does. The sender routine on the I/O loop
-ships batches once full or after ``linger_ms``, compressed client-side, and retries retriable
-failures with backoff for up to ``delivery_timeout_ms``, keeping per-partition order.
+appended to its partition's RecordBatch v2 builder in the accumulator; a batch reserves buffer
+memory for the bytes it holds, in steps (1 KiB, doubling up to ``batch_size``), and a record
+that opens a batch waits up to ``max_block_ms`` for its first step when ``buffer_memory`` is
+full (Kafka reserves ``batch_size`` per batch at once; see ``accumulator.py`` for why not
+here). The sender routine on the I/O loop ships batches once full or after ``linger_ms``,
+compressed client-side, and retries retriable failures with backoff for up to
+``delivery_timeout_ms``, keeping per-partition order.
 
 Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 
@@ -27,7 +29,7 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``compression``        "none"     none, gzip, snappy, lz4, zstd (``compression_type`` alias)
 ``batch_size``         16384      bytes per partition batch before it is sent
 ``linger_ms``          5          wait this long for a batch to fill
-``buffer_memory``      32 MiB     bytes the batches waiting to be sent hold (``batch_size`` each)
+``buffer_memory``      32 MiB     bytes the batches waiting to be sent hold (at most ``batch_size`` each)
 ``max_block_ms``       60000      how long ``send`` may block (metadata, full buffer)
 ``max_request_size``   1 MiB      largest record, and the most bytes in one request
 ``retries``            2**31-1    retries of a retriable failure (bounded by the timeout)

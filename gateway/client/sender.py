@@ -85,6 +85,7 @@ class SendProduceHandler:
         results = {result.partition: result for result in response.partitions}
         # A ProduceStream request that failed as a whole is answered in-band on partition -1.
         whole = results.get(-1)
+        acknowledged = []
         for partition, batches in self.partitions.items():
             result = results.get(partition, whole)
             if result is None:
@@ -97,9 +98,11 @@ class SendProduceHandler:
             if error is not None:
                 self.sender.fail_or_retry(batches, error, self.epoch)
             else:
-                self.sender.complete(
-                    batches, result.base_offset, result.log_append_time, result.log_start_offset
+                acknowledged.append(
+                    (batches, result.base_offset, result.log_append_time, result.log_start_offset)
                 )
+        if acknowledged:
+            self.sender.complete_many(acknowledged)
 
     def handle_error(self, error: TributaryError) -> None:
         for batches in self.partitions.values():
@@ -247,14 +250,21 @@ class Sender:
         self, batches: list[ProducerBatch], base_offset: int, log_append_time: int, log_start_offset: int
     ) -> None:
         """Acknowledge the batches of one partition, sent together starting at ``base_offset``."""
-        offset = base_offset
-        self.metrics["batches-acknowledged"] += len(batches)
-        self.metrics["records-acknowledged"] += sum(batch.record_count for batch in batches)
-        for batch in batches:
-            self.accumulator.complete(batch)
-            batch.result.complete(offset, log_append_time, log_start_offset)
-            if offset >= 0:
-                offset += batch.record_count
+        self.complete_many([(batches, base_offset, log_append_time, log_start_offset)])
+
+    def complete_many(self, acknowledged: list[tuple[list[ProducerBatch], int, int, int]]) -> None:
+        """:meth:`complete` of several partitions: (batches, base offset, append time, log start)
+        each; their buffer memory goes back in one step."""
+        metrics = self.metrics
+        self.accumulator.complete_all(batch for batches, *_ in acknowledged for batch in batches)
+        for batches, base_offset, log_append_time, log_start_offset in acknowledged:
+            offset = base_offset
+            metrics["batches-acknowledged"] += len(batches)
+            for batch in batches:
+                metrics["records-acknowledged"] += batch.record_count
+                batch.result.complete(offset, log_append_time, log_start_offset)
+                if offset >= 0:
+                    offset += batch.record_count
 
     def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError, epoch: int = -1) -> None:
         """Re-queue the batches (in order, after a backoff) if the policy allows, else fail them."""

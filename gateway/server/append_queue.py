@@ -1,13 +1,23 @@
-"""Ordered, coalescing appends for one pipelined producer (a ProduceStream).
+"""Ordered, coalescing appends for one pipelined producer (a ProduceStream, a data connection).
 
-A stream has many requests in flight, but a storage node may handle concurrent Append calls in
-any order, and a retried append could overtake a later one. So each stream owns an
+A stream has many requests in flight, but a storage node may handle concurrent appends in any
+order, and a retried append could overtake a later one. So each stream owns an
 :class:`AppendQueues`: one FIFO per partition, with at most one append in flight per partition
 (the guarantee Kafka gives a producer with one request in flight per partition). Whatever queued
 up behind the append in flight goes out *merged* in the next one -- the batches of several
-requests concatenated into one ``PartitionAppend``, which the storage node validates and writes
-as a unit -- so ordering does not cost throughput: the more requests are pipelined, the fewer
+requests concatenated into one partition append, which the storage node validates and writes as
+a unit -- so ordering does not cost throughput: the more requests are pipelined, the fewer
 appends carry them (Kafka's producer drains its accumulator the same way).
+
+Across partitions, appends go out in *rounds*: once per turn of the event loop, every partition
+that has something queued and nothing in flight contributes its next (merged) append, and a
+round's appends of one topic are handed to the appender together, which sends one request per
+leader node carrying all of its partitions (Kafka's ProduceRequest per broker). So the cost of a
+round -- the frames, the tasks, the answers -- does not grow with the partitions it carries: a
+producer spreading records over 10,000 partitions costs the gateway a few requests per node per
+round, not 10,000 (it cost one append frame and one task per partition, 50x below the
+1-partition rate). Each partition's outcome is settled as soon as the appender knows it is final
+(``settled``), so a partition waiting out a retry holds up only its own queue.
 
 Each request's share of a merged append is told apart by counting offsets in its batch headers
 (``lastOffsetDelta + 1`` per batch): its base offset is the merged base offset plus the offsets
@@ -23,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from services import errors
@@ -33,15 +43,22 @@ from services.records import iter_batches
 
 log = logging.getLogger(__name__)
 
-#: Upper bound on one merged append, well under the 128 MiB gRPC message limit.
+#: Upper bound on one partition's merged append, well under the 128 MiB gRPC message limit.
 MAX_MERGED_BYTES = 8 << 20
+#: Upper bound on the record bytes of one round's call to the appender (several calls beyond it).
+MAX_ROUND_BYTES = 16 << 20
 #: Bytes a stream may have queued before it stops reading requests (acks=none back-pressure).
 MAX_QUEUED_BYTES = 64 << 20
 
+#: ``settled(partition, result)``: the appender's final outcome for one partition.
+Settled = Callable[[int, AppendResult], None]
+#: ``append(topic, payloads, acks, deadline, settled)``: each partition's append (payloads:
+#: partition -> bytes), retried within the deadline on retriable errors; calls ``settled`` once
+#: per partition as soon as its outcome is final, and returns every outcome.
+Appender = Callable[[str, dict[int, bytes], Acks, float, Settled], Awaitable[dict[int, AppendResult]]]
 
-#: ``append(topic, partition, data, acks, deadline)``: one partition's append, retried within
-#: the deadline on retriable errors.
-Appender = Callable[[str, int, bytes, Acks, float], Awaitable[AppendResult]]
+#: ``_Pending.counts`` before anyone asked for them.
+_NOT_COUNTED = (-1, -1)
 
 
 def count_offsets(data: bytes) -> tuple[int, int] | None:
@@ -61,25 +78,32 @@ class _Pending:
     data: bytes
     acks: Acks
     deadline: float
-    #: (offsets, records) from the headers; None = unreadable, never merged.
-    counts: tuple[int, int] | None
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: (offsets, records) from the headers, read only when the request is merged with another;
+    #: None = unreadable, never merged.
+    _counts: tuple[int, int] | None = _NOT_COUNTED
+
+    @property
+    def counts(self) -> tuple[int, int] | None:
+        if self._counts is _NOT_COUNTED:
+            self._counts = count_offsets(self.data)
+        return self._counts
 
 
-def take_group(queue: deque[_Pending], max_bytes: int = MAX_MERGED_BYTES) -> list[_Pending]:
-    """The longest run at the head of ``queue`` that can go out as one append."""
+def take_group(queue: deque[_Pending], max_bytes: int = MAX_MERGED_BYTES) -> tuple[list[_Pending], int]:
+    """The longest run at the head of ``queue`` that can go out as one append, and its bytes."""
     first = queue.popleft()
     group = [first]
-    if first.counts is None:
-        return group
     size = len(first.data)
+    if not queue or first.counts is None:
+        return group, size
     while queue:
         nxt = queue[0]
-        if nxt.counts is None or nxt.acks != first.acks or size + len(nxt.data) > max_bytes:
+        if nxt.acks != first.acks or size + len(nxt.data) > max_bytes or nxt.counts is None:
             break
         group.append(queue.popleft())
         size += len(nxt.data)
-    return group
+    return group, size
 
 
 def split_result(result: AppendResult, group: list[_Pending]) -> list[AppendResult]:
@@ -99,24 +123,54 @@ def split_result(result: AppendResult, group: list[_Pending]) -> list[AppendResu
     return shares
 
 
+def _group_bytes(group: list[_Pending]) -> int:
+    return len(group[0].data) if len(group) == 1 else sum(len(p.data) for p in group)
+
+
+#: One partition's next append in a round: (partition, the requests merged, their bytes).
+_Take = tuple[int, list[_Pending], int]
+
+
+def _rounds_within(takes: list[_Take], max_bytes: int) -> Iterator[list[_Take]]:
+    """``takes`` cut into runs of at most ``max_bytes`` (a larger one goes alone)."""
+    run: list[_Take] = []
+    size = 0
+    for take in takes:
+        if run and size + take[2] > max_bytes:
+            yield run
+            run, size = [], 0
+        run.append(take)
+        size += take[2]
+    if run:
+        yield run
+
+
 class AppendQueues:
-    """Per-partition FIFOs of one stream (see the module docstring)."""
+    """Per-partition FIFOs of one stream, sent in rounds (see the module docstring)."""
 
     def __init__(
         self,
         appender: Appender,
         *,
         max_merged_bytes: int = MAX_MERGED_BYTES,
+        max_round_bytes: int = MAX_ROUND_BYTES,
         max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self._append = appender
         self._max_merged_bytes = max_merged_bytes
+        self._max_round_bytes = max_round_bytes
         self._max_queued_bytes = max_queued_bytes
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
         self._queues: dict[tuple[str, int], deque[_Pending]] = {}
-        self._drains: dict[tuple[str, int], asyncio.Task] = {}
+        #: Partitions with something queued and no append in flight, in the order they became so
+        #: (a dict as an ordered set): the next round's.
+        self._ready: dict[tuple[str, int], None] = {}
+        #: Partitions with an append in flight.
+        self._in_flight: set[tuple[str, int]] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._round_scheduled = False
 
     async def wait_for_room(self) -> None:
         """Until the queued bytes are back under the limit (the stream reader's back-pressure)."""
@@ -128,55 +182,138 @@ class AppendQueues:
         The future resolves to this request's :class:`AppendResult`; it never raises.
         """
         key = (topic, partition)
-        pending = _Pending(data, acks, deadline, count_offsets(data))
-        self._queues.setdefault(key, deque()).append(pending)
+        pending = _Pending(data, acks, deadline)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        queue.append(pending)
         self._queued_bytes += len(data)
         if self._queued_bytes > self._max_queued_bytes:
             self._room.clear()
-        if key not in self._drains:
-            self._drains[key] = asyncio.create_task(self._drain_routine(key))
+        if key not in self._in_flight:
+            self._ready[key] = None
+            self._schedule_round()
         return pending.future
 
-    async def _drain_routine(self, key: tuple[str, int]) -> None:
-        queue = self._queues[key]
+    def _schedule_round(self) -> None:
+        # At the end of this turn of the loop: every request read in it joins the same round.
+        if not self._round_scheduled:
+            self._round_scheduled = True
+            asyncio.get_running_loop().call_soon(self._start_round)
+
+    def _start_round(self) -> None:
+        """Take the next append of every ready partition; one appender call per topic and acks."""
+        self._round_scheduled = False
+        ready, self._ready = self._ready, {}
+        by_topic: dict[tuple[str, Acks], list[_Take]] = {}
+        for key in ready:
+            group, size = take_group(self._queues[key], self._max_merged_bytes)
+            self._in_flight.add(key)
+            by_topic.setdefault((key[0], group[0].acks), []).append((key[1], group, size))
+        loop = asyncio.get_running_loop()
+        for (topic, acks), takes in by_topic.items():
+            for run in _rounds_within(takes, self._max_round_bytes):
+                groups = {partition: group for partition, group, _ in run}
+                self._track(loop.create_task(self._do_round(topic, acks, groups)))
+
+    def _track(self, task: asyncio.Task) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _do_round(self, topic: str, acks: Acks, groups: dict[int, list[_Pending]]) -> None:
+        unsettled = dict(groups)
+
+        def settled(partition: int, result: AppendResult) -> None:
+            group = unsettled.pop(partition, None)
+            if group is not None:
+                self._settle(topic, partition, group, result)
+
+        deadline = min(p.deadline for group in groups.values() for p in group)
+        data = {
+            p: group[0].data if len(group) == 1 else b"".join(x.data for x in group)
+            for p, group in groups.items()
+        }
         try:
-            while queue:
-                group = take_group(queue, self._max_merged_bytes)
-                try:
-                    shares = await self._do_group(key, group)
-                except Exception as exc:
-                    log.exception("append to %s-%d failed", *key)
-                    shares = [AppendResult(*key, error=errors.UnknownServerError(repr(exc)))] * len(group)
-                for pending, share in zip(group, shares, strict=True):
-                    if not pending.future.done():
-                        pending.future.set_result(share)
-                self._release(group)
-        finally:
-            del self._drains[key]
-            if not queue:
-                del self._queues[key]
-            else:  # cancelled with work left: fail it rather than leave callers waiting
-                for pending in queue:
-                    pending.future.cancel()
+            results = await self._append(topic, data, acks, deadline, settled)
+            for partition, result in results.items():
+                settled(partition, result)
+            missing = errors.UnknownServerError("the append round returned no result for this partition")
+            for partition in list(unsettled):
+                settled(partition, AppendResult(topic, partition, error=missing))
+        except asyncio.CancelledError:
+            for partition, group in unsettled.items():
+                self._abandon((topic, partition), group)
+            raise
+        except Exception as exc:
+            log.exception("append round to %s failed", topic)
+            failure = errors.UnknownServerError(repr(exc))
+            for partition in list(unsettled):
+                settled(partition, AppendResult(topic, partition, error=failure))
+
+    def _settle(self, topic: str, partition: int, group: list[_Pending], result: AppendResult) -> None:
+        error = result.error
+        if error is None:
+            self._finish((topic, partition), group, split_result(result, group))
+        elif len(group) == 1 or error.retriable:
+            self._finish((topic, partition), group, [result] * len(group))
+        else:
+            # Find the request at fault: resend one by one (the node wrote nothing of the merged
+            # append); the partition stays in flight meanwhile.
+            self._track(asyncio.get_running_loop().create_task(self._resend_alone(topic, partition, group)))
+
+    async def _resend_alone(self, topic: str, partition: int, group: list[_Pending]) -> None:
+        shares = []
+        try:
+            for pending in group:
+                results = await self._append(
+                    topic, {partition: pending.data}, pending.acks, pending.deadline, _ignore_settled
+                )
+                shares.append(results[partition])
+        except asyncio.CancelledError:
+            self._abandon((topic, partition), group)
+            raise
+        except Exception as exc:
+            log.exception("append to %s-%d failed", topic, partition)
+            failure = errors.UnknownServerError(repr(exc))
+            shares += [AppendResult(topic, partition, error=failure)] * (len(group) - len(shares))
+        self._finish((topic, partition), group, shares)
+
+    def _finish(self, key: tuple[str, int], group: list[_Pending], shares: list[AppendResult]) -> None:
+        for pending, share in zip(group, shares, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(share)
+        self._release(group)
+        self._in_flight.discard(key)
+        queue = self._queues.get(key)
+        if queue:
+            self._ready[key] = None
+            self._schedule_round()
+        elif queue is not None:
+            del self._queues[key]
+
+    def _abandon(self, key: tuple[str, int], group: list[_Pending]) -> None:
+        """Cancelled with work left (the loop is shutting down): fail it rather than leave
+        callers waiting."""
+        queued = self._queues.pop(key, deque())
+        for pending in (*group, *queued):
+            pending.future.cancel()
+        self._release([*group, *queued])
+        self._in_flight.discard(key)
+        self._ready.pop(key, None)
 
     def _release(self, group: list[_Pending]) -> None:
-        self._queued_bytes -= sum(len(p.data) for p in group)
+        self._queued_bytes -= _group_bytes(group)
         if self._queued_bytes <= self._max_queued_bytes:
             self._room.set()
 
-    async def _do_group(self, key: tuple[str, int], group: list[_Pending]) -> list[AppendResult]:
-        topic, partition = key
-        deadline = min(p.deadline for p in group)
-        data = group[0].data if len(group) == 1 else b"".join(p.data for p in group)
-        result = await self._append(topic, partition, data, group[0].acks, deadline)
-        if result.error is None:
-            return split_result(result, group)
-        if len(group) == 1 or result.error.retriable:
-            return [result] * len(group)
-        # Find the request at fault: resend one by one (the node wrote nothing of the merged append).
-        return [await self._append(topic, partition, p.data, p.acks, p.deadline) for p in group]
-
     async def close(self) -> None:
         """Wait until everything submitted has been appended (or failed)."""
-        while self._drains:
-            await asyncio.gather(*list(self._drains.values()), return_exceptions=True)
+        while self._tasks or self._ready:
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # the scheduled round starts
+
+
+def _ignore_settled(_partition: int, _result: AppendResult) -> None:
+    pass

@@ -2,9 +2,10 @@
 
 A :class:`ClusterSnapshot` is built from one ``GetMetadataResponse`` (what ``WatchMetadata``
 streams), or from the previous snapshot and a delta (:meth:`ClusterSnapshot.with_delta`: only
-the topics that changed, so following a cluster of tens of thousands of partitions costs each
-change in proportion to its topics); the gateway swaps whole snapshots, never mutates one, so a
-request that read a snapshot sees one consistent view. Lookups raise the taxonomy's retriable,
+the topics that changed -- of a topic whose own key did not, only the partitions that did
+(``TopicMetadata.partial``) -- so following a cluster of tens of thousands of partitions costs
+each change in proportion to what it touched); the gateway swaps whole snapshots, never mutates
+one, so a request that read a snapshot sees one consistent view. Lookups raise the taxonomy's retriable,
 ``invalid_metadata`` errors (``UNKNOWN_TOPIC_OR_PARTITION``, ``LEADER_NOT_AVAILABLE``,
 ``BROKER_NOT_AVAILABLE``) so callers know to refresh and retry.
 """
@@ -74,6 +75,27 @@ def _topic_from_proto(message) -> TopicRoute:
     return TopicRoute(message.name, tuple(partitions), MappingProxyType(dict(message.configs)))
 
 
+class PartialTopicError(Exception):
+    """A partition delta for a topic the snapshot does not hold as it should (unknown, or a
+    partition out of its range): the delta cannot be applied, the whole metadata is needed."""
+
+
+def _merged_topic(route: TopicRoute | None, message, partial) -> tuple[TopicRoute, object]:
+    """``route`` (and its ``message``) with the partitions of a partial topic message replaced."""
+    if route is None or message is None:
+        raise PartialTopicError(f"a partition delta for topic {partial.name!r}, which is not known")
+    partitions = list(route.partitions)
+    merged = type(message)()
+    merged.CopyFrom(message)
+    for changed in partial.partitions:
+        index = changed.partition
+        if not 0 <= index < len(partitions) or merged.partitions[index].partition != index:
+            raise PartialTopicError(f"a partition delta for {partial.name}-{index}, which is not known")
+        partitions[index] = _partition_from_proto(changed)
+        merged.partitions[index].CopyFrom(changed)
+    return TopicRoute(route.name, tuple(partitions), route.configs), merged
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """One consistent view of brokers and topics at an etcd ``revision``."""
@@ -109,8 +131,10 @@ class ClusterSnapshot:
     def with_delta(self, response) -> ClusterSnapshot:
         """This snapshot with a delta applied (``response.is_delta``; the caller checked that
         ``response.base_revision <= self.revision <= response.revision``): brokers and header
-        replaced, the changed topics replaced, the removed ones dropped. Copies the topic maps
-        (one entry per topic) but re-parses only the changed topics."""
+        replaced, the changed topics replaced (a partial one: its changed partitions), the
+        removed ones dropped. Copies the topic maps (one entry per topic) but re-parses only the
+        changed topics (partitions). Raises :class:`PartialTopicError` when a partial topic
+        does not fit this snapshot."""
         nodes = {b.node_id: broker_address_from_proto(b) for b in response.brokers}
         topics, messages = dict(self.topics), dict(self.messages)
         for name in response.removed_topics:
@@ -120,6 +144,10 @@ class ClusterSnapshot:
             if message.HasField("error"):
                 topics.pop(message.name, None)
                 messages.pop(message.name, None)
+            elif message.partial:
+                topics[message.name], messages[message.name] = _merged_topic(
+                    topics.get(message.name), messages.get(message.name), message
+                )
             else:
                 topics[message.name] = _topic_from_proto(message)
                 messages[message.name] = message

@@ -41,12 +41,15 @@ async def retry_partitions(
     *,
     refresh: Callable[[], Awaitable[object]],
     deadline: float,
+    on_final: Callable[[K, R], None] | None = None,
 ) -> dict[K, R]:
     """Run ``attempt(pending_keys, deadline)`` until no key has a retriable error or time is up.
 
     ``attempt`` returns a result for every key it was given; ``deadline`` is on the event loop's
     clock. Between rounds the metadata is refreshed and the backoff doubles (50 ms .. 1 s), cut
-    short so that a last attempt still starts before the deadline.
+    short so that a last attempt still starts before the deadline. ``on_final(key, result)`` is
+    called for each key as soon as its result is final (after the attempt that settled it), so a
+    caller can act on the settled keys while others still wait for a retry.
     """
     loop = asyncio.get_running_loop()
     pending = list(keys)
@@ -55,8 +58,13 @@ async def retry_partitions(
     while pending:
         round_results = await attempt(pending, deadline)
         results.update(round_results)
-        pending = [k for k in pending if is_retriable(round_results[k].error)]
-        if not pending or deadline - loop.time() < 2 * MIN_ATTEMPT_S:
+        retry = [k for k in pending if is_retriable(round_results[k].error)]
+        last = not retry or deadline - loop.time() < 2 * MIN_ATTEMPT_S
+        if on_final is not None:
+            for k in pending if last else (k for k in pending if not is_retriable(round_results[k].error)):
+                on_final(k, round_results[k])
+        pending = retry
+        if last:
             break
         await refresh()
         # The last attempt is made just before the deadline rather than not at all.

@@ -219,15 +219,9 @@ class ProduceHandler:
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
-        queues = AppendQueues(self.append_partition)
+        queues = AppendQueues(self._append_with_retries)
         self._stream_queues.add(queues)
         return queues
-
-    async def append_partition(
-        self, topic: str, partition: int, data: bytes, acks: Acks, deadline: float
-    ) -> AppendResult:
-        """One partition's append with retries: the stream queues' appender."""
-        return (await self._append_with_retries(topic, {partition: data}, acks, deadline))[partition]
 
     async def _outcome_when_appended(
         self, plan: ProducePlan, futures: dict[int, asyncio.Future]
@@ -263,12 +257,25 @@ class ProduceHandler:
                 log.info("acks=none append to partition %d failed: %s", result.partition, result.error)
 
     async def _append_with_retries(
-        self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
+        self,
+        topic: str,
+        data: dict[int, bytes],
+        acks: Acks,
+        deadline: float,
+        settled: Callable[[int, AppendResult], None] | None = None,
     ) -> dict[int, AppendResult]:
+        """The partitions' appends, one request per leader node, retried within the deadline;
+        ``settled`` hears of each partition as soon as its outcome is final (the stream queues'
+        appender)."""
+
         async def attempt(partitions: list[int], deadline: float) -> dict[int, AppendResult]:
+            if len(partitions) == len(data):
+                return await self._do_append_round(topic, data, acks, deadline)
             return await self._do_append_round(topic, {p: data[p] for p in partitions}, acks, deadline)
 
-        return await retry_partitions(data, attempt, refresh=self._router.refresh, deadline=deadline)
+        return await retry_partitions(
+            data, attempt, refresh=self._router.refresh, deadline=deadline, on_final=settled
+        )
 
     async def _do_append_round(
         self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import grpc
 
-from gateway.server.cluster_snapshot import ClusterSnapshot, TopicRoute
+from gateway.server.cluster_snapshot import ClusterSnapshot, PartialTopicError, TopicRoute
 from gateway.server.coordinators import CHANNEL_OPTIONS, CoordinatorPool
 from gateway.server.node_appends import NodeAppends
 from services import errors
@@ -90,7 +90,10 @@ class MetadataWatch:
                     f"metadata delta from revision {response.base_revision} does not apply to "
                     f"revision {current.revision}"
                 )
-            self._snapshot = current.with_delta(response)
+            try:
+                self._snapshot = current.with_delta(response)
+            except PartialTopicError as exc:
+                raise MetadataGapError(str(exc)) from exc
         else:
             self._snapshot = ClusterSnapshot.from_proto(response)
         self._changed.set()
@@ -166,7 +169,7 @@ class MetadataWatch:
     async def _do_watch(self, address: str) -> None:
         """Follow one coordinator's WatchMetadata: the whole metadata, then deltas."""
         stream = self._coordinators.stub(address).WatchMetadata(
-            pb.WatchMetadataRequest(after_revision=0, accept_deltas=True)
+            pb.WatchMetadataRequest(after_revision=0, accept_deltas=True, accept_partition_deltas=True)
         )
         try:
             async for response in stream:

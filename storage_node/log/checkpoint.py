@@ -1,7 +1,9 @@
-"""Offset checkpoint files (``recovery-point-offset-checkpoint``, ``log-start-offset-checkpoint``).
+"""Offset checkpoint files: per partition (``recovery-point-offset-checkpoint``,
+``log-start-offset-checkpoint``) and per log dir (``replication-offset-checkpoint``, the high
+watermarks).
 
-File format: Kafka's ``OffsetCheckpointFile`` text layout, with one entry because the file lives
-in the partition's own directory::
+File format: Kafka's ``OffsetCheckpointFile`` text layout -- with one entry in a partition's own
+directory, with one per partition of the log dir in a log dir's::
 
     0                     version
     1                     number of entries
@@ -12,14 +14,15 @@ directory fsynced, so a reader sees either the old or the new file, never a torn
 still fails to parse (disk corruption) is reported as missing with a warning; callers then fall
 back to the safe default (recovery point 0 = recover everything).
 
-Thread safety: a checkpoint file has one writer (the partition's flush path, serialised by its
-flush lock).
+Thread safety: a checkpoint file has one writer (a partition's by its flush path, serialised by
+its flush lock; a log dir's by the log manager's periodic tick and its close).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from storage_node.log.files import TEMP_FILE_SUFFIX
@@ -65,6 +68,41 @@ def write_offset_checkpoint(
     path: Path, topic: str, partition: int, offset: int, *, durable: bool = True
 ) -> None:
     write_atomically(path, f"{_VERSION}\n1\n{topic} {partition} {offset}\n".encode(), durable=durable)
+
+
+def write_offsets_checkpoint(path: Path, entries: Iterable[tuple[str, int, int]]) -> None:
+    """A checkpoint of many partitions' offsets: ``entries`` are (topic, partition, offset)."""
+    lines = [f"{topic} {partition} {offset}" for topic, partition, offset in entries]
+    write_atomically(path, "\n".join([str(_VERSION), str(len(lines)), *lines, ""]).encode())
+
+
+def read_offsets_checkpoint(path: Path) -> dict[tuple[str, int], int]:
+    """Every (topic, partition) -> offset in a many-partition checkpoint; empty (with a warning
+    unless the file is missing) when it is missing, unreadable or malformed."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        log.warning("Ignoring unreadable checkpoint %s: %s", path, exc)
+        return {}
+    lines = text.split("\n")
+    offsets: dict[tuple[str, int], int] = {}
+    try:
+        if int(lines[0]) != _VERSION:
+            raise ValueError(f"unexpected version {lines[0]!r}")
+        count = int(lines[1])
+        for line in lines[2 : 2 + count]:
+            topic, partition, offset = line.split(" ")
+            if int(offset) < 0 or int(partition) < 0:
+                raise ValueError(f"entry {line!r} is negative")
+            offsets[(topic, int(partition))] = int(offset)
+        if len(offsets) != count:
+            raise ValueError(f"{len(offsets)} distinct entries, {count} announced")
+    except (ValueError, IndexError) as exc:
+        log.warning("Ignoring malformed checkpoint %s: %s", path, exc)
+        return {}
+    return offsets
 
 
 def read_offset_checkpoint(path: Path, topic: str, partition: int) -> int | None:

@@ -18,7 +18,11 @@ any point leaves a name the loader knows how to resolve (see ``loader.py``):
 
 Checkpoint files and the clean-shutdown marker sit beside the segments in the partition
 directory (one of each per partition, unlike Kafka's per-log-dir files, so a partition directory
-is self-contained and can be moved between log dirs as a unit).
+is self-contained), except the high watermarks: they move with every acknowledged append, and
+one file per partition rewritten every second cost a node two fsyncs per busy partition per
+second (a node with 3,333 busy partitions never caught up), so they are one file per log dir,
+as Kafka keeps them (``replication-offset-checkpoint``). Losing an entry is safe: the high
+watermark then starts at the log start and the leader moves it on.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ SEGMENT_FILE_SUFFIXES = (LOG_FILE_SUFFIX, INDEX_FILE_SUFFIX, TIME_INDEX_FILE_SUF
 
 RECOVERY_POINT_CHECKPOINT_FILE = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT_FILE = "log-start-offset-checkpoint"
-#: The high watermark as last checkpointed (Kafka's replication-offset-checkpoint).
+#: The high watermarks as last checkpointed (Kafka's replication-offset-checkpoint): one file per
+#: log dir; a file of this name in a partition directory is the old per-partition layout, read
+#: only for a partition the log dir's file does not name.
 HIGH_WATERMARK_CHECKPOINT_FILE = "replication-offset-checkpoint"
 #: Where the log cleaner's last round ended; its presence also says the log holds compacted
 #: segments, whose offsets may skip (Kafka keeps one per log dir, ``cleaner-offset-checkpoint``).

@@ -35,7 +35,7 @@ from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.index import CorruptIndexError
-from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache
+from storage_node.log.leader_epochs import LEADER_EPOCH_CHECKPOINT_FILE, LeaderEpochCache, read_checkpoint
 from storage_node.log.producer_replay import replay_segments
 from storage_node.log.producer_state import ProducerStateManager
 from storage_node.log.segment import Segment
@@ -89,8 +89,12 @@ def load_log(
     clock: Clock,
     *,
     handle_cache: FileHandleCache | None = None,
+    high_watermark: int | None = None,
 ) -> LoadedLog:
-    """Recover ``directory`` and return its segments and offsets. The caller owns the segments."""
+    """Recover ``directory`` and return its segments and offsets. The caller owns the segments.
+
+    ``high_watermark``: the checkpointed one (the log dir's checkpoint); None reads the
+    partition directory's own (the layout before log-dir checkpoints), else 0."""
     ctx = _Context(directory, config, clock, handle_cache)
     had_clean_shutdown = (directory / files.CLEAN_SHUTDOWN_FILE).exists()
     recovery_point = (
@@ -119,9 +123,10 @@ def load_log(
     next_offset = segments[-1].next_offset
     log_start_offset = max(log_start_checkpoint, segments[0].base_offset)
     epochs = _fifth_pass_leader_epochs(ctx, segments, recovery_point, had_clean_shutdown, log_start_offset)
-    high_watermark = checkpoint.read_offset_checkpoint(
-        directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
-    )
+    if high_watermark is None:
+        high_watermark = checkpoint.read_offset_checkpoint(
+            directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, topic, partition
+        )
     high_watermark = min(max(high_watermark or 0, log_start_offset), next_offset)
     producers, aborted = _sixth_pass_producer_state(ctx, segments, next_offset, topic, partition)
     # Only a flush moves the recovery point forward (Kafka's rule): after an unclean shutdown the
@@ -163,13 +168,14 @@ def _fifth_pass_leader_epochs(
     ctx: _Context, segments: list[Segment], recovery_point: int, had_clean_shutdown: bool, log_start: int
 ) -> LeaderEpochCache:
     """The leader-epoch cache as the recovered log says it must be (Kafka assigns the epoch of
-    every batch it recovers). A log without any checkpoint (written before epochs were kept) is
-    scanned whole, once: headers only."""
-    written = (ctx.directory / LEADER_EPOCH_CHECKPOINT_FILE).exists()
-    epochs = LeaderEpochCache.load(ctx.directory)
+    every batch it recovers). A log without a readable checkpoint (written before epochs were
+    kept, or never flushed) is scanned whole: headers only."""
+    path = ctx.directory / LEADER_EPOCH_CHECKPOINT_FILE
+    stored = read_checkpoint(path)
+    epochs = LeaderEpochCache(path, stored or ())
     next_offset = segments[-1].next_offset
     epochs.truncate_from_end(next_offset)
-    if not written:
+    if stored is None:  # never written (or torn by a crash): nothing is known
         scan_from = 0
     elif had_clean_shutdown:
         scan_from = next_offset
@@ -348,5 +354,7 @@ def remove_clean_shutdown_marker(directory: Path) -> None:
 
 
 def write_clean_shutdown_marker(directory: Path) -> None:
-    """Record that every segment and checkpoint was flushed and closed."""
-    checkpoint.write_atomically(directory / files.CLEAN_SHUTDOWN_FILE, b"")
+    """Record that every segment and checkpoint was flushed and closed. Without fsyncs: all it
+    vouches for is on disk already, so a crash either keeps it (rightly) or loses it (the next
+    open recovers, which is safe) -- two fsyncs per partition of a node's shutdown saved."""
+    checkpoint.write_atomically(directory / files.CLEAN_SHUTDOWN_FILE, b"", durable=False)

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from services.clock import Clock
-from services.errors import KafkaStorageError, UnknownTopicOrPartitionError
-from storage_node.log import files
+from services.errors import KafkaStorageError, TributaryError, UnknownTopicOrPartitionError
+from storage_node.log import checkpoint, files
 from storage_node.log.config import LogConfig
 from storage_node.log.file_records import FileHandleCache
 from storage_node.log.partition_log import PartitionLog
@@ -89,6 +89,10 @@ class LogManager:
     Open files: ``.log`` handles go through one :class:`FileHandleCache` of ``max_open_segments``;
     index files are read into memory at open and only the active segment keeps index handles.
 
+    High watermarks: one ``replication-offset-checkpoint`` per log dir, naming every partition
+    in it, rewritten by :meth:`tick` when any of them moved and at :meth:`close` (Kafka's
+    layout; one file per partition cost two fsyncs per busy partition per tick).
+
     Topic configs: ``default_config`` (broker-level defaults, Kafka names) overlaid by each
     topic's overrides as given to :meth:`create_partition`, :meth:`load` or
     :meth:`update_topic_config` -- the coordinator owns them; nothing is persisted here.
@@ -122,6 +126,8 @@ class LogManager:
         self._default_config = dict(default_config or {})
         LogConfig.from_dict(self._default_config)  # fail now on a bad default, not at first use
         self._topic_overrides: dict[str, dict[str, Any]] = {}
+        #: Topic -> (the overrides it was resolved from, the resolved config).
+        self._resolved: dict[str, tuple[dict[str, Any], LogConfig]] = {}
         self.handle_cache = FileHandleCache(max_open_segments)
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         #: Partitions per log dir (new partitions go to the emptiest).
@@ -134,7 +140,15 @@ class LogManager:
         self._last_expiration_check_ms = clock.time_ms()
 
     def _config_for(self, topic: str) -> LogConfig:
-        return LogConfig.from_dict(self._default_config, self._topic_overrides.get(topic, {}))
+        """The topic's config, resolved once per change of its overrides (every partition of the
+        topic shares the object, so a confirmation can tell by identity that nothing changed)."""
+        overrides = self._topic_overrides.get(topic, {})
+        cached = self._resolved.get(topic)
+        if cached is not None and cached[0] == overrides:
+            return cached[1]
+        config = LogConfig.from_dict(self._default_config, overrides)
+        self._resolved[topic] = (dict(overrides), config)
+        return config
 
     # ---- loading -------------------------------------------------------------------------------
 
@@ -148,8 +162,12 @@ class LogManager:
             self._topic_overrides[topic] = dict(overrides)
             self._config_for(topic)  # validate
         found: dict[tuple[str, int], Path] = {}
+        high_watermarks: dict[tuple[str, int], int] = {}
         for log_dir in self.log_dirs:
             log_dir.mkdir(parents=True, exist_ok=True)
+            high_watermarks.update(
+                checkpoint.read_offsets_checkpoint(log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE)
+            )
             for child in sorted(log_dir.iterdir()):
                 key = self._partition_dir_key(child)
                 if key is None:
@@ -164,7 +182,13 @@ class LogManager:
         def open_one(item: tuple[tuple[str, int], Path]) -> None:
             (topic, partition), path = item
             partition_log = PartitionLog.open(
-                path, topic, partition, self._config_for(topic), self._clock, handle_cache=self.handle_cache
+                path,
+                topic,
+                partition,
+                self._config_for(topic),
+                self._clock,
+                handle_cache=self.handle_cache,
+                high_watermark=high_watermarks.get((topic, partition)),
             )
             with self._lock:
                 self._logs[(topic, partition)] = partition_log
@@ -202,17 +226,61 @@ class LogManager:
         Idempotent: for an existing partition, applies ``configs`` (when given) and returns it.
         InvalidConfigError for bad configs, ValueError for an illegal topic name.
         """
+        return self._create(topic, partition, configs, sync_parent=True)
+
+    def create_partitions(
+        self, items: Sequence[tuple[str, int, Mapping[str, Any] | None]]
+    ) -> list[PartitionLog | TributaryError]:
+        """:meth:`create_partition` of each (topic, partition, configs), each its own outcome
+        (the log, or the error: InvalidConfigError, KafkaStorageError, ...). New partitions'
+        directories are made durable with one fsync of each log dir they went to, not one each
+        (most of what a create of thousands of partitions cost a node)."""
+        outcomes: list[PartitionLog | TributaryError] = []
+        new_in: dict[Path, list[int]] = {}
+        for topic, partition, configs in items:
+            existed = (topic, partition) in self._logs
+            try:
+                partition_log = self._create(topic, partition, configs, sync_parent=False)
+            except TributaryError as exc:
+                outcomes.append(exc)
+                continue
+            if not existed:
+                new_in.setdefault(partition_log.log_dir, []).append(len(outcomes))
+            outcomes.append(partition_log)
+        for log_dir, indexes in new_in.items():
+            try:
+                checkpoint.fsync_dir(log_dir)
+            except OSError as exc:
+                failure = KafkaStorageError(f"{log_dir}: making new partitions durable failed: {exc}")
+                for index in indexes:
+                    outcomes[index] = failure
+        return outcomes
+
+    def _create(
+        self, topic: str, partition: int, configs: Mapping[str, Any] | None, *, sync_parent: bool
+    ) -> PartitionLog:
         name = files.partition_dir_name(topic, partition)
         with self._lock:
-            config = self._config_for(topic) if configs is None else self._replace_overrides(topic, configs)
             existing = self._logs.get((topic, partition))
             if existing is not None:
                 if configs is not None:
-                    existing.update_config(config)
+                    # Overrides unchanged (a controller confirming the log is here): no new config
+                    # to resolve, and none to apply unless this log has an older one.
+                    unchanged = self._topic_overrides.get(topic) == dict(configs)
+                    config = self._config_for(topic) if unchanged else self._replace_overrides(topic, configs)
+                    if existing.config is not config:
+                        existing.update_config(config)
                 return existing
+            config = self._config_for(topic) if configs is None else self._replace_overrides(topic, configs)
             log_dir = self._least_loaded_dir()
             partition_log = PartitionLog.open(
-                log_dir / name, topic, partition, config, self._clock, handle_cache=self.handle_cache
+                log_dir / name,
+                topic,
+                partition,
+                config,
+                self._clock,
+                handle_cache=self.handle_cache,
+                sync_parent=sync_parent,
             )
             self._logs[(topic, partition)] = partition_log
             self._count_in_dir(partition_log, 1)
@@ -239,7 +307,7 @@ class LogManager:
         return min(self.log_dirs, key=lambda d: self._dir_counts.get(d, 0))  # ties: first listed
 
     def _count_in_dir(self, partition_log: PartitionLog, delta: int) -> None:
-        parent = partition_log.directory.parent
+        parent = partition_log.log_dir
         self._dir_counts[parent] = self._dir_counts.get(parent, 0) + delta
 
     def update_topic_config(self, topic: str, configs: Mapping[str, Any]) -> None:
@@ -283,7 +351,7 @@ class LogManager:
         for log_dir in self.log_dirs:
             infos = tuple(
                 sorted(
-                    (PartitionDirInfo.of(pl) for pl in logs if pl.directory.parent == log_dir),
+                    (PartitionDirInfo.of(pl) for pl in logs if pl.log_dir == log_dir),
                     key=lambda info: (info.topic, info.partition),
                 )
             )
@@ -298,9 +366,9 @@ class LogManager:
 
     def tick(self) -> TickResult:
         """One round of periodic work for every partition: roll idle segments past
-        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``, checkpoint the
-        high watermark if it moved; every ``producer_id_expiration_check_interval_ms``, forget
-        idle producers.
+        ``segment.ms``, apply retention, flush by ``flush.ms``/``flush.messages``; every
+        ``producer_id_expiration_check_interval_ms``, forget idle producers; then checkpoint the
+        high watermarks of each log dir where one moved.
 
         A partition whose disk fails is logged and skipped; the others still get their turn.
         """
@@ -318,14 +386,54 @@ class LogManager:
                 rolled += partition_log.maybe_roll()
                 deleted += partition_log.delete_old_segments()
                 flushed += partition_log.maybe_flush()
-                partition_log.checkpoint_high_watermark()
             except (KafkaStorageError, OSError):
                 failed += 1
                 log.exception("Periodic work failed for %s", partition_log.name)
+        self.checkpoint_high_watermarks()
         return TickResult(rolled, flushed, deleted, failed)
 
+    def checkpoint_high_watermarks(self, *, force: bool = False) -> int:
+        """Rewrite the high-watermark checkpoint of each log dir in which one moved since the
+        last (every one with ``force``); returns how many were written. A dir whose write fails
+        is logged and tried again next time."""
+        by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
+        due: set[Path] = set(self.log_dirs) if force else set()
+        for partition_log in list(self._logs.values()):
+            parent = partition_log.log_dir
+            by_dir.setdefault(parent, []).append(partition_log)
+            if partition_log.high_watermark_checkpoint_due:
+                due.add(parent)
+        for log_dir in due:
+            logs = by_dir[log_dir]
+            marks = [partition_log.high_watermark for partition_log in logs]
+            try:
+                checkpoint.write_offsets_checkpoint(
+                    log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE,
+                    ((pl.topic, pl.partition, mark) for pl, mark in zip(logs, marks, strict=True)),
+                )
+            except OSError:
+                log.exception("Checkpointing the high watermarks of %s failed", log_dir)
+                continue
+            for partition_log, mark in zip(logs, marks, strict=True):
+                partition_log.high_watermark_checkpointed(mark)
+        return len(due)
+
+    def _write_final_high_watermarks(self, logs: list[PartitionLog]) -> None:
+        by_dir: dict[Path, list[PartitionLog]] = {log_dir: [] for log_dir in self.log_dirs}
+        for partition_log in logs:
+            by_dir.setdefault(partition_log.log_dir, []).append(partition_log)
+        for log_dir, dir_logs in by_dir.items():
+            try:
+                checkpoint.write_offsets_checkpoint(
+                    log_dir / files.HIGH_WATERMARK_CHECKPOINT_FILE,
+                    ((pl.topic, pl.partition, pl.high_watermark) for pl in dir_logs),
+                )
+            except OSError:
+                log.exception("Checkpointing the high watermarks of %s failed", log_dir)
+
     def close(self) -> None:
-        """Close every partition cleanly (each leaves its clean-shutdown marker)."""
+        """Close every partition cleanly (each leaves its clean-shutdown marker) and checkpoint
+        the high watermarks."""
         with self._lock:
             logs = list(self._logs.values())
             self._logs.clear()
@@ -347,5 +455,6 @@ class LogManager:
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="log-close") as pool:
                 list(pool.map(close_one, logs))
+        self._write_final_high_watermarks(logs)
         if errors:
             raise KafkaStorageError(f"{len(errors)} partition logs failed to close: {errors[0]}")

@@ -109,7 +109,8 @@ class PartitionLog:
     Offsets: dense from ``log_start_offset`` to ``log_end_offset - 1``. ``high_watermark`` is what
     consumers may read up to. The log never moves it on its own: replication does
     (:meth:`maybe_increment_high_watermark` on a leader, :meth:`update_high_watermark` on a
-    follower); it is checkpointed by :meth:`checkpoint_high_watermark` and at close.
+    follower); the log manager checkpoints it, with every partition of the log dir, in one file
+    (:attr:`high_watermark_checkpoint_due`, :meth:`high_watermark_checkpointed`).
 
     Leader epochs: :attr:`leader_epochs` (``leader_epochs.py``) records the first offset of every
     leader epoch in the log; appends, truncation and moves of the log start keep it in step.
@@ -141,6 +142,8 @@ class PartitionLog:
     ) -> None:
         """Visible for tests; use :meth:`open`."""
         self.directory = directory
+        #: The log dir holding the partition's directory.
+        self.log_dir = directory.parent
         self.topic = topic
         self.partition = partition
         self._config = config
@@ -158,6 +161,9 @@ class PartitionLog:
         self._producers = loaded.producers
         self._aborted = loaded.aborted
         self._recovery_point = loaded.recovery_point
+        #: What the recovery-point and log-start checkpoint files hold (written at open).
+        self._checkpointed_recovery_point = loaded.recovery_point
+        self._checkpointed_log_start = loaded.log_start_offset
         self._last_flush_ms = clock.time_ms()
         self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
@@ -176,8 +182,13 @@ class PartitionLog:
         clock: Clock,
         *,
         handle_cache: FileHandleCache | None = None,
+        high_watermark: int | None = None,
+        sync_parent: bool = True,
     ) -> PartitionLog:
-        """Open (creating if needed) and recover the partition directory ``directory``.
+        """Open (creating if needed) and recover the partition directory ``directory``;
+        ``high_watermark`` is the one the log dir's checkpoint holds (None: not there). A new
+        directory is made durable by an fsync of the log dir, unless ``sync_parent`` is False
+        (the caller fsyncs it once for many new partitions).
 
         Raises KafkaStorageError when the disk fails (a full disk: ENOSPC). A failed open keeps
         no file open, and a directory this call created is removed again, so retrying on a full
@@ -187,8 +198,17 @@ class PartitionLog:
         try:
             if created:
                 directory.mkdir(parents=True)
-                checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
-            loaded = loader.load_log(directory, topic, partition, config, clock, handle_cache=handle_cache)
+                if sync_parent:
+                    checkpoint.fsync_dir(directory.parent)  # the new partition must survive a crash
+            loaded = loader.load_log(
+                directory,
+                topic,
+                partition,
+                config,
+                clock,
+                handle_cache=handle_cache,
+                high_watermark=0 if created else high_watermark,
+            )
             try:
                 cls._write_open_checkpoints(directory, topic, partition, loaded, durable=not created)
             except BaseException:
@@ -329,20 +349,18 @@ class PartitionLog:
             self._high_watermark = offset
             return True
 
-    def checkpoint_high_watermark(self) -> bool:
-        """Write the high watermark to its checkpoint file if it changed; True if written.
+    @property
+    def high_watermark_checkpoint_due(self) -> bool:
+        """Whether the high watermark moved since it was last checkpointed.
 
-        Called by the periodic tick and at close, not per append: after a crash the checkpoint may
-        be behind, which is safe (a replica only exposes less until its leader tells it more).
-        """
-        high_watermark = self._high_watermark
-        if high_watermark == self._checkpointed_high_watermark or self._closed:
-            return False
-        checkpoint.write_offset_checkpoint(
-            self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE, self.topic, self.partition, high_watermark
-        )
+        The log manager checkpoints it with the log dir's others, periodically and at close, not
+        per append: after a crash the checkpoint may be behind, which is safe (a replica only
+        exposes less until its leader tells it more)."""
+        return self._high_watermark != self._checkpointed_high_watermark
+
+    def high_watermark_checkpointed(self, high_watermark: int) -> None:
+        """``high_watermark`` is now in the log dir's checkpoint."""
         self._checkpointed_high_watermark = high_watermark
-        return True
 
     # ---- leader epochs -------------------------------------------------------------------------
 
@@ -688,6 +706,9 @@ class PartitionLog:
     def maybe_roll(self) -> bool:
         """Roll a non-empty active segment that is older than ``segment.ms`` by the clock (the
         periodic tick's check, so an idle partition's last segment can eventually expire)."""
+        active = self._segments.active  # a look without the lock first: the tick asks every partition
+        if not active.size or self._clock.time_ms() - active.created_ms <= self._config.max_segment_ms:
+            return False
         with self._lock:
             self._ensure_usable()
             active = self._segments.active
@@ -848,22 +869,31 @@ class PartitionLog:
             with self._lock:
                 self._ensure_usable()
                 end = self._next_offset
-                segments = self._segments.from_offset(self._recovery_point)
+                # Only what changed since the last flush is synced: a node closing thousands of
+                # idle (or new, empty) partitions spent its shutdown rewriting what was on disk.
+                segments = (
+                    self._segments.from_offset(self._recovery_point) if end > self._recovery_point else ()
+                )
                 dir_needs_fsync, self._dir_needs_fsync = self._dir_needs_fsync, False
             try:
                 for segment in segments:
                     segment.flush()
                 if dir_needs_fsync:
                     checkpoint.fsync_dir(self.directory)  # new segment files must survive too
+                # The epochs of the offsets about to fall below the recovery point must be on
+                # disk first: the loader relearns epochs from the batches above it only.
+                self._epochs.flush(below=end)
             except OSError as exc:
                 raise KafkaStorageError(f"flush of {self.name} failed: {exc}") from exc
             with self._lock:
                 if end > self._recovery_point:
                     self._recovery_point = end
                 self._last_flush_ms = self._clock.time_ms()
-            checkpoint.write_offset_checkpoint(
-                self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
-            )
+            if end != self._checkpointed_recovery_point:
+                checkpoint.write_offset_checkpoint(
+                    self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
+                )
+                self._checkpointed_recovery_point = end
 
     # ---- retention -----------------------------------------------------------------------------
 
@@ -872,6 +902,8 @@ class PartitionLog:
         """Apply retention: segments below the log start offset, then (when ``cleanup.policy``
         includes ``delete``) over ``retention.bytes``, then older than ``retention.ms``. Never
         the active segment. Returns how many segments were deleted."""
+        if len(self._segments) < 2:  # only the active segment (read without the lock): nothing to do
+            return 0
         with self._lock:
             self._ensure_usable()
             deleted = self._delete_segments(
@@ -931,12 +963,11 @@ class PartitionLog:
         return len(doomed)
 
     def _checkpoint_log_start_offset(self) -> None:
+        log_start = self._log_start_offset
         checkpoint.write_offset_checkpoint(
-            self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE,
-            self.topic,
-            self.partition,
-            self._log_start_offset,
+            self.directory / files.LOG_START_OFFSET_CHECKPOINT_FILE, self.topic, self.partition, log_start
         )
+        self._checkpointed_log_start = log_start
 
     # ---- compaction (the log cleaner's hooks; the logic is in storage_node.log.cleaner) ---------
 
@@ -1031,6 +1062,7 @@ class PartitionLog:
             self._producers.load(0)
             self._producers.map_end_offset = offset
             self._aborted.clear()
+            self._epochs.flush()  # rare: an emptied log must not reload the old epochs after a crash
             self._log_start_offset = offset
             self._checkpoint_log_start_offset()
             self._set_log_end(offset, segment)
@@ -1061,14 +1093,11 @@ class PartitionLog:
             for segment in self._segments:
                 segment.close()
             if self._failure is None:
-                self._checkpoint_log_start_offset()
-                self._producers.take_snapshot(self._next_offset)
-                checkpoint.write_offset_checkpoint(
-                    self.directory / files.HIGH_WATERMARK_CHECKPOINT_FILE,
-                    self.topic,
-                    self.partition,
-                    self._high_watermark,
-                )
+                # Only what changed: an idle partition's close writes nothing but its marker.
+                if self._log_start_offset != self._checkpointed_log_start:
+                    self._checkpoint_log_start_offset()
+                if self._next_offset > self._log_start_offset:  # an empty log replays nothing
+                    self._producers.ensure_snapshot(self._next_offset)
                 loader.write_clean_shutdown_marker(self.directory)
 
     @_disk_errors_as_storage_errors

@@ -366,6 +366,14 @@ class ProducerStateManager:
         checkpoint.write_atomically(path, b"%d\n" % crc32c.crc32c(payload) + payload)
         return path
 
+    def ensure_snapshot(self, offset: int) -> Path | None:
+        """:meth:`take_snapshot` at ``offset`` unless one is there already: the state at an
+        offset only changes by appends, which move it, and by expirations, which the next check
+        after a load repeats (a node closing thousands of idle partitions rewrote each one's)."""
+        if self._directory is not None and snapshot_file(self._directory, offset).exists():
+            return None
+        return self.take_snapshot(offset)
+
     def load(self, log_end_offset: int) -> int:
         """Load the newest readable snapshot at or below ``log_end_offset``; returns the offset
         from which the log must be replayed (0-based: the snapshot's offset, or 0)."""

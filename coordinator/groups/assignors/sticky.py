@@ -20,6 +20,7 @@ members revoke everything (eager) or only what moved (cooperative).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Collection, Mapping, Sequence
 
 from coordinator.groups.assignors.common import (
@@ -87,34 +88,52 @@ def _place_free(
         loads[taker.member_id].add(tp)
 
 
+#: A member's partitions in the order it gives them up: (had it before, partition) -- the ones
+#: it did not have first.
+_GivingOrder = list[tuple[bool, TopicPartition]]
+
+
 def _balance(
     by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]], loads: _Loads
 ) -> None:
     """Pass 3: single moves from heavier to lighter members until none narrows a gap.
 
-    Each move shrinks the sum of squared loads, so the loop ends.
+    Each move shrinks the sum of squared loads, so the loop ends. Each member's partitions are
+    kept sorted in giving order (updated per move), so a move costs in proportion to the members,
+    not to the partitions: sorting them for every move made a member joining a group of 20,000
+    partitions wait minutes for its half.
     """
-    while (move := _find_move(by_id, previous, loads)) is not None:
+    had = {m: set(previous.get(m, ())) for m in loads}
+    giving: dict[str, _GivingOrder] = {m: sorted((tp in had[m], tp) for tp in loads[m]) for m in loads}
+    order = {m: member_order_key(by_id[m]) for m in loads}
+    while (move := _find_move(by_id, order, loads, giving)) is not None:
         tp, giver, taker = move
         loads[giver].remove(tp)
         loads[taker].add(tp)
+        entries = giving[giver]
+        del entries[bisect.bisect_left(entries, (tp in had[giver], tp))]
+        bisect.insort(giving[taker], (tp in had[taker], tp))
 
 
 def _find_move(
-    by_id: Mapping[str, MemberSubscription], previous: Mapping[str, Collection[TopicPartition]], loads: _Loads
+    by_id: Mapping[str, MemberSubscription],
+    order: Mapping[str, tuple],
+    loads: _Loads,
+    giving: Mapping[str, _GivingOrder],
 ) -> tuple[TopicPartition, str, str] | None:
     """The first (partition, giver, taker) with giver at least two above taker, heaviest giver
     first, lightest taker first; None when the assignment is balanced."""
-    order = {m: member_order_key(by_id[m]) for m in loads}
     by_load = sorted(loads, key=lambda m: (-len(loads[m]), order[m]))
     for giver in by_load:
         takers = [m for m in reversed(by_load) if len(loads[m]) <= len(loads[giver]) - 2]
         if not takers:
             return None  # lighter givers have even fewer takers
         takers.sort(key=lambda m: (len(loads[m]), order[m]))
-        had = previous.get(giver, ())
-        for tp in sorted(loads[giver], key=lambda tp: (tp in had, tp)):
-            taker = next((m for m in takers if tp.topic in by_id[m].topics), None)
+        taker_of: dict[str, str | None] = {}
+        for _, tp in giving[giver]:
+            if tp.topic not in taker_of:
+                taker_of[tp.topic] = next((m for m in takers if tp.topic in by_id[m].topics), None)
+            taker = taker_of[tp.topic]
             if taker is not None:
                 return tp, giver, taker
     return None

@@ -135,6 +135,43 @@ def test_create_partition_refuses_a_topic_name_the_disk_cannot_hold(node, topic)
     assert node.describe("still-serving").log_end_offset == 0
 
 
+def test_create_partition_batch_answers_each_partition_on_its_own(node):
+    node.create("batch-kept")
+    node.append("batch-kept", 0, make_batch([b"kept"]))
+    response = node.stub.CreatePartitionBatch(
+        pb.CreatePartitionBatchRequest(
+            partitions=[
+                pb.CreatePartitionRequest(topic="batch-new", partition=p, configs={"retention.ms": "60000"})
+                for p in range(3)
+            ]
+            + [
+                pb.CreatePartitionRequest(topic="batch-kept", partition=0, must_exist=True),
+                pb.CreatePartitionRequest(topic="batch-lost", partition=0, must_exist=True),
+                pb.CreatePartitionRequest(topic="a/b", partition=0),
+                pb.CreatePartitionRequest(topic="batch-bad", partition=0, configs={"retention.ms": "soon"}),
+            ]
+        )
+    )
+    outcomes = [
+        (r.topic, r.partition, r.error.reason if r.HasField("error") else None) for r in response.partitions
+    ]
+    assert outcomes == [
+        ("batch-new", 0, None),
+        ("batch-new", 1, None),
+        ("batch-new", 2, None),
+        ("batch-kept", 0, None),
+        ("batch-lost", 0, "REPLICA_NOT_AVAILABLE"),
+        ("a/b", 0, "INVALID_TOPIC_EXCEPTION"),
+        ("batch-bad", 0, "INVALID_CONFIG"),
+    ]
+    assert response.partitions[3].log_end_offset == 1  # confirmed, records kept
+    assert all(node.describe("batch-new", p).log_end_offset == 0 for p in range(3))
+    assert node.append("batch-new", 2, make_batch([b"x"])).base_offset == 0
+    with pytest.raises(grpc.RpcError) as info:  # nothing made of the refused ones
+        node.describe("batch-bad")
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_offset_out_of_range_on_fetch(node):
     node.create("range")
     node.append("range", 0, make_batch([b"a", b"b"]))

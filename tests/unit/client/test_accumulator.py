@@ -88,6 +88,20 @@ def test_drain_keeps_partition_order_and_groups_by_topic():
     assert [b.result for b in t_batches] == [f._result for f in futures]
 
 
+def test_each_drain_starts_after_the_last_partition_the_previous_one_took():
+    acc = RecordAccumulator(batch_size=150, linger_ms=0)
+    partitions = [TopicPartition("t", p) for p in range(10)]
+    drained = []
+    for _ in range(5):
+        for tp in partitions:  # every partition has a record waiting, every time
+            if not acc._queues.get(tp):
+                append(acc, tp, value=b"x" * 80)
+        plans = acc.drain(acc.ready(T0).ready, T0, max_request_size=3 * 160, max_requests=1)
+        drained.append(sorted(plans[0][1]))
+    # Round robin over all ten (Kafka's drainIndex), not the first few again and again.
+    assert drained == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [0, 1, 9], [2, 3, 4]]
+
+
 def test_drain_splits_requests_at_max_request_size_but_sends_at_least_one_batch():
     acc = RecordAccumulator(batch_size=150, linger_ms=0)
     for p in range(4):

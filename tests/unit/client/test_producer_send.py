@@ -13,7 +13,12 @@ import time
 import pytest
 
 from gateway.client import AsyncProducer, Producer
-from gateway.client.accumulator import BufferExhausted, RecordAccumulator, estimate_record_size
+from gateway.client.accumulator import (
+    INITIAL_BATCH_RESERVATION,
+    BufferExhausted,
+    RecordAccumulator,
+    estimate_record_size,
+)
 from gateway.client.errors import (
     IllegalStateError,
     NotLeaderOrFollowerError,
@@ -25,6 +30,7 @@ from gateway.client.producer import ProducerConfig, ProducerCore
 from services.clock import ManualClock
 from services.partitioner import partition_for_key
 from services.records import RecordBatchView
+from services.records.format import RECORD_BATCH_OVERHEAD
 
 TOPIC = "events"
 T0 = 1_700_000_000_000
@@ -184,14 +190,46 @@ def test_buffer_memory_is_reserved_per_batch_and_released_when_it_completes():
     producer = offline_producer(batch_size=1000, buffer_memory=10_000)
     pool = producer._core.pool
     producer.send(TOPIC, b"x" * 100)
-    assert pool.available == 9000, "the record that opens a batch reserves batch_size"
+    assert pool.available == 9000, "the record that opens a batch reserves a first step (batch_size here)"
     for _ in range(5):
         producer.send(TOPIC, b"x" * 100)
-    assert pool.available == 9000, "records joining the open batch reserve nothing"
+    assert pool.available == 9000, "records joining the open batch within its step reserve nothing"
     producer.send(TOPIC, b"y" * 3000)  # larger than batch_size: a batch of its own, its own size
-    assert pool.available == 9000 - (3000 + 16)
+    assert pool.available == 9000 - (RECORD_BATCH_OVERHEAD + 3000 + 16)
     settle(producer)
     assert pool.available == 10_000
+
+
+def test_a_batch_reserves_in_steps_as_it_grows_up_to_batch_size():
+    producer = offline_producer(batch_size=16384, buffer_memory=100_000)
+    pool = producer._core.pool
+    producer.send(TOPIC, b"x" * 100)
+    assert pool.available == 100_000 - INITIAL_BATCH_RESERVATION, "a batch of one record holds one step"
+    steps = [INITIAL_BATCH_RESERVATION]
+    for _ in range(140):  # ~16 KiB of records: the batch fills up
+        producer.send(TOPIC, b"x" * 100)
+        if 100_000 - pool.available != steps[-1]:
+            steps.append(100_000 - pool.available)
+    assert steps == [1024, 2048, 4096, 8192, 16384], "doubling, up to batch_size"
+    settle(producer)
+    assert pool.available == 100_000
+
+
+def test_a_batch_the_pool_cannot_grow_is_sent_and_the_record_waits_for_a_new_one():
+    producer = offline_producer(batch_size=16384, buffer_memory=3000, max_block_ms=50)
+    pool = producer._core.pool
+    first = producer.send(TOPIC, b"x" * 100)
+    for _ in range(8):  # the batch outgrows 1 KiB: its second step (2 KiB) still fits
+        producer.send(TOPIC, b"x" * 100)
+    assert pool.available == 3000 - 2048
+    for _ in range(9):  # past 2 KiB it cannot grow to 4 KiB: full, and a new batch needs 1 KiB
+        producer.send(TOPIC, b"x" * 100)
+    with pytest.raises(RequestTimedOutError, match="buffer_memory"):
+        for _ in range(20):
+            producer.send(TOPIC, b"x" * 100)
+    settle(producer)  # the full batch completes, its memory comes back
+    assert first.get(0).offset == 0
+    assert producer.send(TOPIC, b"x" * 100) is not None
 
 
 def test_send_blocks_for_buffer_memory_up_to_max_block_ms():
@@ -308,26 +346,27 @@ def test_reserved_memory_passed_to_append_is_given_back_unless_a_new_batch_keeps
     acc = RecordAccumulator(batch_size=100, linger_ms=5)
     total = acc.pool.total_bytes
     size = estimate_record_size(None, b"v" * 60, 0)
+    first = acc.batch_reservation(size)
     acc.append(TOPIC, 0, T0, None, b"v" * 60, (), size, T0)  # opens partition 0's batch
-    assert acc.pool.available == total - 100
+    assert acc.pool.available == total - first
 
     def reserve():
-        acc.pool.allocate(100, 1)
-        return 100
+        acc.pool.allocate(first, 1)
+        return first
 
     # A sticky abort (the open batch is full for this record) gives the reservation back.
     future, _full, _new = acc.append(TOPIC, 0, T0, None, b"v" * 60, (), size, T0, True, reserve())
-    assert future is None and acc.pool.available == total - 100
+    assert future is None and acc.pool.available == total - first
     # So does a record the builder refuses while joining an open batch ...
     small = estimate_record_size(None, b"v", 0)
     with pytest.raises(TypeError):
         acc.append(TOPIC, 0, "not a timestamp", None, b"v", (), small, T0, False, reserve())
-    assert acc.pool.available == total - 100
+    assert acc.pool.available == total - first
     # ... and one refused by a closed accumulator.
     acc.close()
     with pytest.raises(IllegalStateError):
         acc.append(TOPIC, 1, T0, None, b"v", (), small, T0, False, reserve())
-    assert acc.pool.available == total - 100
+    assert acc.pool.available == total - first
 
 
 def test_a_sticky_record_that_moves_on_waits_for_its_new_batch_memory_again():

@@ -243,3 +243,28 @@ def test_a_delta_is_possible_only_without_a_snapshot_or_broker_change_since():
     state.apply_events([node])
     assert not state.delta_possible_since(event.revision)  # every partition's view may differ
     assert state.delta_possible_since(node.revision)
+
+
+def test_changed_partitions_name_only_the_states_written_since_unless_the_topic_changed():
+    state = MetadataState()
+    kvs = (broker(1), topic("a", [[1], [1], [1]]), partition("a", 0, 1), partition("a", 2, 1))
+    at = next(_revision)  # the snapshot's revision: after every key in it
+    state.apply_resync(snapshot(*kvs, revision=at))
+    record = state.topics["a"]
+    assert state.changed_partitions(record, at) == []
+    first = put(partition("a", 1, 1))
+    state.apply_events([first, put(partition("a", 2, 1, epoch=1))])
+    assert state.changed_partitions(record, at) == [1, 2]
+    assert state.changed_partitions(record, first.revision) == [2]
+    view = state.partial_topic_view(record, [2])
+    assert view.partial and [(p.partition, p.leader_epoch) for p in view.partitions] == [(2, 1)]
+    # The topic's own key rewritten (configs, partition count): the whole topic is due.
+    regrown = put(topic("a", [[1], [1], [1], [1]]))
+    state.apply_events([regrown])
+    assert state.changed_partitions(state.topics["a"], at) is None
+    assert state.changed_partitions(state.topics["a"], regrown.revision) == []
+    # A partition state deleted: no mod revision shows it, so the whole topic is due too.
+    removal = delete(keys.partition_key("a", 0))
+    state.apply_events([removal])
+    assert state.changed_partitions(state.topics["a"], regrown.revision) is None
+    assert state.changed_partitions(state.topics["a"], removal.revision) == []

@@ -17,19 +17,27 @@ def batch(*values: bytes) -> bytes:
 
 
 class FakeLog:
-    """An appender over one partition per key: validates, assigns offsets, records each call."""
+    """An appender over one partition per key: validates, assigns offsets, records each
+    partition's append (``calls``) and each call (``rounds``: its partitions)."""
 
     def __init__(self, delay: float = 0.01) -> None:
         self.delay = delay
         self.calls: list[tuple[int, bytes]] = []
+        self.rounds: list[list[int]] = []
         self.next_offset: dict[int, int] = {}
         self.values: dict[int, list[bytes]] = {}
 
-    async def append(
-        self, topic: str, partition: int, data: bytes, acks: Acks, deadline: float
-    ) -> AppendResult:
-        self.calls.append((partition, data))
+    async def append(self, topic, payloads, acks, deadline, settled):
+        self.rounds.append(list(payloads))
+        self.calls += payloads.items()
         await asyncio.sleep(self.delay)
+        results = {}
+        for partition, data in payloads.items():
+            results[partition] = result = self._write(topic, partition, data)
+            settled(partition, result)
+        return results
+
+    def _write(self, topic: str, partition: int, data: bytes) -> AppendResult:
         try:
             batches = list(iter_batches(data))
             for b in batches:
@@ -140,10 +148,11 @@ def test_a_retriable_failure_fails_the_whole_group_with_it():
     async def scenario():
         calls = []
 
-        async def appender(topic, partition, data, acks, deadline):
-            calls.append(data)
+        async def appender(topic, payloads, acks, deadline, settled):
+            calls.append(payloads)
             await asyncio.sleep(0.01)
-            return AppendResult(topic, partition, error=errors.LeaderNotAvailableError("no leader"))
+            error = errors.LeaderNotAvailableError("no leader")
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
 
         queues = AppendQueues(appender)
         results = await asyncio.gather(*(queues.submit("t", 0, batch(b"v"), Acks.ALL, FAR) for _ in range(4)))
@@ -168,3 +177,62 @@ def test_back_pressure_when_too_much_is_queued():
         return blocked
 
     assert run(scenario())
+
+
+def test_ready_partitions_go_out_together_in_one_round_per_topic():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        futures = [queues.submit("t", p, batch(f"{p}".encode()), Acks.LEADER, FAR) for p in range(100)]
+        futures.append(queues.submit("u", 100, batch(b"u"), Acks.LEADER, FAR))
+        futures.append(queues.submit("t", 0, batch(b"again"), Acks.LEADER, FAR))  # merged into t-0's
+        results = await asyncio.gather(*futures)
+        await queues.close()
+        return log, results
+
+    log, results = run(scenario())
+    # One call for topic t's 100 partitions (t-0's two requests merged), one for u.
+    assert log.rounds == [list(range(100)), [100]]
+    assert log.values[0] == [b"0", b"again"]
+    assert [r.base_offset for r in results[:100]] == [0] * 100
+    assert results[-1].base_offset == 1 and results[-1].partition == 0
+
+
+def test_a_settled_partition_moves_on_while_another_waits_for_its_retry():
+    async def scenario():
+        release = asyncio.Event()
+        rounds = []
+
+        async def appender(topic, payloads, acks, deadline, settled):
+            rounds.append(sorted(payloads))
+            results = {p: AppendResult(topic, p, base_offset=len(rounds)) for p in payloads}
+            if 1 in payloads and len(rounds) == 1:
+                settled(0, results[0])  # partition 0 is done; partition 1 "retries" until released
+                await release.wait()
+            for p, result in results.items():
+                settled(p, result)
+            return results
+
+        queues = AppendQueues(appender)
+        first = [queues.submit("t", p, batch(b"v"), Acks.LEADER, FAR) for p in (0, 1)]
+        await asyncio.sleep(0.01)
+        second = queues.submit("t", 0, batch(b"w"), Acks.LEADER, FAR)
+        second_result = await asyncio.wait_for(second, 1)  # not held up by partition 1
+        release.set()
+        return rounds, await asyncio.gather(*first), second_result
+
+    rounds, first, second = run(scenario())
+    assert rounds[:2] == [[0, 1], [0]]
+    assert [r.base_offset for r in first] == [1, 1] and second.base_offset == 2
+
+
+def test_a_round_is_cut_at_its_byte_bound():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append, max_round_bytes=600)
+        futures = [queues.submit("t", p, batch(bytes(200)), Acks.LEADER, FAR) for p in range(5)]
+        await asyncio.gather(*futures)
+        return log
+
+    log = run(scenario())
+    assert log.rounds == [[0, 1], [2, 3], [4]]

@@ -117,3 +117,59 @@ def test_the_watch_applies_deltas_in_order_and_refuses_a_gap():
     assert not watch.apply(stale) and "t" in watch.snapshot.topics
     with pytest.raises(MetadataGapError):
         watch.apply(pb.GetMetadataResponse(revision=12, is_delta=True, base_revision=9))
+
+
+def test_a_partition_delta_replaces_only_the_changed_partitions():
+    whole = pb.GetMetadataResponse(
+        revision=5,
+        brokers=[pb.BrokerInfo(node_id=0, host="h0", grpc_port=100, fetch_port=200)],
+        topics=[
+            pb.TopicMetadata(
+                name="big",
+                configs={"max.message.bytes": "2000"},
+                partitions=[
+                    pb.PartitionMetadata(partition=p, leader=0, state=pb.PARTITION_STATE_ONLINE)
+                    for p in range(4)
+                ],
+            )
+        ],
+    )
+    base = ClusterSnapshot.from_proto(whole)
+    delta = pb.GetMetadataResponse(
+        revision=8,
+        is_delta=True,
+        base_revision=5,
+        brokers=whole.brokers,
+        topics=[
+            pb.TopicMetadata(
+                name="big",
+                partial=True,
+                partitions=[pb.PartitionMetadata(partition=2, leader=-1, state=pb.PARTITION_STATE_OFFLINE)],
+            )
+        ],
+    )
+    snapshot = base.with_delta(delta)
+    route = snapshot.topics["big"]
+    assert route.partition_count == 4 and route.max_message_bytes == 2000  # the rest as it was
+    assert [p.error is None for p in route.partitions] == [True, True, False, True]
+    assert base.topics["big"].partitions[2].error is None  # the old snapshot is untouched
+    served = snapshot.source.topics[0]
+    assert [p.leader for p in served.partitions] == [0, 0, -1, 0] and not served.partial
+    assert dict(served.configs) == {"max.message.bytes": "2000"}
+
+
+def test_a_partition_delta_that_does_not_fit_makes_the_watch_start_over():
+    from gateway.server.cluster_snapshot import PartialTopicError
+    from gateway.server.routing import MetadataGapError, MetadataWatch
+
+    base = ClusterSnapshot.from_proto(metadata(revision=5))
+    unknown = pb.TopicMetadata(name="nope", partial=True, partitions=[pb.PartitionMetadata(partition=0)])
+    beyond = pb.TopicMetadata(name="plain", partial=True, partitions=[pb.PartitionMetadata(partition=5)])
+    for topic in (unknown, beyond):
+        delta = pb.GetMetadataResponse(revision=6, is_delta=True, base_revision=5, topics=[topic])
+        with pytest.raises(PartialTopicError):
+            base.with_delta(delta)
+        watch = MetadataWatch(coordinators=None)
+        watch.apply(metadata(revision=5))
+        with pytest.raises(MetadataGapError):
+            watch.apply(delta)

@@ -270,3 +270,72 @@ def test_partitions_open_in_parallel_at_load(dirs, clock):
     manager.close()
     with pytest.raises(ValueError, match="recovery threads"):
         LogManager(dirs, clock, recovery_threads_per_dir=0)
+
+
+def test_high_watermarks_are_checkpointed_per_log_dir_and_survive_a_crash(dirs, clock, monkeypatch):
+    manager = _manager(dirs[:2], clock)
+    logs = [commit_every_append(manager.create_partition("hw", p)) for p in range(4)]
+    for index, partition_log in enumerate(logs):
+        for _ in range(index + 1):
+            partition_log.append(make_batch(2))
+    written = []
+    real_write = checkpoint.write_atomically
+    monkeypatch.setattr(
+        checkpoint, "write_atomically", lambda p, d, **kw: (written.append(p), real_write(p, d, **kw))
+    )
+    manager.tick()
+    assert sorted(written) == sorted(d / files.HIGH_WATERMARK_CHECKPOINT_FILE for d in dirs[:2])
+    written.clear()
+    manager.tick()
+    assert written == [], "nothing moved: nothing written"
+    logs[1].append(make_batch(2))
+    manager.tick()
+    assert written == [logs[1].directory.parent / files.HIGH_WATERMARK_CHECKPOINT_FILE]
+    assert checkpoint.read_offsets_checkpoint(written[0]) == {("hw", 1): 6, ("hw", 3): 8}
+    logs[2].append(make_batch(2))  # moved after the last tick: lost with the crash
+    # A crash: no close; the logs reopen from the files as they are.
+    for partition_log in logs:
+        for segment in partition_log.segments:
+            segment.close()
+    crashed = _manager(dirs[:2], clock)
+    assert [crashed.get("hw", p).high_watermark for p in range(4)] == [2, 6, 6, 8]
+    crashed.close()
+    assert [_manager(dirs[:2], clock).get("hw", p).high_watermark for p in range(4)] == [2, 6, 6, 8]
+
+
+def test_a_partition_without_an_entry_reads_its_own_old_checkpoint(dirs, clock):
+    manager = _manager(dirs[:1], clock)
+    commit_every_append(manager.create_partition("old", 0)).append(make_batch(3))
+    manager.close()
+    # The layout before log-dir checkpoints: the partition directory's own file.
+    (dirs[0] / files.HIGH_WATERMARK_CHECKPOINT_FILE).unlink()
+    checkpoint.write_offset_checkpoint(dirs[0] / "old-0" / files.HIGH_WATERMARK_CHECKPOINT_FILE, "old", 0, 2)
+    assert _manager(dirs[:1], clock).get("old", 0).high_watermark == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "garbage", "1\n1\nt 0 5\n", "0\n2\nt 0 5\n", "0\n1\nt 0 -5\n", "0\n2\nt 0 5\nt 0 6\n"],
+)
+def test_a_malformed_log_dir_checkpoint_reads_as_empty(tmp_path, text):
+    path = tmp_path / files.HIGH_WATERMARK_CHECKPOINT_FILE
+    path.write_text(text)
+    assert checkpoint.read_offsets_checkpoint(path) == {}
+
+
+def test_a_batch_of_new_partitions_syncs_each_log_dir_once(dirs, clock, monkeypatch):
+    manager = _manager(dirs[:2], clock)
+    manager.create_partition("old", 0).append(make_batch(2))
+    synced_dirs = []
+    real_fsync_dir = checkpoint.fsync_dir
+    monkeypatch.setattr(checkpoint, "fsync_dir", lambda d: (synced_dirs.append(d), real_fsync_dir(d)))
+    outcomes = manager.create_partitions(
+        [("new", p, {}) for p in range(6)] + [("old", 0, {}), ("bad", 0, {"retention.ms": "soon"})]
+    )
+    assert sorted(synced_dirs) == sorted(dirs[:2]), "one fsync per log dir, not one per partition"
+    assert [type(o).__name__ for o in outcomes] == ["PartitionLog"] * 7 + ["InvalidConfigError"]
+    assert outcomes[6].log_end_offset == 2  # the existing log, as it was
+    manager.close()
+    reopened = _manager(dirs[:2], clock)
+    assert sorted(p.partition for p in reopened.partitions() if p.topic == "new") == list(range(6))
+    reopened.close()

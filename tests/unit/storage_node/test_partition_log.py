@@ -270,6 +270,9 @@ def test_delete_records_before_moves_the_log_start_and_survives_reopen(log_dir, 
     partition_log.close()
     reopened = open_log(log_dir, clock, config(segment_bytes=batch_size * 2))
     assert reopened.log_start_offset == 5
+    # The high watermark is the log manager's to checkpoint (per log dir): a lone log reopens
+    # with it at its log start, and its leader moves it on.
+    reopened.maybe_increment_high_watermark(reopened.log_end_offset)
     assert reopened.delete_records_before(10) == 10
     assert reopened.read(10, 100).slice is None
 
@@ -400,3 +403,28 @@ def test_a_read_racing_with_retention_retries_and_reports_out_of_range(log_dir, 
     with pytest.raises(OffsetOutOfRangeError, match="log start offset 4"):
         partition_log.read(0, 100)
     assert offsets_in(partition_log.read(4, 100).slice.read_bytes()) == [4, 5]
+
+
+def test_an_idle_log_flushes_and_closes_without_syncing_anything(log_dir, clock, monkeypatch):
+    import os
+
+    partition_log = open_log(log_dir, clock)
+    partition_log.append(make_batch(3))
+    partition_log.close()  # writes its checkpoints, snapshot and marker
+    reopened = open_log(log_dir, clock)
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    reopened.flush()
+    assert synced == [], "nothing appended since the last flush: nothing to sync"
+    reopened.close()
+    assert synced == [], "the marker needs no fsync: what it vouches for is on disk already"
+    monkeypatch.undo()
+    again = open_log(log_dir, clock)
+    assert again.log_end_offset == 3 and again.recovery_point == 3
+    again.append(make_batch(2))
+    synced.clear()
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    again.flush()
+    assert synced, "new records are synced"
+    assert again.recovery_point == 5

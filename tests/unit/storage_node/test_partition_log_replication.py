@@ -90,7 +90,8 @@ def test_truncation_forgets_the_epochs_past_the_cut(leader):
     leader.truncate_to(6)
     assert leader.log_end_offset == 6
     assert leader.leader_epochs.entries == ((0, 0), (2, 3))
-    # the checkpoint on disk agrees
+    # the checkpoint on disk agrees once the log is flushed
+    leader.flush()
     assert (leader.directory / LEADER_EPOCH_CHECKPOINT_FILE).read_text() == "0\n2\n0 0\n2 3\n"
 
 
@@ -128,19 +129,17 @@ def test_the_high_watermark_only_moves_forward_on_a_leader_and_is_clamped(leader
     assert leader.high_watermark == 1
 
 
-def test_the_high_watermark_checkpoint_survives_a_crash_and_is_clamped_to_the_log(leader, clock):
+def test_a_lone_log_reopens_with_its_high_watermark_at_the_log_start_or_the_one_given(leader, clock):
     for _ in range(5):
         leader.append(make_batch(1), leader_epoch=0)
     leader.maybe_increment_high_watermark(4)
-    assert leader.checkpoint_high_watermark()
-    assert not leader.checkpoint_high_watermark()  # unchanged: no write
-    # a crash (no close): reopen from the files as they are
-    crashed = open_log(leader.directory, clock, commit_appends=False)
-    assert crashed.high_watermark == 4
-    crashed.truncate_to(2)
-    crashed.checkpoint_high_watermark()
-    crashed.close()
-    assert open_log(leader.directory, clock, commit_appends=False).high_watermark == 2
+    assert leader.high_watermark_checkpoint_due
+    leader.high_watermark_checkpointed(4)
+    assert not leader.high_watermark_checkpoint_due
+    leader.close()
+    assert open_log(leader.directory, clock, commit_appends=False).high_watermark == 0
+    reopened = open_log(leader.directory, clock, commit_appends=False, high_watermark=9)
+    assert reopened.high_watermark == 5  # the log dir's checkpoint, clamped to the log
 
 
 def test_epochs_of_batches_recovered_after_an_unclean_shutdown_are_relearned(leader, clock):

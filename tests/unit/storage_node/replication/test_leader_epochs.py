@@ -111,13 +111,18 @@ def test_start_offset_of():
     assert c.start_offset_of(2) is None
 
 
-def test_every_change_is_checkpointed_and_loads_back(tmp_path):
+def test_changes_are_checkpointed_by_flush_and_load_back(tmp_path):
     c = LeaderEpochCache.load(tmp_path)
     assert c.entries == ()
     c.assign(0, 0)
     c.assign(5, 42)
+    assert c.dirty and not (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).exists(), "not written per change"
+    assert c.flush()
+    assert not c.dirty and not c.flush(), "nothing changed: no write"
     assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (5, 42))
     c.truncate_from_end(42)
+    assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (5, 42))
+    c.flush()
     assert LeaderEpochCache.load(tmp_path).entries == ((0, 0),)
     assert (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).read_text() == "0\n1\n0 0\n"
 
@@ -133,12 +138,33 @@ def test_every_change_is_checkpointed_and_loads_back(tmp_path):
         "0\n1\n-1 0\n",
     ],
 )
-def test_a_malformed_checkpoint_loads_as_empty(tmp_path, text):
+def test_a_malformed_checkpoint_reads_as_unknown_and_loads_as_empty(tmp_path, text):
     path = tmp_path / LEADER_EPOCH_CHECKPOINT_FILE
     path.write_text(text)
+    assert read_checkpoint(path) is None
+    assert LeaderEpochCache.load(tmp_path).entries == ()
+
+
+def test_a_missing_checkpoint_reads_as_unknown_and_one_without_entries_as_empty(tmp_path):
+    path = tmp_path / LEADER_EPOCH_CHECKPOINT_FILE
+    assert read_checkpoint(path) is None
+    path.write_text("0\n0\n")
     assert read_checkpoint(path) == ()
 
 
 def test_entries_out_of_order_are_refused():
     with pytest.raises(ValueError):
         cache((2, 0), (1, 10))
+
+
+def test_a_flush_up_to_an_offset_writes_only_when_the_entries_below_it_changed(tmp_path):
+    c = LeaderEpochCache.load(tmp_path)
+    c.assign(0, 0)
+    c.assign(3, 10)
+    assert not c.needs_flush(0), "no offset below 0: nothing the log makes durable depends on them"
+    assert not c.flush(below=0) and not (tmp_path / LEADER_EPOCH_CHECKPOINT_FILE).exists()
+    assert c.needs_flush(5) and not c.needs_flush(0)
+    assert c.flush(below=5)
+    assert LeaderEpochCache.load(tmp_path).entries == ((0, 0), (3, 10)), "written whole"
+    c.assign(4, 12)  # an epoch that wrote nothing below 12 yet
+    assert c.dirty and not c.needs_flush(12) and c.needs_flush(13)
