@@ -198,6 +198,14 @@ class FileRecords:
     # ---- handle management ---------------------------------------------------------------------
 
     def _handle(self) -> SegmentFile:
+        """The open file, reopened if the handle cache released it.
+
+        A caller must keep the returned object referenced for as long as it uses the descriptor
+        (``file = self._handle(); fd = file.fileno()``), never ``self._handle().fileno()``: the
+        handle cache (on another thread) or a delete may drop this object's reference at any
+        moment, and the last reference going closes the file. The descriptor number would then
+        be free for the next ``open`` anywhere in the process, and a write through it would land
+        in another file."""
         file = self._file
         if file is None or file.closed:
             if self._closed:
@@ -228,13 +236,15 @@ class FileRecords:
 
     def file_size(self) -> int:
         """The file's length on disk (longer than :attr:`size` only before recovery)."""
-        return os.fstat(self._handle().fileno()).st_size
+        file = self._handle()  # held: see _handle
+        return os.fstat(file.fileno()).st_size
 
     # ---- writes --------------------------------------------------------------------------------
 
     def append(self, data) -> FilePosition:
         """Write ``data`` at the end; returns the position it was written at."""
-        fd = self._handle().fileno()
+        file = self._handle()  # held while fd is in use: see _handle
+        fd = file.fileno()
         position = self._size
         view = memoryview(data)
         written = 0
@@ -245,7 +255,8 @@ class FileRecords:
 
     def truncate_to(self, size: int) -> int:
         """Cut the file to ``size`` bytes; returns how many bytes were removed."""
-        fd = self._handle().fileno()
+        file = self._handle()  # held while fd is in use: see _handle
+        fd = file.fileno()
         file_size = os.fstat(fd).st_size
         if size < 0 or size > file_size:
             raise ValueError(f"cannot truncate {self.path} (size {file_size}) to {size} bytes")
@@ -260,7 +271,8 @@ class FileRecords:
         if self._closed and (file is None or file.closed):
             return
         try:
-            os.fsync(self._handle().fileno())
+            file = self._handle()  # held: see _handle
+            os.fsync(file.fileno())
         except SegmentFileGoneError:
             if not self._closed:
                 raise
@@ -276,12 +288,14 @@ class FileRecords:
 
     def read(self, position: int, length: int) -> bytes:
         """Copy up to ``length`` bytes from ``position`` -- for recovery and tests."""
-        return _pread_exactly(self._handle().fileno(), length, position)
+        file = self._handle()  # held: see _handle
+        return _pread_exactly(file.fileno(), length, position)
 
     def read_into(self, position: int, buffer) -> int:
         """Fill ``buffer`` from ``position``; returns the bytes read (short only at end of file)."""
         view = memoryview(buffer).cast("B")
-        fd = self._handle().fileno()
+        file = self._handle()  # held while fd is in use: see _handle
+        fd = file.fileno()
         done = 0
         while done < len(view):
             n = os.preadv(fd, [view[done:]], position + done)
@@ -298,7 +312,8 @@ class FileRecords:
         ``start`` must be a batch boundary. No CRC check: use it on validated data only.
         """
         limit = self._size if end is None else min(end, self._size)
-        fd = self._handle().fileno()
+        file = self._handle()  # held while fd is in use: see _handle
+        fd = file.fileno()
         buf = b""
         buf_start = start
         position = start
@@ -328,7 +343,8 @@ class FileRecords:
         torn tail); raises CorruptRecordError at a length below the minimum, past which the walk
         cannot continue. The batches are not validated: that is the caller's job.
         """
-        fd = self._handle().fileno()
+        file = self._handle()  # held while fd is in use: see _handle
+        fd = file.fileno()
         end = os.fstat(fd).st_size
         buf = b""
         buf_start = start

@@ -99,3 +99,35 @@ def test_handle_cache_bounds_open_handles_and_reopens_lazily(tmp_path):
     assert all_records[0].slice(0, 5).read_bytes() == b"data0"  # reopened on use
     assert sum(r.has_open_handle for r in all_records) == 2
     assert all_records[0].has_open_handle
+
+
+@pytest.mark.parametrize("walk", ["batch_headers", "batches"])
+def test_a_walk_keeps_reading_its_own_file_when_the_handle_is_released_or_deleted_meanwhile(tmp_path, walk):
+    # A walk holds its descriptor across yields. The handle cache (another thread) or a delete
+    # drops the FileRecords' reference meanwhile; if that was the file's last reference the
+    # descriptor would be closed and its number handed to the next open -- here a decoy file of
+    # other bytes -- so the walk would fail with EBADF or read the decoy's bytes.
+    records = FileRecords.open(tmp_path / "0.log")
+    # Each batch larger than a walk's read-ahead, so the walk reads the file again after the drop.
+    batches = [make_batch(60, value_size=20_000, tag=i) for i in range(4)]
+    for batch in batches:
+        records.append(batch)
+    positions = []
+    walker = getattr(records, walk)(0)
+    positions.append(next(walker)[0])
+    records.release_handle()
+    records.delete_file()
+    gc.collect()
+    decoys = [os.open(tmp_path / f"decoy-{i}", os.O_RDWR | os.O_CREAT) for i in range(4)]
+    try:
+        for fd in decoys:
+            os.write(fd, b"\xff" * 4096)
+        positions.extend(position for position, _ in walker)
+    finally:
+        for fd in decoys:
+            os.close(fd)
+    expected, position = [], 0
+    for batch in batches:
+        expected.append(position)
+        position += len(batch)
+    assert positions == expected
