@@ -93,13 +93,14 @@ class CommitBatcher:
             if entry.stale:
                 await self.store.reload(entry)
             outcomes, records = self._plan(entry.state, batch)
-            if records:
+            changed = {tp: r for tp, r in records.items() if not _same_commit(entry.offsets.get(tp), r)}
+            if changed:
                 ops = [
                     Op.put(keys.offset_key(entry.group_id, tp), keys.encode_offset(r))
-                    for tp, r in records.items()
+                    for tp, r in changed.items()
                 ]
-                await self.store.write(entry, ops, [entry.state_guard()])
-                entry.offsets.update(records)
+                await self.store.write(entry, ops, [entry.state_guard()], ordered=False)
+                entry.offsets.update(changed)
             return outcomes
 
     def _plan(self, state: GroupState, batch: list[PendingCommit]):
@@ -138,6 +139,20 @@ class CommitBatcher:
                 f"{commit.topic}-{commit.partition} is held by member {holder}; only its holder may commit it"
             )
         return error
+
+
+def _same_commit(stored: OffsetRecord | None, new: OffsetRecord) -> bool:
+    """Whether ``new`` would store what is stored already but for its timestamp: a consumer of
+    thousands of partitions auto-commits every position every few seconds, most unchanged, and
+    rewriting them would cost an etcd write each. The stored timestamp is only read once the
+    group is empty (retention counts from then, KIP-211), so keeping the older one changes
+    nothing a member or an operator relies on."""
+    return (
+        stored is not None
+        and stored.offset == new.offset
+        and stored.metadata == new.metadata
+        and stored.generation == new.generation
+    )
 
 
 def take_batch(queue: list[PendingCommit]) -> list[PendingCommit]:

@@ -179,9 +179,35 @@ def test_a_pattern_group_splits_every_partition_between_its_members(cluster, top
         assert not first & second
         assert {tp.topic for tp in first | second} == set(TOPICS)
         assert len(first | second) == PARTITIONS
+        _commit_every_partition(stub, group, consumers)
     finally:
         for consumer in consumers:
             consumer.close()
+
+
+def _committed(stub, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+    response = stub.FetchCommittedOffsets(
+        pb.FetchCommittedOffsetsRequest(group_id=group), timeout=CALL_TIMEOUT
+    )
+    return {(o.topic, o.partition): (o.offset, o.commit_timestamp) for o in response.offsets}
+
+
+def _commit_every_partition(stub, group: str, consumers) -> None:
+    """Each member commits all 10,000 of its partitions in one request (the etcd writes go in
+    parallel transactions of 100), and every offset reads back; committing them again unchanged
+    writes nothing (the stored timestamps stay), one changed offset is written."""
+    for consumer in consumers:
+        consumer.commit({tp: tp.partition + 1 for tp in consumer.assignment()})
+    committed = _committed(stub, group)
+    assert len(committed) == PARTITIONS
+    assert all(offset == partition + 1 for (_, partition), (offset, _) in committed.items())
+    first = consumers[0]
+    moved = min(first.assignment())
+    first.commit({tp: tp.partition + 1 + (tp == moved) for tp in first.assignment()})
+    again = _committed(stub, group)
+    key = (moved.topic, moved.partition)
+    assert again[key][0] == moved.partition + 2
+    assert {k: v for k, v in again.items() if k != key} == {k: v for k, v in committed.items() if k != key}
 
 
 def test_a_storage_node_restarts_with_every_partition(cluster, stub, topics):
