@@ -43,7 +43,7 @@ from spark_jobs.cluster import SERVERS_HELP, ClusterView, resolve_addresses
 from spark_jobs.faults import maybe_crash_after
 from spark_jobs.group_offsets import GroupOffsets
 from spark_jobs.offsets import OffsetRange, Offsets, PlanningError, offsets_to_json
-from spark_jobs.options import Subscription
+from spark_jobs.options import Subscription, parse_security_options
 from spark_jobs.output_store import Manifest, OutputStore
 
 log = logging.getLogger("spark_jobs.loader")
@@ -61,6 +61,14 @@ class LoaderConfig:
     min_partitions: int | None = None
     #: Where partitions the output never loaded start: "earliest" or "group" (committed offsets).
     start_from: str = "earliest"
+    #: TLS and token settings as the Spark source's options (``ssl.cafile`` ...), for the read
+    #: and for the loader's own connections (planning, the group's offsets); empty: plaintext.
+    security_options: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def security(self) -> tuple[tuple[str, str], ...]:
+        """``security_options`` parsed and checked (the SDK's settings)."""
+        return parse_security_options(dict(self.security_options))
 
 
 @dataclass
@@ -106,7 +114,7 @@ def describe_group_commit(committed: bool | None) -> str:
 
 def plan_batch(store: OutputStore, config: LoaderConfig) -> list[OffsetRange]:
     """Ranges of the next batch: every partition, from where the output ends to the latest offset."""
-    with ClusterView(config.servers) as view:
+    with ClusterView(config.servers, security=config.security) as view:
         tps = view.partitions(Subscription("subscribe", topics=config.topics), must_exist=True)
         earliest, latest = view.offsets(tps, "earliest"), view.offsets(tps, "latest")
     start = starting_offsets(store, config, tps, earliest)
@@ -135,7 +143,7 @@ def starting_offsets(
     unknown = [tp for tp in tps if tp not in loaded]
     group: dict[TopicPartition, int] = {}
     if unknown and config.start_from == "group":
-        with GroupOffsets(config.servers, config.group) as offsets:
+        with GroupOffsets(config.servers, config.group, security=config.security) as offsets:
             group = offsets.fetch(unknown) or {}
     return {tp: loaded.get(tp, group.get(tp, earliest[tp])) for tp in tps}
 
@@ -163,6 +171,8 @@ def stage(spark, config: LoaderConfig, ranges: list[OffsetRange], path: Path) ->
     )
     if config.min_partitions:
         reader = reader.option("minPartitions", str(config.min_partitions))
+    for name, value in config.security_options:
+        reader = reader.option(name, value)
     spark.conf.set("spark.sql.session.timeZone", "UTC")  # date=/hour= are UTC whatever the cluster's zone
     frame = (
         reader.load()
@@ -215,7 +225,7 @@ def commit_group(store: OutputStore, config: LoaderConfig) -> bool | None:
     last = store.last_manifest()
     if not offsets or last is None:
         return None
-    with GroupOffsets(config.servers, config.group) as group:
+    with GroupOffsets(config.servers, config.group, security=config.security) as group:
         return group.commit(offsets, metadata=f"tributary-loader batch {last.batch_id} -> {config.output}")
 
 
@@ -250,8 +260,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="where partitions this output never loaded start: their earliest offset "
         "(default) or the group's committed offset",
     )
+    parser.add_argument(
+        "--ssl-cafile", help="TLS to the gateways: the CA file that signed their certificates"
+    )
+    parser.add_argument("--ssl-certfile", help="TLS client certificate (with --ssl-keyfile)")
+    parser.add_argument("--ssl-keyfile", help="TLS client key")
+    parser.add_argument(
+        "--token-file", help="a bearer token (OAUTHBEARER over TLS), read each time one is needed"
+    )
     parser.add_argument("--master", help="Spark master (default: $SPARK_MASTER or local[2])")
     return parser
+
+
+def security_options_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The TLS and token flags as the Spark source's option names (see :class:`LoaderConfig`)."""
+    given = {
+        "ssl.cafile": args.ssl_cafile,
+        "ssl.certfile": args.ssl_certfile,
+        "ssl.keyfile": args.ssl_keyfile,
+        "sasl.oauthbearer.token.file": args.token_file,
+    }
+    if args.token_file:
+        given["sasl.mechanism"] = "OAUTHBEARER"
+    return tuple(sorted((name, str(value)) for name, value in given.items() if value))
 
 
 def config_from_args(args: argparse.Namespace) -> LoaderConfig:
@@ -264,6 +295,7 @@ def config_from_args(args: argparse.Namespace) -> LoaderConfig:
         fail_on_data_loss=not args.no_fail_on_data_loss,
         min_partitions=args.min_partitions,
         start_from=args.start_from,
+        security_options=security_options_from_args(args),
     )
 
 

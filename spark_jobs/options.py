@@ -430,6 +430,12 @@ def _parse_security(raw: _Raw) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(settings.items()))
 
 
+def parse_security_options(options: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The security options (``ssl.cafile`` ...; nothing else may be given) of a job that is not
+    a Spark read or write -- the loader's own connections -- checked as a read's are."""
+    return _parse_security(_Raw(options, SECURITY_OPTIONS))
+
+
 class _TokenFile:
     """A token provider reading a file each time a token is needed (picklable: tasks carry it)."""
 

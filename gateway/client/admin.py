@@ -444,6 +444,34 @@ class AsyncAdmin:
         response = await self._client.call("FetchCommittedOffsets", request)
         return _committed_offsets(response.offsets)
 
+    async def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, OffsetAndMetadata | int]
+    ) -> None:
+        """Commit ``offsets`` (the next offset to consume, with optional metadata) for a group
+        without active members, as a consumer outside the group does (Kafka's
+        ``alterConsumerGroupOffsets``): a tool or a batch job that keeps a group's offsets for
+        lag monitoring. ``UnknownMemberIdError`` while the group has members; otherwise raises
+        the first partition's error (an unknown partition, metadata too long)."""
+        request = pb.CommitOffsetsRequest(
+            group_id=group_id,
+            member_id="",
+            generation_id=-1,
+            offsets=[
+                pb.OffsetCommit(
+                    topic=tp[0],
+                    partition=tp[1],
+                    offset=committed if isinstance(committed, int) else committed.offset,
+                    metadata="" if isinstance(committed, int) else committed.metadata,
+                )
+                for tp, committed in sorted(offsets.items())
+            ],
+        )
+        response = await self._client.call("CommitOffsets", request)
+        for result in response.results:
+            error = error_from_proto(result.error) if result.HasField("error") else None
+            if error is not None:
+                raise error
+
     async def reset_consumer_group_offsets(
         self,
         group_id: str,
@@ -573,6 +601,7 @@ class Admin:
     list_consumer_groups = _sync("list_consumer_groups")
     describe_consumer_group = _sync("describe_consumer_group")
     list_consumer_group_offsets = _sync("list_consumer_group_offsets")
+    alter_consumer_group_offsets = _sync("alter_consumer_group_offsets")
     reset_consumer_group_offsets = _sync("reset_consumer_group_offsets")
     delete_consumer_group = _sync("delete_consumer_group")
 

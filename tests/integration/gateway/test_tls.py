@@ -25,6 +25,7 @@ from gateway.client.errors import TributaryError
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
 from services.dataport import protocol as dp
 from spark_jobs.cluster import ClusterView
+from spark_jobs.group_offsets import GroupOffsets
 from spark_jobs.offsets import OffsetRange
 from spark_jobs.options import ReadOptions
 from spark_jobs.range_reader import RangeReadSettings, read_range
@@ -174,6 +175,11 @@ def test_tls_clients_work_and_others_are_refused_and_certificates_rotate(cluster
     assert [bytes(v) for batch in read for v in batch.column("value").to_pylist()] == sent["auto"] + sent[
         "grpc"
     ]
+
+    # The loader's group-offset mirror, with the same options.
+    with GroupOffsets(cluster.gateway, "tls-loader", security=options.security) as group:
+        assert group.commit({TopicPartition(TOPIC, 0): 100}, metadata="batch 1") is True
+        assert group.fetch([TopicPartition(TOPIC, 0)]) == {TopicPartition(TOPIC, 0): 100}
 
     # Refused: plaintext, no client certificate, a certificate of another CA.
     assert refused(servers=cluster.gateway)

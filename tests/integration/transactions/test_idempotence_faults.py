@@ -98,6 +98,8 @@ TARGETED = Plan(
 TARGETED_PLAIN = dataclasses.replace(TARGETED, topic="not-idempotent-one", idempotent=False)
 #: Records sent behind a stalled request before it is let through (the next request carries them).
 BACKLOG = 150
+#: Attempts at stalling a request before a mid-append kill (see :func:`gateway_kill_mid_append`).
+STALL_ATTEMPTS = 3
 FAULT_TIMEOUT_S = 60
 #: An acknowledgement this long after a gateway or leader was killed did not come from it (its
 #: answers reach the producer within milliseconds; a replacement takes longer than this to serve).
@@ -242,8 +244,30 @@ def gateway_kill_mid_append(
     3. kill -9 the gateway, resume the follower, restart the gateway. The producer retries the
        backlog's batches; the leader must answer them from the log.
 
-    Both freezes are far shorter than the lease and replica.lag.time.max.ms: no ISR change."""
+    Both freezes are meant to be far shorter than the lease and replica.lag.time.max.ms (no ISR
+    change). On a loaded machine a step can take longer, a frozen follower leaves the ISR, and the
+    high watermark reaches the log end: nothing is left written and unanswered. The attempt then
+    stops before the kill, both followers resume, and once the ISR is whole again it is made anew
+    (at most :data:`STALL_ATTEMPTS` times)."""
     tp = TopicPartition(load.plan.topic, rng.randrange(load.plan.partitions))
+    for _ in range(STALL_ATTEMPTS):
+        stalled = _stall_a_request(cluster, faults, view, load, tp)
+        if stalled is not None:
+            break
+        wait_until(lambda: full_isr(faults.admin, [tp.topic], REPLICAS), 30, f"{tp.topic} back to a full ISR")
+    else:
+        raise AssertionError(f"no request to {tp} stayed written and unanswered in {STALL_ATTEMPTS} attempts")
+    done, sent_before, written = stalled
+    took_ms = int(done.moved_s * 1000)
+    return Fault(f"{done.kind}-mid-append", (tp.partition,), done.down_ms, took_ms, sent_before, written)
+
+
+def _stall_a_request(
+    cluster: LocalCluster, faults: ClusterFaults, view: ReplicaView, load: Load, tp: TopicPartition
+):
+    """Steps 1-3 of :func:`gateway_kill_mid_append` for ``tp``: ``(the kill, records sent before
+    it, the offsets written and unanswered)``, or None (nothing killed, nobody frozen) when the
+    ISR changed under the freezes."""
     state = describe(faults.admin, [tp.topic])[tp]
     leader = state.leader
     first, second = (r for r in state.replicas if r != leader)
@@ -258,6 +282,9 @@ def gateway_kill_mid_append(
         os.kill(nodes[node].pid, signal.SIGCONT)
         frozen.remove(node)
 
+    def isr_whole() -> bool:
+        return len(describe(faults.admin, [tp.topic])[tp].isr) == REPLICAS
+
     try:
         freeze(first)
         stalled_end, _ = wait_until(
@@ -270,19 +297,24 @@ def gateway_kill_mid_append(
         wait_until(lambda: view.offsets(second, tp)[0] >= stalled_end, 5, f"node {second} copied it")
         freeze(second)
         thaw(first)
-        end, high_watermark = wait_until(
-            lambda: (o := view.offsets(leader, tp))[0] > stalled_end and o[1] >= stalled_end and o,
-            5,
-            f"the next request to {tp} written and waiting",
-        )
+        try:
+            end, high_watermark = wait_until(
+                lambda: (o := view.offsets(leader, tp))[0] > stalled_end and stalled_end <= o[1] < o[0] and o,
+                5,
+                f"the next request to {tp} written and waiting",
+            )
+        except AssertionError:
+            if isr_whole():
+                raise
+            return None  # a follower left the ISR: the high watermark reached the log end
+        if not isr_whole():
+            return None
         sent_before = load.sent
         done = faults.gateway_kill(while_down=lambda: thaw(second))
     finally:
         while frozen:  # a failed step leaves nobody frozen
             thaw(frozen[-1])
-    took_ms = int(done.moved_s * 1000)
-    written = range(high_watermark, end)
-    return Fault(f"{done.kind}-mid-append", (tp.partition,), done.down_ms, took_ms, sent_before, written)
+    return done, sent_before, range(high_watermark, end)
 
 
 def leader_kill(faults: ClusterFaults, load: Load, rng: random.Random) -> Fault:

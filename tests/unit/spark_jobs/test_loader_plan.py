@@ -16,7 +16,7 @@ EARLIEST = {T0: 0, T1: 3, T2: 7}
 class FakeGroup:
     asked: ClassVar[list] = []  # every instance's questions, for the test to read
 
-    def __init__(self, servers, group_id):
+    def __init__(self, servers, group_id, *, security=()):
         self.group_id = group_id
 
     def __enter__(self):

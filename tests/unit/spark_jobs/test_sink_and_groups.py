@@ -128,5 +128,5 @@ def test_commit_is_best_effort_when_the_cluster_does_not_implement_it(caplog):
             assert offsets.fetch([TopicPartition("t", 0)]) is None
     finally:
         server.stop(None)
-    assert "does not implement CommitOffsets yet (UNIMPLEMENTED)" in caplog.text
+    assert "offsets NOT committed ([UNSUPPORTED_VERSION] UNIMPLEMENTED" in caplog.text
     assert "_offsets manifests remain the source of truth" in caplog.text
