@@ -148,7 +148,7 @@ def test_one_request_produces_to_a_thousand_partitions_and_fetches_them_back(stu
     assert all(values[:1] == [f"v-{topic}".encode()] for (topic, _), values in fetched.items())
 
 
-def test_a_pattern_group_splits_every_partition_between_its_members(cluster, topics):
+def test_a_pattern_group_splits_every_partition_between_its_members(cluster, stub, topics):
     from gateway.client import Consumer
 
     group = "scale-pattern-group"
