@@ -5,7 +5,7 @@
 #   lint        ruff check               (rules and the complexity limit in pyproject.toml)
 #   types       mypy                     (the files and settings in pyproject.toml)
 #   boundaries  tests/unit/test_import_boundaries.py (no service imports another, ...)
-#   unit        tests/unit               (pure logic, no etcd, no processes, no Spark)
+#   unit        tests/unit               (pure logic, no etcd, no processes, no Spark; 2 workers)
 #   integration tests/integration        (real etcd, real service processes on loopback)
 #   e2e         tests/e2e                (a local cluster and a local Spark)
 # Each stage prints its name and how long it took; the test stages print their 25 slowest tests.
@@ -72,7 +72,8 @@ stage format .venv/bin/ruff format --check .
 stage lint .venv/bin/ruff check .
 stage types .venv/bin/mypy
 stage boundaries pytest_stage tests/unit/test_import_boundaries.py
-stage unit pytest_stage tests/unit --ignore=tests/unit/test_import_boundaries.py
+# Unit tests are pure and independent: two workers (pytest-xdist), one per core.
+stage unit pytest_stage -n 2 tests/unit --ignore=tests/unit/test_import_boundaries.py
 stage integration pytest_stage tests/integration
 stage e2e pytest_stage tests/e2e
 
