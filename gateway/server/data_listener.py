@@ -603,7 +603,14 @@ class _Connection:
     ) -> None:
         command = FetchCommand(
             partitions=tuple(
-                PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes) for p in planned.partitions
+                # an incremental fetch passes on what the client knows: the storage nodes then
+                # leave the quiet partitions out of their answers (fetch port version 3)
+                PartitionFetch(
+                    p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset
+                )
+                if not planned.full
+                else PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes)
+                for p in planned.partitions
             ),
             min_bytes=request.min_bytes,
             max_wait_ms=request.max_wait_ms,
@@ -619,7 +626,9 @@ class _Connection:
             # Every partition the fetch reads, the session's included (ACLs may have changed).
             self._authorize("Fetch", command)
             with self._current(span):
-                results = await self.listener.fetch.fetch(command)
+                fetch = self.listener.fetch
+                # an incremental fetch gets None for the partitions with nothing new
+                results = await (fetch.fetch(command) if planned.full else fetch.fetch_news(command))
         except errors.TributaryError as exc:
             if sessions is not None:
                 sessions.fail(planned)
@@ -643,10 +652,14 @@ class _Connection:
             if sessions is not None:
                 sessions.fail(planned)
             raise
+        answered: list[FetchedPartition] = []
         if sessions is not None:
-            answered = [results[i] for i in sessions.complete(planned, results)]
+            for i in sessions.complete(planned, results):
+                result = results[i]
+                assert result is not None, "complete() answers only partitions with results"
+                answered.append(result)
         else:
-            answered = results
+            answered = [r for r in results if r is not None]
         self._end_span(span, next((r.error for r in answered if r.error is not None), None))
         throttle_ms = self._throttle_ms(metered, sum(len(r.raw) for r in answered))
         self._write(

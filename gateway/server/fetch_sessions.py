@@ -207,10 +207,11 @@ class FetchSessions:
         self.counts.incremental_fetches += 1
         return SessionFetch(session, False, tuple(partitions.values()))
 
-    def complete(self, fetch: SessionFetch, results: Sequence[Answered]) -> list[int]:
+    def complete(self, fetch: SessionFetch, results: Sequence[Answered | None]) -> list[int]:
         """After the fetch was served: the indexes of ``results`` (one per partition of
-        ``fetch``, in its order) to answer, with the session's positions moved to what is
-        answered, and the partitions that brought records moved to the end of its order."""
+        ``fetch``, in its order; None for a partition known to have nothing new) to answer,
+        with the session's positions moved to what is answered, and the partitions that
+        brought records moved to the end of its order."""
         session = fetch.session
         if session is None:
             return list(range(len(results)))
@@ -219,6 +220,8 @@ class FetchSessions:
         rotate: list[tuple[str, int]] = []
         live = not session.closed
         for index, (part, result) in enumerate(zip(fetch.partitions, results, strict=True)):
+            if result is None:
+                continue
             brought = result.next_offset != part.offset
             if not (
                 fetch.full
