@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.server.decode_pool import DecodePool
 from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
@@ -66,8 +67,9 @@ DEFAULT_MAX_DECODED_RECORDS = 100_000
 DEFAULT_MAX_DECODED_BYTES = 32 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionFetch:
+class PartitionFetch(NamedTuple):
+    """One partition of a fetch (a tuple: a wide fetch session builds hundreds per request)."""
+
     topic: str
     partition: int
     offset: int
@@ -189,7 +191,7 @@ class FetchHandler:
         partition that brought nothing the client does not know (every read of it found it
         quiet: no records, no error, the ``known_*`` offsets its ``PartitionFetch`` carries).
         Most partitions of a wide session are such, and cost no result at all."""
-        ensure_valid_fetch(command)
+        # (no ensure_valid_fetch: a session's partitions are checked as they join it)
         if not command.raw_batches:
             raise ValueError("fetch_news serves raw batches only")
         wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0

@@ -549,7 +549,11 @@ class FetchServer:
         parts: list[tuple[multi.PartitionHeader, int, Any] | None] = []
         committed = request.isolation_level == multi.READ_COMMITTED
         for fetch in request.partitions:
-            if request.sparse and fetch.known_high_watermark >= 0 and self._known_quiet(fetch, committed):
+            if (
+                request.sparse
+                and fetch.known_high_watermark >= 0
+                and self._known_quiet(fetch, committed, budget <= 0)
+            ):
                 parts.append(None)
                 continue
             header, info = self._read_partition(request, fetch, max(budget, 0))
@@ -558,11 +562,11 @@ class FetchServer:
             parts.append((header, length, info))
         return parts
 
-    def _known_quiet(self, fetch: multi.PartitionFetch, committed: bool) -> bool:
-        """A consumer's partition that is at its high watermark (last stable offset) and whose
-        offsets are what its fetcher knows: nothing to read and nothing to say, found without
-        a read (most partitions of a wide fetch session). Anything else -- an error included --
-        is read the usual way."""
+    def _known_quiet(self, fetch: multi.PartitionFetch, committed: bool, spent: bool) -> bool:
+        """A consumer's partition with nothing to read -- at its high watermark (last stable
+        offset), or anywhere in its log once the answer's byte budget is ``spent`` -- and
+        offsets its fetcher knows: nothing to say, found without a read (most partitions of a
+        wide fetch session). Anything else -- an error included -- is read the usual way."""
         try:
             replica = self._reader.get(fetch.topic, fetch.partition)
             replica.ensure_leader(None)
@@ -570,9 +574,11 @@ class FetchServer:
             return False
         log = replica.log
         bound = log.last_stable_offset if committed else log.high_watermark
+        start = log.log_start_offset
         return (
-            fetch.fetch_offset == bound == fetch.known_high_watermark
-            and log.log_start_offset == fetch.known_log_start_offset
+            bound == fetch.known_high_watermark
+            and start == fetch.known_log_start_offset
+            and (fetch.fetch_offset == bound or (spent and start <= fetch.fetch_offset < bound))
         )
 
     def _read_partition(self, request: multi.MultiFetchRequest, fetch: multi.PartitionFetch, budget: int):
