@@ -118,7 +118,11 @@ def _start_profile(cluster, directory: str | None, name: str) -> list[subprocess
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     Path(directory).mkdir(parents=True, exist_ok=True)
     profilers = []
-    pids = {"gateway": cluster.gateways[0].pid, "storage": cluster.storage_nodes[0].pid, "client": os.getpid()}
+    pids = {
+        "gateway": cluster.gateways[0].pid,
+        "storage": cluster.storage_nodes[0].pid,
+        "client": os.getpid(),
+    }
     for role, pid in pids.items():
         out = Path(directory) / f"{name}-{role}.txt"
         profilers.append(
@@ -159,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=40_000, help="messages per topic (default 40,000)")
     parser.add_argument("--rounds", type=int, default=3, help="timed reads per topic; the best counts")
     parser.add_argument("--modes", default="sessions,full", help="sessions, full, or both")
-    parser.add_argument("--profile", metavar="DIR", help="py-spy raw profiles of the gateway, the node and the client")
+    parser.add_argument(
+        "--profile", metavar="DIR", help="py-spy raw profiles of the gateway, the node and the client"
+    )
     args = parser.parse_args(argv)
     args.partitions = [int(p) for p in args.partitions.split(",") if p]
     results: dict = {}

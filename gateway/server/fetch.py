@@ -17,6 +17,12 @@ fresh connection when a pooled one turned out dead); otherwise the error is repo
 partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
+A fetch session's incremental fetch (raw data protocol version 3, :meth:`FetchHandler.fetch_news`)
+carries what the client knows of each partition (``PartitionFetch.known_*``); the reads then use
+the fetch port's sparse frames (version 3, :mod:`services.fetchport.multi`), in which the node
+leaves out every partition with nothing new, and such a partition gets no result at all. A node
+that does not speak version 3 is asked in version 1.
+
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
 unless ``raw_batches`` is set, decoded here (see :mod:`gateway.server.fetch_assembly`): on the decode
 pool's threads, never on the event loop, within the answer's decode budget (see
