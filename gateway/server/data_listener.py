@@ -602,16 +602,7 @@ class _Connection:
         self, request: dp.FetchRequest, planned: SessionFetch, metered: _Metered | None
     ) -> None:
         command = FetchCommand(
-            partitions=tuple(
-                # an incremental fetch passes on what the client knows: the storage nodes then
-                # leave the quiet partitions out of their answers (fetch port version 3)
-                PartitionFetch(
-                    p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset
-                )
-                if not planned.full
-                else PartitionFetch(p.topic, p.partition, p.offset, p.max_bytes)
-                for p in planned.partitions
-            ),
+            partitions=_partition_fetches(planned),
             min_bytes=request.min_bytes,
             max_wait_ms=request.max_wait_ms,
             max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
@@ -728,6 +719,25 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
+
+
+def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:
+    """What a fetch reads. An incremental fetch passes on what the client knows: the storage
+    nodes then leave the quiet partitions out of their answers (fetch port version 3). (A tuple
+    per partition of a session per fetch: built without NamedTuple's keyword handling.)"""
+    new = tuple.__new__
+    if planned.full:
+        return tuple(
+            new(PartitionFetch, (p.topic, p.partition, p.offset, p.max_bytes, -1, -1))
+            for p in planned.partitions
+        )
+    return tuple(
+        new(
+            PartitionFetch,
+            (p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset),
+        )
+        for p in planned.partitions
+    )
 
 
 class _Metered(NamedTuple):

@@ -298,7 +298,7 @@ class _FetchSession:
         assert header is not None, "a poll without an error has a header"
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
-        part.aborted.update(poll.aborted)
+        part.add_aborted(poll.aborted)
         taken = take_batches(
             poll.records,
             fetch_offset=part.next_offset,
@@ -497,20 +497,27 @@ class _FetchSession:
         room = self._total_room
         parts, asked = self.parts, self._command.partitions
         sparse = False
-        fetches = []
-        for i in group:
+        fetches: list[multi.PartitionFetch] = []
+        append, new, entry, no_epoch = fetches.append, tuple.__new__, multi.PartitionFetch, multi.NO_EPOCH
+        for i in group:  # (a wide session's every fetch runs this for each partition: kept lean)
             part = parts[i]
             # What the client knows holds only until this request brings it something new.
             known = asked[i] if part.next_offset == part.fetch_offset else _UNKNOWN
             sparse = sparse or known.known_high_watermark >= 0
-            fetches.append(
-                multi.PartitionFetch(
-                    part.topic,
-                    part.partition,
-                    part.next_offset,
-                    max(1, min(part.room, room)),
-                    known_high_watermark=known.known_high_watermark,
-                    known_log_start_offset=known.known_log_start_offset,
+            part_room = part.max_bytes - part.size
+            append(
+                new(
+                    entry,
+                    (
+                        part.topic,
+                        part.partition,
+                        part.next_offset,
+                        part_room if 0 < part_room <= room else max(1, min(part_room, room)),
+                        no_epoch,
+                        no_epoch,
+                        known.known_high_watermark,
+                        known.known_log_start_offset,
+                    ),
                 )
             )
         fetcher = self._router.clients.fetcher(node)

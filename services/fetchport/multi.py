@@ -96,6 +96,7 @@ _RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
 _PARTITION_RESPONSE = struct.Struct(">ihqqqiqq")  # partition .. last_stable_offset
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _SHORT = struct.Struct(">h")
+_new_tuple = tuple.__new__  # builds a PartitionFetch without NamedTuple's Python-level __new__
 _INT = struct.Struct(">i")
 
 
@@ -249,8 +250,9 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
     position = _REQUEST_FIXED.size
     partitions = []
     seen: set[tuple[str, int]] = set()
+    topics: dict[bytes, str] = {}  # a wide fetch names few topics: each decoded once
     for _ in range(count):
-        topic, position = _read_string(view, position, "topic")
+        topic, position = _read_topic(view, position, topics)
         if position + entry > len(view):
             raise errors.InvalidRequestError("fetch request is truncated inside a partition")
         partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
@@ -268,15 +270,18 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
             raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
         seen.add((topic, partition))
         partitions.append(
-            PartitionFetch(
-                topic,
-                partition,
-                offset,
-                partition_max,
-                leader_epoch,
-                last_epoch,
-                known_high_watermark,
-                known_log_start,
+            _new_tuple(
+                PartitionFetch,
+                (
+                    topic,
+                    partition,
+                    offset,
+                    partition_max,
+                    leader_epoch,
+                    last_epoch,
+                    known_high_watermark,
+                    known_log_start,
+                ),
             )
         )
     if position != len(view):
@@ -313,17 +318,22 @@ def is_quiet(fetch: PartitionFetch, header: PartitionHeader, records_length: int
     )
 
 
-def _read_string(view: memoryview, position: int, what: str) -> tuple[str, int]:
+def _read_topic(view: memoryview, position: int, topics: dict[bytes, str]) -> tuple[str, int]:
+    """A request's topic (int16 length, UTF-8), through ``topics`` (the names decoded so far)."""
     if position + _SHORT.size > len(view):
-        raise errors.InvalidRequestError(f"fetch frame is truncated before a {what}")
+        raise errors.InvalidRequestError("fetch frame is truncated before a topic")
     (length,) = _SHORT.unpack_from(view, position)
-    position += _SHORT.size
-    if length < 0 or position + length > len(view):
-        raise errors.InvalidRequestError(f"fetch frame {what} length {length} runs past the frame")
-    try:
-        return bytes(view[position : position + length]).decode(), position + length
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidRequestError(f"fetch frame {what} is not UTF-8") from exc
+    end = position + _SHORT.size + length
+    if length < 0 or end > len(view):
+        raise errors.InvalidRequestError(f"fetch frame topic length {length} runs past the frame")
+    raw = view[position + _SHORT.size : end].tobytes()
+    topic = topics.get(raw)
+    if topic is None:
+        try:
+            topic = topics[raw] = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise errors.InvalidRequestError("fetch frame topic is not UTF-8") from exc
+    return topic, end
 
 
 # ---- responses ----------------------------------------------------------------------------------
