@@ -251,9 +251,11 @@ class FetchSessions:
     def fail(self, fetch: SessionFetch) -> None:
         """The fetch failed as a whole: its session is closed (the client starts over with a
         full fetch, as after any request-level error)."""
-        if fetch.session is not None:
-            fetch.session.busy = False
-            self.close(fetch.session.id)
+        session = fetch.session
+        if session is not None:
+            session.busy = False
+            if self._sessions.get(session.id) is session:  # not replaced meanwhile
+                self.close(session.id)
 
     def close(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)

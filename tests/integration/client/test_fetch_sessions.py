@@ -220,3 +220,48 @@ def test_a_client_speaking_version_2_fetches_without_sessions(cluster, monkeypat
         connection = raw._link._connection
         assert connection is not None and connection.version == 2
         assert raw.full_fetches == raw.incremental_fetches == 0
+
+
+def test_read_committed_mid_session_sees_commits_and_never_aborted_records(cluster):
+    """The last stable offset moving and aborted transactions reach a read_committed consumer
+    whose fetches run in a session: an open transaction holds its partitions back, its commit
+    releases them in the next fetches, an aborted one's records never show."""
+    partitions = 12
+    topic = new_topic(cluster, partitions)
+    got: list[bytes] = []
+    producer = Producer(servers=cluster.gateway, transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+    with producer, small_fetches(cluster, isolation_level="read_committed") as consumer:
+        producer.init_transactions()
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+
+        def read(expect: int) -> None:
+            deadline = time.monotonic() + 20
+            while len(got) < expect:
+                assert time.monotonic() < deadline, f"read {len(got)} of {expect}"
+                for records in consumer.poll(timeout_ms=100).values():
+                    got.extend(r.value for r in records)
+
+        producer.begin_transaction()
+        for i in range(24):
+            producer.send(topic, b"c1-%d" % i, partition=i % partitions)
+        producer.commit_transaction()
+        read(24)
+        producer.begin_transaction()
+        for i in range(24):
+            producer.send(topic, b"ab-%d" % i, partition=i % partitions)
+        producer.flush()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        for i in range(24):
+            producer.send(topic, b"c2-%d" % i, partition=i % partitions)
+        producer.flush()
+        for _ in range(5):  # open: nothing of it may be read yet
+            for records in consumer.poll(timeout_ms=100).values():
+                got.extend(r.value for r in records)
+        assert len(got) == 24
+        producer.commit_transaction()
+        read(48)
+        for records in consumer.poll(timeout_ms=300).values():
+            got.extend(r.value for r in records)
+        assert raw_fetcher(consumer).incremental_fetches > 0
+    assert sorted(got) == sorted([b"c1-%d" % i for i in range(24)] + [b"c2-%d" % i for i in range(24)])
