@@ -92,6 +92,7 @@ MAX_TOPIC_BYTES = 249
 _REQUEST_FIXED = struct.Struct(">hiiiiibi")  # version .. isolation_level, partition_count
 _PARTITION_REQUEST = struct.Struct(">iiqii")  # partition .. partition_max_bytes (after the topic)
 _KNOWN = struct.Struct(">qq")  # known_high_watermark, known_log_start_offset (version 3)
+_SPARSE_PARTITION_REQUEST = struct.Struct(">iiqiiqq")  # a version-3 partition (after the topic)
 _RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
 _PARTITION_RESPONSE = struct.Struct(">ihqqqiqq")  # partition .. last_stable_offset
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
@@ -255,14 +256,21 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
         topic, position = _read_topic(view, position, topics)
         if position + entry > len(view):
             raise errors.InvalidRequestError("fetch request is truncated inside a partition")
-        partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
-            view, position
-        )
-        known_high_watermark = known_log_start = -1
         if sparse:
-            known_high_watermark, known_log_start = _KNOWN.unpack_from(
-                view, position + _PARTITION_REQUEST.size
+            (
+                partition,
+                leader_epoch,
+                offset,
+                last_epoch,
+                partition_max,
+                known_high_watermark,
+                known_log_start,
+            ) = _SPARSE_PARTITION_REQUEST.unpack_from(view, position)
+        else:
+            partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
+                view, position
             )
+            known_high_watermark = known_log_start = -1
         position += entry
         if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
             raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")

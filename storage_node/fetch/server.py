@@ -519,16 +519,15 @@ class FetchServer:
         request only those with something new (``multi.is_quiet``)."""
         self.stats.requests += 1
         deadline = self._poll_deadline(loop, request.max_wait_ms)
-        keys = [(p.topic, p.partition) for p in request.partitions]
         while True:
             parts = self._read_partitions(request)
-            available = sum(part[1] for part in parts if part is not None)
-            urgent = any(
-                part[0].error_code or part[0].diverging_epoch >= 0 for part in parts if part is not None
-            )
+            read = [part for part in parts if part is not None]  # (a sparse fetch's quiet ones are None)
+            available = sum(part[1] for part in read)
+            urgent = any(part[0].error_code or part[0].diverging_epoch >= 0 for part in read)
             remaining = deadline - loop.time()
             if urgent or available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
+            keys = [(p.topic, p.partition) for p in request.partitions]
             await self._wait_for_appends(conn, keys, remaining)
         if request.sparse:
             committed = request.isolation_level == multi.READ_COMMITTED

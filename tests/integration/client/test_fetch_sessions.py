@@ -140,7 +140,8 @@ def test_seeks_and_a_reassignment_mid_session_read_every_record_once_in_order(cl
 
 
 def test_a_gateway_killed_mid_session_loses_and_repeats_nothing(cluster):
-    partitions, per_partition = 24, 40
+    # far more than the consumer buffers (two small chunks per partition) when the gateway dies
+    partitions, per_partition = 24, 300
     topic = new_topic(cluster, partitions)
     produce(cluster, topic, partitions, per_partition)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
