@@ -439,6 +439,24 @@ class SaslAuthenticationFailedError(TributaryError):
     reason, kafka_code, grpc_code = "SASL_AUTHENTICATION_FAILED", 58, grpc.StatusCode.UNAUTHENTICATED
 
 
+class FetchSessionIdNotFoundError(TributaryError):
+    """An incremental fetch named a fetch session its connection does not have (never opened,
+    evicted, or closed by the gateway). Retriable: the client sends a full fetch, as in Kafka's
+    KIP-227."""
+
+    reason, kafka_code, grpc_code = "FETCH_SESSION_ID_NOT_FOUND", 70, grpc.StatusCode.NOT_FOUND
+    retriable = True
+
+
+class InvalidFetchSessionEpochError(TributaryError):
+    """An incremental fetch carried an epoch other than the one its session expects (a fetch
+    lost or given up on), or came while the session had a fetch in flight. Retriable: the client
+    sends a full fetch."""
+
+    reason, kafka_code, grpc_code = "INVALID_FETCH_SESSION_EPOCH", 71, grpc.StatusCode.FAILED_PRECONDITION
+    retriable = True
+
+
 class IneligibleReplicaError(TributaryError):
     """An AlterPartition would add a replica that may not join the ISR (not live)."""
 

@@ -39,6 +39,7 @@ from gateway.client.errors import (
     TributaryError,
     UnsupportedVersionError,
 )
+from gateway.client.fetch_session import FetchSessionState
 from gateway.client.throttle import Throttles
 from services import errors
 from services.acks import Acks
@@ -499,20 +500,70 @@ class RawTransport:
 
 
 class RawFetcher:
-    """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC"."""
+    """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC".
 
-    def __init__(self, client: GatewayClient) -> None:
+    On a version-3 connection the fetches run in a fetch session (KIP-227, see
+    :mod:`gateway.client.fetch_session`): the request names only what changed since the last
+    answer, and the answer carries only the partitions with something to say. The caller still
+    passes every partition it wants each time; a partition absent from the answer had nothing
+    new. Session errors are retried here at once with a full fetch."""
+
+    def __init__(self, client: GatewayClient, *, sessions: bool = True) -> None:
         self._link = DataLink(client, throttles=client.fetch_throttles)
+        #: Use fetch sessions when the gateway speaks version 3.
+        self._sessions = sessions
+        self._session = FetchSessionState()
+        #: The connection the session lives on (a new connection starts a new session).
+        self._session_connection: DataConnection | None = None
+        #: Fetches sent so far, full and incremental (sessions only).
+        self.full_fetches = 0
+        self.incremental_fetches = 0
 
     async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
         topic = request.partitions[0].topic if request.partitions else ""
         connection = await self._link.connection(topic)
         if connection is None:
             return None
+        if not self._sessions or connection.version < dp.SESSION_VERSION:
+            return await self._send(connection, request, timeout_s)
+        if connection is not self._session_connection:
+            self._session = FetchSessionState()
+            self._session_connection = connection
+        session = self._session
+        answer = await self._send_in_session(connection, session, request, timeout_s)
+        if answer.error_code in _SESSION_ERRORS:
+            log.debug("fetch session %d refused (%s); full fetch", session.session_id, answer.error())
+            answer = await self._send_in_session(connection, session, request, timeout_s)
+        return answer
+
+    async def _send_in_session(
+        self,
+        connection: DataConnection,
+        session: FetchSessionState,
+        request: dp.FetchRequest,
+        timeout_s: float,
+    ) -> dp.FetchResponse:
+        if session.full:
+            self.full_fetches += 1
+        else:
+            self.incremental_fetches += 1
+        framed = session.request(request)
+        try:
+            answer = await self._send(connection, framed, timeout_s)
+        except BaseException:
+            session.reset()  # the answer was not read: the gateway's picture is unknown
+            raise
+        session.answered(answer)
+        return answer
+
+    async def _send(
+        self, connection: DataConnection, request: dp.FetchRequest, timeout_s: float
+    ) -> dp.FetchResponse:
         correlation_id = connection.next_correlation_id()
         future = await connection.send(
             dp.encode_fetch_request(
-                request._replace(correlation_id=correlation_id, trace_context=current_traceparent())
+                request._replace(correlation_id=correlation_id, trace_context=current_traceparent()),
+                connection.version,
             ),
             correlation_id,
         )
@@ -538,3 +589,10 @@ class RawFetcher:
 
     async def close(self, timeout_s: float = 5.0) -> None:
         await self._link.close(timeout_s)
+
+
+#: Request-level errors after which a full fetch is sent at once.
+_SESSION_ERRORS = (
+    errors.FetchSessionIdNotFoundError.kafka_code,
+    errors.InvalidFetchSessionEpochError.kafka_code,
+)

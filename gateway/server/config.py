@@ -62,6 +62,11 @@ class GatewayConfig(ServiceConfig, MemberTlsConfig):
     #: A data connection with no request (and no answer owed) this long is closed, as Kafka
     #: closes connections idle for connections.max.idle.ms. 0 = never.
     data_max_idle_ms: int = 600_000
+    #: Fetch sessions (KIP-227, protocol version 3) one data connection may hold; opening one
+    #: more evicts its least recently used. 0 = none (every fetch is a full one).
+    data_fetch_sessions_per_connection: int = 4
+    #: Partitions one fetch session may hold; a full fetch of more is served without a session.
+    data_fetch_session_max_partitions: int = 25_000
     #: TLS on the public ports (gRPC and the raw data listener): this gateway's certificate
     #: chain (PEM). With it and ``tls_key_file`` set, both ports speak TLS only; the files are
     #: re-read when they change (new connections get the new certificate).

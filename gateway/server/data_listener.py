@@ -26,6 +26,12 @@ One connection, one :class:`_Connection`:
   owed nothing for ``max_idle_s`` too (Kafka's connections.max.idle.ms). Beyond
   ``max_connections`` new connections get an error frame and are closed. No other client
   notices any of this.
+* Fetch sessions (protocol version 3, :mod:`gateway.server.fetch_sessions`): a consumer's
+  partitions and positions are kept per connection, so its fetches name only what changed and
+  their answers carry only partitions with something to say. A fetch is placed in its session
+  as it is read (arrival order); a session error (unknown id, wrong epoch) is answered as a
+  fetch error, never by closing the connection. Sessions are bounded per connection and end
+  with it.
 * Client quotas (:mod:`gateway.server.quotas`): a request that takes its client over a quota
   is served, its answer says for how long the client is held (``throttle_time_ms``, protocol
   version 2), and the connection reads no frame until then (Kafka's KIP-219 channel mute; an
@@ -53,6 +59,14 @@ from gateway.server.fetch import (
     FetchedPartition,
     FetchHandler,
     PartitionFetch,
+)
+from gateway.server.fetch_sessions import (
+    DEFAULT_MAX_PARTITIONS,
+    DEFAULT_MAX_SESSIONS,
+    FetchSessions,
+    SessionCounts,
+    SessionFetch,
+    SessionPartition,
 )
 from gateway.server.loop_time import LoopTime, timed
 from gateway.server.produce import ProduceHandler, ProduceOutcome
@@ -97,6 +111,8 @@ class DataListener:
         stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         max_frame: int = dp.MAX_REQUEST_FRAME,
+        max_fetch_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_session_partitions: int = DEFAULT_MAX_PARTITIONS,
         telemetry=None,
         ssl_context: ReloadingSslContext | None = None,
         gatekeeper: Gatekeeper | None = None,
@@ -119,6 +135,13 @@ class DataListener:
         self.stall_timeout_s = stall_timeout_s
         self.max_idle_s = max_idle_s
         self.max_frame = max_frame
+        if max_fetch_sessions < 0 or max_session_partitions < 0:
+            raise ValueError("fetch session bounds must not be negative")
+        #: Fetch sessions per connection, and partitions per session (KIP-227, version 3).
+        self.max_fetch_sessions = max_fetch_sessions
+        self.max_session_partitions = max_session_partitions
+        #: What every connection's sessions did (telemetry reads it; so can tests).
+        self.session_counts = SessionCounts()
         #: GatewayInstruments when telemetry is on (a span per request), else None.
         self.telemetry = telemetry
         self._server: asyncio.Server | None = None
@@ -127,10 +150,16 @@ class DataListener:
         #: TLS (``services/tls.py``): every connection is TLS; None: plaintext.
         self._ssl = ssl_context
         self._reloader: asyncio.Task | None = None
+        if telemetry is not None:
+            telemetry.watch_fetch_sessions(self.session_counts, lambda: self.open_fetch_sessions)
 
     @property
     def connection_count(self) -> int:
         return len(self._connections)
+
+    @property
+    def open_fetch_sessions(self) -> int:
+        return sum(len(c.fetch_sessions) for c in list(self._connections) if c.fetch_sessions is not None)
 
     async def start(self) -> None:
         ssl_context = self._ssl.context if self._ssl is not None else None
@@ -220,6 +249,8 @@ class _Connection:
         #: Until when the connection is held for its client's quota (no frame is read).
         self.throttle = ChannelThrottle()
         self.queues: AppendQueues | None = None
+        #: The connection's fetch sessions (version 3 connections only).
+        self.fetch_sessions: FetchSessions | None = None
         self.tasks: set[asyncio.Task] = set()
         self.in_flight_bytes = 0
         self.in_flight_requests = 0
@@ -262,6 +293,8 @@ class _Connection:
             # appends already queued still run, as after a closed ProduceStream.
             for task in self.tasks:
                 task.cancel()
+            if self.fetch_sessions is not None:
+                self.fetch_sessions.close_all()  # a session dies with its connection
             if self._write_watch is not None:
                 self._write_watch.cancel()
             self._flush()
@@ -292,6 +325,12 @@ class _Connection:
                 )
             )
         self.version = version
+        if version >= dp.SESSION_VERSION:
+            self.fetch_sessions = FetchSessions(
+                max_sessions=listener.max_fetch_sessions,
+                max_partitions=listener.max_session_partitions,
+                counts=listener.session_counts,
+            )
         try:
             self.principal, self.expires_at = listener.authenticator.connection_principal(
                 handshake.auth_token, self.writer.get_extra_info("peercert")
@@ -422,7 +461,7 @@ class _Connection:
             await (timed(starting, spent) if spent is not None else starting)
         elif kind == dp.FETCH_REQUEST:
             try:
-                fetch = dp.decode_fetch_request(body)
+                fetch = dp.decode_fetch_request(body, self.version)
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
             # The answer's record bytes count against the connection's budget while it is built.
@@ -431,7 +470,25 @@ class _Connection:
                 max_bytes = quota.fetch_max_bytes(max_bytes)
             fetch = fetch._replace(max_bytes=max_bytes)
             metered = _metered(quota, spent, started)
-            serving = self._serve_fetch(fetch, metered)
+            try:
+                # Placed in its session now, in arrival order (epochs are checked in that order).
+                planned = self._plan_fetch(fetch)
+            except errors.TributaryError as exc:
+                self._write(
+                    dp.encode_fetch_response_parts(
+                        dp.FetchResponse(
+                            correlation_id,
+                            exc.kafka_code,
+                            exc.message,
+                            [],
+                            self._throttle_ms(metered),
+                            fetch.session_id,
+                        ),
+                        self.version,
+                    )
+                )
+                return
+            serving = self._serve_fetch(fetch, planned, metered)
             self._track(timed(serving, spent) if spent is not None else serving, len(body) + max_bytes)
         else:
             self._fail(correlation_id, errors.InvalidRequestError(f"unknown data frame kind {kind}"))
@@ -524,14 +581,28 @@ class _Connection:
         throttle_ms = self._throttle_ms(metered)
         self._write([_produce_answer(correlation_id, result, throttle_ms, self.version)])
 
-    async def _serve_fetch(self, request: dp.FetchRequest, metered: _Metered | None) -> None:
+    def _plan_fetch(self, request: dp.FetchRequest) -> SessionFetch:
+        """The partitions ``request`` fetches, in its session when it has one (raises the
+        session's errors)."""
+        sessions = self.fetch_sessions
+        if sessions is None:  # version 1 or 2: no session fields at all
+            return SessionFetch(
+                None,
+                True,
+                tuple(
+                    SessionPartition(
+                        p.topic, p.partition, p.fetch_offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES
+                    )
+                    for p in request.partitions
+                ),
+            )
+        return sessions.begin(request, DEFAULT_PARTITION_MAX_BYTES)
+
+    async def _serve_fetch(
+        self, request: dp.FetchRequest, planned: SessionFetch, metered: _Metered | None
+    ) -> None:
         command = FetchCommand(
-            partitions=tuple(
-                PartitionFetch(
-                    p.topic, p.partition, p.fetch_offset, p.max_bytes or DEFAULT_PARTITION_MAX_BYTES
-                )
-                for p in request.partitions
-            ),
+            partitions=_partition_fetches(planned),
             min_bytes=request.min_bytes,
             max_wait_ms=request.max_wait_ms,
             max_bytes=request.max_bytes or DEFAULT_TOTAL_MAX_BYTES,
@@ -539,27 +610,59 @@ class _Connection:
             read_committed=request.isolation_level == dp.READ_COMMITTED,
         )
         span = self._start_span(
-            "fetch", request.partitions[0].topic if request.partitions else "", request.trace_context
+            "fetch", command.partitions[0].topic if command.partitions else "", request.trace_context
         )
+        sessions = self.fetch_sessions
         try:
-            self._authorize("Fetch", request)
+            # Every partition the fetch reads, the session's included (ACLs may have changed).
+            self._authorize("Fetch", command)
             with self._current(span):
-                results = await self.listener.fetch.fetch(command)
+                fetch = self.listener.fetch
+                # an incremental fetch gets None for the partitions with nothing new
+                results = await (fetch.fetch(command) if planned.full else fetch.fetch_news(command))
         except errors.TributaryError as exc:
+            if sessions is not None:
+                sessions.fail(planned)
             self._end_span(span, exc)
             throttle_ms = self._throttle_ms(metered)
             self._write(
                 dp.encode_fetch_response_parts(
-                    dp.FetchResponse(request.correlation_id, exc.kafka_code, exc.message, [], throttle_ms),
+                    dp.FetchResponse(
+                        request.correlation_id,
+                        exc.kafka_code,
+                        exc.message,
+                        [],
+                        throttle_ms,
+                        planned.session_id,
+                    ),
                     self.version,
                 )
             )
             return
-        self._end_span(span, next((r.error for r in results if r.error is not None), None))
-        throttle_ms = self._throttle_ms(metered, sum(len(r.raw) for r in results))
+        except BaseException:
+            if sessions is not None:
+                sessions.fail(planned)
+            raise
+        answered: list[FetchedPartition] = []
+        if sessions is not None:
+            for i in sessions.complete(planned, results):
+                result = results[i]
+                assert result is not None, "complete() answers only partitions with results"
+                answered.append(result)
+        else:
+            answered = [r for r in results if r is not None]
+        self._end_span(span, next((r.error for r in answered if r.error is not None), None))
+        throttle_ms = self._throttle_ms(metered, sum(len(r.raw) for r in answered))
         self._write(
             dp.encode_fetch_response_parts(
-                dp.FetchResponse(request.correlation_id, 0, "", [_fetched(r) for r in results], throttle_ms),
+                dp.FetchResponse(
+                    request.correlation_id,
+                    0,
+                    "",
+                    [_fetched(r) for r in answered],
+                    throttle_ms,
+                    planned.session_id,
+                ),
                 self.version,
             )
         )
@@ -616,6 +719,25 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
+
+
+def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:
+    """What a fetch reads. An incremental fetch passes on what the client knows: the storage
+    nodes then leave the quiet partitions out of their answers (fetch port version 3). (A tuple
+    per partition of a session per fetch: built without NamedTuple's keyword handling.)"""
+    new = tuple.__new__
+    if planned.full:
+        return tuple(
+            new(PartitionFetch, (p.topic, p.partition, p.offset, p.max_bytes, -1, -1))
+            for p in planned.partitions
+        )
+    return tuple(
+        new(
+            PartitionFetch,
+            (p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset),
+        )
+        for p in planned.partitions
+    )
 
 
 class _Metered(NamedTuple):

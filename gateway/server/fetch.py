@@ -17,6 +17,12 @@ fresh connection when a pooled one turned out dead); otherwise the error is repo
 partition, as a Kafka broker does, and the client retries. An error
 on any partition ends the long poll early (Kafka answers errors at once).
 
+A fetch session's incremental fetch (raw data protocol version 3, :meth:`FetchHandler.fetch_news`)
+carries what the client knows of each partition (``PartitionFetch.known_*``); the reads then use
+the fetch port's sparse frames (version 3, :mod:`services.fetchport.multi`), in which the node
+leaves out every partition with nothing new, and such a partition gets no result at all. A node
+that does not speak version 3 is asked in version 1.
+
 The bytes come from the node's fetch port (``os.sendfile`` on the node) and are trimmed and,
 unless ``raw_batches`` is set, decoded here (see :mod:`gateway.server.fetch_assembly`): on the decode
 pool's threads, never on the event loop, within the answer's decode budget (see
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from gateway.server.decode_pool import DecodePool
 from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
@@ -66,12 +73,23 @@ DEFAULT_MAX_DECODED_RECORDS = 100_000
 DEFAULT_MAX_DECODED_BYTES = 32 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionFetch:
+class PartitionFetch(NamedTuple):
+    """One partition of a fetch (a tuple: a wide fetch session builds hundreds per request)."""
+
     topic: str
     partition: int
     offset: int
     max_bytes: int = DEFAULT_PARTITION_MAX_BYTES
+    #: What the client was last told of the partition (a fetch session's): its high watermark
+    #: (read_committed: last stable offset) and log start offset; -1 = nothing. With them the
+    #: storage node leaves the partition out of its answer while nothing changed (fetch port
+    #: version 3), and the result carries them back.
+    known_high_watermark: int = -1
+    known_log_start_offset: int = -1
+
+
+#: Nothing known of a partition.
+_UNKNOWN = PartitionFetch("", 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +144,10 @@ class _Poll:
     aborted: tuple[tuple[int, int], ...] = ()
 
 
+#: A partition the node left out of a sparse answer: nothing new (no header, no error).
+_QUIET = _Poll()
+
+
 class FetchHandler:
     """Serves fetch requests through the router's fetch-port clients."""
 
@@ -164,17 +186,43 @@ class FetchHandler:
         if command.raw_batches:
             results = [session.finish_raw(p) for p in session.parts]
         else:
-            # max_bytes bounds the answer, typed records included (decoded they can be far
-            # larger than the batches read).
-            budget = DecodeBudget(
-                max_records=self._max_decoded_records,
-                max_bytes=min(self._max_decoded_bytes, command.max_bytes),
-            )
-            results = await self._decode_pool.run(session.finish_typed, budget)
-            self._decode_pool.account(budget.records, budget.payload_bytes)
+            results = await self._finish_typed(session, command)
         if self._telemetry is not None:
             for part, result in zip(session.parts, results, strict=True):
                 self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
+        return results
+
+    async def fetch_news(self, command: FetchCommand) -> list[FetchedPartition | None]:
+        """``fetch`` of raw batches for a fetch session's incremental fetch: None for each
+        partition that brought nothing the client does not know (every read of it found it
+        quiet: no records, no error, the ``known_*`` offsets its ``PartitionFetch`` carries).
+        Most partitions of a wide session are such, and cost no result at all."""
+        # (no ensure_valid_fetch: a session's partitions are checked as they join it)
+        if not command.raw_batches:
+            raise ValueError("fetch_news serves raw batches only")
+        wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0
+        session = _FetchSession(
+            self._router, command, asyncio.get_running_loop().time() + wait_s, telemetry=self._telemetry
+        )
+        await session.run()
+        news = session.news
+        results = [session.finish_raw(p) if i in news else None for i, p in enumerate(session.parts)]
+        if self._telemetry is not None:
+            for i in news:
+                part, result = session.parts[i], results[i]
+                assert result is not None
+                self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
+        return results
+
+    async def _finish_typed(self, session: _FetchSession, command: FetchCommand) -> list[FetchedPartition]:
+        # max_bytes bounds the answer, typed records included (decoded they can be far
+        # larger than the batches read).
+        budget = DecodeBudget(
+            max_records=self._max_decoded_records,
+            max_bytes=min(self._max_decoded_bytes, command.max_bytes),
+        )
+        results = await self._decode_pool.run(session.finish_typed, budget)
+        self._decode_pool.account(budget.records, budget.payload_bytes)
         return results
 
 
@@ -189,6 +237,8 @@ class _FetchSession:
         self.parts = [PartitionData(p.topic, p.partition, p.offset, p.max_bytes) for p in command.partitions]
         self._exhausted: set[int] = set()
         self._total = 0
+        #: Partitions some read found other than quiet (see ``FetchHandler.fetch_news``).
+        self.news: set[int] = set()
 
     @property
     def _total_room(self) -> int:
@@ -231,6 +281,12 @@ class _FetchSession:
     def _apply(self, index: int, poll: _Poll) -> int:
         """Add a poll's bytes to the partition; returns the bytes kept."""
         part = self.parts[index]
+        if poll is _QUIET:
+            known = self._command.partitions[index]
+            part.high_watermark = known.known_high_watermark
+            part.log_start_offset = known.known_log_start_offset
+            return 0
+        self.news.add(index)
         if poll.error is not None:
             if part.size:
                 # Deliver what was read; the error shows on the next fetch from the new offset.
@@ -242,7 +298,7 @@ class _FetchSession:
         assert header is not None, "a poll without an error has a header"
         part.high_watermark = header.high_watermark
         part.log_start_offset = header.log_start_offset
-        part.aborted.update(poll.aborted)
+        part.add_aborted(poll.aborted)
         taken = take_batches(
             poll.records,
             fetch_offset=part.next_offset,
@@ -317,6 +373,7 @@ class _FetchSession:
         by_node: dict[BrokerAddress, list[int]] = {}
         alone = []
         snapshot = self._router.snapshot
+        speaks_multi: dict[BrokerAddress, bool] = {}
         for index in indexes:
             part = self.parts[index]
             try:
@@ -324,7 +381,10 @@ class _FetchSession:
             except errors.TributaryError:
                 alone.append(index)
                 continue
-            if not self._router.clients.fetcher(node).speaks_multi:
+            multi_ok = speaks_multi.get(node)
+            if multi_ok is None:
+                multi_ok = speaks_multi[node] = self._router.clients.fetcher(node).speaks_multi
+            if not multi_ok:
                 alone.append(index)
                 continue
             by_node.setdefault(node, []).append(index)
@@ -361,6 +421,9 @@ class _FetchSession:
         polls = {}
         again = []
         for index, result in zip(group, results, strict=True):
+            if result is None:
+                polls[index] = _QUIET
+                continue
             error = result.header.error()
             if error is None:
                 polls[index] = _Poll(result.header, result.records, aborted=result.aborted)
@@ -429,18 +492,36 @@ class _FetchSession:
         return _Poll(error=error)
 
     async def _read_many(self, node: BrokerAddress, group: list[int], wait_ms: int):
-        """One fetch-port request for the partitions ``group`` on ``node``."""
+        """One fetch-port request for the partitions ``group`` on ``node``: a sparse one (None
+        for each partition left out) when the client knows some of them (a fetch session)."""
         room = self._total_room
-        fetches = [
-            multi.PartitionFetch(
-                self.parts[i].topic,
-                self.parts[i].partition,
-                self.parts[i].next_offset,
-                max(1, min(self.parts[i].room, room)),
+        parts, asked = self.parts, self._command.partitions
+        sparse = False
+        fetches: list[multi.PartitionFetch] = []
+        append, new, entry, no_epoch = fetches.append, tuple.__new__, multi.PartitionFetch, multi.NO_EPOCH
+        for i in group:  # (a wide session's every fetch runs this for each partition: kept lean)
+            part = parts[i]
+            # What the client knows holds only until this request brings it something new.
+            known = asked[i] if part.next_offset == part.fetch_offset else _UNKNOWN
+            sparse = sparse or known.known_high_watermark >= 0
+            part_room = part.max_bytes - part.size
+            append(
+                new(
+                    entry,
+                    (
+                        part.topic,
+                        part.partition,
+                        part.next_offset,
+                        part_room if 0 < part_room <= room else max(1, min(part_room, room)),
+                        no_epoch,
+                        no_epoch,
+                        known.known_high_watermark,
+                        known.known_log_start_offset,
+                    ),
+                )
             )
-            for i in group
-        ]
-        read = self._router.clients.fetcher(node).fetch_many(
+        fetcher = self._router.clients.fetcher(node)
+        read = (fetcher.fetch_many_sparse if sparse else fetcher.fetch_many)(
             fetches,
             max_bytes=max(1, room),
             min_bytes=1,
@@ -457,7 +538,7 @@ class _FetchSession:
         except BaseException as exc:
             self._telemetry.end_fetch_port_read(span, 0, exc)
             raise
-        self._telemetry.end_fetch_port_read(span, sum(len(r.records) for r in results), None)
+        self._telemetry.end_fetch_port_read(span, sum(len(r.records) for r in results if r is not None), None)
         return results
 
     async def _read(self, node: BrokerAddress, part: PartitionData, wait_ms: int):

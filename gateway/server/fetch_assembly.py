@@ -21,7 +21,7 @@ the very bytes the node sent (``bytes`` sliced once when trimmed, passed through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from services import errors
 from services.records import RECORD_BATCH_OVERHEAD, Record, TimestampType, iter_batches
@@ -73,27 +73,46 @@ def take_batches(
     return Taken(kept, next_offset)
 
 
-@dataclass(slots=True)
+_NO_ABORTED: frozenset[tuple[int, int]] = frozenset()
+
+
 class PartitionData:
-    """What has been gathered for one partition of a fetch so far."""
+    """What has been gathered for one partition of a fetch so far. (A plain class: a wide fetch
+    session makes one per partition per fetch, so its construction is kept cheap.)"""
 
-    topic: str
-    partition: int
-    #: The offset the client asked for; records below it are skipped in typed results.
-    fetch_offset: int
-    max_bytes: int
-    next_offset: int = -1
-    chunks: list[bytes] = field(default_factory=list)
-    size: int = 0
-    high_watermark: int = -1
-    log_start_offset: int = -1
-    error: errors.TributaryError | None = None
-    #: read_committed: the aborted transactions (producer id, first offset) met so far.
-    aborted: set[tuple[int, int]] = field(default_factory=set)
+    __slots__ = (
+        "aborted",
+        "chunks",
+        "error",
+        "fetch_offset",
+        "high_watermark",
+        "log_start_offset",
+        "max_bytes",
+        "next_offset",
+        "partition",
+        "size",
+        "topic",
+    )
 
-    def __post_init__(self) -> None:
-        if self.next_offset < 0:
-            self.next_offset = self.fetch_offset
+    def __init__(self, topic: str, partition: int, fetch_offset: int, max_bytes: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        #: The offset the client asked for; records below it are skipped in typed results.
+        self.fetch_offset = fetch_offset
+        self.max_bytes = max_bytes
+        self.next_offset = fetch_offset
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.high_watermark = -1
+        self.log_start_offset = -1
+        self.error: errors.TributaryError | None = None
+        #: read_committed: the aborted transactions (producer id, first offset) met so far
+        #: (grown by ``add_aborted``).
+        self.aborted: frozenset[tuple[int, int]] = _NO_ABORTED
+
+    def add_aborted(self, aborted: tuple[tuple[int, int], ...]) -> None:
+        if aborted:
+            self.aborted = self.aborted.union(aborted)
 
     @property
     def room(self) -> int:

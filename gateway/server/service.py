@@ -148,6 +148,8 @@ class GatewayService:
                 max_in_flight_bytes=config.data_max_in_flight_bytes,
                 stall_timeout_s=config.data_stall_timeout_ms / 1000.0,
                 max_idle_s=config.data_max_idle_ms / 1000.0 if config.data_max_idle_ms > 0 else None,
+                max_fetch_sessions=config.data_fetch_sessions_per_connection,
+                max_session_partitions=config.data_fetch_session_max_partitions,
                 telemetry=self.instruments,
                 ssl_context=ReloadingSslContext(tls) if tls is not None else None,
                 gatekeeper=self.gatekeeper,

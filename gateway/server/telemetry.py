@@ -151,6 +151,44 @@ class GatewayInstruments:
             description="The bound of each metered client-quota allowance, in its key's unit.",
         )
 
+    def watch_fetch_sessions(self, counts, open_sessions) -> None:
+        """Fetch sessions of the raw data listener, read when collected: ``counts`` (a
+        :class:`~gateway.server.fetch_sessions.SessionCounts` every connection adds to) and
+        ``open_sessions()``, the sessions open now."""
+        meter = self._meter
+        if meter is None:
+            return
+        meter.create_observable_gauge(
+            names.GATEWAY_FETCH_SESSIONS_OPEN,
+            [lambda options: [Observation(open_sessions())]],
+            unit="{session}",
+            description="Fetch sessions (KIP-227) open on the raw data listener.",
+        )
+        meter.create_observable_counter(
+            names.GATEWAY_FETCH_SESSIONS,
+            [
+                lambda options: [
+                    Observation(counts.opened, {names.ATTR_SESSION_EVENT: "opened"}),
+                    Observation(counts.evicted, {names.ATTR_SESSION_EVENT: "evicted"}),
+                    Observation(counts.refused, {names.ATTR_SESSION_EVENT: "refused"}),
+                ]
+            ],
+            unit="{session}",
+            description="Fetch sessions opened, evicted (a connection opened one over its cap) and "
+            "refused (a full fetch over the per-session partition cap).",
+        )
+        meter.create_observable_counter(
+            names.GATEWAY_SESSION_FETCHES,
+            [
+                lambda options: [
+                    Observation(counts.full_fetches, {names.ATTR_FETCH_KIND: "full"}),
+                    Observation(counts.incremental_fetches, {names.ATTR_FETCH_KIND: "incremental"}),
+                ]
+            ],
+            unit="{request}",
+            description="Fetches of version-3 data connections: full (opening a session) and incremental.",
+        )
+
     def produce_planned(self, topic: str, payloads: Iterable) -> None:
         """One observation per partition payload (``data``, ``record_indexes``) of a produce;
         the totals go on the current (Produce server) span as messaging attributes."""

@@ -50,9 +50,10 @@ the connection at all (too many open) sends an error frame (below) instead of th
 closes; the first byte after the size tells the two apart (127 for an error frame, 0x54 for the
 magic number).
 
-Versions: 1, and 2, which adds ``throttle_time_ms`` to the produce and fetch responses (client
-quotas, below); requests are the same in both. A gateway speaking 2 answers a client that
-offers only 1 in version 1.
+Versions: 1; 2, which adds ``throttle_time_ms`` to the produce and fetch responses (client
+quotas, below); and 3, which adds incremental fetch sessions to the fetch request and response
+("Fetch sessions", below). Produce frames are the same in 2 and 3. A gateway speaking 3 answers
+a client that offers only 1 or 2 in that version.
 
 Requests and responses
 ----------------------
@@ -105,12 +106,21 @@ Kind 3, fetch request (what the gRPC ``Fetch`` with ``raw_batches`` true asks)::
     max_bytes       int32   bound on the response's record bytes (0 = the gateway's default,
                             3 MiB; the gateway lowers it to its per-connection budget, 64 MiB
                             by default)
-    partition_count int32   then per partition (each at most once):
+    session_id      int32   version 3 only: see "Fetch sessions"; 0 = none
+    session_epoch   int32   version 3 only: -1 = no session, 0 = open one, n > 0 = the n-th
+                            incremental fetch of ``session_id``
+    partition_count int32   then per partition (each at most once); in an incremental fetch
+                            only the partitions added to the session or whose fetch_offset or
+                            max_bytes changed:
       topic         string
       partition     int32
       fetch_offset  int64
       max_bytes     int32   bound on this partition's record bytes (0 = 1 MiB; the first batch
                             is sent whole anyway)
+    forgotten_count int32   version 3 only, 0 unless incremental: then per partition to remove
+                            from the session:
+      topic         string
+      partition     int32
     trace_context   string  W3C ``traceparent``, empty when none (as in a produce request)
 
 Kind 4, fetch response::
@@ -118,7 +128,11 @@ Kind 4, fetch response::
     throttle_time_ms int32  version 2 only: see "Client quotas" below
     error_code      int16   a request-level error (then partition_count is 0)
     message         string
-    partition_count int32   then per partition, in request order:
+    session_id      int32   version 3 only: the session this fetch belongs to (the new one
+                            when the request opened one), 0 = none
+    partition_count int32   then per partition, in request order (in the session's order, and
+                            only the partitions with something to say, for a session's
+                            incremental fetch: see "Fetch sessions"):
       topic         string
       partition     int32
       error_code    int16
@@ -134,6 +148,48 @@ Kind 4, fetch response::
       records       bytes   whole RecordBatch v2 batches as the storage node stored them;
                             read_committed consumers drop aborted transactions' records
                             themselves, as Kafka consumers do
+
+Fetch sessions (version 3)
+--------------------------
+Kafka's KIP-227 incremental fetch requests. A consumer of many partitions asks for all of them in
+every fetch, while most have nothing new; a *fetch session* lets the gateway remember the
+partitions and their positions, so a fetch names only what changed and its answer carries only
+the partitions that have something to say. A session belongs to its connection and dies with it.
+
+* ``session_id`` 0, ``session_epoch`` -1: a fetch without a session (as in version 2).
+* ``session_epoch`` 0: a *full* fetch that opens a session: the request lists every partition
+  (none forgotten), the answer every partition, with the new ``session_id`` (0 when the gateway
+  would not open one: too many partitions, see below; the fetch is served all the same). A
+  ``session_id`` other than 0 names an older session of the connection that is closed first
+  (unknown ids are ignored).
+* ``session_epoch`` -1 with a ``session_id``: close that session, then a fetch without one.
+* ``session_epoch`` n > 0: an *incremental* fetch of ``session_id``; n is 1 after the full fetch
+  and one more after each answered fetch. The gateway applies the request to the session --
+  partitions listed are added (at the end of the session's order) or get their new fetch_offset
+  and max_bytes; forgotten ones are removed -- then fetches every partition of the session. The
+  answer lists a partition only when it brings records, an error, or a high watermark, last
+  stable offset or log start offset other than last answered (a partition just added or changed
+  always). Then, for every partition answered, the session's fetch_offset becomes the answer's
+  ``next_offset``; the others keep theirs. Partitions that brought records move to the end of
+  the session's order, so that when the answer's max_bytes is reached, the next fetch starts
+  with the others (as a Kafka broker rotates them).
+
+The client keeps the same picture: what it asked for, moved to each answered ``next_offset``. A
+partition whose position the client wants elsewhere (a seek, a record dropped by the client) is
+listed again with its offset; one it stops fetching (unassigned, its buffer full, backing off) is
+forgotten. The request-level errors of a session:
+
+* 70 FETCH_SESSION_ID_NOT_FOUND: the connection has no such session (never opened, evicted, or
+  closed because it would grow past the gateway's partition cap, the message says which);
+* 71 INVALID_FETCH_SESSION_EPOCH: the epoch is not the one expected, or the session has a fetch
+  in flight (one at a time per session).
+
+Either way, and after any request-level error, after an answer the client did not read (a fetch
+it gave up on, a timeout) or on a new connection, the client sends a full fetch (epoch 0), which
+never fails for session reasons. Bounds: a connection holds at most a few sessions (opening one
+more evicts the least recently used), and a session at most a fixed number of partitions (the
+gateway's settings; a full fetch over it is served without a session). A gateway that speaks
+only version 2 gets no session fields at all.
 
 Kind 127, error (gateway -> client): the connection is about to be closed::
 
@@ -168,9 +224,18 @@ from services import errors
 
 MAGIC = 0x54524457
 MIN_VERSION = 1
-MAX_VERSION = 2
+MAX_VERSION = 3
 #: The first version whose produce and fetch answers carry throttle_time_ms.
 THROTTLE_VERSION = 2
+#: The first version with fetch sessions (KIP-227, "Fetch sessions" above).
+SESSION_VERSION = 3
+
+#: ``session_id`` of a fetch without a session.
+NO_SESSION_ID = 0
+#: ``session_epoch`` of a full fetch that opens a session.
+INITIAL_EPOCH = 0
+#: ``session_epoch`` of a fetch without a session (closing ``session_id``, if any).
+FINAL_EPOCH = -1
 
 PRODUCE_REQUEST = 1
 PRODUCE_RESPONSE = 2
@@ -202,6 +267,7 @@ _PARTITION_HEAD = struct.Struct(">ii")  # partition, records length
 _PRODUCE_RESPONSE_PARTITION = struct.Struct(">ihqqqi")  # partition .. record_count
 _FETCH_FIXED = struct.Struct(">biii")  # isolation .. max_bytes
 _FETCH_PARTITION = struct.Struct(">iqi")  # partition, fetch_offset, max_bytes (after the topic)
+_SESSION = struct.Struct(">ii")  # session_id, session_epoch
 _FETCH_RESPONSE_PARTITION = struct.Struct(">ihqqqq")  # partition .. last_stable_offset
 _ABORTED = struct.Struct(">qq")
 #: A produce answer of one partition without errors or messages, as one layout (the fast path):
@@ -290,6 +356,7 @@ class FetchPartition(NamedTuple):
 
 class FetchRequest(NamedTuple):
     correlation_id: int
+    #: Every partition (a full fetch), or those added or changed (an incremental one).
     partitions: list[FetchPartition]
     max_bytes: int = 0
     min_bytes: int = 0
@@ -297,6 +364,16 @@ class FetchRequest(NamedTuple):
     isolation_level: int = READ_UNCOMMITTED
     #: W3C traceparent, "" = none.
     trace_context: str = ""
+    #: Version 3: the fetch session (``NO_SESSION_ID``: none) and its epoch (``FINAL_EPOCH``:
+    #: no session, ``INITIAL_EPOCH``: open one, n > 0: incremental).
+    session_id: int = NO_SESSION_ID
+    session_epoch: int = FINAL_EPOCH
+    #: Version 3, incremental fetches: (topic, partition) removed from the session.
+    forgotten: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def incremental(self) -> bool:
+        return self.session_epoch > INITIAL_EPOCH
 
 
 class FetchPartitionResult(NamedTuple):
@@ -323,6 +400,8 @@ class FetchResponse(NamedTuple):
     partitions: list[FetchPartitionResult]
     #: ms the client is held for going over a quota (version 2; 0 in version 1).
     throttle_time_ms: int = 0
+    #: Version 3: the fetch session the answer belongs to (``NO_SESSION_ID``: none).
+    session_id: int = NO_SESSION_ID
 
     def error(self) -> errors.TributaryError | None:
         return _error(self.error_code, self.message)
@@ -633,20 +712,32 @@ def _read_throttle(reader: _Reader, version: int) -> int:
 # ---- fetch -----------------------------------------------------------------------------------
 
 
-def encode_fetch_request(request: FetchRequest) -> bytes:
+def encode_fetch_request(request: FetchRequest, version: int = MAX_VERSION) -> bytes:
+    """The request frame in ``version``. ValueError when the request uses a session and the
+    version has none."""
     parts = [
-        _FETCH_FIXED.pack(request.isolation_level, request.max_wait_ms, request.min_bytes, request.max_bytes),
-        _INT.pack(len(request.partitions)),
+        _FETCH_FIXED.pack(request.isolation_level, request.max_wait_ms, request.min_bytes, request.max_bytes)
     ]
+    if version >= SESSION_VERSION:
+        parts.append(_SESSION.pack(request.session_id, request.session_epoch))
+    elif request.session_epoch != FINAL_EPOCH or request.forgotten:
+        raise ValueError(f"fetch sessions need protocol version {SESSION_VERSION}, not {version}")
+    parts.append(_INT.pack(len(request.partitions)))
     for p in request.partitions:
         parts.append(_string(p.topic, MAX_TOPIC_BYTES))
         parts.append(_FETCH_PARTITION.pack(p.partition, p.fetch_offset, p.max_bytes))
+    if version >= SESSION_VERSION:
+        parts.append(_INT.pack(len(request.forgotten)))
+        for topic, partition in request.forgotten:
+            parts.append(_string(topic, MAX_TOPIC_BYTES))
+            parts.append(_INT.pack(partition))
     parts.append(_string(request.trace_context, MAX_TRACE_CONTEXT_BYTES))
     return _frame(FETCH_REQUEST, request.correlation_id, parts)
 
 
-def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
-    """Parse a kind-3 frame body (header included). InvalidRequestError on bad input."""
+def decode_fetch_request(body: bytes | memoryview, version: int = MAX_VERSION) -> FetchRequest:
+    """Parse a kind-3 frame body (header included) of a connection speaking ``version``.
+    InvalidRequestError on bad input."""
     _, correlation_id = decode_header(body)
     reader = _Reader(body, HEADER.size, errors.InvalidRequestError)
     isolation, max_wait_ms, min_bytes, max_bytes = reader.unpack(_FETCH_FIXED, "the fetch header")
@@ -654,6 +745,7 @@ def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
         raise errors.InvalidRequestError(f"fetch request isolation level {isolation} is not 0 or 1")
     if max_wait_ms < 0 or min_bytes < 0 or max_bytes < 0:
         raise errors.InvalidRequestError("fetch request has a negative wait or size")
+    session_id, epoch = _read_session(reader) if version >= SESSION_VERSION else (NO_SESSION_ID, FINAL_EPOCH)
     count = reader.count("partitions", 2 + _FETCH_PARTITION.size)
     partitions = []
     seen: set[tuple[str, int]] = set()
@@ -666,11 +758,46 @@ def decode_fetch_request(body: bytes | memoryview) -> FetchRequest:
             raise errors.InvalidRequestError(f"{topic}-{partition} appears twice in the fetch request")
         seen.add((topic, partition))
         partitions.append(FetchPartition(topic, partition, offset, partition_max))
+    forgotten = _read_forgotten(reader, epoch, seen) if version >= SESSION_VERSION else ()
     trace_context = reader.string("trace_context", MAX_TRACE_CONTEXT_BYTES)
     reader.finish()
     return FetchRequest(
-        correlation_id, partitions, max_bytes, min_bytes, max_wait_ms, isolation, trace_context
+        correlation_id,
+        partitions,
+        max_bytes,
+        min_bytes,
+        max_wait_ms,
+        isolation,
+        trace_context,
+        session_id,
+        epoch,
+        forgotten,
     )
+
+
+def _read_session(reader: _Reader) -> tuple[int, int]:
+    session_id, epoch = reader.unpack(_SESSION, "the fetch session")
+    if session_id < 0 or epoch < FINAL_EPOCH:
+        raise errors.InvalidRequestError(f"fetch session {session_id} epoch {epoch}: negative")
+    if session_id == NO_SESSION_ID and epoch > INITIAL_EPOCH:
+        raise errors.InvalidRequestError(f"incremental fetch (epoch {epoch}) without a session id")
+    return session_id, epoch
+
+
+def _read_forgotten(
+    reader: _Reader, epoch: int, fetched: set[tuple[str, int]]
+) -> tuple[tuple[str, int], ...]:
+    count = reader.count("forgotten partitions", 2 + _INT.size)
+    if count and epoch <= INITIAL_EPOCH:
+        raise errors.InvalidRequestError("a fetch that is not incremental forgets partitions")
+    forgotten = []
+    for _ in range(count):
+        topic = reader.string("topic", MAX_TOPIC_BYTES)
+        (partition,) = reader.unpack(_INT, "a forgotten partition")
+        if (topic, partition) in fetched:
+            raise errors.InvalidRequestError(f"{topic}-{partition} is both fetched and forgotten")
+        forgotten.append((topic, partition))
+    return tuple(forgotten)
 
 
 def encode_fetch_response_parts(
@@ -683,6 +810,7 @@ def encode_fetch_response_parts(
         *_throttle_part(response.throttle_time_ms, version),
         _SHORT.pack(response.error_code),
         _message(response.message),
+        *([_INT.pack(response.session_id)] if version >= SESSION_VERSION else []),
         _INT.pack(len(response.partitions)),
     ]
     for p in response.partitions:
@@ -724,6 +852,9 @@ def decode_fetch_response(body: bytes | memoryview, version: int = MAX_VERSION) 
     throttle_time_ms = _read_throttle(reader, version)
     (code,) = reader.unpack(_SHORT, "the error code")
     message = reader.string("message")
+    session_id = NO_SESSION_ID
+    if version >= SESSION_VERSION:
+        (session_id,) = reader.unpack(_INT, "the session id")
     count = reader.count("partitions", 2 + _FETCH_RESPONSE_PARTITION.size + 4 + 2 + 4)
     partitions = []
     for _ in range(count):
@@ -741,7 +872,7 @@ def decode_fetch_response(body: bytes | memoryview, version: int = MAX_VERSION) 
             )
         )
     reader.finish()
-    return FetchResponse(correlation_id, code, message, partitions, throttle_time_ms)
+    return FetchResponse(correlation_id, code, message, partitions, throttle_time_ms, session_id)
 
 
 # ---- errors ----------------------------------------------------------------------------------

@@ -116,6 +116,8 @@ class FetchClient:
         #: refused them: an older node), so one partition goes per request (see ``fetch_many``);
         #: asked again after that, as the node may have been upgraded in place.
         self._multi_refused_until = 0.0
+        #: Likewise for version-3 (sparse) frames; version 1 is used meanwhile.
+        self._sparse_refused_until = 0.0
 
     async def _connect(self) -> _Connection:
         try:
@@ -168,6 +170,60 @@ class FetchClient:
         )
         return await self._exchange(lambda conn: conn.round_trip(request))
 
+    async def fetch_many_sparse(
+        self,
+        partitions: Sequence[multi.PartitionFetch],
+        *,
+        max_bytes: int,
+        min_bytes: int = 1,
+        max_wait_ms: int = 0,
+        read_committed: bool = False,
+    ) -> list[FetchResult | None]:
+        """``fetch_many`` in version 3: None for each partition the node left out (nothing to
+        read, no error, the ``known_*`` offsets of its ``PartitionFetch`` unchanged). A node that
+        refuses version 3 is asked in version 1 (and again in version 3 only after
+        ``MULTI_RECHECK_S``)."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._sparse_refused_until:
+            request = self._multi_request(partitions, max_bytes, min_bytes, max_wait_ms, read_committed, True)
+            try:
+                response = await self._exchange(lambda conn: conn.round_trip_multi(request))
+            except (errors.UnsupportedVersionError, errors.CorruptRecordError):
+                self._sparse_refused_until = loop.time() + MULTI_RECHECK_S
+            else:
+                if response.correlation_id != -1:
+                    return _sparse_results(response, request)
+                self._sparse_refused_until = loop.time() + MULTI_RECHECK_S  # refused as a bad frame
+        return list(
+            await self.fetch_many(
+                partitions,
+                max_bytes=max_bytes,
+                min_bytes=min_bytes,
+                max_wait_ms=max_wait_ms,
+                read_committed=read_committed,
+            )
+        )
+
+    def _multi_request(
+        self,
+        partitions: Sequence[multi.PartitionFetch],
+        max_bytes: int,
+        min_bytes: int,
+        max_wait_ms: int,
+        read_committed: bool,
+        sparse: bool,
+    ) -> multi.MultiFetchRequest:
+        return multi.MultiFetchRequest(
+            next(self._correlation),
+            multi.CONSUMER_REPLICA_ID,
+            tuple(partitions),
+            max_bytes,
+            min_bytes,
+            max_wait_ms,
+            multi.READ_COMMITTED if read_committed else multi.READ_UNCOMMITTED,
+            sparse,
+        )
+
     async def fetch_many(
         self,
         partitions: Sequence[multi.PartitionFetch],
@@ -181,15 +237,7 @@ class FetchClient:
         order. The node long-polls until ``min_bytes`` are available across them (or an error is
         to be reported, or ``max_wait_ms`` passed), and bounds the record bytes by ``max_bytes``
         (the first batch goes whole). A request-level error becomes every partition's error."""
-        request = multi.MultiFetchRequest(
-            next(self._correlation),
-            multi.CONSUMER_REPLICA_ID,
-            tuple(partitions),
-            max_bytes,
-            min_bytes,
-            max_wait_ms,
-            multi.READ_COMMITTED if read_committed else multi.READ_UNCOMMITTED,
-        )
+        request = self._multi_request(partitions, max_bytes, min_bytes, max_wait_ms, read_committed, False)
         try:
             response = await self._exchange(lambda conn: conn.round_trip_multi(request))
         except errors.UnsupportedVersionError:
@@ -234,17 +282,45 @@ def _results(response: multi.MultiFetchResponse, request: multi.MultiFetchReques
         )
         header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)
         return [FetchResult(header, b"") for _ in request.partitions]
-    results = []
+    return [_result(part, response.correlation_id, committed) for part in response.partitions]
+
+
+def _result(part: multi.PartitionData, correlation_id: int, committed: bool) -> FetchResult:
+    h = part.header
+    header = protocol.FetchResponseHeader(
+        correlation_id,
+        h.error_code,
+        h.last_stable_offset if committed and h.error_code == 0 else h.high_watermark,
+        h.log_start_offset,
+        h.log_end_offset,
+        h.message,
+        h.records_length,
+    )
+    return FetchResult(header, bytes(part.records), h.aborted)
+
+
+def _sparse_results(
+    response: multi.MultiFetchResponse, request: multi.MultiFetchRequest
+) -> list[FetchResult | None]:
+    """A version-3 answer as one result per requested partition, in order: None for those left
+    out. An answer naming a partition not asked for, or out of order, fails every partition (as
+    a request-level error does)."""
+    committed = request.isolation_level == multi.READ_COMMITTED
+    results: list[FetchResult | None] = [None] * len(request.partitions)
+    index = {(p.topic, p.partition): i for i, p in enumerate(request.partitions)}
+    last = -1
     for part in response.partitions:
-        h = part.header
+        at = index.get((part.header.topic, part.header.partition), -1)
+        if response.error_code or at <= last:
+            code = response.error_code or errors.CorruptRecordError.kafka_code
+            message = response.message or "the node answered partitions not asked for, or out of order"
+            header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)
+            return [FetchResult(header, b"") for _ in request.partitions]
+        results[at] = _result(part, response.correlation_id, committed)
+        last = at
+    if response.error_code:
         header = protocol.FetchResponseHeader(
-            response.correlation_id,
-            h.error_code,
-            h.last_stable_offset if committed and h.error_code == 0 else h.high_watermark,
-            h.log_start_offset,
-            h.log_end_offset,
-            h.message,
-            h.records_length,
+            response.correlation_id, response.error_code, -1, -1, -1, response.message, 0
         )
-        results.append(FetchResult(header, bytes(part.records), h.aborted))
+        return [FetchResult(header, b"") for _ in request.partitions]
     return results

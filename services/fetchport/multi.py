@@ -47,6 +47,23 @@ Response (node -> client)::
       message_length     int16   then message_length bytes of UTF-8
       records_length     int32   then records_length bytes of whole RecordBatch v2 batches
 
+Version 3 (consumers only: ``replica_id`` -1) is version 1 with a *sparse* answer, the fetch
+session idea (KIP-227) applied to this hop: the gateway serves a consumer's fetch session
+(``services/dataport``), knows what it last told the consumer of each partition, and sends it
+along; the node then leaves out of its answer every partition with nothing new. The request
+adds, per partition, after ``partition_max_bytes``::
+
+      known_high_watermark int64  the high watermark the fetcher knows (read_committed: the last
+                                  stable offset); -1 = none (the partition is always answered)
+      known_log_start_offset int64  likewise
+
+and the response lists, in request order, only the partitions with records, an error, or a high
+watermark (read_committed: last stable offset) or log start offset other than the known ones.
+A partition left out had nothing to read at its fetch offset and the offsets the fetcher knows.
+Most partitions of a wide fetch carry nothing, so this saves a header's encoding on the node
+and its decoding on the gateway for each. A node that does not speak version 3 refuses it like
+any unknown version; the fetcher then asks in version 1.
+
 The node writes each partition's records straight from its segment file with ``os.sendfile``;
 this module builds and parses everything around them.
 """
@@ -55,11 +72,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from services import errors
 from services.fetchport.protocol import SIZE
 
 MULTI_FETCH_VERSION = 1
+#: Version 1 with known offsets per partition and an answer that leaves out the quiet ones.
+SPARSE_FETCH_VERSION = 3
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
 #: ``replica_id`` of a consumer's fetch.
@@ -71,16 +91,18 @@ MAX_TOPIC_BYTES = 249
 
 _REQUEST_FIXED = struct.Struct(">hiiiiibi")  # version .. isolation_level, partition_count
 _PARTITION_REQUEST = struct.Struct(">iiqii")  # partition .. partition_max_bytes (after the topic)
+_KNOWN = struct.Struct(">qq")  # known_high_watermark, known_log_start_offset (version 3)
+_SPARSE_PARTITION_REQUEST = struct.Struct(">iiqiiqq")  # a version-3 partition (after the topic)
 _RESPONSE_FIXED = struct.Struct(">ih")  # correlation_id, error_code
 _PARTITION_RESPONSE = struct.Struct(">ihqqqiqq")  # partition .. last_stable_offset
 _ABORTED = struct.Struct(">qq")  # producer_id, first_offset
 _SHORT = struct.Struct(">h")
+_new_tuple = tuple.__new__  # builds a PartitionFetch without NamedTuple's Python-level __new__
 _INT = struct.Struct(">i")
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionFetch:
-    """One partition of a multi-partition fetch."""
+class PartitionFetch(NamedTuple):
+    """One partition of a multi-partition fetch (a tuple: a wide fetch builds hundreds)."""
 
     topic: str
     partition: int
@@ -88,6 +110,9 @@ class PartitionFetch:
     partition_max_bytes: int
     current_leader_epoch: int = NO_EPOCH
     last_fetched_epoch: int = NO_EPOCH
+    #: Version 3: what the fetcher knows of the partition; -1 = nothing (always answered).
+    known_high_watermark: int = -1
+    known_log_start_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +124,16 @@ class MultiFetchRequest:
     min_bytes: int = 1
     max_wait_ms: int = 0
     isolation_level: int = READ_UNCOMMITTED
+    #: Version 3: the answer leaves out partitions with nothing new (see the module docstring).
+    sparse: bool = False
 
     @property
     def from_follower(self) -> bool:
         return self.replica_id >= 0
+
+    @property
+    def version(self) -> int:
+        return SPARSE_FETCH_VERSION if self.sparse else MULTI_FETCH_VERSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,9 +202,11 @@ def _message(error: errors.TributaryError | None) -> bytes:
 
 
 def encode_request(request: MultiFetchRequest) -> bytes:
+    sparse = request.sparse
+    topics: dict[str, bytes] = {}  # each topic encoded once (a wide fetch names few topics)
     parts = [
         _REQUEST_FIXED.pack(
-            MULTI_FETCH_VERSION,
+            request.version,
             request.correlation_id,
             request.replica_id,
             request.max_wait_ms,
@@ -184,7 +217,10 @@ def encode_request(request: MultiFetchRequest) -> bytes:
         )
     ]
     for p in request.partitions:
-        parts.append(_string(p.topic, MAX_TOPIC_BYTES))
+        topic = topics.get(p.topic)
+        if topic is None:
+            topic = topics[p.topic] = _string(p.topic, MAX_TOPIC_BYTES)
+        parts.append(topic)
         parts.append(
             _PARTITION_REQUEST.pack(
                 p.partition,
@@ -194,61 +230,118 @@ def encode_request(request: MultiFetchRequest) -> bytes:
                 p.partition_max_bytes,
             )
         )
+        if sparse:
+            parts.append(_KNOWN.pack(p.known_high_watermark, p.known_log_start_offset))
     body = b"".join(parts)
     return SIZE.pack(len(body)) + body
 
 
 def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
-    """Parse a version-1 request body (after the size). InvalidRequestError on bad input."""
+    """Parse a version-1 or -3 request body (after the size). InvalidRequestError on bad input."""
     view = memoryview(body)
     if len(view) < _REQUEST_FIXED.size:
         raise errors.InvalidRequestError(f"fetch request of {len(view)} bytes is shorter than its header")
     version, correlation_id, replica_id, max_wait_ms, min_bytes, max_bytes, isolation, count = (
         _REQUEST_FIXED.unpack_from(view)
     )
-    if version != MULTI_FETCH_VERSION:
-        raise errors.UnsupportedVersionError(f"multi-partition fetch version {version}")
-    if max_wait_ms < 0 or min_bytes < 0 or max_bytes < 0 or replica_id < CONSUMER_REPLICA_ID:
-        raise errors.InvalidRequestError("fetch request has a negative size, wait or replica id")
-    if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
-        raise errors.InvalidRequestError(f"fetch request isolation level {isolation} is not 0 or 1")
-    if count < 0 or count * (_SHORT.size + _PARTITION_REQUEST.size) > len(view) - _REQUEST_FIXED.size:
+    sparse = _check_fixed(version, replica_id, isolation, (max_wait_ms, min_bytes, max_bytes))
+    entry = _PARTITION_REQUEST.size + (_KNOWN.size if sparse else 0)
+    if count < 0 or count * (_SHORT.size + entry) > len(view) - _REQUEST_FIXED.size:
         raise errors.InvalidRequestError(f"fetch request announces {count} partitions its frame cannot hold")
     position = _REQUEST_FIXED.size
     partitions = []
     seen: set[tuple[str, int]] = set()
+    topics: dict[bytes, str] = {}  # a wide fetch names few topics: each decoded once
     for _ in range(count):
-        topic, position = _read_string(view, position, "topic")
-        if position + _PARTITION_REQUEST.size > len(view):
+        topic, position = _read_topic(view, position, topics)
+        if position + entry > len(view):
             raise errors.InvalidRequestError("fetch request is truncated inside a partition")
-        partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
-            view, position
-        )
-        position += _PARTITION_REQUEST.size
+        if sparse:
+            (
+                partition,
+                leader_epoch,
+                offset,
+                last_epoch,
+                partition_max,
+                known_high_watermark,
+                known_log_start,
+            ) = _SPARSE_PARTITION_REQUEST.unpack_from(view, position)
+        else:
+            partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
+                view, position
+            )
+            known_high_watermark = known_log_start = -1
+        position += entry
         if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
             raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")
         if (topic, partition) in seen:
             raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
         seen.add((topic, partition))
-        partitions.append(PartitionFetch(topic, partition, offset, partition_max, leader_epoch, last_epoch))
+        partitions.append(
+            _new_tuple(
+                PartitionFetch,
+                (
+                    topic,
+                    partition,
+                    offset,
+                    partition_max,
+                    leader_epoch,
+                    last_epoch,
+                    known_high_watermark,
+                    known_log_start,
+                ),
+            )
+        )
     if position != len(view):
         raise errors.InvalidRequestError(f"fetch request has {len(view) - position} trailing bytes")
     return MultiFetchRequest(
-        correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms, isolation
+        correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms, isolation, sparse
     )
 
 
-def _read_string(view: memoryview, position: int, what: str) -> tuple[str, int]:
+def _check_fixed(version: int, replica_id: int, isolation: int, bounds: tuple[int, int, int]) -> bool:
+    """Check a request's fixed fields; whether it is sparse (version 3)."""
+    if version not in (MULTI_FETCH_VERSION, SPARSE_FETCH_VERSION):
+        raise errors.UnsupportedVersionError(f"multi-partition fetch version {version}")
+    sparse = version == SPARSE_FETCH_VERSION
+    if min(bounds) < 0 or replica_id < CONSUMER_REPLICA_ID:
+        raise errors.InvalidRequestError("fetch request has a negative size, wait or replica id")
+    if sparse and replica_id != CONSUMER_REPLICA_ID:
+        raise errors.InvalidRequestError("sparse (version 3) fetches are for consumers only")
+    if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+        raise errors.InvalidRequestError(f"fetch request isolation level {isolation} is not 0 or 1")
+    return sparse
+
+
+def is_quiet(fetch: PartitionFetch, header: PartitionHeader, records_length: int, committed: bool) -> bool:
+    """Whether a version-3 answer leaves ``fetch`` out: nothing to read, no error, and the
+    offsets its fetcher knows (read_committed: the last stable offset stands for the high
+    watermark)."""
+    return (
+        records_length == 0
+        and header.error_code == 0
+        and header.diverging_epoch < 0
+        and fetch.known_high_watermark == (header.last_stable_offset if committed else header.high_watermark)
+        and fetch.known_log_start_offset == header.log_start_offset
+    )
+
+
+def _read_topic(view: memoryview, position: int, topics: dict[bytes, str]) -> tuple[str, int]:
+    """A request's topic (int16 length, UTF-8), through ``topics`` (the names decoded so far)."""
     if position + _SHORT.size > len(view):
-        raise errors.InvalidRequestError(f"fetch frame is truncated before a {what}")
+        raise errors.InvalidRequestError("fetch frame is truncated before a topic")
     (length,) = _SHORT.unpack_from(view, position)
-    position += _SHORT.size
-    if length < 0 or position + length > len(view):
-        raise errors.InvalidRequestError(f"fetch frame {what} length {length} runs past the frame")
-    try:
-        return bytes(view[position : position + length]).decode(), position + length
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidRequestError(f"fetch frame {what} is not UTF-8") from exc
+    end = position + _SHORT.size + length
+    if length < 0 or end > len(view):
+        raise errors.InvalidRequestError(f"fetch frame topic length {length} runs past the frame")
+    raw = view[position + _SHORT.size : end].tobytes()
+    topic = topics.get(raw)
+    if topic is None:
+        try:
+            topic = topics[raw] = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise errors.InvalidRequestError("fetch frame topic is not UTF-8") from exc
+    return topic, end
 
 
 # ---- responses ----------------------------------------------------------------------------------

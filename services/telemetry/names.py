@@ -138,6 +138,14 @@ GATEWAY_FETCHED_RECORDS: Final = "tributary.gateway.fetched.records"  # counter,
 GATEWAY_FETCHED_BYTES: Final = "tributary.gateway.fetched.bytes"  # counter, By
 #: A request on the gateway's raw data listener (the gRPC calls have rpc.server.call.duration).
 GATEWAY_DATA_REQUEST_DURATION: Final = "tributary.gateway.data.request.duration"  # histogram, s
+#: Fetch sessions (KIP-227) on the raw data listener: sessions open now; sessions opened, evicted
+#: (a connection opened one over its cap) and refused (a full fetch over the partition cap), and
+#: fetches by kind (ATTR_FETCH_KIND: full or incremental), since the gateway started.
+GATEWAY_FETCH_SESSIONS_OPEN: Final = "tributary.gateway.fetch_sessions.open"  # gauge, {session}
+GATEWAY_FETCH_SESSIONS: Final = "tributary.gateway.fetch_sessions"  # counter, {session}, ATTR_SESSION_EVENT
+GATEWAY_SESSION_FETCHES: Final = "tributary.gateway.fetch_sessions.fetches"  # counter, {request}
+ATTR_SESSION_EVENT: Final = "tributary.fetch_session.event"  # opened, evicted, refused
+ATTR_FETCH_KIND: Final = "tributary.fetch.kind"  # full, incremental
 #: Client quotas (Kafka's throttle-time, byte-rate and request-time quota metrics), per user and
 #: client id of each metered allowance (ATTR_QUOTA_USER, ATTR_QUOTA_CLIENT_ID, ATTR_QUOTA_KEY):
 #: how long each answer held its client, and the rate each allowance is used at now.

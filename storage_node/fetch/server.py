@@ -186,7 +186,8 @@ class FetchReader(Protocol):
         """``(FetchInfo, None)`` up to the log end, or ``(None, EpochEndOffset)`` on divergence."""
 
     def get(self, topic: str, partition: int) -> Any:
-        """The replica (its ``log`` has the offsets an error answer reports)."""
+        """The replica (its ``log`` has the offsets an error answer reports, and the offsets a
+        sparse fetch checks; ``ensure_leader(None)`` raises unless this node leads it)."""
 
 
 class FetchServer:
@@ -388,19 +389,20 @@ class FetchServer:
                 rest = await _recv_exactly(link, size - 2)
             body = version_bytes + rest
             version = append_frames.request_version(body)
+            many = version in (multi.MULTI_FETCH_VERSION, multi.SPARSE_FETCH_VERSION)
             try:
-                if version == multi.MULTI_FETCH_VERSION:
+                if many:
                     multi_request = multi.decode_request_body(body)
                 else:
                     protocol.check_request_size(size)
                     request = protocol.decode_request_body(body)
             except errors.TributaryError as exc:
-                if version == multi.MULTI_FETCH_VERSION:
+                if many:
                     await link.sendall(multi.encode_error_response(-1, exc))
                 else:
                     await self._answer_error(link, -1, exc)
                 return
-            if version == multi.MULTI_FETCH_VERSION:
+            if many:
                 await self._serve_multi(loop, conn, multi_request)
             else:
                 await self._serve(loop, conn, request)
@@ -513,33 +515,70 @@ class FetchServer:
     ):
         """Read every partition of the request, long-polling until ``min_bytes`` are available
         (or an error or a divergence is to be reported, or ``max_wait_ms`` passed), then send each
-        partition's header and records (sendfile) in request order."""
+        partition's header and records (sendfile) in request order -- for a sparse (version 3)
+        request only those with something new (``multi.is_quiet``)."""
         self.stats.requests += 1
         deadline = self._poll_deadline(loop, request.max_wait_ms)
-        keys = [(p.topic, p.partition) for p in request.partitions]
         while True:
             parts = self._read_partitions(request)
-            available = sum(length for _, length, _ in parts)
-            urgent = any(header.error_code or header.diverging_epoch >= 0 for header, _, _ in parts)
+            read = [part for part in parts if part is not None]  # (a sparse fetch's quiet ones are None)
+            available = sum(part[1] for part in read)
+            urgent = any(part[0].error_code or part[0].diverging_epoch >= 0 for part in read)
             remaining = deadline - loop.time()
             if urgent or available >= max(request.min_bytes, 1) or remaining <= 0:
                 break
+            keys = [(p.topic, p.partition) for p in request.partitions]
             await self._wait_for_appends(conn, keys, remaining)
+        if request.sparse:
+            committed = request.isolation_level == multi.READ_COMMITTED
+            parts = [
+                part
+                for fetch, part in zip(request.partitions, parts, strict=True)
+                if part is not None and not multi.is_quiet(fetch, part[0], part[1], committed)
+            ]
         await self._send_multi(conn.link, request.correlation_id, parts)
 
     def _read_partitions(
         self, request: multi.MultiFetchRequest
-    ) -> list[tuple[multi.PartitionHeader, int, Any]]:
+    ) -> list[tuple[multi.PartitionHeader, int, Any] | None]:
         """``(header without records_length, record length, FetchInfo or None)`` per partition,
-        within the response's byte budget (the first batch of the response goes whole)."""
+        within the response's byte budget (the first batch of the response goes whole); None
+        for a partition of a sparse request known to be quiet (``_known_quiet``)."""
         budget = request.max_bytes
-        parts = []
+        parts: list[tuple[multi.PartitionHeader, int, Any] | None] = []
+        committed = request.isolation_level == multi.READ_COMMITTED
         for fetch in request.partitions:
+            if (
+                request.sparse
+                and fetch.known_high_watermark >= 0
+                and self._known_quiet(fetch, committed, budget <= 0)
+            ):
+                parts.append(None)
+                continue
             header, info = self._read_partition(request, fetch, max(budget, 0))
             length = info.slice.length if info is not None and info.slice is not None else 0
             budget -= length
             parts.append((header, length, info))
         return parts
+
+    def _known_quiet(self, fetch: multi.PartitionFetch, committed: bool, spent: bool) -> bool:
+        """A consumer's partition with nothing to read -- at its high watermark (last stable
+        offset), or anywhere in its log once the answer's byte budget is ``spent`` -- and
+        offsets its fetcher knows: nothing to say, found without a read (most partitions of a
+        wide fetch session). Anything else -- an error included -- is read the usual way."""
+        try:
+            replica = self._reader.get(fetch.topic, fetch.partition)
+            replica.ensure_leader(None)
+        except errors.TributaryError:
+            return False
+        log = replica.log
+        bound = log.last_stable_offset if committed else log.high_watermark
+        start = log.log_start_offset
+        return (
+            bound == fetch.known_high_watermark
+            and start == fetch.known_log_start_offset
+            and (fetch.fetch_offset == bound or (spent and start <= fetch.fetch_offset < bound))
+        )
 
     def _read_partition(self, request: multi.MultiFetchRequest, fetch: multi.PartitionFetch, budget: int):
         topic, partition = fetch.topic, fetch.partition

@@ -24,6 +24,8 @@ from tests.support.wait import wait_until
 
 STALL_TIMEOUT_MS = 1500
 MAX_CONNECTIONS = 1100
+SESSIONS_PER_CONNECTION = 2
+PARTITIONS_PER_SESSION = 4
 REFERENCE = [b"reference-%03d" % i for i in range(50)]
 
 
@@ -39,6 +41,10 @@ def cluster(tmp_path_factory):
             str(STALL_TIMEOUT_MS),
             "--data-max-connections",
             str(MAX_CONNECTIONS),
+            "--data-fetch-sessions-per-connection",
+            str(SESSIONS_PER_CONNECTION),
+            "--data-fetch-session-max-partitions",
+            str(PARTITIONS_PER_SESSION),
         ],
     )
     with LocalCluster(tmp_path_factory.mktemp("data-listener-cluster"), spec) as local:
@@ -83,12 +89,12 @@ def _read_all(servers: str, topic: str, expected: int, **settings) -> list[bytes
     return values
 
 
-def _connect(address, *, handshake: bool = True) -> socket.socket:
+def _connect(address, *, handshake: bool = True, version: int = dp.MAX_VERSION) -> socket.socket:
     sock = socket.create_connection(address, timeout=10)
     if handshake:
-        sock.sendall(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, "test")))
+        sock.sendall(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, version, "test")))
         answer = dp.decode_handshake_answer(_read_frame(sock))
-        assert answer.error_code == 0 and answer.version == dp.MAX_VERSION
+        assert answer.error_code == 0 and answer.version == version
     return sock
 
 
@@ -364,3 +370,119 @@ def test_connections_beyond_the_cap_are_refused_with_an_error_frame(data_address
         what="a new connection",
         tolerate=(AssertionError, ConnectionError, errors.TributaryError),
     )
+
+
+# ---- fetch sessions (version 3) ------------------------------------------------------------------
+
+
+def _fetch(sock: socket.socket, request: dp.FetchRequest, version: int = dp.MAX_VERSION) -> dp.FetchResponse:
+    sock.sendall(dp.encode_fetch_request(request, version))
+    body = _read_frame(sock)
+    assert dp.decode_header(body)[0] == dp.FETCH_RESPONSE, dp.decode_error(body)
+    return dp.decode_fetch_response(body, version)
+
+
+def _whole(topic: str, *partitions: int, offset: int = 0) -> list[dp.FetchPartition]:
+    return [dp.FetchPartition(topic, p, offset, 1 << 20) for p in partitions]
+
+
+def test_session_errors_are_answered_and_the_connection_goes_on(data_address, reference_topic):
+    sock = _connect(data_address)
+    try:
+        unknown = _fetch(sock, dp.FetchRequest(1, [], session_id=12345, session_epoch=1))
+        assert isinstance(unknown.error(), errors.FetchSessionIdNotFoundError)
+        assert unknown.partitions == [] and unknown.session_id == 12345
+        # a full fetch opens a session and answers every partition
+        full = _fetch(sock, dp.FetchRequest(2, _whole(reference_topic, 0), session_epoch=dp.INITIAL_EPOCH))
+        assert full.error_code == 0 and full.session_id != 0
+        [whole] = full.partitions
+        assert (
+            whole.next_offset == len(REFERENCE)
+            and [r.value for b in iter_batches(bytes(whole.records)) for r in b.records()] == REFERENCE
+        )
+        session = full.session_id
+        wrong = _fetch(sock, dp.FetchRequest(3, [], session_id=session, session_epoch=7))
+        assert isinstance(wrong.error(), errors.InvalidFetchSessionEpochError)
+        # the right epoch: nothing new, so an empty answer
+        quiet = _fetch(sock, dp.FetchRequest(4, [], session_id=session, session_epoch=1))
+        assert quiet.error_code == 0 and quiet.partitions == [] and quiet.session_id == session
+        # a seek back is answered with the records again
+        again = _fetch(
+            sock,
+            dp.FetchRequest(5, _whole(reference_topic, 0, offset=40), session_id=session, session_epoch=2),
+        )
+        assert [p.next_offset for p in again.partitions] == [len(REFERENCE)]
+        forgotten = _fetch(
+            sock,
+            dp.FetchRequest(6, [], session_id=session, session_epoch=3, forgotten=((reference_topic, 0),)),
+        )
+        assert forgotten.error_code == 0 and forgotten.partitions == []
+    finally:
+        sock.close()
+
+
+def test_session_bounds_evict_and_refuse_with_clear_errors(data_address, reference_topic):
+    sock = _connect(data_address)
+    try:
+        # over the partition cap: served, without a session
+        wide = _fetch(
+            sock,
+            dp.FetchRequest(
+                1, _whole(reference_topic, *range(PARTITIONS_PER_SESSION + 1)), session_epoch=dp.INITIAL_EPOCH
+            ),
+        )
+        assert wide.session_id == 0 and len(wide.partitions) == PARTITIONS_PER_SESSION + 1
+        assert isinstance(wide.partitions[1].error(), errors.UnknownTopicOrPartitionError)
+        # one session more than the cap evicts the least recently used
+        opened = [
+            _fetch(sock, dp.FetchRequest(2 + i, _whole(reference_topic, 0), session_epoch=0)).session_id
+            for i in range(SESSIONS_PER_CONNECTION + 1)
+        ]
+        assert len(set(opened)) == len(opened) and 0 not in opened
+        evicted = _fetch(sock, dp.FetchRequest(9, [], session_id=opened[0], session_epoch=1))
+        assert isinstance(evicted.error(), errors.FetchSessionIdNotFoundError)
+        assert _fetch(sock, dp.FetchRequest(10, [], session_id=opened[-1], session_epoch=1)).error_code == 0
+        # growing a session past the partition cap closes it, saying why
+        grown = _fetch(
+            sock,
+            dp.FetchRequest(
+                11,
+                _whole(reference_topic, *range(1, PARTITIONS_PER_SESSION + 1)),
+                session_id=opened[-1],
+                session_epoch=2,
+            ),
+        )
+        assert isinstance(grown.error(), errors.FetchSessionIdNotFoundError)
+        assert f"more than this gateway's {PARTITIONS_PER_SESSION}" in grown.message
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    "session_fields",
+    [
+        struct.pack(">ii", -3, 1),  # a negative session id
+        struct.pack(">ii", 5, -9),  # an epoch below -1
+        struct.pack(">ii", 0, 4),  # incremental without a session
+        struct.pack(">ii", 5, 1) + struct.pack(">i", 2**31 - 1),  # a partition list it cannot hold
+    ],
+)
+def test_bad_session_fields_get_an_error_frame_and_a_close(data_address, session_fields):
+    sock = _connect(data_address)
+    fixed = struct.pack(">biii", 0, 0, 0, 0)
+    rest = b"" if len(session_fields) > 8 else struct.pack(">ii", 0, 0) + struct.pack(">h", 0)
+    body = struct.pack(">bi", dp.FETCH_REQUEST, 77) + fixed + session_fields + rest
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    frame = _error_frame(sock)
+    assert frame.correlation_id == 77 and isinstance(frame.error(), errors.InvalidRequestError)
+    assert _closed_by_gateway(sock)
+
+
+def test_a_version_2_client_fetches_as_before(data_address, reference_topic):
+    sock = _connect(data_address, version=2)
+    try:
+        answer = _fetch(sock, dp.FetchRequest(1, _whole(reference_topic, 0)), version=2)
+        assert answer.error_code == 0 and answer.session_id == 0
+        assert [p.next_offset for p in answer.partitions] == [len(REFERENCE)]
+    finally:
+        sock.close()

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services import errors
-from services.fetchport import protocol
+from services.fetchport import multi, protocol
 from services.fetchport.client import FetchClient
 from services.proto import pb
 from services.records import Compression, iter_batches
@@ -295,3 +295,44 @@ def test_describe_log_dirs_reports_traffic_totals(node):
     assert traffic.bytes_out == len(served) and traffic.fetch_requests == 1
     partitions = [p for d in response.log_dirs for p in d.partitions]
     assert [(p.topic, p.log_end_offset) for p in partitions] == [("traffic", 2)]
+
+
+def test_a_sparse_fetch_leaves_out_partitions_with_nothing_new(node):
+    """Fetch port version 3: only partitions with records, an error, or offsets other than the
+    known ones are answered; the others are left out (found quiet at the high watermark, or
+    past the answer's byte budget, without a read)."""
+    for partition in range(4):
+        node.create("sparse", partition)
+    node.append("sparse", 0, make_batch([b"a", b"b", b"c"]))
+    node.append("sparse", 1, make_batch([b"y" * 2000]))
+    node.append("sparse", 2, make_batch([b"a", b"b", b"c"]))
+    node.append("sparse", 3, make_batch([b"x" * 3000]))
+
+    def known(partition: int, offset: int, high_watermark: int) -> multi.PartitionFetch:
+        return multi.PartitionFetch("sparse", partition, offset, 1 << 20, -1, -1, high_watermark, 0)
+
+    async def scenario():
+        client = FetchClient("127.0.0.1", node.fetch_port)
+        try:
+            wide = await client.fetch_many_sparse(
+                [
+                    known(0, 3, 3),  # at the high watermark it knows: quiet
+                    known(1, 0, 1),  # records to read (they spend the answer's budget)
+                    known(2, 3, 2),  # a high watermark other than known
+                    known(3, 0, 1),  # records, but past the budget, offsets as known: quiet
+                    multi.PartitionFetch("sparse", 9, 0, 100, -1, -1, 0, 0),  # unknown partition
+                ],
+                max_bytes=100,
+            )
+            alone = await client.fetch_many_sparse([known(3, 0, 1)], max_bytes=100)
+            return wide, alone
+        finally:
+            await client.close()
+
+    wide, alone = asyncio.run(scenario())
+    assert wide[0] is None and wide[3] is None
+    assert wide[1] is not None and _values(wide[1].records) == [b"y" * 2000]
+    assert wide[2] is not None and wide[2].records == b"" and wide[2].header.high_watermark == 3
+    assert wide[4] is not None and isinstance(wide[4].header.error(), errors.UnknownTopicOrPartitionError)
+    # alone, its first batch goes whole
+    assert alone[0] is not None and _values(alone[0].records) == [b"x" * 3000]

@@ -17,6 +17,8 @@ partition_fetches = st.builds(
     partition_max_bytes=st.integers(0, 2**31 - 1),
     current_leader_epoch=st.integers(-1, 2**31 - 1),
     last_fetched_epoch=st.integers(-1, 2**31 - 1),
+    known_high_watermark=st.just(-1),  # version 1 carries none
+    known_log_start_offset=st.just(-1),
 )
 
 
@@ -40,6 +42,73 @@ def test_request_round_trip(correlation_id, replica_id, partitions, max_bytes, m
         correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms
     )
     assert multi.decode_request_body(_body(multi.encode_request(request))) == request
+
+
+@given(
+    partitions=st.lists(
+        st.builds(
+            multi.PartitionFetch,
+            topic=st.text(min_size=1, max_size=20),
+            partition=st.integers(0, 2**31 - 1),
+            fetch_offset=st.integers(-(2**63), 2**63 - 1),
+            partition_max_bytes=st.integers(0, 2**31 - 1),
+            current_leader_epoch=st.integers(-1, 2**31 - 1),
+            last_fetched_epoch=st.integers(-1, 2**31 - 1),
+            known_high_watermark=st.integers(-(2**63), 2**63 - 1),
+            known_log_start_offset=st.integers(-(2**63), 2**63 - 1),
+        ),
+        max_size=8,
+        unique_by=lambda p: (p.topic, p.partition),
+    ),
+    isolation=st.sampled_from([multi.READ_UNCOMMITTED, multi.READ_COMMITTED]),
+)
+@settings(max_examples=100, deadline=None)
+def test_sparse_request_round_trip(partitions, isolation):
+    request = multi.MultiFetchRequest(
+        5, multi.CONSUMER_REPLICA_ID, tuple(partitions), 1000, 1, 0, isolation, sparse=True
+    )
+    frame = multi.encode_request(request)
+    assert struct.unpack_from(">h", frame, 4)[0] == multi.SPARSE_FETCH_VERSION
+    assert multi.decode_request_body(_body(frame)) == request
+    # 16 bytes more per partition than version 1
+    plain = multi.encode_request(multi.MultiFetchRequest(5, -1, tuple(partitions), 1000, 1, 0, isolation))
+    assert len(frame) == len(plain) + 16 * len(partitions)
+
+
+def test_sparse_requests_are_for_consumers_only():
+    request = multi.MultiFetchRequest(1, 3, (multi.PartitionFetch("t", 0, 0, 10),), 100, sparse=True)
+    with pytest.raises(errors.InvalidRequestError, match="consumers only"):
+        multi.decode_request_body(_body(multi.encode_request(request)))
+
+
+@pytest.mark.parametrize(
+    "header,length,committed,quiet",
+    [
+        (multi.PartitionHeader("t", 0, high_watermark=10, log_start_offset=2), 0, False, True),
+        (multi.PartitionHeader("t", 0, high_watermark=11, log_start_offset=2), 0, False, False),
+        (multi.PartitionHeader("t", 0, high_watermark=10, log_start_offset=3), 0, False, False),
+        (multi.PartitionHeader("t", 0, high_watermark=10, log_start_offset=2), 5, False, False),
+        (multi.PartitionHeader("t", 0, error_code=6, high_watermark=10, log_start_offset=2), 0, False, False),
+        # read_committed: the last stable offset is what the fetcher knows
+        (
+            multi.PartitionHeader("t", 0, high_watermark=12, log_start_offset=2, last_stable_offset=10),
+            0,
+            True,
+            True,
+        ),
+        (
+            multi.PartitionHeader("t", 0, high_watermark=10, log_start_offset=2, last_stable_offset=8),
+            0,
+            True,
+            False,
+        ),
+    ],
+)
+def test_a_partition_is_quiet_only_when_nothing_is_new(header, length, committed, quiet):
+    fetch = multi.PartitionFetch("t", 0, 10, 100, known_high_watermark=10, known_log_start_offset=2)
+    assert multi.is_quiet(fetch, header, length, committed) is quiet
+    unknown = multi.PartitionFetch("t", 0, 10, 100)
+    assert not multi.is_quiet(unknown, header, length, committed)
 
 
 def test_request_golden_bytes():

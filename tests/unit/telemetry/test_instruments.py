@@ -366,3 +366,27 @@ def test_the_sdk_records_how_long_a_gateway_held_it():
         names.SERVER_ADDRESS: "gw",
         names.SERVER_PORT: 9092,
     }
+
+
+def test_gateway_fetch_session_metrics_follow_the_counts():
+    from gateway.server.fetch_sessions import FetchSessions, SessionCounts
+    from services.dataport import protocol as dp
+
+    telemetry, _, reader = make()
+    gateway = GatewayInstruments(telemetry)
+    counts = SessionCounts()
+    sessions = FetchSessions(max_sessions=1, counts=counts)
+    gateway.watch_fetch_sessions(counts, lambda: len(sessions))
+    full = dp.FetchRequest(1, [dp.FetchPartition("t", 0, 0)], session_epoch=dp.INITIAL_EPOCH)
+    first = sessions.begin(full, 100)
+    sessions.complete(first, [None])  # nothing new
+    sessions.begin(full, 100)  # evicts the first
+    found = metrics_of(reader)
+    (open_now,) = found[names.GATEWAY_FETCH_SESSIONS_OPEN]
+    assert open_now.value == 1
+    events = {
+        dict(p.attributes)[names.ATTR_SESSION_EVENT]: p.value for p in found[names.GATEWAY_FETCH_SESSIONS]
+    }
+    assert events == {"opened": 2, "evicted": 1, "refused": 0}
+    kinds = {dict(p.attributes)[names.ATTR_FETCH_KIND]: p.value for p in found[names.GATEWAY_SESSION_FETCHES]}
+    assert kinds == {"full": 2, "incremental": 0}
