@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 batches[partitions] = (counters["requests"], counters["batches-acknowledged"])
                 print(
                     f"  {partitions:,} partitions: {rates[partitions]:,.0f} rec/s, "
-                    f"{batches[partitions][1]:,.0f} batches in {batches[partitions][0]:,.0f} requests; CPU s: "
+                    f"{batches[partitions][1]:,.0f} batches, {batches[partitions][0]:,.0f} req.; CPU s: "
                     + ", ".join(f"{k} {v:.2f}" for k, v in cpu[partitions].items()),
                     flush=True,
                 )
