@@ -5,7 +5,8 @@ SDK), every gateway and every storage node, and stops them (SIGINT: py-spy then 
 when the phase ends; :func:`top` reads such a file and lists the functions with the most samples,
 by self time (the innermost frame) and by inclusive time (anywhere on the stack). Sampling is
 ``--nonblocking`` (the processes are not paused: their rates are what they would be without it,
-and a stack may be slightly torn).
+and a stack may be slightly torn) and ``--gil`` (only the thread holding the GIL: where the
+process spends its Python CPU, not where its threads wait for the GIL, a lock or a system call).
 
     python bench/profile_top.py /tmp/prof/10000-gateway-0.txt      # the top entries of one file
 """
@@ -44,7 +45,7 @@ class Profiler:
         for name, pid in targets.items():
             output = profiler.path(name)
             profiler.recorders[name] = subprocess.Popen(
-                [py_spy, "record", "--nonblocking", "--format", "raw", "--rate", str(rate)]
+                [py_spy, "record", "--nonblocking", "--gil", "--format", "raw", "--rate", str(rate)]
                 + ["--pid", str(pid), "--output", str(output)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
