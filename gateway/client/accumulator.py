@@ -313,9 +313,14 @@ class RecordAccumulator:
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
         self.pool = pool or BufferPool(32 * 1024 * 1024)
+        #: A batch's size bound: ``batch_size``, or the whole pool when that is smaller.
+        self._batch_bound = min(self.batch_size, self.pool.total_bytes)
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
         #: The same queues by topic and partition: ``append`` finds one without a TopicPartition.
         self._by_topic: dict[str, dict[int, deque[ProducerBatch]]] = {}
+        #: Each queue's partition, by the queue's id (queues live as long as the accumulator):
+        #: a new batch takes it instead of a new TopicPartition.
+        self._queue_tps: dict[int, TopicPartition] = {}
         self._incomplete: set[ProducerBatch] = set()
         self._lock = threading.Lock()
         self._flushes = 0
@@ -433,15 +438,19 @@ class RecordAccumulator:
             if reserved:
                 self.pool.deallocate(reserved)
             raise BufferExhausted(need)
-        batch = self._new_batch(topic, partition, now_ms, need)
+        if queue is None:
+            queue = self._queue(TopicPartition(topic, partition))
+        batch = self._new_batch(self._queue_tps[id(queue)], now_ms, need)
         try:
-            delta = batch.try_append(timestamp, key, value, headers, size)
+            # A new batch takes its first record whatever its size (``try_append``, inlined).
+            used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
         except BaseException:
             self.pool.deallocate(need)
             raise
-        assert delta is not None, "a new batch takes its first record"
-        if queue is None:
-            queue = self._queue(TopicPartition(topic, partition))
+        if used >= batch._batch_size:
+            batch.is_full = True
+        batch.record_count = 1
+        delta = 0
         queue.append(batch)
         self._incomplete.add(batch)
         if now_ms < self._oldest_created_ms:
@@ -466,12 +475,12 @@ class RecordAccumulator:
         batch.reserved_bytes = target
         return True
 
-    def _new_batch(self, topic: str, partition: int, now_ms: int, reserved: int) -> ProducerBatch:
+    def _new_batch(self, tp: TopicPartition, now_ms: int, reserved: int) -> ProducerBatch:
         batch = ProducerBatch(
-            TopicPartition(topic, partition),
+            tp,
             RecordBatchBuilder(compression=self.compression),
             now_ms,
-            min(self.batch_size, self.pool.total_bytes),
+            self._batch_bound,
         )
         batch.reserved_bytes = reserved
         return batch
@@ -483,6 +492,7 @@ class RecordAccumulator:
             queue = self._queues[tp] = deque()
             self._by_topic.setdefault(tp.topic, {})[tp.partition] = queue
             self._queue_order[tp] = len(self._queue_order)
+            self._queue_tps[id(queue)] = tp
         return queue
 
     def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:

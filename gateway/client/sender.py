@@ -63,10 +63,10 @@ class SendProduceHandler:
         self.partitions = partitions
         #: The producer epoch the batches were numbered with (idempotence), else -1.
         self.epoch = -1
-
-    @property
-    def topic_partitions(self) -> list[TopicPartition]:
-        return [TopicPartition(self.topic, p) for p in self.partitions]
+        #: The request's partitions (each batch knows its own: none is made here).
+        self.topic_partitions: list[TopicPartition] = [
+            batches[0].topic_partition for batches in partitions.values()
+        ]
 
     def create_request(self):
         # NOTE: batches of one partition are concatenated into one PartitionBatches entry; the
