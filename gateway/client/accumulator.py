@@ -518,16 +518,28 @@ class RecordAccumulator:
         """Which partitions can send now, and how long until another one might."""
         ready: list[TopicPartition] = []
         next_check: int | None = None
+        linger_ms = self.linger_ms
+        add = ready.append
         with self._lock:
             sending_all = self._flushes > 0 or self._closed
+            # NOTE: ``_wait_ms`` inlined: this walks every partition under the lock the appending
+            # threads wait for, once per request sent (10,000 partitions: ~1 ms each time).
             for tp, queue in self._queues.items():
                 if not queue or tp in muted:
                     continue
                 head = queue[0]
-                wait_ms = self._wait_ms(head, len(queue) > 1, sending_all, now_ms)
-                if wait_ms <= 0:
-                    ready.append(tp)
-                elif next_check is None or wait_ms < next_check:
+                retry_at_ms = head.retry_at_ms
+                if retry_at_ms > now_ms:
+                    wait_ms = retry_at_ms - now_ms
+                elif sending_all or head.is_full or len(queue) > 1:
+                    add(tp)
+                    continue
+                else:
+                    wait_ms = head.created_ms + linger_ms - now_ms
+                    if wait_ms <= 0:
+                        add(tp)
+                        continue
+                if next_check is None or wait_ms < next_check:
                     next_check = wait_ms
             # Ready partitions mean requests start now, and the routine looks again at once or
             # when one of them completes; else it sleeps until the next linger or backoff ends.
@@ -545,13 +557,6 @@ class RecordAccumulator:
         """
         looks_at = self._sender_looks_at
         return looks_at is not None and looks_at <= deadline_ms
-
-    def _wait_ms(self, head: ProducerBatch, more_behind: bool, sending_all: bool, now_ms: int) -> int:
-        if head.retry_at_ms > now_ms:
-            return head.retry_at_ms - now_ms
-        if more_behind or sending_all or head.is_full:
-            return 0
-        return head.created_ms + self.linger_ms - now_ms
 
     def drain(
         self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int, max_requests: int
@@ -678,13 +683,11 @@ class RecordAccumulator:
         """:meth:`complete` of many batches: one lock and one release for an answer's batches
         (per batch, the lock -- wanted by the appending threads too -- was a tenth of the
         producer's time for answers of a thousand partitions)."""
-        released = 0
         incomplete = self._incomplete
         with self._lock:
-            for batch in batches:
-                if batch in incomplete:
-                    incomplete.discard(batch)
-                    released += batch.reserved_bytes
+            done = incomplete.intersection(batches)  # set operations: no Python loop under the lock
+            incomplete.difference_update(done)
+        released = sum(batch.reserved_bytes for batch in done)
         if released:
             self.pool.deallocate(released)
 
