@@ -69,8 +69,17 @@ class Profiler:
                 path.with_suffix(".top").write_text(format_top(path, entries))
 
 
-def top(path: Path, entries: int = 12) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
-    """(samples, top functions by self samples, top by inclusive samples) of a collapsed-stack file."""
+def _function(frame: str) -> str:
+    """``func (file:line)`` -> ``func (file)``: a function's samples over all its lines."""
+    name, _, where = frame.rpartition(" (")
+    return f"{name} ({where.rsplit(':', 1)[0]})" if name and ":" in where else frame
+
+
+def top(
+    path: Path, entries: int = 12, *, by_line: bool = False
+) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
+    """(samples, top functions by self samples, top by inclusive samples) of a collapsed-stack
+    file; ``by_line`` tells a function's lines apart."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
@@ -82,6 +91,8 @@ def top(path: Path, entries: int = 12) -> tuple[int, list[tuple[str, int]], list
         frames = stack.split(";")
         # py-spy puts the thread first ("process 12:..."/"thread (0x..)"): not a function.
         frames = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not by_line:
+            frames = [_function(f) for f in frames]
         if not frames:
             continue
         total += count
@@ -91,8 +102,8 @@ def top(path: Path, entries: int = 12) -> tuple[int, list[tuple[str, int]], list
     return total, own.most_common(entries), inclusive.most_common(entries)
 
 
-def format_top(path: Path, entries: int = 12) -> str:
-    total, own, inclusive = top(path, entries)
+def format_top(path: Path, entries: int = 12, *, by_line: bool = False) -> str:
+    total, own, inclusive = top(path, entries, by_line=by_line)
     lines = [f"{path.name}: {total:,} samples"]
     for title, rows in (("self", own), ("inclusive", inclusive)):
         lines.append(f"  by {title}:")
@@ -106,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("files", type=Path, nargs="+")
     parser.add_argument("--entries", type=int, default=15)
+    parser.add_argument("--by-line", action="store_true", help="tell a function's lines apart")
     args = parser.parse_args(argv)
     for path in args.files:
-        print(format_top(path, args.entries))
+        print(format_top(path, args.entries, by_line=args.by_line))
     return 0
 
 
