@@ -1129,7 +1129,9 @@ scan_producer_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
-        return NULL;
+        /* Not a contiguous buffer: the reference says what it makes of it. */
+        PyErr_Clear();
+        Py_RETURN_NONE;
     }
     buf = (const unsigned char *)view.buf;
     end = view.len;

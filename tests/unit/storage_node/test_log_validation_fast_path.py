@@ -218,3 +218,11 @@ def test_the_fast_path_is_what_the_default_backend_runs(monkeypatch):
 @given(data=st.binary(max_size=300))
 def test_the_c_crc32c_is_crc32c(data):
     assert require_speedups().crc32c(data) == crc32c.crc32c(data)
+
+
+def test_a_buffer_the_fast_path_cannot_read_flat_is_left_to_the_reference(monkeypatch):
+    payload = make_batch(2) + make_batch(1)
+    strided = memoryview(bytes(len(payload) * 2))[::2]  # not contiguous
+    assert require_speedups().scan_producer_batches(strided, 1 << 20, 1 << 30) is None
+    assert require_speedups().scan_producer_batches(object(), 1 << 20, 1 << 30) is None
+    assert outcome(payload, "c", monkeypatch) == outcome(payload, "python", monkeypatch)
