@@ -8,7 +8,7 @@ not one byte of the payload reaches the disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 from services.records import MAGIC, BatchHeader, RecordBatchView, TimestampType, iter_batches
@@ -25,9 +25,9 @@ from services.records.format import (
 from storage_node.log.producer_state import BatchFacts
 
 
-@dataclass(frozen=True, slots=True)
-class ValidatedBatch:
-    """Where one valid batch sits in the payload, and the header facts the log needs."""
+class ValidatedBatch(NamedTuple):
+    """Where one valid batch sits in the payload, and the header facts the log needs. (A
+    NamedTuple: one is made per batch appended, three times cheaper than a frozen dataclass.)"""
 
     position: int
     size: int
