@@ -75,22 +75,6 @@ class Appender(Protocol):
     ) -> AppendResult: ...
 
 
-class ImmediateAppender(Protocol):
-    """An appender that can also append without an event-loop turn when nothing makes it wait
-    (``StorageNodeHandlers.append_now``): its result, or None to say "use ``append``"."""
-
-    def append_now(
-        self,
-        topic: str,
-        partition: int,
-        data,
-        *,
-        acks: Acks,
-        leader_epoch: int | None = None,
-        written: Callable[[], None] | None = None,
-    ) -> AppendResult | None: ...
-
-
 @dataclass(frozen=True, slots=True)
 class AppendLimits:
     """What one append connection may hold (see the module docstring)."""
@@ -127,7 +111,8 @@ class AppendConnection:
         #: The connection's byte stream (``links.py``): the socket, or TLS over it.
         self._link = link
         self._appender = appender
-        #: ``appender.append_now`` when it has one (the node's handlers do; test doubles may not).
+        #: ``appender.append_now`` when it has one (``StorageNodeHandlers.append_now``: the append
+        #: without an event-loop turn, or None when it must wait); test doubles may not.
         self._append_now: Callable[..., AppendResult | None] | None = getattr(appender, "append_now", None)
         self._limits = limits
         self._frame_timeout = frame_timeout

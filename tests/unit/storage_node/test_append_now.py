@@ -80,3 +80,28 @@ def test_without_a_verifier_a_transactional_batch_goes_at_once(tmp_path, clock):
     handlers = handlers_for(tmp_path, clock)  # standalone: no coordinator to ask
     result = handlers.append_now("t", 0, batch_faults.transactional(), acks=Acks.LEADER)
     assert result is not None and result.error is None and result.record_count == 3
+
+
+class RecordingTelemetry:
+    """The two calls the handlers make of StorageNodeInstruments around an append."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, int, int]] = []
+        self.ended: list[tuple[str, int, object]] = []
+
+    def start_append(self, topic, partition, size):
+        self.started.append((topic, partition, size))
+        return None
+
+    def end_append(self, span, topic, size, result):
+        self.ended.append((topic, size, result))
+
+
+def test_with_telemetry_an_immediate_append_is_observed_and_one_that_waits_is_not(tmp_path, clock):
+    telemetry = RecordingTelemetry()
+    handlers = handlers_for(tmp_path, clock, telemetry=telemetry)
+    batch = make_batch(2)
+    result = handlers.append_now("t", 0, batch, acks=Acks.LEADER)
+    assert handlers.append_now("t", 0, batch, acks=Acks.ALL) is None  # append observes that one
+    assert telemetry.started == [("t", 0, len(batch))]
+    assert telemetry.ended == [("t", len(batch), result)]
