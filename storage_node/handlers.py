@@ -24,14 +24,32 @@ from services.broker_address import BrokerAddress
 from services.leader_and_isr import LeaderAndIsr
 from services.offset_spec import EARLIEST, LATEST
 from services.records import read_batch_header
-from services.records.format import TRANSACTIONAL_MASK
+from services.records.format import ATTRIBUTES_OFFSET, TRANSACTIONAL_MASK
 from storage_node.log.files import partition_dir_name
 from storage_node.log.group_commit import GroupCommit
-from storage_node.log.partition_log import PartitionLog
+from storage_node.log.partition_log import AppendInfo, PartitionLog
 from storage_node.notifier import AppendNotifier
 from storage_node.replication.manager import ReplicaManager, StateUpdateResult
+from storage_node.replication.partition import Partition
 
 log = logging.getLogger(__name__)
+
+
+#: The byte of a batch's attributes (a big-endian int16) that holds the transactional bit.
+_ATTRIBUTES_LOW_BYTE = ATTRIBUTES_OFFSET + 1
+
+
+def _written(topic: str, partition: int, info: AppendInfo) -> AppendResult:
+    """The result of an append that was written (``info``: the log's AppendInfo)."""
+    return AppendResult(
+        topic,
+        partition,
+        base_offset=info.first_offset,
+        last_offset=info.last_offset,
+        log_append_time=info.log_append_time,
+        log_start_offset=info.log_start_offset,
+        record_count=info.record_count,
+    )
 
 
 class TransactionVerifier(Protocol):
@@ -109,6 +127,7 @@ class StorageNodeHandlers:
         self.telemetry = telemetry
         if telemetry is not None:
             self.append = self._observed_append  # type: ignore[method-assign]  # on purpose, see above
+            self.append_now = self._observed_append_now  # type: ignore[method-assign]
 
     async def _observed_append(
         self,
@@ -168,6 +187,100 @@ class StorageNodeHandlers:
         refused = await self._verify_transaction(topic, partition, data)
         if refused is not None:
             return AppendResult(topic, partition, error=refused)
+        written_at = self._write(topic, partition, data, acks_all, leader_epoch, written)
+        if isinstance(written_at, AppendResult):
+            return written_at
+        replica, info = written_at
+        if acks_all:
+            try:
+                await replica.wait_committed(info.last_offset + 1, timeout_s)
+            except errors.TributaryError as exc:
+                return AppendResult(topic, partition, error=exc)
+        if self.flush_before_ack and acks is not Acks.NONE:
+            try:
+                await self.group_commit.wait_durable(replica.log, info.last_offset)
+            except (ValueError, OSError) as exc:  # truncated or deleted meanwhile; a failed fsync
+                log.error("append to %s-%d is not durable: %s", topic, partition, exc)
+                return AppendResult(
+                    topic, partition, error=errors.KafkaStorageError(f"not made durable: {exc}")
+                )
+        return _written(topic, partition, info)
+
+    def append_now(
+        self,
+        topic: str,
+        partition: int,
+        data,
+        *,
+        acks: Acks,
+        leader_epoch: int | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> AppendResult | None:
+        """:meth:`append` without an event-loop turn, for an append that waits for nothing:
+        acks 0 or 1 (without ``flush_before_ack``), and no transaction to verify first. Returns
+        its result, or None (nothing done) when it would wait: then call :meth:`append`.
+
+        The data port serves an acks 0/1 request's partitions one after another with it: the
+        coroutines of ``append`` (three a partition) were a tenth of a leader's time for frames
+        of hundreds of small batches. Same checks, same write, same result.
+        """
+        if self._must_wait(data, acks):
+            return None
+        return self._append_written(topic, partition, data, leader_epoch, written)
+
+    def _must_wait(self, data, acks: Acks) -> bool:
+        """Whether an append of ``data`` with ``acks`` waits for something (see append_now)."""
+        if acks is Acks.ALL or (self.flush_before_ack and acks is not Acks.NONE):
+            return True
+        # The first batch's transactional bit (attributes, big-endian int16 at byte 21): what
+        # _verify_transaction reads to decide whether to ask the coordinator.
+        return self.transaction_verifier is not None and (
+            len(data) <= _ATTRIBUTES_LOW_BYTE or bool(data[_ATTRIBUTES_LOW_BYTE] & TRANSACTIONAL_MASK)
+        )
+
+    def _append_written(
+        self, topic: str, partition: int, data, leader_epoch: int | None, written: Callable[[], None] | None
+    ) -> AppendResult:
+        written_at = self._write(topic, partition, data, False, leader_epoch, written)
+        if isinstance(written_at, AppendResult):
+            return written_at
+        return _written(topic, partition, written_at[1])
+
+    def _observed_append_now(
+        self,
+        topic: str,
+        partition: int,
+        data,
+        *,
+        acks: Acks,
+        leader_epoch: int | None = None,
+        written: Callable[[], None] | None = None,
+    ) -> AppendResult | None:
+        """``append_now`` inside a span, counted (telemetry on), as ``_observed_append``."""
+        if self._must_wait(data, acks):
+            return None
+        telemetry = self.telemetry
+        span = telemetry.start_append(topic, partition, len(data))
+        try:
+            result = self._append_written(topic, partition, data, leader_epoch, written)
+        except BaseException:
+            if span is not None:
+                span.end()
+            raise
+        telemetry.end_append(span, topic, len(data), result)
+        return result
+
+    def _write(
+        self,
+        topic: str,
+        partition: int,
+        data,
+        acks_all: bool,
+        leader_epoch: int | None,
+        written: Callable[[], None] | None,
+    ) -> tuple[Partition, AppendInfo] | AppendResult:
+        """The leader's checks and the write: (replica, AppendInfo), or the AppendResult of the
+        error that refused it (nothing written)."""
         try:
             replica, info = self.replicas.append(
                 topic, partition, data, acks_all=acks_all, leader_epoch=leader_epoch
@@ -184,28 +297,7 @@ class StorageNodeHandlers:
             self.bytes_in += len(data)
             self.records_in += info.record_count
         self.append_requests += 1
-        if acks_all:
-            try:
-                await replica.wait_committed(info.last_offset + 1, timeout_s)
-            except errors.TributaryError as exc:
-                return AppendResult(topic, partition, error=exc)
-        if self.flush_before_ack and acks is not Acks.NONE:
-            try:
-                await self.group_commit.wait_durable(replica.log, info.last_offset)
-            except (ValueError, OSError) as exc:  # truncated or deleted meanwhile; a failed fsync
-                log.error("append to %s-%d is not durable: %s", topic, partition, exc)
-                return AppendResult(
-                    topic, partition, error=errors.KafkaStorageError(f"not made durable: {exc}")
-                )
-        return AppendResult(
-            topic,
-            partition,
-            base_offset=info.first_offset,
-            last_offset=info.last_offset,
-            log_append_time=info.log_append_time,
-            log_start_offset=info.log_start_offset,
-            record_count=info.record_count,
-        )
+        return replica, info
 
     async def _verify_transaction(
         self, topic: str, partition: int, data: bytes

@@ -313,9 +313,14 @@ class RecordAccumulator:
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
         self.pool = pool or BufferPool(32 * 1024 * 1024)
+        #: A batch's size bound: ``batch_size``, or the whole pool when that is smaller.
+        self._batch_bound = min(self.batch_size, self.pool.total_bytes)
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
         #: The same queues by topic and partition: ``append`` finds one without a TopicPartition.
         self._by_topic: dict[str, dict[int, deque[ProducerBatch]]] = {}
+        #: Each queue's partition, by the queue's id (queues live as long as the accumulator):
+        #: a new batch takes it instead of a new TopicPartition.
+        self._queue_tps: dict[int, TopicPartition] = {}
         self._incomplete: set[ProducerBatch] = set()
         self._lock = threading.Lock()
         self._flushes = 0
@@ -433,15 +438,19 @@ class RecordAccumulator:
             if reserved:
                 self.pool.deallocate(reserved)
             raise BufferExhausted(need)
-        batch = self._new_batch(topic, partition, now_ms, need)
+        if queue is None:
+            queue = self._queue(TopicPartition(topic, partition))
+        batch = self._new_batch(self._queue_tps[id(queue)], now_ms, need)
         try:
-            delta = batch.try_append(timestamp, key, value, headers, size)
+            # A new batch takes its first record whatever its size (``try_append``, inlined).
+            used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
         except BaseException:
             self.pool.deallocate(need)
             raise
-        assert delta is not None, "a new batch takes its first record"
-        if queue is None:
-            queue = self._queue(TopicPartition(topic, partition))
+        if used >= batch._batch_size:
+            batch.is_full = True
+        batch.record_count = 1
+        delta = 0
         queue.append(batch)
         self._incomplete.add(batch)
         if now_ms < self._oldest_created_ms:
@@ -466,12 +475,12 @@ class RecordAccumulator:
         batch.reserved_bytes = target
         return True
 
-    def _new_batch(self, topic: str, partition: int, now_ms: int, reserved: int) -> ProducerBatch:
+    def _new_batch(self, tp: TopicPartition, now_ms: int, reserved: int) -> ProducerBatch:
         batch = ProducerBatch(
-            TopicPartition(topic, partition),
+            tp,
             RecordBatchBuilder(compression=self.compression),
             now_ms,
-            min(self.batch_size, self.pool.total_bytes),
+            self._batch_bound,
         )
         batch.reserved_bytes = reserved
         return batch
@@ -483,6 +492,7 @@ class RecordAccumulator:
             queue = self._queues[tp] = deque()
             self._by_topic.setdefault(tp.topic, {})[tp.partition] = queue
             self._queue_order[tp] = len(self._queue_order)
+            self._queue_tps[id(queue)] = tp
         return queue
 
     def append_batch(self, tp: TopicPartition, data: bytes, now_ms: int) -> ProduceResult:
@@ -508,16 +518,28 @@ class RecordAccumulator:
         """Which partitions can send now, and how long until another one might."""
         ready: list[TopicPartition] = []
         next_check: int | None = None
+        linger_ms = self.linger_ms
+        add = ready.append
         with self._lock:
             sending_all = self._flushes > 0 or self._closed
+            # NOTE: ``_wait_ms`` inlined: this walks every partition under the lock the appending
+            # threads wait for, once per request sent (10,000 partitions: ~1 ms each time).
             for tp, queue in self._queues.items():
                 if not queue or tp in muted:
                     continue
                 head = queue[0]
-                wait_ms = self._wait_ms(head, len(queue) > 1, sending_all, now_ms)
-                if wait_ms <= 0:
-                    ready.append(tp)
-                elif next_check is None or wait_ms < next_check:
+                retry_at_ms = head.retry_at_ms
+                if retry_at_ms > now_ms:
+                    wait_ms = retry_at_ms - now_ms
+                elif sending_all or head.is_full or len(queue) > 1:
+                    add(tp)
+                    continue
+                else:
+                    wait_ms = head.created_ms + linger_ms - now_ms
+                    if wait_ms <= 0:
+                        add(tp)
+                        continue
+                if next_check is None or wait_ms < next_check:
                     next_check = wait_ms
             # Ready partitions mean requests start now, and the routine looks again at once or
             # when one of them completes; else it sleeps until the next linger or backoff ends.
@@ -535,13 +557,6 @@ class RecordAccumulator:
         """
         looks_at = self._sender_looks_at
         return looks_at is not None and looks_at <= deadline_ms
-
-    def _wait_ms(self, head: ProducerBatch, more_behind: bool, sending_all: bool, now_ms: int) -> int:
-        if head.retry_at_ms > now_ms:
-            return head.retry_at_ms - now_ms
-        if more_behind or sending_all or head.is_full:
-            return 0
-        return head.created_ms + self.linger_ms - now_ms
 
     def drain(
         self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int, max_requests: int
@@ -668,13 +683,11 @@ class RecordAccumulator:
         """:meth:`complete` of many batches: one lock and one release for an answer's batches
         (per batch, the lock -- wanted by the appending threads too -- was a tenth of the
         producer's time for answers of a thousand partitions)."""
-        released = 0
         incomplete = self._incomplete
         with self._lock:
-            for batch in batches:
-                if batch in incomplete:
-                    incomplete.discard(batch)
-                    released += batch.reserved_bytes
+            done = incomplete.intersection(batches)  # set operations: no Python loop under the lock
+            incomplete.difference_update(done)
+        released = sum(batch.reserved_bytes for batch in done)
         if released:
             self.pool.deallocate(released)
 

@@ -63,10 +63,10 @@ class SendProduceHandler:
         self.partitions = partitions
         #: The producer epoch the batches were numbered with (idempotence), else -1.
         self.epoch = -1
-
-    @property
-    def topic_partitions(self) -> list[TopicPartition]:
-        return [TopicPartition(self.topic, p) for p in self.partitions]
+        #: The request's partitions (each batch knows its own: none is made here).
+        self.topic_partitions: list[TopicPartition] = [
+            batches[0].topic_partition for batches in partitions.values()
+        ]
 
     def create_request(self):
         # NOTE: batches of one partition are concatenated into one PartitionBatches entry; the
@@ -78,7 +78,10 @@ class SendProduceHandler:
         )
         add = request.batches.add
         for p, batches in self.partitions.items():
-            add(partition=p, record_batches=b"".join(b.close() for b in batches))
+            # Mostly one batch a partition (at thousands of partitions): no join for it (unless
+            # it was renumbered in place: a bytearray, which the protobuf field refuses).
+            data = batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches)
+            add(partition=p, record_batches=data if type(data) is bytes else bytes(data))
         return request
 
     def handle_response(self, response) -> None:
@@ -255,16 +258,20 @@ class Sender:
     def complete_many(self, acknowledged: list[tuple[list[ProducerBatch], int, int, int]]) -> None:
         """:meth:`complete` of several partitions: (batches, base offset, append time, log start)
         each; their buffer memory goes back in one step."""
-        metrics = self.metrics
         self.accumulator.complete_all(batch for batches, *_ in acknowledged for batch in batches)
+        batch_count = record_count = 0
         for batches, base_offset, log_append_time, log_start_offset in acknowledged:
             offset = base_offset
-            metrics["batches-acknowledged"] += len(batches)
+            batch_count += len(batches)
             for batch in batches:
-                metrics["records-acknowledged"] += batch.record_count
+                count = batch.record_count
+                record_count += count
                 batch.result.complete(offset, log_append_time, log_start_offset)
                 if offset >= 0:
-                    offset += batch.record_count
+                    offset += count
+        metrics = self.metrics
+        metrics["batches-acknowledged"] += batch_count
+        metrics["records-acknowledged"] += record_count
 
     def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError, epoch: int = -1) -> None:
         """Re-queue the batches (in order, after a backoff) if the policy allows, else fail them."""

@@ -211,11 +211,10 @@ class ProduceHandler:
         Queuing is synchronous, so requests enqueued in arrival order are appended in that order.
         """
         command = plan.command
-        futures = {
-            p: queues.submit(command.topic, p, payload.data, command.acks, deadline)
-            for p, payload in plan.payloads.items()
-        }
-        return self._outcome_when_appended(plan, futures)
+        answered = queues.submit_all(
+            command.topic, {p: payload.data for p, payload in plan.payloads.items()}, command.acks, deadline
+        )
+        return self._outcome_when_appended(plan, answered)
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
@@ -224,12 +223,11 @@ class ProduceHandler:
         return queues
 
     async def _outcome_when_appended(
-        self, plan: ProducePlan, futures: dict[int, asyncio.Future]
+        self, plan: ProducePlan, answered: asyncio.Future[dict[int, AppendResult]]
     ) -> ProduceOutcome:
         if plan.command.acks == Acks.NONE:
             return _outcome(plan, _unacked_results(plan))
-        shares = await asyncio.gather(*futures.values())
-        return _outcome(plan, dict(zip(futures, shares, strict=True)))
+        return _outcome(plan, await answered)
 
     async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, AppendResult]:
         command = plan.command

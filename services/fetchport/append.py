@@ -163,6 +163,10 @@ def _message_bytes(error: errors.TributaryError | None) -> bytes:
     return _SHORT.pack(len(data)) + data
 
 
+#: ``_message_bytes(None)``: the empty message of a partition without an error.
+_NO_MESSAGE = _SHORT.pack(0)
+
+
 def _error_from(code: int, message: str) -> errors.TributaryError:
     return errors.for_kafka_code(code)(message)
 
@@ -178,13 +182,14 @@ def encode_request_parts(request: AppendRequest) -> list[bytes | memoryview]:
     trace = _trace_bytes(request.trace_context)
     parts: list[bytes | memoryview] = [b""]
     size = _REQUEST_FIXED.size + len(trace) + _INT.size
+    # A request's partitions are mostly one topic's: its length-prefixed name is encoded once.
+    topic_heads: dict[str, bytes] = {}
     for p in request.partitions:
-        topic = _topic_bytes(p.topic)
-        head = (
-            _SHORT.pack(len(topic))
-            + topic
-            + _PARTITION_REQUEST.pack(p.partition, p.leader_epoch, len(p.records))
-        )
+        topic_head = topic_heads.get(p.topic)
+        if topic_head is None:
+            topic = _topic_bytes(p.topic)
+            topic_head = topic_heads[p.topic] = _SHORT.pack(len(topic)) + topic
+        head = topic_head + _PARTITION_REQUEST.pack(p.partition, p.leader_epoch, len(p.records))
         parts.append(head)
         parts.append(p.records)
         size += len(head) + len(p.records)
@@ -242,8 +247,9 @@ def decode_request_body(body: bytes | bytearray | memoryview) -> AppendRequest:
     partitions = []
     seen: set[tuple[str, int]] = set()
     end = len(view)
+    names: dict[bytes, str] = {}
     for _ in range(count):
-        partition_append, position = _decode_partition(view, position)
+        partition_append, position = _decode_partition(view, position, names)
         key = (partition_append.topic, partition_append.partition)
         if key in seen:
             raise errors.InvalidRequestError(f"append request names {key[0]}-{key[1]} twice")
@@ -254,7 +260,11 @@ def decode_request_body(body: bytes | bytearray | memoryview) -> AppendRequest:
     return AppendRequest(correlation_id, acks, timeout_ms, tuple(partitions), trace_context)
 
 
-def _decode_partition(view: memoryview, position: int) -> tuple[PartitionAppend, int]:
+def _decode_partition(
+    view: memoryview, position: int, names: dict[bytes, str]
+) -> tuple[PartitionAppend, int]:
+    """One partition's append at ``position``; ``names``: the topic names decoded so far in
+    this request (raw bytes -> str), so a name repeated per partition is decoded once."""
     end = len(view)
     if position + _SHORT.size > end:
         raise errors.InvalidRequestError("append request is truncated before a topic")
@@ -262,10 +272,13 @@ def _decode_partition(view: memoryview, position: int) -> tuple[PartitionAppend,
     position += _SHORT.size
     if not 0 < topic_length <= MAX_TOPIC_BYTES or position + topic_length > end:
         raise errors.InvalidRequestError(f"append request topic length {topic_length} is out of bounds")
-    try:
-        topic = bytes(view[position : position + topic_length]).decode()
-    except UnicodeDecodeError as exc:
-        raise errors.InvalidRequestError("append request topic is not UTF-8") from exc
+    raw = bytes(view[position : position + topic_length])
+    topic = names.get(raw)
+    if topic is None:
+        try:
+            topic = names[raw] = raw.decode()
+        except UnicodeDecodeError as exc:
+            raise errors.InvalidRequestError("append request topic is not UTF-8") from exc
     position += topic_length
     if position + _PARTITION_REQUEST.size > end:
         raise errors.InvalidRequestError("append request is truncated inside a partition")
@@ -292,10 +305,14 @@ def encode_response(correlation_id: int, results: Sequence[AppendResult]) -> byt
         _SHORT.pack(0),
         _INT.pack(len(results)),
     ]
+    topic_heads: dict[str, bytes] = {}  # each topic's length-prefixed name, encoded once
     for r in results:
-        topic = r.topic.encode()
+        topic_head = topic_heads.get(r.topic)
+        if topic_head is None:
+            topic = r.topic.encode()
+            topic_head = topic_heads[r.topic] = _SHORT.pack(len(topic)) + topic
         error = r.error
-        parts.append(_SHORT.pack(len(topic)) + topic)
+        parts.append(topic_head)
         parts.append(
             _PARTITION_RESPONSE.pack(
                 r.partition,
@@ -307,7 +324,7 @@ def encode_response(correlation_id: int, results: Sequence[AppendResult]) -> byt
                 r.record_count,
             )
         )
-        parts.append(_message_bytes(error))
+        parts.append(_message_bytes(error) if error is not None else _NO_MESSAGE)
     body = b"".join(parts)
     return SIZE.pack(len(body)) + body
 
@@ -355,8 +372,9 @@ def decode_response_body(body: bytes | bytearray | memoryview) -> AppendResponse
         if count < 0 or count * (_SHORT.size + _PARTITION_RESPONSE.size + _SHORT.size) > len(view) - position:
             raise errors.CorruptRecordError(f"append response announces {count} partitions")
         results = []
+        names: dict[bytes, str] = {}
         for _ in range(count):
-            topic, position = _read_string(view, position)
+            topic, position = _read_string(view, position, names)
             partition, code, base, last, append_time, log_start, record_count = (
                 _PARTITION_RESPONSE.unpack_from(view, position)
             )
@@ -382,9 +400,19 @@ def decode_response_body(body: bytes | bytearray | memoryview) -> AppendResponse
     return AppendResponse(correlation_id, error, tuple(results))
 
 
-def _read_string(view: memoryview, position: int) -> tuple[str, int]:
+def _read_string(view: memoryview, position: int, names: dict[bytes, str] | None = None) -> tuple[str, int]:
+    """The string at ``position`` and the position after it; ``names`` (raw bytes -> str)
+    remembers the strings decoded so far, for one repeated per partition (the topic)."""
     (length,) = _SHORT.unpack_from(view, position)
     position += _SHORT.size
     if length < 0 or position + length > len(view):
         raise errors.CorruptRecordError("append response string runs past the frame")
-    return bytes(view[position : position + length]).decode(errors="replace"), position + length
+    if not length:
+        return "", position
+    raw = bytes(view[position : position + length])
+    if names is None:
+        return raw.decode(errors="replace"), position + length
+    text = names.get(raw)
+    if text is None:
+        text = names[raw] = raw.decode(errors="replace")
+    return text, position + length

@@ -893,6 +893,306 @@ error:
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* scan_producer_batches                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/* The RecordBatch v2 header layout (format.py). */
+#define BATCH_LENGTH_AT 8
+#define MAGIC_AT 16
+#define CRC_AT 17
+#define ATTRIBUTES_AT 21
+#define LAST_OFFSET_DELTA_AT 23
+#define BASE_TIMESTAMP_AT 27
+#define MAX_TIMESTAMP_AT 35
+#define PRODUCER_ID_AT 43
+#define PRODUCER_EPOCH_AT 51
+#define BASE_SEQUENCE_AT 53
+#define RECORD_COUNT_AT 57
+#define RECORDS_AT 61
+#define LOG_OVERHEAD_BYTES 12
+#define MIN_BATCH_LENGTH_BYTES (RECORDS_AT - LOG_OVERHEAD_BYTES)
+#define CODEC_MASK 0x07
+#define TIMESTAMP_TYPE_BIT 0x08
+#define TRANSACTIONAL_BIT 0x10
+#define CONTROL_BIT 0x20
+
+static inline uint64_t
+be64(const unsigned char *p)
+{
+    return ((uint64_t)p[0] << 56) | ((uint64_t)p[1] << 48) | ((uint64_t)p[2] << 40) |
+           ((uint64_t)p[3] << 32) | ((uint64_t)p[4] << 24) | ((uint64_t)p[5] << 16) |
+           ((uint64_t)p[6] << 8) | (uint64_t)p[7];
+}
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static inline uint16_t
+be16(const unsigned char *p)
+{
+    return (uint16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+}
+
+/* CRC-32C (Castagnoli, reflected 0x82F63B78), slicing by eight: ~1 byte a cycle, so a small
+ * batch's CRC costs less than a call into the crc32c package would. */
+static uint32_t crc32c_table[8][256];
+static int crc32c_ready = 0;
+
+static void
+crc32c_init(void)
+{
+    uint32_t i, j, crc;
+
+    for (i = 0; i < 256; i++) {
+        crc = i;
+        for (j = 0; j < 8; j++) {
+            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+        }
+        crc32c_table[0][i] = crc;
+    }
+    for (i = 0; i < 256; i++) {
+        crc = crc32c_table[0][i];
+        for (j = 1; j < 8; j++) {
+            crc = crc32c_table[0][crc & 0xFF] ^ (crc >> 8);
+            crc32c_table[j][i] = crc;
+        }
+    }
+    crc32c_ready = 1;
+}
+
+static uint32_t
+crc32c_of(const unsigned char *p, Py_ssize_t n)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+
+    if (!crc32c_ready) {
+        crc32c_init();
+    }
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                             ((uint32_t)p[3] << 24));
+        uint32_t hi = (uint32_t)p[4] | ((uint32_t)p[5] << 8) | ((uint32_t)p[6] << 16) |
+                      ((uint32_t)p[7] << 24);
+        crc = crc32c_table[7][lo & 0xFF] ^ crc32c_table[6][(lo >> 8) & 0xFF] ^
+              crc32c_table[5][(lo >> 16) & 0xFF] ^ crc32c_table[4][lo >> 24] ^
+              crc32c_table[3][hi & 0xFF] ^ crc32c_table[2][(hi >> 8) & 0xFF] ^
+              crc32c_table[1][(hi >> 16) & 0xFF] ^ crc32c_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) {
+        crc = crc32c_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    }
+    return crc ^ 0xFFFFFFFFu;
+}
+
+PyDoc_STRVAR(crc32c_doc,
+"crc32c(data)\n"
+"--\n\n"
+"CRC-32C of ``data`` (any contiguous buffer), as crc32c.crc32c computes it; the table\n"
+"scan_producer_batches checks batches with (tested against the crc32c package).");
+
+static PyObject *
+crc32c_py(PyObject *module, PyObject *data)
+{
+    Py_buffer view;
+    uint32_t crc;
+
+    (void)module;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    crc = crc32c_of((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+/* One batch at buf[pos] of a payload with ``remaining`` bytes from there: whether it passes every
+ * check validate_producer_batches makes of an uncompressed batch (sizes, magic, CRC, structure,
+ * the producer-batch header rules, every record). 1 if it does, its size in *size; 0 if not
+ * (or if it is compressed): no exception is left set either way. */
+static int
+scan_one(const unsigned char *buf, Py_ssize_t remaining, long long max_message_bytes,
+         long long segment_bytes, Py_ssize_t *size)
+{
+    const unsigned char *b = buf;
+    int32_t batch_length, last_offset_delta, count, sequence;
+    int16_t attributes, epoch;
+    int64_t base_ts, max_ts, producer_id, offset_delta;
+    Py_ssize_t n, pos, i;
+
+    if (remaining < LOG_OVERHEAD_BYTES) {
+        return 0;
+    }
+    batch_length = (int32_t)be32(b + BATCH_LENGTH_AT);
+    if (batch_length < MIN_BATCH_LENGTH_BYTES) {
+        return 0;
+    }
+    n = (Py_ssize_t)batch_length + LOG_OVERHEAD_BYTES;
+    if (n > remaining || n > max_message_bytes || n > segment_bytes) {
+        return 0;
+    }
+    if (b[MAGIC_AT] != 2) {
+        return 0;
+    }
+    if (crc32c_of(b + ATTRIBUTES_AT, n - ATTRIBUTES_AT) != be32(b + CRC_AT)) {
+        return 0;
+    }
+    attributes = (int16_t)be16(b + ATTRIBUTES_AT);
+    last_offset_delta = (int32_t)be32(b + LAST_OFFSET_DELTA_AT);
+    base_ts = (int64_t)be64(b + BASE_TIMESTAMP_AT);
+    max_ts = (int64_t)be64(b + MAX_TIMESTAMP_AT);
+    producer_id = (int64_t)be64(b + PRODUCER_ID_AT);
+    epoch = (int16_t)be16(b + PRODUCER_EPOCH_AT);
+    sequence = (int32_t)be32(b + BASE_SEQUENCE_AT);
+    count = (int32_t)be32(b + RECORD_COUNT_AT);
+    /* Compressed batches are validate_producer_batches' in Python (decompression, its bound). */
+    if (attributes & CODEC_MASK) {
+        return 0;
+    }
+    /* The structure (RecordBatchView._ensure_valid_structure) and the producer-batch rules
+     * (validation._ensure_producer_batch): 0 < count == lastOffsetDelta + 1 implies both of
+     * the structure's count rules. */
+    if (count <= 0 || (int64_t)count != (int64_t)last_offset_delta + 1 ||
+        (int64_t)count * MIN_RECORD_SIZE > (int64_t)(n - RECORDS_AT)) {
+        return 0;
+    }
+    if ((attributes & (CONTROL_BIT | TIMESTAMP_TYPE_BIT)) || base_ts < -1 || max_ts < -1) {
+        return 0;
+    }
+    if (!((producer_id == -1 && !(attributes & TRANSACTIONAL_BIT)) ||
+          (producer_id >= 0 && epoch >= 0 && sequence >= 0))) {
+        return 0;
+    }
+    /* Every record (validate_records): offset deltas 0 .. count - 1, filling the batch. */
+    pos = RECORDS_AT;
+    for (i = 0; i < count; i++) {
+        if (!walk_record(buf, &pos, n, i, &offset_delta)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (offset_delta != i) {
+            return 0;
+        }
+    }
+    if (pos != n) {
+        return 0;
+    }
+    *size = n;
+    return 1;
+}
+
+static const char *const scan_producer_batches_names[] = {
+    "data", "max_message_bytes", "segment_bytes",
+};
+
+PyDoc_STRVAR(scan_producer_batches_doc,
+"scan_producer_batches(data, max_message_bytes, segment_bytes)\n"
+"--\n\n"
+"The fast path of storage_node.log.validation.validate_producer_batches (the reference) for\n"
+"a payload of uncompressed batches: a list with one tuple per batch, (position, size,\n"
+"record_count, last_offset_delta, max_timestamp, producer_id, producer_epoch, base_sequence,\n"
+"is_transactional), when every batch passes every check the reference makes; None when any\n"
+"would not, or one is compressed -- the reference then runs and raises with the reason (or\n"
+"accepts the compressed batch). Never raises for bad data.");
+
+static PyObject *
+scan_producer_batches(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                      PyObject *kwnames)
+{
+    PyObject *argv[3], *out = NULL, *item;
+    Py_buffer view;
+    const unsigned char *buf, *b;
+    Py_ssize_t end, pos = 0, size;
+    long long max_message_bytes, segment_bytes;
+    int64_t first_pid = -1, pid;
+    int16_t first_epoch = -1, epoch;
+    int first_txn = 0, txn, any_producer = 0, mixed = 0;
+
+    (void)module;
+    if (parse_args("scan_producer_batches", args, nargs, kwnames, scan_producer_batches_names, 3,
+                   3, argv) < 0) {
+        return NULL;
+    }
+    if (ensure_initialised() < 0) { /* walk_record's errors (cleared here) need the class */
+        return NULL;
+    }
+    max_message_bytes = PyLong_AsLongLong(argv[1]);
+    if (max_message_bytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    segment_bytes = PyLong_AsLongLong(argv[2]);
+    if (segment_bytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0) {
+        /* Not a contiguous buffer: the reference says what it makes of it. */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    buf = (const unsigned char *)view.buf;
+    end = view.len;
+    if (end == 0) {
+        goto slow;
+    }
+    out = PyList_New(0);
+    if (out == NULL) {
+        goto error;
+    }
+    while (pos < end) {
+        if (!scan_one(buf + pos, end - pos, max_message_bytes, segment_bytes, &size)) {
+            goto slow;
+        }
+        b = buf + pos;
+        pid = (int64_t)be64(b + PRODUCER_ID_AT);
+        epoch = (int16_t)be16(b + PRODUCER_EPOCH_AT);
+        txn = (be16(b + ATTRIBUTES_AT) & TRANSACTIONAL_BIT) != 0;
+        if (pos == 0) {
+            first_pid = pid;
+            first_epoch = epoch;
+            first_txn = txn;
+        }
+        else if (pid != first_pid || epoch != first_epoch || txn != first_txn) {
+            mixed = 1;
+        }
+        any_producer |= pid != -1;
+        item = Py_BuildValue("(nniiLLiiO)", pos, size, (int)(int32_t)be32(b + RECORD_COUNT_AT),
+                             (int)(int32_t)be32(b + LAST_OFFSET_DELTA_AT),
+                             (long long)(int64_t)be64(b + MAX_TIMESTAMP_AT), (long long)pid,
+                             (int)epoch, (int)(int32_t)be32(b + BASE_SEQUENCE_AT),
+                             txn ? Py_True : Py_False);
+        if (item == NULL) {
+            goto error;
+        }
+        if (PyList_Append(out, item) < 0) {
+            Py_DECREF(item);
+            goto error;
+        }
+        Py_DECREF(item);
+        pos += size;
+    }
+    /* validation._ensure_one_producer: an idempotent or transactional payload is one producer's. */
+    if (mixed && any_producer) {
+        goto slow;
+    }
+    PyBuffer_Release(&view);
+    return out;
+
+slow:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+
+error:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* append_record                                                                              */
 /* ------------------------------------------------------------------------------------------ */
 
@@ -2423,6 +2723,9 @@ static PyMethodDef speedups_methods[] = {
     {"append_record", (PyCFunction)(void (*)(void))append_record, METH_FASTCALL,
      append_record_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
+    {"scan_producer_batches", (PyCFunction)(void (*)(void))scan_producer_batches,
+     METH_FASTCALL | METH_KEYWORDS, scan_producer_batches_doc},
+    {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
     {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL | METH_KEYWORDS,
      encode_columns_doc},
     {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,

@@ -325,6 +325,16 @@ py_decode_records = decode_records
 py_validate_records = validate_records
 
 
+def py_scan_producer_batches(data, max_message_bytes: int, segment_bytes: int) -> None:
+    """Pure Python has no fast path: ``storage_node.log.validation.validate_producer_batches``
+    (the reference) checks every payload itself. The C version answers the common payloads
+    (uncompressed batches that pass) in one call, and None for the others."""
+    return None
+
+
+scan_producer_batches = py_scan_producer_batches
+
+
 def load_speedups():
     """The compiled ``services.records._speedups`` module, initialised, or ``None`` if it was not
     built. Ignores ``TRIBUTARY_NO_EXTENSIONS``: the dispatch below and the tests decide."""
@@ -341,6 +351,7 @@ speedups = None if os.environ.get("TRIBUTARY_NO_EXTENSIONS") else load_speedups(
 if speedups is not None:
     decode_records = speedups.decode_records
     validate_records = speedups.validate_records
+    scan_producer_batches = speedups.scan_producer_batches
 
 
 def speedups_enabled() -> bool:

@@ -111,6 +111,9 @@ class AppendConnection:
         #: The connection's byte stream (``links.py``): the socket, or TLS over it.
         self._link = link
         self._appender = appender
+        #: ``appender.append_now`` when it has one (``StorageNodeHandlers.append_now``: the append
+        #: without an event-loop turn, or None when it must wait); test doubles may not.
+        self._append_now: Callable[..., AppendResult | None] | None = getattr(appender, "append_now", None)
         self._limits = limits
         self._frame_timeout = frame_timeout
         self._idle_timeout = idle_timeout
@@ -301,14 +304,56 @@ class AppendConnection:
         """An acks 0/1 request's appends, one after another: each is done once written, which it
         is without waiting (short of a transaction check, or an earlier append of the partition
         not written yet), so a task per partition -- a fifth of a node's time for frames of
-        hundreds of partitions -- would buy nothing."""
+        hundreds of partitions -- would buy nothing. A partition whose turn has come is appended
+        with ``append_now`` (no coroutine); one that must wait takes ``_append_in_order``."""
         results = []
+        append_now = self._append_now
         for p, (previous, mine) in zip(request.partitions, waits, strict=True):
-            try:
-                results.append(await self._append_in_order(request, p, previous, mine, deadline))
-            except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
-                results.append(_failed(p, exc))
+            result = None
+            if append_now is not None and (previous is None or previous.done):
+                try:
+                    result = self._append_at_once(append_now, request, p, mine, deadline)
+                except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
+                    self._finish_turn(p, mine)
+                    result = _failed(p, exc)
+            if result is None:
+                try:
+                    result = await self._append_in_order(request, p, previous, mine, deadline)
+                except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
+                    result = _failed(p, exc)
+            results.append(result)
         return results
+
+    def _append_at_once(
+        self,
+        append_now: Callable[..., AppendResult | None],
+        request: frames.AppendRequest,
+        p: frames.PartitionAppend,
+        mine: _Turn,
+        deadline: float,
+    ) -> AppendResult | None:
+        """``_append_in_order`` for a partition whose turn has come, without a coroutine: its
+        result, or None (nothing done, the turn still open) when the append must wait."""
+        if deadline - self._loop.time() <= 0:
+            self._finish_turn(p, mine)
+            return self._refused(request, p)
+        result = append_now(
+            p.topic,
+            p.partition,
+            p.records,
+            acks=request.acks,
+            leader_epoch=None if p.leader_epoch == frames.NO_EPOCH else p.leader_epoch,
+        )
+        if result is not None:
+            self._finish_turn(p, mine)
+        return result
+
+    def _finish_turn(self, p: frames.PartitionAppend, mine: _Turn) -> None:
+        """The partition's append is written or failed: the next one of it may go."""
+        mine.finish()
+        key = (p.topic, p.partition)
+        if self._tails.get(key) is mine:
+            del self._tails[key]
 
     def _span(self, request: frames.AppendRequest):
         """The request's SERVER span and timing (telemetry on), current while it is served; a

@@ -8,10 +8,11 @@ not one byte of the payload reaches the disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from services.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 from services.records import MAGIC, BatchHeader, RecordBatchView, TimestampType, iter_batches
+from services.records import record as _record
 from services.records.batch import as_byte_view
 from services.records.format import (
     CONTROL_MASK,
@@ -24,9 +25,9 @@ from services.records.format import (
 from storage_node.log.producer_state import BatchFacts
 
 
-@dataclass(frozen=True, slots=True)
-class ValidatedBatch:
-    """Where one valid batch sits in the payload, and the header facts the log needs."""
+class ValidatedBatch(NamedTuple):
+    """Where one valid batch sits in the payload, and the header facts the log needs. (A
+    NamedTuple: one is made per batch appended, three times cheaper than a frozen dataclass.)"""
 
     position: int
     size: int
@@ -58,7 +59,37 @@ def validate_producer_batches(data, *, max_message_bytes: int, segment_bytes: in
 
     Every record is walked (``RecordBatchView.validate_records``), as Kafka's ``LogValidator``
     reads every record of a client's batch: a batch stored here must never fail a consumer.
+
+    With the C accelerator, a payload of uncompressed batches that pass every check is answered
+    by one call (``scan_producer_batches``: the same checks in one pass, no view or header
+    object per batch -- a fifth of a leader's time per small batch went here); any other
+    payload, and every refusal, goes through the Python checks below, which are the reference
+    and say what is wrong.
     """
+    # Looked up on the module at each call: the tests switch between the C and the Python code.
+    scanned = _record.scan_producer_batches(data, max_message_bytes, segment_bytes)
+    if scanned is not None:
+        return [
+            ValidatedBatch(
+                position,
+                size,
+                count,
+                delta,
+                max_ts,
+                _CREATE_TIME,
+                BatchFacts(producer_id, epoch, sequence, count, transactional, False, max_ts),
+            )
+            for position, size, count, delta, max_ts, producer_id, epoch, sequence, transactional in scanned
+        ]
+    return _validate_in_python(data, max_message_bytes, segment_bytes)
+
+
+#: The timestamp type of every producer batch accepted (LogAppendTime is the broker's to set).
+_CREATE_TIME = TimestampType.CREATE_TIME
+
+
+def _validate_in_python(data, max_message_bytes: int, segment_bytes: int) -> list[ValidatedBatch]:
+    """``validate_producer_batches`` in Python: every payload the fast path does not answer."""
     view = as_byte_view(data)
     if not len(view):
         raise InvalidRecordError("produce payload holds no record batches")

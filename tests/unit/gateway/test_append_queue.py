@@ -236,3 +236,25 @@ def test_a_round_is_cut_at_its_byte_bound():
 
     log = run(scenario())
     assert log.rounds == [[0, 1], [2, 3], [4]]
+
+
+def test_submit_all_answers_a_request_once_every_partition_has_its_result():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        first = queues.submit_all("t", {0: batch(b"a"), 1: batch(b"b", b"c")}, Acks.ALL, FAR)
+        await asyncio.sleep(0.001)  # in flight: the next request's partition 0 waits for it
+        corrupt = bytearray(batch(b"bad"))
+        corrupt[-1] ^= 1
+        second = queues.submit_all("t", {0: batch(b"d"), 2: bytes(corrupt)}, Acks.ALL, FAR)
+        empty = queues.submit_all("t", {}, Acks.ALL, FAR)
+        assert empty.done() and empty.result() == {}
+        answers = await asyncio.gather(first, second)
+        await queues.close()
+        return log, answers
+
+    log, (first, second) = run(scenario())
+    assert {p: (r.base_offset, r.record_count) for p, r in first.items()} == {0: (0, 1), 1: (0, 2)}
+    assert (second[0].base_offset, second[0].error) == (1, None)  # after the first request's
+    assert second[2].error is not None and second[2].error.reason == "CORRUPT_MESSAGE"
+    assert log.values[0] == [b"a", b"d"]

@@ -81,11 +81,37 @@ class HeldAppender:
         return AppendResult(topic, partition, base_offset=offset, last_offset=offset, record_count=1)
 
 
-def _request(correlation_id: int, *parts: tuple[str, int, bytes], timeout_ms: int = 1000) -> bytes:
+class ImmediateAppender(HeldAppender):
+    """A ``HeldAppender`` with ``append_now`` (as the node's handlers): an append that is not
+    held before its write is written at once, without a coroutine; a held one answers None
+    (it must wait), and one in ``broken`` raises (a bug)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.immediate: list[bytes] = []
+        self.broken: set[bytes] = set()
+
+    def append_now(self, topic, partition, data, *, acks, leader_epoch=None, written=None):
+        payload = bytes(data)
+        if payload in self.broken:
+            raise RuntimeError(f"bug appending {payload!r}")
+        if payload in self.hold_before or payload in self.hold_after:
+            return None
+        offset = sum(1 for t, p, _ in self.written if (t, p) == (topic, partition))
+        self.written.append((topic, partition, payload))
+        self.immediate.append(payload)
+        if written is not None:
+            written()
+        return AppendResult(topic, partition, base_offset=offset, last_offset=offset, record_count=1)
+
+
+def _request(
+    correlation_id: int, *parts: tuple[str, int, bytes], timeout_ms: int = 1000, acks: Acks = Acks.ALL
+) -> bytes:
     return frames.encode_request(
         frames.AppendRequest(
             correlation_id,
-            Acks.ALL,
+            acks,
             timeout_ms,
             tuple(frames.PartitionAppend(t, p, d) for t, p, d in parts),
         )
@@ -166,6 +192,45 @@ async def test_a_partition_waits_for_its_earlier_append_that_is_held_before_writ
     answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
     assert [t for t in appender.written if t[1] == 0] == [("t", 0, b"first"), ("t", 0, b"second")]
     assert (answers[1].results[0].base_offset, answers[2].results[0].base_offset) == (0, 1)
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_acks_1_appends_whose_turn_has_come_are_written_at_once_in_order():
+    appender = ImmediateAppender()
+    release = appender.hold_before[b"held"] = asyncio.Event()
+    reader, writer, _, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"a0"), ("t", 1, b"held"), ("t", 2, b"a2"), acks=Acks.LEADER))
+    writer.write(_request(2, ("t", 0, b"b0"), ("t", 1, b"after-held"), acks=Acks.LEADER))
+    # Partition 1's first append must wait (append_now says so), and a request's partitions go
+    # one after another: request 2's partition 0 is written at once, its partition 1 waits.
+    await async_wait_until(lambda: len(appender.written) == 2, timeout=5, what="two appends written")
+    assert appender.immediate == [b"a0", b"b0"]
+    release.set()
+    answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
+    assert [t for t in appender.written if t[1] == 1] == [("t", 1, b"held"), ("t", 1, b"after-held")]
+    assert [(r.partition, r.base_offset) for r in answers[1].results] == [(0, 0), (1, 0), (2, 0)]
+    assert [(r.partition, r.base_offset) for r in answers[2].results] == [(0, 1), (1, 1)]
+    # The held partition's second append waited for its turn: the slow way, not append_now.
+    assert appender.immediate == [b"a0", b"b0", b"a2"]
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_an_immediate_append_that_raises_fails_only_its_partition():
+    appender = ImmediateAppender()
+    appender.broken.add(b"bad")
+    reader, writer, _, task = await _start(appender)
+    writer.write(_request(1, ("t", 0, b"ok"), ("t", 1, b"bad"), ("t", 2, b"ok2"), acks=Acks.LEADER))
+    answer = await asyncio.wait_for(_read(reader), 5)
+    ok, bad, ok2 = answer.results
+    assert ok.error is None and ok2.error is None
+    assert bad.error is not None and bad.error.reason == "UNKNOWN_SERVER_ERROR"
+    writer.write(_request(2, ("t", 1, b"next"), acks=Acks.LEADER))  # its turn was given back
+    answer = await asyncio.wait_for(_read(reader), 5)
+    assert answer.results[0].error is None and ("t", 1, b"next") in appender.written
     writer.close()
     await asyncio.wait_for(task, 5)
 

@@ -1,8 +1,9 @@
 """The two backends of the record codec's per-record loops, for tests that run against both.
 
-``services.records.record`` binds ``decode_records`` and ``validate_records``, and
-``services.records.builder`` binds ``_append_record``, to the C accelerator or to the pure-Python
-code at import. :func:`use_backend` rebinds all three, so one test body can run against either.
+``services.records.record`` binds ``decode_records``, ``validate_records`` and
+``scan_producer_batches``, and ``services.records.builder`` binds ``_append_record``, to the C
+accelerator or to the pure-Python code at import. :func:`use_backend` rebinds all four, so one
+test body can run against either.
 """
 
 from __future__ import annotations
@@ -29,9 +30,12 @@ def use_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     if backend == "c":
         speedups = require_speedups()
         decode, validate, append = speedups.decode_records, speedups.validate_records, speedups.append_record
+        scan = speedups.scan_producer_batches
     else:
         assert backend == "python", backend
         decode, validate, append = record_module.py_decode_records, record_module.py_validate_records, None
+        scan = record_module.py_scan_producer_batches
     monkeypatch.setattr(record_module, "decode_records", decode)
     monkeypatch.setattr(record_module, "validate_records", validate)
+    monkeypatch.setattr(record_module, "scan_producer_batches", scan)
     monkeypatch.setattr(builder_module, "_append_record", append)
