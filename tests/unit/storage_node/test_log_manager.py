@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -176,8 +177,18 @@ def test_reopening_rewrites_no_checkpoint_that_already_holds_its_value(dirs, clo
     reopened.close()
 
 
-def _open_fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _open_fds(under: Path) -> set[str]:
+    """The files under ``under`` this process holds open (only those: the process's other
+    descriptors come and go with other threads and the garbage collector)."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile (the listing's own descriptor, among others)
+        if target.startswith(str(under)):
+            found.add(f"{fd} -> {target}")
+    return found
 
 
 def _no_space(*args, **kwargs):
@@ -219,11 +230,11 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
         monkeypatch.setattr(checkpoint, "write_atomically", second_write_fails)
     else:
         monkeypatch.setattr(TimeIndex, "open", classmethod(_no_space))
-    before = _open_fds()
+    before = _open_fds(dirs[0])
     for _ in range(20):
         with pytest.raises(KafkaStorageError, match="No space left"):
             manager.create_partition("full", 0)
-    assert _open_fds() == before
+    assert _open_fds(dirs[0]) == before
     assert len(manager.handle_cache) == 0
     with pytest.raises(UnknownTopicOrPartitionError):
         manager.get("full", 0)
