@@ -179,8 +179,10 @@ class FetchSessions:
                 f"not {request.session_epoch}; send a full fetch"
             )
         partitions = session.partitions
-        added = sum(1 for p in request.partitions if (p.topic, p.partition) not in partitions)
-        removed = sum(1 for key in request.forgotten if key in partitions)
+        # Distinct keys: a partition named twice (forgotten twice above all) must not count twice,
+        # or a repeated forgotten entry would pay for added partitions past the cap.
+        added = len({(p.topic, p.partition) for p in request.partitions} - partitions.keys())
+        removed = len(set(request.forgotten) & partitions.keys())
         size = len(partitions) + added - removed
         if size > self.max_partitions:
             self.close(session.id)

@@ -181,6 +181,16 @@ def test_partitions_per_session_are_capped():
     assert len(sessions) == 0
 
 
+def test_a_partition_forgotten_many_times_counts_once_against_the_cap():
+    sessions = FetchSessions(max_partitions=10)
+    session = opened(sessions, *[("a", p, 0) for p in range(10)]).session
+    assert session is not None
+    grow = [("b", p, 0) for p in range(1000)]
+    with pytest.raises(errors.FetchSessionIdNotFoundError, match="it would hold 1009 partitions"):
+        sessions.begin(incremental(session.id, 1, *grow, forgotten=[("a", 0)] * 1000), 1000)
+    assert len(sessions) == 0
+
+
 def test_no_sessions_at_all_when_the_cap_is_zero():
     sessions = FetchSessions(max_sessions=0)
     fetch = sessions.begin(full(("a", 0, 0)), 1000)
