@@ -15,10 +15,7 @@ reported, every record counted and checksummed.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.peers import FETCH_BYTES, PREFETCH_MESSAGES
+from bench.profile_top import Profiler
 
 MODES = {"sessions": [], "full": ["--data-fetch-sessions-per-connection", "0"]}
 MESSAGE_BYTES = 200
@@ -91,7 +89,13 @@ def run_mode(mode: str, args, results: dict) -> None:
                     admin.create_topics([NewTopic(topic, partitions)])
                 produce(servers, topic, partitions, values)
                 consume(servers, topic, partitions, args.messages)  # warm-up (caches, connections)
-                profiler = _start_profile(cluster, args.profile, f"{mode}-{partitions}")
+                profiler = (
+                    Profiler.start(Path(args.profile), f"{mode}-{partitions}", cluster, rate=500)
+                    if args.profile
+                    else None
+                )
+                if profiler is not None:
+                    time.sleep(1.0)  # py-spy attaches
                 best = None
                 for _ in range(args.rounds):
                     seconds, count, total = consume(servers, topic, partitions, args.messages)
@@ -100,7 +104,8 @@ def run_mode(mode: str, args, results: dict) -> None:
                             f"{mode} {partitions}: read {count} records, checksum ok: {total == expected}"
                         )
                     best = seconds if best is None else min(best, seconds)
-                _stop_profile(profiler)
+                if profiler is not None:
+                    profiler.stop()
                 assert best is not None
                 rate = args.messages / best
                 results[(mode, partitions)] = rate
@@ -110,51 +115,6 @@ def run_mode(mode: str, args, results: dict) -> None:
                 )
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def _start_profile(cluster, directory: str | None, name: str) -> list[subprocess.Popen]:
-    if not directory:
-        return []
-    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    profilers = []
-    pids = {
-        "gateway": cluster.gateways[0].pid,
-        "storage": cluster.storage_nodes[0].pid,
-        "client": os.getpid(),
-    }
-    for role, pid in pids.items():
-        out = Path(directory) / f"{name}-{role}.txt"
-        profilers.append(
-            subprocess.Popen(
-                [
-                    py_spy,
-                    "record",
-                    "--pid",
-                    str(pid),
-                    "--format",
-                    "raw",
-                    "--rate",
-                    "500",
-                    "--output",
-                    str(out),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    time.sleep(1.0)  # py-spy attaches
-    return profilers
-
-
-def _stop_profile(profilers: list[subprocess.Popen]) -> None:
-    for profiler in profilers:
-        profiler.send_signal(signal.SIGINT)
-    for profiler in profilers:
-        try:
-            profiler.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(profiler.pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -124,3 +125,18 @@ def snapshot_dir(directory: Path) -> dict[str, bytes]:
     """Every file in ``directory`` (recursively) and its bytes."""
     paths = sorted(p for p in directory.rglob("*") if p.is_file())
     return {str(p.relative_to(directory)): p.read_bytes() for p in paths}
+
+
+def open_files_under(directory: Path) -> set[str]:
+    """``"fd -> path"`` of every file under ``directory`` this process holds open. Only those: the
+    process's other descriptors come and go with other threads and with the garbage collector
+    closing files of earlier tests."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except FileNotFoundError:
+            continue  # closed meanwhile (the listing's own descriptor, among others)
+        if target.startswith(str(directory)):
+            found.add(f"{fd} -> {target}")
+    return found

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,13 @@ from services.errors import InvalidConfigError, KafkaStorageError, UnknownTopicO
 from storage_node.log import checkpoint, files
 from storage_node.log.log_manager import LogManager
 from storage_node.log.time_index import TimeIndex
-from tests.unit.storage_node.log_testkit import commit_every_append, make_batch, offsets_in, read_all
+from tests.unit.storage_node.log_testkit import (
+    commit_every_append,
+    make_batch,
+    offsets_in,
+    open_files_under,
+    read_all,
+)
 
 
 @pytest.fixture
@@ -145,7 +150,6 @@ def test_a_new_partition_writes_its_checkpoints_without_fsync(dirs, clock, monke
     """A new log's checkpoints say what their absence says (offset 0): written without fsyncs
     (four per partition were most of what creating thousands of partitions cost a node), but
     written, so a full disk fails the create rather than the first append."""
-    import os
 
     manager = _manager(dirs[:1], clock)
     synced = []
@@ -175,20 +179,6 @@ def test_reopening_rewrites_no_checkpoint_that_already_holds_its_value(dirs, clo
     assert reopened.get("kept", 0).log_end_offset == 3
     assert not [name for name in written if "offset-checkpoint" in name or "recovery" in name], written
     reopened.close()
-
-
-def _open_fds(under: Path) -> set[str]:
-    """The files under ``under`` this process holds open (only those: the process's other
-    descriptors come and go with other threads and the garbage collector)."""
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except FileNotFoundError:
-            continue  # closed meanwhile (the listing's own descriptor, among others)
-        if target.startswith(str(under)):
-            found.add(f"{fd} -> {target}")
-    return found
 
 
 def _no_space(*args, **kwargs):
@@ -230,11 +220,11 @@ def test_create_partition_on_a_full_disk_keeps_no_file_open(
         monkeypatch.setattr(checkpoint, "write_atomically", second_write_fails)
     else:
         monkeypatch.setattr(TimeIndex, "open", classmethod(_no_space))
-    before = _open_fds(dirs[0])
+    before = open_files_under(dirs[0])
     for _ in range(20):
         with pytest.raises(KafkaStorageError, match="No space left"):
             manager.create_partition("full", 0)
-    assert _open_fds(dirs[0]) == before
+    assert open_files_under(dirs[0]) == before
     assert len(manager.handle_cache) == 0
     with pytest.raises(UnknownTopicOrPartitionError):
         manager.get("full", 0)

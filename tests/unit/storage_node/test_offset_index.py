@@ -7,6 +7,7 @@ import pytest
 
 from storage_node.log.index import CorruptIndexError
 from storage_node.log.offset_index import OffsetIndex, OffsetPosition
+from tests.unit.storage_node.log_testkit import open_files_under
 
 BASE = 45
 
@@ -108,26 +109,11 @@ def test_sanity_check_rejects_torn_and_unsorted_files(tmp_path):
 def test_an_index_holds_no_descriptor_between_appends(tmp_path):
     """Two descriptors per active segment, kept, were unbounded with tens of thousands of
     partitions; appends now open and close the file."""
-    import os
-
-    def descriptors_here() -> list[str]:
-        # Only this test's files: the process's other descriptors come and go with other threads
-        # and with the garbage collector closing files of earlier tests.
-        found = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except FileNotFoundError:
-                continue  # closed meanwhile (the listing's own descriptor, among others)
-            if target.startswith(str(tmp_path)):
-                found.append(target)
-        return found
-
     indexes = [OffsetIndex.open(tmp_path / f"{i}.index", BASE, 800) for i in range(50)]
     for index in indexes:
         index.append(BASE + 1, 10)
         index.append(BASE + 2, 20)
-    assert descriptors_here() == []
+    assert open_files_under(tmp_path) == set()
     for index in indexes:
         index.flush()  # durable through a descriptor of its own
     (tmp_path / "0.index").unlink()
