@@ -48,6 +48,7 @@ from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
 from services.records.format import COMPRESSION_CODEC_MASK
+from services.records.record import speedups as _speedups
 from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,23 @@ _ISOLATION = {
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
 
 
+def py_as_consumer_records(
+    records: list, consumer_type: type, topic: str, partition: int, timestamp_type: int
+) -> None:
+    """Replace the decoded ``Record`` tuples of ``records``, in place, by ``consumer_type``
+    tuples, keys and values as they are: the reference for the accelerator's version."""
+    records[:] = [
+        _new_tuple(consumer_type, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
+        for r in records
+    ]
+
+
+#: ``py_as_consumer_records`` in C when the accelerator is built (and not switched off with
+#: ``TRIBUTARY_NO_EXTENSIONS``): no Python-level step per record, and records left untracked
+#: by the garbage collector (see ``_speedups.c``).
+as_consumer_records = py_as_consumer_records if _speedups is None else _speedups.as_consumer_records
+
+
 def to_consumer_records(
     records: list,
     topic: str,
@@ -73,10 +91,9 @@ def to_consumer_records(
 ) -> list[ConsumerRecord]:
     """Decoded ``Record`` tuples as ``ConsumerRecord``s, deserializing non-null keys and values."""
     if key_deserializer is None and value_deserializer is None:
-        return [
-            _new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
-            for r in records
-        ]
+        out = list(records)
+        as_consumer_records(out, ConsumerRecord, topic, partition, timestamp_type)
+        return out
     kd = key_deserializer or (lambda data: data)
     vd = value_deserializer or (lambda data: data)
     return [
@@ -112,6 +129,7 @@ class PartitionRecords:
         "_decoded",
         "_index",
         "_payload",
+        "_raw_records",
         "_timestamp_type",
         "error",
         "fetch_offset",
@@ -138,6 +156,9 @@ class PartitionRecords:
         self._batch_index = 0
         self._decoded: list = []
         self._index = 0
+        #: ``_decoded`` holds ``Record`` tuples, to be made ``ConsumerRecord``s as they are taken
+        #: (with deserializers); else they are ``ConsumerRecord``s already.
+        self._raw_records = False
         self._timestamp_type = 0
         #: take_columns: the decompressed payload of the batch it stopped inside, by batch index.
         self._payload: tuple[int, bytes] | None = None
@@ -195,21 +216,34 @@ class PartitionRecords:
         self, max_records: int, position: int, key_deserializer=None, value_deserializer=None
     ) -> list[ConsumerRecord]:
         """Up to ``max_records`` records at or after ``position``, in offset order."""
-        tp = self.topic_partition
+        plain = key_deserializer is None and value_deserializer is None
         out: list[ConsumerRecord] = []
         while len(out) < max_records:
-            if self._index >= len(self._decoded) and not self._decode_next(position):
+            if self._index >= len(self._decoded) and not self._decode_next(position, plain):
                 break
-            end = min(len(self._decoded), self._index + max_records - len(out))
-            chunk = self._decoded[self._index : end]
-            self._index = end
-            out.extend(
-                to_consumer_records(
-                    chunk, tp.topic, tp.partition, self._timestamp_type, key_deserializer, value_deserializer
+            decoded, start = self._decoded, self._index
+            end = min(len(decoded), start + max_records - len(out))
+            if start == 0 and end == len(decoded):
+                records = decoded  # the whole batch (the common case): handed out as it is
+                self._decoded, self._index = [], 0
+            else:
+                records = decoded[start:end]
+                self._index = end
+            if self._raw_records:
+                tp = self.topic_partition
+                records = to_consumer_records(
+                    records,
+                    tp.topic,
+                    tp.partition,
+                    self._timestamp_type,
+                    key_deserializer,
+                    value_deserializer,
                 )
-            )
-            if chunk:
-                position = chunk[-1][0] + 1
+            position = records[-1].offset + 1
+            if out:
+                out.extend(records)
+            else:
+                out = records
         return out
 
     def take_columns(self, columns, max_records: int, position: int) -> int:
@@ -257,8 +291,10 @@ class PartitionRecords:
         self._payload = (self._batch_index, payload)
         return payload
 
-    def _decode_next(self, position: int) -> bool:
-        """Decode the next data batch, skipping records before ``position``; False at the end."""
+    def _decode_next(self, position: int, as_consumer: bool = True) -> bool:
+        """Decode the next data batch from ``position`` on (records before it are checked, not
+        built), as ``ConsumerRecord``s when ``as_consumer`` else as ``Record``s; False at the end."""
+        tp = self.topic_partition
         while self._batch_index < len(self._batches):
             view = self._batches[self._batch_index]
             self._batch_index += 1
@@ -267,18 +303,19 @@ class PartitionRecords:
             if dropped:
                 continue
             try:
-                records = list(view.records())
+                records = view.read_records(first_offset=position)
             except CorruptRecordError as exc:
                 self.error = self._corrupt(exc, view)
                 self._batches = self._batches[: self._batch_index - 1]
                 self.next_fetch_offset = view.base_offset
                 return False
-            start = 0
-            while start < len(records) and records[start][0] < position:
-                start += 1
-            self._decoded, self._index = records, start
-            self._timestamp_type = int(view.timestamp_type)
-            if start < len(records):
+            timestamp_type = int(view.timestamp_type)
+            if as_consumer:
+                as_consumer_records(records, ConsumerRecord, tp.topic, tp.partition, timestamp_type)
+            self._decoded, self._index = records, 0
+            self._raw_records = not as_consumer
+            self._timestamp_type = timestamp_type
+            if records:
                 return True
         self._decoded, self._index = [], 0
         return False

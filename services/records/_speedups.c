@@ -2714,6 +2714,111 @@ init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ---- h14-sdk-consume ---- */
+/* ------------------------------------------------------------------------------------------ */
+/* as_consumer_records: a batch's decoded Records made the consumer's ConsumerRecords         */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CONSUMER_RECORD_FIELDS 8
+
+PyDoc_STRVAR(as_consumer_records_doc,
+"as_consumer_records(records, consumer_type, topic, partition, timestamp_type)\n"
+"--\n\n"
+"C version of gateway.client.fetcher.py_as_consumer_records (the reference): replace each\n"
+"Record of the list ``records`` (a 5-tuple: offset, timestamp, key, value, headers), in place,\n"
+"by a ``consumer_type`` tuple (topic, partition, offset, timestamp, timestamp_type, key, value,\n"
+"headers); ``consumer_type`` must be a tuple subclass without instance attributes (a\n"
+"NamedTuple). Returns None. A record holding only atomic fields (strings, ints, bytes, None,\n"
+"headers that are) is left untracked by the garbage collector, as the collector leaves such\n"
+"plain tuples itself: a poll's thousand records then cost its collections nothing to walk,\n"
+"and never pile up in the old generation to trigger full collections.");
+
+/* Whether the collector could find a reference cycle through ``op``. */
+static int
+may_hold_cycle(PyObject *op)
+{
+    return PyObject_IS_GC(op) && PyObject_GC_IsTracked(op);
+}
+
+static PyObject *
+as_consumer_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *records, *topic, *partition, *timestamp_type;
+    PyTypeObject *type;
+    Py_ssize_t i;
+
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "as_consumer_records() takes 5 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    records = args[0];
+    topic = args[2];
+    partition = args[3];
+    timestamp_type = args[4];
+    if (!PyList_Check(records)) {
+        PyErr_Format(PyExc_TypeError, "records must be a list, not %.100s",
+                     Py_TYPE(records)->tp_name);
+        return NULL;
+    }
+    if (!PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "consumer_type must be a class");
+        return NULL;
+    }
+    type = (PyTypeObject *)args[1];
+    /* tp_alloc + PyTuple_SET_ITEM is only right for the plain tuple layout (as init checks). */
+    if (!PyType_IsSubtype(type, &PyTuple_Type) || type->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        type->tp_itemsize != PyTuple_Type.tp_itemsize || type->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError,
+                        "consumer_type must be a tuple subclass without instance attributes");
+        return NULL;
+    }
+    /* The list's length is read each time: nothing called here runs Python code, but stay
+     * within it whatever happens. */
+    for (i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        PyObject *fields[CONSUMER_RECORD_FIELDS];
+        PyObject *made;
+        int k, atomic = 1;
+
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != RECORD_FIELDS) {
+            PyErr_Format(PyExc_TypeError, "records[%zd] is not a 5-field Record but %.100s", i,
+                         Py_TYPE(record)->tp_name);
+            return NULL;
+        }
+        fields[0] = topic;
+        fields[1] = partition;
+        fields[2] = PyTuple_GET_ITEM(record, 0);
+        fields[3] = PyTuple_GET_ITEM(record, 1);
+        fields[4] = timestamp_type;
+        fields[5] = PyTuple_GET_ITEM(record, 2);
+        fields[6] = PyTuple_GET_ITEM(record, 3);
+        fields[7] = PyTuple_GET_ITEM(record, 4);
+        made = type->tp_alloc(type, CONSUMER_RECORD_FIELDS);
+        if (made == NULL) {
+            return NULL;
+        }
+#if PY_VERSION_HEX >= 0x030E0000
+        ((PyTupleObject *)made)->ob_hash = -1; /* see decode_one */
+#endif
+        for (k = 0; k < CONSUMER_RECORD_FIELDS; k++) {
+            if (atomic && may_hold_cycle(fields[k])) {
+                atomic = 0;
+            }
+            PyTuple_SET_ITEM(made, k, Py_NewRef(fields[k]));
+        }
+        if (atomic && PyObject_GC_IsTracked(made)) {
+            /* Nothing it holds can lead back to it but its class, which outlives every record. */
+            PyObject_GC_UnTrack(made);
+        }
+        /* The list's reference to the Record goes (usually its last: the Record is freed). */
+        PyList_SET_ITEM(records, i, made);
+        Py_DECREF(record);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -2730,6 +2835,8 @@ static PyMethodDef speedups_methods[] = {
      encode_columns_doc},
     {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,
      partition_keys_doc},
+    {"as_consumer_records", (PyCFunction)(void (*)(void))as_consumer_records, METH_FASTCALL,
+     as_consumer_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -62,6 +62,24 @@ def test_take_stops_at_max_records_and_resumes():
     assert chunk.exhausted
 
 
+def test_a_whole_batch_handed_out_is_the_callers_to_change():
+    # take() hands a batch's decoded list over as it is (no copy): what the caller does with it
+    # must not reach the chunk.
+    chunk = PartitionRecords(TP0, 0, batch(0, 3) + batch(3, 3))
+    first = chunk.take(3, 0)
+    first.extend(first)
+    first.clear()
+    assert offsets(chunk.take(10, 3)) == [3, 4, 5]
+    assert chunk.exhausted
+
+
+def test_a_window_inside_a_batch_then_the_rest_of_it_and_the_next():
+    chunk = PartitionRecords(TP0, 2, batch(0, 5) + batch(5, 3))
+    assert offsets(chunk.take(2, 2)) == [2, 3]
+    assert offsets(chunk.take(10, 4)) == [4, 5, 6, 7]
+    assert chunk.exhausted
+
+
 def test_consumer_records_carry_every_field():
     chunk = PartitionRecords(TP0, 0, batch(0, 1, headers=[("h", b"1"), ("n", None)]))
     (record,) = chunk.take(1, 0)
