@@ -48,6 +48,7 @@ from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
 from services.records.format import COMPRESSION_CODEC_MASK
+from services.records.record import py_as_consumer_records
 from services.records.record import speedups as _speedups
 from services.serde import error_from_proto
 
@@ -62,17 +63,6 @@ _ISOLATION = {
     "read_committed": pb.ISOLATION_LEVEL_READ_COMMITTED,
 }
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
-
-
-def py_as_consumer_records(
-    records: list, consumer_type: type, topic: str, partition: int, timestamp_type: int
-) -> None:
-    """Replace the decoded ``Record`` tuples of ``records``, in place, by ``consumer_type``
-    tuples, keys and values as they are: the reference for the accelerator's version."""
-    records[:] = [
-        _new_tuple(consumer_type, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
-        for r in records
-    ]
 
 
 #: ``py_as_consumer_records`` in C when the accelerator is built (and not switched off with
@@ -303,18 +293,20 @@ class PartitionRecords:
             if dropped:
                 continue
             try:
-                records = view.read_records(first_offset=position)
+                if as_consumer:
+                    records = view.read_consumer_records(
+                        ConsumerRecord, tp.topic, tp.partition, first_offset=position
+                    )
+                else:
+                    records = view.read_records(first_offset=position)
             except CorruptRecordError as exc:
                 self.error = self._corrupt(exc, view)
                 self._batches = self._batches[: self._batch_index - 1]
                 self.next_fetch_offset = view.base_offset
                 return False
-            timestamp_type = int(view.timestamp_type)
-            if as_consumer:
-                as_consumer_records(records, ConsumerRecord, tp.topic, tp.partition, timestamp_type)
             self._decoded, self._index = records, 0
             self._raw_records = not as_consumer
-            self._timestamp_type = timestamp_type
+            self._timestamp_type = int(view.timestamp_type)
             if records:
                 return True
         self._decoded, self._index = [], 0

@@ -332,6 +332,35 @@ class RecordBatchView:
             max_records,
         )
 
+    def read_consumer_records(
+        self, consumer_type: type, topic: str, partition: int, *, first_offset: int | None = None
+    ) -> list:
+        """:meth:`read_records`' records at or above ``first_offset`` as ``consumer_type`` tuples
+        ``(topic, partition, offset, timestamp, timestamp_type, key, value, headers)``: what a
+        consumer hands out, built in one pass (in C with the accelerator, without the collector
+        walking the intermediate ``Record``s). The same checks and errors as :meth:`read_records`."""
+        self._ensure_valid_structure()
+        header = self._header
+        attributes = header.attributes
+        arguments = (
+            self.payload(),
+            header.record_count,
+            header.base_offset,
+            header.base_timestamp,
+            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
+            header.last_offset_delta,
+            first_offset,
+        )
+        timestamp_type = int(self.timestamp_type)
+        speedups = _record.speedups
+        if speedups is not None and _record.decode_records is speedups.decode_records:
+            return speedups.decode_consumer_records(
+                *arguments, consumer_type, topic, partition, timestamp_type
+            )
+        records = _record.decode_records(*arguments)
+        _record.py_as_consumer_records(records, consumer_type, topic, partition, timestamp_type)
+        return records
+
     def read_columns(
         self,
         columns,

@@ -17,11 +17,14 @@ from hypothesis import strategies as st
 
 from gateway.client import fetcher
 from gateway.client.structs import ConsumerRecord
-from services.records import Record
+from services.errors import CorruptRecordError
+from services.records import Record, RecordBatchBuilder, RecordBatchView, set_log_append_time
 
-from ..services.records.records_backends import require_speedups
+from ..services.records.records_backends import BACKENDS, require_speedups, use_backend
 
-py_as = fetcher.py_as_consumer_records
+T0 = 1_700_000_000_000
+
+py_as = fetcher.py_as_consumer_records  # services.records.record
 
 headers = st.lists(st.tuples(st.text(max_size=4), st.one_of(st.none(), st.binary(max_size=4))), max_size=3)
 records = st.lists(
@@ -119,3 +122,75 @@ def test_nothing_leaks():
         once()
     gc.collect()
     assert sys.getallocatedblocks() - before < 100
+
+
+# --- RecordBatchView.read_consumer_records: decode and build in one pass ----------------------
+
+
+def _batch(values: list, base_offset: int, *, log_append_time: bool = False) -> bytes:
+    builder = RecordBatchBuilder(base_offset=base_offset)
+    for i, value in enumerate(values):
+        builder.append(
+            value, key=None if i % 3 else b"k%d" % i, timestamp=T0 + i, headers=[("h", value)] * (i % 2)
+        )
+    data = bytearray(builder.build())
+    if log_append_time:
+        set_log_append_time(data, T0 + 99)
+    return bytes(data)
+
+
+def _read(backend: str, data: bytes, first_offset):
+    with pytest.MonkeyPatch.context() as patch:
+        use_backend(patch, backend)
+        try:
+            return "ok", RecordBatchView(data).read_consumer_records(
+                ConsumerRecord, "t", 7, first_offset=first_offset
+            )
+        except CorruptRecordError as exc:
+            return "raised", type(exc)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.binary(max_size=6), min_size=1, max_size=30),
+    base_offset=st.integers(0, 2**40),
+    skip=st.one_of(st.none(), st.integers(-3, 40)),
+    log_append_time=st.booleans(),
+)
+def test_read_consumer_records_is_read_records_made_consumer_records(
+    values, base_offset, skip, log_append_time
+):
+    data = _batch(values, base_offset, log_append_time=log_append_time)
+    first_offset = None if skip is None else base_offset + skip
+    view = RecordBatchView(data)
+    expected = [
+        ConsumerRecord("t", 7, r.offset, r.timestamp, int(view.timestamp_type), r.key, r.value, r.headers)
+        for r in view.read_records(first_offset=first_offset)
+    ]
+    for backend in BACKENDS:
+        assert _read(backend, data, first_offset) == ("ok", expected), backend
+
+
+def test_read_consumer_records_fails_as_read_records_does():
+    data = _batch([b"a", b"bb", b"ccc"], 10)  # the last record has no headers: its last byte is 0
+    damaged = [data[:-1] + b"\x02", data[:-1] + b"\x01", data[:-3] + b"\x01\x02\x03"]
+    for bad in damaged:
+        outcomes = {backend: _read(backend, bad, None) for backend in BACKENDS}
+        assert outcomes["c"] == outcomes["python"] == ("raised", CorruptRecordError), bad.hex()
+
+
+def test_the_collector_runs_again_after_a_decode_either_way():
+    assert gc.isenabled()
+    data = _batch([b"v"] * 51, 0)  # the last record has no headers: its last byte is 0
+    assert _read("c", data, None)[0] == "ok"
+    assert gc.isenabled()
+    assert _read("c", data[:-1] + b"\x02", None)[0] == "raised"
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        _read("c", data, None)
+        assert not gc.isenabled()  # an application's own choice is kept
+    finally:
+        gc.enable()
+    decoded = _read("c", data, None)[1]
+    assert not any(gc.is_tracked(r) for r in decoded)
