@@ -47,7 +47,7 @@ from services.dataport import protocol as dp
 from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
-from services.records.format import COMPRESSION_CODEC_MASK
+from services.records.format import COMPRESSION_CODEC_MASK, TIMESTAMP_TYPE_MASK
 from services.records.record import py_as_consumer_records
 from services.records.record import speedups as _speedups
 from services.serde import error_from_proto
@@ -306,7 +306,8 @@ class PartitionRecords:
                 return False
             self._decoded, self._index = records, 0
             self._raw_records = not as_consumer
-            self._timestamp_type = int(view.timestamp_type)
+            # TimestampType's value without the enum (a class-attribute lookup per batch)
+            self._timestamp_type = 1 if view.attributes & TIMESTAMP_TYPE_MASK else 0
             if records:
                 return True
         self._decoded, self._index = [], 0

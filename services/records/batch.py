@@ -54,6 +54,11 @@ _new_header = tuple.__new__
 _unpack_header = HEADER_STRUCT.unpack_from
 
 
+#: The compiled accelerator whatever ``TRIBUTARY_NO_EXTENSIONS`` says: ``read_consumer_records``
+#: uses its combined decoder exactly when ``record.decode_records`` is its decoder.
+_COMPILED = _record.load_speedups()
+
+
 def as_byte_view(buffer) -> memoryview:
     """``buffer`` as a flat memoryview of unsigned bytes, without copying."""
     view = memoryview(buffer)
@@ -342,8 +347,12 @@ class RecordBatchView:
         self._ensure_valid_structure()
         header = self._header
         attributes = header.attributes
+        speedups = _COMPILED
+        in_c = speedups is not None and _record.decode_records is speedups.decode_records
+        # The C decoder reads any buffer: an uncompressed batch is read in place, not copied.
+        in_place = in_c and not attributes & COMPRESSION_CODEC_MASK
         arguments = (
-            self.payload(),
+            self._view[RECORDS_OFFSET:] if in_place else self.payload(),
             header.record_count,
             header.base_offset,
             header.base_timestamp,
@@ -351,13 +360,13 @@ class RecordBatchView:
             header.last_offset_delta,
             first_offset,
         )
-        timestamp_type = int(self.timestamp_type)
-        speedups = _record.speedups
-        if speedups is not None and _record.decode_records is speedups.decode_records:
+        timestamp_type = 1 if attributes & TIMESTAMP_TYPE_MASK else 0  # TimestampType, without the enum
+        if in_c:
+            assert speedups is not None
             return speedups.decode_consumer_records(
                 *arguments, consumer_type, topic, partition, timestamp_type
             )
-        records = _record.decode_records(*arguments)
+        records = _record.decode_records(*arguments)  # type: ignore[arg-type] # any buffer
         _record.py_as_consumer_records(records, consumer_type, topic, partition, timestamp_type)
         return records
 
