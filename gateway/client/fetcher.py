@@ -332,7 +332,10 @@ class Fetcher:
         retry_backoff_ms: int = 100,
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
+        data_ready: asyncio.Event | None = None,
     ) -> None:
+        """``data_ready``: the event to set while something is buffered or failed (the consumer
+        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default."""
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -351,7 +354,9 @@ class Fetcher:
         self._buffers: dict[TopicPartition, deque[PartitionRecords]] = {}
         self._errors: dict[TopicPartition, TributaryError] = {}
         self._backoff_until: dict[TopicPartition, float] = {}
-        self._data_ready = asyncio.Event()
+        self._data_ready = data_ready if data_ready is not None else asyncio.Event()
+        #: The raw path's last ``FetchPartition`` per partition (reused while its offset holds).
+        self.raw_fetch_partitions: dict[TopicPartition, dp.FetchPartition] = {}
         self._waiter: asyncio.Future | None = None
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
@@ -370,14 +375,23 @@ class Fetcher:
 
     def fetch_candidates(self, now: float) -> dict[TopicPartition, int]:
         """``{tp: offset}`` for partitions worth fetching now."""
+        # Once per fetch over every assigned partition (256 and more): one pass, with the
+        # lookups bound, and the error and backoff tables asked only when they hold anything.
         candidates: dict[TopicPartition, int] = {}
+        buffers, errors, backoff = self._buffers, self._errors, self._backoff_until
+        position = self.subscription.position
         for tp in self.subscription.fetchable_partitions():
-            chunks = self._buffers.get(tp)
-            if chunks and (len(chunks) >= PREFETCH_DEPTH or chunks[-1].error is not None):
+            chunks = buffers.get(tp)
+            offset: int | None
+            if chunks:
+                last = chunks[-1]
+                if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
+                    continue
+                offset = last.next_fetch_offset
+            else:
+                offset = position(tp)
+            if (errors and tp in errors) or (backoff and backoff.get(tp, 0.0) > now):
                 continue
-            if tp in self._errors or self._backoff_until.get(tp, 0.0) > now:
-                continue
-            offset = self.next_fetch_offset(tp)
             if offset is not None:  # a fetchable partition has a position
                 candidates[tp] = offset
         return candidates
@@ -589,6 +603,7 @@ class Fetcher:
         self._buffers.pop(tp, None)
         self._errors.pop(tp, None)
         self._backoff_until.pop(tp, None)
+        self.raw_fetch_partitions.pop(tp, None)
 
     def has_data(self) -> bool:
         return any(self._buffers.values()) or bool(self._errors)
@@ -767,12 +782,19 @@ class SendFetchHandler:
 
     def create_raw_request(self) -> dp.FetchRequest:
         f = self.fetcher
+        # The same partition at the same offset is the same tuple: built again only when its
+        # offset moved (most of a many-partition consumer's partitions, fetch after fetch).
+        known = f.raw_fetch_partitions
+        max_bytes = f.max_partition_fetch_bytes
+        partitions = []
+        for tp, offset in self.offsets.items():
+            partition = known.get(tp)
+            if partition is None or partition.fetch_offset != offset:
+                partition = known[tp] = dp.FetchPartition(tp.topic, tp.partition, offset, max_bytes)
+            partitions.append(partition)
         return dp.FetchRequest(
             0,
-            [
-                dp.FetchPartition(tp.topic, tp.partition, offset, f.max_partition_fetch_bytes)
-                for tp, offset in self.offsets.items()
-            ],
+            partitions,
             max_bytes=f.fetch_max_bytes,
             min_bytes=f.fetch_min_bytes,
             max_wait_ms=f.fetch_max_wait_ms,
