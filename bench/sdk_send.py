@@ -15,9 +15,10 @@ Three measures, each printed as microseconds per record and records per second:
   record then ``flush()``: the issue's "SDK with its defaults" figure. Also printed: the CPU
   the SDK's process spent per record (application and I/O thread), steadier than wall time on
   a shared machine.
-* **decode** (``decode``): what the consumer does per record once a fetch answer is in memory:
-  walk the batches (``iter_batches``), check each CRC, decode the records
-  (``RecordBatchView.records``) and make the ``ConsumerRecord``s (``to_consumer_records``).
+* **decode** (``decode``): what the consumer does per record once a fetch answer is in memory,
+  through the consumer's own code: buffer the answer as a ``PartitionRecords`` (walk the
+  batches, check each CRC) and take its records 500 at a time as ``poll`` does (each batch
+  decoded straight into ``ConsumerRecord``s by ``RecordBatchView.read_consumer_records``).
 
 Each in-process figure is the best of ``--repeat`` runs with the cyclic GC paused, as ``timeit``
 does, in CPU time of the measuring thread (the machine is shared: wall time varies with the
@@ -42,9 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gateway.client import Producer
 from gateway.client.accumulator import RecordAccumulator
-from gateway.client.fetcher import to_consumer_records
+from gateway.client.fetcher import PartitionRecords
 from gateway.client.producer import ProducerConfig, ProducerCore
-from services.records import RecordBatchBuilder, iter_batches
+from gateway.client.structs import TopicPartition
+from services.records import RecordBatchBuilder
 from services.records.record import speedups_enabled
 
 TOPIC = "bench-sdk-send"
@@ -128,15 +130,17 @@ def fetch_answer(records: int, values: list[bytes], batch_records: int) -> bytes
     return b"".join(parts)
 
 
-def bench_decode(raw: bytes) -> tuple[float, int]:
+def bench_decode(raw: bytes, max_poll_records: int = 500) -> tuple[float, int]:
     """Seconds to turn ``raw`` into ConsumerRecords as the consumer's fetcher does."""
     started = time.thread_time()
-    count = 0
-    for view in iter_batches(raw):
-        view.validate()
-        decoded = list(view.records())
-        out = to_consumer_records(decoded, TOPIC, 0, int(view.timestamp_type), None, None)
-        count += len(out)
+    chunk = PartitionRecords(TopicPartition(TOPIC, 0), 0, raw, check_crcs=True)
+    count = position = 0
+    while True:
+        records = chunk.take(max_poll_records, position)
+        if not records:
+            break
+        position = records[-1].offset + 1
+        count += len(records)
     return time.thread_time() - started, count
 
 

@@ -266,14 +266,46 @@ def _as_pattern(pattern) -> str | None:
     return pattern
 
 
-async def _wait_any(events: Iterable[asyncio.Event], timeout: float) -> None:
-    """Wait until one of ``events`` is set, at most ``timeout`` seconds."""
-    waits = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for wait in waits:
-            wait.cancel()
+class _PollWake:
+    """What a waiting ``poll`` sleeps on: one future, resolved by the first of its signals to be
+    set (records buffered, a rebalance to run, a wakeup) or by its timeout. Waiting on the
+    events themselves took a task per event and per wait, and two more turns of the loop
+    between a fetch answer and ``poll`` returning its records."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future | None = None
+
+    def wake(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def wait(self, timeout: float, signals: Iterable[asyncio.Event]) -> None:
+        """Until ``wake`` (or one of ``signals`` is already set), at most ``timeout`` seconds."""
+        if any(signal.is_set() for signal in signals):
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_later(timeout, self.wake)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+
+
+class _Signal(asyncio.Event):
+    """An ``asyncio.Event`` whose ``set`` also wakes the ``poll`` waiting (:class:`_PollWake`)."""
+
+    def __init__(self, wake: _PollWake) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.wake()
 
 
 class AsyncConsumer:
@@ -304,6 +336,8 @@ class AsyncConsumer:
             token_source=self.config.token_source(),
         )
         self._subscription = SubscriptionState(self.config.auto_offset_reset)
+        #: A waiting poll's wake-up: set by the fetcher's data signal and by ``_attention``.
+        self._poll_wake = _PollWake()
         #: Spans and metrics of the polls, on the application's OpenTelemetry SDK (None: off).
         self._telemetry = ConsumerTelemetry.create(
             self.config.client_id, self.config.group_id, self._client.addresses
@@ -322,12 +356,13 @@ class AsyncConsumer:
             retry_backoff_ms=c.retry_backoff_ms,
             key_deserializer=c.key_deserializer,
             value_deserializer=c.value_deserializer,
+            data_ready=_Signal(self._poll_wake),
         )
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
         self._iter_buffer: deque[ConsumerRecord] = deque()
         #: Set when poll has more to do than return records (a rebalance, a wakeup).
-        self._attention = asyncio.Event()
+        self._attention: asyncio.Event = _Signal(self._poll_wake)
         self._wakeup_requested = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Records handed to the application's iterator buffers but not yet to the application
@@ -745,9 +780,9 @@ class AsyncConsumer:
             if records or remaining <= 0:
                 return records
             if only is None:
-                await _wait_any((self._fetcher.data_ready, self._attention), remaining)
-            else:  # data of other partitions would wake the wait at once: look again shortly
-                await _wait_any((self._attention,), min(remaining, 0.01))
+                await self._poll_wake.wait(remaining, (self._fetcher.data_ready, self._attention))
+            else:  # data of other partitions may be buffered already: look again shortly
+                await self._poll_wake.wait(min(remaining, 0.01), (self._attention,))
 
     async def getone(self) -> ConsumerRecord:
         """The next record, waiting as long as it takes."""

@@ -47,7 +47,9 @@ from services.dataport import protocol as dp
 from services.proto import pb
 from services.records import RecordBatchView, iter_batches
 from services.records.aborted import AbortedTransactionFilter
-from services.records.format import COMPRESSION_CODEC_MASK
+from services.records.format import COMPRESSION_CODEC_MASK, TIMESTAMP_TYPE_MASK
+from services.records.record import py_as_consumer_records
+from services.records.record import speedups as _speedups
 from services.serde import error_from_proto
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,12 @@ _ISOLATION = {
 _new_tuple = tuple.__new__  # skips NamedTuple's Python-level __new__: one call per record saved
 
 
+#: ``py_as_consumer_records`` in C when the accelerator is built (and not switched off with
+#: ``TRIBUTARY_NO_EXTENSIONS``): no Python-level step per record, and records left untracked
+#: by the garbage collector (see ``_speedups.c``).
+as_consumer_records = py_as_consumer_records if _speedups is None else _speedups.as_consumer_records
+
+
 def to_consumer_records(
     records: list,
     topic: str,
@@ -73,10 +81,9 @@ def to_consumer_records(
 ) -> list[ConsumerRecord]:
     """Decoded ``Record`` tuples as ``ConsumerRecord``s, deserializing non-null keys and values."""
     if key_deserializer is None and value_deserializer is None:
-        return [
-            _new_tuple(ConsumerRecord, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
-            for r in records
-        ]
+        out = list(records)
+        as_consumer_records(out, ConsumerRecord, topic, partition, timestamp_type)
+        return out
     kd = key_deserializer or (lambda data: data)
     vd = value_deserializer or (lambda data: data)
     return [
@@ -112,6 +119,7 @@ class PartitionRecords:
         "_decoded",
         "_index",
         "_payload",
+        "_raw_records",
         "_timestamp_type",
         "error",
         "fetch_offset",
@@ -138,6 +146,9 @@ class PartitionRecords:
         self._batch_index = 0
         self._decoded: list = []
         self._index = 0
+        #: ``_decoded`` holds ``Record`` tuples, to be made ``ConsumerRecord``s as they are taken
+        #: (with deserializers); else they are ``ConsumerRecord``s already.
+        self._raw_records = False
         self._timestamp_type = 0
         #: take_columns: the decompressed payload of the batch it stopped inside, by batch index.
         self._payload: tuple[int, bytes] | None = None
@@ -195,21 +206,34 @@ class PartitionRecords:
         self, max_records: int, position: int, key_deserializer=None, value_deserializer=None
     ) -> list[ConsumerRecord]:
         """Up to ``max_records`` records at or after ``position``, in offset order."""
-        tp = self.topic_partition
+        plain = key_deserializer is None and value_deserializer is None
         out: list[ConsumerRecord] = []
         while len(out) < max_records:
-            if self._index >= len(self._decoded) and not self._decode_next(position):
+            if self._index >= len(self._decoded) and not self._decode_next(position, plain):
                 break
-            end = min(len(self._decoded), self._index + max_records - len(out))
-            chunk = self._decoded[self._index : end]
-            self._index = end
-            out.extend(
-                to_consumer_records(
-                    chunk, tp.topic, tp.partition, self._timestamp_type, key_deserializer, value_deserializer
+            decoded, start = self._decoded, self._index
+            end = min(len(decoded), start + max_records - len(out))
+            if start == 0 and end == len(decoded):
+                records = decoded  # the whole batch (the common case): handed out as it is
+                self._decoded, self._index = [], 0
+            else:
+                records = decoded[start:end]
+                self._index = end
+            if self._raw_records:
+                tp = self.topic_partition
+                records = to_consumer_records(
+                    records,
+                    tp.topic,
+                    tp.partition,
+                    self._timestamp_type,
+                    key_deserializer,
+                    value_deserializer,
                 )
-            )
-            if chunk:
-                position = chunk[-1][0] + 1
+            position = records[-1].offset + 1
+            if out:
+                out.extend(records)
+            else:
+                out = records
         return out
 
     def take_columns(self, columns, max_records: int, position: int) -> int:
@@ -257,8 +281,10 @@ class PartitionRecords:
         self._payload = (self._batch_index, payload)
         return payload
 
-    def _decode_next(self, position: int) -> bool:
-        """Decode the next data batch, skipping records before ``position``; False at the end."""
+    def _decode_next(self, position: int, as_consumer: bool = True) -> bool:
+        """Decode the next data batch from ``position`` on (records before it are checked, not
+        built), as ``ConsumerRecord``s when ``as_consumer`` else as ``Record``s; False at the end."""
+        tp = self.topic_partition
         while self._batch_index < len(self._batches):
             view = self._batches[self._batch_index]
             self._batch_index += 1
@@ -267,18 +293,22 @@ class PartitionRecords:
             if dropped:
                 continue
             try:
-                records = list(view.records())
+                if as_consumer:
+                    records = view.read_consumer_records(
+                        ConsumerRecord, tp.topic, tp.partition, first_offset=position
+                    )
+                else:
+                    records = view.read_records(first_offset=position)
             except CorruptRecordError as exc:
                 self.error = self._corrupt(exc, view)
                 self._batches = self._batches[: self._batch_index - 1]
                 self.next_fetch_offset = view.base_offset
                 return False
-            start = 0
-            while start < len(records) and records[start][0] < position:
-                start += 1
-            self._decoded, self._index = records, start
-            self._timestamp_type = int(view.timestamp_type)
-            if start < len(records):
+            self._decoded, self._index = records, 0
+            self._raw_records = not as_consumer
+            # TimestampType's value without the enum (a class-attribute lookup per batch)
+            self._timestamp_type = 1 if view.attributes & TIMESTAMP_TYPE_MASK else 0
+            if records:
                 return True
         self._decoded, self._index = [], 0
         return False
@@ -302,7 +332,10 @@ class Fetcher:
         retry_backoff_ms: int = 100,
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
+        data_ready: asyncio.Event | None = None,
     ) -> None:
+        """``data_ready``: the event to set while something is buffered or failed (the consumer
+        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default."""
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -321,7 +354,9 @@ class Fetcher:
         self._buffers: dict[TopicPartition, deque[PartitionRecords]] = {}
         self._errors: dict[TopicPartition, TributaryError] = {}
         self._backoff_until: dict[TopicPartition, float] = {}
-        self._data_ready = asyncio.Event()
+        self._data_ready = data_ready if data_ready is not None else asyncio.Event()
+        #: The raw path's last ``FetchPartition`` per partition (reused while its offset holds).
+        self.raw_fetch_partitions: dict[TopicPartition, dp.FetchPartition] = {}
         self._waiter: asyncio.Future | None = None
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
@@ -340,14 +375,23 @@ class Fetcher:
 
     def fetch_candidates(self, now: float) -> dict[TopicPartition, int]:
         """``{tp: offset}`` for partitions worth fetching now."""
+        # Once per fetch over every assigned partition (256 and more): one pass, with the
+        # lookups bound, and the error and backoff tables asked only when they hold anything.
         candidates: dict[TopicPartition, int] = {}
+        buffers, errors, backoff = self._buffers, self._errors, self._backoff_until
+        position = self.subscription.position
         for tp in self.subscription.fetchable_partitions():
-            chunks = self._buffers.get(tp)
-            if chunks and (len(chunks) >= PREFETCH_DEPTH or chunks[-1].error is not None):
+            chunks = buffers.get(tp)
+            offset: int | None
+            if chunks:
+                last = chunks[-1]
+                if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
+                    continue
+                offset = last.next_fetch_offset
+            else:
+                offset = position(tp)
+            if (errors and tp in errors) or (backoff and backoff.get(tp, 0.0) > now):
                 continue
-            if tp in self._errors or self._backoff_until.get(tp, 0.0) > now:
-                continue
-            offset = self.next_fetch_offset(tp)
             if offset is not None:  # a fetchable partition has a position
                 candidates[tp] = offset
         return candidates
@@ -559,6 +603,7 @@ class Fetcher:
         self._buffers.pop(tp, None)
         self._errors.pop(tp, None)
         self._backoff_until.pop(tp, None)
+        self.raw_fetch_partitions.pop(tp, None)
 
     def has_data(self) -> bool:
         return any(self._buffers.values()) or bool(self._errors)
@@ -737,12 +782,19 @@ class SendFetchHandler:
 
     def create_raw_request(self) -> dp.FetchRequest:
         f = self.fetcher
+        # The same partition at the same offset is the same tuple: built again only when its
+        # offset moved (most of a many-partition consumer's partitions, fetch after fetch).
+        known = f.raw_fetch_partitions
+        max_bytes = f.max_partition_fetch_bytes
+        partitions = []
+        for tp, offset in self.offsets.items():
+            partition = known.get(tp)
+            if partition is None or partition.fetch_offset != offset:
+                partition = known[tp] = dp.FetchPartition(tp.topic, tp.partition, offset, max_bytes)
+            partitions.append(partition)
         return dp.FetchRequest(
             0,
-            [
-                dp.FetchPartition(tp.topic, tp.partition, offset, f.max_partition_fetch_bytes)
-                for tp, offset in self.offsets.items()
-            ],
+            partitions,
             max_bytes=f.fetch_max_bytes,
             min_bytes=f.fetch_min_bytes,
             max_wait_ms=f.fetch_max_wait_ms,

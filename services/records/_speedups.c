@@ -2714,6 +2714,205 @@ init(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* ---- h14-sdk-consume ---- */
+/* ------------------------------------------------------------------------------------------ */
+/* as_consumer_records: a batch's decoded Records made the consumer's ConsumerRecords         */
+/* ------------------------------------------------------------------------------------------ */
+
+#define CONSUMER_RECORD_FIELDS 8
+
+PyDoc_STRVAR(as_consumer_records_doc,
+"as_consumer_records(records, consumer_type, topic, partition, timestamp_type)\n"
+"--\n\n"
+"C version of gateway.client.fetcher.py_as_consumer_records (the reference): replace each\n"
+"Record of the list ``records`` (a 5-tuple: offset, timestamp, key, value, headers), in place,\n"
+"by a ``consumer_type`` tuple (topic, partition, offset, timestamp, timestamp_type, key, value,\n"
+"headers); ``consumer_type`` must be a tuple subclass without instance attributes (a\n"
+"NamedTuple). Returns None. A record holding only atomic fields (strings, ints, bytes, None,\n"
+"headers that are) is left untracked by the garbage collector, as the collector leaves such\n"
+"plain tuples itself: a poll's thousand records then cost its collections nothing to walk,\n"
+"and never pile up in the old generation to trigger full collections.");
+
+/* Whether the collector could find a reference cycle through ``op``. A plain tuple of plain
+ * tuples of atomic objects (a record's headers: (key, value) pairs) cannot hold one: it is
+ * untracked here, as the collector would untrack it on its first pass (_PyTuple_MaybeUntrack). */
+static int
+may_hold_cycle(PyObject *op)
+{
+    Py_ssize_t i, j;
+
+    if (!PyObject_IS_GC(op) || !PyObject_GC_IsTracked(op)) {
+        return 0;
+    }
+    if (!PyTuple_CheckExact(op)) {
+        return 1;
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(op); i++) {
+        PyObject *item = PyTuple_GET_ITEM(op, i);
+        if (!PyObject_IS_GC(item) || !PyObject_GC_IsTracked(item)) {
+            continue;
+        }
+        if (!PyTuple_CheckExact(item)) {
+            return 1;
+        }
+        for (j = 0; j < PyTuple_GET_SIZE(item); j++) {
+            PyObject *inner = PyTuple_GET_ITEM(item, j);
+            if (PyObject_IS_GC(inner) && PyObject_GC_IsTracked(inner)) {
+                return 1;
+            }
+        }
+    }
+    for (i = 0; i < PyTuple_GET_SIZE(op); i++) {
+        PyObject *item = PyTuple_GET_ITEM(op, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
+            PyObject_GC_UnTrack(item);
+        }
+    }
+    PyObject_GC_UnTrack(op);
+    return 0;
+}
+
+/* Replace each Record of the list ``records`` by a ``type`` tuple, as as_consumer_records
+ * documents. ``type`` was checked by the caller. Returns 0, or -1 with an exception set. */
+static int
+records_to_consumer(PyObject *records, PyTypeObject *type, PyObject *topic, PyObject *partition,
+                    PyObject *timestamp_type)
+{
+    Py_ssize_t i;
+
+    /* The list's length is read each time: nothing called here runs Python code, but stay
+     * within it whatever happens. */
+    for (i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        PyObject *fields[CONSUMER_RECORD_FIELDS];
+        PyObject *made;
+        int k, atomic = 1;
+
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != RECORD_FIELDS) {
+            PyErr_Format(PyExc_TypeError, "records[%zd] is not a 5-field Record but %.100s", i,
+                         Py_TYPE(record)->tp_name);
+            return -1;
+        }
+        fields[0] = topic;
+        fields[1] = partition;
+        fields[2] = PyTuple_GET_ITEM(record, 0);
+        fields[3] = PyTuple_GET_ITEM(record, 1);
+        fields[4] = timestamp_type;
+        fields[5] = PyTuple_GET_ITEM(record, 2);
+        fields[6] = PyTuple_GET_ITEM(record, 3);
+        fields[7] = PyTuple_GET_ITEM(record, 4);
+        made = type->tp_alloc(type, CONSUMER_RECORD_FIELDS);
+        if (made == NULL) {
+            return -1;
+        }
+#if PY_VERSION_HEX >= 0x030E0000
+        ((PyTupleObject *)made)->ob_hash = -1; /* see decode_one */
+#endif
+        for (k = 0; k < CONSUMER_RECORD_FIELDS; k++) {
+            if (atomic && may_hold_cycle(fields[k])) {
+                atomic = 0;
+            }
+            PyTuple_SET_ITEM(made, k, Py_NewRef(fields[k]));
+        }
+        if (atomic && PyObject_GC_IsTracked(made)) {
+            /* Nothing it holds can lead back to it but its class, which outlives every record. */
+            PyObject_GC_UnTrack(made);
+        }
+        /* The list's reference to the Record goes (usually its last: the Record is freed). */
+        PyList_SET_ITEM(records, i, made);
+        Py_DECREF(record);
+    }
+    return 0;
+}
+
+/* ``type`` as a class tp_alloc can fill like a tuple (as init checks record_type), or NULL with
+ * a TypeError. */
+static PyTypeObject *
+consumer_type_of(PyObject *type)
+{
+    PyTypeObject *t;
+
+    if (!PyType_Check(type)) {
+        PyErr_SetString(PyExc_TypeError, "consumer_type must be a class");
+        return NULL;
+    }
+    t = (PyTypeObject *)type;
+    if (!PyType_IsSubtype(t, &PyTuple_Type) || t->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        t->tp_itemsize != PyTuple_Type.tp_itemsize || t->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError,
+                        "consumer_type must be a tuple subclass without instance attributes");
+        return NULL;
+    }
+    return t;
+}
+
+static PyObject *
+as_consumer_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyTypeObject *type;
+
+    (void)module;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "as_consumer_records() takes 5 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "records must be a list, not %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    type = consumer_type_of(args[1]);
+    if (type == NULL) {
+        return NULL;
+    }
+    if (records_to_consumer(args[0], type, args[2], args[3], args[4]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(decode_consumer_records_doc,
+"decode_consumer_records(data, count, base_offset, base_timestamp, log_append_time,\n"
+"                        last_offset_delta, first_offset, consumer_type, topic, partition,\n"
+"                        timestamp_type)\n"
+"--\n\n"
+"decode_records(data, count, base_offset, base_timestamp, log_append_time, last_offset_delta,\n"
+"first_offset) followed by as_consumer_records(records, consumer_type, topic, partition,\n"
+"timestamp_type): the same records, the same errors. The garbage collector does not run in\n"
+"between (a batch's thousand Records, short-lived, would otherwise make it walk them and move\n"
+"them to older generations). No Python code runs in between, so no other thread sees the\n"
+"pause either (were one to run, it would only find a collection put off).");
+
+static PyObject *
+decode_consumer_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyTypeObject *type;
+    PyObject *records;
+    int collecting, failed;
+
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "decode_consumer_records() takes 11 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    type = consumer_type_of(args[7]);
+    if (type == NULL) {
+        return NULL;
+    }
+    collecting = PyGC_Disable();
+    records = decode_records(module, args, 7, NULL);
+    failed = records == NULL || records_to_consumer(records, type, args[8], args[9], args[10]) < 0;
+    if (collecting) {
+        PyGC_Enable();
+    }
+    if (failed) {
+        Py_XDECREF(records);
+        return NULL;
+    }
+    return records;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -2730,6 +2929,10 @@ static PyMethodDef speedups_methods[] = {
      encode_columns_doc},
     {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,
      partition_keys_doc},
+    {"as_consumer_records", (PyCFunction)(void (*)(void))as_consumer_records, METH_FASTCALL,
+     as_consumer_records_doc},
+    {"decode_consumer_records", (PyCFunction)(void (*)(void))decode_consumer_records,
+     METH_FASTCALL, decode_consumer_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -335,6 +335,18 @@ def py_scan_producer_batches(data, max_message_bytes: int, segment_bytes: int) -
 scan_producer_batches = py_scan_producer_batches
 
 
+def py_as_consumer_records(
+    records: list, consumer_type: type, topic: str, partition: int, timestamp_type: int
+) -> None:
+    """Replace each ``Record`` of the list ``records``, in place, by a ``consumer_type`` tuple
+    ``(topic, partition, offset, timestamp, timestamp_type, key, value, headers)`` (a Kafka
+    ``ConsumerRecord``'s fields): the reference for the accelerator's ``as_consumer_records``."""
+    records[:] = [
+        _new_record(consumer_type, (topic, partition, r[0], r[1], timestamp_type, r[2], r[3], r[4]))
+        for r in records
+    ]
+
+
 def load_speedups():
     """The compiled ``services.records._speedups`` module, initialised, or ``None`` if it was not
     built. Ignores ``TRIBUTARY_NO_EXTENSIONS``: the dispatch below and the tests decide."""

@@ -62,6 +62,24 @@ def test_take_stops_at_max_records_and_resumes():
     assert chunk.exhausted
 
 
+def test_a_whole_batch_handed_out_is_the_callers_to_change():
+    # take() hands a batch's decoded list over as it is (no copy): what the caller does with it
+    # must not reach the chunk.
+    chunk = PartitionRecords(TP0, 0, batch(0, 3) + batch(3, 3))
+    first = chunk.take(3, 0)
+    first.extend(first)
+    first.clear()
+    assert offsets(chunk.take(10, 3)) == [3, 4, 5]
+    assert chunk.exhausted
+
+
+def test_a_window_inside_a_batch_then_the_rest_of_it_and_the_next():
+    chunk = PartitionRecords(TP0, 2, batch(0, 5) + batch(5, 3))
+    assert offsets(chunk.take(2, 2)) == [2, 3]
+    assert offsets(chunk.take(10, 4)) == [4, 5, 6, 7]
+    assert chunk.exhausted
+
+
 def test_consumer_records_carry_every_field():
     chunk = PartitionRecords(TP0, 0, batch(0, 1, headers=[("h", b"1"), ("n", None)]))
     (record,) = chunk.take(1, 0)
@@ -350,3 +368,28 @@ def test_read_committed_records_drop_aborted_transactions_and_markers():
     assert committed.next_fetch_offset == 7
     uncommitted = PartitionRecords(tp, 0, raw)
     assert [r.value for r in uncommitted.take(100, 0)] == [b"a", b"b", b"x", b"c"]
+
+
+def test_raw_fetch_partitions_are_reused_while_their_offset_holds():
+    f, _sub = fetcher()
+    first = SendFetchHandler(f, {TP0: 0, TP1: 5}).create_raw_request().partitions
+    again = SendFetchHandler(f, {TP0: 0, TP1: 7}).create_raw_request().partitions
+    assert [(p.topic, p.partition, p.fetch_offset) for p in again] == [("t", 0, 0), ("t", 1, 7)]
+    assert again[0] is first[0], "same offset: the same tuple"
+    assert again[1] is not first[1] and first[1].fetch_offset == 5
+    assert all(p.max_bytes == f.max_partition_fetch_bytes for p in again)
+    f.discard(TP0)  # a seek or an unassignment forgets it
+    assert TP0 not in f.raw_fetch_partitions and TP1 in f.raw_fetch_partitions
+
+
+def test_fetch_candidates_skip_partitions_in_error_or_backoff_and_full_ones():
+    f, sub = fetcher(positions={TP0: 0, TP1: 0, TopicPartition("t", 2): 4})
+    assert f.fetch_candidates(now=0) == {TP0: 0, TP1: 0, TopicPartition("t", 2): 4}
+    f._errors[TP1] = OffsetOutOfRangeError("kept for poll")
+    f._backoff([TopicPartition("t", 2)])
+    for n in range(PREFETCH_DEPTH):
+        answer(f, TP0, 3 * n, result(TP0, batch(3 * n, 3)))
+    assert f.fetch_candidates(now=f.client.clock.monotonic()) == {}
+    sub.pause(TP0)
+    del f._errors[TP1]
+    assert f.fetch_candidates(now=f.client.clock.monotonic() + 1.0) == {TP1: 0, TopicPartition("t", 2): 4}
