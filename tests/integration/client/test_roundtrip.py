@@ -111,8 +111,18 @@ def test_acks_zero_loses_nothing_when_the_producer_closes(servers, make_topic):
     ) as producer:
         for value in values:
             producer.send(topic, value)
-    got = consume_all(servers, topic, 1, len(values))
-    assert [r.value for r in got[0]] == values
+    got: list[bytes] = []
+    with Consumer(servers=servers, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        deadline = time.monotonic() + 60
+        while len(set(got)) < len(values) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=1000).values():
+                got.extend(r.value for r in records)
+    # Nothing lost, in order. A plain (non-idempotent) produce is at-least-once, as in Kafka: on a
+    # loaded machine the gateway may retry an append whose first attempt was written after all
+    # (seen twice in ~30 runs under a load of 5, both on the gRPC path: a run of records appended
+    # again), so values may come twice; only an idempotent producer promises once.
+    assert list(dict.fromkeys(got)) == values, (len(set(got)), len(values))
 
 
 def test_explicit_partition_timestamps_and_callbacks(servers, make_topic):
