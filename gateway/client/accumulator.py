@@ -559,13 +559,22 @@ class RecordAccumulator:
         return looks_at is not None and looks_at <= deadline_ms
 
     def drain(
-        self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int, max_requests: int
+        self,
+        ready: Iterable[TopicPartition],
+        now_ms: int,
+        *,
+        max_request_size: int,
+        max_requests: int,
+        pipelined: bool = False,
     ) -> list[RequestPlan]:
         """Pop the sendable batches of ``ready`` partitions into at most ``max_requests`` requests.
 
         One request holds one topic (the Produce API's shape) and at most ``max_request_size``
         bytes (but always at least one batch, however large). Nothing is popped that does not
-        make it into a returned request.
+        make it into a returned request. ``pipelined`` (a sender that may have several requests
+        of a partition in flight: acks=0 on an ordered transport): a partition whose sendable
+        batches do not fit one request fills the next ones too, in order (else they wait for
+        the next drain, one request per partition per drain).
         """
         by_topic: dict[str, list[TopicPartition]] = {}
         for tp in self._rotate(list(ready)):
@@ -575,7 +584,7 @@ class RecordAccumulator:
             sending_all = self._flushes > 0 or self._closed
             for topic, tps in by_topic.items():
                 if not self._plan_topic(
-                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all
+                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all, pipelined
                 ):
                     break
         return plans
@@ -600,6 +609,7 @@ class RecordAccumulator:
         max_request_size: int,
         max_requests: int,
         sending_all: bool,
+        pipelined: bool = False,
     ) -> bool:
         """Add ``topic``'s requests to ``plans``; False once ``max_requests`` is reached."""
         current: dict[int, list[ProducerBatch]] = {}
@@ -617,9 +627,26 @@ class RecordAccumulator:
             current[tp.partition] = batches
             size += taken_size
             self._drain_cursor = self._queue_order.get(tp, -1)
+            # Pipelined: the partition's next sendable batches go in the next requests (a
+            # request names a partition once), as many as the requests allowed.
+            while pipelined and queue and self._sendable(queue, now_ms, sending_all):
+                plans.append((topic, current))
+                current, size = {}, 0
+                if len(plans) >= max_requests:
+                    return False
+                batches, size = self._take(tp, now_ms, max_request_size, sending_all)
+                current[tp.partition] = batches
         if current:
             plans.append((topic, current))
         return len(plans) < max_requests
+
+    def _sendable(self, queue: deque[ProducerBatch], now_ms: int, sending_all: bool) -> bool:
+        """Whether ``queue``'s first batch may go now: complete (full, not the last, lingered,
+        or everything is being sent) and not waiting to retry (call with the lock)."""
+        batch = queue[0]
+        if batch.retry_at_ms > now_ms:
+            return False
+        return batch.is_full or len(queue) > 1 or sending_all or now_ms - batch.created_ms >= self.linger_ms
 
     def _take(
         self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool

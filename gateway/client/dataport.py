@@ -160,6 +160,7 @@ class DataConnection:
             writer.transport.abort()
             raise error
         connection = cls(address, reader, writer, answer.version)
+        _limit_reads(writer.transport)
         connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
         return connection
 
@@ -169,15 +170,8 @@ class DataConnection:
     async def send(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
         """Write one frame; the future of its answer's body unless ``correlation_id`` is None
         (an acks=0 produce). Raises NetworkError on a broken connection."""
-        if self.broken:
-            raise NetworkError(f"data connection to {self.address} is closed")
-        self.last_active = asyncio.get_running_loop().time()
-        future = None
-        if correlation_id is not None:
-            future = asyncio.get_running_loop().create_future()
-            self.pending[correlation_id] = future
-        self._queue_write(frame)
-        if self._corked_bytes + self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+        future = self.send_nowait(frame, correlation_id)
+        if self.backlogged():
             self._flush()
             try:
                 await self.writer.drain()
@@ -186,6 +180,32 @@ class DataConnection:
         if self.broken and (future is None or not future.done()):
             raise NetworkError(f"data connection to {self.address} closed before the request was sent")
         return future
+
+    def send_nowait(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
+        """:meth:`send` without waiting for the socket to take the bytes: the frame is queued
+        for this loop iteration's write (or :meth:`flush`), whatever is already waiting.
+        Raises NetworkError on a broken connection."""
+        if self.broken:
+            raise NetworkError(f"data connection to {self.address} is closed")
+        loop = asyncio.get_running_loop()
+        self.last_active = loop.time()
+        future = None
+        if correlation_id is not None:
+            future = loop.create_future()
+            self.pending[correlation_id] = future
+        self._queue_write(frame)
+        return future
+
+    def backlogged(self) -> bool:
+        """Whether more request bytes wait to be sent than the connection lets pile up: the next
+        writer awaits the socket (:meth:`send`)."""
+        return self._corked_bytes + self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+
+    def flush(self) -> None:
+        """Write the queued frames now (one ``writelines``) instead of at the end of this loop
+        iteration: the sender's pass calls it once its requests are queued, so they leave a loop
+        iteration sooner."""
+        self._flush()
 
     def _queue_write(self, frame: bytes) -> None:
         """Queue ``frame`` for the write at the end of this loop iteration: requests started
@@ -262,6 +282,25 @@ class DataConnection:
                 await self._reader_task
 
 
+#: The most one socket read takes (asyncio's default is 256 KiB).
+_READ_SIZE = 64 * 1024
+
+
+def _limit_reads(transport: asyncio.BaseTransport) -> None:
+    """Read at most :data:`_READ_SIZE` bytes a ``recv`` on ``transport``.
+
+    asyncio's socket transport reads with ``sock.recv(256 KiB)``: Python allocates the whole
+    256 KiB for each read and shrinks it to what arrived. Above glibc's mmap threshold that
+    is an mmap and munmap per read: ~12 us for a 60-byte produce answer, against ~1.4 us for
+    a 64 KiB read (measured on this project's 2-core VM), and in py-spy the top line of the
+    producer's I/O thread with one request in flight. 64 KiB keeps big fetch answers at a
+    few reads each (the StreamReader above it buffers up to twice its 64 KiB limit anyway).
+    TLS transports read into a buffer of their own: left as they are.
+    """
+    if isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = _READ_SIZE  # type: ignore[attr-defined]
+
+
 async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
     (size,) = dp.SIZE.unpack(await reader.readexactly(4))
     if size < 1 or size > 1 << 16:
@@ -313,6 +352,24 @@ class DataLink:
             if connection is not None and self.throttles is not None:
                 await self.throttles.of(connection.address).wait()
             return connection
+
+    def connection_now(self) -> DataConnection | None:
+        """The open connection when a request may be written on it at once without awaiting
+        anything, else None (take :meth:`connection`): no connection yet or a broken one,
+        requests queued on the lock (they go first), the gateway holding this client, or the
+        connection idle long enough to be retired."""
+        connection = self._connection
+        if connection is None or connection.broken or self._lock.locked():
+            return None
+        if (
+            self._max_idle_s is not None
+            and not connection.pending
+            and asyncio.get_running_loop().time() - connection.last_active >= self._max_idle_s
+        ):
+            return None
+        if self.throttles is not None and self.throttles.of(connection.address).remaining_s() > 0:
+            return None
+        return connection
 
     def observe(self, connection: DataConnection, throttle_time_ms: int) -> None:
         """An answer on ``connection`` and the throttle time it carried."""
@@ -478,18 +535,62 @@ class RawTransport:
         try:
             body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
-            # A connection that does not answer in time is presumed stuck: start over on a new one.
-            connection.break_(
-                RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
-            )
+            self.answer_late(connection, timeout_s)
             body = await future
+        return self.read_answer(connection, request.topic, body)
+
+    # -- the sender's direct path (``Sender._write_direct``) -----------------------------------
+    #
+    # NOTE: a request through ``send`` costs a task, a protobuf request (and, at acks=0, a
+    # protobuf answer), the link's lock and a ``wait_for``: with one record per request that was
+    # most of the SDK's ~60 us a record. The sender instead writes the frames of one pass here
+    # itself when the connection is open and nothing is queued before them, and settles their
+    # answers from a future's callback.
+
+    def writer_now(self) -> DataConnection | None:
+        """The connection a request can be written on now without awaiting anything (see
+        ``DataLink.connection_now``; also not when the socket is backlogged); None: use
+        :meth:`send`."""
+        connection = self._link.connection_now()
+        if connection is None or connection.backlogged():
+            return None
+        return connection
+
+    @staticmethod
+    def write_request(
+        connection: DataConnection,
+        topic: str,
+        acks: int,
+        timeout_ms: int,
+        partitions: list[tuple[int, bytes | bytearray]],
+        trace_context: str = "",
+    ) -> asyncio.Future | None:
+        """Queue one produce request on ``connection`` (written at ``connection.flush()`` or at
+        the end of this loop iteration); the future of its answer's body, None at acks=0."""
+        correlation_id = connection.next_correlation_id()
+        frame = dp.encode_produce_request(
+            dp.ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions, trace_context)  # type: ignore[arg-type]
+        )
+        return connection.send_nowait(frame, None if acks == Acks.NONE else correlation_id)
+
+    @staticmethod
+    def answer_late(connection: DataConnection, timeout_s: float) -> None:
+        """A request on ``connection`` was not answered within ``timeout_s``: the connection is
+        presumed stuck; it and every request waiting on it fail, the next opens a new one."""
+        connection.break_(
+            RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
+        )
+
+    def read_answer(self, connection: DataConnection, topic: str, body: bytes) -> ProduceAnswer:
+        """The produce answer in ``body`` (its throttle time noted); NetworkError, breaking the
+        connection, when it cannot be read."""
         try:
             answer = dp.decode_produce_response(body, connection.version)
         except errors.TributaryError as exc:
             connection.break_(NetworkError(f"bad produce answer from {connection.address}: {exc}"))
             raise NetworkError(f"bad produce answer from {connection.address}: {exc}") from exc
         self._link.observe(connection, answer.throttle_time_ms)
-        return ProduceAnswer(request.topic, answer)
+        return ProduceAnswer(topic, answer)
 
     async def close(self, timeout_s: float = 30.0) -> None:
         await self._link.close(timeout_s)
