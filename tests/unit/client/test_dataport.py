@@ -417,3 +417,14 @@ async def test_direct_requests_cut_off_by_a_broken_connection_are_retried_in_ord
     assert gateway_log.logs == {0: values[0::2], 1: values[1::2]}, "nothing lost, doubled or reordered"
     assert [f.get(0).offset for f in futures] == [i // 2 for i in range(40)]
     assert len(through_send) >= 2, "the retry reconnects through send()"
+
+
+@run_async
+async def test_one_direct_request_in_flight_does_not_stall_the_sender():
+    values = [b"s%02d" % i for i in range(30)]
+    gateway_log = LogGateway(delay=0.001)
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        futures, through_send = await _produce_over_raw(gateway, values, batch_size=1, max_in_flight=1)
+    assert gateway_log.logs == {0: values}
+    assert [f.get(0).offset for f in futures] == list(range(30))
+    assert len(through_send) == 1
