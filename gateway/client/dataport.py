@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 from opentelemetry import trace
@@ -91,6 +92,41 @@ async def discover(client: GatewayClient, topic: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+class AnswerSlot:
+    """Where the answer to a request the producer's sender wrote directly goes: the answer's
+    body (or the error that ended the wait) is handed to ``callback(body, error)`` at once, in
+    the read routine's own turn -- an asyncio future would run it a loop turn later, with one
+    request at a time a turn per round trip. Has what the connection's reading and breaking
+    use of a future (``done``, ``set_result``, ``set_exception``), and ``cancel``."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: Callable[[bytes | None, BaseException | None], None]) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, body: bytes) -> None:
+        self._settle(body, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def cancel(self) -> None:
+        self._settle(None, asyncio.CancelledError())
+
+    def _settle(self, body: bytes | None, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._callback(body, error)
+        except Exception:  # the read routine (or whoever broke the connection) must go on
+            log.exception("error settling a produce answer")
+
+
 class DataConnection:
     """One handshaken connection with its unanswered requests by correlation id."""
 
@@ -106,7 +142,7 @@ class DataConnection:
         self.version = version
         self.reader = reader
         self.writer = writer
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, asyncio.Future | AnswerSlot] = {}
         self.broken = False
         self._correlation = itertools.count(1)
         self._reader_task: asyncio.Task | None = None
@@ -171,6 +207,7 @@ class DataConnection:
         """Write one frame; the future of its answer's body unless ``correlation_id`` is None
         (an acks=0 produce). Raises NetworkError on a broken connection."""
         future = self.send_nowait(frame, correlation_id)
+        assert future is None or isinstance(future, asyncio.Future)
         if self.backlogged():
             self._flush()
             try:
@@ -181,17 +218,20 @@ class DataConnection:
             raise NetworkError(f"data connection to {self.address} closed before the request was sent")
         return future
 
-    def send_nowait(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
+    def send_nowait(
+        self, frame: bytes, correlation_id: int | None, answer: AnswerSlot | None = None
+    ) -> asyncio.Future | AnswerSlot | None:
         """:meth:`send` without waiting for the socket to take the bytes: the frame is queued
-        for this loop iteration's write (or :meth:`flush`), whatever is already waiting.
-        Raises NetworkError on a broken connection."""
+        for this loop iteration's write (or :meth:`flush`), whatever is already waiting. The
+        answer goes to ``answer`` when given, else to a new future. Raises NetworkError on a
+        broken connection."""
         if self.broken:
             raise NetworkError(f"data connection to {self.address} is closed")
         loop = asyncio.get_running_loop()
         self.last_active = loop.time()
-        future = None
+        future: asyncio.Future | AnswerSlot | None = None
         if correlation_id is not None:
-            future = loop.create_future()
+            future = loop.create_future() if answer is None else answer
             self.pending[correlation_id] = future
         self._queue_write(frame)
         return future
@@ -564,14 +604,15 @@ class RawTransport:
         timeout_ms: int,
         partitions: list[tuple[int, bytes | bytearray]],
         trace_context: str = "",
-    ) -> asyncio.Future | None:
+        answer: AnswerSlot | None = None,
+    ) -> None:
         """Queue one produce request on ``connection`` (written at ``connection.flush()`` or at
-        the end of this loop iteration); the future of its answer's body, None at acks=0."""
+        the end of this loop iteration); its answer goes to ``answer`` (none at acks=0)."""
         correlation_id = connection.next_correlation_id()
         frame = dp.encode_produce_request(
             dp.ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions, trace_context)  # type: ignore[arg-type]
         )
-        return connection.send_nowait(frame, None if acks == Acks.NONE else correlation_id)
+        connection.send_nowait(frame, None if acks == Acks.NONE else correlation_id, answer)
 
     @staticmethod
     def answer_late(connection: DataConnection, timeout_s: float) -> None:

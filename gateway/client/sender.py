@@ -24,7 +24,7 @@ import logging
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
-from gateway.client.dataport import current_traceparent
+from gateway.client.dataport import AnswerSlot, current_traceparent
 from gateway.client.errors import (
     IllegalStateError,
     RequestTimedOutError,
@@ -63,14 +63,16 @@ _PASS_ROUNDS = 64
 class SendProduceHandler:
     """One Produce request: a topic and, per partition, the batches sent in it (in order)."""
 
-    __slots__ = ("epoch", "future", "partitions", "sender", "topic", "topic_partitions")
+    __slots__ = ("epoch", "future", "partitions", "sender", "timer", "topic", "topic_partitions")
 
     def __init__(self, sender: Sender, topic: str, partitions: dict[int, list[ProducerBatch]]) -> None:
         self.sender = sender
         self.topic = topic
         self.partitions = partitions
-        #: The answer's future of a request written directly (``Sender._write_direct``).
-        self.future: asyncio.Future | None = None
+        #: The answer's slot of a request written directly (``Sender._write_direct``), and the
+        #: timer that gives up on it.
+        self.future: AnswerSlot | None = None
+        self.timer: asyncio.TimerHandle | None = None
         #: The producer epoch the batches were numbered with (idempotence), else -1.
         self.epoch = -1
         #: The request's partitions (each batch knows its own: none is made here).
@@ -303,44 +305,43 @@ class Sender:
                 (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
             )
         self.metrics["requests"] += 1
-        future = self.transport.write_request(
-            connection,
-            handler.topic,
-            self._frame_acks,
-            self.request_timeout_ms,
-            data,
-            trace_context,
+        answer = None
+        if self._frame_acks != 0:
+            answer = AnswerSlot(functools.partial(self._direct_answered, handler, connection))
+        self.transport.write_request(
+            connection, handler.topic, self._frame_acks, self.request_timeout_ms, data, trace_context, answer
         )
-        if future is None:  # acks=0: done once written, offsets unknown
+        if answer is None:  # acks=0: done once written, offsets unknown
             unacked.extend((batches, -1, -1, -1) for batches in partitions.values())
             return True
         handler.epoch = manager.producer_epoch if manager is not None else -1
-        handler.future = future
+        handler.future = answer
         if not self._pipeline:
             self._muted.update(handler.topic_partitions)
         self._direct.add(handler)
         timeout_s = self.request_timeout_ms / 1000.0 + 5.0
-        timer = asyncio.get_running_loop().call_later(
+        handler.timer = asyncio.get_running_loop().call_later(
             timeout_s, self.transport.answer_late, connection, timeout_s
         )
-        future.add_done_callback(functools.partial(self._direct_answered, handler, connection, timer))
         return True
 
     def _direct_answered(
-        self, handler: SendProduceHandler, connection, timer: asyncio.TimerHandle, future: asyncio.Future
+        self, handler: SendProduceHandler, connection, body: bytes | None, error: BaseException | None
     ) -> None:
-        """Settle a directly written request from its answer (or the connection's failure)."""
-        timer.cancel()
+        """Settle a directly written request from its answer's ``body`` (or the ``error`` that
+        ended its wait), as the connection's read routine (or its breaking) hands it over."""
+        if handler.timer is not None:
+            handler.timer.cancel()
         self._direct.discard(handler)
         try:
-            if future.cancelled():
+            if isinstance(error, asyncio.CancelledError):
                 closed = IllegalStateError("the producer was closed before the request was answered")
                 handler.handle_error(closed)  # type: ignore[arg-type]  # read with getattr, like any error
                 return
-            error = future.exception()
             if error is not None:
                 raise error
-            answer = self.transport.read_answer(connection, handler.topic, future.result())
+            assert body is not None, "an answer has a body or an error"
+            answer = self.transport.read_answer(connection, handler.topic, body)
         except TributaryError as exc:
             handler.handle_error(exc)
         except Exception as exc:
@@ -513,7 +514,7 @@ class Sender:
             self.fail(batch, error)
         for handler in list(self._direct):
             if handler.future is not None:
-                handler.future.cancel()  # settled (failed) by its callback, on the next turn
+                handler.future.cancel()  # settles it (failed) at once
         tasks = list(self._in_flight)
         for task in tasks:
             task.cancel()

@@ -371,7 +371,10 @@ async def _produce_over_raw(gateway, values, *, acks=1, partitions=1, batch_size
         future, _, _ = accumulator.append("t", i % partitions, now_ms, None, value, (), size, now_ms)
         futures.append(future)
         sender.wakeup()
-        if i % 3 == 0:
+        if i == 0:  # the first request opens the connection (through send()); the rest follow it
+            while not future.is_done:
+                await asyncio.sleep(0.001)
+        elif i % 3 == 0:
             await asyncio.sleep(0.001)
     accumulator.close()
     sender.stop()
