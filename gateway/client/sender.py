@@ -18,6 +18,7 @@ the fire-and-forget producer of the 2011 paper.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import itertools
 import logging
@@ -156,6 +157,10 @@ class Sender:
         self._in_flight: set[asyncio.Task] = set()
         #: Requests written by the routine itself (``_write_direct``), awaiting their answers.
         self._direct: set[SendProduceHandler] = set()
+        #: A pass is running (no other may start inside it: callbacks it runs may wake us).
+        self._in_pass = False
+        #: The routine's context, for passes made by :meth:`wakeup_to_send`.
+        self._context: contextvars.Context | None = None
         #: Epoch bumps in progress (tasks, also counted in ``_in_flight``).
         self._epoch_bumps: set[asyncio.Task] = set()
         #: The acks value of a raw frame (0, 1, -1).
@@ -179,12 +184,17 @@ class Sender:
         """The sender routine: until stopped and everything queued has completed."""
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
+        self._context = contextvars.copy_context()
         while True:
             now_ms = self.client.clock.time_ms()
             self._fail_expired(now_ms)
             if self._stopping and not self.accumulator.has_incomplete():
                 return
-            delay_ms = self._send_ready(now_ms)
+            self._in_pass = True
+            try:
+                delay_ms = self._send_ready(now_ms)
+            finally:
+                self._in_pass = False
             await self._sleep(loop, delay_ms)
 
     def _send_ready(self, now_ms: int) -> int | None:
@@ -258,6 +268,27 @@ class Sender:
         """Make the routine look again now (call on the loop thread)."""
         if self._waiter is not None:
             _resolve(self._waiter)
+
+    def wakeup_to_send(self) -> None:
+        """:meth:`wakeup` for records sendable now (a full batch, or ``linger_ms=0``), woken from
+        another thread: when the routine sleeps, a pass made here writes their requests in this
+        loop turn instead of the routine's next one (with one record at a time, a turn of each
+        round trip); the routine then looks again as after any wakeup."""
+        waiter = self._waiter
+        context = self._context
+        if (
+            waiter is not None
+            and not waiter.done()
+            and context is not None
+            and not self._in_pass
+            and not self._stopping
+        ):
+            self._in_pass = True
+            try:
+                context.run(self._send_ready, self.client.clock.time_ms())
+            finally:
+                self._in_pass = False
+        self.wakeup()
 
     # -- one request, written directly -----------------------------------------------------
 

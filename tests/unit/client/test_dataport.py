@@ -431,3 +431,38 @@ async def test_one_direct_request_in_flight_does_not_stall_the_sender():
     assert gateway_log.logs == {0: values}
     assert [f.get(0).offset for f in futures] == list(range(30))
     assert len(through_send) == 1
+
+
+@run_async
+async def test_a_wakeup_for_a_sendable_record_writes_its_request_in_the_same_turn():
+    """``Sender.wakeup_to_send`` (a record sendable now, woken from the application's thread)
+    drains and writes while the routine sleeps, instead of in the routine's next turn; the
+    answer still settles the record."""
+    gateway_log = LogGateway()
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        client = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        sender = Sender(
+            client=client, accumulator=accumulator, transport=transport, policy=RetryPolicy(), acks=1
+        )  # type: ignore[arg-type]
+        task = asyncio.create_task(sender.run())
+
+        def append(value: bytes):
+            now_ms = SYSTEM_CLOCK.time_ms()
+            size = estimate_record_size(None, value, 0)
+            return accumulator.append("t", 0, now_ms, None, value, (), size, now_ms)[0]
+
+        first = append(b"first")  # opens the connection through send()
+        sender.wakeup()
+        assert (await first).offset == 0
+        await asyncio.sleep(0.01)  # the routine is asleep, waiting for a wakeup
+        second = append(b"second")
+        sender.wakeup_to_send()
+        assert not accumulator.has_queued(), "drained and written in this turn"
+        assert (await second).offset == 1
+        accumulator.close()
+        sender.stop()
+        await asyncio.wait_for(task, 5)
+        await transport.close(1.0)
+    assert gateway_log.logs == {0: [b"first", b"second"]}
