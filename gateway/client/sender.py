@@ -13,6 +13,15 @@ With ``acks=0`` there are no retries (as in Kafka: the client does not learn of 
 nothing can overtake anything; partitions are then not muted and a transport that keeps request
 order (the ProduceStream) pipelines up to ``max_in_flight`` requests for the same partition --
 the fire-and-forget producer of the 2011 paper.
+
+Two ways a request goes out. In general each runs in a task of its own through
+``transport.send`` (a protobuf request; gRPC, or a frame on the raw data path). On the raw
+data path, once its connection is open and nothing is queued on it, the routine writes the
+requests of a pass itself (:meth:`Sender._write_direct`: frames straight from the batches, one
+write for the pass) and settles them from their answers as the connection reads them; at acks=0
+a pass keeps draining while everything it writes is done at once. With one record per request
+the general way cost ~70 us of the I/O thread a record, this one ~10 (see the README's raw data
+path section).
 """
 
 from __future__ import annotations
@@ -169,13 +178,15 @@ class Sender:
         self._direct_capable = hasattr(transport, "writer_now")
         self._waiter: asyncio.Future | None = None
         self._stopping = False
-        #: Counters for ``Producer.metrics()``: requests sent, batches retried / failed / acknowledged.
+        #: Counters for ``Producer.metrics()``: requests sent (and of them, written directly by the
+        #: routine), batches retried / failed / acknowledged.
         self.metrics = {
             "requests": 0,
             "batches-retried": 0,
             "batches-failed": 0,
             "batches-acknowledged": 0,
             "records-acknowledged": 0,
+            "requests-written-directly": 0,
         }
 
     # -- the routine -----------------------------------------------------------------------
@@ -335,7 +346,9 @@ class Sender:
             data.append(
                 (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
             )
-        self.metrics["requests"] += 1
+        metrics = self.metrics
+        metrics["requests"] += 1
+        metrics["requests-written-directly"] += 1
         answer = None
         if self._frame_acks != 0:
             answer = AnswerSlot(functools.partial(self._direct_answered, handler, connection))

@@ -342,8 +342,9 @@ class _SenderClient(_Client):
 
 
 async def _produce_over_raw(gateway, values, *, acks=1, partitions=1, batch_size=100, max_in_flight=5):
-    """Run a Sender over a RawTransport to ``gateway``; returns the futures and the requests
-    that went through ``RawTransport.send`` (the task path) rather than directly."""
+    """Run a Sender over a RawTransport to ``gateway``; returns the futures, the requests that
+    went through ``RawTransport.send`` (the task path) rather than directly, and the sender's
+    counters."""
     client = _SenderClient(f"127.0.0.1:{gateway.port}")
     transport = RawTransport(client, _Fallback())
     through_send: list = []
@@ -380,7 +381,7 @@ async def _produce_over_raw(gateway, values, *, acks=1, partitions=1, batch_size
     sender.stop()
     await asyncio.wait_for(task, 10)
     await transport.close(1.0)
-    return futures, through_send
+    return futures, through_send, sender.metrics
 
 
 @run_async
@@ -388,13 +389,15 @@ async def test_the_sender_writes_requests_itself_once_connected_in_order_one_per
     values = [b"v%03d" % i for i in range(60)]
     gateway_log = LogGateway(delay=0.002)
     async with ScriptedGateway(on_request=gateway_log) as gateway:
-        futures, through_send = await _produce_over_raw(gateway, values, partitions=2, batch_size=40)
+        futures, through_send, metrics = await _produce_over_raw(gateway, values, partitions=2, batch_size=40)
     assert gateway_log.logs == {0: values[0::2], 1: values[1::2]}
     offsets = [f.get(0) for f in futures]
     assert [m.offset for m in offsets] == [i // 2 for i in range(60)]
     assert gateway_log.overlaps == 0, "a partition never has two requests in flight at acks=1"
     assert len(through_send) == 1, "only the first request (it opens the connection) goes through send()"
     assert gateway_log.count > 10
+    assert metrics["requests"] == gateway_log.count
+    assert metrics["requests-written-directly"] == gateway_log.count - 1
 
 
 @run_async
@@ -402,13 +405,14 @@ async def test_acks_zero_direct_requests_are_done_once_written_and_arrive_in_ord
     values = [b"r%03d" % i for i in range(50)]
     gateway_log = LogGateway()
     async with ScriptedGateway(on_request=gateway_log) as gateway:
-        futures, through_send = await _produce_over_raw(
+        futures, through_send, metrics = await _produce_over_raw(
             gateway, values, acks=0, batch_size=1, max_in_flight=16
         )
         while gateway_log.logs.get(0, []) != values:  # written before close returned
             await asyncio.sleep(0.001)
     assert all(f.succeeded() and f.get(0).offset == -1 for f in futures)
     assert len(through_send) == 1 and gateway_log.count > 1
+    assert metrics["requests-written-directly"] == gateway_log.count - 1
 
 
 @run_async
@@ -416,10 +420,11 @@ async def test_direct_requests_cut_off_by_a_broken_connection_are_retried_in_ord
     values = [b"x%03d" % i for i in range(40)]
     gateway_log = LogGateway(delay=0.001, drop_at=6)
     async with ScriptedGateway(on_request=gateway_log) as gateway:
-        futures, through_send = await _produce_over_raw(gateway, values, partitions=2, batch_size=30)
+        futures, through_send, metrics = await _produce_over_raw(gateway, values, partitions=2, batch_size=30)
     assert gateway_log.logs == {0: values[0::2], 1: values[1::2]}, "nothing lost, doubled or reordered"
     assert [f.get(0).offset for f in futures] == [i // 2 for i in range(40)]
     assert len(through_send) >= 2, "the retry reconnects through send()"
+    assert metrics["batches-retried"] > 0
 
 
 @run_async
@@ -427,10 +432,16 @@ async def test_one_direct_request_in_flight_does_not_stall_the_sender():
     values = [b"s%02d" % i for i in range(30)]
     gateway_log = LogGateway(delay=0.001)
     async with ScriptedGateway(on_request=gateway_log) as gateway:
-        futures, through_send = await _produce_over_raw(gateway, values, batch_size=1, max_in_flight=1)
+        futures, through_send, metrics = await _produce_over_raw(
+            gateway, values, batch_size=1, max_in_flight=1
+        )
     assert gateway_log.logs == {0: values}
     assert [f.get(0).offset for f in futures] == list(range(30))
     assert len(through_send) == 1
+    assert (
+        metrics["requests"] == gateway_log.count
+        and metrics["requests-written-directly"] == gateway_log.count - 1
+    )
 
 
 @run_async
