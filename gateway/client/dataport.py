@@ -163,10 +163,12 @@ class DataConnection:
         timeout_s: float,
         tls: ClientTls | None = None,
         token_source: TokenSource | None = None,
+        read_size: int | None = None,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
-        when it refuses our token."""
+        when it refuses our token. ``read_size``: the most one socket read takes (see
+        :func:`_limit_reads`; None: asyncio's default)."""
         address = f"{host}:{port}"
         # The provider may fetch from an identity provider: not on the event loop.
         token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
@@ -196,7 +198,8 @@ class DataConnection:
             writer.transport.abort()
             raise error
         connection = cls(address, reader, writer, answer.version)
-        _limit_reads(writer.transport)
+        if read_size is not None:
+            _limit_reads(writer.transport, read_size)
         connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
         return connection
 
@@ -322,23 +325,24 @@ class DataConnection:
                 await self._reader_task
 
 
-#: The most one socket read takes (asyncio's default is 256 KiB).
-_READ_SIZE = 64 * 1024
+#: The most one socket read of a produce connection takes (asyncio's default is 256 KiB).
+PRODUCE_READ_SIZE = 64 * 1024
 
 
-def _limit_reads(transport: asyncio.BaseTransport) -> None:
-    """Read at most :data:`_READ_SIZE` bytes a ``recv`` on ``transport``.
+def _limit_reads(transport: asyncio.BaseTransport, read_size: int) -> None:
+    """Read at most ``read_size`` bytes a ``recv`` on ``transport``.
 
     asyncio's socket transport reads with ``sock.recv(256 KiB)``: Python allocates the whole
     256 KiB for each read and shrinks it to what arrived. Above glibc's mmap threshold that
     is an mmap and munmap per read: ~12 us for a 60-byte produce answer, against ~1.4 us for
     a 64 KiB read (measured on this project's 2-core VM), and in py-spy the top line of the
-    producer's I/O thread with one request in flight. 64 KiB keeps big fetch answers at a
-    few reads each (the StreamReader above it buffers up to twice its 64 KiB limit anyway).
+    producer's I/O thread with one request in flight. Used for the producer's connection
+    (its answers are small); the consumer's keeps asyncio's reads, to be judged with its
+    fetch answers (a 200 KB answer would take four reads, and four wakeups of ``readexactly``).
     TLS transports read into a buffer of their own: left as they are.
     """
     if isinstance(getattr(transport, "max_size", None), int):
-        transport.max_size = _READ_SIZE  # type: ignore[attr-defined]
+        transport.max_size = read_size  # type: ignore[attr-defined]
 
 
 async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
@@ -364,8 +368,11 @@ class DataLink:
         connect_timeout_s: float = 10.0,
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         throttles: Throttles | None = None,
+        read_size: int | None = None,
     ) -> None:
         self._client = client
+        #: The most one socket read takes on its connections (None: asyncio's default).
+        self._read_size = read_size
         #: What the gateway asked to wait for (None: nothing is waited for).
         self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
@@ -434,6 +441,7 @@ class DataLink:
                 timeout_s=self._connect_timeout_s,
                 tls=self._client.tls,
                 token_source=self._client.token_source,
+                read_size=self._read_size,
             )
         except UnsupportedVersionError as exc:
             log.info("the gateway's data listener refused us (%s); using gRPC", exc)
@@ -537,7 +545,9 @@ class RawTransport:
         self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
     ) -> None:
         self._client = client
-        self._link = DataLink(client, max_idle_s=max_idle_s, throttles=client.produce_throttles)
+        self._link = DataLink(
+            client, max_idle_s=max_idle_s, throttles=client.produce_throttles, read_size=PRODUCE_READ_SIZE
+        )
         self._fallback = fallback
 
     @property
