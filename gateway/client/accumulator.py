@@ -82,7 +82,13 @@ class BufferPool:
     def __init__(self, total_bytes: int) -> None:
         self.total_bytes = total_bytes
         self._available = total_bytes
-        self._cond = threading.Condition()
+        # NOTE: the fast paths take the lock itself (a C-level ``with``; the Condition's
+        # ``__enter__`` is a Python call), and releasing notifies only when a thread waits:
+        # once a record when every record opens a batch (one record per request).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Threads blocked in ``allocate`` (changed and read under the lock).
+        self._blocked = 0
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     @property
@@ -90,7 +96,7 @@ class BufferPool:
         return self._available
 
     def try_allocate(self, size: int) -> bool:
-        with self._cond:
+        with self._lock:
             if self._available >= size:
                 self._available -= size
                 return True
@@ -98,19 +104,23 @@ class BufferPool:
 
     def allocate(self, size: int, timeout_s: float) -> None:
         """Reserve ``size`` bytes, blocking up to ``timeout_s``; then RequestTimedOutError."""
-        with self._cond:  # the common case first: room now, no deadline to compute
+        with self._lock:  # the common case first: room now, no deadline to compute
             if self._available >= size:
                 self._available -= size
                 return
         self._ensure_fits(size)
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._available < size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._timeout(size, timeout_s)
-                self._cond.wait(remaining)
-            self._available -= size
+            self._blocked += 1
+            try:
+                while self._available < size:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._timeout(size, timeout_s)
+                    self._cond.wait(remaining)
+                self._available -= size
+            finally:
+                self._blocked -= 1
 
     async def allocate_async(self, size: int, timeout_s: float) -> None:
         """``allocate`` for coroutines: waits without blocking the event loop."""
@@ -122,7 +132,7 @@ class BufferPool:
             if remaining <= 0:
                 raise self._timeout(size, timeout_s)
             waiter = loop.create_future()
-            with self._cond:
+            with self._lock:
                 self._async_waiters.append((loop, waiter))
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), remaining)
@@ -130,9 +140,10 @@ class BufferPool:
                 pass
 
     def deallocate(self, size: int) -> None:
-        with self._cond:
+        with self._lock:
             self._available = min(self.total_bytes, self._available + size)
-            self._cond.notify_all()
+            if self._blocked:
+                self._cond.notify_all()
             waiters, self._async_waiters = self._async_waiters, []
         for loop, waiter in waiters:
             loop.call_soon_threadsafe(_resolve, waiter)

@@ -446,13 +446,13 @@ class ProducerCore:
         elif new_batch and not self.accumulator.sender_looks_by(now_ms + self.accumulator.linger_ms):
             self.wakeup_sender(sendable=self.accumulator.linger_ms == 0)
         if new_batch:
-            self._refresh_if_stale(topic)
+            self._refresh_if_stale(topic, now_ms)
         return future  # type: ignore[return-value]
 
-    def _refresh_if_stale(self, topic: str) -> None:
+    def _refresh_if_stale(self, topic: str, now_ms: int) -> None:
         """Refresh the topic's metadata in the background when the cached entry is old (checked
         as records open batches: often enough, and off the per-record path)."""
-        if self.client.metadata.is_stale(topic, self._time_ms()):
+        if self.client.metadata.is_stale(topic, now_ms):
             self._schedule(self._refresh_in_background, topic)
 
     def append_batch(self, topic: str, partition: int, data: bytes) -> FutureRecordMetadata:

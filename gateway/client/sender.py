@@ -242,6 +242,8 @@ class Sender:
                 pipelined=self._pipeline,
             )
             connection = self._direct_connection() if plans else None
+            if connection is not None and _traced(plans):
+                connection = None  # a traced request runs in its record's span: tasks do that
             trace_context = current_traceparent() if connection is not None else ""
             all_direct = connection is not None
             for topic, partitions in plans:
@@ -334,8 +336,6 @@ class Sender:
         partitions = handler.partitions
         if connection.broken or connection.backlogged():
             return False
-        if request_context(b.result for batches in partitions.values() for b in batches) is not None:
-            return False  # a traced request runs in its record's span: the task path does that
         manager = self.transaction_manager
         data = []
         for p, batches in partitions.items():
@@ -565,6 +565,19 @@ class Sender:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._stopping = True
         self.wakeup()
+
+
+def _traced(plans) -> bool:
+    """Whether a batch of ``plans`` is traced (its request continues its record's trace)."""
+    return (
+        request_context(
+            batch.result
+            for _topic, partitions in plans
+            for batches in partitions.values()
+            for batch in batches
+        )
+        is not None
+    )
 
 
 def _resolve(waiter: asyncio.Future) -> None:
