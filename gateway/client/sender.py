@@ -337,24 +337,37 @@ class Sender:
         if connection.broken or connection.backlogged():
             return False
         manager = self.transaction_manager
-        data = []
-        for p, batches in partitions.items():
-            for batch in batches:
-                batch.attempts += 1
-                if manager is not None:
-                    manager.number(batch)
-            data.append(
-                (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
-            )
         metrics = self.metrics
         metrics["requests"] += 1
         metrics["requests-written-directly"] += 1
         answer = None
-        if self._frame_acks != 0:
-            answer = AnswerSlot(functools.partial(self._direct_answered, handler, connection))
-        self.transport.write_request(
-            connection, handler.topic, self._frame_acks, self.request_timeout_ms, data, trace_context, answer
-        )
+        try:
+            data = []
+            for p, batches in partitions.items():
+                for batch in batches:
+                    batch.attempts += 1
+                    if manager is not None:
+                        manager.number(batch)
+                data.append(
+                    (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
+                )
+            if self._frame_acks != 0:
+                answer = AnswerSlot(functools.partial(self._direct_answered, handler, connection))
+            self.transport.write_request(
+                connection,
+                handler.topic,
+                self._frame_acks,
+                self.request_timeout_ms,
+                data,
+                trace_context,
+                answer,
+            )
+        except Exception as exc:  # the batches are drained: they settle here, as a task's would
+            log.exception("unexpected error sending to %s", handler.topic)
+            handler.handle_error(
+                exc if isinstance(exc, TributaryError) else TributaryError(f"{type(exc).__name__}: {exc}")
+            )
+            return True
         if answer is None:  # acks=0: done once written, offsets unknown
             unacked.extend((batches, -1, -1, -1) for batches in partitions.values())
             return True

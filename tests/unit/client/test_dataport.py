@@ -490,3 +490,41 @@ async def test_the_produce_connection_reads_at_most_64_kib_a_recv():
         assert connection is not None
         assert connection.writer.transport.max_size == PRODUCE_READ_SIZE == 64 * 1024
         await transport.close(1.0)
+
+
+@run_async
+async def test_a_request_that_cannot_be_encoded_fails_its_records_and_the_sender_goes_on():
+    """A frame the encoder refuses (here a topic name past the format's 249 bytes) fails that
+    request's records, as in a task; the sender routine neither dies nor loses the others."""
+    gateway_log = LogGateway()
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        client = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        sender = Sender(
+            client=client,  # type: ignore[arg-type]
+            accumulator=accumulator,
+            transport=transport,
+            policy=RetryPolicy(retries=0),
+            acks=1,
+        )
+        task = asyncio.create_task(sender.run())
+
+        def append(topic: str, value: bytes):
+            now_ms = SYSTEM_CLOCK.time_ms()
+            size = estimate_record_size(None, value, 0)
+            future = accumulator.append(topic, 0, now_ms, None, value, (), size, now_ms)[0]
+            sender.wakeup()
+            return future
+
+        assert (await append("t", b"first")).offset == 0  # the connection is open
+        refused = append("x" * 300, b"refused")
+        after = append("t", b"after")
+        with pytest.raises(errors.TributaryError, match="ValueError"):
+            await refused
+        assert (await after).offset == 1
+        accumulator.close()
+        sender.stop()
+        await asyncio.wait_for(task, 5)
+        await transport.close(1.0)
+    assert sender.metrics["requests-written-directly"] >= 2
