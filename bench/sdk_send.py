@@ -15,6 +15,12 @@ Three measures, each printed as microseconds per record and records per second:
   record then ``flush()``: the issue's "SDK with its defaults" figure. Also printed: the CPU
   the SDK's process spent per record (application and I/O thread), steadier than wall time on
   a shared machine.
+* **one record per request, in process** (``unbatched``): the paper's unbatched producer
+  (``acks=0, batch_size=1, linger_ms=0, max_in_flight=16``, ``partition=0``), the network out
+  of the way as above, but with the real sender: its passes write each request's frame
+  directly (``Sender._write_direct``) to a connection that keeps nothing. CPU of the caller's
+  ``send()`` and of the sender's passes per record, measured apart (one thread runs both, so
+  no lock or wakeup waits in it): the SDK's share of compare.py's "produce, unbatched" row.
 * **decode** (``decode``): what the consumer does per record once a fetch answer is in memory,
   through the consumer's own code: buffer the answer as a ``PartitionRecords`` (walk the
   batches, check each CRC) and take its records 500 at a time as ``poll`` does (each batch
@@ -24,7 +30,7 @@ Each in-process figure is the best of ``--repeat`` runs with the cyclic GC pause
 does, in CPU time of the measuring thread (the machine is shared: wall time varies with the
 load, the CPU a record costs much less). ``TRIBUTARY_NO_EXTENSIONS=1`` measures the pure-Python record codec.
 
-    python bench/sdk_send.py                     # inproc, keyed, decode
+    python bench/sdk_send.py                     # inproc, keyed, unbatched, decode
     python bench/sdk_send.py --cluster           # and the real cluster run
     python bench/sdk_send.py --only cluster --records 1000000
 """
@@ -32,6 +38,7 @@ load, the CPU a record costs much less). ``TRIBUTARY_NO_EXTENSIONS=1`` measures 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
 import sys
@@ -43,8 +50,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gateway.client import Producer
 from gateway.client.accumulator import RecordAccumulator
+from gateway.client.dataport import RawTransport
 from gateway.client.fetcher import PartitionRecords
 from gateway.client.producer import ProducerConfig, ProducerCore
+from gateway.client.retry import RetryPolicy
+from gateway.client.sender import Sender
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder
 from services.records.record import speedups_enabled
@@ -112,6 +122,85 @@ def bench_inproc(
     drain(core.accumulator, offsets)
     elapsed = time.thread_time() - started
     return elapsed, (future.get(0) if future is not None else None)
+
+
+class _NullConnection:
+    """A raw data connection that takes frames and keeps nothing (for ``bench_unbatched``)."""
+
+    broken = False
+
+    def __init__(self) -> None:
+        self._correlation = 0
+        self.frames = 0
+
+    def backlogged(self) -> bool:
+        return False
+
+    def next_correlation_id(self) -> int:
+        self._correlation += 1
+        return self._correlation
+
+    def send_nowait(self, frame, correlation_id, answer=None):
+        self.frames += 1
+        return None
+
+    def flush(self) -> None:
+        pass
+
+
+class _NullRawTransport:
+    """What the sender's direct path uses of ``RawTransport``, over a ``_NullConnection``."""
+
+    preserves_order = True
+
+    def __init__(self) -> None:
+        self.connection = _NullConnection()
+
+    def writer_now(self) -> _NullConnection:
+        return self.connection
+
+    write_request = staticmethod(RawTransport.write_request)
+
+
+def bench_unbatched(records: int, values: list[bytes]) -> tuple[float, tuple[float, float]]:
+    """CPU seconds of ``send()`` and the sender's passes for ``records`` one-record requests
+    at acks=0; returns (their sum, (send() seconds, sender seconds))."""
+    settings = dict(
+        acks=0, batch_size=1, linger_ms=0, max_in_flight=16, max_request_size=len(values[0]) + 100
+    )
+    producer = offline_producer(**settings)
+    core = producer._core
+    transport = _NullRawTransport()
+    sender = Sender(
+        client=core.client,
+        accumulator=core.accumulator,
+        policy=RetryPolicy(retries=0),
+        transport=transport,
+        acks=0,
+        max_in_flight=16,
+        max_request_size=settings["max_request_size"],
+    )
+    send = producer.send
+    n = len(values)
+    in_send = 0.0
+    in_sender = 0.0
+
+    async def run() -> None:
+        nonlocal in_send, in_sender
+        step = 100  # records appended between two sender passes (the I/O thread's pace)
+        for start in range(0, records, step):
+            started = time.thread_time()
+            for i in range(start, min(start + step, records)):
+                send(TOPIC, values[i % n], partition=0)
+            between = time.thread_time()
+            while sender._send_ready(core.clock.time_ms()) == 0:
+                pass
+            in_send += between - started
+            in_sender += time.thread_time() - between
+
+    asyncio.run(run())
+    assert transport.connection.frames == records, transport.connection.frames
+    return in_send + in_sender, (in_send, in_sender)
 
 
 def fetch_answer(records: int, values: list[bytes], batch_records: int) -> bytes:
@@ -200,7 +289,7 @@ def main() -> None:
     parser.add_argument("--drain-every", type=int, default=10_000)
     parser.add_argument("--decode-batch", type=int, default=1000, help="records per fetched batch")
     parser.add_argument("--cluster", action="store_true", help="also run against a local cluster")
-    parser.add_argument("--only", choices=("inproc", "keyed", "decode", "cluster"))
+    parser.add_argument("--only", choices=("inproc", "keyed", "unbatched", "decode", "cluster"))
     args = parser.parse_args()
     values = payloads(1000, args.value_size)
     backend = "C accelerator" if speedups_enabled() else "pure Python"
@@ -208,7 +297,11 @@ def main() -> None:
         f"records codec: {backend}; {args.records:,} records of {args.value_size} bytes; "
         f"Python {sys.version.split()[0]}"
     )
-    runs = [args.only] if args.only else ["inproc", "keyed", "decode"] + (["cluster"] if args.cluster else [])
+    runs = (
+        [args.only]
+        if args.only
+        else ["inproc", "keyed", "unbatched", "decode"] + (["cluster"] if args.cluster else [])
+    )
     for run in runs:
         if run == "inproc":
             elapsed, metadata = best_of(args.repeat, bench_inproc, args.records, values, args.drain_every)
@@ -224,6 +317,14 @@ def main() -> None:
             print(
                 f"send, keyed:       {elapsed / args.records * 1e6:6.2f} us/record  "
                 f"{args.records / elapsed:12,.0f} records/s"
+            )
+        elif run == "unbatched":
+            total, (in_send, in_sender) = best_of(args.repeat, bench_unbatched, args.records, values)
+            print(
+                f"1 record/request: {total / args.records * 1e6:6.2f} us/record  "
+                f"{args.records / total:12,.0f} records/s   (last run: send() "
+                f"{in_send / args.records * 1e6:.2f} us, sender {in_sender / args.records * 1e6:.2f} us;"
+                " acks=0, a frame each)"
             )
         elif run == "decode":
             raw = fetch_answer(args.records, values, args.decode_batch)

@@ -82,7 +82,13 @@ class BufferPool:
     def __init__(self, total_bytes: int) -> None:
         self.total_bytes = total_bytes
         self._available = total_bytes
-        self._cond = threading.Condition()
+        # NOTE: the fast paths take the lock itself (a C-level ``with``; the Condition's
+        # ``__enter__`` is a Python call), and releasing notifies only when a thread waits:
+        # once a record when every record opens a batch (one record per request).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        #: Threads blocked in ``allocate`` (changed and read under the lock).
+        self._blocked = 0
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
 
     @property
@@ -90,7 +96,7 @@ class BufferPool:
         return self._available
 
     def try_allocate(self, size: int) -> bool:
-        with self._cond:
+        with self._lock:
             if self._available >= size:
                 self._available -= size
                 return True
@@ -98,19 +104,23 @@ class BufferPool:
 
     def allocate(self, size: int, timeout_s: float) -> None:
         """Reserve ``size`` bytes, blocking up to ``timeout_s``; then RequestTimedOutError."""
-        with self._cond:  # the common case first: room now, no deadline to compute
+        with self._lock:  # the common case first: room now, no deadline to compute
             if self._available >= size:
                 self._available -= size
                 return
         self._ensure_fits(size)
         deadline = time.monotonic() + timeout_s
         with self._cond:
-            while self._available < size:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self._timeout(size, timeout_s)
-                self._cond.wait(remaining)
-            self._available -= size
+            self._blocked += 1
+            try:
+                while self._available < size:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise self._timeout(size, timeout_s)
+                    self._cond.wait(remaining)
+                self._available -= size
+            finally:
+                self._blocked -= 1
 
     async def allocate_async(self, size: int, timeout_s: float) -> None:
         """``allocate`` for coroutines: waits without blocking the event loop."""
@@ -122,7 +132,7 @@ class BufferPool:
             if remaining <= 0:
                 raise self._timeout(size, timeout_s)
             waiter = loop.create_future()
-            with self._cond:
+            with self._lock:
                 self._async_waiters.append((loop, waiter))
             try:
                 await asyncio.wait_for(asyncio.shield(waiter), remaining)
@@ -130,9 +140,10 @@ class BufferPool:
                 pass
 
     def deallocate(self, size: int) -> None:
-        with self._cond:
+        with self._lock:
             self._available = min(self.total_bytes, self._available + size)
-            self._cond.notify_all()
+            if self._blocked:
+                self._cond.notify_all()
             waiters, self._async_waiters = self._async_waiters, []
         for loop, waiter in waiters:
             loop.call_soon_threadsafe(_resolve, waiter)
@@ -559,13 +570,22 @@ class RecordAccumulator:
         return looks_at is not None and looks_at <= deadline_ms
 
     def drain(
-        self, ready: Iterable[TopicPartition], now_ms: int, *, max_request_size: int, max_requests: int
+        self,
+        ready: Iterable[TopicPartition],
+        now_ms: int,
+        *,
+        max_request_size: int,
+        max_requests: int,
+        pipelined: bool = False,
     ) -> list[RequestPlan]:
         """Pop the sendable batches of ``ready`` partitions into at most ``max_requests`` requests.
 
         One request holds one topic (the Produce API's shape) and at most ``max_request_size``
         bytes (but always at least one batch, however large). Nothing is popped that does not
-        make it into a returned request.
+        make it into a returned request. ``pipelined`` (a sender that may have several requests
+        of a partition in flight: acks=0 on an ordered transport): a partition whose sendable
+        batches do not fit one request fills the next ones too, in order (else they wait for
+        the next drain, one request per partition per drain).
         """
         by_topic: dict[str, list[TopicPartition]] = {}
         for tp in self._rotate(list(ready)):
@@ -575,7 +595,7 @@ class RecordAccumulator:
             sending_all = self._flushes > 0 or self._closed
             for topic, tps in by_topic.items():
                 if not self._plan_topic(
-                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all
+                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all, pipelined
                 ):
                     break
         return plans
@@ -600,6 +620,7 @@ class RecordAccumulator:
         max_request_size: int,
         max_requests: int,
         sending_all: bool,
+        pipelined: bool = False,
     ) -> bool:
         """Add ``topic``'s requests to ``plans``; False once ``max_requests`` is reached."""
         current: dict[int, list[ProducerBatch]] = {}
@@ -617,9 +638,26 @@ class RecordAccumulator:
             current[tp.partition] = batches
             size += taken_size
             self._drain_cursor = self._queue_order.get(tp, -1)
+            # Pipelined: the partition's next sendable batches go in the next requests (a
+            # request names a partition once), as many as the requests allowed.
+            while pipelined and queue and self._sendable(queue, now_ms, sending_all):
+                plans.append((topic, current))
+                current, size = {}, 0
+                if len(plans) >= max_requests:
+                    return False
+                batches, size = self._take(tp, now_ms, max_request_size, sending_all)
+                current[tp.partition] = batches
         if current:
             plans.append((topic, current))
         return len(plans) < max_requests
+
+    def _sendable(self, queue: deque[ProducerBatch], now_ms: int, sending_all: bool) -> bool:
+        """Whether ``queue``'s first batch may go now: complete (full, not the last, lingered,
+        or everything is being sent) and not waiting to retry (call with the lock)."""
+        batch = queue[0]
+        if batch.retry_at_ms > now_ms:
+            return False
+        return batch.is_full or len(queue) > 1 or sending_all or now_ms - batch.created_ms >= self.linger_ms
 
     def _take(
         self, tp: TopicPartition, now_ms: int, max_bytes: int, sending_all: bool

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 from opentelemetry import trace
@@ -91,6 +92,41 @@ async def discover(client: GatewayClient, topic: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
+class AnswerSlot:
+    """Where the answer to a request the producer's sender wrote directly goes: the answer's
+    body (or the error that ended the wait) is handed to ``callback(body, error)`` at once, in
+    the read routine's own turn -- an asyncio future would run it a loop turn later, with one
+    request at a time a turn per round trip. Has what the connection's reading and breaking
+    use of a future (``done``, ``set_result``, ``set_exception``), and ``cancel``."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: Callable[[bytes | None, BaseException | None], None]) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, body: bytes) -> None:
+        self._settle(body, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def cancel(self) -> None:
+        self._settle(None, asyncio.CancelledError())
+
+    def _settle(self, body: bytes | None, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._callback(body, error)
+        except Exception:  # the read routine (or whoever broke the connection) must go on
+            log.exception("error settling a produce answer")
+
+
 class DataConnection:
     """One handshaken connection with its unanswered requests by correlation id."""
 
@@ -106,7 +142,7 @@ class DataConnection:
         self.version = version
         self.reader = reader
         self.writer = writer
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, asyncio.Future | AnswerSlot] = {}
         self.broken = False
         self._correlation = itertools.count(1)
         self._reader_task: asyncio.Task | None = None
@@ -127,10 +163,12 @@ class DataConnection:
         timeout_s: float,
         tls: ClientTls | None = None,
         token_source: TokenSource | None = None,
+        read_size: int | None = None,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
-        when it refuses our token."""
+        when it refuses our token. ``read_size``: the most one socket read takes (see
+        :func:`_limit_reads`; None: asyncio's default)."""
         address = f"{host}:{port}"
         # The provider may fetch from an identity provider: not on the event loop.
         token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
@@ -160,6 +198,8 @@ class DataConnection:
             writer.transport.abort()
             raise error
         connection = cls(address, reader, writer, answer.version)
+        if read_size is not None:
+            _limit_reads(writer.transport, read_size)
         connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
         return connection
 
@@ -169,15 +209,9 @@ class DataConnection:
     async def send(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
         """Write one frame; the future of its answer's body unless ``correlation_id`` is None
         (an acks=0 produce). Raises NetworkError on a broken connection."""
-        if self.broken:
-            raise NetworkError(f"data connection to {self.address} is closed")
-        self.last_active = asyncio.get_running_loop().time()
-        future = None
-        if correlation_id is not None:
-            future = asyncio.get_running_loop().create_future()
-            self.pending[correlation_id] = future
-        self._queue_write(frame)
-        if self._corked_bytes + self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
+        future = self.send_nowait(frame, correlation_id)
+        assert future is None or isinstance(future, asyncio.Future)
+        if self.backlogged():
             self._flush()
             try:
                 await self.writer.drain()
@@ -186,6 +220,35 @@ class DataConnection:
         if self.broken and (future is None or not future.done()):
             raise NetworkError(f"data connection to {self.address} closed before the request was sent")
         return future
+
+    def send_nowait(
+        self, frame: bytes, correlation_id: int | None, answer: AnswerSlot | None = None
+    ) -> asyncio.Future | AnswerSlot | None:
+        """:meth:`send` without waiting for the socket to take the bytes: the frame is queued
+        for this loop iteration's write (or :meth:`flush`), whatever is already waiting. The
+        answer goes to ``answer`` when given, else to a new future. Raises NetworkError on a
+        broken connection."""
+        if self.broken:
+            raise NetworkError(f"data connection to {self.address} is closed")
+        loop = asyncio.get_running_loop()
+        self.last_active = loop.time()
+        future: asyncio.Future | AnswerSlot | None = None
+        if correlation_id is not None:
+            future = loop.create_future() if answer is None else answer
+            self.pending[correlation_id] = future
+        self._queue_write(frame)
+        return future
+
+    def backlogged(self) -> bool:
+        """Whether more request bytes wait to be sent than the connection lets pile up: the next
+        writer awaits the socket (:meth:`send`)."""
+        return self._corked_bytes + self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER
+
+    def flush(self) -> None:
+        """Write the queued frames now (one ``writelines``) instead of at the end of this loop
+        iteration: the sender's pass calls it once its requests are queued, so they leave a loop
+        iteration sooner."""
+        self._flush()
 
     def _queue_write(self, frame: bytes) -> None:
         """Queue ``frame`` for the write at the end of this loop iteration: requests started
@@ -262,6 +325,26 @@ class DataConnection:
                 await self._reader_task
 
 
+#: The most one socket read of a produce connection takes (asyncio's default is 256 KiB).
+PRODUCE_READ_SIZE = 64 * 1024
+
+
+def _limit_reads(transport: asyncio.BaseTransport, read_size: int) -> None:
+    """Read at most ``read_size`` bytes a ``recv`` on ``transport``.
+
+    asyncio's socket transport reads with ``sock.recv(256 KiB)``: Python allocates the whole
+    256 KiB for each read and shrinks it to what arrived. Above glibc's mmap threshold that
+    is an mmap and munmap per read: ~12 us for a 60-byte produce answer, against ~1.4 us for
+    a 64 KiB read (measured on this project's 2-core VM), and in py-spy the top line of the
+    producer's I/O thread with one request in flight. Used for the producer's connection
+    (its answers are small); the consumer's keeps asyncio's reads, to be judged with its
+    fetch answers (a 200 KB answer would take four reads, and four wakeups of ``readexactly``).
+    TLS transports read into a buffer of their own: left as they are.
+    """
+    if isinstance(getattr(transport, "max_size", None), int):
+        transport.max_size = read_size  # type: ignore[attr-defined]
+
+
 async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
     (size,) = dp.SIZE.unpack(await reader.readexactly(4))
     if size < 1 or size > 1 << 16:
@@ -285,8 +368,11 @@ class DataLink:
         connect_timeout_s: float = 10.0,
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         throttles: Throttles | None = None,
+        read_size: int | None = None,
     ) -> None:
         self._client = client
+        #: The most one socket read takes on its connections (None: asyncio's default).
+        self._read_size = read_size
         #: What the gateway asked to wait for (None: nothing is waited for).
         self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
@@ -314,6 +400,24 @@ class DataLink:
                 await self.throttles.of(connection.address).wait()
             return connection
 
+    def connection_now(self) -> DataConnection | None:
+        """The open connection when a request may be written on it at once without awaiting
+        anything, else None (take :meth:`connection`): no connection yet or a broken one,
+        requests queued on the lock (they go first), the gateway holding this client, or the
+        connection idle long enough to be retired."""
+        connection = self._connection
+        if connection is None or connection.broken or self._lock.locked():
+            return None
+        if (
+            self._max_idle_s is not None
+            and not connection.pending
+            and asyncio.get_running_loop().time() - connection.last_active >= self._max_idle_s
+        ):
+            return None
+        if self.throttles is not None and self.throttles.of(connection.address).remaining_s() > 0:
+            return None
+        return connection
+
     def observe(self, connection: DataConnection, throttle_time_ms: int) -> None:
         """An answer on ``connection`` and the throttle time it carried."""
         if self.throttles is not None:
@@ -337,6 +441,7 @@ class DataLink:
                 timeout_s=self._connect_timeout_s,
                 tls=self._client.tls,
                 token_source=self._client.token_source,
+                read_size=self._read_size,
             )
         except UnsupportedVersionError as exc:
             log.info("the gateway's data listener refused us (%s); using gRPC", exc)
@@ -440,7 +545,9 @@ class RawTransport:
         self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
     ) -> None:
         self._client = client
-        self._link = DataLink(client, max_idle_s=max_idle_s, throttles=client.produce_throttles)
+        self._link = DataLink(
+            client, max_idle_s=max_idle_s, throttles=client.produce_throttles, read_size=PRODUCE_READ_SIZE
+        )
         self._fallback = fallback
 
     @property
@@ -478,18 +585,63 @@ class RawTransport:
         try:
             body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
-            # A connection that does not answer in time is presumed stuck: start over on a new one.
-            connection.break_(
-                RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
-            )
+            self.answer_late(connection, timeout_s)
             body = await future
+        return self.read_answer(connection, request.topic, body)
+
+    # -- the sender's direct path (``Sender._write_direct``) -----------------------------------
+    #
+    # NOTE: a request through ``send`` costs a task, a protobuf request (and, at acks=0, a
+    # protobuf answer), the link's lock and a ``wait_for``: with one record per request that was
+    # most of the SDK's ~60 us a record. The sender instead writes the frames of one pass here
+    # itself when the connection is open and nothing is queued before them, and settles their
+    # answers from a future's callback.
+
+    def writer_now(self) -> DataConnection | None:
+        """The connection a request can be written on now without awaiting anything (see
+        ``DataLink.connection_now``; also not when the socket is backlogged); None: use
+        :meth:`send`."""
+        connection = self._link.connection_now()
+        if connection is None or connection.backlogged():
+            return None
+        return connection
+
+    @staticmethod
+    def write_request(
+        connection: DataConnection,
+        topic: str,
+        acks: int,
+        timeout_ms: int,
+        partitions: list[tuple[int, bytes | bytearray]],
+        trace_context: str = "",
+        answer: AnswerSlot | None = None,
+    ) -> None:
+        """Queue one produce request on ``connection`` (written at ``connection.flush()`` or at
+        the end of this loop iteration); its answer goes to ``answer`` (none at acks=0)."""
+        correlation_id = connection.next_correlation_id()
+        frame = dp.encode_produce_request(
+            dp.ProduceRequest(correlation_id, acks, timeout_ms, topic, partitions, trace_context)  # type: ignore[arg-type]
+        )
+        connection.send_nowait(frame, None if acks == Acks.NONE else correlation_id, answer)
+
+    @staticmethod
+    def answer_late(connection: DataConnection, timeout_s: float) -> None:
+        """A request on ``connection`` was not answered within ``timeout_s``: the connection is
+        presumed stuck; it and every request waiting on it fail, the next opens a new one."""
+        connection.break_(
+            RequestTimedOutError(f"no produce answer from {connection.address} within {timeout_s:.1f}s")
+        )
+
+    def read_answer(self, connection: DataConnection, topic: str, body: bytes) -> ProduceAnswer:
+        """The produce answer in ``body`` (its throttle time noted); NetworkError, breaking the
+        connection, when it cannot be read."""
         try:
             answer = dp.decode_produce_response(body, connection.version)
         except errors.TributaryError as exc:
             connection.break_(NetworkError(f"bad produce answer from {connection.address}: {exc}"))
             raise NetworkError(f"bad produce answer from {connection.address}: {exc}") from exc
         self._link.observe(connection, answer.throttle_time_ms)
-        return ProduceAnswer(request.topic, answer)
+        return ProduceAnswer(topic, answer)
 
     async def close(self, timeout_s: float = 30.0) -> None:
         await self._link.close(timeout_s)

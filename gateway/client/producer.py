@@ -283,6 +283,7 @@ class ProducerCore:
         self.sender: Sender | None = None
         self._sender_task: asyncio.Task | None = None
         self._wakeup_pending = False
+        self._sendable_pending = False
         self._refreshing: set[str] = set()
         self._background: set[asyncio.Task] = set()
 
@@ -441,17 +442,17 @@ class ProducerCore:
             )
         if full:
             if not self.accumulator.sender_looks_by(now_ms):
-                self.wakeup_sender()
+                self.wakeup_sender(sendable=True)
         elif new_batch and not self.accumulator.sender_looks_by(now_ms + self.accumulator.linger_ms):
-            self.wakeup_sender()
+            self.wakeup_sender(sendable=self.accumulator.linger_ms == 0)
         if new_batch:
-            self._refresh_if_stale(topic)
+            self._refresh_if_stale(topic, now_ms)
         return future  # type: ignore[return-value]
 
-    def _refresh_if_stale(self, topic: str) -> None:
+    def _refresh_if_stale(self, topic: str, now_ms: int) -> None:
         """Refresh the topic's metadata in the background when the cached entry is old (checked
         as records open batches: often enough, and off the per-record path)."""
-        if self.client.metadata.is_stale(topic, self._time_ms()):
+        if self.client.metadata.is_stale(topic, now_ms):
             self._schedule(self._refresh_in_background, topic)
 
     def append_batch(self, topic: str, partition: int, data: bytes) -> FutureRecordMetadata:
@@ -466,17 +467,29 @@ class ProducerCore:
         counters.update(self.client.produce_throttles.metrics())
         return counters
 
-    def wakeup_sender(self) -> None:
-        """Wake the sender routine from any thread; at most one wakeup is in the loop's queue."""
-        if self.loop is None or self._wakeup_pending:
+    def wakeup_sender(self, *, sendable: bool = False) -> None:
+        """Wake the sender routine from any thread; at most one wakeup is in the loop's queue.
+
+        ``sendable``: a record is sendable now; woken from another thread, the sender writes
+        it in the wakeup's own loop turn (``Sender.wakeup_to_send``). A flag lost to a race
+        with the loop thread only makes that wakeup a plain one."""
+        if self.loop is None:
+            return
+        if sendable and asyncio._get_running_loop() is not self.loop:
+            self._sendable_pending = True
+        if self._wakeup_pending:
             return
         self._wakeup_pending = True
         self._schedule(self._do_wakeup)
 
     def _do_wakeup(self) -> None:
         self._wakeup_pending = False
+        sendable, self._sendable_pending = self._sendable_pending, False
         if self.sender is not None:
-            self.sender.wakeup()
+            if sendable:
+                self.sender.wakeup_to_send()
+            else:
+                self.sender.wakeup()
 
     def _schedule(self, fn: Callable, *args) -> None:
         if self.loop is None or self.loop.is_closed():

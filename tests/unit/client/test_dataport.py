@@ -14,12 +14,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from gateway.client.dataport import DataConnection, RawTransport, parse_data_path
+from gateway.client.accumulator import RecordAccumulator, estimate_record_size
+from gateway.client.dataport import PRODUCE_READ_SIZE, DataConnection, RawTransport, parse_data_path
 from gateway.client.errors import NetworkError, UnsupportedVersionError
+from gateway.client.metadata import MetadataCache
+from gateway.client.retry import RetryPolicy
+from gateway.client.sender import Sender
 from gateway.client.throttle import Throttles
 from services import errors
+from services.clock import SYSTEM_CLOCK
 from services.dataport import protocol as dp
 from services.proto import pb
+from services.records import iter_batches
 
 
 def run_async(test):
@@ -276,3 +282,249 @@ async def test_a_version_1_gateway_answers_without_throttle_times():
     assert [r.throttle_time_ms for r in responses] == [0, 0]
     assert [r.partitions[0].base_offset for r in responses] == [0, 0]
     assert client.produce_throttles.metrics()["produce-throttled-requests"] == 0
+
+
+# ---- the sender writing its requests itself (``Sender._write_direct``) ------------------------
+
+
+class LogGateway:
+    """A gateway that keeps a log per partition: an answered request's records are appended
+    (acks=0 ones at once, unanswered); answers wait ``delay`` s. Counts requests that name a
+    partition with an earlier request still unanswered (``overlaps``). ``drop_at``: the
+    connection is cut when that request (1-based) arrives, before it is appended."""
+
+    def __init__(self, *, delay: float = 0.0, drop_at: int | None = None) -> None:
+        self.delay = delay
+        self.drop_at = drop_at
+        self.logs: dict[int, list[bytes]] = {}
+        self.outstanding: set[int] = set()
+        self.overlaps = 0
+        self.count = 0
+
+    def __call__(self, writer, body) -> None:
+        request = dp.decode_produce_request(body)
+        self.count += 1
+        if self.count == self.drop_at:
+            writer.transport.abort()
+            return
+        partitions = {p for p, _ in request.partitions}
+        if partitions & self.outstanding:
+            self.overlaps += 1
+        results = []
+        for p, data in request.partitions:
+            values = [r.value for batch in iter_batches(bytes(data)) for r in batch.records()]
+            log = self.logs.setdefault(p, [])
+            results.append(dp.PartitionProduceResult(p, 0, len(log), -1, 0, len(values)))
+            log.extend(values)
+        if request.acks == 0:
+            return
+        self.outstanding |= partitions
+        answer = dp.encode_produce_response(dp.ProduceResponse(request.correlation_id, 0, "", results))
+
+        def send() -> None:
+            self.outstanding -= partitions
+            if not writer.transport.is_closing():
+                writer.write(answer)
+
+        if self.delay:
+            asyncio.get_running_loop().call_later(self.delay, send)
+        else:
+            send()
+
+
+class _SenderClient(_Client):
+    """What the Sender uses of GatewayClient too: the clock and the metadata cache."""
+
+    def __init__(self, data_address: str) -> None:
+        super().__init__(data_address)
+        self.clock = SYSTEM_CLOCK
+        self.metadata = MetadataCache()
+
+
+async def _produce_over_raw(gateway, values, *, acks=1, partitions=1, batch_size=100, max_in_flight=5):
+    """Run a Sender over a RawTransport to ``gateway``; returns the futures, the requests that
+    went through ``RawTransport.send`` (the task path) rather than directly, and the sender's
+    counters."""
+    client = _SenderClient(f"127.0.0.1:{gateway.port}")
+    transport = RawTransport(client, _Fallback())
+    through_send: list = []
+    send = transport.send
+
+    async def counted(request, timeout_s):
+        through_send.append(request)
+        return await send(request, timeout_s)
+
+    transport.send = counted  # type: ignore[method-assign]
+    accumulator = RecordAccumulator(batch_size=batch_size, linger_ms=0)
+    sender = Sender(
+        client=client,  # type: ignore[arg-type]
+        accumulator=accumulator,
+        transport=transport,
+        policy=RetryPolicy(retries=0 if acks == 0 else 10, retry_backoff_ms=1, retry_backoff_max_ms=5),
+        max_in_flight=max_in_flight,
+        acks=acks,
+    )
+    task = asyncio.create_task(sender.run())
+    futures = []
+    for i, value in enumerate(values):
+        now_ms = SYSTEM_CLOCK.time_ms()
+        size = estimate_record_size(None, value, 0)
+        future, _, _ = accumulator.append("t", i % partitions, now_ms, None, value, (), size, now_ms)
+        futures.append(future)
+        sender.wakeup()
+        if i == 0:  # the first request opens the connection (through send()); the rest follow it
+            while not future.is_done:
+                await asyncio.sleep(0.001)
+        elif i % 3 == 0:
+            await asyncio.sleep(0.001)
+    accumulator.close()
+    sender.stop()
+    await asyncio.wait_for(task, 10)
+    await transport.close(1.0)
+    return futures, through_send, sender.metrics
+
+
+@run_async
+async def test_the_sender_writes_requests_itself_once_connected_in_order_one_per_partition():
+    values = [b"v%03d" % i for i in range(60)]
+    gateway_log = LogGateway(delay=0.002)
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        futures, through_send, metrics = await _produce_over_raw(gateway, values, partitions=2, batch_size=40)
+    assert gateway_log.logs == {0: values[0::2], 1: values[1::2]}
+    offsets = [f.get(0) for f in futures]
+    assert [m.offset for m in offsets] == [i // 2 for i in range(60)]
+    assert gateway_log.overlaps == 0, "a partition never has two requests in flight at acks=1"
+    assert len(through_send) == 1, "only the first request (it opens the connection) goes through send()"
+    assert gateway_log.count > 10
+    assert metrics["requests"] == gateway_log.count
+    assert metrics["requests-written-directly"] == gateway_log.count - 1
+
+
+@run_async
+async def test_acks_zero_direct_requests_are_done_once_written_and_arrive_in_order():
+    values = [b"r%03d" % i for i in range(50)]
+    gateway_log = LogGateway()
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        futures, through_send, metrics = await _produce_over_raw(
+            gateway, values, acks=0, batch_size=1, max_in_flight=16
+        )
+        while gateway_log.logs.get(0, []) != values:  # written before close returned
+            await asyncio.sleep(0.001)
+    assert all(f.succeeded() and f.get(0).offset == -1 for f in futures)
+    assert len(through_send) == 1 and gateway_log.count > 1
+    assert metrics["requests-written-directly"] == gateway_log.count - 1
+
+
+@run_async
+async def test_direct_requests_cut_off_by_a_broken_connection_are_retried_in_order():
+    values = [b"x%03d" % i for i in range(40)]
+    gateway_log = LogGateway(delay=0.001, drop_at=6)
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        futures, through_send, metrics = await _produce_over_raw(gateway, values, partitions=2, batch_size=30)
+    assert gateway_log.logs == {0: values[0::2], 1: values[1::2]}, "nothing lost, doubled or reordered"
+    assert [f.get(0).offset for f in futures] == [i // 2 for i in range(40)]
+    assert len(through_send) >= 2, "the retry reconnects through send()"
+    assert metrics["batches-retried"] > 0
+
+
+@run_async
+async def test_one_direct_request_in_flight_does_not_stall_the_sender():
+    values = [b"s%02d" % i for i in range(30)]
+    gateway_log = LogGateway(delay=0.001)
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        futures, through_send, metrics = await _produce_over_raw(
+            gateway, values, batch_size=1, max_in_flight=1
+        )
+    assert gateway_log.logs == {0: values}
+    assert [f.get(0).offset for f in futures] == list(range(30))
+    assert len(through_send) == 1
+    assert (
+        metrics["requests"] == gateway_log.count
+        and metrics["requests-written-directly"] == gateway_log.count - 1
+    )
+
+
+@run_async
+async def test_a_wakeup_for_a_sendable_record_writes_its_request_in_the_same_turn():
+    """``Sender.wakeup_to_send`` (a record sendable now, woken from the application's thread)
+    drains and writes while the routine sleeps, instead of in the routine's next turn; the
+    answer still settles the record."""
+    gateway_log = LogGateway()
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        client = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        sender = Sender(
+            client=client, accumulator=accumulator, transport=transport, policy=RetryPolicy(), acks=1
+        )  # type: ignore[arg-type]
+        task = asyncio.create_task(sender.run())
+
+        def append(value: bytes):
+            now_ms = SYSTEM_CLOCK.time_ms()
+            size = estimate_record_size(None, value, 0)
+            return accumulator.append("t", 0, now_ms, None, value, (), size, now_ms)[0]
+
+        first = append(b"first")  # opens the connection through send()
+        sender.wakeup()
+        assert (await first).offset == 0
+        await asyncio.sleep(0.01)  # the routine is asleep, waiting for a wakeup
+        second = append(b"second")
+        sender.wakeup_to_send()
+        assert not accumulator.has_queued(), "drained and written in this turn"
+        assert (await second).offset == 1
+        accumulator.close()
+        sender.stop()
+        await asyncio.wait_for(task, 5)
+        await transport.close(1.0)
+    assert gateway_log.logs == {0: [b"first", b"second"]}
+
+
+@run_async
+async def test_the_produce_connection_reads_at_most_64_kib_a_recv():
+    """asyncio's default read (256 KiB) costs a 256 KiB allocation per recv, ~12 us for a
+    60-byte produce answer; the producer's connection reads at most 64 KiB."""
+    async with ScriptedGateway(on_request=_answer_ok) as gateway:
+        transport = RawTransport(_Client(f"127.0.0.1:{gateway.port}"), _Fallback())
+        await transport.send(_request(), 5.0)
+        connection = transport._link._connection
+        assert connection is not None
+        assert connection.writer.transport.max_size == PRODUCE_READ_SIZE == 64 * 1024
+        await transport.close(1.0)
+
+
+@run_async
+async def test_a_request_that_cannot_be_encoded_fails_its_records_and_the_sender_goes_on():
+    """A frame the encoder refuses (here a topic name past the format's 249 bytes) fails that
+    request's records, as in a task; the sender routine neither dies nor loses the others."""
+    gateway_log = LogGateway()
+    async with ScriptedGateway(on_request=gateway_log) as gateway:
+        client = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        sender = Sender(
+            client=client,  # type: ignore[arg-type]
+            accumulator=accumulator,
+            transport=transport,
+            policy=RetryPolicy(retries=0),
+            acks=1,
+        )
+        task = asyncio.create_task(sender.run())
+
+        def append(topic: str, value: bytes):
+            now_ms = SYSTEM_CLOCK.time_ms()
+            size = estimate_record_size(None, value, 0)
+            future = accumulator.append(topic, 0, now_ms, None, value, (), size, now_ms)[0]
+            sender.wakeup()
+            return future
+
+        assert (await append("t", b"first")).offset == 0  # the connection is open
+        refused = append("x" * 300, b"refused")
+        after = append("t", b"after")
+        with pytest.raises(errors.TributaryError, match="ValueError"):
+            await refused
+        assert (await after).offset == 1
+        accumulator.close()
+        sender.stop()
+        await asyncio.wait_for(task, 5)
+        await transport.close(1.0)
+    assert sender.metrics["requests-written-directly"] >= 2

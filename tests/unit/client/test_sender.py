@@ -238,3 +238,14 @@ def test_acks_values():
     assert acks_to_proto(Acks.parse(1)) == pb.ACKS_LEADER and acks_to_proto(Acks.parse(0)) == pb.ACKS_NONE
     with pytest.raises(ValueError):
         Acks.parse(2)
+
+
+def test_one_request_in_flight_does_not_stall_the_sender():
+    """max_in_flight=1: each answer frees the one slot and wakes the routine for the next
+    request (once the waking came before the slot was free, and the routine slept for good)."""
+    transport = ScriptedTransport(delay=0.001)
+    values = [b"v%02d" % i for i in range(30)]
+    futures = asyncio.run(run_sender(transport, values, max_in_flight=1, batch_size=1, pace=0.0002))
+    assert [f.get(0).offset for f in futures] == list(range(30))
+    assert transport.values_sent(0) == values
+    assert transport.overlaps == 0
