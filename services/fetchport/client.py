@@ -306,12 +306,17 @@ def _sparse_results(
     out. An answer naming a partition not asked for, or out of order, fails every partition (as
     a request-level error does)."""
     committed = request.isolation_level == multi.READ_COMMITTED
-    results: list[FetchResult | None] = [None] * len(request.partitions)
-    index = {(p.topic, p.partition): i for i, p in enumerate(request.partitions)}
+    asked = request.partitions
+    results: list[FetchResult | None] = [None] * len(asked)
     last = -1
     for part in response.partitions:
-        at = index.get((part.header.topic, part.header.partition), -1)
-        if response.error_code or at <= last:
+        # The answer follows the request's order: look for each partition after the last one
+        # (a walk over the request, not an index of it: most of a wide request is left out).
+        topic, number = part.header.topic, part.header.partition
+        at = last + 1
+        while at < len(asked) and (asked[at].partition != number or asked[at].topic != topic):
+            at += 1
+        if response.error_code or at >= len(asked):
             code = response.error_code or errors.CorruptRecordError.kafka_code
             message = response.message or "the node answered partitions not asked for, or out of order"
             header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)
