@@ -4,7 +4,9 @@ One request is served in two phases:
 
 1. every partition is read once, concurrently, without waiting (``max_wait_ms=0`` on the node);
    the answers are applied in request order, so which partition may exceed the response's
-   ``max_bytes`` with its first batch does not depend on timing;
+   ``max_bytes`` with its first batch does not depend on timing. When that read is a single
+   request (every partition led by one node), it is the long poll itself: the node answers at
+   once with what it has (the same answer), else at the first append (no second round trip);
 2. unless that already satisfies the request -- at least ``min_bytes`` gathered, an error to
    report, or nothing left to read -- each partition with room left long-polls its node
    (``min_bytes=1``, ``max_wait_ms`` = time left) and is re-polled from its new offset each
@@ -280,8 +282,14 @@ class _FetchSession:
                 pass  # every partition of it gets the error from its own poll below
         polls: list[_Poll | None] = [None] * len(self._parts)
         groups, alone = self._groups(indexes)
-        tasks = [self._poll_group(node, group, long_poll=False) for node, group in groups]
-        tasks += [self._poll_one(index, long_poll=False) for index in alone]
+        # A fetch that takes one request (every partition on one node, the usual case) sends it
+        # as the long poll: the node answers at once with what it has, as the read without
+        # waiting would, and otherwise when the first records arrive -- one round trip to the
+        # node instead of two whenever the fetch finds nothing yet, and an append reaches a
+        # waiting consumer without the gateway in between.
+        wait = len(groups) + len(alone) == 1 and self._command.min_bytes > 0
+        tasks = [self._poll_group(node, group, long_poll=wait) for node, group in groups]
+        tasks += [self._poll_one(index, long_poll=wait) for index in alone]
         for answer in await asyncio.gather(*tasks):
             for index, poll in answer.items():
                 polls[index] = poll
