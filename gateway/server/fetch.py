@@ -105,8 +105,11 @@ class FetchCommand:
     read_committed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class FetchedPartition:
+class FetchedPartition(NamedTuple):
+    """One partition's result. (A tuple: a wide fetch session makes one for every partition
+    with news, and a frozen dataclass's construction cost more than the partition's share of
+    the fetch.)"""
+
     topic: str
     partition: int
     error: errors.TributaryError | None
@@ -412,6 +415,10 @@ class _FetchSession:
         snapshot = self._router.snapshot
         speaks_multi: dict[BrokerAddress, bool] = {}
         asked = self._asked
+        # Consecutive partitions mostly share a leader: its group is looked up once per run (an
+        # address's hash is a dataclass's, computed on every lookup).
+        last: BrokerAddress | None = None
+        members: list[int] | None = None
         for index in indexes:
             part = asked[index]
             try:
@@ -419,13 +426,15 @@ class _FetchSession:
             except errors.TributaryError:
                 alone.append(index)
                 continue
-            multi_ok = speaks_multi.get(node)
-            if multi_ok is None:
-                multi_ok = speaks_multi[node] = self._router.clients.fetcher(node).speaks_multi
-            if not multi_ok:
+            if node is not last:
+                multi_ok = speaks_multi.get(node)
+                if multi_ok is None:
+                    multi_ok = speaks_multi[node] = self._router.clients.fetcher(node).speaks_multi
+                last, members = node, by_node.setdefault(node, []) if multi_ok else None
+            if members is None:
                 alone.append(index)
-                continue
-            by_node.setdefault(node, []).append(index)
+            else:
+                members.append(index)
         groups = [
             (node, members[i : i + _MAX_GROUP])
             for node, members in by_node.items()

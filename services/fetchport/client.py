@@ -10,19 +10,18 @@ import asyncio
 import itertools
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from services import errors
 from services.fetchport import multi, protocol
 from services.tls import ReloadingClientContext
 
 
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    """One partition's answer. For a read_committed fetch ``header.high_watermark`` is the last
-    stable offset (what the reader may read up to), and ``aborted`` lists the aborted
-    transactions overlapping the records as ``(producer id, first offset)``."""
+class FetchResult(NamedTuple):
+    """One partition's answer (a tuple: a wide fetch makes one per partition). For a
+    read_committed fetch ``header.high_watermark`` is the last stable offset (what the reader may
+    read up to), and ``aborted`` lists the aborted transactions overlapping the records as
+    ``(producer id, first offset)``."""
 
     header: protocol.FetchResponseHeader
     records: bytes

@@ -47,7 +47,6 @@ only be sent in plaintext).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import socket
@@ -623,7 +622,7 @@ class FetchServer:
             log_end_offset=info.log_end_offset,
         )
         if not request.from_follower and request.isolation_level == multi.READ_COMMITTED:
-            header = dataclasses.replace(header, last_stable_offset=last_stable, aborted=tuple(aborted))
+            header = header._replace(last_stable_offset=last_stable, aborted=tuple(aborted))
         return header, info
 
     def _error_header(
