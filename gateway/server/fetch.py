@@ -269,14 +269,18 @@ class _FetchSession:
         return self._command.max_bytes - self._total
 
     async def run(self) -> None:
-        polls = await self._poll_now(range(len(self._parts)))
+        polls, waited = await self._poll_now(range(len(self._parts)))
+        kept = 0
         for index, poll in enumerate(polls):
-            self._apply(index, poll)
-        if not self._satisfied():
+            kept += self._apply(index, poll)
+        # A first read that was the long poll and brought nothing ended with the node's wait (or
+        # an error): polling again would only wait out the crumbs of the deadline.
+        if not self._satisfied() and (kept or not waited):
             await self._long_poll()
 
-    async def _poll_now(self, indexes: range) -> list[_Poll]:
-        """Read the partitions once without waiting, one request per leader node (see ``_groups``)."""
+    async def _poll_now(self, indexes: range) -> tuple[list[_Poll], bool]:
+        """Read the partitions once, one request per leader node (see ``_groups``), without
+        waiting unless that is a single request; the polls, and whether they waited."""
         asked = self._asked
         for topic in dict.fromkeys(asked[i].topic for i in indexes):
             try:
@@ -296,7 +300,7 @@ class _FetchSession:
         for answer in await asyncio.gather(*tasks):
             for index, poll in answer.items():
                 polls[index] = poll
-        return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls]
+        return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls], wait
 
     def _can_poll(self, index: int) -> bool:
         part = self._parts[index]
