@@ -52,7 +52,7 @@ import os
 import socket
 import ssl
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -440,17 +440,18 @@ class FetchServer:
             max_wait_ms = self.limits.max_wait_ms
         return loop.time() + max_wait_ms / 1000.0
 
-    async def _wait_for_appends(self, conn: _Connection, keys: Iterable[object], timeout: float) -> None:
+    async def _wait_for_appends(self, conn: _Connection, keys: Sequence[object], timeout: float) -> None:
         """Wait until one of the partitions ``keys`` gets an append or ``timeout`` s pass.
 
         Raises _PeerClosed when the client disconnects meanwhile, so the poll ends at once.
         """
-        appended = [self._notifier.next_append(key) for key in keys]
+        appended = self._notifier.watch(keys)
         closed = conn.link.watch_for_close()
         try:
-            await asyncio.wait([*appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             conn.link.stop_watching()
+            self._notifier.unwatch(keys, appended)
         if closed.done():
             self.stats.polls_cancelled += 1
             raise _PeerClosed()
