@@ -297,7 +297,9 @@ class _FetchSession:
         wait = len(groups) + len(alone) == 1 and self._command.min_bytes > 0
         tasks = [self._poll_group(node, group, long_poll=wait) for node, group in groups]
         tasks += [self._poll_one(index, long_poll=wait) for index in alone]
-        for answer in await asyncio.gather(*tasks):
+        # (one request is awaited as it is: a task for it would cost a loop turn on the way out)
+        answers = [await tasks[0]] if len(tasks) == 1 else await asyncio.gather(*tasks)
+        for answer in answers:
             for index, poll in answer.items():
                 polls[index] = poll
         return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls], wait

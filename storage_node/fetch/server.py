@@ -543,42 +543,42 @@ class FetchServer:
     ) -> list[tuple[multi.PartitionHeader, int, Any] | None]:
         """``(header without records_length, record length, FetchInfo or None)`` per partition,
         within the response's byte budget (the first batch of the response goes whole); None
-        for a partition of a sparse request known to be quiet (``_known_quiet``)."""
+        for a partition of a sparse request known to be quiet (see below)."""
         budget = request.max_bytes
         parts: list[tuple[multi.PartitionHeader, int, Any] | None] = []
+        append = parts.append
         committed = request.isolation_level == multi.READ_COMMITTED
+        sparse = request.sparse
+        get = self._reader.get
         for fetch in request.partitions:
-            if (
-                request.sparse
-                and fetch.known_high_watermark >= 0
-                and self._known_quiet(fetch, committed, budget <= 0)
-            ):
-                parts.append(None)
-                continue
+            if sparse and fetch.known_high_watermark >= 0:
+                # Known quiet: nothing to read -- at its high watermark (last stable offset), or
+                # anywhere in its log once the answer's byte budget is spent -- and the offsets
+                # its fetcher knows: nothing to say, found without a read (most partitions of a
+                # wide fetch session; inline, as it runs for each of them). Anything else -- an
+                # error included -- is read the usual way.
+                try:
+                    replica = get(fetch.topic, fetch.partition)
+                    replica.ensure_leader(None)
+                except errors.TributaryError:
+                    pass
+                else:
+                    log = replica.log
+                    bound = log.last_stable_offset if committed else log.high_watermark
+                    start = log.log_start_offset
+                    offset = fetch.fetch_offset
+                    if (
+                        bound == fetch.known_high_watermark
+                        and start == fetch.known_log_start_offset
+                        and (offset == bound or (budget <= 0 and start <= offset < bound))
+                    ):
+                        append(None)
+                        continue
             header, info = self._read_partition(request, fetch, max(budget, 0))
             length = info.slice.length if info is not None and info.slice is not None else 0
             budget -= length
-            parts.append((header, length, info))
+            append((header, length, info))
         return parts
-
-    def _known_quiet(self, fetch: multi.PartitionFetch, committed: bool, spent: bool) -> bool:
-        """A consumer's partition with nothing to read -- at its high watermark (last stable
-        offset), or anywhere in its log once the answer's byte budget is ``spent`` -- and
-        offsets its fetcher knows: nothing to say, found without a read (most partitions of a
-        wide fetch session). Anything else -- an error included -- is read the usual way."""
-        try:
-            replica = self._reader.get(fetch.topic, fetch.partition)
-            replica.ensure_leader(None)
-        except errors.TributaryError:
-            return False
-        log = replica.log
-        bound = log.last_stable_offset if committed else log.high_watermark
-        start = log.log_start_offset
-        return (
-            bound == fetch.known_high_watermark
-            and start == fetch.known_log_start_offset
-            and (fetch.fetch_offset == bound or (spent and start <= fetch.fetch_offset < bound))
-        )
 
     def _read_partition(self, request: multi.MultiFetchRequest, fetch: multi.PartitionFetch, budget: int):
         topic, partition = fetch.topic, fetch.partition
