@@ -47,6 +47,7 @@ only be sent in plaintext).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -136,6 +137,12 @@ def slice_descriptor(file_slice: FileSlice) -> int:
 
 class _PeerClosed(Exception):
     pass
+
+
+def _complete(future: asyncio.Future[None], *_ignored: object) -> None:
+    """Complete ``future`` unless it is done (a timer callback, or a done callback)."""
+    if not future.done():
+        future.set_result(None)
 
 
 class _Connection:
@@ -445,13 +452,21 @@ class FetchServer:
 
         Raises _PeerClosed when the client disconnects meanwhile, so the poll ends at once.
         """
-        appended = self._notifier.watch(keys)
+        # One future, completed by an append, the client's close or the timeout, awaited as it
+        # is: an append wakes the poll in one loop turn (``asyncio.wait`` took two: its own
+        # callback, then the task), before the appender's next work.
+        woken = self._notifier.watch(keys)
+        wake = functools.partial(_complete, woken)
         closed = conn.link.watch_for_close()
+        closed.add_done_callback(wake)
+        timer = asyncio.get_running_loop().call_later(timeout, wake)
         try:
-            await asyncio.wait([appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await woken
         finally:
+            timer.cancel()
+            closed.remove_done_callback(wake)
             conn.link.stop_watching()
-            self._notifier.unwatch(keys, appended)
+            self._notifier.unwatch(keys, woken)
         if closed.done():
             self.stats.polls_cancelled += 1
             raise _PeerClosed()
