@@ -6,7 +6,8 @@ One request is served in two phases:
    the answers are applied in request order, so which partition may exceed the response's
    ``max_bytes`` with its first batch does not depend on timing. When that read is a single
    request (every partition led by one node), it is the long poll itself: the node answers at
-   once with what it has (the same answer), else at the first append (no second round trip);
+   once with what it has (the same answer), else at the first append (no second round trip),
+   and an answer with nothing ends the fetch (the node's wait ended), as in phase 2;
 2. unless that already satisfies the request -- at least ``min_bytes`` gathered, an error to
    report, or nothing left to read -- each partition with room left long-polls its node
    (``min_bytes=1``, ``max_wait_ms`` = time left) and is re-polled from its new offset each
