@@ -4,7 +4,10 @@ One request is served in two phases:
 
 1. every partition is read once, concurrently, without waiting (``max_wait_ms=0`` on the node);
    the answers are applied in request order, so which partition may exceed the response's
-   ``max_bytes`` with its first batch does not depend on timing;
+   ``max_bytes`` with its first batch does not depend on timing. When that read is a single
+   request (every partition led by one node), it is the long poll itself: the node answers at
+   once with what it has (the same answer), else at the first append (no second round trip),
+   and an answer with nothing ends the fetch (the node's wait ended), as in phase 2;
 2. unless that already satisfies the request -- at least ``min_bytes`` gathered, an error to
    report, or nothing left to read -- each partition with room left long-polls its node
    (``min_bytes=1``, ``max_wait_ms`` = time left) and is re-polled from its new offset each
@@ -103,8 +106,11 @@ class FetchCommand:
     read_committed: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class FetchedPartition:
+class FetchedPartition(NamedTuple):
+    """One partition's result. (A tuple: a wide fetch session makes one for every partition
+    with news, and a frozen dataclass's construction cost more than the partition's share of
+    the fetch.)"""
+
     topic: str
     partition: int
     error: errors.TributaryError | None
@@ -205,11 +211,12 @@ class FetchHandler:
             self._router, command, asyncio.get_running_loop().time() + wait_s, telemetry=self._telemetry
         )
         await session.run()
-        news = session.news
-        results = [session.finish_raw(p) if i in news else None for i, p in enumerate(session.parts)]
+        results: list[FetchedPartition | None] = [None] * len(command.partitions)
+        for i in session.news:
+            results[i] = session.finish_raw(session.part(i))
         if self._telemetry is not None:
-            for i in news:
-                part, result = session.parts[i], results[i]
+            for i in session.news:
+                part, result = session.part(i), results[i]
                 assert result is not None
                 self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
         return results
@@ -233,66 +240,106 @@ class _FetchSession:
         self._router = router
         self._telemetry = telemetry
         self._command = command
+        self._asked = command.partitions
         self._deadline = deadline
-        self.parts = [PartitionData(p.topic, p.partition, p.offset, p.max_bytes) for p in command.partitions]
+        #: What was gathered per partition, made when a read first brings it something (a wide
+        #: fetch session's incremental fetch finds most partitions quiet: they never get one).
+        self._parts: list[PartitionData | None] = [None] * len(command.partitions)
         self._exhausted: set[int] = set()
         self._total = 0
+        #: Partitions whose error is set.
+        self._errors = 0
         #: Partitions some read found other than quiet (see ``FetchHandler.fetch_news``).
         self.news: set[int] = set()
+
+    def part(self, index: int) -> PartitionData:
+        """What was gathered for the partition ``index`` (made on first use)."""
+        part = self._parts[index]
+        if part is None:
+            p = self._asked[index]
+            part = self._parts[index] = PartitionData(p.topic, p.partition, p.offset, p.max_bytes)
+        return part
+
+    @property
+    def parts(self) -> list[PartitionData]:
+        """What was gathered for every partition, in request order."""
+        return [self.part(i) for i in range(len(self._parts))]
 
     @property
     def _total_room(self) -> int:
         return self._command.max_bytes - self._total
 
     async def run(self) -> None:
-        polls = await self._poll_now(range(len(self.parts)))
+        polls, waited = await self._poll_now(range(len(self._parts)))
+        kept = 0
         for index, poll in enumerate(polls):
-            self._apply(index, poll)
-        if not self._satisfied():
+            kept += self._apply(index, poll)
+        # A first read that was the long poll and brought nothing ended with the node's wait (or
+        # an error): polling again would only wait out the crumbs of the deadline.
+        if not self._satisfied() and (kept or not waited):
             await self._long_poll()
 
-    async def _poll_now(self, indexes: range) -> list[_Poll]:
-        """Read the partitions once without waiting, one request per leader node (see ``_groups``)."""
-        for topic in dict.fromkeys(self.parts[i].topic for i in indexes):
+    async def _poll_now(self, indexes: range) -> tuple[list[_Poll], bool]:
+        """Read the partitions once, one request per leader node (see ``_groups``), without
+        waiting unless that is a single request; the polls, and whether they waited."""
+        asked = self._asked
+        for topic in dict.fromkeys(asked[i].topic for i in indexes):
             try:
                 await self._router.topic(topic)  # refreshes once for a topic the cache does not know
             except errors.TributaryError:
                 pass  # every partition of it gets the error from its own poll below
-        polls: list[_Poll | None] = [None] * len(self.parts)
+        polls: list[_Poll | None] = [None] * len(self._parts)
         groups, alone = self._groups(indexes)
-        tasks = [self._poll_group(node, group, long_poll=False) for node, group in groups]
-        tasks += [self._poll_one(index, long_poll=False) for index in alone]
-        for answer in await asyncio.gather(*tasks):
+        # A fetch that takes one request (every partition on one node, the usual case) sends it
+        # as the long poll: the node answers at once with what it has, as the read without
+        # waiting would, and otherwise when the first records arrive -- one round trip to the
+        # node instead of two whenever the fetch finds nothing yet, and an append reaches a
+        # waiting consumer without the gateway in between.
+        wait = len(groups) + len(alone) == 1 and self._command.min_bytes > 0
+        tasks = [self._poll_group(node, group, long_poll=wait) for node, group in groups]
+        tasks += [self._poll_one(index, long_poll=wait) for index in alone]
+        # (one request is awaited as it is: a task for it would cost a loop turn on the way out)
+        answers = [await tasks[0]] if len(tasks) == 1 else await asyncio.gather(*tasks)
+        for answer in answers:
             for index, poll in answer.items():
                 polls[index] = poll
-        return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls]
+        return [poll if poll is not None else _Poll(error=_UNANSWERED) for poll in polls], wait
 
     def _can_poll(self, index: int) -> bool:
-        part = self.parts[index]
+        part = self._parts[index]
+        if part is None:  # nothing read yet
+            return self._asked[index].max_bytes > 0 and self._total_room > 0
         return part.error is None and index not in self._exhausted and part.room > 0 and self._total_room > 0
 
     def _satisfied(self) -> bool:
-        if any(p.error is not None for p in self.parts):
+        if self._errors:
             return True
         if self._total >= self._command.min_bytes:
             return True
-        return not any(self._can_poll(i) for i in range(len(self.parts)))
+        return not any(self._can_poll(i) for i in range(len(self._parts)))
+
+    def _fail(self, part: PartitionData, error: errors.TributaryError) -> None:
+        if part.error is None:
+            self._errors += 1
+        part.error = error
 
     def _apply(self, index: int, poll: _Poll) -> int:
         """Add a poll's bytes to the partition; returns the bytes kept."""
-        part = self.parts[index]
         if poll is _QUIET:
-            known = self._command.partitions[index]
-            part.high_watermark = known.known_high_watermark
-            part.log_start_offset = known.known_log_start_offset
+            quiet = self._parts[index]
+            if quiet is not None:  # (one never read stays unmade: it has nothing to say)
+                known = self._asked[index]
+                quiet.high_watermark = known.known_high_watermark
+                quiet.log_start_offset = known.known_log_start_offset
             return 0
+        part = self.part(index)
         self.news.add(index)
         if poll.error is not None:
             if part.size:
                 # Deliver what was read; the error shows on the next fetch from the new offset.
                 self._exhausted.add(index)
             else:
-                part.error = poll.error
+                self._fail(part, poll.error)
             return 0
         header = poll.header
         assert header is not None, "a poll without an error has a header"
@@ -309,7 +356,7 @@ class _FetchSession:
             response_empty=self._total == 0,
         )
         if taken.error is not None and part.size == 0:
-            part.error = taken.error
+            self._fail(part, taken.error)
         part.add(poll.records, taken)
         self._total += taken.length
         if taken.length < len(poll.records):
@@ -320,7 +367,7 @@ class _FetchSession:
 
     async def _long_poll(self) -> None:
         tasks: dict[asyncio.Future, list[int]] = {}
-        self._launch(tasks, range(len(self.parts)))
+        self._launch(tasks, range(len(self._parts)))
         try:
             while tasks:
                 timeout = self._deadline + _DEADLINE_GRACE_S - asyncio.get_running_loop().time()
@@ -374,20 +421,27 @@ class _FetchSession:
         alone = []
         snapshot = self._router.snapshot
         speaks_multi: dict[BrokerAddress, bool] = {}
+        asked = self._asked
+        # Consecutive partitions mostly share a leader: its group is looked up once per run (an
+        # address's hash is a dataclass's, computed on every lookup).
+        last: BrokerAddress | None = None
+        members: list[int] | None = None
         for index in indexes:
-            part = self.parts[index]
+            part = asked[index]
             try:
                 node = snapshot.ensure_leader(part.topic, part.partition)
             except errors.TributaryError:
                 alone.append(index)
                 continue
-            multi_ok = speaks_multi.get(node)
-            if multi_ok is None:
-                multi_ok = speaks_multi[node] = self._router.clients.fetcher(node).speaks_multi
-            if not multi_ok:
+            if node is not last:
+                multi_ok = speaks_multi.get(node)
+                if multi_ok is None:
+                    multi_ok = speaks_multi[node] = self._router.clients.fetcher(node).speaks_multi
+                last, members = node, by_node.setdefault(node, []) if multi_ok else None
+            if members is None:
                 alone.append(index)
-                continue
-            by_node.setdefault(node, []).append(index)
+            else:
+                members.append(index)
         groups = [
             (node, members[i : i + _MAX_GROUP])
             for node, members in by_node.items()
@@ -451,7 +505,7 @@ class _FetchSession:
         snapshot = await self._router.refresh()
         moved = []
         for index in group:
-            part = self.parts[index]
+            part = self._asked[index]
             try:
                 if snapshot.ensure_leader(part.topic, part.partition) != node:
                     moved.append(index)
@@ -468,7 +522,7 @@ class _FetchSession:
         return max(0, int((self._deadline - asyncio.get_running_loop().time()) * 1000))
 
     async def _poll(self, index: int, *, long_poll: bool) -> _Poll:
-        part = self.parts[index]
+        part = self.part(index)
         node: BrokerAddress | None = None
         reconnected = False
         for _ in range(_MAX_LEADER_CHASES):
@@ -495,23 +549,28 @@ class _FetchSession:
         """One fetch-port request for the partitions ``group`` on ``node``: a sparse one (None
         for each partition left out) when the client knows some of them (a fetch session)."""
         room = self._total_room
-        parts, asked = self.parts, self._command.partitions
+        parts, asked = self._parts, self._asked
         sparse = False
         fetches: list[multi.PartitionFetch] = []
         append, new, entry, no_epoch = fetches.append, tuple.__new__, multi.PartitionFetch, multi.NO_EPOCH
         for i in group:  # (a wide session's every fetch runs this for each partition: kept lean)
+            known = asked[i]
             part = parts[i]
-            # What the client knows holds only until this request brings it something new.
-            known = asked[i] if part.next_offset == part.fetch_offset else _UNKNOWN
+            if part is None:  # nothing read yet: as asked
+                next_offset, part_room = known.offset, known.max_bytes
+            else:
+                next_offset, part_room = part.next_offset, part.max_bytes - part.size
+                if next_offset != part.fetch_offset:
+                    # What the client knows holds only until this request brings it something new.
+                    known = _UNKNOWN
             sparse = sparse or known.known_high_watermark >= 0
-            part_room = part.max_bytes - part.size
             append(
                 new(
                     entry,
                     (
-                        part.topic,
-                        part.partition,
-                        part.next_offset,
+                        known.topic if part is None else part.topic,
+                        known.partition if part is None else part.partition,
+                        next_offset,
                         part_room if 0 < part_room <= room else max(1, min(part_room, room)),
                         no_epoch,
                         no_epoch,

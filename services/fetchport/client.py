@@ -10,19 +10,18 @@ import asyncio
 import itertools
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from services import errors
 from services.fetchport import multi, protocol
 from services.tls import ReloadingClientContext
 
 
-@dataclass(frozen=True, slots=True)
-class FetchResult:
-    """One partition's answer. For a read_committed fetch ``header.high_watermark`` is the last
-    stable offset (what the reader may read up to), and ``aborted`` lists the aborted
-    transactions overlapping the records as ``(producer id, first offset)``."""
+class FetchResult(NamedTuple):
+    """One partition's answer (a tuple: a wide fetch makes one per partition). For a
+    read_committed fetch ``header.high_watermark`` is the last stable offset (what the reader may
+    read up to), and ``aborted`` lists the aborted transactions overlapping the records as
+    ``(producer id, first offset)``."""
 
     header: protocol.FetchResponseHeader
     records: bytes
@@ -306,12 +305,17 @@ def _sparse_results(
     out. An answer naming a partition not asked for, or out of order, fails every partition (as
     a request-level error does)."""
     committed = request.isolation_level == multi.READ_COMMITTED
-    results: list[FetchResult | None] = [None] * len(request.partitions)
-    index = {(p.topic, p.partition): i for i, p in enumerate(request.partitions)}
+    asked = request.partitions
+    results: list[FetchResult | None] = [None] * len(asked)
     last = -1
     for part in response.partitions:
-        at = index.get((part.header.topic, part.header.partition), -1)
-        if response.error_code or at <= last:
+        # The answer follows the request's order: look for each partition after the last one
+        # (a walk over the request, not an index of it: most of a wide request is left out).
+        topic, number = part.header.topic, part.header.partition
+        at = last + 1
+        while at < len(asked) and (asked[at].partition != number or asked[at].topic != topic):
+            at += 1
+        if response.error_code or at >= len(asked):
             code = response.error_code or errors.CorruptRecordError.kafka_code
             message = response.message or "the node answered partitions not asked for, or out of order"
             header = protocol.FetchResponseHeader(response.correlation_id, code, -1, -1, -1, message, 0)

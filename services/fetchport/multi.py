@@ -70,6 +70,7 @@ this module builds and parses everything around them.
 
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -136,9 +137,10 @@ class MultiFetchRequest:
         return SPARSE_FETCH_VERSION if self.sparse else MULTI_FETCH_VERSION
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionHeader:
-    """A partition's part of a response, before its ``records_length`` record bytes."""
+class PartitionHeader(NamedTuple):
+    """A partition's part of a response, before its ``records_length`` record bytes. (A tuple: a
+    wide fetch makes one per partition read, and a frozen dataclass's construction cost more
+    than the read.)"""
 
     topic: str
     partition: int
@@ -160,8 +162,7 @@ class PartitionHeader:
         return errors.for_kafka_code(self.error_code)(self.message)
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionData:
+class PartitionData(NamedTuple):
     """A decoded partition of a response: its header and a view of its record bytes."""
 
     header: PartitionHeader
@@ -249,47 +250,46 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
     if count < 0 or count * (_SHORT.size + entry) > len(view) - _REQUEST_FIXED.size:
         raise errors.InvalidRequestError(f"fetch request announces {count} partitions its frame cannot hold")
     position = _REQUEST_FIXED.size
-    partitions = []
-    seen: set[tuple[str, int]] = set()
+    end = len(view)
+    partitions: list[PartitionFetch] = []
+    append = partitions.append
+    seen: dict[str, set[int]] = {}  # partition numbers by topic
     topics: dict[bytes, str] = {}  # a wide fetch names few topics: each decoded once
+    # A wide fetch names the same topic for many partitions in a row: while it does, each entry
+    # is one fixed-size struct (topic length, topic bytes, fields), read with one unpack and
+    # checked against the topic's bytes -- the per-partition cost of a wide fetch session.
+    run = _NO_RUN
+    run_length, run_raw, topic, numbers = -1, b"", "", set()
     for _ in range(count):
-        topic, position = _read_topic(view, position, topics)
-        if position + entry > len(view):
-            raise errors.InvalidRequestError("fetch request is truncated inside a partition")
+        fields = None
+        if position + run.size <= end:
+            fields = run.unpack_from(view, position)
+            if fields[0] != run_length or fields[1] != run_raw:
+                fields = None
+        if fields is None:  # another topic (or the first): read its name, then its entry
+            topic, after = _read_topic(view, position, topics)
+            if after + entry > end:
+                raise errors.InvalidRequestError("fetch request is truncated inside a partition")
+            run_length = after - position - _SHORT.size
+            run_raw = view[position + _SHORT.size : after].tobytes()
+            run = _entry_struct(run_length, sparse)
+            fields = run.unpack_from(view, position)
+            numbers = seen.setdefault(topic, set())
+        position += run.size
         if sparse:
-            (
-                partition,
-                leader_epoch,
-                offset,
-                last_epoch,
-                partition_max,
-                known_high_watermark,
-                known_log_start,
-            ) = _SPARSE_PARTITION_REQUEST.unpack_from(view, position)
+            _, _, partition, leader_epoch, offset, last_epoch, partition_max, known_hw, known_start = fields
         else:
-            partition, leader_epoch, offset, last_epoch, partition_max = _PARTITION_REQUEST.unpack_from(
-                view, position
-            )
-            known_high_watermark = known_log_start = -1
-        position += entry
+            _, _, partition, leader_epoch, offset, last_epoch, partition_max = fields
+            known_hw = known_start = -1
         if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
             raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")
-        if (topic, partition) in seen:
+        if partition in numbers:
             raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
-        seen.add((topic, partition))
-        partitions.append(
+        numbers.add(partition)
+        append(
             _new_tuple(
                 PartitionFetch,
-                (
-                    topic,
-                    partition,
-                    offset,
-                    partition_max,
-                    leader_epoch,
-                    last_epoch,
-                    known_high_watermark,
-                    known_log_start,
-                ),
+                (topic, partition, offset, partition_max, leader_epoch, last_epoch, known_hw, known_start),
             )
         )
     if position != len(view):
@@ -297,6 +297,18 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
     return MultiFetchRequest(
         correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms, isolation, sparse
     )
+
+
+#: No topic read yet: an entry layout no frame can hold, so the first entry takes the long way.
+_NO_RUN = struct.Struct(f">{MAX_MULTI_REQUEST_FRAME + 1}x")
+
+
+@functools.lru_cache(maxsize=256)
+def _entry_struct(topic_length: int, sparse: bool) -> struct.Struct:
+    """One request entry with a topic of ``topic_length`` bytes: its length, its bytes, then the
+    partition's fields (version 3: with the known offsets)."""
+    fields = _SPARSE_PARTITION_REQUEST.format if sparse else _PARTITION_REQUEST.format
+    return struct.Struct(f">h{topic_length}s{fields[1:]}")
 
 
 def _check_fixed(version: int, replica_id: int, isolation: int, bounds: tuple[int, int, int]) -> bool:
@@ -421,21 +433,24 @@ def decode_response_body(body: bytes | bytearray | memoryview) -> MultiFetchResp
             position += _INT.size
             if records_length < 0 or position + records_length > len(view):
                 raise errors.CorruptRecordError(f"records of {topic}-{partition} run past the frame")
-            header = PartitionHeader(
-                topic,
-                partition,
-                code,
-                high_watermark,
-                log_start,
-                log_end,
-                diverging_epoch,
-                diverging_end,
-                partition_message,
-                records_length,
-                lso,
-                aborted,
+            header = _new_tuple(
+                PartitionHeader,
+                (
+                    topic,
+                    partition,
+                    code,
+                    high_watermark,
+                    log_start,
+                    log_end,
+                    diverging_epoch,
+                    diverging_end,
+                    partition_message,
+                    records_length,
+                    lso,
+                    aborted,
+                ),
             )
-            partitions.append(PartitionData(header, view[position : position + records_length]))
+            partitions.append(_new_tuple(PartitionData, (header, view[position : position + records_length])))
             position += records_length
     except struct.error as exc:
         raise errors.CorruptRecordError(f"fetch response is truncated: {exc}") from exc

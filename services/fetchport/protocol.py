@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from services import errors
 
@@ -60,9 +61,9 @@ class FetchRequest:
     max_wait_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class FetchResponseHeader:
-    """Everything in a response before the record bytes; ``records_length`` of them follow."""
+class FetchResponseHeader(NamedTuple):
+    """Everything in a response before the record bytes; ``records_length`` of them follow. (A
+    tuple: the gateway makes one per partition of a wide fetch's answer.)"""
 
     correlation_id: int
     error_code: int

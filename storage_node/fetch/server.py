@@ -47,13 +47,13 @@ only be sent in plaintext).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import logging
 import os
 import socket
 import ssl
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -137,6 +137,12 @@ def slice_descriptor(file_slice: FileSlice) -> int:
 
 class _PeerClosed(Exception):
     pass
+
+
+def _complete(future: asyncio.Future[None], *_ignored: object) -> None:
+    """Complete ``future`` unless it is done (a timer callback, or a done callback)."""
+    if not future.done():
+        future.set_result(None)
 
 
 class _Connection:
@@ -441,17 +447,26 @@ class FetchServer:
             max_wait_ms = self.limits.max_wait_ms
         return loop.time() + max_wait_ms / 1000.0
 
-    async def _wait_for_appends(self, conn: _Connection, keys: Iterable[object], timeout: float) -> None:
+    async def _wait_for_appends(self, conn: _Connection, keys: Sequence[object], timeout: float) -> None:
         """Wait until one of the partitions ``keys`` gets an append or ``timeout`` s pass.
 
         Raises _PeerClosed when the client disconnects meanwhile, so the poll ends at once.
         """
-        appended = [self._notifier.next_append(key) for key in keys]
+        # One future, completed by an append, the client's close or the timeout, awaited as it
+        # is: an append wakes the poll in one loop turn (``asyncio.wait`` took two: its own
+        # callback, then the task), before the appender's next work.
+        woken = self._notifier.watch(keys)
+        wake = functools.partial(_complete, woken)
         closed = conn.link.watch_for_close()
+        closed.add_done_callback(wake)
+        timer = asyncio.get_running_loop().call_later(timeout, wake)
         try:
-            await asyncio.wait([*appended, closed], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            await woken
         finally:
+            timer.cancel()
+            closed.remove_done_callback(wake)
             conn.link.stop_watching()
+            self._notifier.unwatch(keys, woken)
         if closed.done():
             self.stats.polls_cancelled += 1
             raise _PeerClosed()
@@ -543,42 +558,42 @@ class FetchServer:
     ) -> list[tuple[multi.PartitionHeader, int, Any] | None]:
         """``(header without records_length, record length, FetchInfo or None)`` per partition,
         within the response's byte budget (the first batch of the response goes whole); None
-        for a partition of a sparse request known to be quiet (``_known_quiet``)."""
+        for a partition of a sparse request known to be quiet (see below)."""
         budget = request.max_bytes
         parts: list[tuple[multi.PartitionHeader, int, Any] | None] = []
+        append = parts.append
         committed = request.isolation_level == multi.READ_COMMITTED
+        sparse = request.sparse
+        get = self._reader.get
         for fetch in request.partitions:
-            if (
-                request.sparse
-                and fetch.known_high_watermark >= 0
-                and self._known_quiet(fetch, committed, budget <= 0)
-            ):
-                parts.append(None)
-                continue
+            if sparse and fetch.known_high_watermark >= 0:
+                # Known quiet: nothing to read -- at its high watermark (last stable offset), or
+                # anywhere in its log once the answer's byte budget is spent -- and the offsets
+                # its fetcher knows: nothing to say, found without a read (most partitions of a
+                # wide fetch session; inline, as it runs for each of them). Anything else -- an
+                # error included -- is read the usual way.
+                try:
+                    replica = get(fetch.topic, fetch.partition)
+                    replica.ensure_leader(None)
+                except errors.TributaryError:
+                    pass
+                else:
+                    log = replica.log
+                    bound = log.last_stable_offset if committed else log.high_watermark
+                    start = log.log_start_offset
+                    offset = fetch.fetch_offset
+                    if (
+                        bound == fetch.known_high_watermark
+                        and start == fetch.known_log_start_offset
+                        and (offset == bound or (budget <= 0 and start <= offset < bound))
+                    ):
+                        append(None)
+                        continue
             header, info = self._read_partition(request, fetch, max(budget, 0))
             length = info.slice.length if info is not None and info.slice is not None else 0
             budget -= length
-            parts.append((header, length, info))
+            append((header, length, info))
         return parts
-
-    def _known_quiet(self, fetch: multi.PartitionFetch, committed: bool, spent: bool) -> bool:
-        """A consumer's partition with nothing to read -- at its high watermark (last stable
-        offset), or anywhere in its log once the answer's byte budget is ``spent`` -- and
-        offsets its fetcher knows: nothing to say, found without a read (most partitions of a
-        wide fetch session). Anything else -- an error included -- is read the usual way."""
-        try:
-            replica = self._reader.get(fetch.topic, fetch.partition)
-            replica.ensure_leader(None)
-        except errors.TributaryError:
-            return False
-        log = replica.log
-        bound = log.last_stable_offset if committed else log.high_watermark
-        start = log.log_start_offset
-        return (
-            bound == fetch.known_high_watermark
-            and start == fetch.known_log_start_offset
-            and (fetch.fetch_offset == bound or (spent and start <= fetch.fetch_offset < bound))
-        )
 
     def _read_partition(self, request: multi.MultiFetchRequest, fetch: multi.PartitionFetch, budget: int):
         topic, partition = fetch.topic, fetch.partition
@@ -623,7 +638,7 @@ class FetchServer:
             log_end_offset=info.log_end_offset,
         )
         if not request.from_follower and request.isolation_level == multi.READ_COMMITTED:
-            header = dataclasses.replace(header, last_stable_offset=last_stable, aborted=tuple(aborted))
+            header = header._replace(last_stable_offset=last_stable, aborted=tuple(aborted))
         return header, info
 
     def _error_header(

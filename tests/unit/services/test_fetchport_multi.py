@@ -202,3 +202,35 @@ def test_every_truncation_of_a_response_is_corrupt():
             multi.decode_response_body(body[:cut])
     with pytest.raises(errors.CorruptRecordError, match="trailing"):
         multi.decode_response_body(body + b"!")
+
+
+@given(
+    topics=st.lists(st.sampled_from(["a", "b", "ab", "ba", "é", ""]), min_size=1, max_size=40),
+    sparse=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_runs_of_one_topic_decode_like_any_other_entries(topics, sparse):
+    """The decoder reads a run of entries of one topic with one unpack each: runs of equal-length
+    names (``ab`` then ``ba``), names met again after another, and the empty name all decode to
+    what was encoded."""
+    numbers: dict[str, int] = {}
+    partitions = []
+    for topic in topics:
+        numbers[topic] = numbers.get(topic, -1) + 1
+        known = (7, 3) if sparse else (-1, -1)
+        partitions.append(
+            multi.PartitionFetch(topic, numbers[topic], 100 + len(partitions), 1000, -1, -1, *known)
+        )
+    request = multi.MultiFetchRequest(
+        1, multi.CONSUMER_REPLICA_ID, tuple(partitions), 4096, 1, 0, sparse=sparse
+    )
+    assert multi.decode_request_body(_body(multi.encode_request(request))) == request
+
+
+@pytest.mark.parametrize("names", [["t", "t"], ["t", "u", "t"]])
+def test_a_partition_named_twice_in_a_run_or_across_runs_is_refused(names):
+    request = multi.MultiFetchRequest(
+        1, -1, tuple(multi.PartitionFetch(name, 4, 5, 1) for name in names), 1000, sparse=True
+    )
+    with pytest.raises(errors.InvalidRequestError, match="t-4 twice"):
+        multi.decode_request_body(_body(multi.encode_request(request)))
