@@ -296,7 +296,7 @@ class LogGateway:
     def __init__(self, *, delay: float = 0.0, drop_at: int | None = None) -> None:
         self.delay = delay
         self.drop_at = drop_at
-        self.logs: dict[int, list[bytes]] = {}
+        self.logs: dict[int, list[bytes | None]] = {}
         self.outstanding: set[int] = set()
         self.overlaps = 0
         self.count = 0
@@ -354,10 +354,10 @@ async def _produce_over_raw(gateway, values, *, acks=1, partitions=1, batch_size
         through_send.append(request)
         return await send(request, timeout_s)
 
-    transport.send = counted  # type: ignore[method-assign]
+    transport.send = counted
     accumulator = RecordAccumulator(batch_size=batch_size, linger_ms=0)
     sender = Sender(
-        client=client,  # type: ignore[arg-type]
+        client=client,
         accumulator=accumulator,
         transport=transport,
         policy=RetryPolicy(retries=0 if acks == 0 else 10, retry_backoff_ms=1, retry_backoff_max_ms=5),
@@ -456,7 +456,7 @@ async def test_a_wakeup_for_a_sendable_record_writes_its_request_in_the_same_tur
         accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
         sender = Sender(
             client=client, accumulator=accumulator, transport=transport, policy=RetryPolicy(), acks=1
-        )  # type: ignore[arg-type]
+        )
         task = asyncio.create_task(sender.run())
 
         def append(value: bytes):
@@ -502,7 +502,7 @@ async def test_a_request_that_cannot_be_encoded_fails_its_records_and_the_sender
         transport = RawTransport(client, _Fallback())
         accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
         sender = Sender(
-            client=client,  # type: ignore[arg-type]
+            client=client,
             accumulator=accumulator,
             transport=transport,
             policy=RetryPolicy(retries=0),
