@@ -13,9 +13,8 @@
   offset (ListOffsets) reaches the number sent. With ``acks`` 1/all the SDK keeps one request in
   flight per partition: a round trip per message.
 * batched: client-built RecordBatch v2 of exactly 50 records, one batch per request, ``acks=1``
-  and one request in flight per partition (the SDK mutes a partition while its batch is in
-  flight; ``max_in_flight=2`` -- with 1 the SDK's sender stalls, see ``produce_unbatched``): the
-  broker acknowledges each batch before the next goes, as every peer's batched mode. ``acks=0``
+  and one request in flight (``max_in_flight=1``): the broker acknowledges each batch before the
+  next goes, as every peer's batched mode. ``acks=0``
   with 16 in flight is the paper's Kafka setting (reported too).
 * consume: ``Consumer`` with manual assignment, 200 KB fetches (``max_partition_fetch_bytes`` =
   ``fetch_max_bytes``), up to 1,000 records per poll, records decoded and CRC-checked in the client.
@@ -217,10 +216,8 @@ class Tributary(Peer):
     # -- experiments -----------------------------------------------------------------------
 
     def produce_unbatched(self, dest: Dest, payloads: Sequence[bytes], meter: Meter, *, acks=0) -> None:
-        # acks 1/all: the SDK mutes a partition while its request is in flight, so this is one
-        # request at a time per partition. (2, not 1: with max_in_flight=1 the SDK's sender stalls
-        # -- its wakeup comes before the finished request leaves the in-flight set.)
-        in_flight = 16 if acks == 0 else 2
+        # acks 1/all: one request at a time (send, wait for the answer, send the next).
+        in_flight = 16 if acks == 0 else 1
         from gateway.client import Admin
 
         admin = Admin(servers=self.servers)
@@ -259,7 +256,7 @@ class Tributary(Peer):
         batch: int = BATCH,
         *,
         acks=1,
-        in_flight: int = 2,
+        in_flight: int = 1,
     ) -> None:
         size = batch_size_for(batch, payloads)
         producer = self._producer(
