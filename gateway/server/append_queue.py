@@ -207,6 +207,11 @@ class AppendQueues:
         self._tasks: set[asyncio.Task] = set()
         self._round_scheduled = False
 
+    @property
+    def has_room(self) -> bool:
+        """Whether the queued bytes are under the limit (see :meth:`wait_for_room`)."""
+        return self._room.is_set()
+
     async def wait_for_room(self) -> None:
         """Until the queued bytes are back under the limit (the stream reader's back-pressure)."""
         await self._room.wait()
@@ -302,7 +307,9 @@ class AppendQueues:
     def _settle(self, topic: str, partition: int, group: list[_Pending], result: AppendResult) -> None:
         error = result.error
         if error is None:
-            self._finish((topic, partition), group, split_result(result, group))
+            # acks=0: nobody reads the shares (the requests were answered, if at all, unacked).
+            shares = [result] * len(group) if group[0].acks is Acks.NONE else split_result(result, group)
+            self._finish((topic, partition), group, shares)
         elif len(group) == 1 or error.retriable:
             self._finish((topic, partition), group, [result] * len(group))
         else:

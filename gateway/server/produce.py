@@ -104,8 +104,9 @@ def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
     }
 
 
-def _outcome(plan: ProducePlan, sent: dict[int, AppendResult]) -> ProduceOutcome:
-    results = {**plan.failed, **sent}
+def outcome_of(plan: ProducePlan, sent: dict[int, AppendResult]) -> ProduceOutcome:
+    """The answer to ``plan``'s request once its partitions were ``sent``."""
+    results = {**plan.failed, **sent} if plan.failed else sent
     command = plan.command
     return ProduceOutcome(
         command.topic,
@@ -199,9 +200,27 @@ class ProduceHandler:
             self._telemetry.produce_planned(command.topic, payloads.values())
         return ProducePlan(command, assignment, payloads, {p: _unknown_partition(topic, p) for p in unknown})
 
+    def plan_now(self, command: ProduceCommand) -> ProducePlan | None:
+        """:meth:`plan` without an event-loop turn, for pre-encoded batches of a topic whose
+        route is known (the data listener's requests): the plan, or None when :meth:`plan` is
+        needed (typed records, an unknown topic: it may refresh the metadata first).
+
+        Raises the same request-level errors as :meth:`plan`."""
+        if command.records or not command.batches:
+            return None
+        topic = self._router.snapshot.topics.get(command.topic)
+        if topic is None or topic.partition_count < 1:
+            return None
+        ensure_valid_command(command)
+        payloads, unknown = plan_raw(command, topic.partition_count)
+        if self._telemetry is not None:
+            self._telemetry.produce_planned(command.topic, payloads.values())
+        failed = {p: _unknown_partition(topic, p) for p in unknown} if unknown else {}
+        return ProducePlan(command, [], payloads, failed)
+
     async def execute(self, plan: ProducePlan, *, deadline: float) -> ProduceOutcome:
         """Append the plan's payloads, one Append per leader node (unary Produce)."""
-        return _outcome(plan, await self._send(plan, deadline))
+        return outcome_of(plan, await self._send(plan, deadline))
 
     def enqueue(
         self, plan: ProducePlan, *, deadline: float, queues: AppendQueues
@@ -210,11 +229,23 @@ class ProduceHandler:
 
         Queuing is synchronous, so requests enqueued in arrival order are appended in that order.
         """
+        return self._outcome_when_appended(plan, self.submit(plan, deadline=deadline, queues=queues))
+
+    @staticmethod
+    def submit(
+        plan: ProducePlan, *, deadline: float, queues: AppendQueues
+    ) -> asyncio.Future[dict[int, AppendResult]]:
+        """:meth:`enqueue` without the outcome: the future resolves to each partition's
+        :class:`AppendResult` (:func:`outcome_of` makes the answer; an acks=0 request needs
+        none, and need not await it)."""
         command = plan.command
-        answered = queues.submit_all(
-            command.topic, {p: payload.data for p, payload in plan.payloads.items()}, command.acks, deadline
-        )
-        return self._outcome_when_appended(plan, answered)
+        payloads = plan.payloads
+        if len(payloads) == 1:
+            ((partition, payload),) = payloads.items()
+            data = {partition: payload.data}
+        else:
+            data = {p: payload.data for p, payload in payloads.items()}
+        return queues.submit_all(command.topic, data, command.acks, deadline)
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
@@ -226,8 +257,8 @@ class ProduceHandler:
         self, plan: ProducePlan, answered: asyncio.Future[dict[int, AppendResult]]
     ) -> ProduceOutcome:
         if plan.command.acks == Acks.NONE:
-            return _outcome(plan, _unacked_results(plan))
-        return _outcome(plan, await answered)
+            return outcome_of(plan, _unacked_results(plan))
+        return outcome_of(plan, await answered)
 
     async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, AppendResult]:
         command = plan.command
@@ -295,6 +326,21 @@ class ProduceHandler:
             epochs[partition] = snapshot.topics[topic].partitions[partition].leader_epoch
         timeout_s = deadline - asyncio.get_running_loop().time()
         clients = self._router.clients
+        if len(by_node) == 1:  # the usual case: no task, no gather
+            ((node, payloads),) = by_node.items()
+            answer = await storage_calls.append(
+                clients.storage(node),
+                topic,
+                payloads,
+                acks=acks,
+                timeout_s=timeout_s,
+                leader_epochs=epochs,
+                data_port=clients.appends(node),
+            )
+            if not results:
+                return answer
+            results.update(answer)
+            return results
         answers = await asyncio.gather(
             *(
                 storage_calls.append(
