@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
@@ -39,7 +40,13 @@ from dataclasses import replace
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
-from services.records import iter_batches
+from services.records.format import (
+    BATCH_LENGTH_OFFSET,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
+    RECORD_BATCH_OVERHEAD,
+    RECORD_COUNT_OFFSET,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +68,30 @@ Appender = Callable[[str, dict[int, bytes], Acks, float, Settled], Awaitable[dic
 _NOT_COUNTED = (-1, -1)
 
 
+_BATCH_LENGTH = struct.Struct(">i")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_RECORD_COUNT = struct.Struct(">i")
+
+
 def count_offsets(data: bytes) -> tuple[int, int] | None:
-    """(offsets, records) the batches in ``data`` take, from their headers; None if unreadable."""
-    offsets = records = 0
-    try:
-        for batch in iter_batches(data):
-            offsets += batch.last_offset_delta + 1
-            records += batch.record_count
-    except errors.CorruptRecordError:
-        return None
+    """(offsets, records) the batches in ``data`` take, from their headers; None if unreadable.
+
+    The walk :func:`services.records.iter_batches` makes (the same checks: every batch at least
+    the minimum length and held whole, its header readable), reading only the two fields it
+    needs: this runs for every merged request, and a batch view each cost a tenth of the
+    gateway's time for one-record requests."""
+    end = len(data)
+    pos = offsets = records = 0
+    read = _BATCH_LENGTH.unpack_from
+    while pos < end:
+        if end - pos < LOG_OVERHEAD:
+            return None
+        size = read(data, pos + BATCH_LENGTH_OFFSET)[0] + LOG_OVERHEAD
+        if size < RECORD_BATCH_OVERHEAD or pos + size > end:
+            return None
+        offsets += _LAST_OFFSET_DELTA.unpack_from(data, pos + LAST_OFFSET_DELTA_OFFSET)[0] + 1
+        records += _RECORD_COUNT.unpack_from(data, pos + RECORD_COUNT_OFFSET)[0]
+        pos += size
     return (offsets, records) if offsets else None
 
 
