@@ -104,6 +104,19 @@ class _Link:
                     self.fail(errors.NetworkError(f"an append frame to {self.name} was cut short"))
                 raise
 
+    def send_now(self, parts: list[bytes | memoryview]) -> bool:
+        """Write a small frame at once when nothing holds the socket and it fits under the
+        high-water mark (no drain due): True when written, False (nothing written) when
+        :meth:`send` must do it."""
+        if self._sending.locked():
+            return False
+        size = sum(len(part) for part in parts)
+        transport = self.writer.transport
+        if size > WRITE_PIECE_BYTES or transport.get_write_buffer_size() + size > WRITE_HIGH_WATER:
+            return False
+        transport.write(b"".join(parts))
+        return True
+
     async def read_answers(self) -> None:
         """Resolve pending appends as their answers come; on any failure, fail them all."""
         failure: errors.TributaryError
@@ -147,6 +160,12 @@ def _answer_margin(timeout_s: float) -> float:
     """How much earlier than the gateway the node gives up on an append: a quarter of the time,
     at most 250 ms."""
     return min(0.25, timeout_s / 4)
+
+
+def _time_out(future: asyncio.Future) -> None:
+    """An append's answer did not come in time (its timer)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _forget(link: _Link, correlation_id: int, future: asyncio.Future) -> None:
@@ -272,15 +291,27 @@ class NodeAppends:
         if not link.alive:  # lost while this append waited for it
             error = errors.NetworkError(f"the data-port connection to {self._name} was lost")
             return {p: AppendResult(topic, p, error=error) for p in payloads}
-        future: asyncio.Future[frames.AppendResponse] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[frames.AppendResponse] = loop.create_future()
         link.pending[correlation_id] = future
+        parts = frames.encode_request_parts(request)
         sent = False
         try:
-            async with asyncio.timeout(max(timeout_s, 0.001)):
-                # A node that stopped reading holds this up: bounded by the timeout too.
-                await link.send(frames.encode_request_parts(request))
+            if link.send_now(parts):
+                # The usual case: written at once; the wait for the answer is bounded by a
+                # timer on its future (asyncio.timeout's context cost as much again per append).
                 sent = True
-                response = await future
+                timer = loop.call_later(max(timeout_s, 0.001), _time_out, future)
+                try:
+                    response = await future
+                finally:
+                    timer.cancel()
+            else:
+                async with asyncio.timeout(max(timeout_s, 0.001)):
+                    # A node that stopped reading holds this up: bounded by the timeout too.
+                    await link.send(parts)
+                    sent = True
+                    response = await future
         except TimeoutError:
             _forget(link, correlation_id, future)
             if not sent:
