@@ -95,34 +95,69 @@ def count_offsets(data: bytes) -> tuple[int, int] | None:
     return (offsets, records) if offsets else None
 
 
+#: ``done(results)``: a request's partition -> AppendResult once every partition has one, or
+#: None when its appends were abandoned (the loop is shutting down).
+Done = Callable[["dict[int, AppendResult] | None"], None]
+
+
 class _Answer:
     """Where a request's appends report: one future for all its partitions (a future per
     partition, gathered, cost a tenth of the gateway's time at thousands of partitions per
     request). ``single``: the future resolves to the one partition's AppendResult (``submit``);
-    else to a dict partition -> AppendResult once every partition has its result."""
+    else to a dict partition -> AppendResult once every partition has its result. Without a
+    future, ``done`` is called with that dict instead, at once (``submit_then``)."""
 
-    __slots__ = ("future", "left", "results", "single")
+    __slots__ = ("done", "future", "left", "results", "single")
 
-    def __init__(self, future: asyncio.Future, partitions: int, single: bool) -> None:
+    def __init__(
+        self, future: asyncio.Future | None, partitions: int, single: bool, done: Done | None = None
+    ) -> None:
         self.future = future
+        self.done = done
         self.left = partitions
         self.results: dict[int, AppendResult] = {}
         self.single = single
         if not partitions and not single:
-            future.set_result(self.results)
+            self._resolve(self.results)
 
     def put(self, partition: int, result: AppendResult) -> None:
-        future = self.future
-        if future.done():
+        if self.left <= 0:
             return
         if self.single:
-            future.set_result(result)
+            self.left = 0
+            self._resolve(result)
             return
         if partition not in self.results:
             self.results[partition] = result
             self.left -= 1
             if not self.left:
-                future.set_result(self.results)
+                self._resolve(self.results)
+
+    def _resolve(self, answer) -> None:
+        self.left = 0
+        future = self.future
+        if future is not None:
+            if not future.done():
+                future.set_result(answer)
+            return
+        done = self.done
+        assert done is not None
+        try:
+            done(answer)
+        except Exception:  # the caller's bug must not break the queues' bookkeeping
+            log.exception("a produce answer callback failed")
+
+    def cancel(self) -> None:
+        """The appends were abandoned: the future is cancelled, or ``done`` hears None."""
+        if self.future is not None:
+            self.future.cancel()
+        elif self.left > 0:
+            self.left = 0
+            assert self.done is not None
+            try:
+                self.done(None)
+            except Exception:
+                log.exception("a produce answer callback failed")
 
 
 class _Pending:
@@ -228,6 +263,7 @@ class AppendQueues:
         self._in_flight: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._round_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def has_room(self) -> bool:
@@ -243,9 +279,9 @@ class AppendQueues:
 
         The future resolves to this request's :class:`AppendResult`; it never raises.
         """
-        answer = _Answer(asyncio.get_running_loop().create_future(), 1, True)
-        self._queue(topic, partition, _Pending(data, acks, deadline, answer, partition))
-        return answer.future
+        future = self._running_loop().create_future()
+        self._queue(topic, partition, _Pending(data, acks, deadline, _Answer(future, 1, True), partition))
+        return future
 
     def submit_all(
         self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float
@@ -253,10 +289,29 @@ class AppendQueues:
         """:meth:`submit` of one request's partitions (``payloads``: partition -> bytes): one
         future, resolved to every partition's :class:`AppendResult` once all have one; it never
         raises."""
-        answer = _Answer(asyncio.get_running_loop().create_future(), len(payloads), False)
+        future = self._running_loop().create_future()
+        answer = _Answer(future, len(payloads), False)
         for partition, data in payloads.items():
             self._queue(topic, partition, _Pending(data, acks, deadline, answer, partition))
-        return answer.future
+        return future
+
+    def submit_then(
+        self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float, done: Done
+    ) -> None:
+        """:meth:`submit_all` without a future: ``done(results)`` is called as soon as every
+        partition has its result -- in the same turn of the loop, so answers settled together
+        can leave together -- or ``done(None)`` if the appends are abandoned. ``done`` must not
+        raise (what it raises is logged)."""
+        answer = _Answer(None, len(payloads), False, done)
+        for partition, data in payloads.items():
+            self._queue(topic, partition, _Pending(data, acks, deadline, answer, partition))
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the queues run on (asked once: asking costs a system call in 3.11)."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _queue(self, topic: str, partition: int, pending: _Pending) -> None:
         key = (topic, partition)
@@ -275,7 +330,7 @@ class AppendQueues:
         # At the end of this turn of the loop: every request read in it joins the same round.
         if not self._round_scheduled:
             self._round_scheduled = True
-            asyncio.get_running_loop().call_soon(self._start_round)
+            self._running_loop().call_soon(self._start_round)
 
     def _start_round(self) -> None:
         """Take the next append of every ready partition; one appender call per topic and acks."""
@@ -286,7 +341,7 @@ class AppendQueues:
             group, size = take_group(self._queues[key], self._max_merged_bytes)
             self._in_flight.add(key)
             by_topic.setdefault((key[0], group[0].acks), []).append((key[1], group, size))
-        loop = asyncio.get_running_loop()
+        loop = self._running_loop()
         for (topic, acks), takes in by_topic.items():
             for run in _rounds_within(takes, self._max_round_bytes):
                 groups = {partition: group for partition, group, _ in run}
@@ -373,7 +428,7 @@ class AppendQueues:
         callers waiting."""
         queued = self._queues.pop(key, deque())
         for pending in (*group, *queued):
-            pending.answer.future.cancel()
+            pending.answer.cancel()
         self._release([*group, *queued])
         self._in_flight.discard(key)
         self._ready.pop(key, None)

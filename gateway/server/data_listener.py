@@ -74,6 +74,7 @@ from gateway.server.quotas import ChannelThrottle, ClientQuota, ClientQuotas
 from services import errors, tokens
 from services.acks import Acks
 from services.acls import ANONYMOUS
+from services.append_result import AppendResult
 from services.dataport import protocol as dp
 from services.tls import ReloadingSslContext
 
@@ -238,6 +239,8 @@ class _Connection:
         self.listener = listener
         self.reader = reader
         self.writer = writer
+        #: Asked once (asking costs a system call per call in 3.11).
+        self._loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
@@ -588,7 +591,7 @@ class _Connection:
                 return False
             queues = self.queues
             assert queues is not None, "set after the handshake"
-            answered = produce.submit(plan, deadline=produce.deadline_for(command, None), queues=queues)
+            deadline = produce.deadline_for(command, None, now=self._loop.time())
         except errors.TributaryError as exc:
             if acks is not Acks.NONE:
                 self._write([_produce_error(request.correlation_id, exc, 0, self.version)])
@@ -596,21 +599,23 @@ class _Connection:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return True
         if acks is Acks.NONE:
-            return True  # queued, nobody to answer
+            produce.submit(plan, deadline=deadline, queues=queues)  # queued, nobody to answer
+            return True
         self.in_flight_bytes += size
         self.in_flight_requests += 1
 
-        def appended(answered: asyncio.Future) -> None:
+        def appended(results: dict[int, AppendResult] | None) -> None:
+            # Called as the appends settle: answers settled together leave in one write.
             self.in_flight_bytes -= size
             self.in_flight_requests -= 1
             if self._has_room():
                 self._room.set()
-            if answered.cancelled():  # the gateway is closing: the answer is lost, as a task's
+            if results is None:  # the gateway is closing: the answer is lost, as a task's
                 return
-            outcome = outcome_of(plan, answered.result())
+            outcome = outcome_of(plan, results)
             self._write([_produce_answer(outcome.correlation_id, outcome, 0, self.version)])
 
-        answered.add_done_callback(appended)
+        produce.submit_then(plan, deadline=deadline, queues=queues, done=appended)
         return True
 
     async def _start_produce(self, request: dp.ProduceRequest, size: int, metered: _Metered | None) -> None:
@@ -756,7 +761,7 @@ class _Connection:
         self._corked.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

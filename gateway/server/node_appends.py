@@ -212,7 +212,8 @@ class NodeAppends:
     @property
     def usable(self) -> bool:
         """False while the node is known not to take appends on its data port."""
-        return asyncio.get_running_loop().time() >= self._unsupported_until
+        # (the loop's clock only once refused: asking for the loop costs a system call in 3.11)
+        return not self._unsupported_until or asyncio.get_running_loop().time() >= self._unsupported_until
 
     async def append(
         self,

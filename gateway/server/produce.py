@@ -95,6 +95,11 @@ def _record_offsets(
     return list(zip(assignment, offsets, strict=True))
 
 
+def _payload_bytes(plan: ProducePlan) -> dict[int, bytes]:
+    """Each partition's bytes of ``plan``."""
+    return {p: payload.data for p, payload in plan.payloads.items()}
+
+
 def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
     """acks=none: no offsets are known when the answer goes back."""
     topic = plan.command.topic
@@ -155,12 +160,15 @@ class ProduceHandler:
         # Streams' queues, so that shutdown lets their acks=none appends finish too.
         self._stream_queues: weakref.WeakSet[AppendQueues] = weakref.WeakSet()
 
-    def deadline_for(self, command: ProduceCommand, rpc_remaining_s: float | None) -> float:
-        """The loop-clock deadline: ``timeout_ms`` (or the default), capped by the RPC's own."""
+    def deadline_for(
+        self, command: ProduceCommand, rpc_remaining_s: float | None, *, now: float | None = None
+    ) -> float:
+        """The loop-clock deadline: ``timeout_ms`` (or the default), capped by the RPC's own;
+        ``now``: the loop's time, when the caller has it at hand."""
         timeout_s = (command.timeout_ms or self._default_timeout_ms) / 1000.0
         if rpc_remaining_s is not None:
             timeout_s = min(timeout_s, rpc_remaining_s)
-        return asyncio.get_running_loop().time() + timeout_s
+        return (asyncio.get_running_loop().time() if now is None else now) + timeout_s
 
     async def produce(self, command: ProduceCommand, *, deadline: float) -> ProduceOutcome:
         """Plan and send one request (unary Produce)."""
@@ -239,13 +247,21 @@ class ProduceHandler:
         :class:`AppendResult` (:func:`outcome_of` makes the answer; an acks=0 request needs
         none, and need not await it)."""
         command = plan.command
-        payloads = plan.payloads
-        if len(payloads) == 1:
-            ((partition, payload),) = payloads.items()
-            data = {partition: payload.data}
-        else:
-            data = {p: payload.data for p, payload in payloads.items()}
-        return queues.submit_all(command.topic, data, command.acks, deadline)
+        return queues.submit_all(command.topic, _payload_bytes(plan), command.acks, deadline)
+
+    @staticmethod
+    def submit_then(
+        plan: ProducePlan,
+        *,
+        deadline: float,
+        queues: AppendQueues,
+        done: Callable[[dict[int, AppendResult] | None], None],
+    ) -> None:
+        """:meth:`submit` with a callback instead of a future (``AppendQueues.submit_then``):
+        ``done`` hears the partitions' results in the turn of the loop they are settled (or
+        None if abandoned)."""
+        command = plan.command
+        queues.submit_then(command.topic, _payload_bytes(plan), command.acks, deadline, done)
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""

@@ -286,3 +286,27 @@ def test_count_offsets_reads_what_a_walk_of_batch_views_reads():
         cases.append(bytes(data))
     for data in cases:
         assert count_offsets(data) == _counted_by_walking(data), data
+
+
+def test_submit_then_calls_back_with_every_partition_and_survives_a_failing_callback():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        heard: list = []
+
+        def broken(_results):
+            raise RuntimeError("a caller's bug")
+
+        queues.submit_then("t", {0: batch(b"a"), 1: batch(b"b", b"c")}, Acks.LEADER, FAR, heard.append)
+        queues.submit_then("t", {0: batch(b"d")}, Acks.LEADER, FAR, broken)
+        queues.submit_then("t", {0: batch(b"e")}, Acks.LEADER, FAR, heard.append)
+        await queues.close()
+        return heard, log
+
+    heard, log = run(scenario())
+    # (all three merged into one append of partition 0: the third is whole before the first,
+    # which waits for partition 1 too)
+    third, first = heard
+    assert {p: (r.base_offset, r.error) for p, r in first.items()} == {0: (0, None), 1: (0, None)}
+    assert (third[0].base_offset, third[0].error) == (2, None)  # after the one whose callback failed
+    assert log.values[0] == [b"a", b"d", b"e"]
