@@ -13,6 +13,13 @@ One connection, one :class:`_Connection`:
 * then frames are read one after another. A produce request is planned at once, in arrival
   order, and queued on the connection's append queues; a fetch runs as its own task. Answers go
   back as they are ready, each with its correlation id; acks=0 produce requests get none.
+* Every frame one read brought is served in the same turn of the event loop, a produce with
+  plain calls when it can be (a client without quotas, telemetry off, a topic whose route is
+  known: ``ProduceHandler.plan_now``, answered from ``AppendQueues.submit_then``'s callback), so
+  a one-record request costs no coroutine, task or future of its own, the appends of all of
+  them go out in one round and the answers settled together in one write. Otherwise (quotas to
+  meter, spans to make, a topic to look up) the request takes the full path, awaited before the
+  next frame is read, so arrival order holds either way.
 * Back-pressure, so a connection's memory stays bounded: the reader stops reading while the
   requests it has taken in and not answered hold ``max_in_flight_bytes`` (a fetch counts its
   ``max_bytes``, which is lowered to that budget) or ``max_in_flight_requests``, while the
