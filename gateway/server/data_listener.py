@@ -605,8 +605,8 @@ class _Connection:
             else:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return True
-        if acks is Acks.NONE:
-            produce.submit(plan, deadline=deadline, queues=queues)  # queued, nobody to answer
+        if acks is Acks.NONE:  # queued, nobody to answer (no future either)
+            produce.submit_then(plan, deadline=deadline, queues=queues, done=_unanswered)
             return True
         self.in_flight_bytes += size
         self.in_flight_requests += 1
@@ -814,6 +814,10 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
+
+
+def _unanswered(_results: dict[int, AppendResult] | None) -> None:
+    """An acks=0 request's appends settled: nobody to tell."""
 
 
 def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:
