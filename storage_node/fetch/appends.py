@@ -57,6 +57,9 @@ DEFAULT_TIMEOUT_MS = 30_000
 #: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
 #: frames, the body copied out once); larger ones are received in place into their own buffer.
 _READ_BUFFER_BYTES = 64 << 10
+#: Requests a connection serves before it lets the event loop take a turn (when every one was
+#: served at once, the socket never ran dry, and no bound stopped the reading).
+_FRAMES_PER_TURN = 128
 
 
 class Appender(Protocol):
@@ -149,8 +152,15 @@ class AppendConnection:
         self._rbuf[: len(head)] = head
         self._rend = len(head)
         try:
+            served = 0
             while await self._take_frame():
-                pass
+                served += 1
+                if served == _FRAMES_PER_TURN:
+                    # Frames served at once (no task) never fill the in-flight bound, and the
+                    # socket may always have more: give the loop -- the answers' flush, other
+                    # connections -- a turn now and then.
+                    served = 0
+                    await asyncio.sleep(0)
             await self._finish()
         except (PeerClosed, TimeoutError, ConnectionError):
             await self._finish()
@@ -280,6 +290,7 @@ class AppendConnection:
                 answer = self._server_error(request, exc)
             if answer is not None:
                 self._send(answer)
+                self._update_room()  # the answers waiting to be sent count against the bound
                 return
         self._in_flight_bytes += size
         task = self._loop.create_task(self._serve_request(request, waits, size, deadline, done))
