@@ -13,6 +13,13 @@ One connection, one :class:`_Connection`:
 * then frames are read one after another. A produce request is planned at once, in arrival
   order, and queued on the connection's append queues; a fetch runs as its own task. Answers go
   back as they are ready, each with its correlation id; acks=0 produce requests get none.
+* Every frame one read brought is served in the same turn of the event loop, a produce with
+  plain calls when it can be (a client without quotas, telemetry off, a topic whose route is
+  known: ``ProduceHandler.plan_now``, answered from ``AppendQueues.submit_then``'s callback), so
+  a one-record request costs no coroutine, task or future of its own, the appends of all of
+  them go out in one round and the answers settled together in one write. Otherwise (quotas to
+  meter, spans to make, a topic to look up) the request takes the full path, awaited before the
+  next frame is read, so arrival order holds either way.
 * Back-pressure, so a connection's memory stays bounded: the reader stops reading while the
   requests it has taken in and not answered hold ``max_in_flight_bytes`` (a fetch counts its
   ``max_bytes``, which is lowered to that budget) or ``max_in_flight_requests``, while the
@@ -69,11 +76,12 @@ from gateway.server.fetch_sessions import (
     SessionPartition,
 )
 from gateway.server.loop_time import LoopTime, timed
-from gateway.server.produce import ProduceHandler, ProduceOutcome
+from gateway.server.produce import ProduceHandler, ProduceOutcome, outcome_of
 from gateway.server.quotas import ChannelThrottle, ClientQuota, ClientQuotas
 from services import errors, tokens
 from services.acks import Acks
 from services.acls import ANONYMOUS
+from services.append_result import AppendResult
 from services.dataport import protocol as dp
 from services.tls import ReloadingSslContext
 
@@ -93,6 +101,8 @@ DEFAULT_MAX_IDLE_S = 600.0
 _READ_SIZE = 1 << 16
 #: Stop reading while this many answer bytes wait in the socket's buffer for the client.
 _WRITE_HIGH_WATER = 4 << 20
+#: A produce frame's acks (the decoder checked it is one of these).
+_ACKS = {0: Acks.NONE, 1: Acks.LEADER, -1: Acks.ALL}
 
 
 class DataListener:
@@ -236,6 +246,8 @@ class _Connection:
         self.listener = listener
         self.reader = reader
         self.writer = writer
+        #: Asked once (asking costs a system call per call in 3.11).
+        self._loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
@@ -272,14 +284,7 @@ class _Connection:
         try:
             await self._handshake()
             self.queues = self.listener.produce.stream_queues()
-            max_frame = self.listener.max_frame
-            while True:
-                await self._wait_for_room()
-                await self.throttle.wait()
-                body = await self._next_frame(max_frame)
-                if body is None:
-                    return
-                await self._dispatch(body)
+            await self._serve_requests(self.queues)
         except _Closed:
             pass
         except asyncio.CancelledError:
@@ -300,6 +305,33 @@ class _Connection:
             self._flush()
             await _close(self.writer)  # flushes a last error frame, if any
             self.writer.transport.abort()
+
+    async def _serve_requests(self, queues: AppendQueues) -> None:
+        """Read and serve request frames until the client closes the connection.
+
+        Every frame already read is served in the same turn of the loop, each with a plain call
+        where it can be (see :meth:`_dispatch`): the appends of all of them join one round
+        (``append_queue.py``), their answers one write (:meth:`_write`)."""
+        max_frame = self.listener.max_frame
+        throttle = self.throttle
+        transport = self.writer.transport
+        while True:
+            if not (
+                self._has_room()
+                and queues.has_room
+                and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
+            ):
+                await self._wait_for_room()
+            if throttle.muted_until:
+                await throttle.wait()
+            body = self._cut_frame(max_frame)
+            if body is None:
+                body = await self._next_frame(max_frame)
+                if body is None:
+                    return
+            pending = self._dispatch(body)
+            if pending is not None:
+                await pending
 
     def abort(self) -> None:
         self.writer.transport.abort()
@@ -372,29 +404,17 @@ class _Connection:
         ``max_idle_s`` (longer while answers are owed to it)."""
         buffer = self._buffer
         while True:
-            if len(buffer) >= 4:
-                (size,) = dp.SIZE.unpack_from(buffer)
-                if handshake and (size < 1 or size > max_size):
-                    self._fail(
-                        dp.NO_CORRELATION_ID, errors.InvalidRequestError(f"handshake frame size {size}")
-                    )
-                if not handshake:
-                    try:
-                        dp.check_frame_size(size, max_size)
-                    except errors.TributaryError as exc:
-                        self._fail(dp.NO_CORRELATION_ID, exc)
-                end = 4 + size
-                if len(buffer) >= end:
-                    body = bytes(buffer[4:end])
-                    del buffer[:end]  # O(1) at the front of a bytearray
-                    return body
+            body = self._cut_frame(max_size, handshake=handshake)
+            if body is not None:
+                return body
             midframe = handshake or bool(buffer)
             timeout = self.listener.stall_timeout_s if midframe else self.listener.max_idle_s
             try:
                 if timeout is None:
                     chunk = await self.reader.read(_READ_SIZE)
                 else:
-                    chunk = await asyncio.wait_for(self.reader.read(_READ_SIZE), timeout)
+                    async with asyncio.timeout(timeout):  # a timer, not wait_for's task per read
+                        chunk = await self.reader.read(_READ_SIZE)
             except TimeoutError:
                 if not midframe and self.in_flight_requests:
                     continue  # quiet, but owed answers: not idle
@@ -407,6 +427,28 @@ class _Connection:
                     raise _Closed
                 return None
             buffer += chunk
+
+    def _cut_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
+        """The next frame's body if the buffer holds all of it, else None (a size prefix out of
+        bounds ends the connection)."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        (size,) = dp.SIZE.unpack_from(buffer)
+        if handshake:
+            if size < 1 or size > max_size:
+                self._fail(dp.NO_CORRELATION_ID, errors.InvalidRequestError(f"handshake frame size {size}"))
+        else:
+            try:
+                dp.check_frame_size(size, max_size)
+            except errors.TributaryError as exc:
+                self._fail(dp.NO_CORRELATION_ID, exc)
+        end = 4 + size
+        if len(buffer) < end:
+            return None
+        body = bytes(buffer[4:end])
+        del buffer[:end]  # O(1) at the front of a bytearray
+        return body
 
     async def _wait_for_room(self) -> None:
         """Back-pressure: unanswered requests, full append queues, a client not reading."""
@@ -435,7 +477,9 @@ class _Connection:
 
     # ---- requests ------------------------------------------------------------------------------
 
-    async def _dispatch(self, body: bytes) -> None:
+    def _dispatch(self, body: bytes) -> Awaitable[None] | None:
+        """Serve one request frame: planned and queued (a produce) or started (a fetch) now, in
+        arrival order; what must be awaited before the next frame is read, else None."""
         kind, correlation_id = dp.decode_header(body)
         if self.expires_at is not None and time.time() > self.expires_at + tokens.LEEWAY_S:
             # Kafka's KIP-368: a connection lives no longer than its credentials. As a Kafka
@@ -447,18 +491,20 @@ class _Connection:
             raise _Closed
         quota = self._quota()
         spent = LoopTime() if quota is not None and quota.times_requests else None
-        started = perf_counter()
+        started = perf_counter() if quota is not None else 0.0
         if kind == dp.PRODUCE_REQUEST:
             try:
                 request = dp.decode_produce_request(body)
             except errors.TributaryError as exc:
                 self._fail(correlation_id, exc)
+            if quota is None and self.listener.telemetry is None and self._produce_now(request, len(body)):
+                return None
             metered = _metered(quota, spent, started)
             if quota is not None:
                 # Counted as it is read, so a client pipelining requests is held from the next one.
                 self.throttle.hold(quota.record_produce_bytes(len(body)))
             starting = self._start_produce(request, len(body), metered)
-            await (timed(starting, spent) if spent is not None else starting)
+            return timed(starting, spent) if spent is not None else starting
         elif kind == dp.FETCH_REQUEST:
             try:
                 fetch = dp.decode_fetch_request(body, self.version)
@@ -487,9 +533,10 @@ class _Connection:
                         self.version,
                     )
                 )
-                return
+                return None
             serving = self._serve_fetch(fetch, planned, metered)
             self._track(timed(serving, spent) if spent is not None else serving, len(body) + max_bytes)
+            return None
         else:
             self._fail(correlation_id, errors.InvalidRequestError(f"unknown data frame kind {kind}"))
 
@@ -529,6 +576,54 @@ class _Connection:
                 self.abort()
 
         task.add_done_callback(done)
+
+    def _produce_now(self, request: dp.ProduceRequest, size: int) -> bool:
+        """:meth:`_start_produce` without a coroutine or a task, for a client without quotas
+        while telemetry is off: planned and queued now, answered (acks 1/all) from a callback
+        when its appends are done. False (nothing done) when the request needs the full path
+        (its topic's route is not known yet)."""
+        produce = self.listener.produce
+        acks = _ACKS[request.acks]
+        command = ProduceCommand(
+            topic=request.topic,
+            batches=[(partition, bytes(data)) for partition, data in request.partitions],
+            acks=acks,
+            timeout_ms=request.timeout_ms,
+            correlation_id=request.correlation_id,
+        )
+        try:
+            self._authorize("Produce", request)
+            plan = produce.plan_now(command)
+            if plan is None:
+                return False
+            queues = self.queues
+            assert queues is not None, "set after the handshake"
+            deadline = produce.deadline_for(command, None, now=self._loop.time())
+        except errors.TributaryError as exc:
+            if acks is not Acks.NONE:
+                self._write([_produce_error(request.correlation_id, exc, 0, self.version)])
+            else:
+                log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
+            return True
+        if acks is Acks.NONE:  # queued, nobody to answer (no future either)
+            produce.submit_then(plan, deadline=deadline, queues=queues, done=_unanswered)
+            return True
+        self.in_flight_bytes += size
+        self.in_flight_requests += 1
+
+        def appended(results: dict[int, AppendResult] | None) -> None:
+            # Called as the appends settle: answers settled together leave in one write.
+            self.in_flight_bytes -= size
+            self.in_flight_requests -= 1
+            if self._has_room():
+                self._room.set()
+            if results is None:  # the gateway is closing: the answer is lost, as a task's
+                return
+            outcome = outcome_of(plan, results)
+            self._write([_produce_answer(outcome.correlation_id, outcome, 0, self.version)])
+
+        produce.submit_then(plan, deadline=deadline, queues=queues, done=appended)
+        return True
 
     async def _start_produce(self, request: dp.ProduceRequest, size: int, metered: _Metered | None) -> None:
         """Plan now (arrival order is append order), answer when appended."""
@@ -673,7 +768,7 @@ class _Connection:
         self._corked.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -719,6 +814,10 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
+
+
+def _unanswered(_results: dict[int, AppendResult] | None) -> None:
+    """An acks=0 request's appends settled: nobody to tell."""
 
 
 def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:

@@ -57,17 +57,74 @@ class _Unsupported(Exception):
     """The node answered the probe with UNSUPPORTED_VERSION."""
 
 
-class _Link:
-    """One open connection: its streams, the appends awaiting answers, the task reading them."""
+class _AnswerProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
+    """The connection's protocol: answer frames are cut from the bytes as they arrive and
+    handed to the link in the same callback -- no reading task to wake, so an append's answer
+    reaches its caller one turn of the event loop sooner. The first frame (the probe's answer)
+    goes to :attr:`first`, before there is a link."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
-        self.reader = reader
+    def __init__(self, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        super().__init__(loop)
+        self.name = name
+        self.link: _Link | None = None
+        self.first: asyncio.Future[bytes] = loop.create_future()
+        #: Frames after the first that came before the link was made (none from a node).
+        self._early: list[bytes] = []
+        self._buffer = bytearray()
+
+    def attach(self, link: _Link) -> None:
+        self.link = link
+        early, self._early = self._early, []
+        for body in early:
+            link.answer(body)
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        while len(buffer) >= SIZE.size:
+            (size,) = SIZE.unpack_from(buffer)
+            if not 0 < size <= MAX_RESPONSE_FRAME:
+                self._broken(
+                    errors.CorruptRecordError(f"answer frame size {size} outside 1..{MAX_RESPONSE_FRAME}")
+                )
+                return
+            end = SIZE.size + size
+            if len(buffer) < end:
+                return
+            body = bytes(buffer[SIZE.size : end])
+            del buffer[:end]  # O(1) at the front of a bytearray
+            if self.link is not None:
+                self.link.answer(body)
+            elif not self.first.done():
+                self.first.set_result(body)
+            else:
+                self._early.append(body)
+
+    def _broken(self, error: errors.TributaryError) -> None:
+        if not self.first.done():
+            self.first.set_exception(error)
+        if self.link is not None:
+            self.link.fail(errors.NetworkError(f"{self.name} sent an unreadable answer: {error}"))
+        self._buffer.clear()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # wakes whoever waits in drain()
+        if not self.first.done():
+            self.first.set_exception(EOFError(f"{self.name} closed the connection: {exc!r}"))
+        if self.link is not None and self.link.alive:
+            self.link.fail(errors.NetworkError(f"the data-port connection to {self.name} was lost: {exc!r}"))
+
+
+class _Link:
+    """One open connection: its writer, and the appends awaiting answers (which its protocol
+    hands to :meth:`answer` as they come)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
         self.writer = writer
         self.name = name
         self.pending: dict[int, asyncio.Future[frames.AppendResponse]] = {}
         self.ids = itertools.count(1)
         self.alive = True
-        self.task: asyncio.Task | None = None
         #: Held while a large frame goes out in pieces, so no other frame lands between them.
         self._sending = asyncio.Lock()
 
@@ -104,33 +161,42 @@ class _Link:
                     self.fail(errors.NetworkError(f"an append frame to {self.name} was cut short"))
                 raise
 
-    async def read_answers(self) -> None:
-        """Resolve pending appends as their answers come; on any failure, fail them all."""
-        failure: errors.TributaryError
+    def send_now(self, parts: list[bytes | memoryview]) -> bool:
+        """Write a small frame at once when nothing holds the socket and it fits under the
+        high-water mark (no drain due): True when written, False (nothing written) when
+        :meth:`send` must do it."""
+        if self._sending.locked():
+            return False
+        size = sum(len(part) for part in parts)
+        transport = self.writer.transport
+        if size > WRITE_PIECE_BYTES or transport.get_write_buffer_size() + size > WRITE_HIGH_WATER:
+            return False
+        transport.write(b"".join(parts))
+        return True
+
+    def answer(self, body: bytes) -> None:
+        """An answer frame came: resolve its append (a connection-level error, or an answer
+        that does not decode, fails them all)."""
+        if not self.alive:
+            return
+        correlation_id = frames.response_correlation_id(body)
+        if correlation_id == frames.CONNECTION_ERROR_ID:
+            # Not knowing which append was refused, fail all in flight retriably (a bad frame
+            # is the gateway's bug; the node wrote nothing of it).
+            self.fail(
+                errors.NetworkError(
+                    f"{self.name} closed the data-port connection: {frames.connection_error(body)}"
+                )
+            )
+            return
         try:
-            while True:
-                body = await _read_frame(self.reader)
-                correlation_id = frames.response_correlation_id(body)
-                if correlation_id == frames.CONNECTION_ERROR_ID:
-                    # Not knowing which append was refused, fail all in flight retriably (a bad
-                    # frame is the gateway's bug; the node wrote nothing of it).
-                    failure = errors.NetworkError(
-                        f"{self.name} closed the data-port connection: {frames.connection_error(body)}"
-                    )
-                    break
-                response = frames.decode_response_body(body)
-                future = self.pending.pop(correlation_id, None)
-                if future is not None and not future.done():
-                    future.set_result(response)
-        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
-            failure = errors.NetworkError(f"the data-port connection to {self.name} was lost: {exc!r}")
+            response = frames.decode_response_body(body)
         except errors.TributaryError as exc:
-            failure = errors.NetworkError(f"{self.name} sent an unreadable answer: {exc}")
-        except asyncio.CancelledError:
-            failure = errors.NetworkError(f"the data-port connection to {self.name} was closed")
-            self.fail(failure)
-            raise
-        self.fail(failure)
+            self.fail(errors.NetworkError(f"{self.name} sent an unreadable answer: {exc}"))
+            return
+        future = self.pending.pop(correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result(response)
 
     def fail(self, failure: errors.TributaryError) -> None:
         self.alive = False
@@ -149,19 +215,18 @@ def _answer_margin(timeout_s: float) -> float:
     return min(0.25, timeout_s / 4)
 
 
+def _time_out(future: asyncio.Future) -> None:
+    """An append's answer did not come in time (its timer)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 def _forget(link: _Link, correlation_id: int, future: asyncio.Future) -> None:
     """Stop waiting for an answer (a late one is dropped); an exception the future got
     meanwhile is taken, so asyncio does not report it as never retrieved."""
     link.pending.pop(correlation_id, None)
     if future.done() and not future.cancelled():
         future.exception()
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
-    if not 0 < size <= MAX_RESPONSE_FRAME:
-        raise errors.CorruptRecordError(f"answer frame size {size} outside 1..{MAX_RESPONSE_FRAME}")
-    return await reader.readexactly(size)
 
 
 class NodeAppends:
@@ -193,7 +258,8 @@ class NodeAppends:
     @property
     def usable(self) -> bool:
         """False while the node is known not to take appends on its data port."""
-        return asyncio.get_running_loop().time() >= self._unsupported_until
+        # (the loop's clock only once refused: asking for the loop costs a system call in 3.11)
+        return not self._unsupported_until or asyncio.get_running_loop().time() >= self._unsupported_until
 
     async def append(
         self,
@@ -272,15 +338,27 @@ class NodeAppends:
         if not link.alive:  # lost while this append waited for it
             error = errors.NetworkError(f"the data-port connection to {self._name} was lost")
             return {p: AppendResult(topic, p, error=error) for p in payloads}
-        future: asyncio.Future[frames.AppendResponse] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[frames.AppendResponse] = loop.create_future()
         link.pending[correlation_id] = future
+        parts = frames.encode_request_parts(request)
         sent = False
         try:
-            async with asyncio.timeout(max(timeout_s, 0.001)):
-                # A node that stopped reading holds this up: bounded by the timeout too.
-                await link.send(frames.encode_request_parts(request))
+            if link.send_now(parts):
+                # The usual case: written at once; the wait for the answer is bounded by a
+                # timer on its future (asyncio.timeout's context cost as much again per append).
                 sent = True
-                response = await future
+                timer = loop.call_later(max(timeout_s, 0.001), _time_out, future)
+                try:
+                    response = await future
+                finally:
+                    timer.cancel()
+            else:
+                async with asyncio.timeout(max(timeout_s, 0.001)):
+                    # A node that stopped reading holds this up: bounded by the timeout too.
+                    await link.send(parts)
+                    sent = True
+                    response = await future
         except TimeoutError:
             _forget(link, correlation_id, future)
             if not sent:
@@ -329,18 +407,21 @@ class NodeAppends:
         Raises _Unsupported when the peer answers the probe with anything but an empty version-2
         answer, or closes, or stays silent: an older node, or not a storage node at all.
         """
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout_s):
             tls = self._tls
-            reader, writer = await asyncio.open_connection(
+            transport, protocol = await loop.create_connection(
+                lambda: _AnswerProtocol(loop, self._name),
                 self.host,
                 self.port,
                 ssl=tls.context if tls is not None else None,
                 server_hostname=tls.server_hostname(self.host) if tls is not None else None,
             )
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 writer.write(frames.probe(0))
-                body = await _read_frame(reader)
+                body = await protocol.first
             if frames.response_correlation_id(body) == frames.CONNECTION_ERROR_ID:
                 refusal = frames.connection_error(body)
                 if refusal.retriable:  # e.g. the node's connection cap: try again later
@@ -355,14 +436,15 @@ class NodeAppends:
         except BaseException:
             writer.close()
             raise
-        link = _Link(reader, writer, self._name)
-        link.task = asyncio.get_running_loop().create_task(link.read_answers(), name=f"appends-{self._name}")
+        link = _Link(writer, self._name)
+        protocol.attach(link)
+        if transport.is_closing():  # lost between the probe's answer and now
+            link.fail(errors.NetworkError(f"the data-port connection to {self._name} was lost"))
         return link
 
     async def close(self) -> None:
         if self._connecting is not None:
             self._connecting.cancel()
         link, self._link = self._link, None
-        if link is not None and link.task is not None:
-            link.task.cancel()
-            await asyncio.gather(link.task, return_exceptions=True)
+        if link is not None and link.alive:
+            link.fail(errors.NetworkError(f"the data-port connection to {self._name} was closed"))

@@ -95,6 +95,11 @@ def _record_offsets(
     return list(zip(assignment, offsets, strict=True))
 
 
+def _payload_bytes(plan: ProducePlan) -> dict[int, bytes]:
+    """Each partition's bytes of ``plan``."""
+    return {p: payload.data for p, payload in plan.payloads.items()}
+
+
 def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
     """acks=none: no offsets are known when the answer goes back."""
     topic = plan.command.topic
@@ -104,8 +109,9 @@ def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
     }
 
 
-def _outcome(plan: ProducePlan, sent: dict[int, AppendResult]) -> ProduceOutcome:
-    results = {**plan.failed, **sent}
+def outcome_of(plan: ProducePlan, sent: dict[int, AppendResult]) -> ProduceOutcome:
+    """The answer to ``plan``'s request once its partitions were ``sent``."""
+    results = {**plan.failed, **sent} if plan.failed else sent
     command = plan.command
     return ProduceOutcome(
         command.topic,
@@ -154,12 +160,15 @@ class ProduceHandler:
         # Streams' queues, so that shutdown lets their acks=none appends finish too.
         self._stream_queues: weakref.WeakSet[AppendQueues] = weakref.WeakSet()
 
-    def deadline_for(self, command: ProduceCommand, rpc_remaining_s: float | None) -> float:
-        """The loop-clock deadline: ``timeout_ms`` (or the default), capped by the RPC's own."""
+    def deadline_for(
+        self, command: ProduceCommand, rpc_remaining_s: float | None, *, now: float | None = None
+    ) -> float:
+        """The loop-clock deadline: ``timeout_ms`` (or the default), capped by the RPC's own;
+        ``now``: the loop's time, when the caller has it at hand."""
         timeout_s = (command.timeout_ms or self._default_timeout_ms) / 1000.0
         if rpc_remaining_s is not None:
             timeout_s = min(timeout_s, rpc_remaining_s)
-        return asyncio.get_running_loop().time() + timeout_s
+        return (asyncio.get_running_loop().time() if now is None else now) + timeout_s
 
     async def produce(self, command: ProduceCommand, *, deadline: float) -> ProduceOutcome:
         """Plan and send one request (unary Produce)."""
@@ -199,9 +208,27 @@ class ProduceHandler:
             self._telemetry.produce_planned(command.topic, payloads.values())
         return ProducePlan(command, assignment, payloads, {p: _unknown_partition(topic, p) for p in unknown})
 
+    def plan_now(self, command: ProduceCommand) -> ProducePlan | None:
+        """:meth:`plan` without an event-loop turn, for pre-encoded batches of a topic whose
+        route is known (the data listener's requests): the plan, or None when :meth:`plan` is
+        needed (typed records, an unknown topic: it may refresh the metadata first).
+
+        Raises the same request-level errors as :meth:`plan`."""
+        if command.records or not command.batches:
+            return None
+        topic = self._router.snapshot.topics.get(command.topic)
+        if topic is None or topic.partition_count < 1:
+            return None
+        ensure_valid_command(command)
+        payloads, unknown = plan_raw(command, topic.partition_count)
+        if self._telemetry is not None:
+            self._telemetry.produce_planned(command.topic, payloads.values())
+        failed = {p: _unknown_partition(topic, p) for p in unknown} if unknown else {}
+        return ProducePlan(command, [], payloads, failed)
+
     async def execute(self, plan: ProducePlan, *, deadline: float) -> ProduceOutcome:
         """Append the plan's payloads, one Append per leader node (unary Produce)."""
-        return _outcome(plan, await self._send(plan, deadline))
+        return outcome_of(plan, await self._send(plan, deadline))
 
     def enqueue(
         self, plan: ProducePlan, *, deadline: float, queues: AppendQueues
@@ -210,11 +237,31 @@ class ProduceHandler:
 
         Queuing is synchronous, so requests enqueued in arrival order are appended in that order.
         """
+        return self._outcome_when_appended(plan, self.submit(plan, deadline=deadline, queues=queues))
+
+    @staticmethod
+    def submit(
+        plan: ProducePlan, *, deadline: float, queues: AppendQueues
+    ) -> asyncio.Future[dict[int, AppendResult]]:
+        """:meth:`enqueue` without the outcome: the future resolves to each partition's
+        :class:`AppendResult` (:func:`outcome_of` makes the answer; an acks=0 request needs
+        none, and need not await it)."""
         command = plan.command
-        answered = queues.submit_all(
-            command.topic, {p: payload.data for p, payload in plan.payloads.items()}, command.acks, deadline
-        )
-        return self._outcome_when_appended(plan, answered)
+        return queues.submit_all(command.topic, _payload_bytes(plan), command.acks, deadline)
+
+    @staticmethod
+    def submit_then(
+        plan: ProducePlan,
+        *,
+        deadline: float,
+        queues: AppendQueues,
+        done: Callable[[dict[int, AppendResult] | None], None],
+    ) -> None:
+        """:meth:`submit` with a callback instead of a future (``AppendQueues.submit_then``):
+        ``done`` hears the partitions' results in the turn of the loop they are settled (or
+        None if abandoned)."""
+        command = plan.command
+        queues.submit_then(command.topic, _payload_bytes(plan), command.acks, deadline, done)
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
@@ -226,8 +273,8 @@ class ProduceHandler:
         self, plan: ProducePlan, answered: asyncio.Future[dict[int, AppendResult]]
     ) -> ProduceOutcome:
         if plan.command.acks == Acks.NONE:
-            return _outcome(plan, _unacked_results(plan))
-        return _outcome(plan, await answered)
+            return outcome_of(plan, _unacked_results(plan))
+        return outcome_of(plan, await answered)
 
     async def _send(self, plan: ProducePlan, deadline: float) -> dict[int, AppendResult]:
         command = plan.command
@@ -295,6 +342,21 @@ class ProduceHandler:
             epochs[partition] = snapshot.topics[topic].partitions[partition].leader_epoch
         timeout_s = deadline - asyncio.get_running_loop().time()
         clients = self._router.clients
+        if len(by_node) == 1:  # the usual case: no task, no gather
+            ((node, payloads),) = by_node.items()
+            answer = await storage_calls.append(
+                clients.storage(node),
+                topic,
+                payloads,
+                acks=acks,
+                timeout_s=timeout_s,
+                leader_epochs=epochs,
+                data_port=clients.appends(node),
+            )
+            if not results:
+                return answer
+            results.update(answer)
+            return results
         answers = await asyncio.gather(
             *(
                 storage_calls.append(

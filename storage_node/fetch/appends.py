@@ -57,6 +57,9 @@ DEFAULT_TIMEOUT_MS = 30_000
 #: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
 #: frames, the body copied out once); larger ones are received in place into their own buffer.
 _READ_BUFFER_BYTES = 64 << 10
+#: Requests a connection serves before it lets the event loop take a turn (when every one was
+#: served at once, the socket never ran dry, and no bound stopped the reading).
+_FRAMES_PER_TURN = 128
 
 
 class Appender(Protocol):
@@ -149,8 +152,15 @@ class AppendConnection:
         self._rbuf[: len(head)] = head
         self._rend = len(head)
         try:
+            served = 0
             while await self._take_frame():
-                pass
+                served += 1
+                if served == _FRAMES_PER_TURN:
+                    # Frames served at once (no task) never fill the in-flight bound, and the
+                    # socket may always have more: give the loop -- the answers' flush, other
+                    # connections -- a turn now and then.
+                    served = 0
+                    await asyncio.sleep(0)
             await self._finish()
         except (PeerClosed, TimeoutError, ConnectionError):
             await self._finish()
@@ -262,9 +272,28 @@ class AppendConnection:
             previous = tails.get(key)
             mine = tails[key] = _Turn()
             waits.append((previous, mine))
-        self._in_flight_bytes += size
         deadline = self._loop.time() + (request.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
-        task = self._loop.create_task(self._serve_request(request, waits, size, deadline))
+        done: list[AppendResult] = []
+        if request.acks is not Acks.ALL and self._telemetry is None and request.partitions:
+            # Served here and now when every partition's turn has come (the usual case): no
+            # task, and the answer leaves in this turn of the loop (see _append_ready).
+            try:
+                self._append_ready(request, waits, deadline, done)
+                answer = (
+                    frames.encode_response(request.correlation_id, done)
+                    if len(done) == len(request.partitions)
+                    else None
+                )
+            except Exception as exc:  # noqa: BLE001 -- a bug (logged): answered, not left waiting
+                for p, (_previous, mine) in zip(request.partitions, waits, strict=True):
+                    self._finish_turn(p, mine)  # nothing waits on this request any more
+                answer = self._server_error(request, exc)
+            if answer is not None:
+                self._send(answer)
+                self._update_room()  # the answers waiting to be sent count against the bound
+                return
+        self._in_flight_bytes += size
+        task = self._loop.create_task(self._serve_request(request, waits, size, deadline, done))
         self._tasks.add(task)
         task.add_done_callback(self._request_done)
         self._update_room()
@@ -273,11 +302,19 @@ class AppendConnection:
         self._tasks.discard(task)
         self._update_room()
 
-    async def _serve_request(self, request: frames.AppendRequest, waits, size: int, deadline: float) -> None:
+    @staticmethod
+    def _server_error(request: frames.AppendRequest, exc: Exception) -> bytes:
+        log.error("append request %d failed", request.correlation_id, exc_info=exc)
+        return frames.encode_error_response(request.correlation_id, errors.UnknownServerError(repr(exc)))
+
+    async def _serve_request(
+        self, request: frames.AppendRequest, waits, size: int, deadline: float, done: list[AppendResult]
+    ) -> None:
+        """Serve ``request``, whose first ``len(done)`` partitions were appended already."""
         try:
             with self._span(request):
                 if request.acks is not Acks.ALL:
-                    results = await self._append_one_by_one(request, waits, deadline)
+                    results = await self._append_one_by_one(request, waits, deadline, done)
                 else:  # each waits for its in-sync replicas: side by side
                     appends = [
                         self._append_in_order(request, p, previous, mine, deadline)
@@ -289,26 +326,50 @@ class AppendConnection:
                         for p, outcome in zip(request.partitions, outcomes, strict=True)
                     ]
             answer = frames.encode_response(request.correlation_id, results)
-        except Exception as exc:  # a bug: answer it rather than leave the client waiting
-            log.exception("append request %d failed", request.correlation_id)
-            answer = frames.encode_error_response(
-                request.correlation_id, errors.UnknownServerError(repr(exc))
-            )
+        except Exception as exc:  # noqa: BLE001 -- a bug (logged): answered, not left waiting
+            answer = self._server_error(request, exc)
         finally:
             self._in_flight_bytes -= size
         self._send(answer)
 
-    async def _append_one_by_one(
-        self, request: frames.AppendRequest, waits, deadline: float
-    ) -> list[AppendResult]:
-        """An acks 0/1 request's appends, one after another: each is done once written, which it
-        is without waiting (short of a transaction check, or an earlier append of the partition
-        not written yet), so a task per partition -- a fifth of a node's time for frames of
-        hundreds of partitions -- would buy nothing. A partition whose turn has come is appended
-        with ``append_now`` (no coroutine); one that must wait takes ``_append_in_order``."""
-        results = []
+    def _append_ready(
+        self, request: frames.AppendRequest, waits, deadline: float, results: list[AppendResult]
+    ) -> None:
+        """Append the partitions of an acks 0/1 request after the ``len(results)`` done, in
+        order, for as long as each one's turn has come and ``append_now`` takes it (adding
+        their results to ``results``); stops at the first that must wait."""
         append_now = self._append_now
-        for p, (previous, mine) in zip(request.partitions, waits, strict=True):
+        if append_now is None:
+            return
+        partitions = request.partitions
+        for index in range(len(results), len(partitions)):
+            p = partitions[index]
+            previous, mine = waits[index]
+            if previous is not None and not previous.done:
+                return
+            try:
+                result = self._append_at_once(append_now, request, p, mine, deadline)
+            except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
+                self._finish_turn(p, mine)
+                result = _failed(p, exc)
+            if result is None:
+                return
+            results.append(result)
+
+    async def _append_one_by_one(
+        self, request: frames.AppendRequest, waits, deadline: float, results: list[AppendResult]
+    ) -> list[AppendResult]:
+        """An acks 0/1 request's appends after the ``len(results)`` done, one after another:
+        each is done once written, which it is without waiting (short of a transaction check,
+        or an earlier append of the partition not written yet), so a task per partition -- a
+        fifth of a node's time for frames of hundreds of partitions -- would buy nothing. A
+        partition whose turn has come is appended with ``append_now`` (no coroutine); one that
+        must wait takes ``_append_in_order``."""
+        results = list(results)
+        append_now = self._append_now
+        for index in range(len(results), len(request.partitions)):
+            p = request.partitions[index]
+            previous, mine = waits[index]
             result = None
             if append_now is not None and (previous is None or previous.done):
                 try:

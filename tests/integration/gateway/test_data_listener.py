@@ -193,6 +193,47 @@ def test_pipelined_requests_are_answered_by_correlation_id_in_append_order(data_
     assert values[:2] == [b"a7", b"b7"]
 
 
+def test_requests_read_together_keep_their_order_per_partition(cluster, data_address):
+    # Frames that arrive together are planned and queued one after another in the pass that
+    # reads them (merged per partition), acks 0 and 1 mixed, several partitions per request:
+    # each partition's records land in arrival order, each acks=1 request learns its offsets,
+    # a partition beyond the topic's count fails alone.
+    name = unique("together")
+    with Admin(servers=cluster.gateway) as admin:
+        admin.create_topics([NewTopic(name, 2)])
+    frames = []
+    for i in range(60):
+        partitions = [(0, _batch(b"p0-%d" % i)), (1, _batch(b"p1-%d-a" % i, b"p1-%d-b" % i))]
+        if i % 10 == 3:
+            partitions.append((5, _batch(b"nowhere")))
+        acks = 0 if i % 3 == 0 else 1
+        frames.append(dp.encode_produce_request(dp.ProduceRequest(100 + i, acks, 10_000, name, partitions)))
+    with _connect(data_address) as sock:
+        sock.sendall(b"".join(frames))
+        answers = {}
+        while len(answers) < 40:
+            response = dp.decode_produce_response(_read_frame(sock))
+            answers[response.correlation_id] = response
+    assert sorted(answers) == [100 + i for i in range(60) if i % 3]
+    for correlation_id, response in answers.items():
+        i = correlation_id - 100
+        by_partition = {p.partition: p for p in response.partitions}
+        assert by_partition[0].error_code == 0 and by_partition[0].base_offset == i
+        assert by_partition[1].error_code == 0 and by_partition[1].base_offset == 2 * i
+        if i % 10 == 3:
+            assert by_partition[5].error_code == errors.UnknownTopicOrPartitionError.kafka_code
+        assert sorted(by_partition) == ([0, 1, 5] if i % 10 == 3 else [0, 1])
+    with Consumer(servers=cluster.gateway, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(name, 0), TopicPartition(name, 1)])
+        values: dict[int, list[bytes]] = {0: [], 1: []}
+        deadline = time.monotonic() + 30
+        while len(values[0]) + len(values[1]) < 180 and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                values[tp.partition].extend(r.value for r in records)
+    assert values[0] == [b"p0-%d" % i for i in range(60)]
+    assert values[1] == [v for i in range(60) for v in (b"p1-%d-a" % i, b"p1-%d-b" % i)]
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 
 

@@ -258,3 +258,55 @@ def test_submit_all_answers_a_request_once_every_partition_has_its_result():
     assert (second[0].base_offset, second[0].error) == (1, None)  # after the first request's
     assert second[2].error is not None and second[2].error.reason == "CORRUPT_MESSAGE"
     assert log.values[0] == [b"a", b"d"]
+
+
+def _counted_by_walking(data: bytes):
+    """count_offsets as iter_batches' batch views have it (the reference)."""
+    offsets = records = 0
+    try:
+        for view in iter_batches(data):
+            offsets += view.last_offset_delta + 1
+            records += view.record_count
+    except errors.CorruptRecordError:
+        return None
+    return (offsets, records) if offsets else None
+
+
+def test_count_offsets_reads_what_a_walk_of_batch_views_reads():
+    import random
+
+    rng = random.Random(19)
+    whole = batch(b"a", b"b") + batch(b"c") + batch(*[b"v%d" % i for i in range(7)])
+    cases = [whole, whole[:1], whole[:11], whole[:12], whole[:60], whole[:61], whole[:-1], b"\0" * 61]
+    for _ in range(400):
+        data = bytearray(whole[: rng.randrange(len(whole) + 1)])
+        for _ in range(rng.randrange(3)):
+            if data:  # damage a header field, the lengths included
+                data[rng.randrange(min(len(data), rng.choice((70, len(data)))))] = rng.randrange(256)
+        cases.append(bytes(data))
+    for data in cases:
+        assert count_offsets(data) == _counted_by_walking(data), data
+
+
+def test_submit_then_calls_back_with_every_partition_and_survives_a_failing_callback():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        heard: list = []
+
+        def broken(_results):
+            raise RuntimeError("a caller's bug")
+
+        queues.submit_then("t", {0: batch(b"a"), 1: batch(b"b", b"c")}, Acks.LEADER, FAR, heard.append)
+        queues.submit_then("t", {0: batch(b"d")}, Acks.LEADER, FAR, broken)
+        queues.submit_then("t", {0: batch(b"e")}, Acks.LEADER, FAR, heard.append)
+        await queues.close()
+        return heard, log
+
+    heard, log = run(scenario())
+    # (all three merged into one append of partition 0: the third is whole before the first,
+    # which waits for partition 1 too)
+    third, first = heard
+    assert {p: (r.base_offset, r.error) for p, r in first.items()} == {0: (0, None), 1: (0, None)}
+    assert (third[0].base_offset, third[0].error) == (2, None)  # after the one whose callback failed
+    assert log.values[0] == [b"a", b"d", b"e"]

@@ -286,3 +286,50 @@ def test_a_negative_throttle_time_is_a_corrupt_answer():
     body[5:9] = struct.pack(">i", -1)
     with pytest.raises(errors.CorruptRecordError, match="negative throttle_time_ms"):
         dp.decode_fetch_response(bytes(body), 2)
+
+
+def _decoded(decode, body):
+    try:
+        return decode(body)
+    except errors.InvalidRequestError as exc:
+        return ("refused", str(exc))
+
+
+def test_the_one_partition_produce_parse_agrees_with_the_general_one():
+    """decode_produce_request reads the usual frame (one partition, no trace context) with a
+    short cut: on any frame, whole or damaged, it answers what the general parse answers."""
+    import random
+
+    from services.dataport.protocol import _decode_produce_request
+
+    rng = random.Random(19)
+    frames = []
+    for topic, partitions, trace in [
+        ("t", [(0, b"x" * 70)], ""),
+        ("topic-é", [(7, b"")], ""),
+        ("t", [(0, b"a" * 61), (3, b"b" * 61)], ""),
+        ("t", [(2, b"c" * 61)], "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        ("", [], ""),
+    ]:
+        for acks in (0, 1, -1):
+            request = dp.ProduceRequest(
+                rng.randrange(1 << 31), acks, rng.choice((0, 1500)), topic, partitions, trace
+            )
+            frames.append(dp.encode_produce_request(request)[4:])
+    cases = list(frames)
+    for _ in range(3000):
+        body = bytearray(rng.choice(frames))
+        for _ in range(rng.randrange(1, 3)):
+            what = rng.randrange(3)
+            if what == 0 and body:
+                body[rng.randrange(len(body))] = rng.choice((0, 1, 0x80, 0xFF, rng.randrange(256)))
+            elif what == 1:
+                del body[rng.randrange(len(body) + 1) :]
+            else:
+                body += bytes(rng.randrange(1, 4))
+        if len(body) >= dp.MIN_FRAME:
+            cases.append(bytes(body))
+    for body in cases:
+        assert _decoded(dp.decode_produce_request, body) == _decoded(_decode_produce_request, body), body
+        view = memoryview(body)
+        assert _decoded(dp.decode_produce_request, view) == _decoded(_decode_produce_request, view), body

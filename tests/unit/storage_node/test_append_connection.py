@@ -219,6 +219,56 @@ async def test_acks_1_appends_whose_turn_has_come_are_written_at_once_in_order()
 
 
 @run_async
+async def test_pipelined_acks_0_and_1_requests_are_served_as_read_in_order():
+    # Requests whose turns have come are served in the turn they are read (no task each): a
+    # run of them, pipelined in one write over two partitions, is written in arrival order and
+    # answered -- every one, with its offsets -- without ever taking the waiting path.
+    appender = ImmediateAppender()
+    reader, writer, stats, task = await _start(appender)
+    requests = [
+        _request(i, ("t", i % 2, b"r%d" % i), ("u", 0, b"u%d" % i), acks=(Acks.NONE, Acks.LEADER)[i % 2])
+        for i in range(1, 41)
+    ]
+    writer.write(b"".join(requests))
+    answers = {}
+    for _ in requests:
+        answer = await asyncio.wait_for(_read(reader), 5)
+        answers[answer.correlation_id] = answer
+    assert sorted(answers) == list(range(1, 41))
+    for i, answer in answers.items():
+        t, u = answer.results
+        assert (t.partition, t.base_offset, t.error) == (i % 2, (i - 1) // 2, None)
+        assert (u.topic, u.base_offset, u.error) == ("u", i - 1, None)
+    assert appender.immediate == [x for i in range(1, 41) for x in (b"r%d" % i, b"u%d" % i)]
+    assert stats.appends == 40
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_a_long_run_of_requests_served_at_once_lets_the_loop_take_turns():
+    # Requests served at once take no task, so nothing in flight ever stops the reading; the
+    # connection must still let other work on the loop run while it serves a long pipeline.
+    appender = ImmediateAppender()
+    reader, writer, _, task = await _start(appender)
+    count = 1000
+    writer.write(b"".join(_request(i, ("t", 0, b"%d" % i), acks=Acks.LEADER) for i in range(1, count + 1)))
+    seen: list[int] = []
+
+    async def other_work():
+        while len(appender.written) < count:
+            seen.append(len(appender.written))
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(other_work(), 10)
+    answers = [await asyncio.wait_for(_read(reader), 5) for _ in range(count)]
+    assert sorted(a.correlation_id for a in answers) == list(range(1, count + 1))
+    assert any(0 < n < count for n in seen), "the loop ran nothing else while the run was served"
+    writer.close()
+    await asyncio.wait_for(task, 5)
+
+
+@run_async
 async def test_an_immediate_append_that_raises_fails_only_its_partition():
     appender = ImmediateAppender()
     appender.broken.add(b"bad")

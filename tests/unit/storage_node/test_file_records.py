@@ -101,6 +101,23 @@ def test_handle_cache_bounds_open_handles_and_reopens_lazily(tmp_path):
     assert all_records[0].has_open_handle
 
 
+def test_handle_cache_keeps_the_most_recently_used_across_repeated_touches(tmp_path):
+    # Touching the most recent file again is a no-op (the append fast path), which must leave
+    # the order right: a, b, then a (several times), then c evicts b, not a.
+    cache = FileHandleCache(max_open=2)
+    a, b, c = (FileRecords.open(tmp_path / f"{name}.log", handle_cache=cache) for name in "abc")
+    a.append(b"a1")
+    b.append(b"b1")
+    for value in (b"a2", b"a3", b"a4"):
+        a.append(value)
+    c.append(b"c1")
+    assert (a.has_open_handle, b.has_open_handle, c.has_open_handle) == (True, False, True)
+    b.append(b"b2")  # reopened; now a goes
+    assert (a.has_open_handle, b.has_open_handle, c.has_open_handle) == (False, True, True)
+    c.close()  # forgotten by the cache: a later touch of it must not be skipped
+    assert a.slice(0, 8).read_bytes() == b"a1a2a3a4" and len(cache) == 2
+
+
 @pytest.mark.parametrize("walk", ["batch_headers", "batches"])
 def test_a_walk_keeps_reading_its_own_file_when_the_handle_is_released_or_deleted_meanwhile(tmp_path, walk):
     # A walk holds its descriptor across yields. The handle cache (another thread) or a delete

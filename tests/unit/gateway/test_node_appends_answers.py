@@ -1,0 +1,82 @@
+"""How the gateway's append connection reads a node's answers (``node_appends._AnswerProtocol``):
+answers split across reads are put together and matched to their appends by correlation id;
+an answer frame that cannot be read fails the appends in flight retriably, and the next append
+opens a new connection."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from gateway.server.node_appends import MAX_RESPONSE_FRAME, NodeAppends
+from services.acks import Acks
+from services.append_result import AppendResult
+from services.fetchport import append as frames
+from services.fetchport.protocol import SIZE
+
+
+def _node(answer_bytes):
+    """A node answering each connection's probe, then each append with the chunks
+    ``answer_bytes(connection_number, request)`` gives, written apart."""
+    connections = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(connections)
+        connections.append(writer)
+        try:
+            while True:
+                (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+                request = frames.decode_request_body(await reader.readexactly(size))
+                if not request.partitions:  # the probe
+                    writer.write(frames.encode_response(request.correlation_id, []))
+                    continue
+                for chunk in answer_bytes(number, request):
+                    writer.write(chunk)
+                    await writer.drain()
+                    await asyncio.sleep(0.002)  # separate reads on the gateway's side
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle, connections
+
+
+def _answer(request) -> bytes:
+    p = request.partitions[0]
+    offset = int(bytes(p.records))
+    return frames.encode_response(
+        request.correlation_id, [AppendResult(p.topic, p.partition, base_offset=offset, last_offset=offset)]
+    )
+
+
+def test_answers_cut_anywhere_reach_their_appends_and_a_bad_frame_fails_them_retriably():
+    def answer_bytes(number, request):
+        frame = _answer(request)
+        if number == 0 and bytes(request.partitions[0].records) == b"7":
+            return [struct.pack(">i", MAX_RESPONSE_FRAME + 1)]  # beyond the bound: unreadable
+        if number == 0 and int(bytes(request.partitions[0].records)) % 2:
+            return [frame[:3], frame[3:9], frame[9:]]  # one answer over three reads
+        return [frame]
+
+    async def scenario():
+        handle, connections = _node(answer_bytes)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        appends = NodeAppends("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            first = [
+                await appends.append("t", {0: b"%d" % i}, acks=Acks.LEADER, timeout_s=10) for i in range(7)
+            ]
+            broken = await appends.append("t", {0: b"7"}, acks=Acks.LEADER, timeout_s=10)
+            again = await appends.append("t", {0: b"8"}, acks=Acks.LEADER, timeout_s=10)
+            return first, broken, again, len(connections)
+        finally:
+            await appends.close()
+            server.close()
+            await server.wait_closed()
+
+    first, broken, again, connections = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [r[0].base_offset for r in first] == list(range(7))
+    assert all(r[0].error is None for r in first)
+    assert broken is not None and broken[0].error is not None
+    assert broken[0].error.reason == "NETWORK_EXCEPTION" and broken[0].error.retriable
+    assert again is not None and again[0].error is None and again[0].base_offset == 8
+    assert connections == 2, "the unreadable answer dropped the connection; the next append made another"
