@@ -254,7 +254,7 @@ class ProducerBatch:
         if self._data is not None:
             return len(self._data)
         assert self._builder is not None, "a batch has its bytes or its builder"
-        return self._builder.size_in_bytes()
+        return self._used  # the builder's size_in_bytes(), kept by every append
 
     def close(self) -> bytes | bytearray:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
