@@ -254,7 +254,7 @@ class ProducerBatch:
         if self._data is not None:
             return len(self._data)
         assert self._builder is not None, "a batch has its bytes or its builder"
-        return self._builder.size_in_bytes()
+        return self._used  # the builder's size_in_bytes(), kept by every append
 
     def close(self) -> bytes | bytearray:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
@@ -326,6 +326,9 @@ class RecordAccumulator:
         self.pool = pool or BufferPool(32 * 1024 * 1024)
         #: A batch's size bound: ``batch_size``, or the whole pool when that is smaller.
         self._batch_bound = min(self.batch_size, self.pool.total_bytes)
+        #: What ``batch_reservation`` reads: the first step of a batch's reservation, the pool.
+        self._initial_reservation = min(INITIAL_BATCH_RESERVATION, self.batch_size)
+        self._pool_bytes = self.pool.total_bytes
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
         #: The same queues by topic and partition: ``append`` finds one without a TopicPartition.
         self._by_topic: dict[str, dict[int, deque[ProducerBatch]]] = {}
@@ -473,8 +476,14 @@ class RecordAccumulator:
         header and the record need, or :data:`INITIAL_BATCH_RESERVATION` bytes (at most
         ``batch_size``) when more; never more than the whole pool, which then also bounds the
         batch (see ``_new_batch``)."""
-        first = max(RECORD_BATCH_OVERHEAD + size, min(INITIAL_BATCH_RESERVATION, self.batch_size))
-        return max(size, min(first, self.pool.total_bytes))  # a record beyond the pool: too large
+        # NOTE: comparisons, not ``max``/``min`` calls: this runs once a record when every record
+        # opens a batch (one record per request).
+        first = RECORD_BATCH_OVERHEAD + size
+        if first < self._initial_reservation:
+            first = self._initial_reservation
+        if first > self._pool_bytes:
+            first = self._pool_bytes
+        return first if first > size else size  # a record beyond the pool: too large
 
     def _grow_reservation(self, batch: ProducerBatch, needed: int) -> bool:
         """Reserve more for ``batch``, which is to hold ``needed`` bytes (call with the lock):

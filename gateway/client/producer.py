@@ -792,7 +792,9 @@ class Producer:
         started = telemetry.now() if telemetry is not None else 0
         prepared = core.prepare(value, key, headers, timestamp)
         count = core.partition_counts.get(topic)
-        if count is None or (partition is not None and core.cached_partition_count(topic, partition) is None):
+        # (``cached_partition_count``'s test, inlined: a partition past the cached count fetches
+        # the metadata again; anything else is checked by ``append``.)
+        if count is None or (partition is not None and isinstance(partition, int) and partition >= count):
             core.ensure_open()  # a closed producer has no I/O thread to fetch with
             count = self._io.run(core.fetch_partition_count(topic))
         try:

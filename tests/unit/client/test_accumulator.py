@@ -8,11 +8,19 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gateway.client.accumulator import BufferPool, RecordAccumulator, estimate_record_size
+from gateway.client.accumulator import (
+    INITIAL_BATCH_RESERVATION,
+    BufferPool,
+    RecordAccumulator,
+    estimate_record_size,
+)
 from gateway.client.errors import IllegalStateError, RecordTooLargeError, RequestTimedOutError
 from gateway.client.structs import TopicPartition
 from services.records import Compression, RecordBatchView
+from services.records.format import RECORD_BATCH_OVERHEAD
 
 T0 = 1_000_000
 TP0 = TopicPartition("t", 0)
@@ -249,3 +257,17 @@ def test_async_allocate_waits_without_blocking_the_loop():
             await pool.allocate_async(50, 0.05)
 
     asyncio.run(scenario())
+
+
+@given(
+    size=st.integers(min_value=0, max_value=1 << 21),
+    batch_size=st.integers(min_value=1, max_value=1 << 20),
+    pool_bytes=st.integers(min_value=1, max_value=1 << 22),
+)
+@settings(max_examples=300, deadline=None)
+def test_batch_reservation_is_the_documented_step(size, batch_size, pool_bytes):
+    # What the batch header and the record need, at least the first step (1 KiB, at most
+    # batch_size), at most the whole pool -- but never less than the record itself.
+    acc = RecordAccumulator(batch_size=batch_size, pool=BufferPool(pool_bytes))
+    first = max(RECORD_BATCH_OVERHEAD + size, min(INITIAL_BATCH_RESERVATION, batch_size))
+    assert acc.batch_reservation(size) == max(size, min(first, pool_bytes))
