@@ -141,6 +141,15 @@ def test_truncation_at_every_byte_of_the_last_batch(tmp_path, clock):
         shutil.rmtree(log_dir.parent)
 
 
+def _copy_if_still_there(source: str, destination: str) -> None:
+    """Copy a file that may be renamed or removed while the directory is copied (a producer
+    state snapshot's ``.tmp`` renamed into place): what a crash would leave either way."""
+    try:
+        shutil.copy2(source, destination)
+    except FileNotFoundError:
+        pass
+
+
 def test_crash_mid_append_recovers_to_a_batch_boundary(tmp_path, clock):
     """Copy the files (without closing) while another thread appends, as a crash would leave
     them; every copy must recover to a prefix of what was appended, ending on a batch boundary."""
@@ -181,7 +190,7 @@ def test_crash_mid_append_recovers_to_a_batch_boundary(tmp_path, clock):
         while partition_log.log_end_offset < mark + 150 and not done.is_set():
             time.sleep(0.001)
         copy = tmp_path / f"copy{len(copies)}" / "t-0"
-        shutil.copytree(log_dir, copy, dirs_exist_ok=True)
+        shutil.copytree(log_dir, copy, dirs_exist_ok=True, copy_function=_copy_if_still_there)
         copies.append(copy)
     thread.join()
     assert not failures and copies
