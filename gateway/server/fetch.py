@@ -39,6 +39,7 @@ import logging
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.server.cluster_snapshot import PartitionRoute
 from gateway.server.decode_pool import DecodePool
 from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
 from gateway.server.routing import Router
@@ -273,7 +274,9 @@ class _FetchSession:
         polls, waited = await self._poll_now(range(len(self._parts)))
         kept = 0
         for index, poll in enumerate(polls):
-            kept += self._apply(index, poll)
+            # (a quiet partition's first poll leaves nothing to apply: most of a wide session's)
+            if poll is not _QUIET:
+                kept += self._apply(index, poll)
         # A first read that was the long poll and brought nothing ended with the node's wait (or
         # an error): polling again would only wait out the crumbs of the deadline.
         if not self._satisfied() and (kept or not waited):
@@ -426,13 +429,25 @@ class _FetchSession:
         # address's hash is a dataclass's, computed on every lookup).
         last: BrokerAddress | None = None
         members: list[int] | None = None
+        # A run of one topic's partitions looks its routes up once; a partition without a usable
+        # route takes ``ensure_leader``'s way, which names the error.
+        nodes, topics = snapshot.nodes, snapshot.topics
+        routes_of: str | None = None
+        routes: tuple[PartitionRoute, ...] = ()
         for index in indexes:
             part = asked[index]
-            try:
-                node = snapshot.ensure_leader(part.topic, part.partition)
-            except errors.TributaryError:
-                alone.append(index)
-                continue
+            topic, number = part.topic, part.partition
+            if topic != routes_of:
+                known = topics.get(topic)
+                routes_of, routes = topic, known.partitions if known is not None else ()
+            route = routes[number] if 0 <= number < len(routes) else None
+            node = nodes.get(route.leader) if route is not None and route.error is None else None
+            if node is None:
+                try:
+                    node = snapshot.ensure_leader(topic, number)
+                except errors.TributaryError:
+                    alone.append(index)
+                    continue
             if node is not last:
                 multi_ok = speaks_multi.get(node)
                 if multi_ok is None:
