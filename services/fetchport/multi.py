@@ -221,39 +221,40 @@ def encode_request(request: MultiFetchRequest) -> bytes:
     # names the same topic for many partitions in a row.
     last_topic: str | None = None
     raw, pack = b"", _entry_struct(0, sparse).pack
-    for p in request.partitions:
-        if p.topic != last_topic:
-            last_topic = p.topic
-            known = topics.get(last_topic)
+    append = parts.append
+    # (the entries are unpacked as the tuples they are: faster than their named fields)
+    for (
+        topic,
+        partition,
+        offset,
+        partition_max,
+        leader_epoch,
+        last_epoch,
+        known_hw,
+        known_start,
+    ) in request.partitions:
+        if topic != last_topic:
+            last_topic = topic
+            known = topics.get(topic)
             if known is None:
-                known = topics[last_topic] = _string(last_topic, MAX_TOPIC_BYTES)[_SHORT.size :]
+                known = topics[topic] = _string(topic, MAX_TOPIC_BYTES)[_SHORT.size :]
             raw, pack = known, _entry_struct(len(known), sparse).pack
         if sparse:
-            parts.append(
+            append(
                 pack(
                     len(raw),
                     raw,
-                    p.partition,
-                    p.current_leader_epoch,
-                    p.fetch_offset,
-                    p.last_fetched_epoch,
-                    p.partition_max_bytes,
-                    p.known_high_watermark,
-                    p.known_log_start_offset,
+                    partition,
+                    leader_epoch,
+                    offset,
+                    last_epoch,
+                    partition_max,
+                    known_hw,
+                    known_start,
                 )
             )
         else:
-            parts.append(
-                pack(
-                    len(raw),
-                    raw,
-                    p.partition,
-                    p.current_leader_epoch,
-                    p.fetch_offset,
-                    p.last_fetched_epoch,
-                    p.partition_max_bytes,
-                )
-            )
+            append(pack(len(raw), raw, partition, leader_epoch, offset, last_epoch, partition_max))
     body = b"".join(parts)
     return SIZE.pack(len(body)) + body
 
