@@ -39,6 +39,7 @@ import logging
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from gateway.server.cluster_snapshot import PartitionRoute
 from gateway.server.decode_pool import DecodePool
 from gateway.server.fetch_assembly import DecodeBudget, PartitionData, TypedBatch, decode_typed, take_batches
 from gateway.server.routing import Router
@@ -89,10 +90,6 @@ class PartitionFetch(NamedTuple):
     #: version 3), and the result carries them back.
     known_high_watermark: int = -1
     known_log_start_offset: int = -1
-
-
-#: Nothing known of a partition.
-_UNKNOWN = PartitionFetch("", 0, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +270,9 @@ class _FetchSession:
         polls, waited = await self._poll_now(range(len(self._parts)))
         kept = 0
         for index, poll in enumerate(polls):
-            kept += self._apply(index, poll)
+            # (a quiet partition's first poll leaves nothing to apply: most of a wide session's)
+            if poll is not _QUIET:
+                kept += self._apply(index, poll)
         # A first read that was the long poll and brought nothing ended with the node's wait (or
         # an error): polling again would only wait out the crumbs of the deadline.
         if not self._satisfied() and (kept or not waited):
@@ -426,13 +425,25 @@ class _FetchSession:
         # address's hash is a dataclass's, computed on every lookup).
         last: BrokerAddress | None = None
         members: list[int] | None = None
+        # A run of one topic's partitions looks its routes up once; a partition without a usable
+        # route takes ``ensure_leader``'s way, which names the error.
+        nodes, topics = snapshot.nodes, snapshot.topics
+        routes_of: str | None = None
+        routes: tuple[PartitionRoute, ...] = ()
         for index in indexes:
             part = asked[index]
-            try:
-                node = snapshot.ensure_leader(part.topic, part.partition)
-            except errors.TributaryError:
-                alone.append(index)
-                continue
+            topic, number = part.topic, part.partition
+            if topic != routes_of:
+                known = topics.get(topic)
+                routes_of, routes = topic, known.partitions if known is not None else ()
+            route = routes[number] if 0 <= number < len(routes) else None
+            node = nodes.get(route.leader) if route is not None and route.error is None else None
+            if node is None:
+                try:
+                    node = snapshot.ensure_leader(topic, number)
+                except errors.TributaryError:
+                    alone.append(index)
+                    continue
             if node is not last:
                 multi_ok = speaks_multi.get(node)
                 if multi_ok is None:
@@ -554,28 +565,28 @@ class _FetchSession:
         fetches: list[multi.PartitionFetch] = []
         append, new, entry, no_epoch = fetches.append, tuple.__new__, multi.PartitionFetch, multi.NO_EPOCH
         for i in group:  # (a wide session's every fetch runs this for each partition: kept lean)
-            known = asked[i]
+            # (unpacked as the tuple it is: faster than its named fields)
+            topic, number, next_offset, part_room, known_hw, known_start = asked[i]
             part = parts[i]
-            if part is None:  # nothing read yet: as asked
-                next_offset, part_room = known.offset, known.max_bytes
-            else:
-                next_offset, part_room = part.next_offset, part.max_bytes - part.size
-                if next_offset != part.fetch_offset:
+            if part is not None:  # read before in this request: from where that read ended
+                if part.next_offset != part.fetch_offset:
                     # What the client knows holds only until this request brings it something new.
-                    known = _UNKNOWN
-            sparse = sparse or known.known_high_watermark >= 0
+                    known_hw = known_start = -1
+                next_offset, part_room = part.next_offset, part.max_bytes - part.size
+            if known_hw >= 0:
+                sparse = True
             append(
                 new(
                     entry,
                     (
-                        known.topic if part is None else part.topic,
-                        known.partition if part is None else part.partition,
+                        topic,
+                        number,
                         next_offset,
                         part_room if 0 < part_room <= room else max(1, min(part_room, room)),
                         no_epoch,
                         no_epoch,
-                        known.known_high_watermark,
-                        known.known_log_start_offset,
+                        known_hw,
+                        known_start,
                     ),
                 )
             )

@@ -204,7 +204,7 @@ def _message(error: errors.TributaryError | None) -> bytes:
 
 def encode_request(request: MultiFetchRequest) -> bytes:
     sparse = request.sparse
-    topics: dict[str, bytes] = {}  # each topic encoded once (a wide fetch names few topics)
+    topics: dict[str, bytes] = {}  # each topic's UTF-8 once (a wide fetch names few topics)
     parts = [
         _REQUEST_FIXED.pack(
             request.version,
@@ -217,22 +217,44 @@ def encode_request(request: MultiFetchRequest) -> bytes:
             len(request.partitions),
         )
     ]
-    for p in request.partitions:
-        topic = topics.get(p.topic)
-        if topic is None:
-            topic = topics[p.topic] = _string(p.topic, MAX_TOPIC_BYTES)
-        parts.append(topic)
-        parts.append(
-            _PARTITION_REQUEST.pack(
-                p.partition,
-                p.current_leader_epoch,
-                p.fetch_offset,
-                p.last_fetched_epoch,
-                p.partition_max_bytes,
-            )
-        )
+    # Each entry is one pack of its topic's entry layout (see ``_entry_struct``): a wide fetch
+    # names the same topic for many partitions in a row.
+    last_topic: str | None = None
+    raw, pack = b"", _entry_struct(0, sparse).pack
+    append = parts.append
+    # (the entries are unpacked as the tuples they are: faster than their named fields)
+    for (
+        topic,
+        partition,
+        offset,
+        partition_max,
+        leader_epoch,
+        last_epoch,
+        known_hw,
+        known_start,
+    ) in request.partitions:
+        if topic != last_topic:
+            last_topic = topic
+            known = topics.get(topic)
+            if known is None:
+                known = topics[topic] = _string(topic, MAX_TOPIC_BYTES)[_SHORT.size :]
+            raw, pack = known, _entry_struct(len(known), sparse).pack
         if sparse:
-            parts.append(_KNOWN.pack(p.known_high_watermark, p.known_log_start_offset))
+            append(
+                pack(
+                    len(raw),
+                    raw,
+                    partition,
+                    leader_epoch,
+                    offset,
+                    last_epoch,
+                    partition_max,
+                    known_hw,
+                    known_start,
+                )
+            )
+        else:
+            append(pack(len(raw), raw, partition, leader_epoch, offset, last_epoch, partition_max))
     body = b"".join(parts)
     return SIZE.pack(len(body)) + body
 
@@ -256,51 +278,64 @@ def decode_request_body(body: bytes | memoryview) -> MultiFetchRequest:
     seen: dict[str, set[int]] = {}  # partition numbers by topic
     topics: dict[bytes, str] = {}  # a wide fetch names few topics: each decoded once
     # A wide fetch names the same topic for many partitions in a row: while it does, each entry
-    # is one fixed-size struct (topic length, topic bytes, fields), read with one unpack and
-    # checked against the topic's bytes -- the per-partition cost of a wide fetch session.
-    run = _NO_RUN
-    run_length, run_raw, topic, numbers = -1, b"", "", set()
-    for _ in range(count):
-        fields = None
-        if position + run.size <= end:
-            fields = run.unpack_from(view, position)
-            if fields[0] != run_length or fields[1] != run_raw:
-                fields = None
-        if fields is None:  # another topic (or the first): read its name, then its entry
-            topic, after = _read_topic(view, position, topics)
-            if after + entry > end:
-                raise errors.InvalidRequestError("fetch request is truncated inside a partition")
-            run_length = after - position - _SHORT.size
-            run_raw = view[position + _SHORT.size : after].tobytes()
-            run = _entry_struct(run_length, sparse)
-            fields = run.unpack_from(view, position)
-            numbers = seen.setdefault(topic, set())
-        position += run.size
-        if sparse:
-            _, _, partition, leader_epoch, offset, last_epoch, partition_max, known_hw, known_start = fields
-        else:
-            _, _, partition, leader_epoch, offset, last_epoch, partition_max = fields
-            known_hw = known_start = -1
-        if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
-            raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")
-        if partition in numbers:
-            raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
-        numbers.add(partition)
-        append(
-            _new_tuple(
-                PartitionFetch,
-                (topic, partition, offset, partition_max, leader_epoch, last_epoch, known_hw, known_start),
+    # is one fixed-size struct (topic length, topic bytes, fields). A run is read with one
+    # iter_unpack over as many entries as the frame could hold, each checked against the topic's
+    # bytes; the first entry naming another topic ends the run -- the per-partition cost of a
+    # wide fetch session.
+    while len(partitions) < count:
+        topic, after = _read_topic(view, position, topics)
+        if after + entry > end:
+            raise errors.InvalidRequestError("fetch request is truncated inside a partition")
+        run_length = after - position - _SHORT.size
+        run_raw = view[position + _SHORT.size : after].tobytes()
+        run = _entry_struct(run_length, sparse)
+        size = run.size
+        numbers = seen.setdefault(topic, set())
+        room = min(count - len(partitions), (end - position) // size)
+        for fields in run.iter_unpack(view[position : position + room * size]):
+            if sparse:
+                (
+                    length,
+                    raw,
+                    partition,
+                    leader_epoch,
+                    offset,
+                    last_epoch,
+                    partition_max,
+                    known_hw,
+                    known_start,
+                ) = fields
+            else:
+                length, raw, partition, leader_epoch, offset, last_epoch, partition_max = fields
+                known_hw = known_start = -1
+            if length != run_length or raw != run_raw:
+                break  # another topic: the next run
+            if partition < 0 or partition_max < 0 or leader_epoch < NO_EPOCH or last_epoch < NO_EPOCH:
+                raise errors.InvalidRequestError(f"fetch of {topic}-{partition} has a negative field")
+            if partition in numbers:
+                raise errors.InvalidRequestError(f"fetch request names {topic}-{partition} twice")
+            numbers.add(partition)
+            append(
+                _new_tuple(
+                    PartitionFetch,
+                    (
+                        topic,
+                        partition,
+                        offset,
+                        partition_max,
+                        leader_epoch,
+                        last_epoch,
+                        known_hw,
+                        known_start,
+                    ),
+                )
             )
-        )
+            position += size
     if position != len(view):
         raise errors.InvalidRequestError(f"fetch request has {len(view) - position} trailing bytes")
     return MultiFetchRequest(
         correlation_id, replica_id, tuple(partitions), max_bytes, min_bytes, max_wait_ms, isolation, sparse
     )
-
-
-#: No topic read yet: an entry layout no frame can hold, so the first entry takes the long way.
-_NO_RUN = struct.Struct(f">{MAX_MULTI_REQUEST_FRAME + 1}x")
 
 
 @functools.lru_cache(maxsize=256)

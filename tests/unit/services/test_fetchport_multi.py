@@ -234,3 +234,15 @@ def test_a_partition_named_twice_in_a_run_or_across_runs_is_refused(names):
     )
     with pytest.raises(errors.InvalidRequestError, match="t-4 twice"):
         multi.decode_request_body(_body(multi.encode_request(request)))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_run_longer_than_the_announced_count_leaves_trailing_bytes(sparse):
+    """A run is read in one go up to the partition count the frame announces, never past it."""
+    request = multi.MultiFetchRequest(
+        1, -1, tuple(multi.PartitionFetch("t", n, 5, 1) for n in range(3)), 1000, sparse=sparse
+    )
+    body = bytearray(_body(multi.encode_request(request)))
+    struct.pack_into(">i", body, 23, 2)  # partition_count: 2 of the 3 entries
+    with pytest.raises(errors.InvalidRequestError, match="trailing"):
+        multi.decode_request_body(bytes(body))
