@@ -342,9 +342,9 @@ class ProduceHandler:
             epochs[partition] = snapshot.topics[topic].partitions[partition].leader_epoch
         timeout_s = deadline - asyncio.get_running_loop().time()
         clients = self._router.clients
-        if len(by_node) == 1:  # the usual case: no task, no gather
-            ((node, payloads),) = by_node.items()
-            answer = await storage_calls.append(
+
+        def append_to(node, payloads):
+            return storage_calls.append(
                 clients.storage(node),
                 topic,
                 payloads,
@@ -353,24 +353,15 @@ class ProduceHandler:
                 leader_epochs=epochs,
                 data_port=clients.appends(node),
             )
+
+        if len(by_node) == 1:  # the usual case: no task, no gather
+            ((node, payloads),) = by_node.items()
+            answer = await append_to(node, payloads)
             if not results:
                 return answer
             results.update(answer)
             return results
-        answers = await asyncio.gather(
-            *(
-                storage_calls.append(
-                    clients.storage(node),
-                    topic,
-                    payloads,
-                    acks=acks,
-                    timeout_s=timeout_s,
-                    leader_epochs=epochs,
-                    data_port=clients.appends(node),
-                )
-                for node, payloads in by_node.items()
-            )
-        )
+        answers = await asyncio.gather(*(append_to(node, payloads) for node, payloads in by_node.items()))
         for answer in answers:
             results.update(answer)
         return results

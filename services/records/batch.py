@@ -324,17 +324,24 @@ class RecordBatchView:
         the caller already has it. Like :meth:`records`, this does not check the CRC.
         """
         self._ensure_valid_structure()
-        header = self._header
-        attributes = header.attributes
         return _record.decode_records(
             self.payload() if payload is None else payload,
+            *self._decoder_header(),
+            first_offset,
+            max_records,
+        )
+
+    def _decoder_header(self) -> tuple[int, int, int, int | None, int]:
+        """What every record decoder takes from the header, in its argument order: the record
+        count, base offset, base timestamp, the log-append time (None for create time) and the
+        last offset delta. The structure must have been checked."""
+        header = self._header
+        return (
             header.record_count,
             header.base_offset,
             header.base_timestamp,
-            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
+            header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None,
             header.last_offset_delta,
-            first_offset,
-            max_records,
         )
 
     def read_consumer_records(
@@ -353,11 +360,7 @@ class RecordBatchView:
         in_place = in_c and not attributes & COMPRESSION_CODEC_MASK
         arguments = (
             self._view[RECORDS_OFFSET:] if in_place else self.payload(),
-            header.record_count,
-            header.base_offset,
-            header.base_timestamp,
-            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
-            header.last_offset_delta,
+            *self._decoder_header(),
             first_offset,
         )
         timestamp_type = 1 if attributes & TIMESTAMP_TYPE_MASK else 0  # TimestampType, without the enum
@@ -391,11 +394,7 @@ class RecordBatchView:
             payload = self.payload() if codec else self._view[RECORDS_OFFSET:]
         return columns.append(
             payload,
-            header.record_count,
-            header.base_offset,
-            header.base_timestamp,
-            header.max_timestamp if attributes & TIMESTAMP_TYPE_MASK else None,
-            header.last_offset_delta,
+            *self._decoder_header(),
             first_offset,
             max_records,
         )

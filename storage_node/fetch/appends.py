@@ -347,11 +347,7 @@ class AppendConnection:
             previous, mine = waits[index]
             if previous is not None and not previous.done:
                 return
-            try:
-                result = self._append_at_once(append_now, request, p, mine, deadline)
-            except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
-                self._finish_turn(p, mine)
-                result = _failed(p, exc)
+            result = self._append_at_once(append_now, request, p, mine, deadline)
             if result is None:
                 return
             results.append(result)
@@ -372,11 +368,7 @@ class AppendConnection:
             previous, mine = waits[index]
             result = None
             if append_now is not None and (previous is None or previous.done):
-                try:
-                    result = self._append_at_once(append_now, request, p, mine, deadline)
-                except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
-                    self._finish_turn(p, mine)
-                    result = _failed(p, exc)
+                result = self._append_at_once(append_now, request, p, mine, deadline)
             if result is None:
                 try:
                     result = await self._append_in_order(request, p, previous, mine, deadline)
@@ -394,17 +386,22 @@ class AppendConnection:
         deadline: float,
     ) -> AppendResult | None:
         """``_append_in_order`` for a partition whose turn has come, without a coroutine: its
-        result, or None (nothing done, the turn still open) when the append must wait."""
+        result, or None (nothing done, the turn still open) when the append must wait. An
+        unexpected error (a bug) is this partition's answer, and the others still go."""
         if deadline - self._loop.time() <= 0:
             self._finish_turn(p, mine)
             return self._refused(request, p)
-        result = append_now(
-            p.topic,
-            p.partition,
-            p.records,
-            acks=request.acks,
-            leader_epoch=None if p.leader_epoch == frames.NO_EPOCH else p.leader_epoch,
-        )
+        try:
+            result = append_now(
+                p.topic,
+                p.partition,
+                p.records,
+                acks=request.acks,
+                leader_epoch=None if p.leader_epoch == frames.NO_EPOCH else p.leader_epoch,
+            )
+        except Exception as exc:  # noqa: BLE001 -- a bug: answered, the others still go
+            self._finish_turn(p, mine)
+            return _failed(p, exc)
         if result is not None:
             self._finish_turn(p, mine)
         return result
