@@ -8,6 +8,9 @@
   Its channels open on first use inside the test's event loop, so use it as
   ``async with etcd_client as client:`` inside the coroutine the test runs; the prefix is
   cleared afterwards.
+
+Modules in ``SERIAL`` are marked ``serial``: ``deploy/test.sh`` runs the other modules on two
+workers (pytest-xdist, one module per worker at a time) and these alone afterwards.
 """
 
 from __future__ import annotations
@@ -16,11 +19,35 @@ import asyncio
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from services.etcd import EtcdClient
 from services.etcd.embedded import EmbeddedEtcd
+
+# Modules whose assertions hold a rate, a latency or a lag time to a bound, or that kill and
+# pause processes in loops: a second cluster beside them on two cores would test the machine.
+SERIAL = (
+    "replication/",
+    "transactions/",
+    "gateway/test_hardening.py",
+    "gateway/test_quotas.py",
+    "gateway/test_fetch_hardening.py",
+    "coordinator/test_limits.py",
+    "coordinator/test_faults.py",
+    "client/test_unreadable_batches.py",
+    "storage_node/test_malformed_batches.py",
+    "groups/test_offsets.py",
+)
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # pytest hands this hook every collected item, also those outside this folder.
+    for item in items:
+        if item.path.is_relative_to(_HERE) and item.path.relative_to(_HERE).as_posix().startswith(SERIAL):
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")

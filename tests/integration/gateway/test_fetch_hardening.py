@@ -76,6 +76,14 @@ def create_topic(stub, **configs: str) -> str:
         interval=0.1,
         tolerate=(Exception,),
     )
+    # The gateway can see the partition online before its leader has heard it leads (a
+    # retriable NOT_LEADER_OR_FOLLOWER that the SDK would retry; these tests call the stub).
+    wait_until(
+        lambda: not typed_fetch(stub, name, 0).HasField("error"),
+        timeout=30.0,
+        what=f"{name}'s leader serving it",
+        interval=0.05,
+    )
     return name
 
 
