@@ -3,10 +3,11 @@ from PEM files, with certificate rotation without a restart.
 
 A listener takes a certificate chain and its key, and optionally the CA bundle its clients'
 certificates must chain to (then a client certificate is required: mutual TLS). When the files
-change on disk, new connections get the new certificate (gRPC asks on every handshake; the raw
-listener's context is reloaded by :class:`ReloadingSslContext`); connections already open keep
-theirs. A half-written or mismatched pair is never taken: the files are checked first (the
-stdlib ``ssl`` module loads them), and until they check out the previous certificate stays.
+change on disk, new connections get the new certificate and the new client CAs, a CA removed
+from the file included (gRPC asks on every handshake; the raw listener's handshakes move to the
+newest context made by :class:`ReloadingSslContext`); connections already open keep theirs. A
+half-written or mismatched pair is never taken: the files are checked first (the stdlib ``ssl``
+module loads them), and until they check out the previous certificate stays.
 
 Clients verify the server against a CA bundle (or the system's trust store) and may present
 their own certificate for mutual TLS. Names follow Kafka's client settings: ``ssl_cafile``,
@@ -231,25 +232,48 @@ def grpc_server_credentials(tls: ServerTls) -> grpc.ServerCredentials:
 
 
 class ReloadingSslContext:
-    """An asyncio server's SSL context whose certificate follows the files: call
-    :meth:`maybe_reload` now and then (new handshakes use what it loaded)."""
+    """An asyncio server's SSL context whose certificate and client CAs follow the files: call
+    :meth:`maybe_reload` now and then (new handshakes use what it loaded).
+
+    A reload builds a new context rather than loading into the listener's: OpenSSL's trust store
+    only grows, so a CA removed from the file would otherwise stay trusted until a restart. The
+    listener keeps :attr:`context`, whose server-name callback (called at every handshake, with
+    or without SNI) hands the connection to the newest context before the certificates are
+    exchanged."""
 
     def __init__(self, tls: ServerTls) -> None:
         self._files = _ServerFiles(tls)
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        if tls.client_ca_file is not None:
-            self.context.verify_mode = ssl.CERT_REQUIRED
-        self.maybe_reload()
+        self.context = self._new_context()
+        self._current = self.context
+        self._load_into(self.context)  # the first load works or raises
+        self.context.sni_callback = self._hand_over
 
     def maybe_reload(self) -> bool:
+        context = self._new_context()
+        if not self._load_into(context):
+            return False
+        self._current = context
+        return True
+
+    def _new_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        if self._files.tls.client_ca_file is not None:
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def _load_into(self, context: ssl.SSLContext) -> bool:
         if self._files.load() is None:
             return False
         tls = self._files.tls
-        self.context.load_cert_chain(tls.cert_file, tls.key_file)
+        context.load_cert_chain(tls.cert_file, tls.key_file)
         if tls.client_ca_file is not None:
-            self.context.load_verify_locations(tls.client_ca_file)
+            context.load_verify_locations(tls.client_ca_file)
         return True
+
+    def _hand_over(self, connection: Any, server_name: str | None, listener: ssl.SSLContext) -> None:
+        if self._current is not listener:
+            connection.context = self._current
 
 
 def grpc_channel_credentials(tls: ClientTls) -> grpc.ChannelCredentials:

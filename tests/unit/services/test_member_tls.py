@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import ssl
 
 import grpc
 import pytest
@@ -22,6 +23,7 @@ from services.tls import (
     MemberTls,
     ReloadingClientContext,
     ReloadingSslContext,
+    ServerTls,
     aio_channel,
     grpc_server_credentials,
 )
@@ -165,3 +167,54 @@ def test_channel_caches_learn_of_a_rotation_once_the_new_pair_checks_out(files):
     slow = ChannelRotation(ClientTls(ca, *member), check_interval_s=3600)
     new_certificate(directory, "cluster-ca", "member")
     assert not slow.rotated(), "looked at most every check_interval_s"
+
+
+@run_async
+async def test_a_ca_removed_from_the_client_ca_file_is_refused_on_the_next_connection(tmp_path):
+    """The raw listener's client CAs follow the file both ways: a CA added is trusted on the next
+    handshake and a CA removed is refused on it, with or without SNI from the client."""
+    server_ca, other_ca = new_ca(tmp_path, "server-ca"), new_ca(tmp_path, "other-ca")
+    server = new_certificate(tmp_path, "server-ca", "server", dns_names=("gateway.test",))
+    insider = new_certificate(tmp_path, "server-ca", "insider")
+    outsider = new_certificate(tmp_path, "other-ca", "outsider")
+    client_cas = tmp_path / "client-cas.pem"
+    client_cas.write_text(server_ca.read_text())
+    listener_tls = ReloadingSslContext(ServerTls(*server, client_ca_file=client_cas))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"ok")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=listener_tls.context)
+    port = listener.sockets[0].getsockname()[1]
+
+    async def answer(client_cert: tuple, server_hostname: str) -> bytes | None:
+        context = ssl.create_default_context(cafile=server_ca)
+        context.load_cert_chain(*client_cert)
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=context, server_hostname=server_hostname
+            )
+            data = await reader.read()
+            writer.close()
+            return data
+        except (ssl.SSLError, ConnectionError):
+            return None
+
+    try:
+        for name in ("gateway.test", "127.0.0.1"):  # with SNI, and without (no SNI for an address)
+            assert await answer(insider, name) == b"ok"
+            assert await answer(outsider, name) in (None, b"")
+        client_cas.write_text(server_ca.read_text() + other_ca.read_text())
+        assert listener_tls.maybe_reload()
+        for name in ("gateway.test", "127.0.0.1"):
+            assert await answer(outsider, name) == b"ok", "an added CA is trusted"
+        client_cas.write_text(other_ca.read_text())
+        assert listener_tls.maybe_reload()
+        for name in ("gateway.test", "127.0.0.1"):
+            assert await answer(insider, name) in (None, b""), "a removed CA is refused"
+            assert await answer(outsider, name) == b"ok"
+    finally:
+        listener.close()
+        await listener.wait_closed()
