@@ -20,6 +20,7 @@ from typing import Any
 
 from gateway.client.errors import RequestTimedOutError, TributaryError
 from gateway.client.structs import RecordMetadata, TopicPartition
+from services.records.record import speedups as _speedups
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,9 @@ log = logging.getLogger(__name__)
 #: only reads or sets a few fields under it (listeners and waiters run outside it), so the
 #: threads sharing it hardly ever wait for it.
 _RESULT_LOCK = threading.Lock()
+
+#: Stops the garbage collector tracking an object (C only; without it, objects stay tracked).
+_untrack = None if _speedups is None else _speedups.untrack
 
 
 class ProduceResult:
@@ -85,6 +89,12 @@ class ProduceResult:
             self._done = True
             if self._event is not None:
                 self._event.set()
+        if error is None and _untrack is not None:
+            # Settled without an error, it refers to nothing that could lead back to it (its
+            # partition, perhaps an Event), now or later: no reference cycle can pass through
+            # it, and the collector need not walk it. (A producer whose caller keeps its
+            # futures -- one per record -- kept the collector walking them all, again and again.)
+            _untrack(self)
         if first is not None:
             self._call(first)
             if more is not None:
@@ -262,7 +272,12 @@ class _OnSuccess:
 
     def __call__(self, result: ProduceResult) -> None:
         if result.error is None:
-            self.fn(*self.args, self.future._metadata(), **self.kwargs)
+            future = self.future
+            if _untrack is not None:
+                # It refers only to its settled result, which leads back to nothing (see
+                # ProduceResult.complete): the collector need not walk it either.
+                _untrack(future)
+            self.fn(*self.args, future._metadata(), **self.kwargs)
 
 
 class _OnFailure:

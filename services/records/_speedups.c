@@ -3088,6 +3088,24 @@ decline:
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(untrack_doc,
+"untrack(obj)\n"
+"--\n\n"
+"Stop the garbage collector tracking ``obj`` (nothing if it is not tracked); returns None.\n"
+"Only for objects that can no longer be part of a reference cycle: everything they refer to,\n"
+"and will ever refer to, leads back to none of them (gateway/client/futures.py: a produced\n"
+"record's settled result and future). The collector then never walks them.");
+
+static PyObject *
+untrack(PyObject *module, PyObject *obj)
+{
+    (void)module;
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj)) {
+        PyObject_GC_UnTrack(obj);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -3110,6 +3128,7 @@ static PyMethodDef speedups_methods[] = {
      METH_FASTCALL, decode_consumer_records_doc},
     {"encode_record_request", (PyCFunction)(void (*)(void))encode_record_request, METH_FASTCALL,
      encode_record_request_doc},
+    {"untrack", (PyCFunction)untrack, METH_O, untrack_doc},
     {NULL, NULL, 0, NULL},
 };
 

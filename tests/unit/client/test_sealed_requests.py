@@ -9,6 +9,7 @@ correlation id, and anything else (a retry) goes the general way.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import pytest
@@ -387,3 +388,20 @@ def test_errbacks_get_the_error():
     assert seen == [("tag", error)]
     future.add_errback(seen.append)
     assert seen[-1] is error
+
+
+def test_settled_results_and_their_futures_leave_the_collectors_walks_failed_ones_stay():
+    require_speedups()
+    ok = ProduceResult(TopicPartition("t", 0))
+    ok_future = FutureRecordMetadata(ok, 0, 5)
+    ok_future.add_callback(lambda metadata: None)
+    failed = ProduceResult(TopicPartition("t", 0))
+    failed_future = FutureRecordMetadata(failed, 0, 5)
+    failed_future.add_callback(lambda metadata: None)
+    assert gc.is_tracked(ok) and gc.is_tracked(ok_future)
+    ok.complete(3, -1, 0)
+    failed.complete(error=RuntimeError("boom"))
+    assert not gc.is_tracked(ok) and not gc.is_tracked(ok_future)
+    assert ok_future.get(0).offset == 3
+    # An error's traceback can lead back to the future (a frame that raised it holds it).
+    assert gc.is_tracked(failed) and gc.is_tracked(failed_future)
