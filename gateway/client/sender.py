@@ -434,7 +434,29 @@ class Sender:
         finally:
             if not self._pipeline:
                 self._muted.difference_update(handler.topic_partitions)
+            self._pass_after_answer()
+
+    def _pass_after_answer(self) -> None:
+        """After a request written directly is settled, in the read routine's loop turn: when
+        the routine sleeps, make its pass here, so the next request leaves in this turn rather
+        than the routine's next one (with one request in flight: a loop turn, a task step and a
+        future each round trip). The routine is woken only when the pass leaves it something to
+        look at: a timed check (linger, backoff), or more to drain."""
+        waiter = self._waiter
+        context = self._context
+        if waiter is None or waiter.done() or context is None or self._in_pass or self._stopping:
             self.wakeup()
+            return
+        delay: int | None = 0
+        self._in_pass = True
+        try:
+            now_ms = self.client.clock.time_ms()
+            self._fail_expired(now_ms)
+            delay = context.run(self._send_ready, now_ms)
+        finally:
+            self._in_pass = False
+            if delay is not None:
+                self.wakeup()
 
     # -- one request, in a task -------------------------------------------------------------
 
