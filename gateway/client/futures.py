@@ -39,8 +39,8 @@ class ProduceResult:
 
     __slots__ = (
         "_done",
-        "_event",
         "_first_listener",
+        "_gate",
         "_lock",
         "_more_listeners",
         "base_offset",
@@ -57,9 +57,11 @@ class ProduceResult:
         self.log_start_offset = -1
         self.error: BaseException | None = None
         self._done = False
-        # One is made per batch on the application's thread: the Event a blocking waiter needs
-        # (a Condition and two locks) is made only when someone waits.
-        self._event: threading.Event | None = None
+        # What blocking waiters wait on, made only when someone waits: a lock held until the
+        # result is done (each waiter lets the next through). Not an Event: a Condition, two
+        # locks and a deque made in Python, and a notify in Python when done -- with one record
+        # at a time (send, get, send) on both threads' paths of every round trip.
+        self._gate: threading.Lock | None = None
         # The first listener, and a list only for more: a batch of one record (one record per
         # request) often has one listener, and every object here that the garbage collector
         # tracks is walked by each of its collections while the record waits to be sent.
@@ -87,11 +89,11 @@ class ProduceResult:
             first, more = self._first_listener, self._more_listeners
             self._first_listener = self._more_listeners = None
             self._done = True
-            if self._event is not None:
-                self._event.set()
+            if self._gate is not None:
+                self._gate.release()
         if error is None and _untrack is not None:
             # Settled without an error, it refers to nothing that could lead back to it (its
-            # partition, perhaps an Event), now or later: no reference cycle can pass through
+            # partition, perhaps a lock), now or later: no reference cycle can pass through
             # it, and the collector need not walk it. (A producer whose caller keeps its
             # futures -- one per record -- kept the collector walking them all, again and again.)
             _untrack(self)
@@ -127,10 +129,19 @@ class ProduceResult:
         with self._lock:
             if self._done:
                 return True
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        return event.wait(timeout)
+            gate = self._gate
+            if gate is None:
+                gate = self._gate = threading.Lock()
+                gate.acquire()
+        if timeout is None:
+            passed = gate.acquire()
+        elif timeout > 0:
+            passed = gate.acquire(True, timeout)
+        else:
+            passed = gate.acquire(False)
+        if passed:
+            gate.release()  # the next waiter's turn
+        return passed or self._done
 
 
 async def wait_for_result(result: ProduceResult) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -405,3 +407,20 @@ def test_settled_results_and_their_futures_leave_the_collectors_walks_failed_one
     assert ok_future.get(0).offset == 3
     # An error's traceback can lead back to the future (a frame that raised it holds it).
     assert gc.is_tracked(failed) and gc.is_tracked(failed_future)
+
+
+def test_every_blocked_waiter_wakes_when_the_result_settles_and_timeouts_say_so():
+    result = ProduceResult(TopicPartition("t", 0))
+    assert result.wait(0) is False and result.wait(0.01) is False and result.wait(-1) is False
+    woken: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woken.append(result.wait(30))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    deadline = time.monotonic() + 10
+    while result._gate is None and time.monotonic() < deadline:  # a waiter made the gate
+        time.sleep(0.001)
+    result.complete(1, -1, 0)
+    for waiter in waiters:
+        waiter.join(10)
+    assert woken == [True, True, True]
+    assert result.wait(0) and result.wait(None) and FutureRecordMetadata(result, 1, 0).get(0).offset == 2
