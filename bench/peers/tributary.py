@@ -234,10 +234,14 @@ class Tributary(Peer):
             meter.start()
             futures = []
             topic, partitions = dest.name, dest.partitions
-            on_ack = meter.add  # called with the record's metadata on the I/O thread
+            on_ack = meter.add
+
+            def acknowledged(_metadata) -> None:  # called on the producer's I/O thread
+                on_ack(1)
+
             for i, value in enumerate(payloads):
                 future = producer.send(topic, value, partition=i % partitions)
-                future.add_callback(lambda _metadata: on_ack(1))
+                future.add_callback(acknowledged)
                 futures.append(future)
             producer.flush(timeout=600)
             if acks == 0:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from gateway.client.errors import IllegalStateError, RecordTooLargeError, RequestTimedOutError
 from gateway.client.futures import FutureRecordMetadata, ProduceResult
+from gateway.client.sealed import RecordRequestSealer, batch_in
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
 from services.records.format import RECORD_BATCH_OVERHEAD, Compression
@@ -65,6 +66,11 @@ INITIAL_BATCH_RESERVATION = 1024
 #: Bytes a record costs beyond its key, value and headers (length, attributes, deltas, lengths:
 #: varints of a few bytes each); used for buffer accounting and the ``batch_size`` check.
 RECORD_OVERHEAD = 16
+
+#: What a batch of one record takes at least beyond the record's ``estimate_record_size``: the
+#: batch header, and the 7 bytes a record's fields take at least, less the estimate's allowance.
+#: A record whose estimate plus this reaches ``batch_size`` fills a batch on its own.
+_SEALED_SLACK = RECORD_BATCH_OVERHEAD + 7 - RECORD_OVERHEAD
 
 
 def estimate_record_size(key, value, headers_bytes: int) -> int:
@@ -182,6 +188,7 @@ class ProducerBatch:
         "_batch_size",
         "_builder",
         "_data",
+        "_frame_start",
         "_prebuilt",
         "_used",
         "attempts",
@@ -192,6 +199,7 @@ class ProducerBatch:
         "producer_epoch",
         "producer_id",
         "record_count",
+        "request_frame",
         "reserved_bytes",
         "result",
         "retry_at_ms",
@@ -206,6 +214,7 @@ class ProducerBatch:
         batch_size: int,
         data: bytes | None = None,
         record_count: int = 0,
+        request_frame: tuple[bytearray, int] | None = None,
     ) -> None:
         self.topic_partition = topic_partition
         self.result = ProduceResult(topic_partition)
@@ -218,13 +227,24 @@ class ProducerBatch:
         self.last_error: BaseException | None = None
         self._builder = builder
         self._batch_size = batch_size
-        self._data: bytes | bytearray | None = data  # bytearray once numbered in place
+        #: bytearray once numbered in place; a view into ``request_frame`` once closed, when
+        #: sealed with one.
+        self._data: bytes | bytearray | memoryview | None = data
         self._prebuilt = data is not None
         #: No more records: the batch reached ``batch_size``, the next record did not fit, or
-        #: the batch is bytes already (closed, or pre-built). Sendable without lingering.
+        #: the batch is bytes already (closed, pre-built, or sealed). Sendable without lingering.
         self.is_full = builder is None
-        #: The builder's ``size_in_bytes()``, kept here so appends need not ask for it.
+        #: The builder's ``size_in_bytes()``, kept here so appends need not ask for it (a
+        #: sealed batch's size).
         self._used = builder.size_in_bytes() if builder is not None else 0
+        #: The raw data path's request frame holding this batch alone, made when the batch was
+        #: sealed on the appending thread (``gateway/client/sealed.py``; its correlation id is
+        #: written when it is sent), and where the batch starts in it.
+        self.request_frame: bytearray | None = None
+        self._frame_start = 0
+        if request_frame is not None:
+            self.request_frame, self._frame_start = request_frame
+            self._used = len(self.request_frame) - self._frame_start - 2
         #: Set when an idempotent producer numbers the batch (TransactionManager.number).
         self.producer_id = -1
         self.producer_epoch = -1
@@ -253,13 +273,14 @@ class ProducerBatch:
     def estimated_size(self) -> int:
         if self._data is not None:
             return len(self._data)
-        assert self._builder is not None, "a batch has its bytes or its builder"
-        return self._used  # the builder's size_in_bytes(), kept by every append
+        return self._used  # the builder's size_in_bytes(), kept by every append; or sealed
 
-    def close(self) -> bytes | bytearray:
+    def close(self) -> bytes | bytearray | memoryview:
         """The batch bytes (built, compressed) -- once; no record can be appended afterwards."""
-        if self._data is None:
-            assert self._builder is not None, "a batch has its bytes or its builder"
+        if self._data is None and self.request_frame is not None:
+            self._data = batch_in(self.request_frame, self._frame_start)
+        elif self._data is None:
+            assert self._builder is not None, "a batch has its bytes, its frame or its builder"
             self._data = self._builder.build()
             self._builder = None
             self.is_full = True
@@ -315,6 +336,7 @@ class RecordAccumulator:
         compression: Compression = Compression.NONE,
         pool: BufferPool | None = None,
         retried_alone: bool = False,
+        sealer: RecordRequestSealer | None = None,
     ) -> None:
         self.batch_size = max(1, batch_size)
         #: An idempotent producer sends a retried batch in a request of its own: then a retry is
@@ -323,6 +345,9 @@ class RecordAccumulator:
         self.retried_alone = retried_alone
         self.linger_ms = max(0, linger_ms)
         self.compression = Compression(compression)
+        #: Seals a batch its first record fills in its request frame at once (see sealed.py);
+        #: only for batches nothing changes before they are sent: uncompressed, never numbered.
+        self._sealer = sealer if self.compression is Compression.NONE else None
         self.pool = pool or BufferPool(32 * 1024 * 1024)
         #: A batch's size bound: ``batch_size``, or the whole pool when that is smaller.
         self._batch_bound = min(self.batch_size, self.pool.total_bytes)
@@ -454,16 +479,30 @@ class RecordAccumulator:
             raise BufferExhausted(need)
         if queue is None:
             queue = self._queue(TopicPartition(topic, partition))
-        batch = self._new_batch(self._queue_tps[id(queue)], now_ms, need)
-        try:
-            # A new batch takes its first record whatever its size (``try_append``, inlined).
-            used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
-        except BaseException:
-            self.pool.deallocate(need)
-            raise
-        if used >= batch._batch_size:
-            batch.is_full = True
-        batch.record_count = 1
+        sealed = None
+        if self._sealer is not None and size + _SEALED_SLACK >= self._batch_bound:
+            # The record fills the batch by itself: its batch and request frame are made now.
+            try:
+                sealed = self._sealer.seal(topic, partition, timestamp, key, value, headers)
+            except BaseException:
+                self.pool.deallocate(need)
+                raise
+        if sealed is not None:
+            batch = ProducerBatch(
+                self._queue_tps[id(queue)], None, now_ms, self._batch_bound, None, 1, sealed
+            )
+            batch.reserved_bytes = need
+        else:
+            batch = self._new_batch(self._queue_tps[id(queue)], now_ms, need)
+            try:
+                # A new batch takes its first record whatever its size (``try_append``, inlined).
+                used = batch._used = batch._builder.append_sized(value, timestamp, key, headers)  # type: ignore[union-attr]
+            except BaseException:
+                self.pool.deallocate(need)
+                raise
+            if used >= batch._batch_size:
+                batch.is_full = True
+            batch.record_count = 1
         delta = 0
         queue.append(batch)
         self._incomplete.add(batch)

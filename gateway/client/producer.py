@@ -78,6 +78,7 @@ from gateway.client.errors import (
 from gateway.client.futures import FutureRecordMetadata, wait_for_result
 from gateway.client.io_thread import IOThread
 from gateway.client.retry import RetryPolicy
+from gateway.client.sealed import RecordRequestSealer
 from gateway.client.sender import Sender
 from gateway.client.serialization import Serializer, headers_size, normalize_headers, serialize
 from gateway.client.structs import RecordMetadata, TopicPartition
@@ -259,6 +260,13 @@ class ProducerCore:
             compression=Compression.from_name(config.compression),
             pool=self.pool,
             retried_alone=config.idempotent,
+            # A batch one record fills is sealed in its raw request frame as it is appended
+            # (sealed.py): not when batches are numbered (idempotence) as they are sent.
+            sealer=(
+                RecordRequestSealer(int(Acks.parse(config.acks)), config.request_timeout_ms)
+                if config.data_path == "auto" and not config.idempotent
+                else None
+            ),
         )
         self.transaction_manager = (
             TransactionManager(

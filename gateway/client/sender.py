@@ -31,6 +31,7 @@ import contextvars
 import functools
 import itertools
 import logging
+import struct
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
@@ -42,6 +43,7 @@ from gateway.client.errors import (
     TributaryError,
 )
 from gateway.client.retry import RetryPolicy
+from gateway.client.sealed import CORRELATION_ID_AT
 from gateway.client.structs import TopicPartition
 from gateway.client.telemetry import request_context
 from gateway.client.transaction_manager import TransactionManager
@@ -64,6 +66,7 @@ class RetriableAfterEpochBump(errors.TributaryError):
 
 
 _correlation_ids = itertools.count(1)
+_CORRELATION_ID = struct.Struct(">i")
 
 #: Drains one pass of the sender makes at most when each leaves nothing in flight (acks=0 over
 #: the raw path): bounded so the loop's other callbacks (answers, wakeups) get their turn.
@@ -354,27 +357,34 @@ class Sender:
         metrics["requests-written-directly"] += 1
         answer = handler = None
         try:
-            data = []
-            for p, batches in partitions.items():
-                for batch in batches:
-                    batch.attempts += 1
-                    if manager is not None:
-                        manager.number(batch)
-                data.append(
-                    (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
-                )
             if self._frame_acks != 0:
                 handler = SendProduceHandler(self, topic, partitions)
                 answer = AnswerSlot(functools.partial(self._direct_answered, handler, connection))
-            self.transport.write_request(
-                connection,
-                topic,
-                self._frame_acks,
-                self.request_timeout_ms,
-                data,
-                trace_context,
-                answer,
-            )
+            frame = _sealed_frame(partitions) if not trace_context else None
+            if frame is not None:
+                # Sealed when appended (sealed.py): only the correlation id is written here.
+                correlation_id = connection.next_correlation_id()
+                _CORRELATION_ID.pack_into(frame, CORRELATION_ID_AT, correlation_id)
+                connection.send_nowait(frame, None if answer is None else correlation_id, answer)
+            else:
+                data = []
+                for p, batches in partitions.items():
+                    for batch in batches:
+                        batch.attempts += 1
+                        if manager is not None:
+                            manager.number(batch)
+                    data.append(
+                        (p, batches[0].close() if len(batches) == 1 else b"".join(b.close() for b in batches))
+                    )
+                self.transport.write_request(
+                    connection,
+                    topic,
+                    self._frame_acks,
+                    self.request_timeout_ms,
+                    data,
+                    trace_context,
+                    answer,
+                )
         except Exception as exc:  # the batches are drained: they settle here, as a task's would
             log.exception("unexpected error sending to %s", topic)
             SendProduceHandler(self, topic, partitions).handle_error(
@@ -424,7 +434,29 @@ class Sender:
         finally:
             if not self._pipeline:
                 self._muted.difference_update(handler.topic_partitions)
+            self._pass_after_answer()
+
+    def _pass_after_answer(self) -> None:
+        """After a request written directly is settled, in the read routine's loop turn: when
+        the routine sleeps, make its pass here, so the next request leaves in this turn rather
+        than the routine's next one (with one request in flight: a loop turn, a task step and a
+        future each round trip). The routine is woken only when the pass leaves it something to
+        look at: a timed check (linger, backoff), or more to drain."""
+        waiter = self._waiter
+        context = self._context
+        if waiter is None or waiter.done() or context is None or self._in_pass or self._stopping:
             self.wakeup()
+            return
+        delay: int | None = 0
+        self._in_pass = True
+        try:
+            now_ms = self.client.clock.time_ms()
+            self._fail_expired(now_ms)
+            delay = context.run(self._send_ready, now_ms)
+        finally:
+            self._in_pass = False
+            if delay is not None:
+                self.wakeup()
 
     # -- one request, in a task -------------------------------------------------------------
 
@@ -598,6 +630,22 @@ class Sender:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._stopping = True
         self.wakeup()
+
+
+def _sealed_frame(partitions: dict[int, list[ProducerBatch]]) -> bytearray | None:
+    """The request frame of a request of one batch sealed in it (``gateway/client/sealed.py``)
+    on its first attempt, counted as made; else None (encode the request). Not a retry's: the
+    frame may still be held by the write that sent it the first time."""
+    if len(partitions) != 1:
+        return None
+    for batches in partitions.values():
+        if len(batches) == 1:
+            batch = batches[0]
+            frame = batch.request_frame
+            if frame is not None and batch.attempts == 0:
+                batch.attempts = 1
+                return frame
+    return None
 
 
 def _traced(plans) -> bool:

@@ -2913,6 +2913,199 @@ decode_consumer_records(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return records;
 }
 
+/* ---- h16-sdk-produce ---- */
+/* ------------------------------------------------------------------------------------------ */
+/* encode_record_request: a one-record batch and the produce request frame around it          */
+/* ------------------------------------------------------------------------------------------ */
+
+static inline unsigned char *
+put_be32(unsigned char *out, uint32_t v)
+{
+    out[0] = (unsigned char)(v >> 24);
+    out[1] = (unsigned char)(v >> 16);
+    out[2] = (unsigned char)(v >> 8);
+    out[3] = (unsigned char)v;
+    return out + 4;
+}
+
+static inline unsigned char *
+put_be64(unsigned char *out, uint64_t v)
+{
+    put_be32(out, (uint32_t)(v >> 32));
+    return put_be32(out + 4, (uint32_t)v);
+}
+
+PyDoc_STRVAR(encode_record_request_doc,
+"encode_record_request(prefix, partition, timestamp, key, value, headers)\n"
+"--\n\n"
+"C version of gateway.client.sealed.py_encode_record_request (the reference): the produce\n"
+"request frame ``prefix`` starts (a bytes object: its first 4 bytes are overwritten with the\n"
+"frame's size; then kind, correlation id, acks, timeout, topic and a partition count of 1)\n"
+"followed by ``partition``, the length and bytes of an uncompressed RecordBatch v2 holding the\n"
+"one record (base offset 0, no producer id, CREATE_TIME, as RecordBatchBuilder builds it) and\n"
+"an empty trace context: a new bytearray. None (nothing done) when an argument is not of the\n"
+"common types append_record takes, or out of range: the Python reference then encodes it, or\n"
+"raises.");
+
+static PyObject *
+encode_record_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *prefix, *headers, *frame;
+    PyObject *const *pairs = NULL;
+    blob key, value;
+    int64_t timestamp, partition;
+    Py_ssize_t header_count = 0, body, record, batch, total, prefix_len, i;
+    const char *hkey, *hvalue;
+    Py_ssize_t hkey_len, hvalue_len;
+    unsigned char *start, *out, *batch_at;
+
+    (void)module;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "encode_record_request() takes 6 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    prefix = args[0];
+    headers = args[5];
+    if (!PyBytes_CheckExact(prefix) || PyBytes_GET_SIZE(prefix) < 4) {
+        PyErr_SetString(PyExc_TypeError, "encode_record_request() needs a bytes prefix of 4+ bytes");
+        return NULL;
+    }
+    prefix_len = PyBytes_GET_SIZE(prefix);
+    if (!exact_int64(args[1], &partition) || partition < 0 || partition > INT32_MAX ||
+        !exact_int64(args[2], &timestamp)) {
+        Py_RETURN_NONE;
+    }
+    if (headers != Py_None && !PyTuple_CheckExact(headers) && !PyList_CheckExact(headers)) {
+        Py_RETURN_NONE;
+    }
+    if (!get_blob(args[3], &key)) {
+        Py_RETURN_NONE;
+    }
+    if (!get_blob(args[4], &value)) {
+        release_blob(&key);
+        Py_RETURN_NONE;
+    }
+    /* As in append_record: the header items are borrowed once the buffers are taken. */
+    if (headers != Py_None) {
+        header_count = PySequence_Fast_GET_SIZE(headers);
+        pairs = PySequence_Fast_ITEMS(headers);
+        if (header_count > INT32_MAX) {
+            goto decline;
+        }
+    }
+
+    /* Pass 1: sizes (capped as they are added: no overflow). The record's timestamp and
+     * offset deltas are 0: one byte each, like its attributes. */
+    body = 3 + nullable_size(key.len) + nullable_size(value.len);
+    if (body > INT32_MAX) {
+        goto decline;
+    }
+    if (header_count == 0) {
+        body += 1;
+    }
+    else {
+        body += unsigned_varint_size((uint64_t)header_count << 1);
+        for (i = 0; i < header_count; i++) {
+            if (!header_pair(pairs[i], NULL, &hkey, &hkey_len, &hvalue, &hvalue_len)) {
+                goto decline;
+            }
+            body += unsigned_varint_size((uint64_t)hkey_len << 1) + hkey_len +
+                    nullable_size(hvalue_len);
+            if (body > INT32_MAX) {
+                goto decline;
+            }
+        }
+    }
+    record = unsigned_varint_size((uint64_t)body << 1) + body;
+    batch = RECORDS_AT + record;
+    if (batch > INT32_MAX - prefix_len - 10) {
+        goto decline; /* the frame's size (an int32) could not say it */
+    }
+    total = prefix_len + 8 + batch + 2;
+    frame = PyByteArray_FromStringAndSize(NULL, total);
+    if (frame == NULL) {
+        release_blob(&key);
+        release_blob(&value);
+        return NULL;
+    }
+
+    /* Pass 2: write. */
+    start = (unsigned char *)PyByteArray_AS_STRING(frame);
+    memcpy(start, PyBytes_AS_STRING(prefix), (size_t)prefix_len);
+    put_be32(start, (uint32_t)(total - 4));
+    out = put_be32(start + prefix_len, (uint32_t)partition);
+    out = put_be32(out, (uint32_t)batch);
+    batch_at = out;
+    out = put_be64(out, 0);                                   /* baseOffset */
+    out = put_be32(out, (uint32_t)(batch - LOG_OVERHEAD_BYTES)); /* batchLength */
+    out = put_be32(out, 0xFFFFFFFFu);                          /* partitionLeaderEpoch -1 */
+    *out++ = 2;                                                /* magic */
+    out += 4;                                                  /* crc, below */
+    *out++ = 0;                                                /* attributes */
+    *out++ = 0;
+    out = put_be32(out, 0);                                    /* lastOffsetDelta */
+    out = put_be64(out, (uint64_t)timestamp);                  /* baseTimestamp */
+    out = put_be64(out, (uint64_t)timestamp);                  /* maxTimestamp */
+    out = put_be64(out, UINT64_MAX);                           /* producerId -1 */
+    *out++ = 0xFF;                                             /* producerEpoch -1 */
+    *out++ = 0xFF;
+    out = put_be32(out, 0xFFFFFFFFu);                          /* baseSequence -1 */
+    out = put_be32(out, 1);                                    /* recordCount */
+    out = write_unsigned_varint(out, (uint64_t)body << 1);
+    *out++ = 0x00; /* attributes */
+    *out++ = 0x00; /* timestampDelta */
+    *out++ = 0x00; /* offsetDelta */
+    out = write_nullable(out, key.data, key.len);
+    out = write_nullable(out, value.data, value.len);
+    if (header_count == 0) {
+        *out++ = 0x00;
+    }
+    else {
+        out = write_unsigned_varint(out, (uint64_t)header_count << 1);
+        for (i = 0; i < header_count; i++) {
+            header_pair(pairs[i], NULL, &hkey, &hkey_len, &hvalue, &hvalue_len);
+            out = write_nullable(out, hkey, hkey_len);
+            out = write_nullable(out, hvalue, hvalue_len);
+        }
+    }
+    *out++ = 0x00; /* an empty trace context */
+    *out++ = 0x00;
+    release_blob(&key);
+    release_blob(&value);
+    if (out != start + total) {
+        Py_DECREF(frame);
+        PyErr_SetString(PyExc_SystemError, "encode_record_request: size mismatch");
+        return NULL;
+    }
+    put_be32(batch_at + CRC_AT,
+             crc32c_of(batch_at + ATTRIBUTES_AT, batch - ATTRIBUTES_AT));
+    return frame;
+
+decline:
+    release_blob(&key);
+    release_blob(&value);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(untrack_doc,
+"untrack(obj)\n"
+"--\n\n"
+"Stop the garbage collector tracking ``obj`` (nothing if it is not tracked); returns None.\n"
+"Only for objects that can no longer be part of a reference cycle: everything they refer to,\n"
+"and will ever refer to, leads back to none of them (gateway/client/futures.py: a produced\n"
+"record's settled result and future). The collector then never walks them.");
+
+static PyObject *
+untrack(PyObject *module, PyObject *obj)
+{
+    (void)module;
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj)) {
+        PyObject_GC_UnTrack(obj);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -2933,6 +3126,9 @@ static PyMethodDef speedups_methods[] = {
      as_consumer_records_doc},
     {"decode_consumer_records", (PyCFunction)(void (*)(void))decode_consumer_records,
      METH_FASTCALL, decode_consumer_records_doc},
+    {"encode_record_request", (PyCFunction)(void (*)(void))encode_record_request, METH_FASTCALL,
+     encode_record_request_doc},
+    {"untrack", (PyCFunction)untrack, METH_O, untrack_doc},
     {NULL, NULL, 0, NULL},
 };
 
