@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
+from gateway.server import answer_pass
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
@@ -79,6 +80,12 @@ class _AnswerProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
             link.answer(body)
 
     def data_received(self, data: bytes) -> None:
+        # The client answers the appends settle are written at the end of this callback (one
+        # write per client connection), not a turn of the loop later.
+        with answer_pass.handing_out():
+            self._cut_answers(data)
+
+    def _cut_answers(self, data: bytes) -> None:
         buffer = self._buffer
         buffer += data
         while len(buffer) >= SIZE.size:
