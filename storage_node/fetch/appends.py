@@ -235,8 +235,7 @@ class AppendConnection:
             got = self._link.recv_into_nowait(view)
         except BlockingIOError:
             self._flush_before_waiting()
-            async with asyncio.timeout_at(deadline):
-                got = await self._link.recv_into_kept(view)
+            got = await self._link.recv_into_kept(view, deadline)
         if got == 0:
             raise PeerClosed()
         return got

@@ -68,22 +68,26 @@ class PlainLink:
     async def recv_into(self, view: memoryview) -> int:
         return await self.loop.sock_recv_into(self.sock, view)
 
-    async def recv_into_kept(self, view: memoryview) -> int:
+    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
         """:meth:`recv_into` for a connection read again and again (an append connection):
         the socket stays registered with the event loop between reads, and the read is not
         tried first (the caller's ``recv_into_nowait`` just found nothing). ``sock_recv_into``
         tried a recv and registered, then unregistered, the socket for every wait: three
         system calls a request of a one-at-a-time producer. The socket is unregistered when it
         is readable while nobody waits (a level-triggered poll would wake the loop for it
-        again and again), and by :meth:`close`."""
-        future: asyncio.Future[int] = self.loop.create_future()
+        again and again), and by :meth:`close`. Raises TimeoutError at ``deadline`` (loop
+        time), from a timer on the read's future (``asyncio.timeout_at`` cost as much again)."""
+        loop = self.loop
+        future: asyncio.Future[int] = loop.create_future()
         self._waiting = (future, view)
         if not self._reader:
-            self.loop.add_reader(self.sock.fileno(), self._readable)
+            loop.add_reader(self.sock.fileno(), self._readable)
             self._reader = True
+        timer = loop.call_at(deadline, _time_out, future)
         try:
             return await future
         finally:
+            timer.cancel()
             self._waiting = None
 
     def _readable(self) -> None:
@@ -229,9 +233,11 @@ class TlsLink:
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
 
-    async def recv_into_kept(self, view: memoryview) -> int:
-        """:meth:`recv_into` (the socket is registered per wait under TLS)."""
-        return await self.recv_into(view)
+    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
+        """:meth:`recv_into` by ``deadline`` (loop time; TimeoutError then). The socket is
+        registered per wait under TLS."""
+        async with asyncio.timeout_at(deadline):
+            return await self.recv_into(view)
 
     def recv_into_nowait(self, view: memoryview) -> int:
         if self._ahead:
@@ -381,6 +387,12 @@ class TlsLink:
                 pass  # the peer's close_notify has not come: ours is written all the same
             self._send_outgoing_nowait()
         self.sock.close()
+
+
+def _time_out(future: asyncio.Future) -> None:
+    """A read's deadline passed (its timer)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _retrieve(task: asyncio.Task) -> None:

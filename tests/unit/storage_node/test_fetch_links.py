@@ -168,19 +168,22 @@ async def test_plain_reads_kept_registered_get_every_byte_and_unregister_when_no
     view = memoryview(buffer)
     selector = loop._selector
     try:
-        reading = asyncio.ensure_future(link.recv_into_kept(view))
+        reading = asyncio.ensure_future(link.recv_into_kept(view, loop.time() + 30))
         await asyncio.sleep(0)
         client.sendall(b"one")
         assert await asyncio.wait_for(reading, 5) == 3 and bytes(buffer[:3]) == b"one"
         assert fd in selector.get_map()  # still registered after the read
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(link.recv_into_kept(view), 0.05)
+            await link.recv_into_kept(view, loop.time() + 0.05)  # its deadline
         client.sendall(b"two")  # readable, nobody waiting: unregistered, nothing read
         await async_wait_until(lambda: fd not in selector.get_map(), timeout=5)
-        assert await asyncio.wait_for(link.recv_into_kept(view), 5) == 3 and bytes(buffer[:3]) == b"two"
+        assert (
+            await asyncio.wait_for(link.recv_into_kept(view, loop.time() + 30), 5) == 3
+            and bytes(buffer[:3]) == b"two"
+        )
         assert fd in selector.get_map()
         client.close()
-        assert await asyncio.wait_for(link.recv_into_kept(view), 5) == 0  # the peer closed
+        assert await asyncio.wait_for(link.recv_into_kept(view, loop.time() + 30), 5) == 0  # the peer closed
     finally:
         link.close()
     assert fd not in selector.get_map()
