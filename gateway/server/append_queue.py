@@ -36,6 +36,7 @@ import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
+from typing import Protocol
 
 from services import errors
 from services.acks import Acks
@@ -59,10 +60,31 @@ MAX_QUEUED_BYTES = 64 << 20
 
 #: ``settled(partition, result)``: the appender's final outcome for one partition.
 Settled = Callable[[int, AppendResult], None]
-#: ``append(topic, payloads, acks, deadline, settled)``: each partition's append (payloads:
-#: partition -> bytes), retried within the deadline on retriable errors; calls ``settled`` once
-#: per partition as soon as its outcome is final, and returns every outcome.
-Appender = Callable[[str, dict[int, bytes], Acks, float, Settled], Awaitable[dict[int, AppendResult]]]
+
+
+class Appender(Protocol):
+    """``append(topic, payloads, acks, deadline, settled[, first])``: each partition's append
+    (payloads: partition -> bytes), retried within the deadline on retriable errors; calls
+    ``settled`` once per partition as soon as its outcome is final, and returns every outcome.
+    ``first`` (passed only by queues with an ``append_now``): the results of a first attempt
+    already made, which the retries go on from."""
+
+    def __call__(
+        self,
+        topic: str,
+        payloads: dict[int, bytes],
+        acks: Acks,
+        deadline: float,
+        settled: Settled,
+        first: dict[int, AppendResult] | None = None,
+        /,
+    ) -> Awaitable[dict[int, AppendResult]]: ...
+
+
+#: ``append_now(topic, payloads, acks, deadline, done)``: the appender's first attempt made
+#: without a coroutine when it can be (True: sent, ``done(results)`` hears every partition's
+#: result of that attempt from a callback); False: nothing sent, the appender must do it.
+AppenderNow = Callable[[str, dict[int, bytes], Acks, float, Callable[[dict[int, AppendResult]], None]], bool]
 
 #: ``_Pending.counts`` before anyone asked for them.
 _NOT_COUNTED = (-1, -1)
@@ -244,11 +266,18 @@ class AppendQueues:
         self,
         appender: Appender,
         *,
+        append_now: AppenderNow | None = None,
         max_merged_bytes: int = MAX_MERGED_BYTES,
         max_round_bytes: int = MAX_ROUND_BYTES,
         max_queued_bytes: int = MAX_QUEUED_BYTES,
     ) -> None:
         self._append = appender
+        #: Starts a round's appends without a task when it can (see :meth:`_round_now`).
+        self._append_now = append_now
+        #: Rounds started by ``append_now`` whose results have not come yet.
+        self._rounds_now = 0
+        #: Set when ``_rounds_now`` drops to 0 while :meth:`close` waits for it.
+        self._quiet: asyncio.Future[None] | None = None
         self._max_merged_bytes = max_merged_bytes
         self._max_round_bytes = max_round_bytes
         self._max_queued_bytes = max_queued_bytes
@@ -345,13 +374,59 @@ class AppendQueues:
         for (topic, acks), takes in by_topic.items():
             for run in _rounds_within(takes, self._max_round_bytes):
                 groups = {partition: group for partition, group, _ in run}
-                self._track(loop.create_task(self._do_round(topic, acks, groups)))
+                if self._append_now is None or not self._round_now(topic, acks, groups):
+                    self._track(loop.create_task(self._do_round(topic, acks, groups)))
+
+    def _round_now(self, topic: str, acks: Acks, groups: dict[int, list[_Pending]]) -> bool:
+        """Start a round with ``append_now``: no task, no coroutine, and its results settled in
+        the callback that read the node's answer (one turn of the loop sooner). A round whose
+        first attempt has a retriable error goes on in :meth:`_do_round`, as any other. False:
+        nothing sent (the round needs :meth:`_do_round`)."""
+        append_now = self._append_now
+        assert append_now is not None
+        deadline, data = _round_data(groups)
+
+        def answered(results: dict[int, AppendResult]) -> None:
+            try:
+                if any(r.error is not None and r.error.retriable for r in results.values()):
+                    self._track(
+                        self._running_loop().create_task(self._do_round(topic, acks, groups, results))
+                    )
+                    return
+                missing = errors.UnknownServerError("the append round returned no result for this partition")
+                for partition, group in groups.items():
+                    result = results.get(partition) or AppendResult(topic, partition, error=missing)
+                    self._settle(topic, partition, group, result)
+            except Exception as exc:  # a bug: every request of the round hears of it all the same
+                log.exception("append round to %s failed", topic)
+                failure = errors.UnknownServerError(repr(exc))
+                for partition, group in groups.items():
+                    key = (topic, partition)
+                    if key in self._in_flight:
+                        self._finish(key, group, [AppendResult(topic, partition, error=failure)] * len(group))
+            finally:
+                self._rounds_now -= 1
+                if not self._rounds_now and self._quiet is not None and not self._quiet.done():
+                    self._quiet.set_result(None)
+
+        if not append_now(topic, data, acks, deadline, answered):
+            return False
+        self._rounds_now += 1
+        return True
 
     def _track(self, task: asyncio.Task) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _do_round(self, topic: str, acks: Acks, groups: dict[int, list[_Pending]]) -> None:
+    async def _do_round(
+        self,
+        topic: str,
+        acks: Acks,
+        groups: dict[int, list[_Pending]],
+        first: dict[int, AppendResult] | None = None,
+    ) -> None:
+        """The round's appends, retried by the appender; ``first``: the results of a first
+        attempt already made (:meth:`_round_now`)."""
         unsettled = dict(groups)
 
         def settled(partition: int, result: AppendResult) -> None:
@@ -359,13 +434,12 @@ class AppendQueues:
             if group is not None:
                 self._settle(topic, partition, group, result)
 
-        deadline = min(p.deadline for group in groups.values() for p in group)
-        data = {
-            p: group[0].data if len(group) == 1 else b"".join(x.data for x in group)
-            for p, group in groups.items()
-        }
+        deadline, data = _round_data(groups)
         try:
-            results = await self._append(topic, data, acks, deadline, settled)
+            if first is None:
+                results = await self._append(topic, data, acks, deadline, settled)
+            else:
+                results = await self._append(topic, data, acks, deadline, settled, first)
             for partition, result in results.items():
                 settled(partition, result)
             missing = errors.UnknownServerError("the append round returned no result for this partition")
@@ -440,11 +514,24 @@ class AppendQueues:
 
     async def close(self) -> None:
         """Wait until everything submitted has been appended (or failed)."""
-        while self._tasks or self._ready:
+        while self._tasks or self._ready or self._rounds_now:
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            elif self._rounds_now:
+                self._quiet = self._running_loop().create_future()
+                await self._quiet
             else:
                 await asyncio.sleep(0)  # the scheduled round starts
+
+
+def _round_data(groups: dict[int, list[_Pending]]) -> tuple[float, dict[int, bytes]]:
+    """A round's deadline (its earliest request's) and each partition's bytes."""
+    deadline = min(p.deadline for group in groups.values() for p in group)
+    data = {
+        p: group[0].data if len(group) == 1 else b"".join(x.data for x in group)
+        for p, group in groups.items()
+    }
+    return deadline, data
 
 
 def _ignore_settled(_partition: int, _result: AppendResult) -> None:

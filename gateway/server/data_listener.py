@@ -55,6 +55,7 @@ from collections.abc import Awaitable
 from time import perf_counter
 from typing import NamedTuple, NoReturn
 
+from gateway.server import answer_pass
 from gateway.server.append_queue import AppendQueues
 from gateway.server.authentication import Authenticator
 from gateway.server.authorization import Gatekeeper
@@ -768,7 +769,8 @@ class _Connection:
         self._corked.extend(parts)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            if not answer_pass.defer(self._flush):  # at the end of the node answers' pass, else
+                self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 
+from gateway.server import answer_pass
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
@@ -79,6 +80,12 @@ class _AnswerProtocol(asyncio.streams.FlowControlMixin, asyncio.Protocol):
             link.answer(body)
 
     def data_received(self, data: bytes) -> None:
+        # The client answers the appends settle are written at the end of this callback (one
+        # write per client connection), not a turn of the loop later.
+        with answer_pass.handing_out():
+            self._cut_answers(data)
+
+    def _cut_answers(self, data: bytes) -> None:
         buffer = self._buffer
         buffer += data
         while len(buffer) >= SIZE.size:
@@ -122,7 +129,8 @@ class _Link:
     def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
         self.writer = writer
         self.name = name
-        self.pending: dict[int, asyncio.Future[frames.AppendResponse]] = {}
+        #: Appends awaiting answers: a future each, or a callback (``NodeAppends.append_now``).
+        self.pending: dict[int, asyncio.Future[frames.AppendResponse] | _AnswerCallback] = {}
         self.ids = itertools.count(1)
         self.alive = True
         #: Held while a large frame goes out in pieces, so no other frame lands between them.
@@ -207,6 +215,37 @@ class _Link:
         # abort, not close: frames still buffered here are dropped instead of sent (the appends
         # they carry were just failed, and their retries go out on another connection).
         self.writer.transport.abort()
+
+
+class _AnswerCallback:
+    """Stands in for an append's future in ``_Link.pending`` (the same ``done`` /
+    ``set_result`` / ``set_exception``), for :meth:`NodeAppends.append_now`: the answer is
+    handed to ``deliver`` in the callback that read it -- no task to wake, one turn of the event
+    loop sooner -- and the timer bounding the wait is cancelled."""
+
+    __slots__ = ("deliver", "fired", "timer")
+
+    def __init__(self, deliver: Callable[[frames.AppendResponse | None, BaseException | None], None]) -> None:
+        self.deliver = deliver
+        self.fired = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def done(self) -> bool:
+        return self.fired
+
+    def set_result(self, response: frames.AppendResponse) -> None:
+        self._fire(response, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._fire(None, error)
+
+    def _fire(self, response: frames.AppendResponse | None, error: BaseException | None) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.deliver(response, error)
 
 
 def _answer_margin(timeout_s: float) -> float:
@@ -299,29 +338,73 @@ class NodeAppends:
         finally:
             span.end()
 
-    async def _append(
+    def append_now(
         self,
+        topic: str,
+        payloads: Mapping[int, bytes],
+        *,
+        acks: Acks,
+        timeout_s: float,
+        leader_epochs: Mapping[int, int] | None,
+        done: Callable[[dict[int, AppendResult]], None],
+    ) -> bool:
+        """:meth:`append` without a coroutine, when it can be sent at once: the connection is
+        open, telemetry off (no span to make), the frame small and the socket not behind. True
+        when sent: ``done`` then hears each partition's result (or failure, as :meth:`append`
+        returns them) exactly once, from the callback that read the answer (or the timer, or
+        the connection's loss). False: nothing sent, :meth:`append` must do it."""
+        link = self._link
+        if link is None or not link.alive or self._tracer is not None or self._unsupported_until:
+            return False
+        if self._frame_size(topic, payloads) > WRITE_PIECE_BYTES:
+            return False  # not for send_now anyway
+        correlation_id = next(link.ids)
+        parts = frames.encode_request_parts(
+            self._request(correlation_id, topic, payloads, acks, timeout_s, leader_epochs, ())
+        )
+
+        def deliver(response: frames.AppendResponse | None, error: BaseException | None) -> None:
+            if response is not None:
+                results = self._results(topic, payloads, response)
+            else:
+                link.pending.pop(correlation_id, None)
+                if isinstance(error, TimeoutError):
+                    failure: errors.TributaryError = errors.RequestTimedOutError(
+                        f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
+                    )
+                elif isinstance(error, errors.TributaryError):
+                    failure = error
+                else:
+                    failure = errors.NetworkError(repr(error))
+                results = {p: AppendResult(topic, p, error=failure) for p in payloads}
+            done(results)
+
+        waiter = _AnswerCallback(deliver)
+        link.pending[correlation_id] = waiter
+        if not link.send_now(parts):
+            del link.pending[correlation_id]
+            return False
+        waiter.timer = asyncio.get_running_loop().call_later(
+            max(timeout_s, 0.001), waiter.set_exception, TimeoutError()
+        )
+        return True
+
+    @staticmethod
+    def _frame_size(topic: str, payloads: Mapping[int, bytes]) -> int:
+        return frames.REQUEST_FIXED_SIZE + sum(len(d) + len(topic) + 14 for d in payloads.values())
+
+    @staticmethod
+    def _request(
+        correlation_id: int,
         topic: str,
         payloads: Mapping[int, bytes],
         acks: Acks,
         timeout_s: float,
         leader_epochs: Mapping[int, int] | None,
         trace_context: tuple[tuple[str, str], ...],
-    ) -> dict[int, AppendResult] | None:
+    ) -> frames.AppendRequest:
         epochs = leader_epochs or {}
-        try:
-            link = await self._ensure_link(timeout_s)
-        except _Unsupported:
-            return None
-        except (OSError, EOFError, TimeoutError, errors.TributaryError) as exc:
-            error = exc if isinstance(exc, errors.TributaryError) else None
-            error = error or errors.NetworkError(f"cannot reach {self._name} for appends: {exc!r}")
-            return {p: AppendResult(topic, p, error=error) for p in payloads}
-        frame_size = frames.REQUEST_FIXED_SIZE + sum(len(d) + len(topic) + 14 for d in payloads.values())
-        if frame_size > MAX_MESSAGE_BYTES:
-            return None  # beyond the node's frame bound: gRPC answers it as it always did
-        correlation_id = next(link.ids)
-        request = frames.AppendRequest(
+        return frames.AppendRequest(
             correlation_id,
             acks,
             # The node refuses to start an append once this has passed since it read the frame
@@ -334,6 +417,43 @@ class NodeAppends:
                 for p, data in payloads.items()
             ),
             trace_context,
+        )
+
+    @staticmethod
+    def _results(
+        topic: str, payloads: Mapping[int, bytes], response: frames.AppendResponse
+    ) -> dict[int, AppendResult]:
+        """Each partition's result in the node's answer."""
+        if response.error is not None:
+            return {p: AppendResult(topic, p, error=response.error) for p in payloads}
+        results = {r.partition: r for r in response.results if r.topic == topic}
+        if len(results) == len(payloads) and all(p in results for p in payloads):
+            return results
+        missing = errors.UnknownServerError("the storage node did not answer for this partition")
+        return {p: results.get(p) or AppendResult(topic, p, error=missing) for p in payloads}
+
+    async def _append(
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes],
+        acks: Acks,
+        timeout_s: float,
+        leader_epochs: Mapping[int, int] | None,
+        trace_context: tuple[tuple[str, str], ...],
+    ) -> dict[int, AppendResult] | None:
+        try:
+            link = await self._ensure_link(timeout_s)
+        except _Unsupported:
+            return None
+        except (OSError, EOFError, TimeoutError, errors.TributaryError) as exc:
+            error = exc if isinstance(exc, errors.TributaryError) else None
+            error = error or errors.NetworkError(f"cannot reach {self._name} for appends: {exc!r}")
+            return {p: AppendResult(topic, p, error=error) for p in payloads}
+        if self._frame_size(topic, payloads) > MAX_MESSAGE_BYTES:
+            return None  # beyond the node's frame bound: gRPC answers it as it always did
+        correlation_id = next(link.ids)
+        request = self._request(
+            correlation_id, topic, payloads, acks, timeout_s, leader_epochs, trace_context
         )
         if not link.alive:  # lost while this append waited for it
             error = errors.NetworkError(f"the data-port connection to {self._name} was lost")
@@ -374,11 +494,7 @@ class NodeAppends:
             _forget(link, correlation_id, future)
             error = exc if isinstance(exc, errors.TributaryError) else errors.NetworkError(repr(exc))
             return {p: AppendResult(topic, p, error=error) for p in payloads}
-        if response.error is not None:
-            return {p: AppendResult(topic, p, error=response.error) for p in payloads}
-        results = {r.partition: r for r in response.results if r.topic == topic}
-        missing = errors.UnknownServerError("the storage node did not answer for this partition")
-        return {p: results.get(p) or AppendResult(topic, p, error=missing) for p in payloads}
+        return self._results(topic, payloads, response)
 
     async def _ensure_link(self, timeout_s: float) -> _Link:
         link = self._link
@@ -397,6 +513,7 @@ class NodeAppends:
         error = attempt.exception()
         if error is None:
             self._link = attempt.result()
+            self._unsupported_until = 0.0
         elif isinstance(error, _Unsupported):
             log.info("%s takes no appends on its data port (%s): using gRPC", self._name, error)
             self._unsupported_until = asyncio.get_running_loop().time() + UNSUPPORTED_RECHECK_S

@@ -42,6 +42,7 @@ async def retry_partitions(
     refresh: Callable[[], Awaitable[object]],
     deadline: float,
     on_final: Callable[[K, R], None] | None = None,
+    first: dict[K, R] | None = None,
 ) -> dict[K, R]:
     """Run ``attempt(pending_keys, deadline)`` until no key has a retriable error or time is up.
 
@@ -49,14 +50,18 @@ async def retry_partitions(
     clock. Between rounds the metadata is refreshed and the backoff doubles (50 ms .. 1 s), cut
     short so that a last attempt still starts before the deadline. ``on_final(key, result)`` is
     called for each key as soon as its result is final (after the attempt that settled it), so a
-    caller can act on the settled keys while others still wait for a retry.
+    caller can act on the settled keys while others still wait for a retry. ``first``: the
+    results of a first attempt already made (every key's), taken as this loop's first round.
     """
     loop = asyncio.get_running_loop()
     pending = list(keys)
     results: dict[K, R] = {}
     backoff = INITIAL_BACKOFF_S
     while pending:
-        round_results = await attempt(pending, deadline)
+        if first is not None:
+            round_results, first = first, None
+        else:
+            round_results = await attempt(pending, deadline)
         results.update(round_results)
         retry = [k for k in pending if is_retriable(round_results[k].error)]
         last = not retry or deadline - loop.time() < 2 * MIN_ATTEMPT_S

@@ -265,7 +265,7 @@ class ProduceHandler:
 
     def stream_queues(self) -> AppendQueues:
         """Fresh per-stream append queues (see ``gateway/server/append_queue.py``)."""
-        queues = AppendQueues(self._append_with_retries)
+        queues = AppendQueues(self._append_with_retries, append_now=self._append_now)
         self._stream_queues.add(queues)
         return queues
 
@@ -308,10 +308,11 @@ class ProduceHandler:
         acks: Acks,
         deadline: float,
         settled: Callable[[int, AppendResult], None] | None = None,
+        first: dict[int, AppendResult] | None = None,
     ) -> dict[int, AppendResult]:
         """The partitions' appends, one request per leader node, retried within the deadline;
         ``settled`` hears of each partition as soon as its outcome is final (the stream queues'
-        appender)."""
+        appender); ``first``: the results of a first attempt already made (``_append_now``)."""
 
         async def attempt(partitions: list[int], deadline: float) -> dict[int, AppendResult]:
             if len(partitions) == len(data):
@@ -319,7 +320,48 @@ class ProduceHandler:
             return await self._do_append_round(topic, {p: data[p] for p in partitions}, acks, deadline)
 
         return await retry_partitions(
-            data, attempt, refresh=self._router.refresh, deadline=deadline, on_final=settled
+            data, attempt, refresh=self._router.refresh, deadline=deadline, on_final=settled, first=first
+        )
+
+    def _append_now(
+        self,
+        topic: str,
+        data: dict[int, bytes],
+        acks: Acks,
+        deadline: float,
+        done: Callable[[dict[int, AppendResult]], None],
+    ) -> bool:
+        """The first attempt of :meth:`_append_with_retries` without a coroutine, when every
+        partition's leader is one node whose data-port connection is open (the usual case):
+        sent now, ``done`` hears the results from the callback that reads the node's answer.
+        False (nothing sent) when the full path is needed: a partition without a leader, several
+        nodes, no connection open yet, telemetry on, a large frame."""
+        snapshot = self._router.snapshot
+        route = snapshot.topics.get(topic)
+        if route is None:
+            return False
+        routes = route.partitions
+        count = len(routes)
+        leader = -1
+        epochs: dict[int, int] = {}
+        for partition in data:
+            # ensure_leader's checks; what fails them is answered (and retried) by the full path
+            if not 0 <= partition < count:
+                return False
+            partition_route = routes[partition]
+            if partition_route.error is not None or (leader != partition_route.leader and leader != -1):
+                return False
+            leader = partition_route.leader
+            epochs[partition] = partition_route.leader_epoch
+        node = snapshot.nodes.get(leader)
+        if node is None:
+            return False
+        appends = self._router.clients.appends(node)
+        if appends is None:
+            return False
+        timeout_s = deadline - asyncio.get_running_loop().time()
+        return appends.append_now(
+            topic, data, acks=acks, timeout_s=timeout_s, leader_epochs=epochs, done=done
         )
 
     async def _do_append_round(

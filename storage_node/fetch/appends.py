@@ -143,6 +143,9 @@ class AppendConnection:
         self._rstart = 0
         self._rend = 0
         self._flush_scheduled = False
+        #: True while the read loop starts a request: an answer it sends is flushed before the
+        #: loop next waits (:meth:`_flush_before_waiting`), not from a turn of the event loop.
+        self._reading = False
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -160,6 +163,7 @@ class AppendConnection:
                     # socket may always have more: give the loop -- the answers' flush, other
                     # connections -- a turn now and then.
                     served = 0
+                    self._flush_before_waiting()
                     await asyncio.sleep(0)
             await self._finish()
         except (PeerClosed, TimeoutError, ConnectionError):
@@ -192,6 +196,7 @@ class AppendConnection:
                 )
             )
         while not self._room.is_set():
+            self._flush_before_waiting()
             await self._room.wait()
         body: bytes | bytearray
         if SIZE.size + size <= len(self._rbuf):
@@ -205,7 +210,11 @@ class AppendConnection:
             request = frames.decode_request_body(body)
         except errors.TributaryError as exc:
             return self._refuse(exc)
-        self._start(request, size)
+        self._reading = True  # answers wait for the read loop's next wait (_flush_before_waiting)
+        try:
+            self._start(request, size)
+        finally:
+            self._reading = False
         return True
 
     async def _fill(self, need: int, timeout: float) -> None:
@@ -225,8 +234,8 @@ class AppendConnection:
         try:
             got = self._link.recv_into_nowait(view)
         except BlockingIOError:
-            async with asyncio.timeout_at(deadline):
-                got = await self._link.recv_into(view)
+            self._flush_before_waiting()
+            got = await self._link.recv_into_kept(view, deadline)
         if got == 0:
             raise PeerClosed()
         return got
@@ -489,7 +498,15 @@ class AppendConnection:
         self._unsent_bytes += len(frame)
         if not self._flush_scheduled and (self._sender is None or self._sender.done()):
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            if not self._reading:
+                self._loop.call_soon(self._flush)
+
+    def _flush_before_waiting(self) -> None:
+        """The read loop is about to wait (for bytes, for room, for a turn of the loop): the
+        answers of the requests it served go now. A one-at-a-time client's answer so leaves
+        in the turn its request was read in, and no turn is spent on the flush."""
+        if self._flush_scheduled:
+            self._flush()
 
     def _flush(self) -> None:
         """Send what is queued if the socket takes it, else hand the rest to the sender task."""
@@ -536,6 +553,7 @@ class AppendConnection:
 
     async def _finish(self) -> None:
         """No more requests: let those in flight answer, then the refusal if any, then flush."""
+        self._flush_before_waiting()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
         if self._refusal is not None:

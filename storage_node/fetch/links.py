@@ -42,7 +42,7 @@ _READ_AHEAD_BYTES = 64 << 10
 class PlainLink:
     """The socket as it is (see the module docstring)."""
 
-    __slots__ = ("loop", "sock", "zero_copy")
+    __slots__ = ("_reader", "_waiting", "loop", "sock", "zero_copy")
 
     tls = False
 
@@ -53,6 +53,10 @@ class PlainLink:
         self.sock = sock
         #: File slices go with os.sendfile; False: read + send (the comparison benchmarks).
         self.zero_copy = zero_copy
+        #: Whether the event loop watches the socket for :meth:`recv_into_kept`.
+        self._reader = False
+        #: The read :meth:`recv_into_kept` waits for: its future and where the bytes go.
+        self._waiting: tuple[asyncio.Future[int], memoryview] | None = None
 
     async def handshake(self) -> None:
         """Nothing to agree on in plaintext."""
@@ -63,6 +67,50 @@ class PlainLink:
 
     async def recv_into(self, view: memoryview) -> int:
         return await self.loop.sock_recv_into(self.sock, view)
+
+    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
+        """:meth:`recv_into` for a connection read again and again (an append connection):
+        the socket stays registered with the event loop between reads, and the read is not
+        tried first (the caller's ``recv_into_nowait`` just found nothing). ``sock_recv_into``
+        tried a recv and registered, then unregistered, the socket for every wait: three
+        system calls a request of a one-at-a-time producer. The socket is unregistered when it
+        is readable while nobody waits (a level-triggered poll would wake the loop for it
+        again and again), and by :meth:`close`. Raises TimeoutError at ``deadline`` (loop
+        time), from a timer on the read's future (``asyncio.timeout_at`` cost as much again)."""
+        loop = self.loop
+        future: asyncio.Future[int] = loop.create_future()
+        self._waiting = (future, view)
+        if not self._reader:
+            loop.add_reader(self.sock.fileno(), self._readable)
+            self._reader = True
+        timer = loop.call_at(deadline, _time_out, future)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+            self._waiting = None
+
+    def _readable(self) -> None:
+        waiting = self._waiting
+        if waiting is None or waiting[0].done():
+            self._unregister()
+            return
+        future, view = waiting
+        try:
+            got = self.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return  # woken for nothing: still waiting
+        except OSError as exc:
+            self._waiting = None
+            future.set_exception(exc)
+            return
+        self._waiting = None
+        future.set_result(got)
+
+    def _unregister(self) -> None:
+        if self._reader:
+            self._reader = False
+            self.loop.remove_reader(self.sock.fileno())
 
     def try_send(self, data: bytes) -> int:
         """Send what the socket takes now, without waiting; returns how much of ``data``."""
@@ -113,6 +161,7 @@ class PlainLink:
             if not peeked and not closed.done():
                 closed.set_result(None)
 
+        self._reader = False  # replaced by on_readable
         self.loop.add_reader(sock.fileno(), on_readable)
         return closed
 
@@ -120,6 +169,8 @@ class PlainLink:
         self.loop.remove_reader(self.sock.fileno())
 
     def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self._unregister()
         self.sock.close()
 
 
@@ -181,6 +232,12 @@ class TlsLink:
                     return 0
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
+
+    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
+        """:meth:`recv_into` by ``deadline`` (loop time; TimeoutError then). The socket is
+        registered per wait under TLS."""
+        async with asyncio.timeout_at(deadline):
+            return await self.recv_into(view)
 
     def recv_into_nowait(self, view: memoryview) -> int:
         if self._ahead:
@@ -330,6 +387,12 @@ class TlsLink:
                 pass  # the peer's close_notify has not come: ours is written all the same
             self._send_outgoing_nowait()
         self.sock.close()
+
+
+def _time_out(future: asyncio.Future) -> None:
+    """A read's deadline passed (its timer)."""
+    if not future.done():
+        future.set_exception(TimeoutError())
 
 
 def _retrieve(task: asyncio.Task) -> None:

@@ -310,3 +310,102 @@ def test_submit_then_calls_back_with_every_partition_and_survives_a_failing_call
     assert {p: (r.base_offset, r.error) for p, r in first.items()} == {0: (0, None), 1: (0, None)}
     assert (third[0].base_offset, third[0].error) == (2, None)  # after the one whose callback failed
     assert log.values[0] == [b"a", b"d", b"e"]
+
+
+class CallbackLog(FakeLog):
+    """FakeLog with an ``append_now``: each round's first attempt is answered from a callback
+    (``call_later``, no task), its first answer for a partition in ``refuse_first`` a retriable
+    NOT_LEADER (the appender's retry path then writes it); ``refuse_now`` makes ``append_now``
+    decline (nothing sent)."""
+
+    def __init__(self, refuse_first: frozenset[int] = frozenset(), refuse_now: bool = False) -> None:
+        super().__init__()
+        self.refuse_first = set(refuse_first)
+        self.refuse_now = refuse_now
+        self.now_rounds: list[list[int]] = []
+        self.resumed: list[dict[int, AppendResult]] = []
+
+    def append_now(self, topic, payloads, acks, deadline, done) -> bool:
+        if self.refuse_now:
+            return False
+        self.now_rounds.append(list(payloads))
+
+        def answer() -> None:
+            results = {}
+            for partition, data in payloads.items():
+                if partition in self.refuse_first:
+                    self.refuse_first.discard(partition)
+                    results[partition] = AppendResult(
+                        topic, partition, error=errors.NotLeaderOrFollowerError("moved")
+                    )
+                else:
+                    results[partition] = self._write(topic, partition, data)
+            done(results)
+
+        asyncio.get_running_loop().call_later(self.delay, answer)
+        return True
+
+    async def append(self, topic, payloads, acks, deadline, settled, first=None):
+        if first is None:
+            return await super().append(topic, payloads, acks, deadline, settled)
+        self.resumed.append(first)
+        results = dict(first)
+        for partition, result in first.items():
+            if result.error is None:
+                settled(partition, result)
+        retry = {p: payloads[p] for p, r in first.items() if r.error is not None}
+        results.update(await super().append(topic, retry, acks, deadline, settled))
+        return results
+
+
+def test_rounds_answered_from_callbacks_settle_in_order_without_an_appender_call():
+    async def scenario():
+        log = CallbackLog()
+        queues = AppendQueues(log.append, append_now=log.append_now)
+        first = [queues.submit("t", p, batch(b"a%d" % p), Acks.LEADER, FAR) for p in (0, 1)]
+        await asyncio.sleep(0)  # the first round goes out; the next requests queue behind it
+        later = [queues.submit("t", 0, batch(b"b%d" % i), Acks.LEADER, FAR) for i in range(3)]
+        results = await asyncio.gather(*first, *later)
+        await queues.close()
+        return log, results
+
+    log, results = run(scenario())
+    assert log.rounds == []  # every round was started by append_now
+    assert log.now_rounds == [[0, 1], [0]]  # the three queued behind went merged
+    assert [r.base_offset for r in results] == [0, 0, 1, 2, 3]
+    assert log.values[0] == [b"a0", b"b0", b"b1", b"b2"]
+
+
+def test_a_callback_round_with_a_retriable_error_is_retried_by_the_appender_from_its_results():
+    async def scenario():
+        log = CallbackLog(refuse_first={1})
+        queues = AppendQueues(log.append, append_now=log.append_now)
+        answered = queues.submit_all("t", {0: batch(b"x"), 1: batch(b"y")}, Acks.LEADER, FAR)
+        results = await answered
+        await queues.close()
+        return log, results
+
+    log, results = run(scenario())
+    assert len(log.resumed) == 1  # the appender went on from the first attempt's results
+    assert isinstance(log.resumed[0][1].error, errors.NotLeaderOrFollowerError)
+    assert log.rounds == [[1]]  # only the refused partition was sent again
+    assert {p: (r.error, r.base_offset) for p, r in results.items()} == {0: (None, 0), 1: (None, 0)}
+    assert log.values == {0: [b"x"], 1: [b"y"]}
+
+
+def test_close_waits_for_rounds_answered_from_callbacks_and_a_declined_one_takes_a_task():
+    async def scenario():
+        log = CallbackLog()
+        log.delay = 0.05
+        queues = AppendQueues(log.append, append_now=log.append_now)
+        queues.submit_then("t", {0: batch(b"v")}, Acks.LEADER, FAR, lambda results: None)
+        await asyncio.sleep(0)  # the round goes out
+        await queues.close()  # returns only once the callback came
+        written = {p: list(v) for p, v in log.values.items()}
+        log.refuse_now = True
+        declined = await queues.submit("t", 0, batch(b"w"), Acks.LEADER, FAR)
+        return log, written, declined
+
+    log, written, declined = run(scenario())
+    assert written == {0: [b"v"]}
+    assert log.rounds == [[0]] and declined.base_offset == 1

@@ -80,3 +80,85 @@ def test_answers_cut_anywhere_reach_their_appends_and_a_bad_frame_fails_them_ret
     assert broken[0].error.reason == "NETWORK_EXCEPTION" and broken[0].error.retriable
     assert again is not None and again[0].error is None and again[0].base_offset == 8
     assert connections == 2, "the unreadable answer dropped the connection; the next append made another"
+
+
+def test_append_now_hears_its_answer_its_timeout_and_the_connections_loss_from_callbacks():
+    """``append_now`` sends at once on an open connection and calls back exactly once per
+    append: with the node's answer, REQUEST_TIMED_OUT when none comes in time, a retriable
+    NETWORK_EXCEPTION when the connection is lost; it sends nothing before a connection is open."""
+
+    def answer_bytes(number, request):
+        value = bytes(request.partitions[0].records)
+        if value == b"silent":
+            return []
+        if value == b"drop":
+            return [struct.pack(">i", MAX_RESPONSE_FRAME + 1)]  # unreadable: the connection goes
+        return [_answer(request)]
+
+    async def scenario():
+        handle, _connections = _node(answer_bytes)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        appends = NodeAppends("127.0.0.1", server.sockets[0].getsockname()[1])
+        heard: dict[str, list[dict[int, AppendResult]]] = {}
+        all_heard = asyncio.Event()
+
+        def done(name):
+            def hear(results):
+                heard.setdefault(name, []).append(results)
+                if {"5", "silent", "drop", "in-flight"} <= heard.keys():
+                    all_heard.set()
+
+            return hear
+
+        try:
+            before = appends.append_now(
+                "t", {0: b"1"}, acks=Acks.LEADER, timeout_s=10, leader_epochs=None, done=done("1")
+            )
+            await appends.append("t", {0: b"2"}, acks=Acks.LEADER, timeout_s=10)  # opens the connection
+            sent = [
+                appends.append_now(
+                    "t", {0: b"5"}, acks=Acks.LEADER, timeout_s=10, leader_epochs=None, done=done("5")
+                ),
+                appends.append_now(
+                    "t",
+                    {0: b"silent"},
+                    acks=Acks.LEADER,
+                    timeout_s=0.2,
+                    leader_epochs=None,
+                    done=done("silent"),
+                ),
+            ]
+            await asyncio.sleep(0.3)  # past the silent one's timeout
+            sent.append(
+                appends.append_now(
+                    "t",
+                    {0: b"silent"},
+                    acks=Acks.LEADER,
+                    timeout_s=10,
+                    leader_epochs={0: 3},
+                    done=done("in-flight"),
+                )
+            )
+            sent.append(
+                appends.append_now(
+                    "t", {0: b"drop"}, acks=Acks.LEADER, timeout_s=10, leader_epochs=None, done=done("drop")
+                )
+            )
+            async with asyncio.timeout(10):
+                await all_heard.wait()
+            return before, sent, heard
+        finally:
+            await appends.close()
+            server.close()
+            await server.wait_closed()
+
+    before, sent, heard = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert before is False and "1" not in heard  # no connection yet: nothing sent
+    assert sent == [True, True, True, True]
+    assert all(len(answers) == 1 for answers in heard.values())  # each heard exactly once
+    assert heard["5"][0][0].error is None and heard["5"][0][0].base_offset == 5
+    assert heard["silent"][0][0].error.reason == "REQUEST_TIMED_OUT"
+    # The unreadable answer failed every append in flight on the connection, retriably.
+    for name in ("drop", "in-flight"):
+        error = heard[name][0][0].error
+        assert error is not None and error.reason == "NETWORK_EXCEPTION" and error.retriable

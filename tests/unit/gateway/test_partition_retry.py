@@ -60,3 +60,38 @@ def test_keys_still_failing_at_the_deadline_are_reported_final_with_their_error(
 
     ((key, result),) = asyncio.run(scenario())
     assert key == 7 and isinstance(result.error, errors.NotLeaderOrFollowerError)
+
+
+def test_a_first_attempt_already_made_is_taken_as_the_first_round():
+    async def scenario():
+        attempts: list[list[int]] = []
+        final: list[int] = []
+        refreshed = []
+
+        async def attempt(keys, deadline):
+            attempts.append(list(keys))
+            return {k: AppendResult("t", k, base_offset=7) for k in keys}
+
+        async def refresh():
+            refreshed.append(True)
+
+        loop = asyncio.get_running_loop()
+        first = {
+            0: AppendResult("t", 0, base_offset=3),
+            1: AppendResult("t", 1, error=errors.NotLeaderOrFollowerError("moved")),
+        }
+        results = await retry_partitions(
+            [0, 1],
+            attempt,
+            refresh=refresh,
+            deadline=loop.time() + 10,
+            on_final=lambda k, r: final.append(k),
+            first=first,
+        )
+        return attempts, final, refreshed, results
+
+    attempts, final, refreshed, results = asyncio.run(scenario())
+    assert attempts == [[1]]  # only the refused key, after a refresh
+    assert refreshed == [True]
+    assert final == [0, 1]
+    assert results[0].base_offset == 3 and results[1].base_offset == 7

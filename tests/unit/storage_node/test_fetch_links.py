@@ -14,7 +14,7 @@ import ssl
 import pytest
 
 from services.tls import ClientTls, ReloadingSslContext, ServerTls, client_ssl_context
-from storage_node.fetch.links import TLS_FILE_CHUNK, TlsLink
+from storage_node.fetch.links import TLS_FILE_CHUNK, PlainLink, TlsLink
 from tests.support.certificates import new_ca, new_certificate
 from tests.support.wait import async_wait_until
 
@@ -150,3 +150,40 @@ async def test_try_send_takes_all_or_nothing_and_what_it_took_arrives_in_order(p
     assert await asyncio.wait_for(receiving, 10) == b"".join(sent)
     writer.close()
     link.close()
+
+
+@run_async
+async def test_plain_reads_kept_registered_get_every_byte_and_unregister_when_nobody_waits():
+    """``recv_into_kept``: the socket stays registered between reads (no register/unregister
+    per read), a read that times out loses nothing, a socket readable while nobody waits is
+    unregistered, and close unregisters it (the loop keeps no closed descriptor)."""
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server_sock, _ = listener.accept()
+    server_sock.setblocking(False)
+    fd = server_sock.fileno()
+    link = PlainLink(loop, server_sock)
+    buffer = bytearray(16)
+    view = memoryview(buffer)
+    selector = loop._selector
+    try:
+        reading = asyncio.ensure_future(link.recv_into_kept(view, loop.time() + 30))
+        await asyncio.sleep(0)
+        client.sendall(b"one")
+        assert await asyncio.wait_for(reading, 5) == 3 and bytes(buffer[:3]) == b"one"
+        assert fd in selector.get_map()  # still registered after the read
+        with pytest.raises(TimeoutError):
+            await link.recv_into_kept(view, loop.time() + 0.05)  # its deadline
+        client.sendall(b"two")  # readable, nobody waiting: unregistered, nothing read
+        await async_wait_until(lambda: fd not in selector.get_map(), timeout=5)
+        assert (
+            await asyncio.wait_for(link.recv_into_kept(view, loop.time() + 30), 5) == 3
+            and bytes(buffer[:3]) == b"two"
+        )
+        assert fd in selector.get_map()
+        client.close()
+        assert await asyncio.wait_for(link.recv_into_kept(view, loop.time() + 30), 5) == 0  # the peer closed
+    finally:
+        link.close()
+    assert fd not in selector.get_map()

@@ -14,7 +14,7 @@ from services.errors import (
 )
 from services.records import Compression, RecordBatchBuilder, TimestampType, iter_batches
 from storage_node.log import files
-from storage_node.log.partition_log import AppendInfo, PartitionLog
+from storage_node.log.partition_log import RECOVERY_CHECKPOINT_INTERVAL_MS, AppendInfo, PartitionLog
 from tests.unit.storage_node.log_testkit import (
     batches_in,
     config,
@@ -428,3 +428,30 @@ def test_an_idle_log_flushes_and_closes_without_syncing_anything(log_dir, clock,
     again.flush()
     assert synced, "new records are synced"
     assert again.recovery_point == 5
+
+
+def test_policy_flushes_checkpoint_the_recovery_point_once_an_interval_and_close_always(log_dir, clock):
+    """The flush policy's flushes rewrite the recovery-point checkpoint (two fsyncs) at most
+    every RECOVERY_CHECKPOINT_INTERVAL_MS; the data is flushed every time, and a direct flush
+    (close) writes the checkpoint whatever the interval."""
+    path = log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE
+    partition_log = open_log(log_dir, clock, config(flush_ms=1000))
+    partition_log.append(make_batch(1))
+    clock.advance(1000)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 1\n"  # the first policy flush writes it
+    partition_log.append(make_batch(2))
+    clock.advance(1000)
+    assert partition_log.maybe_flush()
+    assert partition_log.recovery_point == 3  # flushed...
+    assert path.read_text() == "0\n1\nt 0 1\n"  # ...but the checkpoint waits for its interval
+    partition_log.append(make_batch(1))
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 4\n"
+    partition_log.append(make_batch(1))
+    clock.advance(1000)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 4\n"
+    partition_log.close()
+    assert path.read_text() == "0\n1\nt 0 5\n"  # close's flush writes it
