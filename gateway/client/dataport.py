@@ -239,6 +239,16 @@ class DataConnection:
         self._queue_write(frame)
         return future
 
+    async def drain_if_backlogged(self) -> None:
+        """Await the socket while :meth:`backlogged` (breaking the connection if it fails: the
+        requests waiting on it then fail with the error)."""
+        if self.backlogged():
+            self._flush()
+            try:
+                await self.writer.drain()
+            except (OSError, RuntimeError) as exc:
+                self.break_(NetworkError(f"data connection to {self.address} broke: {exc!r}"))
+
     def backlogged(self) -> bool:
         """Whether more request bytes wait to be sent than the connection lets pile up: the next
         writer awaits the socket (:meth:`send`)."""
@@ -651,6 +661,18 @@ class RawTransport:
 # ---- fetch -----------------------------------------------------------------------------------
 
 
+class StartedFetch(NamedTuple):
+    """A fetch request written on a connection, its answer awaited by :meth:`RawFetcher.fetch`."""
+
+    connection: DataConnection
+    #: The fetch session it was framed in (None: sessionless).
+    session: FetchSessionState | None
+    #: The request as the caller gave it (every partition it wants).
+    request: dp.FetchRequest
+    correlation_id: int
+    answer: asyncio.Future
+
+
 class RawFetcher:
     """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC".
 
@@ -658,7 +680,12 @@ class RawFetcher:
     :mod:`gateway.client.fetch_session`): the request names only what changed since the last
     answer, and the answer carries only the partitions with something to say. The caller still
     passes every partition it wants each time; a partition absent from the answer had nothing
-    new. Session errors are retried here at once with a full fetch."""
+    new. Session errors are retried here at once with a full fetch.
+
+    :meth:`start` writes a request at once, without awaiting anything, when the connection is
+    open and free: the consumer's fetcher sends its next fetch that way in the same loop turn
+    as it buffers an answer, before ``poll`` decodes the records (as Kafka's consumer does), so
+    the round trip overlaps the application's work."""
 
     def __init__(self, client: GatewayClient, *, sessions: bool = True) -> None:
         self._link = DataLink(client, throttles=client.fetch_throttles)
@@ -671,72 +698,104 @@ class RawFetcher:
         self.full_fetches = 0
         self.incremental_fetches = 0
 
-    async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
-        topic = request.partitions[0].topic if request.partitions else ""
-        connection = await self._link.connection(topic)
-        if connection is None:
+    def start(self, request: dp.FetchRequest) -> StartedFetch | None:
+        """Write ``request`` now when the connection is open and nothing waits before it (see
+        ``DataLink.connection_now``); its answer is awaited with ``fetch(..., started=...)``.
+        None: nothing was written (take :meth:`fetch`)."""
+        connection = self._link.connection_now()
+        if connection is None or connection.backlogged():
             return None
-        if not self._sessions or connection.version < dp.SESSION_VERSION:
-            return await self._send(connection, request, timeout_s)
-        if connection is not self._session_connection:
-            self._session = FetchSessionState()
-            self._session_connection = connection
-        session = self._session
-        answer = await self._send_in_session(connection, session, request, timeout_s)
-        if answer.error_code in _SESSION_ERRORS:
-            log.debug("fetch session %d refused (%s); full fetch", session.session_id, answer.error())
-            answer = await self._send_in_session(connection, session, request, timeout_s)
+        started = self._write(connection, request)
+        connection.flush()  # now, not at the end of this loop turn: the poll's decoding comes first
+        return started
+
+    def abandon(self, started: StartedFetch) -> None:
+        """Drop a started fetch's answer (the consumer moved on: a seek, a close)."""
+        started.connection.pending.pop(started.correlation_id, None)
+        if started.session is not None:
+            started.session.reset()  # its answer may be unread: the gateway's picture is unknown
+        answer = started.answer
+        if not answer.done():
+            answer.cancel()
+        elif not answer.cancelled():
+            answer.exception()  # marked read: nobody awaits it now
+
+    async def fetch(
+        self, request: dp.FetchRequest, timeout_s: float, started: StartedFetch | None = None
+    ) -> dp.FetchResponse | None:
+        """The answer to ``request`` (written now, or already by :meth:`start`: ``started``)."""
+        if started is None:
+            topic = request.partitions[0].topic if request.partitions else ""
+            connection = await self._link.connection(topic)
+            if connection is None:
+                return None
+            started = self._write(connection, request)
+            await connection.drain_if_backlogged()
+        answer = await self._answer(started, timeout_s)
+        if started.session is not None and answer.error_code in _SESSION_ERRORS:
+            log.debug("fetch session %d refused (%s); full fetch", started.session.session_id, answer.error())
+            started = self._write(started.connection, request)
+            await started.connection.drain_if_backlogged()
+            answer = await self._answer(started, timeout_s)
         return answer
 
-    async def _send_in_session(
-        self,
-        connection: DataConnection,
-        session: FetchSessionState,
-        request: dp.FetchRequest,
-        timeout_s: float,
-    ) -> dp.FetchResponse:
-        if session.full:
-            self.full_fetches += 1
-        else:
-            self.incremental_fetches += 1
-        framed = session.request(request)
-        try:
-            answer = await self._send(connection, framed, timeout_s)
-        except BaseException:
-            session.reset()  # the answer was not read: the gateway's picture is unknown
-            raise
-        session.answered(answer)
-        return answer
-
-    async def _send(
-        self, connection: DataConnection, request: dp.FetchRequest, timeout_s: float
-    ) -> dp.FetchResponse:
+    def _write(self, connection: DataConnection, request: dp.FetchRequest) -> StartedFetch:
+        """Queue ``request`` on ``connection`` (in the connection's fetch session, if any)."""
+        session: FetchSessionState | None = None
+        framed = request
+        if self._sessions and connection.version >= dp.SESSION_VERSION:
+            if connection is not self._session_connection:
+                self._session = FetchSessionState()
+                self._session_connection = connection
+            session = self._session
+            if session.full:
+                self.full_fetches += 1
+            else:
+                self.incremental_fetches += 1
+            framed = session.request(request)
         correlation_id = connection.next_correlation_id()
-        future = await connection.send(
-            dp.encode_fetch_request(
-                request._replace(correlation_id=correlation_id, trace_context=current_traceparent()),
-                connection.version,
-            ),
-            correlation_id,
-        )
-        assert future is not None
         try:
-            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            connection.break_(
-                RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+            future = connection.send_nowait(
+                dp.encode_fetch_request(
+                    framed._replace(correlation_id=correlation_id, trace_context=current_traceparent()),
+                    connection.version,
+                ),
+                correlation_id,
             )
-            body = await future
-        except asyncio.CancelledError:
-            # The consumer moved on (a seek): the answer, when it comes, is dropped.
-            connection.pending.pop(correlation_id, None)
+        except BaseException:
+            if session is not None:
+                session.reset()
             raise
+        assert isinstance(future, asyncio.Future)
+        return StartedFetch(connection, session, request, correlation_id, future)
+
+    async def _answer(self, started: StartedFetch, timeout_s: float) -> dp.FetchResponse:
+        """Await and read ``started``'s answer (noting it in its session)."""
+        connection, session = started.connection, started.session
         try:
-            answer = dp.decode_fetch_response(body, connection.version)
-        except errors.TributaryError as exc:
-            connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
-            raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+            try:
+                body = await asyncio.wait_for(asyncio.shield(started.answer), timeout_s)
+            except TimeoutError:
+                connection.break_(
+                    RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+                )
+                body = await started.answer
+            except asyncio.CancelledError:
+                # The consumer moved on (a seek): the answer, when it comes, is dropped.
+                connection.pending.pop(started.correlation_id, None)
+                raise
+            try:
+                answer = dp.decode_fetch_response(body, connection.version)
+            except errors.TributaryError as exc:
+                connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
+                raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+        except BaseException:
+            if session is not None:
+                session.reset()  # the answer was not read: the gateway's picture is unknown
+            raise
         self._link.observe(connection, answer.throttle_time_ms)
+        if session is not None:
+            session.answered(answer)
         return answer
 
     async def close(self, timeout_s: float = 5.0) -> None:
