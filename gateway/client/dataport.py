@@ -164,11 +164,13 @@ class DataConnection:
         tls: ClientTls | None = None,
         token_source: TokenSource | None = None,
         read_size: int | None = None,
+        buffer_limit: int = 1 << 16,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
         when it refuses our token. ``read_size``: the most one socket read takes (see
-        :func:`_limit_reads`; None: asyncio's default)."""
+        :func:`_limit_reads`; None: asyncio's default). ``buffer_limit``: the stream reader's
+        limit (reading pauses while twice that waits unread)."""
         address = f"{host}:{port}"
         # The provider may fetch from an identity provider: not on the event loop.
         token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
@@ -177,7 +179,7 @@ class DataConnection:
                 asyncio.open_connection(
                     host,
                     port,
-                    limit=1 << 16,
+                    limit=buffer_limit,
                     ssl=client_ssl_context(tls) if tls is not None else None,
                     server_hostname=host if tls is not None else None,
                 ),
@@ -335,6 +337,11 @@ class DataConnection:
                 await self._reader_task
 
 
+#: The stream reader limit of a fetch connection: reading pauses while twice this waits unread.
+#: At the produce connection's 64 KiB, every answer over 128 KiB (a 200 KB fetch) paused the
+#: transport and resumed it (two epoll_ctl calls and a loop turn each) while it was read.
+FETCH_BUFFER_LIMIT = 1 << 20
+
 #: The most one socket read of a produce connection takes (asyncio's default is 256 KiB).
 PRODUCE_READ_SIZE = 64 * 1024
 
@@ -379,10 +386,13 @@ class DataLink:
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         throttles: Throttles | None = None,
         read_size: int | None = None,
+        buffer_limit: int = 1 << 16,
     ) -> None:
         self._client = client
         #: The most one socket read takes on its connections (None: asyncio's default).
         self._read_size = read_size
+        #: Its connections' stream reader limit (``DataConnection.open``).
+        self._buffer_limit = buffer_limit
         #: What the gateway asked to wait for (None: nothing is waited for).
         self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
@@ -452,6 +462,7 @@ class DataLink:
                 tls=self._client.tls,
                 token_source=self._client.token_source,
                 read_size=self._read_size,
+                buffer_limit=self._buffer_limit,
             )
         except UnsupportedVersionError as exc:
             log.info("the gateway's data listener refused us (%s); using gRPC", exc)
@@ -688,7 +699,7 @@ class RawFetcher:
     the round trip overlaps the application's work."""
 
     def __init__(self, client: GatewayClient, *, sessions: bool = True) -> None:
-        self._link = DataLink(client, throttles=client.fetch_throttles)
+        self._link = DataLink(client, throttles=client.fetch_throttles, buffer_limit=FETCH_BUFFER_LIMIT)
         #: Use fetch sessions when the gateway speaks version 3.
         self._sessions = sessions
         self._session = FetchSessionState()
@@ -772,18 +783,18 @@ class RawFetcher:
     async def _answer(self, started: StartedFetch, timeout_s: float) -> dp.FetchResponse:
         """Await and read ``started``'s answer (noting it in its session)."""
         connection, session = started.connection, started.session
+        # A timer, not ``wait_for(shield(...))``: that took two more loop turns (and a future,
+        # a task and a timer of its own) between the answer's arrival and its reading.
+        late = asyncio.get_running_loop().call_later(timeout_s, _answer_late, connection, timeout_s)
         try:
             try:
-                body = await asyncio.wait_for(asyncio.shield(started.answer), timeout_s)
-            except TimeoutError:
-                connection.break_(
-                    RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
-                )
                 body = await started.answer
             except asyncio.CancelledError:
                 # The consumer moved on (a seek): the answer, when it comes, is dropped.
                 connection.pending.pop(started.correlation_id, None)
                 raise
+            finally:
+                late.cancel()
             try:
                 answer = dp.decode_fetch_response(body, connection.version)
             except errors.TributaryError as exc:
@@ -800,6 +811,14 @@ class RawFetcher:
 
     async def close(self, timeout_s: float = 5.0) -> None:
         await self._link.close(timeout_s)
+
+
+def _answer_late(connection: DataConnection, timeout_s: float) -> None:
+    """A fetch on ``connection`` was not answered within ``timeout_s``: the connection is
+    presumed stuck; it and every request waiting on it fail, the next opens a new one."""
+    connection.break_(
+        RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+    )
 
 
 #: Request-level errors after which a full fetch is sent at once.
