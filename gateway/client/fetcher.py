@@ -457,10 +457,18 @@ class Fetcher:
             if self._raw is not None:
                 request = started.request if started is not None else handler.create_raw_request()
                 answer = await self._raw.fetch(request, timeout_ms / 1000.0, started)
-                if answer is not None:
+                while answer is not None:
                     handler.handle_raw_response(answer)
                     self._send_next()
-                    return
+                    sent, self._next = self._next, None
+                    if sent is None:
+                        return
+                    # Its answer is awaited here, in this task: a task of its own and the
+                    # routine's round took three more loop turns before the loop went idle
+                    # (when a thread-based consumer's poll takes the records).
+                    handler, self._awaited = sent
+                    answer = await self._raw.fetch(self._awaited.request, timeout_ms / 1000.0, self._awaited)
+                return
             throttle = self.client.fetch_throttles.of(self.client.pool.current().address)
             await throttle.wait()  # held by the gateway (a quota): the raw path waits in its link
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)

@@ -219,13 +219,19 @@ async def test_the_fetcher_writes_its_next_fetch_in_the_turn_that_buffers_an_ans
             return start(request)
 
         fetcher._raw.start = recording_start
+        # The first answer sends the next fetch at once, awaited in the same task; the second
+        # fills the prefetch depth (two chunks), so nothing follows it.
         await fetcher._do_fetch(SendFetchHandler(fetcher, {TP: 0}))
         assert written == [1], "the next fetch left as the answer was buffered"
+        assert len(fetcher._buffers[TP]) == 2 and fetcher._next is None
+        assert [r.partitions[0].fetch_offset for r in gateway.requests] == [0, 3]
+        # Room again (a chunk consumed): the next fetch is written at once, from offset 6.
+        assert len(fetcher.drain(3)[TP]) == 3
+        fetcher._send_next()
         assert fetcher._next is not None
         handler, started = fetcher._next
-        assert handler.offsets == {TP: 3} and started.correlation_id in started.connection.pending
-        await gateway.wait_for_requests(2)
-        assert gateway.requests[1].partitions[0].fetch_offset == 3
+        assert handler.offsets == {TP: 6} and started.correlation_id in started.connection.pending
+        await gateway.wait_for_requests(3)
         # A seek (or close) abandons it: its answer is never buffered, and the session restarts.
         fetcher.wakeup(restart_fetch=True)
         assert fetcher._next is None and started.correlation_id not in started.connection.pending
