@@ -173,6 +173,12 @@ class IOThread:
             result = await result
         return result
 
+    @property
+    def idle_calls(self) -> bool:
+        """Whether :meth:`call_while_idle` may be used: started with ``idle_calls`` and the loop
+        not in asyncio's debug mode (which refuses callbacks scheduled from another thread)."""
+        return self._idle_lock is not None and not self.loop.get_debug()
+
     def call_while_idle(self, fn: Callable[..., T], *args: Any) -> T:
         """Run the plain function ``fn(*args)`` here, on the calling thread, while the loop waits
         for I/O (needs ``idle_calls=True``): no handoff to the loop thread and back. ``fn`` may

@@ -256,3 +256,11 @@ def test_a_poll_without_a_group_waits_on_its_own_thread_and_times_out():
     finally:
         consumer._io.run_calling_back = run_calling_back
         consumer.close()
+
+
+def test_a_loop_in_asyncio_debug_mode_takes_no_idle_calls(io, idle_io):
+    # asyncio's debug mode refuses callbacks scheduled from another thread: the consumer polls
+    # through the loop thread then.
+    assert idle_io.idle_calls and not io.idle_calls
+    idle_io.loop.set_debug(True)
+    assert not idle_io.idle_calls
