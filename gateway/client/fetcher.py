@@ -468,7 +468,7 @@ class Fetcher:
                     # (when a thread-based consumer's poll takes the records).
                     handler, self._awaited = sent
                     answer = await self._raw.fetch(self._awaited.request, timeout_ms / 1000.0, self._awaited)
-                return
+                # None (only ever for the first): the gateway offers no raw data path
             throttle = self.client.fetch_throttles.of(self.client.pool.current().address)
             await throttle.wait()  # held by the gateway (a quota): the raw path waits in its link
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)

@@ -238,3 +238,34 @@ async def test_the_fetcher_writes_its_next_fetch_in_the_turn_that_buffers_an_ans
         assert fetcher._raw._session.full
         assert len(fetcher._buffers[TP]) == 1
         await fetcher.close()
+
+
+@run_async
+async def test_without_a_raw_data_path_the_fetcher_fetches_over_grpc():
+    client = _Client("")  # the gateway offers no data listener
+    calls = []
+
+    async def call(method, request, **_):
+        calls.append(method)
+        p = request.partitions[0]
+        return pb.FetchResponse(
+            partitions=[
+                pb.FetchPartitionResult(
+                    topic=p.topic,
+                    partition=p.partition,
+                    record_batches=batch(p.offset, 3),
+                    high_watermark=1_000,
+                    log_start_offset=0,
+                )
+            ]
+        )
+
+    client.call = call
+    subscription = SubscriptionState("earliest")
+    subscription.assign_from_user([TP])
+    subscription.seek(TP, 0)
+    fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0)
+    await fetcher._do_fetch(SendFetchHandler(fetcher, {TP: 0}))
+    assert calls == ["Fetch"]
+    assert [r.offset for r in fetcher.drain(10)[TP]] == [0, 1, 2]
+    await fetcher.close()
