@@ -164,11 +164,13 @@ class DataConnection:
         tls: ClientTls | None = None,
         token_source: TokenSource | None = None,
         read_size: int | None = None,
+        buffer_limit: int = 1 << 16,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
         when it refuses our token. ``read_size``: the most one socket read takes (see
-        :func:`_limit_reads`; None: asyncio's default)."""
+        :func:`_limit_reads`; None: asyncio's default). ``buffer_limit``: the stream reader's
+        limit (reading pauses while twice that waits unread)."""
         address = f"{host}:{port}"
         # The provider may fetch from an identity provider: not on the event loop.
         token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
@@ -177,7 +179,7 @@ class DataConnection:
                 asyncio.open_connection(
                     host,
                     port,
-                    limit=1 << 16,
+                    limit=buffer_limit,
                     ssl=client_ssl_context(tls) if tls is not None else None,
                     server_hostname=host if tls is not None else None,
                 ),
@@ -238,6 +240,16 @@ class DataConnection:
             self.pending[correlation_id] = future
         self._queue_write(frame)
         return future
+
+    async def drain_if_backlogged(self) -> None:
+        """Await the socket while :meth:`backlogged` (breaking the connection if it fails: the
+        requests waiting on it then fail with the error)."""
+        if self.backlogged():
+            self._flush()
+            try:
+                await self.writer.drain()
+            except (OSError, RuntimeError) as exc:
+                self.break_(NetworkError(f"data connection to {self.address} broke: {exc!r}"))
 
     def backlogged(self) -> bool:
         """Whether more request bytes wait to be sent than the connection lets pile up: the next
@@ -325,6 +337,11 @@ class DataConnection:
                 await self._reader_task
 
 
+#: The stream reader limit of a fetch connection: reading pauses while twice this waits unread.
+#: At the produce connection's 64 KiB, every answer over 128 KiB (a 200 KB fetch) paused the
+#: transport and resumed it (two epoll_ctl calls and a loop turn each) while it was read.
+FETCH_BUFFER_LIMIT = 1 << 20
+
 #: The most one socket read of a produce connection takes (asyncio's default is 256 KiB).
 PRODUCE_READ_SIZE = 64 * 1024
 
@@ -369,10 +386,13 @@ class DataLink:
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         throttles: Throttles | None = None,
         read_size: int | None = None,
+        buffer_limit: int = 1 << 16,
     ) -> None:
         self._client = client
         #: The most one socket read takes on its connections (None: asyncio's default).
         self._read_size = read_size
+        #: Its connections' stream reader limit (``DataConnection.open``).
+        self._buffer_limit = buffer_limit
         #: What the gateway asked to wait for (None: nothing is waited for).
         self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
@@ -442,6 +462,7 @@ class DataLink:
                 tls=self._client.tls,
                 token_source=self._client.token_source,
                 read_size=self._read_size,
+                buffer_limit=self._buffer_limit,
             )
         except UnsupportedVersionError as exc:
             log.info("the gateway's data listener refused us (%s); using gRPC", exc)
@@ -651,6 +672,18 @@ class RawTransport:
 # ---- fetch -----------------------------------------------------------------------------------
 
 
+class StartedFetch(NamedTuple):
+    """A fetch request written on a connection, its answer awaited by :meth:`RawFetcher.fetch`."""
+
+    connection: DataConnection
+    #: The fetch session it was framed in (None: sessionless).
+    session: FetchSessionState | None
+    #: The request as the caller gave it (every partition it wants).
+    request: dp.FetchRequest
+    correlation_id: int
+    answer: asyncio.Future
+
+
 class RawFetcher:
     """Fetch requests as frames on the data listener; None from :meth:`fetch` means "use gRPC".
 
@@ -658,10 +691,15 @@ class RawFetcher:
     :mod:`gateway.client.fetch_session`): the request names only what changed since the last
     answer, and the answer carries only the partitions with something to say. The caller still
     passes every partition it wants each time; a partition absent from the answer had nothing
-    new. Session errors are retried here at once with a full fetch."""
+    new. Session errors are retried here at once with a full fetch.
+
+    :meth:`start` writes a request at once, without awaiting anything, when the connection is
+    open and free: the consumer's fetcher sends its next fetch that way in the same loop turn
+    as it buffers an answer, before ``poll`` decodes the records (as Kafka's consumer does), so
+    the round trip overlaps the application's work."""
 
     def __init__(self, client: GatewayClient, *, sessions: bool = True) -> None:
-        self._link = DataLink(client, throttles=client.fetch_throttles)
+        self._link = DataLink(client, throttles=client.fetch_throttles, buffer_limit=FETCH_BUFFER_LIMIT)
         #: Use fetch sessions when the gateway speaks version 3.
         self._sessions = sessions
         self._session = FetchSessionState()
@@ -671,76 +709,116 @@ class RawFetcher:
         self.full_fetches = 0
         self.incremental_fetches = 0
 
-    async def fetch(self, request: dp.FetchRequest, timeout_s: float) -> dp.FetchResponse | None:
-        topic = request.partitions[0].topic if request.partitions else ""
-        connection = await self._link.connection(topic)
-        if connection is None:
+    def start(self, request: dp.FetchRequest) -> StartedFetch | None:
+        """Write ``request`` now when the connection is open and nothing waits before it (see
+        ``DataLink.connection_now``); its answer is awaited with ``fetch(..., started=...)``.
+        None: nothing was written (take :meth:`fetch`)."""
+        connection = self._link.connection_now()
+        if connection is None or connection.backlogged():
             return None
-        if not self._sessions or connection.version < dp.SESSION_VERSION:
-            return await self._send(connection, request, timeout_s)
-        if connection is not self._session_connection:
-            self._session = FetchSessionState()
-            self._session_connection = connection
-        session = self._session
-        answer = await self._send_in_session(connection, session, request, timeout_s)
-        if answer.error_code in _SESSION_ERRORS:
-            log.debug("fetch session %d refused (%s); full fetch", session.session_id, answer.error())
-            answer = await self._send_in_session(connection, session, request, timeout_s)
+        started = self._write(connection, request)
+        connection.flush()  # now, not at the end of this loop turn: the poll's decoding comes first
+        return started
+
+    def abandon(self, started: StartedFetch) -> None:
+        """Drop a started fetch's answer (the consumer moved on: a seek, a close)."""
+        started.connection.pending.pop(started.correlation_id, None)
+        if started.session is not None:
+            started.session.reset()  # its answer may be unread: the gateway's picture is unknown
+        answer = started.answer
+        if not answer.done():
+            answer.cancel()
+        elif not answer.cancelled():
+            answer.exception()  # marked read: nobody awaits it now
+
+    async def fetch(
+        self, request: dp.FetchRequest, timeout_s: float, started: StartedFetch | None = None
+    ) -> dp.FetchResponse | None:
+        """The answer to ``request`` (written now, or already by :meth:`start`: ``started``)."""
+        if started is None:
+            topic = request.partitions[0].topic if request.partitions else ""
+            connection = await self._link.connection(topic)
+            if connection is None:
+                return None
+            started = self._write(connection, request)
+            await connection.drain_if_backlogged()
+        answer = await self._answer(started, timeout_s)
+        if started.session is not None and answer.error_code in _SESSION_ERRORS:
+            log.debug("fetch session %d refused (%s); full fetch", started.session.session_id, answer.error())
+            started = self._write(started.connection, request)
+            await started.connection.drain_if_backlogged()
+            answer = await self._answer(started, timeout_s)
         return answer
 
-    async def _send_in_session(
-        self,
-        connection: DataConnection,
-        session: FetchSessionState,
-        request: dp.FetchRequest,
-        timeout_s: float,
-    ) -> dp.FetchResponse:
-        if session.full:
-            self.full_fetches += 1
-        else:
-            self.incremental_fetches += 1
-        framed = session.request(request)
-        try:
-            answer = await self._send(connection, framed, timeout_s)
-        except BaseException:
-            session.reset()  # the answer was not read: the gateway's picture is unknown
-            raise
-        session.answered(answer)
-        return answer
-
-    async def _send(
-        self, connection: DataConnection, request: dp.FetchRequest, timeout_s: float
-    ) -> dp.FetchResponse:
+    def _write(self, connection: DataConnection, request: dp.FetchRequest) -> StartedFetch:
+        """Queue ``request`` on ``connection`` (in the connection's fetch session, if any)."""
+        session: FetchSessionState | None = None
+        framed = request
+        if self._sessions and connection.version >= dp.SESSION_VERSION:
+            if connection is not self._session_connection:
+                self._session = FetchSessionState()
+                self._session_connection = connection
+            session = self._session
+            if session.full:
+                self.full_fetches += 1
+            else:
+                self.incremental_fetches += 1
+            framed = session.request(request)
         correlation_id = connection.next_correlation_id()
-        future = await connection.send(
-            dp.encode_fetch_request(
-                request._replace(correlation_id=correlation_id, trace_context=current_traceparent()),
-                connection.version,
-            ),
-            correlation_id,
-        )
-        assert future is not None
         try:
-            body = await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            connection.break_(
-                RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+            future = connection.send_nowait(
+                dp.encode_fetch_request(
+                    framed._replace(correlation_id=correlation_id, trace_context=current_traceparent()),
+                    connection.version,
+                ),
+                correlation_id,
             )
-            body = await future
-        except asyncio.CancelledError:
-            # The consumer moved on (a seek): the answer, when it comes, is dropped.
-            connection.pending.pop(correlation_id, None)
+        except BaseException:
+            if session is not None:
+                session.reset()
             raise
+        assert isinstance(future, asyncio.Future)
+        return StartedFetch(connection, session, request, correlation_id, future)
+
+    async def _answer(self, started: StartedFetch, timeout_s: float) -> dp.FetchResponse:
+        """Await and read ``started``'s answer (noting it in its session)."""
+        connection, session = started.connection, started.session
+        # A timer, not ``wait_for(shield(...))``: that took two more loop turns (and a future,
+        # a task and a timer of its own) between the answer's arrival and its reading.
+        late = asyncio.get_running_loop().call_later(timeout_s, _answer_late, connection, timeout_s)
         try:
-            answer = dp.decode_fetch_response(body, connection.version)
-        except errors.TributaryError as exc:
-            connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
-            raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+            try:
+                body = await started.answer
+            except asyncio.CancelledError:
+                # The consumer moved on (a seek): the answer, when it comes, is dropped.
+                connection.pending.pop(started.correlation_id, None)
+                raise
+            finally:
+                late.cancel()
+            try:
+                answer = dp.decode_fetch_response(body, connection.version)
+            except errors.TributaryError as exc:
+                connection.break_(NetworkError(f"bad fetch answer from {connection.address}: {exc}"))
+                raise NetworkError(f"bad fetch answer from {connection.address}: {exc}") from exc
+        except BaseException:
+            if session is not None:
+                session.reset()  # the answer was not read: the gateway's picture is unknown
+            raise
         self._link.observe(connection, answer.throttle_time_ms)
+        if session is not None:
+            session.answered(answer)
         return answer
 
     async def close(self, timeout_s: float = 5.0) -> None:
         await self._link.close(timeout_s)
+
+
+def _answer_late(connection: DataConnection, timeout_s: float) -> None:
+    """A fetch on ``connection`` was not answered within ``timeout_s``: the connection is
+    presumed stuck; it and every request waiting on it fail, the next opens a new one."""
+    connection.break_(
+        RequestTimedOutError(f"no fetch answer from {connection.address} within {timeout_s:.1f}s")
+    )
 
 
 #: Request-level errors after which a full fetch is sent at once.

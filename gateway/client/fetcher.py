@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gateway.client.client import GatewayClient, list_offsets
-from gateway.client.dataport import RawFetcher, parse_data_path
+from gateway.client.dataport import RawFetcher, StartedFetch, parse_data_path
 from gateway.client.errors import (
     CorruptRecordError,
     OffsetOutOfRangeError,
@@ -359,6 +359,12 @@ class Fetcher:
         self.raw_fetch_partitions: dict[TopicPartition, dp.FetchPartition] = {}
         self._waiter: asyncio.Future | None = None
         self._fetch_task: asyncio.Task | None = None
+        #: The next fetch, written as the last answer was buffered (``_send_next``), to be
+        #: awaited by the routine's next round.
+        self._next: tuple[SendFetchHandler, StartedFetch] | None = None
+        #: The written fetch the current fetch task awaits (its task may be cancelled before
+        #: it starts: the fetch is abandoned here then).
+        self._awaited: StartedFetch | None = None
         self._closed = False
         self._drain_start = 0
         self._confirming: set[TopicPartition] = set()
@@ -403,15 +409,20 @@ class Fetcher:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._waiter = loop.create_future()
-            await self._maybe_reset_offsets()
-            now = self.client.clock.monotonic()
-            offsets = self.fetch_candidates(now)
-            if not offsets:
-                await self._sleep(loop, self._next_backoff_delay(now))
-                continue
-            self._fetch_task = loop.create_task(self._do_fetch(offsets))
+            sent, self._next = self._next, None
+            if sent is not None:
+                handler, self._awaited = sent
+                self._fetch_task = loop.create_task(self._do_fetch(handler, self._awaited))
+            else:
+                await self._maybe_reset_offsets()
+                now = self.client.clock.monotonic()
+                offsets = self.fetch_candidates(now)
+                if not offsets:
+                    await self._sleep(loop, self._next_backoff_delay(now))
+                    continue
+                self._fetch_task = loop.create_task(self._do_fetch(SendFetchHandler(self, offsets)))
             await asyncio.wait({self._fetch_task})  # never raises: a cancelled fetch is just dropped
-            self._fetch_task = None
+            self._fetch_task = self._awaited = None
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None) -> None:
         waiter = self._waiter
@@ -432,18 +443,32 @@ class Fetcher:
         an assignment change or a resume, so the change takes effect without a long-poll wait)."""
         if self._waiter is not None:
             _resolve(self._waiter)
-        if restart_fetch and self._fetch_task is not None:
-            self._fetch_task.cancel()
+        if restart_fetch:
+            if self._fetch_task is not None:
+                self._fetch_task.cancel()
+            sent, self._next = self._next, None
+            for started in (sent[1] if sent is not None else None, self._awaited):
+                if started is not None and self._raw is not None:
+                    self._raw.abandon(started)
 
-    async def _do_fetch(self, offsets: dict[TopicPartition, int]) -> None:
-        handler = SendFetchHandler(self, offsets)
+    async def _do_fetch(self, handler: SendFetchHandler, started: StartedFetch | None = None) -> None:
         timeout_ms = self.client.request_timeout_ms + self.fetch_max_wait_ms
         try:
             if self._raw is not None:
-                answer = await self._raw.fetch(handler.create_raw_request(), timeout_ms / 1000.0)
-                if answer is not None:
+                request = started.request if started is not None else handler.create_raw_request()
+                answer = await self._raw.fetch(request, timeout_ms / 1000.0, started)
+                while answer is not None:
                     handler.handle_raw_response(answer)
-                    return
+                    self._send_next()
+                    sent, self._next = self._next, None
+                    if sent is None:
+                        return
+                    # Its answer is awaited here, in this task: a task of its own and the
+                    # routine's round took three more loop turns before the loop went idle
+                    # (when a thread-based consumer's poll takes the records).
+                    handler, self._awaited = sent
+                    answer = await self._raw.fetch(self._awaited.request, timeout_ms / 1000.0, self._awaited)
+                # None (only ever for the first): the gateway offers no raw data path
             throttle = self.client.fetch_throttles.of(self.client.pool.current().address)
             await throttle.wait()  # held by the gateway (a quota): the raw path waits in its link
             response = await self.client.call("Fetch", handler.create_request(), timeout_ms=timeout_ms)
@@ -452,6 +477,22 @@ class Fetcher:
             handler.handle_error(exc)
         else:
             handler.handle_response(response)
+
+    def _send_next(self) -> None:
+        """Write the next fetch now, in the loop turn that buffered the last answer: before
+        ``poll`` decodes those records (it runs next), so the round trip overlaps the decoding
+        and the application's work instead of following them (Kafka's consumer sends its next
+        fetch as soon as it has parsed a response, too). Not when offsets are to be reset first
+        or the connection cannot take it at once: the routine's next round fetches then."""
+        if self._closed or self._raw is None or self.subscription.partitions_awaiting_reset():
+            return
+        offsets = self.fetch_candidates(self.client.clock.monotonic())
+        if not offsets:
+            return
+        handler = SendFetchHandler(self, offsets)
+        started = self._raw.start(handler.create_raw_request())
+        if started is not None:
+            self._next = (handler, started)
 
     def handle_partition_result(self, tp: TopicPartition, fetch_offset: int, result) -> None:
         """Buffer one partition's fetched batches (a gRPC ``FetchPartitionResult``), or act on

@@ -11,6 +11,11 @@ listener and its async-commit callbacks inside ``poll()``, on the thread that ca
 caller waits, executes on the caller's thread whatever the coroutine hands over with
 :meth:`IOThread.call_back`. Such a callback may call the client again (a listener committing):
 that nested call runs the same way, and the outer coroutine waits meanwhile.
+
+A handoff to the loop and back costs two thread wakeups; :meth:`IOThread.call_while_idle` skips
+both for work that needs no waiting (a consumer's ``poll`` with records already buffered): with
+``idle_calls=True`` the loop thread holds a lock except while it waits for I/O in ``select``, and
+a caller holding that lock may read and change the client's state on its own thread.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import asyncio
 import concurrent.futures
 import inspect
 import queue
+import selectors
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -47,11 +53,40 @@ def _settle(waiter: asyncio.Future, result: Any, error: BaseException | None) ->
         waiter.set_result(result)
 
 
-class IOThread:
-    """A daemon thread with its own event loop. ``run`` and ``call`` are thread-safe."""
+def _noop() -> None:
+    pass
 
-    def __init__(self, name: str = "tributary-io") -> None:
-        self.loop = asyncio.new_event_loop()
+
+class _LockReleasingSelector(selectors.DefaultSelector):
+    """The loop's selector, releasing ``lock`` while it waits for I/O: the loop thread holds the
+    lock whenever it runs anything (callbacks, tasks), so whoever holds it may touch the loop's
+    state from another thread."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__()
+        self._lock = lock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self._lock.release()
+        try:
+            return super().select(timeout)
+        finally:
+            self._lock.acquire()
+
+
+class IOThread:
+    """A daemon thread with its own event loop. ``run`` and ``call`` are thread-safe.
+
+    ``idle_calls``: allow :meth:`call_while_idle` (the loop then takes a lock on each turn).
+    """
+
+    def __init__(self, name: str = "tributary-io", *, idle_calls: bool = False) -> None:
+        #: Held by the loop thread except while it waits in ``select`` (None: no idle calls).
+        self._idle_lock: threading.Lock | None = threading.Lock() if idle_calls else None
+        if self._idle_lock is None:
+            self.loop = asyncio.new_event_loop()
+        else:
+            self.loop = asyncio.SelectorEventLoop(_LockReleasingSelector(self._idle_lock))
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
         #: One inbox per ``run_calling_back`` in progress (nested calls stack up).
@@ -62,10 +97,15 @@ class IOThread:
     def _main(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.loop.call_soon(self._started.set)
+        lock = self._idle_lock
+        if lock is not None:
+            lock.acquire()
         try:
             self.loop.run_forever()
         finally:
             self.loop.close()
+            if lock is not None:
+                lock.release()
 
     @property
     def in_loop_thread(self) -> bool:
@@ -132,6 +172,42 @@ class IOThread:
         if inspect.isawaitable(result):
             result = await result
         return result
+
+    @property
+    def idle_calls(self) -> bool:
+        """Whether :meth:`call_while_idle` may be used: started with ``idle_calls`` and the loop
+        not in asyncio's debug mode (which refuses callbacks scheduled from another thread)."""
+        return self._idle_lock is not None and not self.loop.get_debug()
+
+    def call_while_idle(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run the plain function ``fn(*args)`` here, on the calling thread, while the loop waits
+        for I/O (needs ``idle_calls=True``): no handoff to the loop thread and back. ``fn`` may
+        read and change client state and schedule callbacks on the loop (the loop is woken to
+        run them), but must not wait for the loop: it holds the loop meanwhile.
+
+        From the loop thread itself it raises :class:`IllegalStateError`, as :meth:`run` does.
+        """
+        lock = self._idle_lock
+        if lock is None:
+            raise IllegalStateError("this I/O thread was started without idle_calls")
+        if self.in_loop_thread:
+            raise IllegalStateError(
+                "a blocking client call was made from the client's own I/O thread "
+                "(inside a callback); use the asyncio API there"
+            )
+        if not self._thread.is_alive():
+            raise IllegalStateError("the client is closed")
+        loop = self.loop
+        # The loop's queues of callbacks and timers (asyncio internals, stable since 3.4):
+        # whatever ``fn`` adds there is run once the loop is woken from its ``select``.
+        ready, scheduled = loop._ready, loop._scheduled  # type: ignore[attr-defined]
+        with lock:
+            queued = len(ready), len(scheduled)
+            try:
+                return fn(*args)
+            finally:
+                if (len(ready), len(scheduled)) != queued:
+                    loop.call_soon_threadsafe(_noop)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a plain function on the loop thread (where client state lives) and return its result."""

@@ -167,3 +167,100 @@ def test_subscribe_checks_the_pattern_as_the_coordinator_will():
 def test_group_settings_are_validated(settings, message):
     with pytest.raises(ValueError, match=message):
         Consumer(servers=NOWHERE, **settings)
+
+
+@pytest.fixture
+def idle_io():
+    thread = IOThread("test-idle-io", idle_calls=True)
+    yield thread
+    thread.stop()
+
+
+def test_an_idle_call_runs_on_the_calling_thread_while_the_loop_runs_nothing(idle_io):
+    turns = [0]
+
+    def busy() -> None:  # a loop that never idles: the call still gets its turn, between two
+        turns[0] += 1
+        idle_io.loop.call_soon(busy)
+
+    idle_io.call_soon(busy)
+
+    def observe():
+        before = turns[0]
+        for _ in range(200_000):  # long enough for the loop to run many turns, were it free to
+            pass
+        return threading.current_thread().name, before, turns[0]
+
+    name, before, after = idle_io.call_while_idle(observe)
+    assert name == threading.current_thread().name
+    assert before == after, "the loop ran while the caller held its state"
+    # and the loop goes on afterwards
+    seen = turns[0]
+    deadline = time.monotonic() + 10
+    while turns[0] == seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert turns[0] > seen
+
+
+def test_callbacks_an_idle_call_schedules_run_at_once(idle_io):
+    done = threading.Event()
+    started = time.monotonic()
+    # The loop sleeps in select with nothing to do: the call must wake it.
+    idle_io.call_while_idle(lambda: idle_io.loop.call_soon(done.set))
+    assert done.wait(10) and time.monotonic() - started < 5
+    later = threading.Event()
+    idle_io.call_while_idle(lambda: idle_io.loop.call_later(0.01, later.set))
+    assert later.wait(10)
+
+
+def test_an_idle_call_raises_what_its_function_raises(idle_io):
+    def broken():
+        raise ValueError("drain failed")
+
+    with pytest.raises(ValueError, match="drain failed"):
+        idle_io.call_while_idle(broken)
+    assert idle_io.call_while_idle(lambda: 42) == 42
+
+
+def test_idle_calls_need_the_setting_and_another_thread(io, idle_io):
+    with pytest.raises(IllegalStateError, match="idle_calls"):
+        io.call_while_idle(lambda: None)
+
+    async def from_the_loop():
+        idle_io.call_while_idle(lambda: None)
+
+    with pytest.raises(IllegalStateError, match="own I/O thread"):
+        idle_io.run(from_the_loop())
+    idle_io.stop()
+    with pytest.raises(IllegalStateError, match="closed"):
+        idle_io.call_while_idle(lambda: None)
+
+
+def test_a_poll_without_a_group_waits_on_its_own_thread_and_times_out():
+    consumer = Consumer(servers=NOWHERE, request_timeout_ms=500)
+    handed_over = []
+    run_calling_back = consumer._io.run_calling_back
+
+    def counting(coro):
+        handed_over.append(coro)
+        return run_calling_back(coro)
+
+    consumer._io.run_calling_back = counting
+    try:
+        consumer.assign([TopicPartition("t", 0)])
+        consumer.seek(TopicPartition("t", 0), 0)
+        started = time.monotonic()
+        assert consumer.poll(timeout_ms=300) == {}
+        assert 0.25 < time.monotonic() - started < 5
+        assert not handed_over, "a poll without a group is not handed to the I/O thread"
+    finally:
+        consumer._io.run_calling_back = run_calling_back
+        consumer.close()
+
+
+def test_a_loop_in_asyncio_debug_mode_takes_no_idle_calls(io, idle_io):
+    # asyncio's debug mode refuses callbacks scheduled from another thread: the consumer polls
+    # through the loop thread then.
+    assert idle_io.idle_calls and not io.idle_calls
+    idle_io.loop.set_debug(True)
+    assert not idle_io.idle_calls

@@ -1,0 +1,271 @@
+"""The consumer's raw fetch path against a scripted gateway on loopback: a fetch written at once
+(``RawFetcher.start``), abandoned, answered late; and the fetcher writing its next fetch in the
+loop turn that buffers an answer, before ``poll`` decodes it."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import struct
+from types import SimpleNamespace
+
+from gateway.client.dataport import FETCH_BUFFER_LIMIT, RawFetcher
+from gateway.client.errors import RequestTimedOutError
+from gateway.client.fetcher import Fetcher, SendFetchHandler
+from gateway.client.metadata import MetadataCache
+from gateway.client.structs import TopicPartition
+from gateway.client.subscription import SubscriptionState
+from gateway.client.throttle import Throttles
+from services.clock import ManualClock
+from services.dataport import protocol as dp
+from services.proto import pb
+from services.records import RecordBatchBuilder
+
+TP = TopicPartition("t", 0)
+
+
+def run_async(test):
+    """Run an ``async def`` test on a fresh event loop (the suite has no asyncio plugin)."""
+
+    @functools.wraps(test)
+    def run() -> None:
+        asyncio.run(asyncio.wait_for(test(), 30))
+
+    return run
+
+
+def batch(base_offset: int, count: int) -> bytes:
+    builder = RecordBatchBuilder(base_offset=base_offset)
+    for i in range(count):
+        builder.append(b"v%d" % (base_offset + i), timestamp=1_000)
+    return builder.build()
+
+
+class FetchGateway:
+    """Handshakes in the newest version, then answers each fetch with ``answer(request)``
+    (a FetchResponse; None: no answer) and records the requests in arrival order."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+        self.requests: list[dp.FetchRequest] = []
+        self.arrived = asyncio.Event()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FetchGateway:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.writers:
+            writer.transport.abort()
+
+    @property
+    def address(self) -> str:
+        assert self.server is not None
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader, writer) -> None:
+        self.writers.append(writer)
+        (size,) = struct.unpack(">i", await reader.readexactly(4))
+        dp.decode_handshake(await reader.readexactly(size))
+        writer.write(
+            dp.encode_handshake_answer(
+                dp.HandshakeAnswer(0, dp.MAX_VERSION, dp.MIN_VERSION, dp.MAX_VERSION, dp.MAX_REQUEST_FRAME)
+            )
+        )
+        try:
+            while True:
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                request = dp.decode_fetch_request(await reader.readexactly(size))
+                self.requests.append(request)
+                self.arrived.set()
+                response = self.answer(request)
+                if response is not None:
+                    writer.writelines(dp.encode_fetch_response_parts(response))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def wait_for_requests(self, count: int) -> None:
+        while len(self.requests) < count:
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), 10)
+
+
+def records_from_offset(request: dp.FetchRequest) -> dp.FetchResponse:
+    """Three records from each named partition's fetch offset (a session answer when asked)."""
+    return dp.FetchResponse(
+        request.correlation_id,
+        0,
+        "",
+        [
+            dp.FetchPartitionResult(p.topic, p.partition, 0, 1_000, 0, records=batch(p.fetch_offset, 3))
+            for p in request.partitions
+        ],
+        session_id=7 if request.session_epoch != dp.FINAL_EPOCH else dp.NO_SESSION_ID,
+    )
+
+
+class _Client:
+    """What RawFetcher and Fetcher use of GatewayClient."""
+
+    def __init__(self, data_address: str) -> None:
+        self.client_id = "unit"
+        self.tls = None
+        self.token_source = None
+        self.data_address = data_address
+        self.pool = SimpleNamespace(current=lambda: SimpleNamespace(address="127.0.0.1:1"))
+        self.fetch_throttles = Throttles("fetch")
+        self.clock = ManualClock()
+        self.metadata = MetadataCache()
+        self.request_timeout_ms = 30_000
+
+    async def call_with_retry(self, method, request, **_):
+        assert method == "GetMetadata"
+        return pb.GetMetadataResponse(data_address=self.data_address)
+
+
+def request_from(offset: int) -> dp.FetchRequest:
+    return dp.FetchRequest(0, [dp.FetchPartition(TP.topic, TP.partition, offset, 1 << 20)], max_wait_ms=0)
+
+
+@run_async
+async def test_start_writes_a_fetch_at_once_once_connected():
+    async with FetchGateway(records_from_offset) as gateway:
+        fetcher = RawFetcher(_Client(gateway.address))
+        assert fetcher.start(request_from(0)) is None, "no connection yet: the caller awaits fetch()"
+        first = await fetcher.fetch(request_from(0), 5.0)
+        assert first is not None and first.partitions[0].records
+        started = fetcher.start(request_from(3))
+        assert started is not None
+        connection = started.connection
+        # Written to the socket now, not at the end of this loop turn.
+        assert not connection._corked and connection.writer.transport.get_write_buffer_size() == 0
+        assert started.correlation_id in connection.pending
+        second = await fetcher.fetch(started.request, 5.0, started)
+        await fetcher.close()
+    assert second is not None and second.partitions[0].records
+    assert [r.partitions[0].fetch_offset if r.partitions else None for r in gateway.requests] == [0, 3]
+    assert fetcher.incremental_fetches == 1, "the started fetch ran in the connection's session"
+
+
+@run_async
+async def test_an_abandoned_fetch_drops_its_answer_and_restarts_the_session():
+    async with FetchGateway(records_from_offset) as gateway:
+        fetcher = RawFetcher(_Client(gateway.address))
+        await fetcher.fetch(request_from(0), 5.0)
+        started = fetcher.start(request_from(3))
+        assert started is not None
+        fetcher.abandon(started)
+        assert started.answer.cancelled() and started.correlation_id not in started.connection.pending
+        await gateway.wait_for_requests(2)
+        # The gateway's picture of the session is unknown: the next fetch is a full one.
+        again = await fetcher.fetch(request_from(10), 5.0)
+        await fetcher.close()
+    assert again is not None and again.partitions[0].records
+    assert gateway.requests[-1].session_epoch == dp.INITIAL_EPOCH
+    assert fetcher.full_fetches == 2
+
+
+@run_async
+async def test_a_fetch_not_answered_in_time_fails_retriably_and_the_next_reconnects():
+    silent = True
+
+    def answer(request):
+        return None if silent else records_from_offset(request)
+
+    async with FetchGateway(answer) as gateway:
+        fetcher = RawFetcher(_Client(gateway.address))
+        try:
+            await fetcher.fetch(request_from(0), 0.2)
+        except RequestTimedOutError as exc:
+            assert exc.retriable
+        else:
+            raise AssertionError("an unanswered fetch must time out")
+        silent = False
+        answered = await fetcher.fetch(request_from(0), 5.0)
+        await fetcher.close()
+    assert answered is not None and answered.partitions[0].records
+    assert fetcher._link.opened == 2 and len(gateway.writers) == 2
+
+
+@run_async
+async def test_the_fetch_connection_reads_a_large_answer_without_pausing():
+    async with FetchGateway(records_from_offset) as gateway:
+        fetcher = RawFetcher(_Client(gateway.address))
+        await fetcher.fetch(request_from(0), 5.0)
+        connection = fetcher._link._connection
+        assert connection is not None
+        assert connection.reader._limit == FETCH_BUFFER_LIMIT
+        await fetcher.close()
+
+
+@run_async
+async def test_the_fetcher_writes_its_next_fetch_in_the_turn_that_buffers_an_answer():
+    async with FetchGateway(records_from_offset) as gateway:
+        client = _Client(gateway.address)
+        subscription = SubscriptionState("earliest")
+        subscription.assign_from_user([TP])
+        subscription.seek(TP, 0)
+        fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0)
+        written: list[int] = []
+        start = fetcher._raw.start
+
+        def recording_start(request):
+            # The chunk it follows is buffered, undecoded: poll has not run yet.
+            written.append(len(fetcher._buffers[TP]))
+            return start(request)
+
+        fetcher._raw.start = recording_start
+        # The first answer sends the next fetch at once, awaited in the same task; the second
+        # fills the prefetch depth (two chunks), so nothing follows it.
+        await fetcher._do_fetch(SendFetchHandler(fetcher, {TP: 0}))
+        assert written == [1], "the next fetch left as the answer was buffered"
+        assert len(fetcher._buffers[TP]) == 2 and fetcher._next is None
+        assert [r.partitions[0].fetch_offset for r in gateway.requests] == [0, 3]
+        # Room again (a chunk consumed): the next fetch is written at once, from offset 6.
+        assert len(fetcher.drain(3)[TP]) == 3
+        fetcher._send_next()
+        assert fetcher._next is not None
+        handler, started = fetcher._next
+        assert handler.offsets == {TP: 6} and started.correlation_id in started.connection.pending
+        await gateway.wait_for_requests(3)
+        # A seek (or close) abandons it: its answer is never buffered, and the session restarts.
+        fetcher.wakeup(restart_fetch=True)
+        assert fetcher._next is None and started.correlation_id not in started.connection.pending
+        assert fetcher._raw._session.full
+        assert len(fetcher._buffers[TP]) == 1
+        await fetcher.close()
+
+
+@run_async
+async def test_without_a_raw_data_path_the_fetcher_fetches_over_grpc():
+    client = _Client("")  # the gateway offers no data listener
+    calls = []
+
+    async def call(method, request, **_):
+        calls.append(method)
+        p = request.partitions[0]
+        return pb.FetchResponse(
+            partitions=[
+                pb.FetchPartitionResult(
+                    topic=p.topic,
+                    partition=p.partition,
+                    record_batches=batch(p.offset, 3),
+                    high_watermark=1_000,
+                    log_start_offset=0,
+                )
+            ]
+        )
+
+    client.call = call
+    subscription = SubscriptionState("earliest")
+    subscription.assign_from_user([TP])
+    subscription.seek(TP, 0)
+    fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0)
+    await fetcher._do_fetch(SendFetchHandler(fetcher, {TP: 0}))
+    assert calls == ["Fetch"]
+    assert [r.offset for r in fetcher.drain(10)[TP]] == [0, 1, 2]
+    await fetcher.close()
