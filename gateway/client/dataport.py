@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable
 from typing import NamedTuple
@@ -44,6 +43,7 @@ from gateway.client.fetch_session import FetchSessionState
 from gateway.client.throttle import Throttles
 from services import errors
 from services.acks import Acks
+from services.correlation_ids import correlation_ids
 from services.dataport import protocol as dp
 from services.proto import pb
 from services.serde import acks_from_proto
@@ -144,7 +144,7 @@ class DataConnection:
         self.writer = writer
         self.pending: dict[int, asyncio.Future | AnswerSlot] = {}
         self.broken = False
-        self._correlation = itertools.count(1)
+        self._correlation = correlation_ids()
         self._reader_task: asyncio.Task | None = None
         #: Frames written in this loop iteration, sent together at its end (``_queue_write``).
         self._corked: list[bytes] = []
@@ -206,7 +206,7 @@ class DataConnection:
         return connection
 
     def next_correlation_id(self) -> int:
-        return next(self._correlation) & 0x7FFFFFFF
+        return next(self._correlation)
 
     async def send(self, frame: bytes, correlation_id: int | None) -> asyncio.Future | None:
         """Write one frame; the future of its answer's body unless ``correlation_id`` is None

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 _RESULT_LOCK = threading.Lock()
 
 #: Stops the garbage collector tracking an object (C only; without it, objects stay tracked).
-_untrack = None if _speedups is None else _speedups.untrack
+_untrack = getattr(_speedups, "untrack", None)  # None without the C module (or a stale build)
 
 
 class ProduceResult:

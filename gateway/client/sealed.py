@@ -48,7 +48,7 @@ def py_encode_record_request(prefix: bytes, partition: int, timestamp: int, key,
     return frame
 
 
-_c_encode_record_request = None if _speedups is None else _speedups.encode_record_request
+_c_encode_record_request = getattr(_speedups, "encode_record_request", None)  # as in futures.py
 
 
 def encode_record_request(prefix: bytes, partition: int, timestamp: int, key, value, headers) -> bytearray:

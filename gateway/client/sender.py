@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import itertools
 import logging
 import struct
 
@@ -65,7 +64,6 @@ class RetriableAfterEpochBump(errors.TributaryError):
     retriable = True
 
 
-_correlation_ids = itertools.count(1)
 _CORRELATION_ID = struct.Struct(">i")
 
 #: Drains one pass of the sender makes at most when each leaves nothing in flight (acks=0 over

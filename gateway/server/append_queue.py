@@ -409,7 +409,12 @@ class AppendQueues:
                 if not self._rounds_now and self._quiet is not None and not self._quiet.done():
                     self._quiet.set_result(None)
 
-        if not append_now(topic, data, acks, deadline, answered):
+        try:
+            sent = append_now(topic, data, acks, deadline, answered)
+        except Exception:  # a bug before anything was sent: the general path answers the round
+            log.exception("the immediate append round to %s failed; it takes the general path", topic)
+            return False
+        if not sent:
             return False
         self._rounds_now += 1
         return True

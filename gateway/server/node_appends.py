@@ -23,7 +23,6 @@ Not thread-safe: one event loop.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from collections.abc import Callable, Mapping
 
@@ -33,6 +32,7 @@ from gateway.server import answer_pass
 from services import errors
 from services.acks import Acks
 from services.append_result import AppendResult
+from services.correlation_ids import correlation_ids
 from services.fetchport import append as frames
 from services.fetchport.protocol import SIZE
 from services.grpc_server import MAX_MESSAGE_BYTES
@@ -131,7 +131,7 @@ class _Link:
         self.name = name
         #: Appends awaiting answers: a future each, or a callback (``NodeAppends.append_now``).
         self.pending: dict[int, asyncio.Future[frames.AppendResponse] | _AnswerCallback] = {}
-        self.ids = itertools.count(1)
+        self.ids = correlation_ids()
         self.alive = True
         #: Held while a large frame goes out in pieces, so no other frame lands between them.
         self._sending = asyncio.Lock()

@@ -7,12 +7,12 @@ keeps a small pool of connections to one node so concurrent fetches run in paral
 from __future__ import annotations
 
 import asyncio
-import itertools
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, TypeVar
 
 from services import errors
+from services.correlation_ids import correlation_ids
 from services.fetchport import multi, protocol
 from services.tls import ReloadingClientContext
 
@@ -109,7 +109,7 @@ class FetchClient:
         self._ssl = ssl
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
-        self._correlation = itertools.count(1)
+        self._correlation = correlation_ids()
         self._connect_timeout = connect_timeout
         #: Event-loop time until which the node is taken not to speak version-1 frames (it
         #: refused them: an older node), so one partition goes per request (see ``fetch_many``);

@@ -902,7 +902,9 @@ class PartitionLog:
             if end != self._checkpointed_recovery_point:
                 now = self._clock.time_ms()
                 last = self._recovery_checkpoint_ms
-                if not policy or last is None or now - last >= RECOVERY_CHECKPOINT_INTERVAL_MS:
+                # Never leave the file above the log's flushed history (after a truncation).
+                behind = end < self._checkpointed_recovery_point
+                if not policy or behind or last is None or now - last >= RECOVERY_CHECKPOINT_INTERVAL_MS:
                     checkpoint.write_offset_checkpoint(
                         self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
                     )
@@ -1024,8 +1026,9 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> None:
         """Remove every offset >= ``offset`` (a follower diverging from its leader). Offsets
         below the log start cannot be truncated to; ``offset`` >= log end cuts nothing but an
-        epoch entry at the log end (Kafka does the same)."""
-        with self._lock:
+        epoch entry at the log end (Kafka does the same). Waits for a flush in progress: one
+        that began before the cut must not move the recovery point past it afterwards."""
+        with self._flush_lock, self._lock:
             self._ensure_usable()
             if offset >= self._next_offset:
                 # Nothing to cut, but an epoch may start at the log end with no batch of it (this
@@ -1047,6 +1050,7 @@ class PartitionLog:
             self._reload_producer_state()
             self._high_watermark = min(self._high_watermark, self._next_offset)
             self._recovery_point = min(self._recovery_point, self._next_offset)
+            self._lower_recovery_checkpoint()
             log.info("Truncated %s to offset %d", self.name, self._next_offset)
 
     @_disk_errors_as_storage_errors
@@ -1060,7 +1064,7 @@ class PartitionLog:
         """
         if offset < 0:
             raise ValueError(f"cannot restart {self.name} at negative offset {offset}")
-        with self._lock:
+        with self._flush_lock, self._lock:  # as in truncate_to
             self._ensure_usable()
             old = self._segments.snapshot()
             for segment in old:
@@ -1083,7 +1087,21 @@ class PartitionLog:
             self._set_log_end(offset, segment)
             self._high_watermark = offset
             self._recovery_point = offset
+            self._lower_recovery_checkpoint()
             log.info("Emptied %s; it restarts at offset %d", self.name, offset)
+
+    def _lower_recovery_checkpoint(self) -> None:
+        """After a truncation (under the lock): a checkpoint above the new recovery point would
+        let a crash skip the recovery of history written after the cut, so it is rewritten now
+        (Kafka checkpoints recovery points after a truncation too), not at the next timed flush."""
+        if self._recovery_point < self._checkpointed_recovery_point:
+            checkpoint.write_offset_checkpoint(
+                self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
+                self.topic,
+                self.partition,
+                self._recovery_point,
+            )
+            self._checkpointed_recovery_point = self._recovery_point
 
     def _reload_producer_state(self) -> None:
         """After a truncation: the newest snapshot at or below the new log end, then a replay."""

@@ -24,13 +24,13 @@ refuses a follower without one: its fetches fail and are retried like any connec
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass
 
 from services import errors
 from services.broker_address import BrokerAddress
 from services.clock import Clock
+from services.correlation_ids import correlation_ids
 from services.fetchport import multi
 from services.fetchport.protocol import MAX_RESPONSE_FRAME, SIZE
 from services.tls import ReloadingClientContext
@@ -77,7 +77,7 @@ class ReplicaFetcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._connection: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-        self._correlation = itertools.count(1)
+        self._correlation = correlation_ids()
         self.bytes_fetched = 0
 
     # ---- membership ------------------------------------------------------------------------------

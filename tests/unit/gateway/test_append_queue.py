@@ -1,4 +1,5 @@
 import asyncio
+import struct
 
 from gateway.server.append_queue import AppendQueues, count_offsets
 from services import errors
@@ -409,3 +410,26 @@ def test_close_waits_for_rounds_answered_from_callbacks_and_a_declined_one_takes
     log, written, declined = run(scenario())
     assert written == {0: [b"v"]}
     assert log.rounds == [[0]] and declined.base_offset == 1
+
+
+def test_an_append_now_that_raises_leaves_the_round_to_the_appender_and_nothing_stuck():
+    """A bug in the immediate path (before anything is sent) costs that round its shortcut, not
+    its answer: the appender writes it, and requests queued behind it are served as usual."""
+
+    class Raising(CallbackLog):
+        def append_now(self, topic, payloads, acks, deadline, done) -> bool:
+            raise struct.error("argument out of range")
+
+    async def scenario():
+        log = Raising()
+        queues = AppendQueues(log.append, append_now=log.append_now)
+        first = queues.submit("t", 0, batch(b"a"), Acks.LEADER, FAR)
+        await asyncio.sleep(0)
+        later = queues.submit("t", 0, batch(b"b"), Acks.LEADER, FAR)
+        results = await asyncio.wait_for(asyncio.gather(first, later), 5)
+        await queues.close()
+        return log, results
+
+    log, results = run(scenario())
+    assert [(r.error, r.base_offset) for r in results] == [(None, 0), (None, 1)]
+    assert log.values[0] == [b"a", b"b"] and log.rounds == [[0], [0]]

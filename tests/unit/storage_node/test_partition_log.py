@@ -455,3 +455,26 @@ def test_policy_flushes_checkpoint_the_recovery_point_once_an_interval_and_close
     assert path.read_text() == "0\n1\nt 0 4\n"
     partition_log.close()
     assert path.read_text() == "0\n1\nt 0 5\n"  # close's flush writes it
+
+
+def test_a_truncation_lowers_the_recovery_checkpoint_at_once_whatever_the_interval(log_dir, clock):
+    """After a cut below the checkpointed recovery point, the file never stays above the log's
+    flushed history: a crash would skip recovering what was appended after the cut."""
+    path = log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE
+    partition_log = open_log(log_dir, clock, config(flush_ms=1000))
+    for _ in range(10):
+        partition_log.append(make_batch(1))
+    clock.advance(1000)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 10\n"
+    partition_log.truncate_to(3)
+    assert path.read_text() == "0\n1\nt 0 3\n"  # written by the truncation itself
+    partition_log.append(make_batch(2))
+    clock.advance(1000)
+    assert partition_log.maybe_flush()  # inside the interval: the checkpoint may wait...
+    partition_log.append(make_batch(3))
+    checkpointed = int(path.read_text().split()[-1])
+    assert 3 <= checkpointed <= partition_log.recovery_point == 5  # ...but never above the flush
+    partition_log.truncate_fully_and_start_at(2)
+    assert path.read_text() == "0\n1\nt 0 2\n"
+    partition_log.close()
