@@ -83,6 +83,8 @@ class IOThread:
     def __init__(self, name: str = "tributary-io", *, idle_calls: bool = False) -> None:
         #: Held by the loop thread except while it waits in ``select`` (None: no idle calls).
         self._idle_lock: threading.Lock | None = threading.Lock() if idle_calls else None
+        #: The thread inside :meth:`call_while_idle` (it holds the loop: it must not wait for it).
+        self._idle_caller: int | None = None
         if self._idle_lock is None:
             self.loop = asyncio.new_event_loop()
         else:
@@ -201,11 +203,14 @@ class IOThread:
         # The loop's queues of callbacks and timers (asyncio internals, stable since 3.4):
         # whatever ``fn`` adds there is run once the loop is woken from its ``select``.
         ready, scheduled = loop._ready, loop._scheduled  # type: ignore[attr-defined]
+        self._refuse_idle_caller()
         with lock:
             queued = len(ready), len(scheduled)
+            self._idle_caller = threading.get_ident()
             try:
                 return fn(*args)
             finally:
+                self._idle_caller = None
                 if (len(ready), len(scheduled)) != queued:
                     loop.call_soon_threadsafe(_noop)
 
@@ -230,9 +235,22 @@ class IOThread:
                 "a blocking client call was made from the client's own I/O thread "
                 "(inside a callback); use the asyncio API there"
             )
+        try:
+            self._refuse_idle_caller()
+        except IllegalStateError:
+            coro.close()
+            raise
         if not self._thread.is_alive():
             coro.close()
             raise IllegalStateError("the client is closed")
+
+    def _refuse_idle_caller(self) -> None:
+        # The thread inside call_while_idle holds the loop: waiting for it would never end.
+        if self._idle_caller == threading.get_ident():
+            raise IllegalStateError(
+                "a blocking client call was made while the client's poll holds its I/O loop "
+                "(inside a deserializer); make it after poll() returns"
+            )
 
     def stop(self, timeout: float = 5.0) -> None:
         """Cancel what still runs on the loop, stop it, and join the thread.

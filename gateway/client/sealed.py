@@ -23,7 +23,6 @@ from services.records.record import speedups as _speedups
 
 #: Where a produce request frame holds its correlation id: after its size (int32) and kind (byte).
 CORRELATION_ID_AT = 5
-_CORRELATION_ID = struct.Struct(">i")
 _INT = struct.Struct(">i")
 #: A partition entry's head in a produce frame: partition, length of its batches.
 _PARTITION_HEAD = struct.Struct(">ii")
@@ -97,6 +96,11 @@ class RecordRequestSealer:
                 return None
         frame = encode_record_request(prefix, partition, timestamp, key, value, headers)
         return frame, len(prefix) + _PARTITION_HEAD.size
+
+
+def stamp_correlation_id(frame: bytearray, correlation_id: int) -> None:
+    """Write the connection's correlation id into a sealed frame (sealed with 0)."""
+    _INT.pack_into(frame, CORRELATION_ID_AT, correlation_id)
 
 
 def batch_in(frame: bytearray, start: int) -> memoryview:

@@ -30,7 +30,6 @@ import asyncio
 import contextvars
 import functools
 import logging
-import struct
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
@@ -42,7 +41,7 @@ from gateway.client.errors import (
     TributaryError,
 )
 from gateway.client.retry import RetryPolicy
-from gateway.client.sealed import CORRELATION_ID_AT
+from gateway.client.sealed import stamp_correlation_id
 from gateway.client.structs import TopicPartition
 from gateway.client.telemetry import request_context
 from gateway.client.transaction_manager import TransactionManager
@@ -63,8 +62,6 @@ class RetriableAfterEpochBump(errors.TributaryError):
     reason = "UNKNOWN_PRODUCER_ID"
     retriable = True
 
-
-_CORRELATION_ID = struct.Struct(">i")
 
 #: Drains one pass of the sender makes at most when each leaves nothing in flight (acks=0 over
 #: the raw path): bounded so the loop's other callbacks (answers, wakeups) get their turn.
@@ -362,7 +359,7 @@ class Sender:
             if frame is not None:
                 # Sealed when appended (sealed.py): only the correlation id is written here.
                 correlation_id = connection.next_correlation_id()
-                _CORRELATION_ID.pack_into(frame, CORRELATION_ID_AT, correlation_id)
+                stamp_correlation_id(frame, correlation_id)
                 connection.send_nowait(frame, None if answer is None else correlation_id, answer)
             else:
                 data = []

@@ -369,14 +369,12 @@ class NodeAppends:
             else:
                 link.pending.pop(correlation_id, None)
                 if isinstance(error, TimeoutError):
-                    failure: errors.TributaryError = errors.RequestTimedOutError(
-                        f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
-                    )
+                    failure: errors.TributaryError = self._timed_out(topic, timeout_s)
                 elif isinstance(error, errors.TributaryError):
                     failure = error
                 else:
                     failure = errors.NetworkError(repr(error))
-                results = {p: AppendResult(topic, p, error=failure) for p in payloads}
+                results = _all_failed(topic, payloads, failure)
             done(results)
 
         waiter = _AnswerCallback(deliver)
@@ -425,12 +423,17 @@ class NodeAppends:
     ) -> dict[int, AppendResult]:
         """Each partition's result in the node's answer."""
         if response.error is not None:
-            return {p: AppendResult(topic, p, error=response.error) for p in payloads}
+            return _all_failed(topic, payloads, response.error)
         results = {r.partition: r for r in response.results if r.topic == topic}
         if len(results) == len(payloads) and all(p in results for p in payloads):
             return results
         missing = errors.UnknownServerError("the storage node did not answer for this partition")
         return {p: results.get(p) or AppendResult(topic, p, error=missing) for p in payloads}
+
+    def _timed_out(self, topic: str, timeout_s: float) -> errors.TributaryError:
+        return errors.RequestTimedOutError(
+            f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
+        )
 
     async def _append(
         self,
@@ -448,7 +451,7 @@ class NodeAppends:
         except (OSError, EOFError, TimeoutError, errors.TributaryError) as exc:
             error = exc if isinstance(exc, errors.TributaryError) else None
             error = error or errors.NetworkError(f"cannot reach {self._name} for appends: {exc!r}")
-            return {p: AppendResult(topic, p, error=error) for p in payloads}
+            return _all_failed(topic, payloads, error)
         if self._frame_size(topic, payloads) > MAX_MESSAGE_BYTES:
             return None  # beyond the node's frame bound: gRPC answers it as it always did
         correlation_id = next(link.ids)
@@ -457,7 +460,7 @@ class NodeAppends:
         )
         if not link.alive:  # lost while this append waited for it
             error = errors.NetworkError(f"the data-port connection to {self._name} was lost")
-            return {p: AppendResult(topic, p, error=error) for p in payloads}
+            return _all_failed(topic, payloads, error)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[frames.AppendResponse] = loop.create_future()
         link.pending[correlation_id] = future
@@ -486,14 +489,11 @@ class NodeAppends:
                 # we reported them timed out (and after their retries): the link is dropped so
                 # they never leave, and every append on it fails retriably.
                 link.fail(errors.NetworkError(f"{self._name} stopped reading appends"))
-            error = errors.RequestTimedOutError(
-                f"{self._name} did not answer an append of {topic} within {timeout_s:.3f} s"
-            )
-            return {p: AppendResult(topic, p, error=error) for p in payloads}
+            return _all_failed(topic, payloads, self._timed_out(topic, timeout_s))
         except (OSError, errors.TributaryError) as exc:
             _forget(link, correlation_id, future)
             error = exc if isinstance(exc, errors.TributaryError) else errors.NetworkError(repr(exc))
-            return {p: AppendResult(topic, p, error=error) for p in payloads}
+            return _all_failed(topic, payloads, error)
         return self._results(topic, payloads, response)
 
     async def _ensure_link(self, timeout_s: float) -> _Link:
@@ -565,3 +565,10 @@ class NodeAppends:
         link, self._link = self._link, None
         if link is not None and link.alive:
             link.fail(errors.NetworkError(f"the data-port connection to {self._name} was closed"))
+
+
+def _all_failed(
+    topic: str, payloads: Mapping[int, bytes], error: errors.TributaryError
+) -> dict[int, AppendResult]:
+    """The same failure for every partition of an append."""
+    return {p: AppendResult(topic, p, error=error) for p in payloads}

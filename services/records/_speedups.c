@@ -1361,6 +1361,61 @@ write_nullable(unsigned char *out, const char *data, Py_ssize_t len)
     return out + len;
 }
 
+/* The bytes a record's key, value and headers take in its body (the header count included),
+ * or -1 to decline: a header header_pair does not take, or more than INT32_MAX in all (sizes
+ * are capped as they are added: no overflow). Nothing here runs Python code, so the pairs
+ * cannot change before write_record_fields writes them. ``records``: as for header_pair. */
+static Py_ssize_t
+record_fields_size(const blob *key, const blob *value, PyObject *const *pairs,
+                   Py_ssize_t header_count, PyObject *records)
+{
+    const char *hkey, *hvalue;
+    Py_ssize_t hkey_len, hvalue_len, i;
+    Py_ssize_t size = nullable_size(key->len) + nullable_size(value->len);
+
+    if (size > INT32_MAX) {
+        return -1;
+    }
+    if (header_count == 0) {
+        return size + 1;
+    }
+    size += unsigned_varint_size((uint64_t)header_count << 1);
+    for (i = 0; i < header_count; i++) {
+        if (!header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len)) {
+            return -1;
+        }
+        size += unsigned_varint_size((uint64_t)hkey_len << 1) + hkey_len + nullable_size(hvalue_len);
+        if (size > INT32_MAX) {
+            return -1;
+        }
+    }
+    return size;
+}
+
+/* Write what record_fields_size measured; returns the end. It cannot decline: the size pass
+ * accepted the same objects (their UTF-8 is cached). */
+static unsigned char *
+write_record_fields(unsigned char *out, const blob *key, const blob *value,
+                    PyObject *const *pairs, Py_ssize_t header_count, PyObject *records)
+{
+    const char *hkey, *hvalue;
+    Py_ssize_t hkey_len, hvalue_len, i;
+
+    out = write_nullable(out, key->data, key->len);
+    out = write_nullable(out, value->data, value->len);
+    if (header_count == 0) {
+        *out++ = 0x00;
+        return out;
+    }
+    out = write_unsigned_varint(out, (uint64_t)header_count << 1);
+    for (i = 0; i < header_count; i++) {
+        header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len);
+        out = write_nullable(out, hkey, hkey_len);
+        out = write_nullable(out, hvalue, hvalue_len);
+    }
+    return out;
+}
+
 PyDoc_STRVAR(append_record_doc,
 "append_record(records, timestamp, base_timestamp, offset_delta, key, value, headers)\n"
 "--\n\n"
@@ -1376,9 +1431,7 @@ append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *const *pairs = NULL;
     blob key, value;
     int64_t timestamp, base_timestamp, timestamp_delta, offset_delta;
-    Py_ssize_t header_count = 0, body, total, old_size, i;
-    const char *hkey, *hvalue;
-    Py_ssize_t hkey_len, hvalue_len;
+    Py_ssize_t header_count = 0, fields, body, total, old_size;
     unsigned char *out;
 
     (void)module;
@@ -1422,27 +1475,14 @@ append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      * cannot overflow a Py_ssize_t. (From here to the end nothing can run Python code: no GC
      * allocation, no callbacks, so ``headers`` and its items cannot change between the passes.)
      */
-    body = 1 + unsigned_varint_size(zigzag64(timestamp_delta)) +
-           unsigned_varint_size((uint64_t)offset_delta << 1) + nullable_size(key.len) +
-           nullable_size(value.len);
-    if (body > INT32_MAX) {
+    fields = record_fields_size(&key, &value, pairs, header_count, records);
+    if (fields < 0) {
         goto decline;
     }
-    if (header_count == 0) {
-        body += 1;
-    }
-    else {
-        body += unsigned_varint_size((uint64_t)header_count << 1);
-        for (i = 0; i < header_count; i++) {
-            if (!header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len)) {
-                goto decline;
-            }
-            body += unsigned_varint_size((uint64_t)hkey_len << 1) + hkey_len +
-                    nullable_size(hvalue_len);
-            if (body > INT32_MAX) {
-                goto decline;
-            }
-        }
+    body = 1 + unsigned_varint_size(zigzag64(timestamp_delta)) +
+           unsigned_varint_size((uint64_t)offset_delta << 1) + fields;
+    if (body > INT32_MAX) {
+        goto decline;
     }
     total = unsigned_varint_size((uint64_t)body << 1) + body;
     old_size = PyByteArray_GET_SIZE(records);
@@ -1462,20 +1502,7 @@ append_record(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     *out++ = 0x00; /* attributes */
     out = write_unsigned_varint(out, zigzag64(timestamp_delta));
     out = write_unsigned_varint(out, (uint64_t)offset_delta << 1);
-    out = write_nullable(out, key.data, key.len);
-    out = write_nullable(out, value.data, value.len);
-    if (header_count == 0) {
-        *out++ = 0x00;
-    }
-    else {
-        out = write_unsigned_varint(out, (uint64_t)header_count << 1);
-        for (i = 0; i < header_count; i++) {
-            /* Cannot decline now: pass 1 accepted the same objects (UTF-8 is cached). */
-            header_pair(pairs[i], records, &hkey, &hkey_len, &hvalue, &hvalue_len);
-            out = write_nullable(out, hkey, hkey_len);
-            out = write_nullable(out, hvalue, hvalue_len);
-        }
-    }
+    out = write_record_fields(out, &key, &value, pairs, header_count, records);
     release_blob(&key);
     release_blob(&value);
     if (out != (unsigned char *)PyByteArray_AS_STRING(records) + old_size + total) {
@@ -2954,9 +2981,7 @@ encode_record_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *const *pairs = NULL;
     blob key, value;
     int64_t timestamp, partition;
-    Py_ssize_t header_count = 0, body, record, batch, total, prefix_len, i;
-    const char *hkey, *hvalue;
-    Py_ssize_t hkey_len, hvalue_len;
+    Py_ssize_t header_count = 0, fields, body, record, batch, total, prefix_len;
     unsigned char *start, *out, *batch_at;
 
     (void)module;
@@ -2997,26 +3022,11 @@ encode_record_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     /* Pass 1: sizes (capped as they are added: no overflow). The record's timestamp and
      * offset deltas are 0: one byte each, like its attributes. */
-    body = 3 + nullable_size(key.len) + nullable_size(value.len);
-    if (body > INT32_MAX) {
+    fields = record_fields_size(&key, &value, pairs, header_count, NULL);
+    if (fields < 0 || fields > INT32_MAX - 3) {
         goto decline;
     }
-    if (header_count == 0) {
-        body += 1;
-    }
-    else {
-        body += unsigned_varint_size((uint64_t)header_count << 1);
-        for (i = 0; i < header_count; i++) {
-            if (!header_pair(pairs[i], NULL, &hkey, &hkey_len, &hvalue, &hvalue_len)) {
-                goto decline;
-            }
-            body += unsigned_varint_size((uint64_t)hkey_len << 1) + hkey_len +
-                    nullable_size(hvalue_len);
-            if (body > INT32_MAX) {
-                goto decline;
-            }
-        }
-    }
+    body = 3 + fields;
     record = unsigned_varint_size((uint64_t)body << 1) + body;
     batch = RECORDS_AT + record;
     if (batch > INT32_MAX - prefix_len - 10) {
@@ -3056,19 +3066,7 @@ encode_record_request(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     *out++ = 0x00; /* attributes */
     *out++ = 0x00; /* timestampDelta */
     *out++ = 0x00; /* offsetDelta */
-    out = write_nullable(out, key.data, key.len);
-    out = write_nullable(out, value.data, value.len);
-    if (header_count == 0) {
-        *out++ = 0x00;
-    }
-    else {
-        out = write_unsigned_varint(out, (uint64_t)header_count << 1);
-        for (i = 0; i < header_count; i++) {
-            header_pair(pairs[i], NULL, &hkey, &hkey_len, &hvalue, &hvalue_len);
-            out = write_nullable(out, hkey, hkey_len);
-            out = write_nullable(out, hvalue, hvalue_len);
-        }
-    }
+    out = write_record_fields(out, &key, &value, pairs, header_count, NULL);
     *out++ = 0x00; /* an empty trace context */
     *out++ = 0x00;
     release_blob(&key);

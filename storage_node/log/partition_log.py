@@ -905,10 +905,7 @@ class PartitionLog:
                 # Never leave the file above the log's flushed history (after a truncation).
                 behind = end < self._checkpointed_recovery_point
                 if not policy or behind or last is None or now - last >= RECOVERY_CHECKPOINT_INTERVAL_MS:
-                    checkpoint.write_offset_checkpoint(
-                        self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, end
-                    )
-                    self._checkpointed_recovery_point = end
+                    self._write_recovery_checkpoint(end)
                     if policy:
                         self._recovery_checkpoint_ms = now
 
@@ -1095,13 +1092,13 @@ class PartitionLog:
         let a crash skip the recovery of history written after the cut, so it is rewritten now
         (Kafka checkpoints recovery points after a truncation too), not at the next timed flush."""
         if self._recovery_point < self._checkpointed_recovery_point:
-            checkpoint.write_offset_checkpoint(
-                self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE,
-                self.topic,
-                self.partition,
-                self._recovery_point,
-            )
-            self._checkpointed_recovery_point = self._recovery_point
+            self._write_recovery_checkpoint(self._recovery_point)
+
+    def _write_recovery_checkpoint(self, offset: int) -> None:
+        checkpoint.write_offset_checkpoint(
+            self.directory / files.RECOVERY_POINT_CHECKPOINT_FILE, self.topic, self.partition, offset
+        )
+        self._checkpointed_recovery_point = offset
 
     def _reload_producer_state(self) -> None:
         """After a truncation: the newest snapshot at or below the new log end, then a replay."""

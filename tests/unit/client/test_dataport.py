@@ -80,12 +80,14 @@ class ScriptedGateway:
         try:
             while True:
                 (size,) = struct.unpack(">i", await reader.readexactly(4))
-                body = await reader.readexactly(size)
-                self.requests.append(body)
-                if self.on_request is not None:
-                    self.on_request(writer, body)
+                self._received(writer, await reader.readexactly(size))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
+
+    def _received(self, writer: asyncio.StreamWriter, body: bytes) -> None:
+        self.requests.append(body)
+        if self.on_request is not None:
+            self.on_request(writer, body)
 
 
 def _answer_ok(writer, body) -> None:

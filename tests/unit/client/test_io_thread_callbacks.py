@@ -236,6 +236,25 @@ def test_idle_calls_need_the_setting_and_another_thread(io, idle_io):
         idle_io.call_while_idle(lambda: None)
 
 
+def test_a_blocking_call_inside_an_idle_call_is_refused_not_a_deadlock(idle_io):
+    """A deserializer run by a poll on the idle path holds the loop: a blocking client call
+    from it (a handoff to the loop, or another idle call) would wait forever; it is refused."""
+
+    async def answer() -> int:
+        return 7
+
+    def handoff() -> int:
+        return idle_io.run(answer(), timeout=5)
+
+    def nested() -> int:
+        return idle_io.call_while_idle(lambda: 1)
+
+    for inside in (handoff, nested, lambda: idle_io.call(lambda: 1)):
+        with pytest.raises(IllegalStateError, match="holds its I/O loop"):
+            idle_io.call_while_idle(inside)
+    assert handoff() == 7 and nested() == 1  # outside an idle call both work
+
+
 def test_a_poll_without_a_group_waits_on_its_own_thread_and_times_out():
     consumer = Consumer(servers=NOWHERE, request_timeout_ms=500)
     handed_over = []

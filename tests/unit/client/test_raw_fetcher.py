@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import struct
 from types import SimpleNamespace
 
 from gateway.client.dataport import FETCH_BUFFER_LIMIT, RawFetcher
@@ -20,6 +19,8 @@ from services.clock import ManualClock
 from services.dataport import protocol as dp
 from services.proto import pb
 from services.records import RecordBatchBuilder
+
+from .test_dataport import ScriptedGateway
 
 TP = TopicPartition("t", 0)
 
@@ -41,52 +42,27 @@ def batch(base_offset: int, count: int) -> bytes:
     return builder.build()
 
 
-class FetchGateway:
+class FetchGateway(ScriptedGateway):
     """Handshakes in the newest version, then answers each fetch with ``answer(request)``
-    (a FetchResponse; None: no answer) and records the requests in arrival order."""
+    (a FetchResponse; None: no answer) and records the requests, decoded, in arrival order."""
 
     def __init__(self, answer) -> None:
+        super().__init__()
         self.answer = answer
-        self.requests: list[dp.FetchRequest] = []
+        self.requests: list[dp.FetchRequest] = []  # type: ignore[assignment]
         self.arrived = asyncio.Event()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-
-    async def __aenter__(self) -> FetchGateway:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in self.writers:
-            writer.transport.abort()
 
     @property
     def address(self) -> str:
-        assert self.server is not None
-        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+        return f"127.0.0.1:{self.port}"
 
-    async def _serve(self, reader, writer) -> None:
-        self.writers.append(writer)
-        (size,) = struct.unpack(">i", await reader.readexactly(4))
-        dp.decode_handshake(await reader.readexactly(size))
-        writer.write(
-            dp.encode_handshake_answer(
-                dp.HandshakeAnswer(0, dp.MAX_VERSION, dp.MIN_VERSION, dp.MAX_VERSION, dp.MAX_REQUEST_FRAME)
-            )
-        )
-        try:
-            while True:
-                (size,) = struct.unpack(">i", await reader.readexactly(4))
-                request = dp.decode_fetch_request(await reader.readexactly(size))
-                self.requests.append(request)
-                self.arrived.set()
-                response = self.answer(request)
-                if response is not None:
-                    writer.writelines(dp.encode_fetch_response_parts(response))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+    def _received(self, writer: asyncio.StreamWriter, body: bytes) -> None:
+        request = dp.decode_fetch_request(body)
+        self.requests.append(request)
+        self.arrived.set()
+        response = self.answer(request)
+        if response is not None:
+            writer.writelines(dp.encode_fetch_response_parts(response))
 
     async def wait_for_requests(self, count: int) -> None:
         while len(self.requests) < count:
