@@ -308,9 +308,12 @@ def test_a_member_killed_with_minus_9_loses_no_record(servers, admin):
         )
         victims_partitions = victim.owned()
         victim.process.kill()  # SIGKILL: no commit, no LeaveGroup
-        uncommitted_at_kill = victim.uncommitted()
         killed_at = time.monotonic()
         victim.process.wait(10)
+        # Count once the reader has drained the pipe to its end: lines the victim wrote before the
+        # kill may still sit in the pipe when kill() returns.
+        victim.reader.join(10)
+        uncommitted_at_kill = victim.uncommitted()
         wait_until(
             lambda: set().union(*(p.owned() for p in survivors)) == set(range(6)),
             timeout=SESSION_MS / 1000 + 15,
