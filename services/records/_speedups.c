@@ -621,6 +621,34 @@ walk_record(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_
     return 1;
 }
 
+/* Walks (builds nothing) the records a window starts after: from record *index on, up to the
+ * first whose offset delta reaches first_delta, which is left at *pos for the caller to decode.
+ * Offset deltas must increase, so once one reaches first_delta every later one does too.
+ * Advances *pos, *index and *previous_delta; returns 1, or 0 with an exception set. */
+static int
+skip_below_window(const unsigned char *buf, Py_ssize_t *pos, Py_ssize_t end, Py_ssize_t count,
+                  int64_t first_delta, int64_t *previous_delta, Py_ssize_t *index)
+{
+    for (; *index < count; (*index)++) {
+        Py_ssize_t start = *pos;
+        int64_t offset_delta;
+        if (!walk_record(buf, pos, end, *index, &offset_delta)) {
+            return 0;
+        }
+        if (offset_delta <= *previous_delta) {
+            PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
+                         (long long)offset_delta, (long long)*previous_delta);
+            return 0;
+        }
+        if (offset_delta >= first_delta) {
+            *pos = start;
+            return 1;
+        }
+        *previous_delta = offset_delta;
+    }
+    return 1;
+}
+
 static const char *const decode_records_names[] = {
     "data", "count", "base_offset", "base_timestamp", "log_append_time", "last_offset_delta",
     "first_offset", "max_records",
@@ -750,24 +778,9 @@ decode_records(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObje
     i = 0;
     /* Records below the window: walked, not built. Offset deltas increase, so once one reaches
      * first_delta every later one does too; that record is walked again by decode_one. */
-    if (first_delta > 0) {
-        for (; i < count; i++) {
-            Py_ssize_t start = pos;
-            int64_t offset_delta;
-            if (!walk_record(buf, &pos, end, i, &offset_delta)) {
-                goto error;
-            }
-            if (offset_delta <= previous_delta) {
-                PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
-                             (long long)offset_delta, (long long)previous_delta);
-                goto error;
-            }
-            if (offset_delta >= first_delta) {
-                pos = start;
-                break;
-            }
-            previous_delta = offset_delta;
-        }
+    if (first_delta > 0 &&
+        !skip_below_window(buf, &pos, end, count, first_delta, &previous_delta, &i)) {
+        goto error;
     }
     for (; i < count; i++) {
         PyObject *record = decode_one(buf, &pos, end, &previous_delta, base_offset,
@@ -2060,24 +2073,9 @@ columns_append(ColumnsObject *self, PyObject *const *args, Py_ssize_t nargs, PyO
     }
     /* Bitmaps are written bit by bit within their capacity; their length is set by take(). */
     i = 0;
-    if (first_delta > 0) {
-        for (; i < count; i++) {
-            Py_ssize_t start = pos;
-            int64_t offset_delta;
-            if (!walk_record(buf, &pos, end, i, &offset_delta)) {
-                goto error;
-            }
-            if (offset_delta <= previous_delta) {
-                PyErr_Format(corrupt_error, "offset delta %lld does not increase (previous %lld)",
-                             (long long)offset_delta, (long long)previous_delta);
-                goto error;
-            }
-            if (offset_delta >= first_delta) {
-                pos = start;
-                break;
-            }
-            previous_delta = offset_delta;
-        }
+    if (first_delta > 0 &&
+        !skip_below_window(buf, &pos, end, count, first_delta, &previous_delta, &i)) {
+        goto error;
     }
     for (; i < count; i++) {
         if (columns_one(self, buf, &pos, end, &previous_delta, base_offset, base_timestamp,
