@@ -632,6 +632,7 @@ class AsyncConsumer:
         """Return and fetch records of these partitions again."""
         for tp in _as_partitions(partitions):
             self._subscription.resume(tp)
+        self._fetcher.partitions_resumed()
         self._fetcher.wakeup(restart_fetch=True)
 
     def paused(self) -> set[TopicPartition]:

@@ -649,6 +649,21 @@ class Fetcher:
     def has_data(self) -> bool:
         return any(self._buffers.values()) or bool(self._errors)
 
+    def _drainable(self) -> bool:
+        """Whether ``drain`` may have something to hand out: records or an error of a partition
+        that is not paused. (``has_data`` counts the paused ones too: while one kept
+        ``data_ready`` set, every poll returned at once, empty -- a busy loop, and an
+        ``AsyncConsumer.poll`` that never gave its event loop a turn.)"""
+        paused = self.subscription.is_paused
+        return any(chunks and not paused(tp) for tp, chunks in self._buffers.items()) or any(
+            not paused(tp) for tp in self._errors
+        )
+
+    def partitions_resumed(self) -> None:
+        """Partitions were resumed: what is buffered for them is ready for ``drain`` again."""
+        if self._drainable():
+            self._data_ready.set()
+
     @property
     def data_ready(self) -> asyncio.Event:
         """Set while something is buffered (or failed) for ``drain``."""
@@ -675,7 +690,7 @@ class Fetcher:
                 remaining -= len(taken)
         if not drained:
             self._maybe_raise(only)
-        if not self.has_data():
+        if not self._drainable():
             self._data_ready.clear()
         return drained
 
@@ -700,7 +715,7 @@ class Fetcher:
                 remaining -= len(columns)
         if not drained:
             self._maybe_raise(only)
-        if not self.has_data():
+        if not self._drainable():
             self._data_ready.clear()
         return drained
 

@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from time import perf_counter
 from typing import NamedTuple, NoReturn
 
@@ -68,6 +69,7 @@ from gateway.server.fetch import (
     FetchHandler,
     PartitionFetch,
 )
+from gateway.server.fetch_ahead import ReadAhead
 from gateway.server.fetch_sessions import (
     DEFAULT_MAX_PARTITIONS,
     DEFAULT_MAX_SESSIONS,
@@ -267,6 +269,8 @@ class _Connection:
         self.tasks: set[asyncio.Task] = set()
         self.in_flight_bytes = 0
         self.in_flight_requests = 0
+        #: The next fetch of the last answered fetch session, read ahead (fetch_ahead.py).
+        self.read_ahead = ReadAhead()
         #: Answers finished in this loop iteration, written together at its end (``_write``).
         self._corked: list = []
         self._flush_scheduled = False
@@ -709,13 +713,20 @@ class _Connection:
             "fetch", command.partitions[0].topic if command.partitions else "", request.trace_context
         )
         sessions = self.fetch_sessions
+        ahead = self.read_ahead
+        results: Sequence[FetchedPartition | None]
         try:
             # Every partition the fetch reads, the session's included (ACLs may have changed).
             self._authorize("Fetch", command)
             with self._current(span):
                 fetch = self.listener.fetch
-                # an incremental fetch gets None for the partitions with nothing new
-                results = await (fetch.fetch(command) if planned.full else fetch.fetch_news(command))
+                if planned.full:
+                    ahead.cancel()
+                    results = await fetch.fetch(command)
+                else:
+                    # an incremental fetch gets None for the partitions with nothing new; it may
+                    # have been read ahead (fetch_ahead.py)
+                    results = await ahead.fetch_news(fetch, planned.session, command)
         except errors.TributaryError as exc:
             if sessions is not None:
                 sessions.fail(planned)
@@ -762,6 +773,23 @@ class _Connection:
                 self.version,
             )
         )
+        session = planned.session
+        if (
+            session is not None
+            and not session.closed
+            and metered is None
+            and span is None
+            and ReadAhead.wanted(command)
+        ):
+            # The session's next fetch, read now (fetch_ahead.py): what it would ask for if the
+            # client moves nothing.
+            following = SessionFetch(session, False, tuple(session.partitions.values()))
+            ahead.start(
+                self.listener.fetch,
+                session,
+                dataclasses.replace(command, partitions=_partition_fetches(following)),
+                self.tasks,
+            )
 
     def _write(self, parts: list) -> None:
         """Queue an answer for the write at the end of this loop iteration: answers finished

@@ -124,6 +124,15 @@ class FetchedPartition(NamedTuple):
     aborted: tuple[tuple[int, int], ...] = ()
 
 
+class NewsRead(NamedTuple):
+    """What :meth:`FetchHandler.read_news` read: ``fetch_news``'s results, and whether the read
+    met its request -- ``min_bytes`` gathered, an error to report, or nothing left it could
+    read -- rather than ending because its wait ran out."""
+
+    results: list[FetchedPartition | None]
+    satisfied: bool
+
+
 def ensure_valid_fetch(command: FetchCommand) -> None:
     """Raise INVALID_REQUEST for requests that cannot be served at all."""
     if command.min_bytes < 0 or command.max_wait_ms < 0 or command.max_bytes < 0:
@@ -200,6 +209,10 @@ class FetchHandler:
         partition that brought nothing the client does not know (every read of it found it
         quiet: no records, no error, the ``known_*`` offsets its ``PartitionFetch`` carries).
         Most partitions of a wide session are such, and cost no result at all."""
+        return (await self.read_news(command)).results
+
+    async def read_news(self, command: FetchCommand) -> NewsRead:
+        """``fetch_news``, saying also whether the read met the request (see :class:`NewsRead`)."""
         # (no ensure_valid_fetch: a session's partitions are checked as they join it)
         if not command.raw_batches:
             raise ValueError("fetch_news serves raw batches only")
@@ -216,7 +229,7 @@ class FetchHandler:
                 part, result = session.part(i), results[i]
                 assert result is not None
                 self._telemetry.fetched(part.topic, max(0, result.next_offset - part.fetch_offset), part.size)
-        return results
+        return NewsRead(results, session.satisfied())
 
     async def _finish_typed(self, session: _FetchSession, command: FetchCommand) -> list[FetchedPartition]:
         # max_bytes bounds the answer, typed records included (decoded they can be far
@@ -275,7 +288,7 @@ class _FetchSession:
                 kept += self._apply(index, poll)
         # A first read that was the long poll and brought nothing ended with the node's wait (or
         # an error): polling again would only wait out the crumbs of the deadline.
-        if not self._satisfied() and (kept or not waited):
+        if not self.satisfied() and (kept or not waited):
             await self._long_poll()
 
     async def _poll_now(self, indexes: range) -> tuple[list[_Poll], bool]:
@@ -310,7 +323,8 @@ class _FetchSession:
             return self._asked[index].max_bytes > 0 and self._total_room > 0
         return part.error is None and index not in self._exhausted and part.room > 0 and self._total_room > 0
 
-    def _satisfied(self) -> bool:
+    def satisfied(self) -> bool:
+        """The request is met: ``min_bytes`` gathered, an error to report, or nothing left to read."""
         if self._errors:
             return True
         if self._total >= self._command.min_bytes:
@@ -378,7 +392,7 @@ class _FetchSession:
                 # Only a poll that brought data is renewed: an empty early answer (the node's own
                 # wait ended) would otherwise turn into a busy loop.
                 renew = self._apply_done(tasks, done)
-                if self._satisfied():
+                if self.satisfied():
                     break
                 self._launch(tasks, renew)
         finally:

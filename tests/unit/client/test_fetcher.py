@@ -222,6 +222,23 @@ def test_paused_partitions_keep_their_records_until_resumed():
     assert offsets(f.drain(10)[TP0]) == [0, 1]
 
 
+def test_records_of_a_paused_partition_leave_a_poll_waiting():
+    f, sub = fetcher()
+    answer(f, TP0, 0, result(TP0, batch(0, 2)))
+    assert f.data_ready.is_set()
+    sub.pause(TP0)
+    assert f.drain(10) == {}
+    assert not f.data_ready.is_set(), "a poll waits for records it may return, not spins"
+    answer(f, TP1, 0, result(TP1, batch(0, 1)))
+    assert f.data_ready.is_set()
+    assert offsets(f.drain(10)[TP1]) == [0]
+    assert not f.data_ready.is_set()
+    sub.resume(TP0)
+    f.partitions_resumed()
+    assert f.data_ready.is_set()
+    assert offsets(f.drain(10)[TP0]) == [0, 1]
+
+
 def test_out_of_range_with_reset_none_is_raised_from_poll():
     f, _sub = fetcher(reset="none")
     answer(f, TP0, 0, result(TP0, error=OffsetOutOfRangeError("log starts at 10")))
