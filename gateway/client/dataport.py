@@ -150,8 +150,10 @@ class DataConnection:
         self._corked: list[bytes] = []
         self._corked_bytes = 0
         self._flush_scheduled = False
+        #: The connection's event loop (asked once: asking costs a system call in 3.11).
+        self._loop = asyncio.get_running_loop()
         #: Event-loop time of the last write or answer.
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self._loop.time()
 
     @classmethod
     async def open(
@@ -232,7 +234,7 @@ class DataConnection:
         broken connection."""
         if self.broken:
             raise NetworkError(f"data connection to {self.address} is closed")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self.last_active = loop.time()
         future: asyncio.Future | AnswerSlot | None = None
         if correlation_id is not None:
@@ -270,7 +272,7 @@ class DataConnection:
         self._corked_bytes += len(frame)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
