@@ -248,9 +248,23 @@ class Sender:
         connection is backlogged): one record per request at 16 in flight was one event-loop
         turn, one ``ready`` and one ``drain`` per record, ~40% of the I/O thread.
         """
-        written = None
+        #: Connections written to directly, holding their writes until the pass ends.
+        written: list = []
         #: acks=0 requests written directly: settled together once the pass has written them.
         unacked: list[tuple[list[ProducerBatch], int, int, int]] = []
+        try:
+            delay = self._drain_rounds(now_ms, written, unacked)
+        finally:
+            for connection in written:
+                connection.flush()  # the pass's requests leave in one write, now
+        if unacked:
+            self.complete_many(unacked)
+            return 0  # the routine looks again (its records are settled: it may be done)
+        return delay
+
+    def _drain_rounds(self, now_ms: int, written: list, unacked: list) -> int | None:
+        """:meth:`_send_ready`'s drains; the connections it writes to are added to ``written``
+        (their writes held for the pass's one write)."""
         delay: int | None = None
         for _ in range(_PASS_ROUNDS):
             slots = self.max_in_flight - len(self._in_flight) - len(self._direct)
@@ -273,11 +287,13 @@ class Sender:
                 connection = None  # a traced request runs in its record's span: tasks do that
             trace_context = current_traceparent() if connection is not None else ""
             all_direct = connection is not None
+            if connection is not None and connection not in written:
+                connection.hold_writes()
+                written.append(connection)
             for topic, partitions in plans:
                 if connection is not None and self._write_direct(
                     connection, topic, partitions, trace_context, unacked
                 ):
-                    written = connection
                     continue
                 connection = None
                 all_direct = False
@@ -286,11 +302,6 @@ class Sender:
             delay = 0 if plans and in_flight < self.max_in_flight else check.next_check_ms
             if not (plans and all_direct and self._frame_acks == 0):
                 break  # answers are awaited (muted), or tasks took over: the routine looks again
-        if written is not None:
-            written.flush()
-        if unacked:
-            self.complete_many(unacked)
-            return 0  # the routine looks again (its records are settled: it may be done)
         return delay
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay_ms: int | None) -> None:

@@ -590,3 +590,33 @@ async def _unanswered_direct_request():
         await asyncio.wait_for(task, 10)
         await transport.close(1.0)
     return futures, settled_at
+
+
+@run_async
+async def test_held_writes_leave_together_at_flush_and_schedule_no_write_of_their_own():
+    # The sender's pass holds a connection's writes while it queues its requests and flushes
+    # once at its end: nothing leaves before the flush (not even at the next loop turn), and
+    # all of it leaves then; without a hold a queued frame still leaves at the end of the turn.
+    arrived: list[int] = []
+    async with ScriptedGateway(
+        on_request=lambda writer, body: arrived.append(dp.decode_header(body)[1])
+    ) as gateway:
+        connection = await DataConnection.open("127.0.0.1", gateway.port, client_id="unit", timeout_s=5.0)
+        frames = [
+            dp.encode_produce_request(dp.ProduceRequest(i, 0, 1000, "t", [(0, b"held-%d" % i)]))
+            for i in range(3)
+        ]
+        connection.hold_writes()
+        for frame in frames[:2]:
+            connection.send_nowait(frame, None)
+        for _ in range(5):
+            await asyncio.sleep(0)  # turns of the loop: a scheduled write would have gone
+        await asyncio.sleep(0.05)
+        assert arrived == [], "held frames leave only at flush"
+        connection.flush()
+        connection.send_nowait(frames[2], None)  # not held: leaves at the end of the turn
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(arrived) < 3 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        await connection.close(1.0)
+    assert arrived == [0, 1, 2]
