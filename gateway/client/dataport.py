@@ -150,8 +150,12 @@ class DataConnection:
         self._corked: list[bytes] = []
         self._corked_bytes = 0
         self._flush_scheduled = False
+        #: Set by :meth:`hold_writes`: queued frames wait for :meth:`flush` (no turn scheduled).
+        self._holding = False
+        #: The connection's event loop (asked once: asking costs a system call in 3.11).
+        self._loop = asyncio.get_running_loop()
         #: Event-loop time of the last write or answer.
-        self.last_active = asyncio.get_running_loop().time()
+        self.last_active = self._loop.time()
 
     @classmethod
     async def open(
@@ -232,7 +236,7 @@ class DataConnection:
         broken connection."""
         if self.broken:
             raise NetworkError(f"data connection to {self.address} is closed")
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self.last_active = loop.time()
         future: asyncio.Future | AnswerSlot | None = None
         if correlation_id is not None:
@@ -259,8 +263,16 @@ class DataConnection:
     def flush(self) -> None:
         """Write the queued frames now (one ``writelines``) instead of at the end of this loop
         iteration: the sender's pass calls it once its requests are queued, so they leave a loop
-        iteration sooner."""
+        iteration sooner. Ends :meth:`hold_writes`."""
+        self._holding = False
         self._flush()
+
+    def hold_writes(self) -> None:
+        """The caller queues frames and then calls :meth:`flush` itself (in a ``finally``),
+        before it returns to the loop: no write is scheduled for the end of the loop iteration
+        meanwhile -- that one found nothing left to write, and cost a turn of the loop (a
+        system call) per request of a one-at-a-time producer."""
+        self._holding = True
 
     def _queue_write(self, frame: bytes) -> None:
         """Queue ``frame`` for the write at the end of this loop iteration: requests started
@@ -268,9 +280,9 @@ class DataConnection:
         the gateway reads them in one read, instead of one each."""
         self._corked.append(frame)
         self._corked_bytes += len(frame)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._holding:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -30,6 +30,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import math
 
 from gateway.client.accumulator import ProducerBatch, RecordAccumulator
 from gateway.client.client import GatewayClient
@@ -66,21 +67,35 @@ class RetriableAfterEpochBump(errors.TributaryError):
 #: Drains one pass of the sender makes at most when each leaves nothing in flight (acks=0 over
 #: the raw path): bounded so the loop's other callbacks (answers, wakeups) get their turn.
 _PASS_ROUNDS = 64
+#: How much longer than its request timeout an answer to a request written directly is awaited
+#: before its connection is presumed stuck (the gateway answers a timed-out request itself).
+ANSWER_GRACE_S = 5.0
 
 
 class SendProduceHandler:
     """One Produce request: a topic and, per partition, the batches sent in it (in order)."""
 
-    __slots__ = ("_topic_partitions", "epoch", "future", "partitions", "sender", "timer", "topic")
+    __slots__ = (
+        "_topic_partitions",
+        "connection",
+        "deadline",
+        "epoch",
+        "future",
+        "partitions",
+        "sender",
+        "topic",
+    )
 
     def __init__(self, sender: Sender, topic: str, partitions: dict[int, list[ProducerBatch]]) -> None:
         self.sender = sender
         self.topic = topic
         self.partitions = partitions
-        #: The answer's slot of a request written directly (``Sender._write_direct``), and the
-        #: timer that gives up on it.
+        #: The answer's slot of a request written directly (``Sender._write_direct``), the
+        #: connection it was written on, and when (loop time) its wait is given up
+        #: (``Sender._watch_late``).
         self.future: AnswerSlot | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.connection = None
+        self.deadline = 0.0
         #: The producer epoch the batches were numbered with (idempotence), else -1.
         self.epoch = -1
         self._topic_partitions: list[TopicPartition] | None = None
@@ -173,6 +188,11 @@ class Sender:
         self._in_flight: set[asyncio.Task] = set()
         #: Requests written by the routine itself (``_write_direct``), awaiting their answers.
         self._direct: set[SendProduceHandler] = set()
+        #: One timer for the deadlines of ``_direct`` (``_watch_late``), and when it is due.
+        self._late_timer: asyncio.TimerHandle | None = None
+        self._late_at = math.inf
+        #: The routine's loop (asked once: asking costs a system call in 3.11).
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: A pass is running (no other may start inside it: callbacks it runs may wake us).
         self._in_pass = False
         #: The routine's context, for passes made by :meth:`wakeup_to_send`.
@@ -200,7 +220,7 @@ class Sender:
 
     async def run(self) -> None:
         """The sender routine: until stopped and everything queued has completed."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
         self._context = contextvars.copy_context()
         while True:
@@ -228,9 +248,23 @@ class Sender:
         connection is backlogged): one record per request at 16 in flight was one event-loop
         turn, one ``ready`` and one ``drain`` per record, ~40% of the I/O thread.
         """
-        written = None
+        #: Connections written to directly, holding their writes until the pass ends.
+        written: list = []
         #: acks=0 requests written directly: settled together once the pass has written them.
         unacked: list[tuple[list[ProducerBatch], int, int, int]] = []
+        try:
+            delay = self._drain_rounds(now_ms, written, unacked)
+        finally:
+            for connection in written:
+                connection.flush()  # the pass's requests leave in one write, now
+        if unacked:
+            self.complete_many(unacked)
+            return 0  # the routine looks again (its records are settled: it may be done)
+        return delay
+
+    def _drain_rounds(self, now_ms: int, written: list, unacked: list) -> int | None:
+        """:meth:`_send_ready`'s drains; the connections it writes to are added to ``written``
+        (their writes held for the pass's one write)."""
         delay: int | None = None
         for _ in range(_PASS_ROUNDS):
             slots = self.max_in_flight - len(self._in_flight) - len(self._direct)
@@ -253,11 +287,13 @@ class Sender:
                 connection = None  # a traced request runs in its record's span: tasks do that
             trace_context = current_traceparent() if connection is not None else ""
             all_direct = connection is not None
+            if connection is not None and connection not in written:
+                connection.hold_writes()
+                written.append(connection)
             for topic, partitions in plans:
                 if connection is not None and self._write_direct(
                     connection, topic, partitions, trace_context, unacked
                 ):
-                    written = connection
                     continue
                 connection = None
                 all_direct = False
@@ -266,11 +302,6 @@ class Sender:
             delay = 0 if plans and in_flight < self.max_in_flight else check.next_check_ms
             if not (plans and all_direct and self._frame_acks == 0):
                 break  # answers are awaited (muted), or tasks took over: the routine looks again
-        if written is not None:
-            written.flush()
-        if unacked:
-            self.complete_many(unacked)
-            return 0  # the routine looks again (its records are settled: it may be done)
         return delay
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay_ms: int | None) -> None:
@@ -395,20 +426,52 @@ class Sender:
         handler.future = answer
         if not self._pipeline:
             self._muted.update(handler.topic_partitions)
-        self._direct.add(handler)
-        timeout_s = self.request_timeout_ms / 1000.0 + 5.0
-        handler.timer = asyncio.get_running_loop().call_later(
-            timeout_s, self.transport.answer_late, connection, timeout_s
-        )
+        self._track_direct(handler, connection)
         return True
+
+    def _track_direct(self, handler: SendProduceHandler, connection) -> None:
+        """``handler``'s request was written on ``connection``: await its answer until its
+        deadline (``_watch_late``)."""
+        self._direct.add(handler)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        handler.connection = connection
+        handler.deadline = loop.time() + self.request_timeout_ms / 1000.0 + ANSWER_GRACE_S
+        if handler.deadline < self._late_at:
+            self._watch_late(handler.deadline)
+
+    def _watch_late(self, when: float) -> None:
+        """Arm the one timer of the requests written directly for ``when`` (loop time): a
+        request's answer is given up at its deadline with a timer per sender, not one made,
+        pushed on the loop's heap and cancelled per request. Their deadlines come in the order
+        they were written (one timeout for all), so it is re-armed only when it fires."""
+        if self._late_timer is not None:
+            self._late_timer.cancel()
+        loop = self._loop
+        assert loop is not None, "set when a request is written"
+        self._late_at = when
+        self._late_timer = loop.call_at(when, self._answers_late)
+
+    def _answers_late(self) -> None:
+        """The timer: a request past its deadline without an answer presumes its connection
+        stuck (``answer_late``: it and every request on it fail, the next opens a new one)."""
+        self._late_timer, self._late_at = None, math.inf
+        assert self._loop is not None
+        now = self._loop.time()
+        timeout_s = self.request_timeout_ms / 1000.0 + ANSWER_GRACE_S
+        for handler in [h for h in self._direct if h.deadline <= now]:
+            if handler in self._direct and handler.connection is not None:
+                self.transport.answer_late(handler.connection, timeout_s)
+        later = [h.deadline for h in self._direct if h.deadline > now]  # (each late one: once)
+        if later:
+            self._watch_late(min(later))
 
     def _direct_answered(
         self, handler: SendProduceHandler, connection, body: bytes | None, error: BaseException | None
     ) -> None:
         """Settle a directly written request from its answer's ``body`` (or the ``error`` that
         ended its wait), as the connection's read routine (or its breaking) hands it over."""
-        if handler.timer is not None:
-            handler.timer.cancel()
         self._direct.discard(handler)
         try:
             if isinstance(error, asyncio.CancelledError):
@@ -480,7 +543,7 @@ class Sender:
                     for batch in batches:
                         manager.number(batch)
             request = handler.create_request()
-            response = await self.transport.send(request, self.request_timeout_ms / 1000.0 + 5.0)
+            response = await self.transport.send(request, self.request_timeout_ms / 1000.0 + ANSWER_GRACE_S)
         except TributaryError as exc:
             handler.handle_error(exc)
         except asyncio.CancelledError:

@@ -292,6 +292,9 @@ class AppendQueues:
         self._in_flight: set[tuple[str, int]] = set()
         self._tasks: set[asyncio.Task] = set()
         self._round_scheduled = False
+        #: While held (:meth:`hold_rounds`), a round wanted waits for :meth:`release_rounds`.
+        self._holding = False
+        self._round_wanted = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -357,9 +360,32 @@ class AppendQueues:
 
     def _schedule_round(self) -> None:
         # At the end of this turn of the loop: every request read in it joins the same round.
-        if not self._round_scheduled:
-            self._round_scheduled = True
-            self._running_loop().call_soon(self._start_round)
+        if self._round_scheduled:
+            return
+        if self._holding:
+            self._round_wanted = True
+            return
+        self._round_scheduled = True
+        self._running_loop().call_soon(self._start_round)
+
+    def hold_rounds(self) -> None:
+        """Requests are about to be submitted from one callback (the data listener serving the
+        frames of one read): the round they want starts at :meth:`release_rounds`, in that
+        callback, instead of a turn of the event loop later. The caller must release (in a
+        ``finally``) before it returns to the loop."""
+        self._holding = True
+
+    def release_rounds(self) -> None:
+        """End :meth:`hold_rounds`: the round the submitted requests want starts now (unless one
+        is already scheduled for this turn of the loop, which they joined)."""
+        self._holding = False
+        if self._round_wanted:
+            self._round_wanted = False
+            if not self._round_scheduled:
+                try:
+                    self._start_round()
+                except Exception:  # a bug: as the loop reports a scheduled round's
+                    log.exception("starting an append round failed")
 
     def _start_round(self) -> None:
         """Take the next append of every ready partition; one appender call per topic and acks."""

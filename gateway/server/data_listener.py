@@ -176,11 +176,15 @@ class DataListener:
 
     async def start(self) -> None:
         ssl_context = self._ssl.context if self._ssl is not None else None
-        self._server = await asyncio.start_server(
-            self._accept,
+        loop = asyncio.get_running_loop()
+
+        def connection() -> _ListenerProtocol:  # asyncio.start_server's, with our protocol
+            return _ListenerProtocol(asyncio.StreamReader(limit=1 << 16, loop=loop), self._accept, loop=loop)
+
+        self._server = await loop.create_server(
+            connection,
             self.host,
             self._requested_port,
-            limit=1 << 16,
             backlog=1024,
             ssl=ssl_context,
             ssl_handshake_timeout=self.stall_timeout_s if ssl_context is not None else None,
@@ -242,6 +246,34 @@ class _Closed(Exception):
     """The connection ends (the client went away, stalled, or sent what cannot be served)."""
 
 
+class _ListenerProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, with a way around the stream for the usual request: bytes that
+    arrive while the connection's reading loop waits for them with nothing buffered are offered
+    to :meth:`_Connection.serve_now` first, which serves the produce frames it can at once, in
+    this callback; only what it leaves goes to the stream (and wakes the reading loop). A
+    one-at-a-time producer's request so costs no task wake-up, no read timeout armed and
+    cancelled, and its append goes to the storage node in the turn of the loop that read it."""
+
+    #: The connection served here once its handshake is done (None before and after).
+    fast: _Connection | None = None
+
+    def data_received(self, data: bytes) -> None:
+        connection = self.fast
+        if connection is not None and connection.parked:
+            try:
+                served = connection.serve_now(data)
+            except Exception:  # a bug: the connection ends, as when the reading loop raises
+                log.exception("data connection %s failed", connection.peer)
+                connection.abort()
+                return
+            if served == len(data):
+                return
+            connection.parked = False  # the stream holds bytes now: the reading loop takes them
+            if served:
+                data = data[served:]
+        super().data_received(data)
+
+
 class _Connection:
     """One client connection: handshake, then requests in, answers out."""
 
@@ -281,14 +313,22 @@ class _Connection:
         self._room = asyncio.Event()
         self._room.set()
         self._serving: asyncio.Task | None = None
+        #: True while the reading loop waits for bytes with none buffered (after the handshake):
+        #: the protocol may then serve what arrives itself (:meth:`serve_now`).
+        self.parked = False
+        #: Loop time of the last frame :meth:`serve_now` served (the connection is not idle).
+        self._served_at = 0.0
 
     # ---- the reading loop ------------------------------------------------------------------
 
     async def serve(self) -> None:
         self._serving = asyncio.current_task()
+        protocol = self.writer.transport.get_protocol()
         try:
             await self._handshake()
             self.queues = self.listener.produce.stream_queues()
+            if isinstance(protocol, _ListenerProtocol):
+                protocol.fast = self
             await self._serve_requests(self.queues)
         except _Closed:
             pass
@@ -299,6 +339,9 @@ class _Connection:
         except Exception:
             log.exception("data connection %s failed", self.peer)
         finally:
+            if isinstance(protocol, _ListenerProtocol):
+                protocol.fast = None
+            self.parked = False
             # Answers owed are lost with the connection (the client fails them retriably);
             # appends already queued still run, as after a closed ProduceStream.
             for task in self.tasks:
@@ -331,7 +374,7 @@ class _Connection:
                 await throttle.wait()
             body = self._cut_frame(max_frame)
             if body is None:
-                body = await self._next_frame(max_frame)
+                body = await self._next_frame(max_frame, parkable=True)
                 if body is None:
                     return
             pending = self._dispatch(body)
@@ -399,33 +442,50 @@ class _Connection:
         await _close(self.writer)
         raise _Closed
 
-    async def _next_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
+    async def _next_frame(
+        self, max_size: int, *, handshake: bool = False, parkable: bool = False
+    ) -> bytes | None:
         """The next frame's body, or None at a clean end of the connection (between frames).
 
         Reads whatever the socket has (up to 64 KiB) into the connection's buffer and cuts
         frames from it, so a pipelining client costs one read per many frames rather than two
         per frame. A frame begun (or the handshake, which must come at once) has to arrive
         within ``stall_timeout_s``; between frames the connection may be quiet for
-        ``max_idle_s`` (longer while answers are owed to it)."""
+        ``max_idle_s`` (longer while answers are owed to it, or while :meth:`serve_now` serves
+        what arrives). ``parkable``: with nothing buffered, the protocol may serve what arrives
+        meanwhile (:meth:`serve_now`)."""
         buffer = self._buffer
+        #: The idle deadline, when frames served by serve_now put it off.
+        quiet_until: float | None = None
         while True:
             body = self._cut_frame(max_size, handshake=handshake)
             if body is not None:
                 return body
             midframe = handshake or bool(buffer)
             timeout = self.listener.stall_timeout_s if midframe else self.listener.max_idle_s
+            self.parked = parkable and not midframe
             try:
                 if timeout is None:
                     chunk = await self.reader.read(_READ_SIZE)
                 else:
-                    async with asyncio.timeout(timeout):  # a timer, not wait_for's task per read
+                    deadline = quiet_until if quiet_until is not None else self._loop.time() + timeout
+                    async with asyncio.timeout_at(deadline):  # a timer, not wait_for's task per read
                         chunk = await self.reader.read(_READ_SIZE)
             except TimeoutError:
-                if not midframe and self.in_flight_requests:
-                    continue  # quiet, but owed answers: not idle
+                if not midframe:
+                    if self.in_flight_requests:
+                        quiet_until = None
+                        continue  # quiet, but owed answers: not idle
+                    assert timeout is not None
+                    if self._served_at + timeout > self._loop.time():
+                        quiet_until = self._served_at + timeout  # serve_now served frames meanwhile
+                        continue
                 what = "the handshake" if handshake else ("a frame" if midframe else "nothing (idle)")
                 log.info("data connection %s stalled inside %s; closing it", self.peer, what)
                 raise _Closed from None
+            finally:
+                self.parked = False
+            quiet_until = None
             if not chunk:
                 if buffer:
                     log.info("data connection %s ended inside a frame", self.peer)
@@ -581,6 +641,56 @@ class _Connection:
                 self.abort()
 
         task.add_done_callback(done)
+
+    def serve_now(self, data: bytes) -> int:
+        """Serve the produce frames at the front of ``data`` -- bytes that arrived while the
+        reading loop waited with nothing buffered (``parked``) -- now, in the protocol's
+        callback: how many bytes were served. Only what :meth:`_dispatch` would serve with plain
+        calls (:meth:`_produce_now`), while the loop's conditions to read hold (room, no
+        throttle); the reading loop takes the rest (a frame not whole, a fetch, a request that
+        needs the full path, bad input) in order after these, as it would have. The appends of
+        the frames served join one round, started before this returns."""
+        listener = self.listener
+        queues = self.queues
+        if (
+            queues is None
+            or listener.telemetry is not None
+            or self.expires_at is not None
+            or self.throttle.muted_until
+            or self._quota() is not None
+        ):
+            return 0
+        transport = self.writer.transport
+        max_frame = listener.max_frame
+        end = len(data)
+        pos = 0
+        queues.hold_rounds()
+        try:
+            while (
+                end - pos >= 4
+                and self._has_room()
+                and queues.has_room
+                and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
+            ):
+                (size,) = dp.SIZE.unpack_from(data, pos)
+                frame_end = pos + 4 + size
+                if not dp.MIN_FRAME <= size <= max_frame or frame_end > end:
+                    break
+                body = data[pos + 4 : frame_end]
+                if dp.decode_header(body)[0] != dp.PRODUCE_REQUEST:
+                    break
+                try:
+                    request = dp.decode_produce_request(body)
+                except errors.TributaryError:
+                    break  # the reading loop answers it
+                if not self._produce_now(request, size):
+                    break
+                pos = frame_end
+        finally:
+            queues.release_rounds()
+        if pos:
+            self._served_at = self._loop.time()
+        return pos
 
     def _produce_now(self, request: dp.ProduceRequest, size: int) -> bool:
         """:meth:`_start_produce` without a coroutine or a task, for a client without quotas

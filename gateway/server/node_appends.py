@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping
 
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
@@ -126,11 +127,16 @@ class _Link:
     """One open connection: its writer, and the appends awaiting answers (which its protocol
     hands to :meth:`answer` as they come)."""
 
-    def __init__(self, writer: asyncio.StreamWriter, name: str) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, name: str, loop: asyncio.AbstractEventLoop) -> None:
         self.writer = writer
         self.name = name
+        self.loop = loop
         #: Appends awaiting answers: a future each, or a callback (``NodeAppends.append_now``).
         self.pending: dict[int, asyncio.Future[frames.AppendResponse] | _AnswerCallback] = {}
+        #: One timer for the callbacks' deadlines (``watch``), armed for the earliest one that was
+        #: due when it was set, and when it is due (inf: none armed).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
         self.ids = correlation_ids()
         self.alive = True
         #: Held while a large frame goes out in pieces, so no other frame lands between them.
@@ -206,8 +212,33 @@ class _Link:
         if future is not None and not future.done():
             future.set_result(response)
 
+    def watch(self, waiter: _AnswerCallback) -> None:
+        """Bound the wait for ``waiter``'s answer by its ``deadline``: one timer per connection,
+        not one per append (a TimerHandle made, pushed on the loop's heap and cancelled, per
+        request). As the deadlines of a connection's appends mostly come in the order they were
+        sent, the timer is re-armed only for an earlier one."""
+        if waiter.deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = waiter.deadline
+            self._timer = self.loop.call_at(waiter.deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The timer: the callbacks past their deadlines time out; armed again for the next."""
+        self._timer, self._timer_at = None, math.inf
+        now = self.loop.time()
+        expired = [w for w in self.pending.values() if isinstance(w, _AnswerCallback) and w.deadline <= now]
+        for waiter in expired:
+            waiter.set_exception(TimeoutError())  # its deliver takes it out of pending
+        waiting = [w for w in self.pending.values() if isinstance(w, _AnswerCallback) and not w.fired]
+        if waiting:
+            self.watch(min(waiting, key=_deadline))
+
     def fail(self, failure: errors.TributaryError) -> None:
         self.alive = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
         pending, self.pending = self.pending, {}
         for future in pending.values():
             if not future.done():
@@ -221,14 +252,18 @@ class _AnswerCallback:
     """Stands in for an append's future in ``_Link.pending`` (the same ``done`` /
     ``set_result`` / ``set_exception``), for :meth:`NodeAppends.append_now`: the answer is
     handed to ``deliver`` in the callback that read it -- no task to wake, one turn of the event
-    loop sooner -- and the timer bounding the wait is cancelled."""
+    loop sooner. The wait ends at ``deadline`` (loop time) at the latest (``_Link.watch``)."""
 
-    __slots__ = ("deliver", "fired", "timer")
+    __slots__ = ("deadline", "deliver", "fired")
 
-    def __init__(self, deliver: Callable[[frames.AppendResponse | None, BaseException | None], None]) -> None:
+    def __init__(
+        self,
+        deliver: Callable[[frames.AppendResponse | None, BaseException | None], None],
+        deadline: float,
+    ) -> None:
         self.deliver = deliver
+        self.deadline = deadline
         self.fired = False
-        self.timer: asyncio.TimerHandle | None = None
 
     def done(self) -> bool:
         return self.fired
@@ -243,9 +278,11 @@ class _AnswerCallback:
         if self.fired:
             return
         self.fired = True
-        if self.timer is not None:
-            self.timer.cancel()
         self.deliver(response, error)
+
+
+def _deadline(waiter: _AnswerCallback) -> float:
+    return waiter.deadline
 
 
 def _answer_margin(timeout_s: float) -> float:
@@ -344,7 +381,8 @@ class NodeAppends:
         payloads: Mapping[int, bytes],
         *,
         acks: Acks,
-        timeout_s: float,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
         leader_epochs: Mapping[int, int] | None,
         done: Callable[[dict[int, AppendResult]], None],
     ) -> bool:
@@ -352,12 +390,18 @@ class NodeAppends:
         open, telemetry off (no span to make), the frame small and the socket not behind. True
         when sent: ``done`` then hears each partition's result (or failure, as :meth:`append`
         returns them) exactly once, from the callback that read the answer (or the timer, or
-        the connection's loss). False: nothing sent, :meth:`append` must do it."""
+        the connection's loss). False: nothing sent, :meth:`append` must do it. The wait is
+        bounded by ``timeout_s`` from now, or by ``deadline`` (the loop's time)."""
         link = self._link
         if link is None or not link.alive or self._tracer is not None or self._unsupported_until:
             return False
         if self._frame_size(topic, payloads) > WRITE_PIECE_BYTES:
             return False  # not for send_now anyway
+        now = link.loop.time()
+        if timeout_s is None:
+            if deadline is None:
+                raise TypeError("append_now needs timeout_s or deadline")
+            timeout_s = deadline - now
         correlation_id = next(link.ids)
         parts = frames.encode_request_parts(
             self._request(correlation_id, topic, payloads, acks, timeout_s, leader_epochs, ())
@@ -377,14 +421,12 @@ class NodeAppends:
                 results = _all_failed(topic, payloads, failure)
             done(results)
 
-        waiter = _AnswerCallback(deliver)
+        waiter = _AnswerCallback(deliver, now + max(timeout_s, 0.001))
         link.pending[correlation_id] = waiter
         if not link.send_now(parts):
             del link.pending[correlation_id]
             return False
-        waiter.timer = asyncio.get_running_loop().call_later(
-            max(timeout_s, 0.001), waiter.set_exception, TimeoutError()
-        )
+        link.watch(waiter)
         return True
 
     @staticmethod
@@ -553,7 +595,7 @@ class NodeAppends:
         except BaseException:
             writer.close()
             raise
-        link = _Link(writer, self._name)
+        link = _Link(writer, self._name, loop)
         protocol.attach(link)
         if transport.is_closing():  # lost between the probe's answer and now
             link.fail(errors.NetworkError(f"the data-port connection to {self._name} was lost"))

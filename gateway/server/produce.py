@@ -359,10 +359,7 @@ class ProduceHandler:
         appends = self._router.clients.appends(node)
         if appends is None:
             return False
-        timeout_s = deadline - asyncio.get_running_loop().time()
-        return appends.append_now(
-            topic, data, acks=acks, timeout_s=timeout_s, leader_epochs=epochs, done=done
-        )
+        return appends.append_now(topic, data, acks=acks, deadline=deadline, leader_epochs=epochs, done=done)
 
     async def _do_append_round(
         self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float

@@ -47,7 +47,7 @@ from services.fetchport.protocol import SIZE
 from services.grpc_server import MAX_MESSAGE_BYTES
 
 if TYPE_CHECKING:
-    from storage_node.fetch.links import PlainLink, TlsLink
+    from storage_node.fetch.links import PlainLink, Take, TlsLink
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,9 @@ class AppendConnection:
         #: True while the read loop starts a request: an answer it sends is flushed before the
         #: loop next waits (:meth:`_flush_before_waiting`), not from a turn of the event loop.
         self._reading = False
+        #: The idle deadline (loop time) :meth:`_take_now` last set, having served frames while
+        #: the read loop waited for the next one.
+        self._taken_until = 0.0
 
     # ---- reading ---------------------------------------------------------------------------------
 
@@ -177,7 +180,7 @@ class AppendConnection:
     async def _take_frame(self) -> bool:
         """Read, decode and start one request; False when the connection must close."""
         limits = self._limits
-        await self._fill(SIZE.size, self._idle_timeout)
+        await self._fill(SIZE.size, self._idle_timeout, at_frame_start=True)
         (size,) = SIZE.unpack_from(self._rbuf, self._rstart)
         if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes:
             return self._refuse(
@@ -217,8 +220,10 @@ class AppendConnection:
             self._reading = False
         return True
 
-    async def _fill(self, need: int, timeout: float) -> None:
-        """Until the read buffer holds ``need`` unread bytes (at most its size); ``timeout`` s."""
+    async def _fill(self, need: int, timeout: float, *, at_frame_start: bool = False) -> None:
+        """Until the read buffer holds ``need`` unread bytes (at most its size); ``timeout`` s.
+        ``at_frame_start``: a new frame is awaited, and with nothing buffered, the frames that
+        arrive whole meanwhile may be served as they arrive (:meth:`_take_now`)."""
         if self._rend - self._rstart >= need:
             return
         if self._rstart + need > len(self._rbuf):  # move the unread bytes to the front
@@ -227,18 +232,60 @@ class AppendConnection:
             self._rstart, self._rend = 0, len(unread)
         deadline = self._loop.time() + timeout
         while self._rend - self._rstart < need:
-            self._rend += await self._recv_into(self._rview[self._rend :], deadline)
+            take = self._take_now if at_frame_start and self._rstart == self._rend else None
+            # (received first: _take_now may move the buffer's ends while this waits)
+            got = await self._recv_into(self._rview[self._rend :], deadline, take)
+            self._rend += got
+            if take is not None and self._taken_until > deadline:
+                deadline = self._taken_until
 
-    async def _recv_into(self, view: memoryview, deadline: float) -> int:
-        """Receive into ``view``: at once when bytes are waiting, else by ``deadline``."""
+    async def _recv_into(self, view: memoryview, deadline: float, take: Take | None = None) -> int:
+        """Receive into ``view``: at once when bytes are waiting, else by ``deadline`` (offered
+        to ``take`` as they arrive: see ``PlainLink.recv_into_kept``)."""
         try:
             got = self._link.recv_into_nowait(view)
         except BlockingIOError:
             self._flush_before_waiting()
-            got = await self._link.recv_into_kept(view, deadline)
+            got = await self._link.recv_into_kept(view, deadline, take)
         if got == 0:
             raise PeerClosed()
         return got
+
+    def _take_now(self, got: int) -> tuple[memoryview, float] | None:
+        """The read loop waits for a new frame with nothing buffered, and ``got`` bytes just came
+        (at ``_rend``): serve the whole frames among them now, in the callback that received
+        them, as :meth:`_take_frame` would (the same checks, then :meth:`_start`), and answer
+        before returning. All served: the buffer is empty again and the wait goes on (the view
+        and the idle deadline for it); else None, the unserved bytes left for the read loop (a
+        frame not whole, bad input, no room), which resumes with them."""
+        limits = self._limits
+        rview = self._rview
+        pos = self._rend
+        end = pos + got
+        self._reading = True
+        try:
+            while end - pos >= SIZE.size + 2 and self._room.is_set():
+                (size,) = SIZE.unpack_from(self._rbuf, pos)
+                frame_end = pos + SIZE.size + size
+                if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes or frame_end > end:
+                    break
+                if frames.request_version(rview[pos + SIZE.size :]) != frames.APPEND_VERSION:
+                    break
+                try:
+                    request = frames.decode_request_body(bytes(rview[pos + SIZE.size : frame_end]))
+                except errors.TributaryError:
+                    break  # the read loop refuses it
+                self._start(request, size)
+                pos = frame_end
+        finally:
+            self._reading = False
+        self._flush_before_waiting()
+        if pos < end:
+            self._rstart = pos  # the read loop resumes with _rend + got: the rest is unread
+            return None
+        self._rstart = self._rend = 0
+        self._taken_until = self._loop.time() + self._idle_timeout
+        return rview, self._taken_until
 
     async def _read_large(self, size: int) -> bytearray:
         """A frame larger than the read buffer, received in place into its own buffer, which

@@ -29,6 +29,7 @@ import errno
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from typing import cast
 
 #: Bytes of a file slice read, encrypted and sent at a time under TLS (16 TLS records).
@@ -38,11 +39,17 @@ _TLS_RECV_BYTES = 64 << 10
 #: Plaintext read ahead while watching for a close (a request sent early), at most.
 _READ_AHEAD_BYTES = 64 << 10
 
+#: ``take(count)``, for :meth:`PlainLink.recv_into_kept`: the reader's use of ``count`` bytes
+#: just received into the wait's view, in the callback that received them. None: the wait ends
+#: with them (the reader takes them when it resumes); else the wait goes on -- the reader has
+#: used them -- with the next bytes received into this view, by this deadline (loop time).
+Take = Callable[[int], "tuple[memoryview, float] | None"]
+
 
 class PlainLink:
     """The socket as it is (see the module docstring)."""
 
-    __slots__ = ("_reader", "_waiting", "loop", "sock", "zero_copy")
+    __slots__ = ("_deadline", "_reader", "_timer", "_waiting", "loop", "sock", "zero_copy")
 
     tls = False
 
@@ -55,8 +62,12 @@ class PlainLink:
         self.zero_copy = zero_copy
         #: Whether the event loop watches the socket for :meth:`recv_into_kept`.
         self._reader = False
-        #: The read :meth:`recv_into_kept` waits for: its future and where the bytes go.
-        self._waiting: tuple[asyncio.Future[int], memoryview] | None = None
+        #: The read :meth:`recv_into_kept` waits for: its future, where the bytes go, and who
+        #: may take them at once (``Take``).
+        self._waiting: tuple[asyncio.Future[int], memoryview, Take | None] | None = None
+        #: The wait's deadline (loop time; put off by what ``take`` takes) and its timer.
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
 
     async def handshake(self) -> None:
         """Nothing to agree on in plaintext."""
@@ -68,7 +79,7 @@ class PlainLink:
     async def recv_into(self, view: memoryview) -> int:
         return await self.loop.sock_recv_into(self.sock, view)
 
-    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
+    async def recv_into_kept(self, view: memoryview, deadline: float, take: Take | None = None) -> int:
         """:meth:`recv_into` for a connection read again and again (an append connection):
         the socket stays registered with the event loop between reads, and the read is not
         tried first (the caller's ``recv_into_nowait`` just found nothing). ``sock_recv_into``
@@ -76,26 +87,44 @@ class PlainLink:
         system calls a request of a one-at-a-time producer. The socket is unregistered when it
         is readable while nobody waits (a level-triggered poll would wake the loop for it
         again and again), and by :meth:`close`. Raises TimeoutError at ``deadline`` (loop
-        time), from a timer on the read's future (``asyncio.timeout_at`` cost as much again)."""
+        time), from a timer on the read's future (``asyncio.timeout_at`` cost as much again).
+
+        ``take`` (see ``Take``) is offered the bytes in the callback that received them: what
+        it takes costs the reader no wake-up (no task step, no turn of the loop), and the wait
+        goes on; the count returned is that of the bytes it left."""
         loop = self.loop
         future: asyncio.Future[int] = loop.create_future()
-        self._waiting = (future, view)
+        self._waiting = (future, view, take)
+        self._deadline = deadline
         if not self._reader:
             loop.add_reader(self.sock.fileno(), self._readable)
             self._reader = True
-        timer = loop.call_at(deadline, _time_out, future)
+        self._timer = loop.call_at(deadline, self._wait_expired, future)
         try:
             return await future
         finally:
-            timer.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             self._waiting = None
+
+    def _wait_expired(self, future: asyncio.Future[int]) -> None:
+        """The wait's timer: TimeoutError, unless ``take`` put the deadline off meanwhile (then
+        the timer is armed again for it: one timer a wait, not one per bytes taken)."""
+        self._timer = None
+        if future.done():
+            return
+        if self._deadline > self.loop.time():
+            self._timer = self.loop.call_at(self._deadline, self._wait_expired, future)
+            return
+        future.set_exception(TimeoutError())
 
     def _readable(self) -> None:
         waiting = self._waiting
         if waiting is None or waiting[0].done():
             self._unregister()
             return
-        future, view = waiting
+        future, view, take = waiting
         try:
             got = self.sock.recv_into(view)
         except (BlockingIOError, InterruptedError):
@@ -104,6 +133,17 @@ class PlainLink:
             self._waiting = None
             future.set_exception(exc)
             return
+        if got and take is not None:
+            try:
+                taken = take(got)
+            except Exception as exc:  # noqa: BLE001 -- a bug in the reader: its wait ends with it
+                self._waiting = None
+                future.set_exception(exc)
+                return
+            if taken is not None:
+                view, self._deadline = taken
+                self._waiting = (future, view, take)
+                return
         self._waiting = None
         future.set_result(got)
 
@@ -233,9 +273,10 @@ class TlsLink:
             except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
                 return 0
 
-    async def recv_into_kept(self, view: memoryview, deadline: float) -> int:
+    async def recv_into_kept(self, view: memoryview, deadline: float, take: Take | None = None) -> int:
         """:meth:`recv_into` by ``deadline`` (loop time; TimeoutError then). The socket is
-        registered per wait under TLS."""
+        registered per wait under TLS, and ``take`` is not offered anything (the reader takes
+        every byte when it resumes)."""
         async with asyncio.timeout_at(deadline):
             return await self.recv_into(view)
 
@@ -387,12 +428,6 @@ class TlsLink:
                 pass  # the peer's close_notify has not come: ours is written all the same
             self._send_outgoing_nowait()
         self.sock.close()
-
-
-def _time_out(future: asyncio.Future) -> None:
-    """A read's deadline passed (its timer)."""
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 def _retrieve(task: asyncio.Task) -> None:

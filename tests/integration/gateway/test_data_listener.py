@@ -234,6 +234,48 @@ def test_requests_read_together_keep_their_order_per_partition(cluster, data_add
     assert values[1] == [v for i in range(60) for v in (b"p1-%d-a" % i, b"p1-%d-b" % i)]
 
 
+def test_frames_served_as_they_arrive_and_by_the_reading_loop_keep_arrival_order(
+    cluster, data_address, topic
+):
+    # The listener's protocol serves produce frames at once while the reading loop waits with
+    # nothing buffered, and leaves the rest to the loop: a fetch, a frame not whole, a bad frame.
+    # Whoever serves a frame, the partition's records land in arrival order and bad input is
+    # refused after the requests before it were answered.
+    produce = [
+        dp.encode_produce_request(dp.ProduceRequest(20 + i, 1, 10_000, topic, [(0, _batch(b"mixed-%d" % i))]))
+        for i in range(6)
+    ]
+    fetch = dp.encode_fetch_request(dp.FetchRequest(30, [dp.FetchPartition(topic, 0, 0)], max_wait_ms=0))
+    with _connect(data_address) as sock:
+        sock.sendall(produce[0])  # alone: served by the protocol
+        assert dp.decode_produce_response(_read_frame(sock)).partitions[0].base_offset == 0
+        sock.sendall(produce[1] + fetch + produce[2] + produce[3][:7])  # a fetch, then half a frame
+        time.sleep(0.2)  # (not synchronisation: the second half arrives in a read of its own)
+        sock.sendall(produce[3][7:] + produce[4])
+        answers = {}
+        while len(answers) < 5:
+            body = _read_frame(sock)
+            kind, correlation_id = dp.decode_header(body)
+            answers[correlation_id] = (
+                dp.decode_produce_response(body)
+                if kind == dp.PRODUCE_RESPONSE
+                else dp.decode_fetch_response(body)
+            )
+        assert [answers[20 + i].partitions[0].base_offset for i in range(1, 5)] == [1, 2, 3, 4]
+        assert answers[30].error_code == 0
+        # A frame below the minimum size ends the connection (the answer owed to the request
+        # before it is lost with it; its append still runs, as after any closed connection).
+        sock.sendall(produce[5] + struct.pack(">i", 3) + b"bad")
+        body = _read_frame(sock)
+        if dp.decode_header(body)[0] == dp.PRODUCE_RESPONSE:
+            assert dp.decode_produce_response(body).partitions[0].base_offset == 5
+            body = _read_frame(sock)
+        assert dp.decode_header(body)[0] == dp.ERROR
+        assert dp.decode_error(body).error_code == errors.InvalidRequestError.kafka_code
+        assert _closed_by_gateway(sock)
+    assert _read_all(cluster.gateway, topic, 6) == [b"mixed-%d" % i for i in range(6)]
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 
 

@@ -372,3 +372,53 @@ def test_a_producer_idle_past_the_gateway_data_timeout_still_sends(cluster, chan
             return first.offset, second.offset, third.offset
 
     assert while_responsive(cluster, lambda: asyncio.run(scenario())) == (0, 1, 2)
+
+
+def test_a_data_connection_busy_with_requests_served_as_they_arrive_is_not_idle(cluster, channel):
+    """One-at-a-time produce requests are served by the listener's protocol as they arrive, while
+    the connection's reading loop waits on (with its idle timer armed): a connection busy that way
+    for twice data_max_idle_ms is kept open, and closed once it has been quiet for it."""
+    import socket
+
+    from services.dataport import protocol as dp
+    from services.records import RecordBatchBuilder
+
+    topic = unique("busy-data")
+    _create_online(channel, topic)
+    host = cluster.gateway_addresses()[0].rsplit(":", 1)[0]
+    data_port = cluster.gateways[0].info["data_port"]
+    builder = RecordBatchBuilder()
+    builder.append(b"busy", timestamp=1_700_000_000_000)
+    data = builder.build()
+
+    def frame_answer(sock: socket.socket) -> bytes:
+        head = b""
+        while len(head) < 4:
+            chunk = sock.recv(4 - len(head))
+            assert chunk, "the gateway closed a busy connection"
+            head += chunk
+        (size,) = dp.SIZE.unpack(head)
+        body = b""
+        while len(body) < size:
+            chunk = sock.recv(size - len(body))
+            assert chunk, "the gateway closed a busy connection"
+            body += chunk
+        return body
+
+    with socket.create_connection((host, data_port), timeout=10) as sock:
+        sock.sendall(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, "busy")))
+        assert dp.decode_handshake_answer(frame_answer(sock)).error_code == 0
+        busy_until = time.monotonic() + 2 * STREAM_MAX_IDLE_MS / 1000
+        sent = 0
+        while time.monotonic() < busy_until:
+            # acks=0: nothing is owed between requests, so only their arrival keeps it open.
+            sock.sendall(dp.encode_produce_request(dp.ProduceRequest(sent, 0, 10_000, topic, [(0, data)])))
+            sent += 1
+            time.sleep(0.1)
+        sock.sendall(dp.encode_produce_request(dp.ProduceRequest(sent, 1, 10_000, topic, [(0, data)])))
+        answer = dp.decode_produce_response(frame_answer(sock))
+        assert answer.correlation_id == sent and answer.partitions[0].base_offset == sent
+        quiet_from = time.monotonic()
+        sock.settimeout(STREAM_MAX_IDLE_MS / 1000 + 10)
+        assert sock.recv(1) == b""  # closed by the gateway, idle
+        assert time.monotonic() - quiet_from >= STREAM_MAX_IDLE_MS / 1000 * 0.9

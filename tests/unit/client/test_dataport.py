@@ -530,3 +530,93 @@ async def test_a_request_that_cannot_be_encoded_fails_its_records_and_the_sender
         await asyncio.wait_for(task, 5)
         await transport.close(1.0)
     assert sender.metrics["requests-written-directly"] >= 2
+
+
+def test_direct_requests_left_unanswered_fail_at_their_own_deadlines_from_one_timer(monkeypatch):
+    # The requests the sender writes itself share one timer for their deadlines (request
+    # timeout + grace): an unanswered one breaks its connection at its deadline -- failing
+    # with REQUEST_TIMED_OUT -- while those answered in time are not touched by it.
+    import gateway.client.sender as sender_module
+
+    monkeypatch.setattr(sender_module, "ANSWER_GRACE_S", 0.1)
+    futures, settled_at = asyncio.run(asyncio.wait_for(_unanswered_direct_request(), 30))
+    assert [f.get(0).offset for f in futures[:3]] == [0, 0, 0]  # (the scripted answers' offsets)
+    assert all(settled_at[i] < 0.3 for i in range(3)), settled_at  # answered: not held to a deadline
+    with pytest.raises(errors.RequestTimedOutError, match="no produce answer"):
+        futures[3].get(0)
+    assert 0.3 - 0.05 <= settled_at[3] < 5, settled_at[3]
+
+
+async def _unanswered_direct_request():
+    """Four one-record requests one after another; the gateway answers the first three only."""
+    answered = 0
+
+    def first_three_only(writer, body) -> None:
+        nonlocal answered
+        if answered < 3:
+            answered += 1
+            _answer_ok(writer, body)
+
+    async with ScriptedGateway(on_request=first_three_only) as gateway:
+        client = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        sender = Sender(
+            client=client,
+            accumulator=accumulator,
+            transport=transport,
+            policy=RetryPolicy(retries=0, retry_backoff_ms=1, retry_backoff_max_ms=5),
+            max_in_flight=1,
+            acks=1,
+            request_timeout_ms=200,
+        )
+        task = asyncio.create_task(sender.run())
+        loop = asyncio.get_running_loop()
+        futures, settled_at = [], {}
+        for i in range(4):
+            now_ms = SYSTEM_CLOCK.time_ms()
+            value = b"late-%d" % i
+            future, _, _ = accumulator.append(
+                "t", 0, now_ms, None, value, (), estimate_record_size(None, value, 0), now_ms
+            )
+            futures.append(future)
+            sender.wakeup()
+            written_at = loop.time()
+            while not future.is_done:
+                await asyncio.sleep(0.005)
+            settled_at[i] = loop.time() - written_at
+        accumulator.close()
+        sender.stop()
+        await asyncio.wait_for(task, 10)
+        await transport.close(1.0)
+    return futures, settled_at
+
+
+@run_async
+async def test_held_writes_leave_together_at_flush_and_schedule_no_write_of_their_own():
+    # The sender's pass holds a connection's writes while it queues its requests and flushes
+    # once at its end: nothing leaves before the flush (not even at the next loop turn), and
+    # all of it leaves then; without a hold a queued frame still leaves at the end of the turn.
+    arrived: list[int] = []
+    async with ScriptedGateway(
+        on_request=lambda writer, body: arrived.append(dp.decode_header(body)[1])
+    ) as gateway:
+        connection = await DataConnection.open("127.0.0.1", gateway.port, client_id="unit", timeout_s=5.0)
+        frames = [
+            dp.encode_produce_request(dp.ProduceRequest(i, 0, 1000, "t", [(0, b"held-%d" % i)]))
+            for i in range(3)
+        ]
+        connection.hold_writes()
+        for frame in frames[:2]:
+            connection.send_nowait(frame, None)
+        for _ in range(5):
+            await asyncio.sleep(0)  # turns of the loop: a scheduled write would have gone
+        await asyncio.sleep(0.05)
+        assert arrived == [], "held frames leave only at flush"
+        connection.flush()
+        connection.send_nowait(frames[2], None)  # not held: leaves at the end of the turn
+        deadline = asyncio.get_running_loop().time() + 5
+        while len(arrived) < 3 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+        await connection.close(1.0)
+    assert arrived == [0, 1, 2]

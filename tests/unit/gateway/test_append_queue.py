@@ -433,3 +433,35 @@ def test_an_append_now_that_raises_leaves_the_round_to_the_appender_and_nothing_
     log, results = run(scenario())
     assert [(r.error, r.base_offset) for r in results] == [(None, 0), (None, 1)]
     assert log.values[0] == [b"a", b"b"] and log.rounds == [[0], [0]]
+
+
+def test_held_rounds_start_at_release_in_the_same_callback_with_every_request_held():
+    """The data listener serves one read's frames from its protocol's callback: their appends
+    join one round, sent before the callback returns (no turn of the loop in between); a round
+    already scheduled for the turn is joined instead, and unheld rounds still wait for the turn."""
+
+    async def scenario():
+        log = CallbackLog()
+        queues = AppendQueues(log.append, append_now=log.append_now)
+        queues.hold_rounds()
+        try:
+            first = [queues.submit("t", p, batch(b"a%d" % p), Acks.LEADER, FAR) for p in (0, 1)]
+            assert log.now_rounds == []  # held
+        finally:
+            queues.release_rounds()
+        sent_at_release = [list(r) for r in log.now_rounds]
+        await asyncio.gather(*first)
+        unheld = queues.submit("t", 0, batch(b"b"), Acks.LEADER, FAR)
+        queues.hold_rounds()  # a round is scheduled already: the held request joins it
+        joined = queues.submit("t", 1, batch(b"c"), Acks.LEADER, FAR)
+        queues.release_rounds()
+        before_the_turn = len(log.now_rounds)
+        results = await asyncio.gather(unheld, joined)
+        await queues.close()
+        return log, sent_at_release, before_the_turn, results
+
+    log, sent_at_release, before_the_turn, results = run(scenario())
+    assert sent_at_release == [[0, 1]]
+    assert before_the_turn == 1  # nothing sent before the loop's turn
+    assert log.now_rounds == [[0, 1], [0, 1]]
+    assert [(r.error, r.base_offset) for r in results] == [(None, 1), (None, 1)]

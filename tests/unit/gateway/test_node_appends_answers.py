@@ -162,3 +162,65 @@ def test_append_now_hears_its_answer_its_timeout_and_the_connections_loss_from_c
     for name in ("drop", "in-flight"):
         error = heard[name][0][0].error
         assert error is not None and error.reason == "NETWORK_EXCEPTION" and error.retriable
+
+
+def test_append_now_deadlines_share_one_timer_and_each_times_out_at_its_own():
+    """The callbacks' waits are bounded by one timer per connection: an append answered in time
+    is not failed when the timer fires for an earlier one, a later one with a longer timeout
+    times out at its own deadline (the timer is armed again), and one with a shorter timeout
+    than the one armed for is not held to the longer."""
+
+    def answer_bytes(number, request):
+        return [] if bytes(request.partitions[0].records).startswith(b"silent") else [_answer(request)]
+
+    async def scenario():
+        handle, _connections = _node(answer_bytes)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        appends = NodeAppends("127.0.0.1", server.sockets[0].getsockname()[1])
+        loop = asyncio.get_running_loop()
+        heard: dict[str, tuple[float, AppendResult]] = {}
+        all_heard = asyncio.Event()
+        started = loop.time()
+
+        def done(name):
+            def hear(results):
+                assert name not in heard, "heard twice"
+                heard[name] = (loop.time() - started, results[0])
+                if len(heard) == 4:
+                    all_heard.set()
+
+            return hear
+
+        try:
+            await appends.append("t", {0: b"1"}, acks=Acks.LEADER, timeout_s=10)  # opens the connection
+            started = loop.time()
+            for name, timeout_s in (
+                ("silent-long", 0.6),
+                ("silent-short", 0.2),
+                ("2", 0.2),
+                ("silent-3", 1.0),
+            ):
+                payload = b"2" if name == "2" else name.encode()
+                assert appends.append_now(
+                    "t",
+                    {0: payload},
+                    acks=Acks.LEADER,
+                    timeout_s=timeout_s,
+                    leader_epochs=None,
+                    done=done(name),
+                )
+            async with asyncio.timeout(10):
+                await all_heard.wait()
+            return heard
+        finally:
+            await appends.close()
+            server.close()
+            await server.wait_closed()
+
+    heard = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert heard["2"][1].error is None and heard["2"][1].base_offset == 2
+    for name, timeout_s in (("silent-short", 0.2), ("silent-long", 0.6), ("silent-3", 1.0)):
+        elapsed, result = heard[name]
+        assert result.error is not None and result.error.reason == "REQUEST_TIMED_OUT", name
+        assert timeout_s - 0.01 <= elapsed < timeout_s + 2, (name, elapsed)
+    assert heard["silent-short"][0] < heard["silent-long"][0] < heard["silent-3"][0]

@@ -135,7 +135,7 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return server, client
 
 
-async def _start(appender, limits=None, frame_timeout=5.0):
+async def _start(appender, limits=None, frame_timeout=5.0, idle_timeout=30.0):
     """A served connection: the fetch server's part (the TLS handshake, reading the first size
     and version) is done here as the server would."""
     server_sock, client_sock = _tcp_pair()
@@ -158,7 +158,7 @@ async def _start(appender, limits=None, frame_timeout=5.0):
         appender,
         limits=limits or AppendLimits(),
         frame_timeout=frame_timeout,
-        idle_timeout=30,
+        idle_timeout=idle_timeout,
         stats=stats,
     )
 
@@ -389,3 +389,36 @@ async def test_large_frames_sent_in_pieces_and_many_small_frames_in_one_write():
     assert [d for _, p, d in appender.written if p == 1] == [b"s%d" % i for i in range(500)]
     writer.close()
     await asyncio.wait_for(task, 5)
+
+
+@run_async
+async def test_one_at_a_time_requests_are_served_as_they_arrive_and_the_idle_timeout_counts_from_the_last():
+    # In plaintext, the frames that arrive whole while the read loop waits for the next one are
+    # served in the callback that received them (PlainLink.recv_into_kept's take): what such a
+    # request gets must be what the read loop gives -- its answer, in order -- a frame that
+    # arrives in pieces after them is put together by the read loop, and the idle timeout counts
+    # from the last request, not from when the loop began to wait.
+    appender = ImmediateAppender()
+    reader, writer, stats, task = await _start(appender, idle_timeout=0.6)
+    loop = asyncio.get_running_loop()
+    for i in range(8):  # one at a time, for longer than the idle timeout in all
+        writer.write(_request(i, ("t", 0, b"one-%d" % i), acks=Acks.LEADER))
+        answer = await asyncio.wait_for(_read(reader), 5)
+        assert (answer.correlation_id, answer.results[0].base_offset) == (i, i)
+        await asyncio.sleep(0.1)
+    halves = _request(8, ("t", 0, b"in-pieces"), acks=Acks.LEADER)
+    writer.write(_request(9, ("t", 0, b"before-pieces"), acks=Acks.LEADER) + halves[:7])
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(halves[7:])
+    answers = {(a := await asyncio.wait_for(_read(reader), 5)).correlation_id: a for _ in range(2)}
+    assert (answers[9].results[0].base_offset, answers[8].results[0].base_offset) == (8, 9)
+    quiet_from = loop.time()
+    await asyncio.wait_for(task, 5)  # closed, idle
+    assert loop.time() - quiet_from >= 0.6 - 0.05
+    assert await reader.read() == b""
+    assert [p for _, _, p in appender.written] == [b"one-%d" % i for i in range(8)] + [
+        b"before-pieces",
+        b"in-pieces",
+    ]
+    assert stats.appends == 10

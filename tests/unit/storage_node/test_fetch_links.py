@@ -187,3 +187,56 @@ async def test_plain_reads_kept_registered_get_every_byte_and_unregister_when_no
     finally:
         link.close()
     assert fd not in selector.get_map()
+
+
+@run_async
+async def test_plain_kept_reads_offer_bytes_to_take_and_wait_on_past_the_deadline_it_sets():
+    """``recv_into_kept(take=...)``: bytes ``take`` keeps do not end the wait, which goes on into
+    the view it returns and by the deadline it returns (later than the wait's own); bytes it
+    leaves end the wait with their count; a ``take`` that raises ends the wait with its error;
+    and a wait whose bytes were all taken still times out at the last deadline set."""
+    loop = asyncio.get_running_loop()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server_sock, _ = listener.accept()
+    server_sock.setblocking(False)
+    link = PlainLink(loop, server_sock)
+    buffer = bytearray(16)
+    view = memoryview(buffer)
+    taken: list[bytes] = []
+
+    def take(count: int):
+        data = bytes(buffer[:count])
+        if data.startswith(b"leave"):
+            return None
+        if data.startswith(b"raise"):
+            raise ValueError("the reader's bug")
+        taken.append(data)
+        return view, loop.time() + 0.4
+
+    try:
+        reading = asyncio.ensure_future(link.recv_into_kept(view, loop.time() + 0.2, take))
+        for word in (b"one", b"two", b"three"):  # each arrives on its own, all taken
+            await asyncio.sleep(0.1)
+            client.sendall(word)
+            await async_wait_until(lambda word=word: taken and taken[-1] == word, timeout=5)
+        assert not reading.done()  # past the wait's own deadline: put off by what was taken
+        client.sendall(b"leave")
+        assert await asyncio.wait_for(reading, 5) == 5 and bytes(buffer[:5]) == b"leave"
+        assert taken == [b"one", b"two", b"three"]
+        failing = asyncio.ensure_future(link.recv_into_kept(view, loop.time() + 30, take))
+        await asyncio.sleep(0)
+        client.sendall(b"raise")
+        with pytest.raises(ValueError):
+            await asyncio.wait_for(failing, 5)
+        started = loop.time()
+        quiet = asyncio.ensure_future(link.recv_into_kept(view, loop.time() + 0.2, take))
+        await asyncio.sleep(0.1)
+        client.sendall(b"four")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(quiet, 5)
+        assert taken[-1] == b"four"
+        assert loop.time() - started >= 0.1 + 0.4 - 0.05  # the deadline "four" set, not the first
+    finally:
+        client.close()
+        link.close()
