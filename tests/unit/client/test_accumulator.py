@@ -246,11 +246,14 @@ def test_async_allocate_waits_without_blocking_the_loop():
             nonlocal ticks
             while True:
                 ticks += 1
+                if ticks == 5:  # only a loop that kept running while the allocation waited gets here
+                    pool.deallocate(60)
                 await asyncio.sleep(0.01)
 
+        # The room comes from the loop's fifth tick, not from a timer: counting ticks against a
+        # 100 ms timer failed under load, when a descheduled loop missed ticks.
         task = asyncio.create_task(ticker())
-        asyncio.get_running_loop().call_later(0.1, pool.deallocate, 60)
-        await pool.allocate_async(60, 2)
+        await pool.allocate_async(60, 10)
         task.cancel()
         assert ticks >= 5, "the loop kept running while the allocation waited"
         with pytest.raises(RequestTimedOutError):
