@@ -226,12 +226,13 @@ class AppendConnection:
         arrive whole meanwhile may be served as they arrive (:meth:`_take_now`)."""
         if self._rend - self._rstart >= need:
             return
-        if self._rstart + need > len(self._rbuf):  # move the unread bytes to the front
-            unread = bytes(self._rview[self._rstart : self._rend])
-            self._rbuf[: len(unread)] = unread
-            self._rstart, self._rend = 0, len(unread)
         deadline = self._loop.time() + timeout
         while self._rend - self._rstart < need:
+            # (checked each time: _take_now may have left the unread bytes at the buffer's end)
+            if self._rstart + need > len(self._rbuf):  # move the unread bytes to the front
+                unread = bytes(self._rview[self._rstart : self._rend])
+                self._rbuf[: len(unread)] = unread
+                self._rstart, self._rend = 0, len(unread)
             take = self._take_now if at_frame_start and self._rstart == self._rend else None
             # (received first: _take_now may move the buffer's ends while this waits)
             got = await self._recv_into(self._rview[self._rend :], deadline, take)

@@ -422,3 +422,36 @@ async def test_one_at_a_time_requests_are_served_as_they_arrive_and_the_idle_tim
         b"in-pieces",
     ]
     assert stats.appends == 10
+
+
+@run_async
+async def test_frames_taken_at_once_up_to_the_end_of_the_read_buffer_leave_the_next_frame_readable():
+    # The frames that arrive while the read loop waits are served in the receiving callback
+    # (plaintext): when they fill the read buffer to its end and leave only the first bytes of
+    # the next frame's size there, the read loop must move those to the front to read the rest
+    # -- not receive into the empty view left at the buffer's end (0 bytes: "peer closed").
+    appender = ImmediateAppender()
+    reader, writer, _, task = await _start(appender)
+    first = _request(1, ("t", 0, b"first"), acks=Acks.LEADER)
+    writer.write(first)
+    assert (await asyncio.wait_for(_read(reader), 5)).correlation_id == 1  # the loop waits now
+    room = (64 << 10) - len(first) - 2  # whole frames up to 2 bytes before the buffer's end
+    fillers: list[bytes] = []
+    while room - sum(map(len, fillers)) > 0:
+        left = room - sum(map(len, fillers))
+        frame = _request(2 + len(fillers), ("t", 0, b"x" * 4000), acks=Acks.LEADER)
+        if left < 2 * len(frame):  # the last one sized to end exactly at ``room``
+            frame = _request(
+                2 + len(fillers), ("t", 0, b"x" * (left - (len(frame) - 4000))), acks=Acks.LEADER
+            )
+        fillers.append(frame)
+    assert sum(map(len, fillers)) == room
+    last_id = 2 + len(fillers)
+    writer.write(b"".join(fillers) + _request(last_id, ("t", 0, b"last"), acks=Acks.LEADER))
+    answers = sorted(
+        [(await asyncio.wait_for(_read(reader), 5)).correlation_id for _ in range(len(fillers) + 1)]
+    )
+    assert answers == list(range(2, last_id + 1))
+    assert appender.written[-1] == ("t", 0, b"last")
+    writer.close()
+    await asyncio.wait_for(task, 5)
