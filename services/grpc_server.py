@@ -63,7 +63,9 @@ INTERNAL_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    # gRPC core's connect timeout, despite the name (see gateway/client/channel.py): 100 ms failed
+    # connects to a peer that was merely slow to finish the HTTP/2 handshake under load.
+    ("grpc.min_reconnect_backoff_ms", 2_000),
     ("grpc.max_reconnect_backoff_ms", 1_000),
 )
 

@@ -36,11 +36,16 @@ _MAX_MESSAGE_BYTES = 128 * 1024 * 1024
 #: Channel settings: big messages (fetches and batches of tens of MiB), fast reconnects (a
 #: restarted gateway on loopback is back within a second or two; gRPC's default backoff grows to
 #: two minutes), and no transparent retries -- the producer and consumer decide what to retry.
+#: ``min_reconnect_backoff_ms`` is, despite its name, gRPC core's *connect timeout* (its
+#: MIN_CONNECT_TIMEOUT: an attempt may take max(this, the backoff)); at 100 ms a loaded host or a
+#: distant one (TCP, TLS and HTTP/2 handshakes in that time) failed "connection attempt timed out
+#: before receiving SETTINGS frame". A refused connection still fails at once.
+CONNECT_TIMEOUT_MS = 5_000
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
     ("grpc.keepalive_time_ms", 10_000),

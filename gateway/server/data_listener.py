@@ -377,6 +377,9 @@ class _Connection:
                 body = await self._next_frame(max_frame, parkable=True)
                 if body is None:
                     return
+                if not (self._has_room() and queues.has_room):
+                    # frames served as they arrived while this waited (serve_now) took the room
+                    await self._wait_for_room()
             pending = self._dispatch(body)
             if pending is not None:
                 await pending

@@ -190,7 +190,8 @@ class FetchHandler:
         ensure_valid_fetch(command)
         wait_s = min(command.max_wait_ms, MAX_WAIT_CAP_MS) / 1000.0
         if rpc_remaining_s is not None:
-            wait_s = max(0.0, min(wait_s, rpc_remaining_s - _ANSWER_MARGIN_S))
+            # the session may wait _DEADLINE_GRACE_S past its end for the nodes' answers
+            wait_s = max(0.0, min(wait_s, rpc_remaining_s - _ANSWER_MARGIN_S - _DEADLINE_GRACE_S))
         session = _FetchSession(
             self._router, command, asyncio.get_running_loop().time() + wait_s, telemetry=self._telemetry
         )

@@ -228,11 +228,15 @@ class _Link:
         self._timer, self._timer_at = None, math.inf
         now = self.loop.time()
         expired = [w for w in self.pending.values() if isinstance(w, _AnswerCallback) and w.deadline <= now]
-        for waiter in expired:
-            waiter.set_exception(TimeoutError())  # its deliver takes it out of pending
-        waiting = [w for w in self.pending.values() if isinstance(w, _AnswerCallback) and not w.fired]
-        if waiting:
-            self.watch(min(waiting, key=_deadline))
+        try:
+            for waiter in expired:
+                waiter.set_exception(TimeoutError())  # its deliver takes it out of pending
+        finally:
+            # Armed again even if a callback raised: the appends after it still time out (the
+            # timer fires at once for those already past their deadline).
+            waiting = [w for w in self.pending.values() if isinstance(w, _AnswerCallback) and not w.fired]
+            if waiting:
+                self.watch(min(waiting, key=_deadline))
 
     def fail(self, failure: errors.TributaryError) -> None:
         self.alive = False

@@ -224,3 +224,51 @@ def test_append_now_deadlines_share_one_timer_and_each_times_out_at_its_own():
         assert result.error is not None and result.error.reason == "REQUEST_TIMED_OUT", name
         assert timeout_s - 0.01 <= elapsed < timeout_s + 2, (name, elapsed)
     assert heard["silent-short"][0] < heard["silent-long"][0] < heard["silent-3"][0]
+
+
+def test_a_timed_out_callback_that_raises_leaves_the_other_appends_to_time_out():
+    """One timer serves a connection's waits: a callback that raises when its append times out
+    (the loop's exception handler hears of it) does not leave the other appends past their
+    deadline waiting forever."""
+
+    def answer_bytes(number, request):
+        return []  # the node never answers
+
+    async def scenario():
+        handle, _connections = _node(answer_bytes)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        appends = NodeAppends("127.0.0.1", server.sockets[0].getsockname()[1])
+        loop = asyncio.get_running_loop()
+        raised: list[BaseException] = []
+        loop.set_exception_handler(lambda _loop, context: raised.append(context.get("exception")))
+        heard: dict[str, AppendResult] = {}
+        both = asyncio.Event()
+
+        def done(name):
+            def hear(results):
+                heard[name] = results[0]
+                if len(heard) == 2:
+                    both.set()
+                if name == "raises":
+                    raise RuntimeError("a broken callback")
+
+            return hear
+
+        try:
+            # opens the connection (the node's silence times it out: that is fine here)
+            await appends.append("t", {0: b"x"}, acks=Acks.LEADER, timeout_s=0.2)
+            for name in ("raises", "other"):
+                assert appends.append_now(
+                    "t", {0: b"y"}, acks=Acks.LEADER, timeout_s=0.2, leader_epochs=None, done=done(name)
+                )
+            async with asyncio.timeout(10):
+                await both.wait()
+            return heard, raised
+        finally:
+            await appends.close()
+            server.close()
+            await server.wait_closed()
+
+    heard, raised = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert heard["other"].error is not None and heard["other"].error.reason == "REQUEST_TIMED_OUT"
+    assert any(isinstance(e, RuntimeError) for e in raised)
