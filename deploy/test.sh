@@ -6,10 +6,12 @@
 #   types       mypy                     (the files and settings in pyproject.toml)
 #   boundaries  tests/unit/test_import_boundaries.py (no service imports another, ...)
 #   unit        tests/unit               (pure logic, no etcd, no processes, no Spark; 2 workers)
-#   integration tests/integration        (real etcd, real service processes on loopback): two
-#               workers, a module each, then the modules marked serial alone (their assertions
-#               bound rates, latencies or lag times; tests/integration/conftest.py lists them)
-#   e2e         tests/e2e                (a local cluster and a local Spark)
+#   integration tests/integration        (real etcd, real service processes on loopback) and
+#               tests/e2e                (a local cluster and a local Spark): two workers, an
+#               integration module or the whole e2e suite each (tests/conftest.py), since their
+#               tests mostly wait on processes, leases and JVMs; then the integration modules
+#               marked serial alone (their assertions bound rates, latencies or lag times;
+#               tests/integration/conftest.py lists them)
 # Each stage prints its name and how long it took; the test stages print their 25 slowest tests.
 #
 #   bash deploy/test.sh              # the README's test command
@@ -76,9 +78,8 @@ stage types .venv/bin/mypy
 stage boundaries pytest_stage tests/unit/test_import_boundaries.py
 # Unit tests are pure and independent: two workers (pytest-xdist), one per core.
 stage unit pytest_stage -n 2 tests/unit --ignore=tests/unit/test_import_boundaries.py
-stage integration pytest_stage -n 2 --dist loadfile -m "not serial" tests/integration
+stage integration pytest_stage -n 2 --dist loadfile -m "not serial" tests/integration tests/e2e
 stage serial pytest_stage -m serial tests/integration
-stage e2e pytest_stage tests/e2e
 
 echo
 echo "=== all stages passed"

@@ -30,3 +30,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         mark = _MARK_BY_DIRECTORY.get(top)
         if mark is not None:
             item.add_marker(mark)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadfile``, the e2e tests are one unit of work: a worker that runs one of them
+    starts the e2e fixtures (a local cluster and a Spark JVM, shared by the session), so one
+    worker runs them all while the other takes integration modules."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class E2EAsOneFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/e2e/"):
+                return "tests/e2e/"
+            return super()._split_scope(nodeid)
+
+    return E2EAsOneFile(config, log)
