@@ -3,6 +3,7 @@ see a corrupt batch while it runs, and kill -9 in the middle of cleaning loses n
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -53,7 +54,12 @@ def _read_all(node, topic):
 
 
 def _segment_bytes(data_dir, topic) -> int:
-    return sum(p.stat().st_size for p in (data_dir / f"{topic}-0").glob("*.log"))
+    total = 0
+    for path in (data_dir / f"{topic}-0").glob("*.log"):
+        # the cleaner may delete a segment it replaced between the listing and the stat
+        with contextlib.suppress(FileNotFoundError):
+            total += path.stat().st_size
+    return total
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
