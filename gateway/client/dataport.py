@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from opentelemetry import trace
 
+from gateway.client.answer_reader import AnswerReader
 from gateway.client.client import GatewayClient
 from gateway.client.credentials import TokenSource
 from gateway.client.errors import (
@@ -57,6 +58,12 @@ DATA_PATHS = ("auto", "grpc")
 DEFAULT_MAX_IDLE_S = 540.0
 #: Stop writing (await the socket) while this many request bytes wait to be sent.
 _WRITE_HIGH_WATER = 4 << 20
+#: A data connection's read buffer: the most one socket read takes. Every produce answer and
+#: small fetch answers are cut from it; a larger answer is received into a buffer of its own size
+#: (``gateway/client/answer_reader.py``). asyncio's default read (256 KiB into a new bytes
+#: object) cost a 256 KiB allocation per recv -- above glibc's mmap threshold an mmap and munmap,
+#: ~12 us for a 60-byte produce answer (measured on this project's 2-core VM).
+READ_BUFFER_BYTES = 64 * 1024
 _UNSPECIFIED_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -101,14 +108,14 @@ class AnswerSlot:
 
     __slots__ = ("_callback", "_done")
 
-    def __init__(self, callback: Callable[[bytes | None, BaseException | None], None]) -> None:
+    def __init__(self, callback: Callable[[bytes | memoryview | None, BaseException | None], None]) -> None:
         self._callback = callback
         self._done = False
 
     def done(self) -> bool:
         return self._done
 
-    def set_result(self, body: bytes) -> None:
+    def set_result(self, body: bytes | memoryview) -> None:
         self._settle(body, None)
 
     def set_exception(self, error: BaseException) -> None:
@@ -117,7 +124,7 @@ class AnswerSlot:
     def cancel(self) -> None:
         self._settle(None, asyncio.CancelledError())
 
-    def _settle(self, body: bytes | None, error: BaseException | None) -> None:
+    def _settle(self, body: bytes | memoryview | None, error: BaseException | None) -> None:
         if self._done:
             return
         self._done = True
@@ -133,19 +140,19 @@ class DataConnection:
     def __init__(
         self,
         address: str,
-        reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        reader: AnswerReader,
         version: int = dp.MAX_VERSION,
     ) -> None:
         self.address = address
         #: The protocol version agreed in the handshake (answers are decoded by it).
         self.version = version
-        self.reader = reader
         self.writer = writer
+        #: The connection's protocol: it hands each answer frame to :meth:`_answered` as it comes.
+        self.reader = reader
         self.pending: dict[int, asyncio.Future | AnswerSlot] = {}
         self.broken = False
         self._correlation = correlation_ids()
-        self._reader_task: asyncio.Task | None = None
         #: Frames written in this loop iteration, sent together at its end (``_queue_write``).
         self._corked: list[bytes] = []
         self._corked_bytes = 0
@@ -156,6 +163,7 @@ class DataConnection:
         self._loop = asyncio.get_running_loop()
         #: Event-loop time of the last write or answer.
         self.last_active = self._loop.time()
+        reader.attach(self._answered, self._lost)
 
     @classmethod
     async def open(
@@ -167,23 +175,23 @@ class DataConnection:
         timeout_s: float,
         tls: ClientTls | None = None,
         token_source: TokenSource | None = None,
-        read_size: int | None = None,
-        buffer_limit: int = 1 << 16,
+        read_size: int = READ_BUFFER_BYTES,
     ) -> DataConnection:
         """Connect and handshake. NetworkError when the gateway cannot be reached,
         UnsupportedVersionError when it speaks none of our versions, SaslAuthenticationFailedError
-        when it refuses our token. ``read_size``: the most one socket read takes (see
-        :func:`_limit_reads`; None: asyncio's default). ``buffer_limit``: the stream reader's
-        limit (reading pauses while twice that waits unread)."""
+        when it refuses our token. ``read_size``: the connection's read buffer (the most one
+        socket read takes; a larger answer is received into a buffer of its own size)."""
         address = f"{host}:{port}"
         # The provider may fetch from an identity provider: not on the event loop.
         token = await asyncio.to_thread(token_source.token) if token_source is not None else ""
+        loop = asyncio.get_running_loop()
+        reader = AnswerReader(loop, buffer_size=read_size, max_frame=dp.MAX_RESPONSE_FRAME, first_max=1 << 16)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: reader,
                     host,
                     port,
-                    limit=buffer_limit,
                     ssl=client_ssl_context(tls) if tls is not None else None,
                     server_hostname=host if tls is not None else None,
                 ),
@@ -191,23 +199,20 @@ class DataConnection:
             )
         except (OSError, TimeoutError) as exc:
             raise NetworkError(f"gateway data listener {address} unreachable: {exc!r}") from exc
+        writer = asyncio.StreamWriter(transport, reader, None, loop)
         try:
             writer.write(dp.encode_handshake(dp.Handshake(dp.MIN_VERSION, dp.MAX_VERSION, client_id, token)))
-            answer = await asyncio.wait_for(_read_handshake_answer(reader), timeout_s)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, errors.TributaryError) as exc:
-            writer.transport.abort()
+            answer = _read_handshake_answer(await asyncio.wait_for(asyncio.shield(reader.first), timeout_s))
+        except (OSError, TimeoutError, EOFError, errors.TributaryError) as exc:
+            transport.abort()
             if isinstance(exc, errors.TributaryError) and not isinstance(exc, errors.CorruptRecordError):
                 raise
             raise NetworkError(f"handshake with gateway data listener {address} failed: {exc!r}") from exc
         error = answer.error()
         if error is not None:
-            writer.transport.abort()
+            transport.abort()
             raise error
-        connection = cls(address, reader, writer, answer.version)
-        if read_size is not None:
-            _limit_reads(writer.transport, read_size)
-        connection._reader_task = asyncio.get_running_loop().create_task(connection._read_routine())
-        return connection
+        return cls(address, writer, reader, answer.version)
 
     def next_correlation_id(self) -> int:
         return next(self._correlation)
@@ -292,33 +297,31 @@ class DataConnection:
         if not self.broken:
             self.writer.writelines(frames)
 
-    async def _read_routine(self) -> None:
-        error: TributaryError = NetworkError(f"data connection to {self.address} closed by the gateway")
-        first_only: int | None = None
+    def _answered(self, body: bytes | memoryview) -> None:
+        """An answer frame came (in the socket's callback): settle the request it names."""
+        if self.broken:
+            return
         try:
-            while True:
-                head = await self.reader.readexactly(4)
-                (size,) = dp.SIZE.unpack(head)
-                dp.check_frame_size(size, dp.MAX_RESPONSE_FRAME)
-                body = await self.reader.readexactly(size)
-                kind, correlation_id = dp.decode_header(body)
-                if kind == dp.ERROR:
-                    frame = dp.decode_error(body)
-                    error, first_only = frame.error(), frame.correlation_id
-                    break
-                self.last_active = asyncio.get_running_loop().time()
-                future = self.pending.pop(correlation_id, None)
-                if future is not None and not future.done():
-                    future.set_result(body)
-        except (asyncio.IncompleteReadError, OSError):
-            pass
+            kind, correlation_id = dp.decode_header(body)
+            if kind == dp.ERROR:
+                frame = dp.decode_error(body)
+                self.break_(frame.error(), only=frame.correlation_id)
+                return
         except errors.TributaryError as exc:
-            error = NetworkError(f"data connection to {self.address}: bad frame from the gateway: {exc}")
-        except asyncio.CancelledError:
-            error = NetworkError("data connection closed by the client")
-            raise
-        finally:
-            self.break_(error, only=first_only)
+            self.break_(NetworkError(f"data connection to {self.address}: bad frame from the gateway: {exc}"))
+            return
+        self.last_active = self._loop.time()
+        future = self.pending.pop(correlation_id, None)
+        if future is not None and not future.done():
+            future.set_result(body)
+
+    def _lost(self, error: BaseException) -> None:
+        """The connection ended (the gateway closed it, it broke, or an unreadable frame)."""
+        if isinstance(error, errors.TributaryError) and not isinstance(error, NetworkError):
+            error = NetworkError(f"data connection to {self.address}: bad frame from the gateway: {error}")
+        elif not isinstance(error, TributaryError):
+            error = NetworkError(f"data connection to {self.address} closed by the gateway")
+        self.break_(error)
 
     def break_(self, error: TributaryError, *, only: int | None = None) -> None:
         """Fail every unanswered request and stop using the connection. With ``only`` (an error
@@ -343,42 +346,9 @@ class DataConnection:
                 self.writer.close()
                 await asyncio.wait_for(self.writer.wait_closed(), timeout_s)
         self.break_(NetworkError("closed by the client"))
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
 
 
-#: The stream reader limit of a fetch connection: reading pauses while twice this waits unread.
-#: At the produce connection's 64 KiB, every answer over 128 KiB (a 200 KB fetch) paused the
-#: transport and resumed it (two epoll_ctl calls and a loop turn each) while it was read.
-FETCH_BUFFER_LIMIT = 1 << 20
-
-#: The most one socket read of a produce connection takes (asyncio's default is 256 KiB).
-PRODUCE_READ_SIZE = 64 * 1024
-
-
-def _limit_reads(transport: asyncio.BaseTransport, read_size: int) -> None:
-    """Read at most ``read_size`` bytes a ``recv`` on ``transport``.
-
-    asyncio's socket transport reads with ``sock.recv(256 KiB)``: Python allocates the whole
-    256 KiB for each read and shrinks it to what arrived. Above glibc's mmap threshold that
-    is an mmap and munmap per read: ~12 us for a 60-byte produce answer, against ~1.4 us for
-    a 64 KiB read (measured on this project's 2-core VM), and in py-spy the top line of the
-    producer's I/O thread with one request in flight. Used for the producer's connection
-    (its answers are small); the consumer's keeps asyncio's reads, to be judged with its
-    fetch answers (a 200 KB answer would take four reads, and four wakeups of ``readexactly``).
-    TLS transports read into a buffer of their own: left as they are.
-    """
-    if isinstance(getattr(transport, "max_size", None), int):
-        transport.max_size = read_size  # type: ignore[attr-defined]
-
-
-async def _read_handshake_answer(reader: asyncio.StreamReader) -> dp.HandshakeAnswer:
-    (size,) = dp.SIZE.unpack(await reader.readexactly(4))
-    if size < 1 or size > 1 << 16:
-        raise errors.CorruptRecordError(f"handshake answer of {size} bytes")
-    body = await reader.readexactly(size)
+def _read_handshake_answer(body: bytes) -> dp.HandshakeAnswer:
     if body[:1] == bytes([dp.ERROR]):  # the gateway refuses the connection (too many open)
         raise NetworkError(
             f"the gateway's data listener refused the connection: {dp.decode_error(body).error()}"
@@ -397,14 +367,8 @@ class DataLink:
         connect_timeout_s: float = 10.0,
         max_idle_s: float | None = DEFAULT_MAX_IDLE_S,
         throttles: Throttles | None = None,
-        read_size: int | None = None,
-        buffer_limit: int = 1 << 16,
     ) -> None:
         self._client = client
-        #: The most one socket read takes on its connections (None: asyncio's default).
-        self._read_size = read_size
-        #: Its connections' stream reader limit (``DataConnection.open``).
-        self._buffer_limit = buffer_limit
         #: What the gateway asked to wait for (None: nothing is waited for).
         self.throttles = throttles
         self._connect_timeout_s = connect_timeout_s
@@ -473,8 +437,6 @@ class DataLink:
                 timeout_s=self._connect_timeout_s,
                 tls=self._client.tls,
                 token_source=self._client.token_source,
-                read_size=self._read_size,
-                buffer_limit=self._buffer_limit,
             )
         except UnsupportedVersionError as exc:
             log.info("the gateway's data listener refused us (%s); using gRPC", exc)
@@ -578,9 +540,7 @@ class RawTransport:
         self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S
     ) -> None:
         self._client = client
-        self._link = DataLink(
-            client, max_idle_s=max_idle_s, throttles=client.produce_throttles, read_size=PRODUCE_READ_SIZE
-        )
+        self._link = DataLink(client, max_idle_s=max_idle_s, throttles=client.produce_throttles)
         self._fallback = fallback
 
     @property
@@ -711,7 +671,7 @@ class RawFetcher:
     the round trip overlaps the application's work."""
 
     def __init__(self, client: GatewayClient, *, sessions: bool = True) -> None:
-        self._link = DataLink(client, throttles=client.fetch_throttles, buffer_limit=FETCH_BUFFER_LIMIT)
+        self._link = DataLink(client, throttles=client.fetch_throttles)
         #: Use fetch sessions when the gateway speaks version 3.
         self._sessions = sessions
         self._session = FetchSessionState()

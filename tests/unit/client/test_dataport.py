@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from gateway.client.accumulator import RecordAccumulator, estimate_record_size
-from gateway.client.dataport import PRODUCE_READ_SIZE, DataConnection, RawTransport, parse_data_path
+from gateway.client.dataport import READ_BUFFER_BYTES, DataConnection, RawTransport, parse_data_path
 from gateway.client.errors import NetworkError, UnsupportedVersionError
 from gateway.client.metadata import MetadataCache
 from gateway.client.retry import RetryPolicy
@@ -490,7 +490,7 @@ async def test_the_produce_connection_reads_at_most_64_kib_a_recv():
         await transport.send(_request(), 5.0)
         connection = transport._link._connection
         assert connection is not None
-        assert connection.writer.transport.max_size == PRODUCE_READ_SIZE == 64 * 1024
+        assert len(connection.reader.get_buffer(-1)) == READ_BUFFER_BYTES == 64 * 1024
         await transport.close(1.0)
 
 

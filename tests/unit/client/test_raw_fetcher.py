@@ -8,7 +8,7 @@ import asyncio
 import functools
 from types import SimpleNamespace
 
-from gateway.client.dataport import FETCH_BUFFER_LIMIT, RawFetcher
+from gateway.client.dataport import READ_BUFFER_BYTES, RawFetcher
 from gateway.client.errors import RequestTimedOutError
 from gateway.client.fetcher import Fetcher, SendFetchHandler
 from gateway.client.metadata import MetadataCache
@@ -168,14 +168,31 @@ async def test_a_fetch_not_answered_in_time_fails_retriably_and_the_next_reconne
 
 
 @run_async
-async def test_the_fetch_connection_reads_a_large_answer_without_pausing():
-    async with FetchGateway(records_from_offset) as gateway:
+async def test_an_answer_larger_than_the_read_buffer_arrives_whole_in_a_buffer_of_its_own_size():
+    """A fetch answer of hundreds of KB is received straight into a buffer of its size (no
+    copies through a stream buffer): its records come out intact and are views onto it."""
+
+    def big_answer(request: dp.FetchRequest) -> dp.FetchResponse:
+        records = b"".join(batch(i * 100, 100) for i in range(120))
+        assert len(records) > 2 * READ_BUFFER_BYTES
+        return dp.FetchResponse(
+            request.correlation_id,
+            0,
+            "",
+            [dp.FetchPartitionResult(TP.topic, TP.partition, 0, 12_000, 0, records=records)],
+            session_id=7,
+        )
+
+    async with FetchGateway(big_answer) as gateway:
         fetcher = RawFetcher(_Client(gateway.address))
-        await fetcher.fetch(request_from(0), 5.0)
-        connection = fetcher._link._connection
-        assert connection is not None
-        assert connection.reader._limit == FETCH_BUFFER_LIMIT
+        answer = await fetcher.fetch(request_from(0), 5.0)
         await fetcher.close()
+    assert answer is not None
+    records = answer.partitions[0].records
+    assert isinstance(records, memoryview) and len(records) > 2 * READ_BUFFER_BYTES
+    # A view onto the answer's own buffer (a stream reader's answer was a bytes copy).
+    assert isinstance(records.obj, bytearray) and len(records.obj) < len(records) + 200
+    assert bytes(records) == b"".join(batch(i * 100, 100) for i in range(120))
 
 
 @run_async
