@@ -301,3 +301,23 @@ def test_the_transaction_manager_knows_the_next_sequence_of_a_partition():
         assert manager.is_next_sequence(batches[2]) and batches[2].base_sequence == 0
 
     asyncio.run(run())
+
+
+def test_retries_go_back_in_the_order_their_batches_were_made_whatever_order_they_fail_in():
+    accumulator = RecordAccumulator(batch_size=1, linger_ms=0, retried_alone=True)
+    tp = TopicPartition("t", 0)
+    for value in (b"a", b"b", b"c", b"d", b"e"):
+        accumulator.append("t", 0, 1000, None, value, (), 20, SYSTEM_CLOCK.time_ms())
+    plans = accumulator.drain(
+        [tp], SYSTEM_CLOCK.time_ms(), max_request_size=1, max_requests=3, pipelined=True
+    )
+    a, b, c = (batches[0] for _topic, partitions in plans for batches in partitions.values())
+    for batch in (a, b, c):
+        batch.attempts = 1
+    # The second request's answer first (another connection, say), then the third's, the first's.
+    accumulator.reenqueue([b], 0)
+    accumulator.reenqueue([c], 0)
+    accumulator.reenqueue([a], 0)
+    queued = list(accumulator._queues[tp])
+    assert [batch.order for batch in queued] == sorted(batch.order for batch in queued)
+    assert queued[:3] == [a, b, c]
