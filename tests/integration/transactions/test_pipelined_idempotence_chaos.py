@@ -28,6 +28,7 @@ with 5 it is what KIP-360's in-order retries and the leaders' producer state mus
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -130,13 +131,15 @@ class PlanNemesis(threading.Thread):
                 else:
                     # A different partition each time (round robin from the seed).
                     partition = (self.seed + index) % PARTITIONS
-                    fault = self.faults.leader(
-                        kind, lambda tps, p=partition: next(tp for tp in tps if tp.partition == p)
-                    )
+                    fault = self.faults.leader(kind, functools.partial(_partition, partition))
                 self.done[kind] += 1
                 self.log.append(f"{fault.kind} {fault.target}: taken over in {fault.moved_s:.1f} s")
         except BaseException as exc:  # noqa: BLE001 -- reported by the test
             self.error = exc
+
+
+def _partition(partition: int, tps: list[TopicPartition]) -> TopicPartition:
+    return next(tp for tp in tps if tp.partition == partition)
 
 
 def high_watermarks(admin: Admin) -> dict[int, int]:

@@ -30,8 +30,14 @@ What is checked per seed (``_check``):
 * with unlimited retries and a long delivery timeout every record is acknowledged (every fault
   here is retriable: an epoch, sequence or duplicate error reaching the application is a bug).
 
+Lost producer state and expiry are tried on one partition: with several, main duplicates a
+batch when an epoch bump (after either) renumbers a batch another partition's leader may have
+written -- reproduced deterministically, as a strict xfail, by
+:func:`test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written`.
+
 The most requests outstanding at once for one partition is measured at the stream
-(:data:`MAX_OUTSTANDING_SEEN`); with one request in flight per partition it is 1.
+(:data:`MAX_OUTSTANDING_SEEN`, printed by ``test_the_faults_reach_the_paths_they_are_meant_to``
+with ``-s``); with one request in flight per partition it is 1.
 """
 
 from __future__ import annotations
@@ -402,7 +408,7 @@ def _check(outcome: Outcome, *, all_acknowledged: bool) -> None:
 EXPIRING = Faults(break_before=0.08, lose_answer=0.06, retriable_error=0.15, slow=0.5)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(30))
 def test_every_acknowledged_record_is_written_once_in_order_across_partitions(seed):
     """Three partitions, every fault but lost producer state; nothing expires."""
     outcome = asyncio.run(_run(seed, Faults(lose_state=0.0), delivery_timeout_ms=120_000))
@@ -410,7 +416,7 @@ def test_every_acknowledged_record_is_written_once_in_order_across_partitions(se
     assert outcome.stream.requests > 3
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(20))
 def test_a_lost_producer_state_costs_no_duplicate_and_no_reordering(seed):
     """One partition whose leader also forgets the producer (UNKNOWN_PRODUCER_ID, then an epoch
     bump and batches renumbered from 0) besides every other fault. (One partition: see
@@ -419,7 +425,7 @@ def test_a_lost_producer_state_costs_no_duplicate_and_no_reordering(seed):
     _check(outcome, all_acknowledged=True)
 
 
-@pytest.mark.parametrize("seed", range(25))
+@pytest.mark.parametrize("seed", range(20))
 def test_a_record_that_expires_is_written_at_most_once_and_only_if_its_answer_was_lost(seed):
     """A short delivery timeout under heavier faults, one partition: batches expire mid-retry,
     leaving gaps in the sequence the leader answers OUT_OF_ORDER_SEQUENCE_NUMBER to (an epoch
@@ -433,13 +439,13 @@ def test_the_faults_reach_the_paths_they_are_meant_to():
     """Over some seeds: leaders lost the producer's state, its epoch was bumped, answers were
     lost after writes, records failed; reports the most requests outstanding for a partition."""
     losses = bumps = ambiguous = failed = 0
-    for seed in range(10):
+    for seed in range(6):
         outcome = asyncio.run(_run(seed, Faults(lose_state=0.08), delivery_timeout_ms=120_000, partitions=1))
         losses += outcome.stream.state_losses
         bumps += outcome.coordinator.bumps
         ambiguous += len(outcome.stream.ambiguous)
         _check(outcome, all_acknowledged=True)
-    for seed in range(10):
+    for seed in range(6):
         outcome = asyncio.run(_run(seed, EXPIRING, delivery_timeout_ms=40, partitions=1))
         failed += sum(1 for f in outcome.futures.values() if f.failed())
         _check(outcome, all_acknowledged=False)
