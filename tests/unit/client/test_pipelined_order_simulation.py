@@ -28,7 +28,8 @@ What is checked per seed (``_check``):
   a success answer reaching the producer (a lost or timed-out answer): Kafka's "a failed record
   may have been written" is allowed for exactly those; any other failed record is absent;
 * with unlimited retries and a long delivery timeout every record is acknowledged (every fault
-  here is retriable: an epoch, sequence or duplicate error reaching the application is a bug).
+  here is retriable: an epoch, sequence or duplicate error reaching the application is a bug);
+* never more than ``max_in_flight`` requests of a partition outstanding at once.
 
 Lost producer state and expiry are tried on one partition: with several, main duplicates a
 batch when an epoch bump (after either) renumbers a batch another partition's leader may have
@@ -66,6 +67,7 @@ from storage_node.log.producer_state import ProducerStateManager
 TOPIC = "chaos"
 RECORDS = 180
 PRODUCER_ID = 4242
+MAX_IN_FLIGHT = 5
 
 #: The most requests for one partition outstanding at the stream at once, over every run of this
 #: module (reported by the last test; the lead asserts > 1 once pipelining has landed).
@@ -328,7 +330,7 @@ def _producer(stream: ChaosStream, coordinator: Coordinator, seed: int, delivery
             rng=random.Random(seed),
         ),
         acks="all",
-        max_in_flight=5,
+        max_in_flight=MAX_IN_FLIGHT,
         request_timeout_ms=1000,
         transaction_manager=TransactionManager(coordinator),
     )
@@ -401,6 +403,9 @@ def _check(outcome: Outcome, *, all_acknowledged: bool) -> None:
                     f"{value!r} failed ({future.exception!r}) yet is in the log though every send "
                     "of it that was written was answered"
                 )
+    assert stream.max_outstanding <= MAX_IN_FLIGHT, (
+        f"{stream.max_outstanding} requests of a partition at once"
+    )
     MAX_OUTSTANDING_SEEN["per partition"] = max(MAX_OUTSTANDING_SEEN["per partition"], stream.max_outstanding)
 
 
