@@ -123,14 +123,16 @@ class PlanNemesis(threading.Thread):
 
     def run(self) -> None:
         try:
-            for index, kind in enumerate(self.plan):
+            for kind in self.plan:
                 if self._halt.wait(FAULT_GAP_S):
                     return
                 if kind == "gateway-kill":
                     fault = self.faults.gateway_kill()
                 else:
-                    # A different partition each time (round robin from the seed).
-                    partition = (self.seed + index) % PARTITIONS
+                    # The leader of a different partition each time (round robin from the seed).
+                    partition = (
+                        self.seed + self.done["leader-kill"] + self.done["leader-pause"]
+                    ) % PARTITIONS
                     fault = self.faults.leader(kind, functools.partial(_partition, partition))
                 self.done[kind] += 1
                 self.log.append(f"{fault.kind} {fault.target}: taken over in {fault.moved_s:.1f} s")
