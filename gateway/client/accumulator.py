@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.client.errors import IllegalStateError, RecordTooLargeError, RequestTimedOutError
@@ -55,6 +56,9 @@ from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
 from services.records.format import RECORD_BATCH_OVERHEAD, Compression
 from services.records.inplace import set_producer_state
+
+#: Numbers the batches in the order they are made (``ProducerBatch.order``).
+_BATCH_ORDER = itertools.count()
 
 #: ``_oldest_created_ms`` when no batch is queued: later than any clock reading.
 _NO_BATCH_MS = 2**63 - 1
@@ -196,6 +200,7 @@ class ProducerBatch:
         "created_ms",
         "is_full",
         "last_error",
+        "order",
         "producer_epoch",
         "producer_id",
         "record_count",
@@ -217,6 +222,9 @@ class ProducerBatch:
         request_frame: tuple[bytearray, int] | None = None,
     ) -> None:
         self.topic_partition = topic_partition
+        #: When it was made among the accumulator's batches: a partition's record order, which
+        #: retries are put back in (``RecordAccumulator.reenqueue``).
+        self.order = next(_BATCH_ORDER)
         self.result = ProduceResult(topic_partition)
         self.created_ms = created_ms
         self.attempts = 0
@@ -573,8 +581,18 @@ class RecordAccumulator:
 
     # -- the sender's side -----------------------------------------------------------------
 
-    def ready(self, now_ms: int, muted: set[TopicPartition] | frozenset = frozenset()) -> ReadyCheck:
-        """Which partitions can send now, and how long until another one might."""
+    def ready(
+        self,
+        now_ms: int,
+        muted: set[TopicPartition] | frozenset = frozenset(),
+        busy: set[TopicPartition] | frozenset = frozenset(),
+    ) -> ReadyCheck:
+        """Which partitions can send now, and how long until another one might.
+
+        ``muted`` partitions are not ready at all; ``busy`` ones (requests in flight that more
+        may follow: an idempotent producer's pipelining) only with a first batch that was never
+        sent and is not pre-built: a retry waits until nothing of its partition is in flight,
+        then goes alone (Kafka's ``shouldStopDrainBatchesForPartition``)."""
         ready: list[TopicPartition] = []
         next_check: int | None = None
         linger_ms = self.linger_ms
@@ -587,6 +605,8 @@ class RecordAccumulator:
                 if not queue or tp in muted:
                     continue
                 head = queue[0]
+                if busy and tp in busy and (head.attempts or head._prebuilt):
+                    continue  # woken when the partition's requests in flight are answered
                 retry_at_ms = head.retry_at_ms
                 if retry_at_ms > now_ms:
                     wait_ms = retry_at_ms - now_ms
@@ -625,15 +645,18 @@ class RecordAccumulator:
         max_request_size: int,
         max_requests: int,
         pipelined: bool = False,
+        may_pipeline: Callable[[TopicPartition], bool] | None = None,
     ) -> list[RequestPlan]:
         """Pop the sendable batches of ``ready`` partitions into at most ``max_requests`` requests.
 
         One request holds one topic (the Produce API's shape) and at most ``max_request_size``
         bytes (but always at least one batch, however large). Nothing is popped that does not
         make it into a returned request. ``pipelined`` (a sender that may have several requests
-        of a partition in flight: acks=0 on an ordered transport): a partition whose sendable
-        batches do not fit one request fills the next ones too, in order (else they wait for
-        the next drain, one request per partition per drain).
+        of a partition in flight: acks=0, or an idempotent producer, on an ordered transport): a
+        partition whose sendable batches do not fit one request fills the next ones too, in
+        order (else they wait for the next drain, one request per partition per drain). With
+        ``may_pipeline`` (idempotence) only partitions it allows, and only with batches never
+        sent before and not pre-built (no request follows a retry in the same drain).
         """
         by_topic: dict[str, list[TopicPartition]] = {}
         for tp in self._rotate(list(ready)):
@@ -643,7 +666,15 @@ class RecordAccumulator:
             sending_all = self._flushes > 0 or self._closed
             for topic, tps in by_topic.items():
                 if not self._plan_topic(
-                    plans, topic, tps, now_ms, max_request_size, max_requests, sending_all, pipelined
+                    plans,
+                    topic,
+                    tps,
+                    now_ms,
+                    max_request_size,
+                    max_requests,
+                    sending_all,
+                    pipelined,
+                    may_pipeline,
                 ):
                     break
         return plans
@@ -669,6 +700,7 @@ class RecordAccumulator:
         max_requests: int,
         sending_all: bool,
         pipelined: bool = False,
+        may_pipeline: Callable[[TopicPartition], bool] | None = None,
     ) -> bool:
         """Add ``topic``'s requests to ``plans``; False once ``max_requests`` is reached."""
         current: dict[int, list[ProducerBatch]] = {}
@@ -688,7 +720,12 @@ class RecordAccumulator:
             self._drain_cursor = self._queue_order.get(tp, -1)
             # Pipelined: the partition's next sendable batches go in the next requests (a
             # request names a partition once), as many as the requests allowed.
-            while pipelined and queue and self._sendable(queue, now_ms, sending_all):
+            while (
+                pipelined
+                and queue
+                and self._sendable(queue, now_ms, sending_all)
+                and (may_pipeline is None or _may_follow(batches, queue[0], tp, may_pipeline))
+            ):
                 plans.append((topic, current))
                 current, size = {}, 0
                 if len(plans) >= max_requests:
@@ -737,11 +774,22 @@ class RecordAccumulator:
         return taken, size
 
     def reenqueue(self, batches: list[ProducerBatch], retry_at_ms: int) -> None:
-        """Put failed batches back at the *front* of their queues, in their original order."""
+        """Put failed batches back at the *front* of their queues, in the order they were made
+        (for an idempotent producer, sequence order): among the retries queued there already,
+        before those made after them -- with several requests of a partition in flight, the
+        later ones' batches often come back after an earlier one's (Kafka's
+        ``insertInSequenceOrder``)."""
         with self._lock:
-            for batch in reversed(batches):
+            for batch in batches:
                 batch.retry_at_ms = retry_at_ms
-                self._queue(batch.topic_partition).appendleft(batch)
+                queue = self._queue(batch.topic_partition)
+                place = 0
+                order = batch.order
+                for queued in queue:  # the retries queued first (few): never-sent batches follow
+                    if not queued.attempts or queued.order > order:
+                        break
+                    place += 1
+                queue.insert(place, batch)
                 self._oldest_created_ms = min(self._oldest_created_ms, batch.created_ms)
 
     def expire(self, now_ms: int, delivery_timeout_ms: int) -> list[ProducerBatch]:
@@ -813,3 +861,19 @@ class RecordAccumulator:
             for queue in self._queues.values():
                 queue.clear()
         return aborted
+
+
+def _may_follow(
+    taken: list[ProducerBatch],
+    head: ProducerBatch,
+    tp: TopicPartition,
+    may_pipeline: Callable[[TopicPartition], bool],
+) -> bool:
+    """Whether ``head`` may go in another request of this drain behind ``taken`` (an idempotent
+    producer's pipelining): both first attempts of numbered batches, and ``may_pipeline(tp)``."""
+    if head.attempts or head._prebuilt:
+        return False
+    for batch in taken:
+        if batch.attempts or batch._prebuilt:
+            return False
+    return may_pipeline(tp)

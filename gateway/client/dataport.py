@@ -534,7 +534,11 @@ class RawTransport:
     the gateway offers no listener. Requests on the connection are appended to each partition
     in the order they were written, so it pipelines like the ProduceStream."""
 
-    preserves_order = True
+    @property
+    def preserves_order(self) -> bool:
+        """Requests keep their order on the data connection; once the producer uses gRPC for
+        good, as its fallback does (the stream: yes; unary calls: no)."""
+        return self.using_raw or bool(getattr(self._fallback, "preserves_order", False))
 
     def __init__(
         self, client: GatewayClient, fallback, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S

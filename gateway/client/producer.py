@@ -36,7 +36,9 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 ``retry_backoff_ms``   100        first retry wait; doubles up to ``retry_backoff_max_ms``
 ``delivery_timeout_ms`` 120000    upper bound from send() to success or failure
 ``request_timeout_ms`` 30000      how long one request may take
-``max_in_flight``      5          requests outstanding at once (never two per partition)
+``max_in_flight``      5          requests outstanding at once; per partition too when
+                                  idempotent over an ordered transport, else one per
+                                  partition (acks=0: pipelined, no retries)
 ``data_path``          "auto"     "auto": produce over the gateway's raw data listener when
                                   it offers one (frames on TCP, ``services/dataport``), else
                                   gRPC; "grpc": always gRPC (``transport`` says how)
@@ -48,7 +50,10 @@ Settings (Kafka's producer configs, Python-cased; defaults are Kafka's):
 Idempotence (Kafka's default since 3.0): the producer gets a producer id from the cluster and
 numbers its batches per partition; a leader answers a retried batch it already wrote with the
 offsets it got the first time, so retries after a lost answer, a gateway restart or a leader
-failover write nothing twice (see ``transaction_manager.py``).
+failover write nothing twice (see ``transaction_manager.py``). It also lets several requests of
+one partition be in flight at once (up to ``max_in_flight``, on the raw data path or the
+ProduceStream, not unary calls), ordered by sequence even when some fail (see ``sender.py``);
+a producer without idempotence at acks 1/all sends one request per partition at a time.
 """
 
 from __future__ import annotations

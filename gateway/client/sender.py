@@ -4,15 +4,30 @@ I/O lives here and only here; the decisions are the accumulator's (what is ready
 and the retry policy's (retry or fail). Each request is one :class:`SendProduceHandler` with
 ``create_request`` / ``handle_response`` / ``handle_error``, as aiokafka's sender does it.
 
-Per-partition order: a partition with a request in flight is *muted* -- the accumulator does not
-drain it -- until that request is answered. A failed batch goes back to the front of its queue,
-so a retry can never overtake the batches behind it. Up to ``max_in_flight`` requests (on
-different partitions) are outstanding at once.
+Per-partition order, three ways (up to ``max_in_flight`` requests are outstanding in all):
 
-With ``acks=0`` there are no retries (as in Kafka: the client does not learn of failures), so
-nothing can overtake anything; partitions are then not muted and a transport that keeps request
-order (the ProduceStream) pipelines up to ``max_in_flight`` requests for the same partition --
-the fire-and-forget producer of the 2011 paper.
+* **Idempotent producers** (the default at acks=all; transactional ones too) on a transport that
+  keeps request order (the raw data path, the ProduceStream; not unary calls): up to
+  ``max_in_flight`` (<= 5) requests of a partition are in flight at once, numbered in the order
+  they are drained (Kafka's ``max.in.flight.requests.per.connection`` with idempotence). The
+  leader appends a batch only in sequence, so order holds under failure as in Kafka's producer
+  (KIP-360's in-order retry): when a batch fails retriably, the batches in flight behind it come
+  back too (OUT_OF_ORDER_SEQUENCE_NUMBER, their predecessor missing), all go back to the front of
+  the queue in sequence order, and the partition then sends only its first unacknowledged batch,
+  alone, until it is acknowledged; then pipelining resumes. OUT_OF_ORDER_SEQUENCE_NUMBER (or
+  UNKNOWN_PRODUCER_ID) means a lost producer state -- an epoch bump -- only for the partition's
+  *next* batch (``TransactionManager.is_next_sequence``); behind an unsettled batch it is a plain
+  retry. After a bump a partition sends nothing numbered in the new epoch while requests of the
+  old one are in flight for it. (:meth:`Sender._gates` says which partitions may send.)
+* **Non-idempotent producers with acks 1/all**, and any producer over unary calls: a partition
+  with a request in flight is *muted* -- the accumulator does not drain it -- until that request
+  is answered, and a failed batch goes back to the front of its queue, so a retry can never
+  overtake the batches behind it: one request per partition (stricter than Kafka, whose producer
+  may reorder there).
+* With ``acks=0`` there are no retries (as in Kafka: the client does not learn of failures), so
+  nothing can overtake anything; partitions are then not muted and a transport that keeps
+  request order (the ProduceStream) pipelines up to ``max_in_flight`` requests for the same
+  partition -- the fire-and-forget producer of the 2011 paper.
 
 Two ways a request goes out. In general each runs in a task of its own through
 ``transport.send`` (a protobuf request; gRPC, or a frame on the raw data path). On the raw
@@ -45,7 +60,7 @@ from gateway.client.retry import RetryPolicy
 from gateway.client.sealed import stamp_correlation_id
 from gateway.client.structs import TopicPartition
 from gateway.client.telemetry import request_context
-from gateway.client.transaction_manager import TransactionManager
+from gateway.client.transaction_manager import TransactionManager, TxnState
 from services import errors
 from services.acks import Acks
 from services.proto import pb
@@ -61,6 +76,15 @@ class RetriableAfterEpochBump(errors.TributaryError):
     """Internal: the batch is retried once the producer has a new epoch."""
 
     reason = "UNKNOWN_PRODUCER_ID"
+    retriable = True
+
+
+class RetriableBehindUnsettledBatch(errors.TributaryError):
+    """Internal: OUT_OF_ORDER_SEQUENCE_NUMBER (or UNKNOWN_PRODUCER_ID) for a batch whose
+    predecessor is not settled yet (failed, or still in flight): it is missing at the leader,
+    not the producer's state. Retried in sequence order, no epoch bump (Kafka's ``canRetry``)."""
+
+    reason = "OUT_OF_ORDER_SEQUENCE_NUMBER"
     retriable = True
 
 
@@ -81,7 +105,10 @@ class SendProduceHandler:
         "deadline",
         "epoch",
         "future",
+        "numbered",
         "partitions",
+        "pipelinable",
+        "producer_id",
         "sender",
         "topic",
     )
@@ -96,8 +123,14 @@ class SendProduceHandler:
         self.future: AnswerSlot | None = None
         self.connection = None
         self.deadline = 0.0
-        #: The producer epoch the batches were numbered with (idempotence), else -1.
+        #: The producer id and epoch the batches were numbered with (idempotence), else -1.
         self.epoch = -1
+        self.producer_id = -1
+        #: Numbered when drained (``Sender._request_started``): the task sends them as they are.
+        self.numbered = False
+        #: Requests of its partitions may follow it while it is in flight (idempotence: numbered
+        #: first attempts, none pre-built; see ``Sender._gates``).
+        self.pipelinable = False
         self._topic_partitions: list[TopicPartition] | None = None
 
     @property
@@ -143,7 +176,7 @@ class SendProduceHandler:
                 continue
             error = error_from_proto(result.error) if result.HasField("error") else None
             if error is not None:
-                self.sender.fail_or_retry(batches, error, self.epoch)
+                self.sender.fail_or_retry(batches, error)
             else:
                 acknowledged.append(
                     (batches, result.base_offset, result.log_append_time, result.log_start_offset)
@@ -153,7 +186,7 @@ class SendProduceHandler:
 
     def handle_error(self, error: TributaryError) -> None:
         for batches in self.partitions.values():
-            self.sender.fail_or_retry(batches, error, self.epoch)
+            self.sender.fail_or_retry(batches, error)
 
 
 class Sender:
@@ -185,6 +218,11 @@ class Sender:
         self._muted: set[TopicPartition] = set()
         # Without retries, order needs no muting if the transport delivers requests in order.
         self._pipeline = self.acks == pb.ACKS_NONE and getattr(transport, "preserves_order", False)
+        #: Idempotence: a partition may have several requests in flight, numbered in drain order
+        #: (while the transport keeps request order: read each pass, a fallback may change it).
+        self._pipeline_idempotent = transaction_manager is not None and self.acks != pb.ACKS_NONE
+        #: Idempotence: each partition's requests in flight, in the order they were started.
+        self._in_flight_by_tp: dict[TopicPartition, list[SendProduceHandler]] = {}
         self._in_flight: set[asyncio.Task] = set()
         #: Requests written by the routine itself (``_write_direct``), awaiting their answers.
         self._direct: set[SendProduceHandler] = set()
@@ -271,17 +309,31 @@ class Sender:
             if slots <= 0:
                 delay = None
                 break
-            check = self.accumulator.ready(now_ms, self._muted)
+            if self._pipeline_idempotent:
+                muted, busy, ordered = self._gates()
+                check = self.accumulator.ready(now_ms, muted, busy)
+            else:
+                check = self.accumulator.ready(now_ms, self._muted)
             if not check.ready:
                 delay = check.next_check_ms
                 break
-            plans = self.accumulator.drain(
-                check.ready,
-                now_ms,
-                max_request_size=self.max_request_size,
-                max_requests=slots,
-                pipelined=self._pipeline,
-            )
+            if self._pipeline_idempotent:
+                plans = self.accumulator.drain(
+                    check.ready,
+                    now_ms,
+                    max_request_size=self.max_request_size,
+                    max_requests=slots,
+                    pipelined=ordered,
+                    may_pipeline=self._can_number_now,
+                )
+            else:
+                plans = self.accumulator.drain(
+                    check.ready,
+                    now_ms,
+                    max_request_size=self.max_request_size,
+                    max_requests=slots,
+                    pipelined=self._pipeline,
+                )
             connection = self._direct_connection() if plans else None
             if connection is not None and _traced(plans):
                 connection = None  # a traced request runs in its record's span: tasks do that
@@ -342,6 +394,104 @@ class Sender:
                 self._in_pass = False
         self.wakeup()
 
+    # -- per-partition order: who may send -------------------------------------------------
+
+    def _gates(self) -> tuple[set[TopicPartition], set[TopicPartition], bool]:
+        """Idempotence: the partitions with requests in flight that may not send now (muted), those
+        that may send more behind them (busy: a first attempt, not a retry -- the accumulator's
+        ``ready``), and whether the transport keeps request order now.
+
+        A partition may pipeline while every request of it in flight is pipelinable and numbered
+        in the producer's current id and epoch, and a batch for it can be numbered now
+        (:meth:`_can_number_now`). Else it waits for its requests to settle: behind a retry
+        (only the first unacknowledged batch goes), behind a request numbered in an epoch since
+        replaced (never renumber while the old epoch is in flight), behind one not numbered yet
+        (it would get a later sequence than one drained after it), or on a transport that may
+        reorder requests."""
+        by_tp = self._in_flight_by_tp
+        ordered = bool(getattr(self.transport, "preserves_order", False))
+        muted: set[TopicPartition] = set()
+        busy: set[TopicPartition] = set()
+        if not by_tp:
+            return muted, busy, ordered
+        manager = self.transaction_manager
+        assert manager is not None, "idempotence only"
+        epoch, producer_id = manager.producer_epoch, manager.producer_id
+        for tp, handlers in by_tp.items():
+            if (
+                ordered
+                and all(h.pipelinable and h.epoch == epoch and h.producer_id == producer_id for h in handlers)
+                and self._can_number_now(tp)
+            ):
+                busy.add(tp)
+            else:
+                muted.add(tp)
+        return muted, busy, ordered
+
+    def _can_number_now(self, tp: TopicPartition) -> bool:
+        """Whether a batch for ``tp`` can be numbered as it is drained (no await first): the
+        producer has its id, no epoch bump is starting or running, and (transactional) ``tp`` is
+        in the open transaction."""
+        manager = self.transaction_manager
+        return manager is not None and not self._epoch_bumps and manager.partition_ready(tp)
+
+    def _request_started(self, handler: SendProduceHandler, numbered: bool = False) -> None:
+        """``handler``'s request is starting (its batches drained): mute its partitions, or
+        (idempotence) number its batches now when possible and count it in flight per partition.
+        ``numbered``: its batches were numbered already (written directly)."""
+        if self._pipeline:
+            return
+        if not self._pipeline_idempotent:
+            self._muted.update(handler.topic_partitions)
+            return
+        manager = self.transaction_manager
+        assert manager is not None, "idempotence only"
+        tps = handler.topic_partitions
+        if not numbered and all(self._can_number_now(tp) for tp in tps):
+            for batches in handler.partitions.values():
+                for batch in batches:
+                    manager.number(batch)
+            numbered = True
+        if numbered:
+            # (A retry has its ``last_error``: ``attempts`` may count this send already.)
+            handler.numbered = True
+            handler.epoch, handler.producer_id = manager.producer_epoch, manager.producer_id
+            handler.pipelinable = all(
+                batch.last_error is None and not batch.prebuilt and manager.is_current(batch)
+                for batches in handler.partitions.values()
+                for batch in batches
+            )
+        by_tp = self._in_flight_by_tp
+        for tp in tps:
+            handlers = by_tp.get(tp)
+            if handlers is None:
+                by_tp[tp] = [handler]
+            else:
+                handlers.append(handler)
+
+    def _request_settled(self, handler: SendProduceHandler) -> None:
+        """``handler``'s request is answered (or failed) and its batches settled or re-queued:
+        its partitions may send again."""
+        if self._pipeline:
+            return
+        if not self._pipeline_idempotent:
+            self._muted.difference_update(handler.topic_partitions)
+            return
+        by_tp = self._in_flight_by_tp
+        for tp in handler.topic_partitions:
+            handlers = by_tp.get(tp)
+            if handlers is None:
+                continue
+            if handlers[0] is handler:
+                del handlers[0]
+            else:
+                try:
+                    handlers.remove(handler)
+                except ValueError:
+                    pass
+            if not handlers:
+                del by_tp[tp]
+
     # -- one request, written directly -----------------------------------------------------
 
     def _direct_connection(self):
@@ -351,10 +501,15 @@ class Sender:
         for a transactional producer (its partitions join the transaction first) or one still
         without a producer id. When acks=0 pipelines a partition, not while a request task is
         in flight either: it may not have written yet (opening the connection, or held by the
-        gateway's throttle), and what was drained after it must not overtake it. Otherwise a
-        task's partitions are muted until it is answered, so nothing drained now is theirs.
+        gateway's throttle), and what was drained after it must not overtake it; the same when an
+        idempotent producer pipelines (it would cost a retry). Otherwise a task's partitions are
+        muted until it is answered, so nothing drained now is theirs.
         """
-        if not self._direct_capable or self._epoch_bumps or (self._pipeline and self._in_flight):
+        if (
+            not self._direct_capable
+            or self._epoch_bumps
+            or ((self._pipeline or self._pipeline_idempotent) and self._in_flight)
+        ):
             return None
         manager = self.transaction_manager
         if manager is not None and (manager.transactional or not manager.has_producer_id):
@@ -422,10 +577,8 @@ class Sender:
             for batches in partitions.values():
                 unacked.append((batches, -1, -1, -1))
             return True
-        handler.epoch = manager.producer_epoch if manager is not None else -1
         handler.future = answer
-        if not self._pipeline:
-            self._muted.update(handler.topic_partitions)
+        self._request_started(handler, numbered=manager is not None)
         self._track_direct(handler, connection)
         return True
 
@@ -490,8 +643,7 @@ class Sender:
         else:
             handler.handle_response(answer)
         finally:
-            if not self._pipeline:
-                self._muted.difference_update(handler.topic_partitions)
+            self._request_settled(handler)
             self._pass_after_answer()
 
     def _pass_after_answer(self) -> None:
@@ -519,8 +671,7 @@ class Sender:
     # -- one request, in a task -------------------------------------------------------------
 
     def _start(self, handler: SendProduceHandler) -> None:
-        if not self._pipeline:
-            self._muted.update(handler.topic_partitions)
+        self._request_started(handler)
         # Traced sends: the request continues its first record's trace (gateway/client/telemetry.py).
         context = request_context(b.result for batches in handler.partitions.values() for b in batches)
         task = asyncio.get_running_loop().create_task(self._do_produce(handler), context=context)
@@ -535,13 +686,7 @@ class Sender:
         try:
             manager = self.transaction_manager
             if manager is not None:
-                await manager.ensure_producer_id()
-                if manager.transactional:
-                    await manager.add_partitions(handler.topic_partitions)
-                handler.epoch = manager.producer_epoch
-                for batches in handler.partitions.values():
-                    for batch in batches:
-                        manager.number(batch)
+                await self._number_for_task(manager, handler)
             request = handler.create_request()
             response = await self.transport.send(request, self.request_timeout_ms / 1000.0 + ANSWER_GRACE_S)
         except TributaryError as exc:
@@ -556,13 +701,29 @@ class Sender:
         else:
             handler.handle_response(response)
         finally:
-            if not self._pipeline:
-                self._muted.difference_update(handler.topic_partitions)
+            self._request_settled(handler)
             # Leave the in-flight set before waking the routine: the done callback runs only
             # after this returns, and with max_in_flight=1 the routine would find the set still
             # full, go back to sleep and never be woken again.
             self._in_flight.discard(asyncio.current_task())
             self.wakeup()
+
+    async def _number_for_task(self, manager: TransactionManager, handler: SendProduceHandler) -> None:
+        """Number ``handler``'s batches before its task sends them, unless that was done when
+        they were drained: then they go as numbered, even if the epoch was bumped since (the
+        partition sends nothing in the new epoch before this request settles). Else the
+        producer id first (waiting out a bump) and, transactional, the partitions' joining."""
+        if handler.numbered:
+            if manager.transactional:
+                manager.ensure_state(TxnState.IN_TRANSACTION, TxnState.COMMITTING, TxnState.ABORTING)
+            return
+        await manager.ensure_producer_id()
+        if manager.transactional:
+            await manager.add_partitions(handler.topic_partitions)
+        handler.epoch, handler.producer_id = manager.producer_epoch, manager.producer_id
+        for batches in handler.partitions.values():
+            for batch in batches:
+                manager.number(batch)
 
     # -- outcomes --------------------------------------------------------------------------
 
@@ -581,6 +742,10 @@ class Sender:
         for entry in acknowledged:
             done += entry[0]
         self.accumulator.complete_all(done)
+        manager = self.transaction_manager
+        if manager is not None:
+            for batch in done:
+                manager.settled(batch)
         batch_count = record_count = 0
         for batches, base_offset, log_append_time, log_start_offset in acknowledged:
             offset = base_offset
@@ -595,18 +760,26 @@ class Sender:
         metrics["batches-acknowledged"] += batch_count
         metrics["records-acknowledged"] += record_count
 
-    def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError, epoch: int = -1) -> None:
-        """Re-queue the batches (in order, after a backoff) if the policy allows, else fail them."""
+    def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError) -> None:
+        """Re-queue the batches (in sequence order, after a backoff) if the policy allows, else
+        fail them."""
         now_ms = self.client.clock.time_ms()
         manager = self.transaction_manager
-        if (
-            manager is not None
-            and isinstance(error, _LOST_PRODUCER_STATE)
-            and epoch == manager.producer_epoch
-        ):
-            # The partition lost this producer's state: a new epoch, then the batches again.
-            self._start_epoch_bump(manager, error)
-            error = RetriableAfterEpochBump(str(error))
+        if manager is not None and isinstance(error, _LOST_PRODUCER_STATE) and batches:
+            first = batches[0]
+            if manager.is_next_sequence(first):
+                # The partition's next batch: the partition lost this producer's state. A new
+                # epoch (one bump at a time: those in flight behind it fail the same way), then
+                # the batches again, renumbered once the old epoch's requests have settled.
+                if not self._epoch_bumps:
+                    self._start_epoch_bump(manager, error)
+                error = RetriableAfterEpochBump(str(error))
+            elif first.base_sequence >= 0 and not first.prebuilt:
+                # Behind an unsettled batch (failed, or in flight), or numbered in an epoch since
+                # replaced: its predecessor is missing there. Retried in order, no bump.
+                behind = RetriableBehindUnsettledBatch(str(error))
+                behind.__cause__ = error
+                error = behind
         if getattr(error, "invalid_metadata", False) and batches:
             self.client.metadata.mark_stale(batches[0].topic_partition.topic)
         retry = [b for b in batches if self.policy.can_retry(error, b.attempts, b.created_ms, now_ms)]
@@ -653,8 +826,12 @@ class Sender:
     def fail(self, batch: ProducerBatch, error: BaseException) -> None:
         self.metrics["batches-failed"] += 1
         manager = self.transaction_manager
-        if manager is not None and manager.transactional and not isinstance(error, TransactionAbortedError):
-            manager.fail_transaction(error)
+        if manager is not None:
+            # Settled: the batches behind it are next (an OUT_OF_ORDER answer for the next one
+            # then means the leader never got it: a lost state, an epoch bump).
+            manager.settled(batch)
+            if manager.transactional and not isinstance(error, TransactionAbortedError):
+                manager.fail_transaction(error)
         self.accumulator.complete(batch)
         batch.result.complete(error=error)
 

@@ -6,13 +6,26 @@ from the cluster (``InitProducerId``) before its first batch goes out. Each batc
 it is first sent (:meth:`TransactionManager.number`): its base sequence is the partition's next
 sequence, which then advances by the batch's record count. A retried batch keeps its number, so
 the partition leader recognises a retry of a batch it already wrote and answers it with the
-offsets it got the first time: retries never duplicate. With one request in flight per partition
-and a retried batch always sent alone, batches reach a partition in sequence order.
+offsets it got the first time: retries never duplicate. Batches are numbered in the order they are
+drained, so up to ``max_in_flight`` (<= 5) requests of a partition can be in flight at once on a
+transport that keeps request order (the sender's pipelining, Kafka's
+``max.in.flight.requests.per.connection`` with idempotence): the leader appends a batch only if
+it follows the last one it appended (else OUT_OF_ORDER_SEQUENCE_NUMBER), so order holds whatever
+fails, and it remembers the last 5 runs of batches of a producer, enough to recognise the retry
+of any of 5 requests in flight (``storage_node/log/producer_state.py``).
 
-If a leader answers UNKNOWN_PRODUCER_ID or OUT_OF_ORDER_SEQUENCE_NUMBER (the partition lost this
-producer's state: expired, or removed with old segments), an idempotent producer bumps its epoch
-with the cluster (KIP-360) and numbers its unacknowledged batches again from 0 in the new epoch
-(:meth:`reset_after_lost_state`); those batches are then retried.
+The manager keeps, per partition, the batches numbered in the current epoch and not yet settled
+(acknowledged, or failed for good), in sequence order (Kafka's ``inflightBatchesBySequence``):
+:meth:`is_next_sequence` tells whether a batch is the first of them -- every batch before it is
+settled.
+
+If a leader answers UNKNOWN_PRODUCER_ID or OUT_OF_ORDER_SEQUENCE_NUMBER for the *next* batch of a
+partition (the partition lost this producer's state: expired, or removed with old segments), an
+idempotent producer bumps its epoch with the cluster (KIP-360) and numbers its unacknowledged
+batches again from 0 in the new epoch (:meth:`reset_after_lost_state`); those batches are then
+retried. For a batch behind an unsettled one the same answers only mean that its predecessor is
+missing (it failed, or is still on its way): a plain retry (KIP-360's in-order retry; the sender
+decides, see ``Sender.fail_or_retry``).
 
 **Transactions** (a ``transactional_id``; Kafka's KIP-98 client flow):
 
@@ -37,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -78,6 +92,9 @@ class TransactionManager:
         self.producer_epoch = -1
         self.state = TxnState.UNINITIALIZED
         self._next_sequence: dict[TopicPartition, int] = {}
+        #: Per partition, the batches numbered in the current epoch and not yet settled, in
+        #: sequence order (they are numbered in the order they are sent).
+        self._unsettled: dict[TopicPartition, deque] = {}
         self._init_lock = asyncio.Lock()
         #: Partitions added to the open transaction (AddPartitionsToTxn answered).
         self._partitions: set[TopicPartition] = set()
@@ -118,6 +135,7 @@ class TransactionManager:
         response = await self._client.call_with_retry("InitProducerId", request)
         self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
         self._next_sequence.clear()
+        self._unsettled.clear()  # numbered in the epoch replaced: renumbered when sent next
         log.info("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
 
     def number(self, batch) -> None:
@@ -133,6 +151,46 @@ class TransactionManager:
             self.producer_id, self.producer_epoch, sequence, transactional=self.transactional
         )
         self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_LIMIT
+        unsettled = self._unsettled.get(tp)
+        if unsettled is None:
+            unsettled = self._unsettled[tp] = deque()
+        unsettled.append(batch)
+
+    def is_current(self, batch) -> bool:
+        """Whether ``batch`` is numbered in this producer's current id and epoch."""
+        return batch.producer_epoch == self.producer_epoch and batch.producer_id == self.producer_id
+
+    def is_next_sequence(self, batch) -> bool:
+        """Whether ``batch`` is the next its partition's leader expects of this producer: numbered
+        in the current epoch, and every batch numbered before it there is settled (Kafka's
+        ``isNextSequence``). Only then does OUT_OF_ORDER_SEQUENCE_NUMBER (or UNKNOWN_PRODUCER_ID)
+        say that the partition lost this producer's state."""
+        unsettled = self._unsettled.get(batch.topic_partition)
+        return unsettled is not None and bool(unsettled) and unsettled[0] is batch and self.is_current(batch)
+
+    def settled(self, batch) -> None:
+        """``batch`` was acknowledged or failed for good: the batches behind it move up."""
+        unsettled = self._unsettled.get(batch.topic_partition)
+        if not unsettled:
+            return
+        if unsettled[0] is batch:  # the common case: settled in sequence order
+            unsettled.popleft()
+            return
+        try:
+            unsettled.remove(batch)
+        except ValueError:
+            pass  # numbered in an epoch replaced since (or never numbered: prebuilt)
+
+    def partition_ready(self, tp: TopicPartition) -> bool:
+        """Whether a batch for ``tp`` can be numbered now, without awaiting anything: the
+        producer has its id, no epoch bump is running and (transactional) ``tp`` is in the open
+        transaction. The sender pipelines a partition's requests only then: a request numbered
+        later, after an await, could get a lower sequence than one drained after it."""
+        if not self.has_producer_id or self._init_lock.locked():
+            return False
+        if self.transactional:
+            return self.state in (TxnState.IN_TRANSACTION, TxnState.COMMITTING) and tp in self._partitions
+        return True
 
     async def reset_after_lost_state(self, error: TributaryError) -> None:
         """A partition lost this producer's state: bump the epoch (KIP-360); batches not yet

@@ -109,7 +109,11 @@ class StreamTransport:
     The gateway appends a stream's requests to each partition in the order they were written.
     """
 
-    preserves_order = True
+    @property
+    def preserves_order(self) -> bool:
+        """Requests are appended in the order they are written: on the stream, not once the
+        producer fell back to unary calls (a gateway without ProduceStream)."""
+        return self._unary is None
 
     def __init__(self, client: GatewayClient, *, max_idle_s: float | None = DEFAULT_MAX_IDLE_S) -> None:
         self._client = client
