@@ -771,7 +771,7 @@ class Sender:
                 # The partition's next batch: the partition lost this producer's state. A new
                 # epoch (one bump at a time: those in flight behind it fail the same way), then
                 # the batches again, renumbered once the old epoch's requests have settled.
-                if not self._epoch_bumps:
+                if manager.lost_state(first.topic_partition) and not self._epoch_bumps:
                     self._start_epoch_bump(manager, error)
                 error = RetriableAfterEpochBump(str(error))
             elif first.base_sequence >= 0 and not first.prebuilt:

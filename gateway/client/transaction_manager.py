@@ -91,10 +91,14 @@ class TransactionManager:
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = -1
         self.state = TxnState.UNINITIALIZED
+        #: Per partition, the producer id and epoch its batches are numbered in (``number``).
+        self._partition_epochs: dict[TopicPartition, tuple[int, int]] = {}
         self._next_sequence: dict[TopicPartition, int] = {}
-        #: Per partition, the batches numbered in the current epoch and not yet settled, in
-        #: sequence order (they are numbered in the order they are sent).
+        #: Per partition, the batches numbered in its epoch and not yet settled, in sequence
+        #: order (they are numbered in the order they are sent).
         self._unsettled: dict[TopicPartition, deque] = {}
+        #: Partitions whose leader lost this producer's state (``lost_state``).
+        self._lost: set[TopicPartition] = set()
         self._init_lock = asyncio.Lock()
         #: Partitions added to the open transaction (AddPartitionsToTxn answered).
         self._partitions: set[TopicPartition] = set()
@@ -125,7 +129,12 @@ class TransactionManager:
             if not self.has_producer_id:
                 await self._init_producer_id(NO_PRODUCER_ID, -1)
 
-    async def _init_producer_id(self, producer_id: int, producer_epoch: int) -> None:
+    async def _init_producer_id(
+        self, producer_id: int, producer_epoch: int, *, keep_partitions: bool = False
+    ) -> None:
+        """Get a producer id and epoch (a new epoch when ``producer_epoch`` is ours). Every
+        partition starts afresh unless ``keep_partitions`` (a bump for one partition's lost
+        state: the others keep numbering in their epoch until it is settled, see ``number``)."""
         request = pb.InitProducerIdRequest(
             transactional_id=self.transactional_id or "",
             transaction_timeout_ms=self.transaction_timeout_ms,
@@ -134,27 +143,63 @@ class TransactionManager:
         )
         response = await self._client.call_with_retry("InitProducerId", request)
         self.producer_id, self.producer_epoch = response.producer_id, response.producer_epoch
-        self._next_sequence.clear()
-        self._unsettled.clear()  # numbered in the epoch replaced: renumbered when sent next
+        if not keep_partitions:
+            self._partition_epochs.clear()
+            self._next_sequence.clear()
+            self._unsettled.clear()
+            self._lost.clear()
         log.info("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
 
     def number(self, batch) -> None:
-        """Give a batch about to be sent its producer id, epoch and base sequence -- once per
-        epoch: a retry in the same epoch keeps its sequence (so it is recognised as a retry)."""
-        if batch.prebuilt or (
-            batch.producer_epoch == self.producer_epoch and batch.producer_id == self.producer_id
-        ):
+        """Give a batch about to be sent its producer id, epoch and base sequence -- once: a retry
+        keeps its number (its first attempt may have been written; the leader recognises it).
+
+        The number is the partition's: a partition keeps the id and epoch it numbers in until
+        nothing numbered in them is unsettled, and only then moves to the producer's current
+        ones, from sequence 0 (KIP-360; Kafka's producer keeps an epoch per partition too). An
+        epoch bump for one partition's lost state so never renumbers another partition's batch,
+        which its leader may have written with its answer lost: written again under a new
+        number, it would be a duplicate. The partition that lost the state starts afresh in the
+        next epoch (:meth:`lost_state`)."""
+        if batch.prebuilt:
             return
         tp = batch.topic_partition
+        current = (self.producer_id, self.producer_epoch)
+        numbered_in = self._partition_epochs.get(tp)
+        if numbered_in is not None and numbered_in != current and tp in self._lost:
+            self._forget(tp)  # its leader has nothing of the old epoch: afresh in this one
+            numbered_in = None
+        if (
+            numbered_in is not None
+            and batch.base_sequence >= 0
+            and (batch.producer_id, batch.producer_epoch) == numbered_in
+        ):
+            return  # a retry
+        if numbered_in is None or (numbered_in != current and not self._unsettled.get(tp)):
+            numbered_in = self._partition_epochs[tp] = current
+            self._next_sequence[tp] = 0
         sequence = self._next_sequence.get(tp, 0)
-        batch.set_producer_state(
-            self.producer_id, self.producer_epoch, sequence, transactional=self.transactional
-        )
+        batch.set_producer_state(numbered_in[0], numbered_in[1], sequence, transactional=self.transactional)
         self._next_sequence[tp] = (sequence + batch.record_count) % _SEQUENCE_LIMIT
         unsettled = self._unsettled.get(tp)
         if unsettled is None:
             unsettled = self._unsettled[tp] = deque()
         unsettled.append(batch)
+
+    def lost_state(self, tp: TopicPartition) -> bool:
+        """``tp``'s leader refused the partition's next batch for a lost producer state
+        (UNKNOWN_PRODUCER_ID, or OUT_OF_ORDER_SEQUENCE_NUMBER where nothing was missing): its
+        batches are numbered afresh, from 0, in an epoch newer than the one they have. True when
+        that needs an epoch bump (the partition numbers in the current epoch); False when the
+        producer has moved on already (the partition kept an older one)."""
+        self._lost.add(tp)
+        return self._partition_epochs.get(tp) == (self.producer_id, self.producer_epoch)
+
+    def _forget(self, tp: TopicPartition) -> None:
+        self._partition_epochs.pop(tp, None)
+        self._next_sequence.pop(tp, None)
+        self._unsettled.pop(tp, None)
+        self._lost.discard(tp)
 
     def is_current(self, batch) -> bool:
         """Whether ``batch`` is numbered in this producer's current id and epoch."""
@@ -164,9 +209,14 @@ class TransactionManager:
         """Whether ``batch`` is the next its partition's leader expects of this producer: numbered
         in the current epoch, and every batch numbered before it there is settled (Kafka's
         ``isNextSequence``). Only then does OUT_OF_ORDER_SEQUENCE_NUMBER (or UNKNOWN_PRODUCER_ID)
-        say that the partition lost this producer's state."""
-        unsettled = self._unsettled.get(batch.topic_partition)
-        return unsettled is not None and bool(unsettled) and unsettled[0] is batch and self.is_current(batch)
+        say that the partition lost this producer's state.
+
+        Numbered in the partition's epoch, which may be older than the producer's (``number``)."""
+        tp = batch.topic_partition
+        unsettled = self._unsettled.get(tp)
+        if not unsettled or unsettled[0] is not batch:
+            return False
+        return (batch.producer_id, batch.producer_epoch) == self._partition_epochs.get(tp)
 
     def settled(self, batch) -> None:
         """``batch`` was acknowledged or failed for good: the batches behind it move up."""
@@ -206,7 +256,7 @@ class TransactionManager:
                 self.producer_epoch,
                 error,
             )
-            await self._init_producer_id(self.producer_id, self.producer_epoch)
+            await self._init_producer_id(self.producer_id, self.producer_epoch, keep_partitions=True)
 
     # ---- transactions ------------------------------------------------------------------------
 

@@ -120,7 +120,7 @@ def test_batches_are_numbered_per_partition_by_record_count_and_a_retry_keeps_it
     assert _header(first) == (7, 0, 0, False)
 
 
-def test_an_epoch_bump_renumbers_unacknowledged_batches_from_zero():
+def test_an_epoch_bump_renumbers_the_lost_partition_s_unacknowledged_batches_from_zero():
     client = FakeCoordinatorClient()
     manager = TransactionManager(client)
     asyncio.run(manager.ensure_producer_id())
@@ -128,6 +128,7 @@ def test_an_epoch_bump_renumbers_unacknowledged_batches_from_zero():
     (batch,) = accumulator._queues[TP]
     manager.number(batch)
     assert _header(batch)[1:3] == (0, 0)
+    assert manager.lost_state(TP)  # what the sender says first: the partition's next batch was refused
     asyncio.run(manager.reset_after_lost_state(errors.UnknownProducerIdError("gone")))
     assert client.calls[-1][1].producer_epoch == 0  # KIP-360: the bump names the epoch it replaces
     manager.number(batch)

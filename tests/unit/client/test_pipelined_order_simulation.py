@@ -31,10 +31,10 @@ What is checked per seed (``_check``):
   here is retriable: an epoch, sequence or duplicate error reaching the application is a bug);
 * never more than ``max_in_flight`` requests of a partition outstanding at once.
 
-Lost producer state and expiry are tried on one partition: with several, main duplicates a
-batch when an epoch bump (after either) renumbers a batch another partition's leader may have
-written -- reproduced deterministically, as a strict xfail, by
-:func:`test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written`.
+Lost producer state and expiry are tried on one partition and on three: with several, an
+epoch bump (after either) once renumbered a batch another partition's leader may have written,
+which was then written twice (found by this test on 2026-11-25; the step-by-step case is
+:func:`test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written`).
 
 The most requests outstanding at once for one partition is measured at the stream
 (:data:`MAX_OUTSTANDING_SEEN`, printed by ``test_the_faults_reach_the_paths_they_are_meant_to``
@@ -421,22 +421,29 @@ def test_every_acknowledged_record_is_written_once_in_order_across_partitions(se
     assert outcome.stream.requests > 3
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_a_lost_producer_state_costs_no_duplicate_and_no_reordering(seed):
-    """One partition whose leader also forgets the producer (UNKNOWN_PRODUCER_ID, then an epoch
-    bump and batches renumbered from 0) besides every other fault. (One partition: see
-    :func:`test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written`.)"""
-    outcome = asyncio.run(_run(seed, Faults(lose_state=0.08), delivery_timeout_ms=120_000, partitions=1))
+@pytest.mark.parametrize(
+    ("seed", "partitions"), [(seed, 1) for seed in range(20)] + [(seed, 3) for seed in range(20)]
+)
+def test_a_lost_producer_state_costs_no_duplicate_and_no_reordering(seed, partitions):
+    """Leaders that also forget the producer (UNKNOWN_PRODUCER_ID, then an epoch bump and the
+    partition's batches renumbered from 0) besides every other fault. With three partitions a
+    bump for one must not renumber another's batch its leader may have written (see
+    :func:`test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written`)."""
+    outcome = asyncio.run(
+        _run(seed, Faults(lose_state=0.08), delivery_timeout_ms=120_000, partitions=partitions)
+    )
     _check(outcome, all_acknowledged=True)
 
 
-@pytest.mark.parametrize("seed", range(20))
-def test_a_record_that_expires_is_written_at_most_once_and_only_if_its_answer_was_lost(seed):
+@pytest.mark.parametrize(
+    ("seed", "partitions"), [(seed, 1) for seed in range(20)] + [(seed, 3) for seed in range(10)]
+)
+def test_a_record_that_expires_is_written_at_most_once_and_only_if_its_answer_was_lost(seed, partitions):
     """A short delivery timeout under heavier faults, one partition: batches expire mid-retry,
     leaving gaps in the sequence the leader answers OUT_OF_ORDER_SEQUENCE_NUMBER to (an epoch
     bump follows). The log still holds no duplicate, in order; a failed record in it is one whose
     written send was never answered with success."""
-    outcome = asyncio.run(_run(seed, EXPIRING, delivery_timeout_ms=40, partitions=1))
+    outcome = asyncio.run(_run(seed, EXPIRING, delivery_timeout_ms=40, partitions=partitions))
     _check(outcome, all_acknowledged=False)
 
 
@@ -479,11 +486,6 @@ class ScriptedFaults(ChaosStream):
         return True  # the script loses only the state of a partition whose records are settled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug on main (2026-11-25): an epoch bump renumbers every unacknowledged batch, "
-    "also one another partition's leader may have written (answer lost): it is written again",
-)
 def test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_written():
     """p0's batch is written but its answer times out; in the same request p1's leader answers
     UNKNOWN_PRODUCER_ID. The epoch bump that follows must not make p0's retry a new batch (epoch

@@ -295,10 +295,48 @@ def test_the_transaction_manager_knows_the_next_sequence_of_a_partition():
         assert manager.is_next_sequence(batches[0])
         manager.settled(batches[0])
         assert manager.is_next_sequence(batches[2])
+        assert manager.lost_state(TopicPartition("t", 0)), "numbered in the current epoch: a bump"
         await manager.reset_after_lost_state(errors.UnknownProducerIdError("gone"))
-        assert not manager.is_next_sequence(batches[2]), "numbered in the epoch replaced"
         manager.number(batches[2])
-        assert manager.is_next_sequence(batches[2]) and batches[2].base_sequence == 0
+        assert manager.is_next_sequence(batches[2])
+        assert (batches[2].producer_epoch, batches[2].base_sequence) == (1, 0), "afresh in the new epoch"
+
+    asyncio.run(run())
+
+
+def test_a_bump_for_one_partition_leaves_another_numbering_in_its_epoch_until_it_is_settled():
+    """KIP-360 per partition: p1's leader lost the producer's state and the epoch is bumped; p0
+    has a batch whose answer was lost (its leader may have written it). p0's retry keeps its
+    number, p0's new batches follow it in the old epoch, and only once all of them are settled
+    does p0 start again at 0 in the new epoch."""
+
+    async def run():
+        manager = TransactionManager(FakeCoordinatorClient())
+        await manager.ensure_producer_id()
+        accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+        p0, p1 = TopicPartition("t", 0), TopicPartition("t", 1)
+        for partition in (0, 0, 1):
+            accumulator.append("t", partition, 1000, None, b"v", (), 20, SYSTEM_CLOCK.time_ms())
+        sent, later = list(accumulator._queues[p0])
+        (lost,) = accumulator._queues[p1]
+        for batch in (sent, lost):
+            manager.number(batch)
+        assert manager.lost_state(p1)
+        await manager.reset_after_lost_state(errors.UnknownProducerIdError("gone"))
+        assert manager.producer_epoch == 1
+        manager.number(sent)  # its retry
+        assert (sent.producer_epoch, sent.base_sequence) == (0, 0), "a retry keeps its number"
+        manager.number(later)
+        assert (later.producer_epoch, later.base_sequence) == (0, 1), "behind it, in its epoch"
+        manager.number(lost)
+        assert (lost.producer_epoch, lost.base_sequence) == (1, 0), "the lost partition starts afresh"
+        manager.settled(sent)
+        manager.settled(later)
+        accumulator.append("t", 0, 1000, None, b"v", (), 20, SYSTEM_CLOCK.time_ms())
+        (fresh,) = [b for b in accumulator._queues[p0] if b.base_sequence < 0]
+        manager.number(fresh)
+        assert (fresh.producer_epoch, fresh.base_sequence) == (1, 0), "settled: the new epoch, from 0"
+        assert manager.lost_state(p0), "p0 now numbers in the current epoch: its loss needs a bump"
 
     asyncio.run(run())
 
