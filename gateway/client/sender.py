@@ -221,6 +221,9 @@ class Sender:
         #: Idempotence: a partition may have several requests in flight, numbered in drain order
         #: (while the transport keeps request order: read each pass, a fallback may change it).
         self._pipeline_idempotent = transaction_manager is not None and self.acks != pb.ACKS_NONE
+        #: Idempotence: acknowledgements held until an earlier batch of their partition is
+        #: settled (``_hold_acknowledgement``), per partition, in the order the batches were made.
+        self._held: dict[TopicPartition, list[tuple[ProducerBatch, tuple[int, int, int]]]] = {}
         #: Idempotence: each partition's requests in flight, in the order they were started.
         self._in_flight_by_tp: dict[TopicPartition, list[SendProduceHandler]] = {}
         self._in_flight: set[asyncio.Task] = set()
@@ -753,12 +756,38 @@ class Sender:
             for batch in batches:
                 count = batch.record_count
                 record_count += count
-                batch.result.complete(offset, log_append_time, log_start_offset)
+                if manager is not None and manager.follows_unsettled(batch):
+                    self._hold_acknowledgement(batch, (offset, log_append_time, log_start_offset))
+                else:
+                    batch.result.complete(offset, log_append_time, log_start_offset)
                 if offset >= 0:
                     offset += count
+        if self._held:
+            for batches, *_ in acknowledged:
+                self._release_acknowledgements(batches[0].topic_partition)
         metrics = self.metrics
         metrics["batches-acknowledged"] += batch_count
         metrics["records-acknowledged"] += record_count
+
+    def _hold_acknowledgement(self, batch: ProducerBatch, result: tuple[int, int, int]) -> None:
+        """Keep ``batch``'s acknowledgement until the batches of its partition made before it
+        are settled: with several requests of a partition in flight, a later batch can be
+        acknowledged while an earlier one, written but its answer lost, is being retried (the
+        leader then answers the retry from its state). The application still learns of a
+        partition's records in the order it sent them, as Kafka promises for its callbacks."""
+        held = self._held.setdefault(batch.topic_partition, [])
+        held.append((batch, result))
+        held.sort(key=lambda entry: entry[0].order)
+
+    def _release_acknowledgements(self, tp: TopicPartition) -> None:
+        """Complete the held acknowledgements of ``tp`` that no unsettled batch precedes now."""
+        held = self._held.get(tp)
+        manager = self.transaction_manager
+        while held and (manager is None or not manager.follows_unsettled(held[0][0])):
+            batch, (offset, log_append_time, log_start_offset) = held.pop(0)
+            batch.result.complete(offset, log_append_time, log_start_offset)
+        if not held:
+            self._held.pop(tp, None)
 
     def fail_or_retry(self, batches: list[ProducerBatch], error: TributaryError) -> None:
         """Re-queue the batches (in sequence order, after a backoff) if the policy allows, else
@@ -834,6 +863,8 @@ class Sender:
                 manager.fail_transaction(error)
         self.accumulator.complete(batch)
         batch.result.complete(error=error)
+        if self._held:
+            self._release_acknowledgements(batch.topic_partition)
 
     def _fail_expired(self, now_ms: int) -> None:
         for batch in self.accumulator.expire(now_ms, self.policy.delivery_timeout_ms):
@@ -863,6 +894,11 @@ class Sender:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Acknowledged, held behind a batch that was in flight: theirs stand (it failed now).
+        held, self._held = self._held, {}
+        for entries in held.values():
+            for batch, (offset, log_append_time, log_start_offset) in entries:
+                batch.result.complete(offset, log_append_time, log_start_offset)
         self._stopping = True
         self.wakeup()
 

@@ -231,6 +231,12 @@ class TransactionManager:
         except ValueError:
             pass  # numbered in an epoch replaced since (or never numbered: prebuilt)
 
+    def follows_unsettled(self, batch) -> bool:
+        """Whether a batch of ``batch``'s partition made before it is not settled yet (its answer
+        was lost, so it is being retried, while ``batch``, behind it, was acknowledged)."""
+        unsettled = self._unsettled.get(batch.topic_partition)
+        return unsettled is not None and bool(unsettled) and unsettled[0].order < batch.order
+
     def partition_ready(self, tp: TopicPartition) -> bool:
         """Whether a batch for ``tp`` can be numbered now, without awaiting anything: the
         producer has its id, no epoch bump is running and (transactional) ``tp`` is in the open

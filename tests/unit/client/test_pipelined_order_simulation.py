@@ -310,6 +310,8 @@ class ChaosStream:
 @dataclass
 class Outcome:
     sent: dict[int, list[bytes]]
+    #: Per partition, the records in the order the application was told they were acknowledged.
+    acknowledged: dict[int, list[bytes]]
     futures: dict[bytes, FutureRecordMetadata]
     leaders: list[SimLeader]
     stream: ChaosStream
@@ -337,13 +339,15 @@ def _producer(stream: ChaosStream, coordinator: Coordinator, seed: int, delivery
     return accumulator, sender
 
 
-def _append(accumulator, sender, futures, partition: int, value: bytes) -> None:
+def _append(accumulator, sender, futures, partition: int, value: bytes, acknowledged=None) -> None:
     size = estimate_record_size(None, value, 0)
     future, full, new = accumulator.append(
         TOPIC, partition, 1000, None, value, (), size, SYSTEM_CLOCK.time_ms()
     )
     assert future is not None
     futures[value] = future
+    if acknowledged is not None:
+        future.add_callback(lambda _metadata: acknowledged[partition].append(value))
     if full or new:
         sender.wakeup()
 
@@ -364,15 +368,16 @@ async def _run(seed: int, faults: Faults, delivery_timeout_ms: int, partitions: 
     accumulator, sender = _producer(stream, coordinator, seed, delivery_timeout_ms)
     task = asyncio.create_task(sender.run())
     sent: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    acknowledged: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
     for _ in range(RECORDS):
         partition = rng.randrange(partitions)
         value = b"p%d-%05d-" % (partition, len(sent[partition])) + b"x" * rng.randrange(20)
         sent[partition].append(value)
-        _append(accumulator, sender, futures, partition, value)
+        _append(accumulator, sender, futures, partition, value, acknowledged)
         if rng.random() < 0.3:
             await asyncio.sleep(rng.random() * 0.001 if rng.random() < 0.5 else 0)
     await _finish(accumulator, sender, task, stream)
-    return Outcome(sent, futures, leaders, stream, coordinator)
+    return Outcome(sent, acknowledged, futures, leaders, stream, coordinator)
 
 
 def _check(outcome: Outcome, *, all_acknowledged: bool) -> None:
@@ -387,6 +392,8 @@ def _check(outcome: Outcome, *, all_acknowledged: bool) -> None:
         assert not strangers, f"p{partition}: records never sent here: {strangers[:5]}"
         order = [where[v] for v in log]
         assert order == sorted(order), f"p{partition}: log out of send order: {order}"
+        told = [where[v] for v in outcome.acknowledged[partition]]
+        assert told == sorted(told), f"p{partition}: acknowledged out of send order: {told}"
         at = {value: offset for offset, value in enumerate(log)}
         for value in sent:
             future = outcome.futures[value]
@@ -505,9 +512,9 @@ def test_an_epoch_bump_does_not_renumber_a_batch_another_partition_may_have_writ
         _append(accumulator, sender, futures, 0, b"p0-first")  # both in one request
         _append(accumulator, sender, futures, 1, b"p1-second")
         await _finish(accumulator, sender, task, stream)
-        return Outcome(
-            {0: [b"p0-first"], 1: [b"p1-first", b"p1-second"]}, futures, leaders, stream, coordinator
-        )
+        sent = {0: [b"p0-first"], 1: [b"p1-first", b"p1-second"]}
+        acknowledged = {p: [v for v in values if futures[v].succeeded()] for p, values in sent.items()}
+        return Outcome(sent, acknowledged, futures, leaders, stream, coordinator)
 
     outcome = asyncio.run(run())
     assert outcome.coordinator.bumps == 1 and outcome.stream.state_losses == 1
