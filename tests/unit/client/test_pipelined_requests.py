@@ -36,8 +36,13 @@ class FakeCoordinatorClient:
         self.request_timeout_ms = 1000
         self.epoch = -1
         self.init_calls = 0
+        self.added = 0
 
     async def call_with_retry(self, method, request, *, max_wait_ms=None):
+        if method == "AddPartitionsToTxn":
+            self.added += len(request.partitions)
+            await asyncio.sleep(0.003)  # a coordinator round trip: requests drained meanwhile wait
+            return pb.AddPartitionsToTxnResponse()
         assert method == "InitProducerId", method
         self.init_calls += 1
         self.epoch += 1
@@ -173,11 +178,18 @@ class SequencedLeader:
         return None
 
 
-async def produce(transport, values, *, idempotent=True, acks=-1, partitions=1, pace=0.0005):
+async def produce(
+    transport, values, *, idempotent=True, acks=-1, partitions=1, pace=0.0005, transactional=False
+):
     """Send ``values`` one record per batch, round robin over ``partitions``, paced so several
     requests overlap; returns the futures, the sender and the coordinator client."""
     client = FakeCoordinatorClient()
-    manager = TransactionManager(client) if idempotent else None
+    manager = None
+    if idempotent:
+        manager = TransactionManager(client, transactional_id="app" if transactional else None)
+    if transactional:
+        await manager.init_transactions()
+        manager.begin()
     accumulator = RecordAccumulator(batch_size=1, linger_ms=0, retried_alone=idempotent)
     sender = Sender(
         client=client,
@@ -359,3 +371,14 @@ def test_retries_go_back_in_the_order_their_batches_were_made_whatever_order_the
     queued = list(accumulator._queues[tp])
     assert [batch.order for batch in queued] == sorted(batch.order for batch in queued)
     assert queued[:3] == [a, b, c]
+
+
+def test_a_transactional_producer_pipelines_a_partition_once_it_is_in_the_transaction():
+    leader = SequencedLeader()
+    futures, _sender, client = asyncio.run(produce(leader, VALUES, transactional=True))
+    assert _offsets(futures) == list(range(len(VALUES)))
+    assert leader.log[0] == VALUES
+    assert client.added == 1, "the partition joined the transaction once"
+    first = [in_flight for p, *_rest, in_flight in leader.arrivals if p == 0]
+    assert first[0] == 0, "the request that adds the partition goes alone"
+    assert 1 < leader.max_in_flight[0] <= 5
