@@ -19,9 +19,8 @@ Experiments (see ``bench/peers/__init__.py`` for what each mode means for every 
   fsync before every acknowledgement (storage node ``--flush-before-ack true``), and a Java
   client through the generated gRPC stubs (``bench/peers/java``);
 * **latency**: produce -> consumed, p50/p99 at fixed rates (``--rates``), one message at a time
-  (Tributary: ``linger_ms=0`` with Kafka's default producer, ``acks=all`` and idempotent, up to
-  5 requests of the partition in flight; it used ``acks=1``, one request in flight, before
-  2026-11-25);
+  (Tributary: ``linger_ms=0`` with Kafka's default producer, ``acks=all`` and idempotent; it used
+  ``acks=1`` before 2026-11-25);
 * **retained data**: produce and consume rate of 40,000 messages with 0 / 64 MB / 256 MB already
   retained (``--full``: 200,000 messages, 0 / 1 / 5 GB);
 * **partitions**: produce and consume rate of 40,000 messages over 1, 16, 256 partitions (queues,

@@ -17,13 +17,14 @@
   next goes, as every peer's batched mode. ``acks=0``
   with 16 in flight is the paper's Kafka setting (reported too).
 * latency: ``Producer(linger_ms=0)`` with Kafka's default producer settings (``acks="all"``,
-  idempotent): up to 5 requests of the partition in flight, so a record does not wait in the
-  SDK for the previous one's round trip (before 2026-11-25 the run used ``acks=1``, which is not
-  idempotent and keeps one request per partition in flight). Measured A/B on 2026-11-25 (the
-  same SDK with pipelining switched off, 4 runs each at 2,000/s, load 2-3): the end-to-end p50
-  was 1.2-1.6x *higher* pipelined, the producer's send -> acknowledged p50 unchanged (~0.7 ms):
-  the gateway keeps one append per partition and connection in flight to the storage node
-  (``gateway/server/append_queue.py``), so the wait moves there and each record costs a request.
+  idempotent); before 2026-11-25 the run used ``acks=1``. An idempotent producer pipelines up to
+  5 requests of a partition, but only complete batches: at 2,000 records/s each record is its
+  own batch still filling when it is sent, so a record waits for the previous round trip (and
+  travels with those that came meanwhile), as with ``acks=1``. Measured A/B on 2026-11-25 with
+  every lingered record pipelined (4 runs each at 2,000/s, load 2-3): the end-to-end p50 was
+  1.2-1.6x *higher*, the producer's send -> acknowledged p50 unchanged (~0.7 ms): the gateway
+  keeps one append per partition and connection in flight to the storage node
+  (``gateway/server/append_queue.py``), so the wait moved there and each record cost a request.
 * consume: ``Consumer`` with manual assignment, 200 KB fetches (``max_partition_fetch_bytes`` =
   ``fetch_max_bytes``), up to 1,000 records per poll, records decoded and CRC-checked in the client.
 """
@@ -93,8 +94,8 @@ class Tributary(Peer):
         "with --tributary-data-path grpc); barrier on end offset"
     )
     batch_note = "one 50-record RecordBatch per request, acks=1, 1 in flight"
-    latency_note = "linger_ms=0, acks=all, idempotent (Kafka's defaults): up to 5 requests in flight"
-    #: The latency run's acks ("all": idempotent, pipelined; 1: one request in flight).
+    latency_note = "linger_ms=0, acks=all, idempotent (Kafka's defaults)"
+    #: The latency run's acks ("all": Kafka's default producer, idempotent).
     latency_acks: int | str = "all"
     consume_note = "Consumer, 200 KB fetches, max_poll_records 1000"
 

@@ -591,8 +591,13 @@ class RecordAccumulator:
 
         ``muted`` partitions are not ready at all; ``busy`` ones (requests in flight that more
         may follow: an idempotent producer's pipelining) only with a first batch that was never
-        sent and is not pre-built: a retry waits until nothing of its partition is in flight,
-        then goes alone (Kafka's ``shouldStopDrainBatchesForPartition``)."""
+        sent and is not pre-built -- a retry waits until nothing of its partition is in flight,
+        then goes alone (Kafka's ``shouldStopDrainBatchesForPartition``) -- and is complete: full,
+        with batches behind it, or everything being sent (a flush). A batch still filling waits
+        for the answer and gathers the records that arrive meanwhile, as a muted partition's
+        does: sent alone each, records reached the gateway sooner only to wait there (it keeps
+        one append per partition in flight to the node), and cost a request each -- at 2,000
+        records/s with ``linger_ms=0`` the end-to-end p50 was 1.2-1.6x higher (A/B, 2026-11-25)."""
         ready: list[TopicPartition] = []
         next_check: int | None = None
         linger_ms = self.linger_ms
@@ -605,7 +610,13 @@ class RecordAccumulator:
                 if not queue or tp in muted:
                     continue
                 head = queue[0]
-                if busy and tp in busy and (head.attempts or head._prebuilt):
+                if (
+                    busy
+                    and tp in busy
+                    and (
+                        head.attempts or head._prebuilt or not (sending_all or head.is_full or len(queue) > 1)
+                    )
+                ):
                     continue  # woken when the partition's requests in flight are answered
                 retry_at_ms = head.retry_at_ms
                 if retry_at_ms > now_ms:
@@ -724,7 +735,13 @@ class RecordAccumulator:
                 pipelined
                 and queue
                 and self._sendable(queue, now_ms, sending_all)
-                and (may_pipeline is None or _may_follow(batches, queue[0], tp, may_pipeline))
+                and (
+                    may_pipeline is None
+                    or (
+                        (sending_all or queue[0].is_full or len(queue) > 1)
+                        and _may_follow(batches, queue[0], tp, may_pipeline)
+                    )
+                )
             ):
                 plans.append((topic, current))
                 current, size = {}, 0

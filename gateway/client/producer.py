@@ -52,7 +52,8 @@ numbers its batches per partition; a leader answers a retried batch it already w
 offsets it got the first time, so retries after a lost answer, a gateway restart or a leader
 failover write nothing twice (see ``transaction_manager.py``). It also lets several requests of
 one partition be in flight at once (up to ``max_in_flight``, on the raw data path or the
-ProduceStream, not unary calls), ordered by sequence even when some fail (see ``sender.py``);
+ProduceStream, not unary calls), ordered by sequence even when some fail (see ``sender.py``):
+complete batches go behind a request in flight, a batch still filling waits for its answer;
 a producer without idempotence at acks 1/all sends one request per partition at a time.
 """
 

@@ -469,6 +469,7 @@ def test_the_faults_reach_the_paths_they_are_meant_to():
         failed += sum(1 for f in outcome.futures.values() if f.failed())
         _check(outcome, all_acknowledged=False)
     assert losses > 0 and bumps > 0 and ambiguous > 0 and failed > 0, (losses, bumps, ambiguous, failed)
+    assert MAX_OUTSTANDING_SEEN["per partition"] > 1, "the producer never pipelined a partition"
     print(f"most requests outstanding for one partition at once: {MAX_OUTSTANDING_SEEN['per partition']}")
 
 

@@ -382,3 +382,20 @@ def test_a_transactional_producer_pipelines_a_partition_once_it_is_in_the_transa
     first = [in_flight for p, *_rest, in_flight in leader.arrivals if p == 0]
     assert first[0] == 0, "the request that adds the partition goes alone"
     assert 1 < leader.max_in_flight[0] <= 5
+
+
+def test_a_partition_with_requests_in_flight_sends_behind_them_only_complete_batches():
+    """A batch still filling waits for the answer (gathering what arrives meanwhile, as a muted
+    partition's does); a full one, one with batches behind it, or a flush goes at once."""
+    accumulator = RecordAccumulator(batch_size=200, linger_ms=0, retried_alone=True)
+    tp = TopicPartition("t", 0)
+    now = SYSTEM_CLOCK.time_ms()
+    accumulator.append("t", 0, 1000, None, b"a", (), 20, now)
+    assert accumulator.ready(now).ready == [tp], "nothing in flight: lingered, it goes"
+    assert accumulator.ready(now, busy={tp}).ready == [], "in flight: a filling batch waits"
+    accumulator.begin_flush()
+    assert accumulator.ready(now, busy={tp}).ready == [tp], "a flush sends everything"
+    accumulator.end_flush()
+    while len(accumulator._queues[tp]) < 2:
+        accumulator.append("t", 0, 1000, None, b"x" * 50, (), 70, now)
+    assert accumulator.ready(now, busy={tp}).ready == [tp], "a complete batch follows at once"
