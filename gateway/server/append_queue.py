@@ -72,7 +72,7 @@ class Appender(Protocol):
     def __call__(
         self,
         topic: str,
-        payloads: dict[int, bytes],
+        payloads: dict[int, bytes | memoryview],
         acks: Acks,
         deadline: float,
         settled: Settled,
@@ -84,7 +84,9 @@ class Appender(Protocol):
 #: ``append_now(topic, payloads, acks, deadline, done)``: the appender's first attempt made
 #: without a coroutine when it can be (True: sent, ``done(results)`` hears every partition's
 #: result of that attempt from a callback); False: nothing sent, the appender must do it.
-AppenderNow = Callable[[str, dict[int, bytes], Acks, float, Callable[[dict[int, AppendResult]], None]], bool]
+AppenderNow = Callable[
+    [str, dict[int, bytes | memoryview], Acks, float, Callable[[dict[int, AppendResult]], None]], bool
+]
 
 #: ``_Pending.counts`` before anyone asked for them.
 _NOT_COUNTED = (-1, -1)
@@ -95,7 +97,7 @@ _LAST_OFFSET_DELTA = struct.Struct(">i")
 _RECORD_COUNT = struct.Struct(">i")
 
 
-def count_offsets(data: bytes) -> tuple[int, int] | None:
+def count_offsets(data: bytes | memoryview) -> tuple[int, int] | None:
     """(offsets, records) the batches in ``data`` take, from their headers; None if unreadable.
 
     The walk :func:`services.records.iter_batches` makes (the same checks: every batch at least
@@ -187,7 +189,9 @@ class _Pending:
 
     __slots__ = ("_counts", "acks", "answer", "data", "deadline", "partition")
 
-    def __init__(self, data: bytes, acks: Acks, deadline: float, answer: _Answer, partition: int) -> None:
+    def __init__(
+        self, data: bytes | memoryview, acks: Acks, deadline: float, answer: _Answer, partition: int
+    ) -> None:
         self.data = data
         self.acks = acks
         self.deadline = deadline
@@ -316,7 +320,7 @@ class AppendQueues:
         return future
 
     def submit_all(
-        self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float
+        self, topic: str, payloads: Mapping[int, bytes | memoryview], acks: Acks, deadline: float
     ) -> asyncio.Future[dict[int, AppendResult]]:
         """:meth:`submit` of one request's partitions (``payloads``: partition -> bytes): one
         future, resolved to every partition's :class:`AppendResult` once all have one; it never
@@ -328,7 +332,12 @@ class AppendQueues:
         return future
 
     def submit_then(
-        self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float, done: Done
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes | memoryview],
+        acks: Acks,
+        deadline: float,
+        done: Done,
     ) -> None:
         """:meth:`submit_all` without a future: ``done(results)`` is called as soon as every
         partition has its result -- in the same turn of the loop, so answers settled together
@@ -555,7 +564,7 @@ class AppendQueues:
                 await asyncio.sleep(0)  # the scheduled round starts
 
 
-def _round_data(groups: dict[int, list[_Pending]]) -> tuple[float, dict[int, bytes]]:
+def _round_data(groups: dict[int, list[_Pending]]) -> tuple[float, dict[int, bytes | memoryview]]:
     """A round's deadline (its earliest request's) and each partition's bytes."""
     deadline = min(p.deadline for group in groups.values() for p in group)
     data = {

@@ -86,6 +86,7 @@ from services.acks import Acks
 from services.acls import ANONYMOUS
 from services.append_result import AppendResult
 from services.dataport import protocol as dp
+from services.records import Compression
 from services.tls import ReloadingSslContext
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,9 @@ class _ListenerProtocol(asyncio.StreamReaderProtocol):
                 return
             connection.parked = False  # the stream holds bytes now: the reading loop takes them
             if served:
-                data = data[served:]
+                # the rest as a view: copied once, into the stream's buffer (bytearray.extend)
+                super().data_received(memoryview(data)[served:])  # type: ignore[arg-type]
+                return
         super().data_received(data)
 
 
@@ -514,8 +517,9 @@ class _Connection:
         end = 4 + size
         if len(buffer) < end:
             return None
-        body = bytes(buffer[4:end])
-        del buffer[:end]  # O(1) at the front of a bytearray
+        with memoryview(buffer) as view:  # one copy (a bytearray slice, then bytes, made two)
+            body = bytes(view[4:end])
+        del buffer[:end]  # O(1) at the front of a bytearray (the view is released)
         return body
 
     async def _wait_for_room(self) -> None:
@@ -665,7 +669,11 @@ class _Connection:
             return 0
         transport = self.writer.transport
         max_frame = listener.max_frame
-        end = len(data)
+        frame_size_ok = dp.frame_size_ok
+        # Frames are parsed in place: a produce's records stay views into ``data`` (immutable
+        # bytes) all the way to the storage node's link, never copied here.
+        view = memoryview(data)
+        end = len(view)
         pos = 0
         queues.hold_rounds()
         try:
@@ -675,11 +683,11 @@ class _Connection:
                 and queues.has_room
                 and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
             ):
-                (size,) = dp.SIZE.unpack_from(data, pos)
+                (size,) = dp.SIZE.unpack_from(view, pos)
                 frame_end = pos + 4 + size
-                if not dp.MIN_FRAME <= size <= max_frame or frame_end > end:
-                    break
-                body = data[pos + 4 : frame_end]
+                if not frame_size_ok(size, max_frame) or frame_end > end:
+                    break  # a bad size: the reading loop's check_frame_size answers it
+                body = view[pos + 4 : frame_end]
                 if dp.decode_header(body)[0] != dp.PRODUCE_REQUEST:
                     break
                 try:
@@ -702,12 +710,15 @@ class _Connection:
         (its topic's route is not known yet)."""
         produce = self.listener.produce
         acks = _ACKS[request.acks]
+        # The records stay views into the frame (no copy): the frame's bytes are immutable.
         command = ProduceCommand(
-            topic=request.topic,
-            batches=[(partition, bytes(data)) for partition, data in request.partitions],
-            acks=acks,
-            timeout_ms=request.timeout_ms,
-            correlation_id=request.correlation_id,
+            request.topic,
+            (),
+            request.partitions,
+            acks,
+            request.timeout_ms,
+            Compression.NONE,
+            request.correlation_id,
         )
         try:
             self._authorize("Produce", request)
@@ -748,8 +759,8 @@ class _Connection:
         produce = self.listener.produce
         command = ProduceCommand(
             topic=request.topic,
-            batches=[(partition, bytes(data)) for partition, data in request.partitions],
-            acks=Acks(request.acks),
+            batches=request.partitions,  # views into the frame, as in _produce_now
+            acks=_ACKS[request.acks],
             timeout_ms=request.timeout_ms,
             correlation_id=request.correlation_id,
         )
