@@ -190,7 +190,7 @@ class _Pending:
     __slots__ = ("_counts", "acks", "answer", "data", "deadline", "partition")
 
     def __init__(
-        self, data: bytes | memoryview, acks: Acks, deadline: float, answer: _Answer, partition: int
+        self, data: bytes | memoryview, acks: Acks, deadline: float, answer: _Answer | None, partition: int
     ) -> None:
         self.data = data
         self.acks = acks
@@ -337,13 +337,15 @@ class AppendQueues:
         payloads: Mapping[int, bytes | memoryview],
         acks: Acks,
         deadline: float,
-        done: Done,
+        done: Done | None,
     ) -> None:
         """:meth:`submit_all` without a future: ``done(results)`` is called as soon as every
         partition has its result -- in the same turn of the loop, so answers settled together
         can leave together -- or ``done(None)`` if the appends are abandoned. ``done`` must not
-        raise (what it raises is logged)."""
-        answer = _Answer(None, len(payloads), False, done)
+        raise (what it raises is logged). ``done`` None: nobody waits for the results (an
+        acks=0 request), and no answer is kept for them -- one object fewer per queued request
+        for the garbage collector to walk, while a flood of them waits in the queues."""
+        answer = _Answer(None, len(payloads), False, done) if done is not None else None
         for partition, data in payloads.items():
             self._queue(topic, partition, _Pending(data, acks, deadline, answer, partition))
 
@@ -527,7 +529,9 @@ class AppendQueues:
 
     def _finish(self, key: tuple[str, int], group: list[_Pending], shares: list[AppendResult]) -> None:
         for pending, share in zip(group, shares, strict=True):
-            pending.answer.put(pending.partition, share)
+            answer = pending.answer
+            if answer is not None:
+                answer.put(pending.partition, share)
         self._release(group)
         self._in_flight.discard(key)
         queue = self._queues.get(key)
@@ -542,7 +546,8 @@ class AppendQueues:
         callers waiting."""
         queued = self._queues.pop(key, deque())
         for pending in (*group, *queued):
-            pending.answer.cancel()
+            if pending.answer is not None:
+                pending.answer.cancel()
         self._release([*group, *queued])
         self._in_flight.discard(key)
         self._ready.pop(key, None)

@@ -735,7 +735,7 @@ class _Connection:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return True
         if acks is Acks.NONE:  # queued, nobody to answer (no future either)
-            produce.submit_then(plan, deadline=deadline, queues=queues, done=_unanswered)
+            produce.submit_then(plan, deadline=deadline, queues=queues, done=None)
             return True
         self.in_flight_bytes += size
         self.in_flight_requests += 1
@@ -968,10 +968,6 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
-
-
-def _unanswered(_results: dict[int, AppendResult] | None) -> None:
-    """An acks=0 request's appends settled: nobody to tell."""
 
 
 def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:

@@ -252,11 +252,11 @@ class ProduceHandler:
         *,
         deadline: float,
         queues: AppendQueues,
-        done: Callable[[dict[int, AppendResult] | None], None],
+        done: Callable[[dict[int, AppendResult] | None], None] | None,
     ) -> None:
         """:meth:`submit` with a callback instead of a future (``AppendQueues.submit_then``):
         ``done`` hears the partitions' results in the turn of the loop they are settled (or
-        None if abandoned)."""
+        None if abandoned); ``done`` None: nobody does (acks=0)."""
         command = plan.command
         queues.submit_then(command.topic, _payload_bytes(plan), command.acks, deadline, done)
 
