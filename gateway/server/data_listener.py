@@ -365,13 +365,8 @@ class _Connection:
         (``append_queue.py``), their answers one write (:meth:`_write`)."""
         max_frame = self.listener.max_frame
         throttle = self.throttle
-        transport = self.writer.transport
         while True:
-            if not (
-                self._has_room()
-                and queues.has_room
-                and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
-            ):
+            if not self._room_to_read():
                 await self._wait_for_room()
             if throttle.muted_until:
                 await throttle.wait()
@@ -467,6 +462,8 @@ class _Connection:
             body = self._cut_frame(max_size, handshake=handshake)
             if body is not None:
                 return body
+            if parkable and not buffer and not self._room_to_read():
+                await self._wait_for_room()  # the frames _take_in served took the room
             midframe = handshake or bool(buffer)
             timeout = self.listener.stall_timeout_s if midframe else self.listener.max_idle_s
             self.parked = parkable and not midframe
@@ -497,7 +494,39 @@ class _Connection:
                     log.info("data connection %s ended inside a frame", self.peer)
                     raise _Closed
                 return None
-            buffer += chunk
+            if parkable:
+                self._take_in(chunk, max_size)
+            else:
+                buffer += chunk
+
+    def _take_in(self, chunk: bytes, max_size: int) -> None:
+        """A read of the reading loop: the frames in it that :meth:`serve_now` serves are served
+        at once, parsed in place (their records stay views into ``chunk``, immutable bytes);
+        the rest goes to the buffer, for :meth:`_cut_frame`. A frame begun in the buffer is
+        finished from ``chunk`` first (one copy, as the buffer's cut makes) and served the same
+        way, so the usual pipelining client -- its frames across read boundaries -- costs no
+        copy and no :meth:`_dispatch` per frame. What is not served is buffered as it came,
+        in order, and the reading loop takes it as it would have."""
+        buffer = self._buffer
+        view = memoryview(chunk)
+        if buffer:
+            if len(buffer) < dp.SIZE.size:
+                buffer += view
+                return
+            (size,) = dp.SIZE.unpack_from(buffer)
+            need = dp.SIZE.size + size - len(buffer)
+            if not dp.frame_size_ok(size, max_size) or need > len(view):
+                buffer += view  # a bad size (the cut refuses it) or still not whole
+                return
+            frame = b"".join((buffer, view[:need]))
+            if not self.serve_now(frame):
+                buffer += view  # the reading loop serves it, and then what came after it
+                return
+            buffer.clear()
+            view = view[need:]
+        served = self.serve_now(view)
+        if served < len(view):
+            buffer += view[served:]
 
     def _cut_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
         """The next frame's body if the buffer holds all of it, else None (a size prefix out of
@@ -531,6 +560,15 @@ class _Connection:
             await self.queues.wait_for_room()
         if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
             await self.writer.drain()  # the write watch ends the connection if it never drains
+
+    def _room_to_read(self) -> bool:
+        """Whether the reading loop may take in more requests (else :meth:`_wait_for_room`)."""
+        queues = self.queues
+        return (
+            self._has_room()
+            and (queues is None or queues.has_room)
+            and self.writer.transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
+        )
 
     def _has_room(self) -> bool:
         listener = self.listener
@@ -649,12 +687,12 @@ class _Connection:
 
         task.add_done_callback(done)
 
-    def serve_now(self, data: bytes) -> int:
+    def serve_now(self, data: bytes | memoryview) -> int:
         """Serve the produce frames at the front of ``data`` -- bytes that arrived while the
-        reading loop waited with nothing buffered (``parked``) -- now, in the protocol's
-        callback: how many bytes were served. Only what :meth:`_dispatch` would serve with plain
-        calls (:meth:`_produce_now`), while the loop's conditions to read hold (room, no
-        throttle); the reading loop takes the rest (a frame not whole, a fetch, a request that
+        reading loop waited with nothing buffered (``parked``), or that it read
+        (:meth:`_take_in`) -- now: how many bytes were served. Only what :meth:`_dispatch`
+        would serve with plain calls (:meth:`_produce_now`), while the loop's conditions to read
+        hold (room, no throttle); the reading loop takes the rest (a frame not whole, a fetch, a request that
         needs the full path, bad input) in order after these, as it would have. The appends of
         the frames served join one round, started before this returns."""
         listener = self.listener
