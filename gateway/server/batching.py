@@ -71,15 +71,24 @@ def ensure_valid_command(command: ProduceCommand) -> None:
     """Raise the Kafka-named INVALID_ARGUMENT errors for requests that cannot be served at all."""
     if not command.topic:
         raise errors.InvalidTopicError("produce request has an empty topic name")
-    if command.records and command.batches:
+    records = command.records
+    batches = command.batches
+    if records and batches:
         raise errors.InvalidRequestError("set either records or batches in a produce request, not both")
     if command.timeout_ms < 0:
         raise errors.InvalidRequestError(f"timeout_ms {command.timeout_ms} is negative")
-    for index, record in enumerate(command.records):
-        if record.partition is not None and record.partition < 0:
-            raise errors.InvalidRequestError(f"record {index} has negative partition {record.partition}")
+    if records:
+        for index, record in enumerate(records):
+            if record.partition is not None and record.partition < 0:
+                raise errors.InvalidRequestError(f"record {index} has negative partition {record.partition}")
+        return
+    if len(batches) == 1:  # the usual pre-encoded request: nothing can repeat
+        partition = batches[0][0]
+        if partition < 0:
+            raise errors.InvalidRequestError(f"batches for negative partition {partition}")
+        return
     seen: set[int] = set()
-    for partition, _ in command.batches:
+    for partition, _ in batches:
         if partition < 0:
             raise errors.InvalidRequestError(f"batches for negative partition {partition}")
         if partition in seen:

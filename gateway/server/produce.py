@@ -94,7 +94,11 @@ def _record_offsets(
 
 def _payload_bytes(plan: ProducePlan) -> dict[int, bytes | memoryview]:
     """Each partition's bytes of ``plan``."""
-    return {p: payload.data for p, payload in plan.payloads.items()}
+    payloads = plan.payloads
+    if len(payloads) == 1:  # the usual request: no comprehension to run
+        for partition, payload in payloads.items():
+            return {partition: payload.data}
+    return {p: payload.data for p, payload in payloads.items()}
 
 
 def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
