@@ -72,7 +72,7 @@ class Appender(Protocol):
     def __call__(
         self,
         topic: str,
-        payloads: dict[int, bytes],
+        payloads: dict[int, bytes | memoryview],
         acks: Acks,
         deadline: float,
         settled: Settled,
@@ -84,7 +84,9 @@ class Appender(Protocol):
 #: ``append_now(topic, payloads, acks, deadline, done)``: the appender's first attempt made
 #: without a coroutine when it can be (True: sent, ``done(results)`` hears every partition's
 #: result of that attempt from a callback); False: nothing sent, the appender must do it.
-AppenderNow = Callable[[str, dict[int, bytes], Acks, float, Callable[[dict[int, AppendResult]], None]], bool]
+AppenderNow = Callable[
+    [str, dict[int, bytes | memoryview], Acks, float, Callable[[dict[int, AppendResult]], None]], bool
+]
 
 #: ``_Pending.counts`` before anyone asked for them.
 _NOT_COUNTED = (-1, -1)
@@ -95,7 +97,7 @@ _LAST_OFFSET_DELTA = struct.Struct(">i")
 _RECORD_COUNT = struct.Struct(">i")
 
 
-def count_offsets(data: bytes) -> tuple[int, int] | None:
+def count_offsets(data: bytes | memoryview) -> tuple[int, int] | None:
     """(offsets, records) the batches in ``data`` take, from their headers; None if unreadable.
 
     The walk :func:`services.records.iter_batches` makes (the same checks: every batch at least
@@ -187,7 +189,9 @@ class _Pending:
 
     __slots__ = ("_counts", "acks", "answer", "data", "deadline", "partition")
 
-    def __init__(self, data: bytes, acks: Acks, deadline: float, answer: _Answer, partition: int) -> None:
+    def __init__(
+        self, data: bytes | memoryview, acks: Acks, deadline: float, answer: _Answer | None, partition: int
+    ) -> None:
         self.data = data
         self.acks = acks
         self.deadline = deadline
@@ -316,7 +320,7 @@ class AppendQueues:
         return future
 
     def submit_all(
-        self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float
+        self, topic: str, payloads: Mapping[int, bytes | memoryview], acks: Acks, deadline: float
     ) -> asyncio.Future[dict[int, AppendResult]]:
         """:meth:`submit` of one request's partitions (``payloads``: partition -> bytes): one
         future, resolved to every partition's :class:`AppendResult` once all have one; it never
@@ -328,13 +332,20 @@ class AppendQueues:
         return future
 
     def submit_then(
-        self, topic: str, payloads: Mapping[int, bytes], acks: Acks, deadline: float, done: Done
+        self,
+        topic: str,
+        payloads: Mapping[int, bytes | memoryview],
+        acks: Acks,
+        deadline: float,
+        done: Done | None,
     ) -> None:
         """:meth:`submit_all` without a future: ``done(results)`` is called as soon as every
         partition has its result -- in the same turn of the loop, so answers settled together
         can leave together -- or ``done(None)`` if the appends are abandoned. ``done`` must not
-        raise (what it raises is logged)."""
-        answer = _Answer(None, len(payloads), False, done)
+        raise (what it raises is logged). ``done`` None: nobody waits for the results (an
+        acks=0 request), and no answer is kept for them -- one object fewer per queued request
+        for the garbage collector to walk, while a flood of them waits in the queues."""
+        answer = _Answer(None, len(payloads), False, done) if done is not None else None
         for partition, data in payloads.items():
             self._queue(topic, partition, _Pending(data, acks, deadline, answer, partition))
 
@@ -518,7 +529,9 @@ class AppendQueues:
 
     def _finish(self, key: tuple[str, int], group: list[_Pending], shares: list[AppendResult]) -> None:
         for pending, share in zip(group, shares, strict=True):
-            pending.answer.put(pending.partition, share)
+            answer = pending.answer
+            if answer is not None:
+                answer.put(pending.partition, share)
         self._release(group)
         self._in_flight.discard(key)
         queue = self._queues.get(key)
@@ -533,7 +546,8 @@ class AppendQueues:
         callers waiting."""
         queued = self._queues.pop(key, deque())
         for pending in (*group, *queued):
-            pending.answer.cancel()
+            if pending.answer is not None:
+                pending.answer.cancel()
         self._release([*group, *queued])
         self._in_flight.discard(key)
         self._ready.pop(key, None)
@@ -555,7 +569,7 @@ class AppendQueues:
                 await asyncio.sleep(0)  # the scheduled round starts
 
 
-def _round_data(groups: dict[int, list[_Pending]]) -> tuple[float, dict[int, bytes]]:
+def _round_data(groups: dict[int, list[_Pending]]) -> tuple[float, dict[int, bytes | memoryview]]:
     """A round's deadline (its earliest request's) and each partition's bytes."""
     deadline = min(p.deadline for group in groups.values() for p in group)
     data = {

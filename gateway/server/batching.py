@@ -16,7 +16,6 @@ gets a batch of its own, and the storage node answers it with RECORD_TOO_LARGE.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from services import errors
@@ -37,13 +36,18 @@ class RecordIn(NamedTuple):
     partition: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceCommand:
-    """A produce request: typed ``records`` or pre-encoded ``batches`` (partition, bytes), not both."""
+class ProduceCommand(NamedTuple):
+    """A produce request: typed ``records`` or pre-encoded ``batches`` (partition, bytes), not both.
+
+    Immutable, and a tuple rather than a frozen dataclass: one is built per request, and a
+    frozen dataclass's ``__init__`` (a ``object.__setattr__`` per field) cost the gateway a
+    tenth of its time per one-record request."""
 
     topic: str
     records: Sequence[RecordIn] = ()
-    batches: Sequence[tuple[int, bytes]] = ()
+    #: The request's bytes per partition, views into its frame (never copied on the way to
+    #: the storage node) or bytes.
+    batches: Sequence[tuple[int, bytes | memoryview]] = ()
     acks: Acks = Acks.ALL
     #: 0 = the gateway's default.
     timeout_ms: int = 0
@@ -53,29 +57,38 @@ class ProduceCommand:
     request_bytes: int = 0
 
 
-@dataclass(slots=True)
-class PartitionPayload:
-    """What one partition receives: concatenated batches and, for typed records, their indexes."""
+class PartitionPayload(NamedTuple):
+    """What one partition receives: concatenated batches and, for typed records, their indexes
+    (a tuple: one is built per partition of every request)."""
 
     partition: int
-    data: bytes
+    data: bytes | memoryview
     #: Request indexes of the records, in offset order (empty for pre-encoded batches).
-    record_indexes: list[int] = field(default_factory=list)
+    record_indexes: Sequence[int] = ()
 
 
 def ensure_valid_command(command: ProduceCommand) -> None:
     """Raise the Kafka-named INVALID_ARGUMENT errors for requests that cannot be served at all."""
     if not command.topic:
         raise errors.InvalidTopicError("produce request has an empty topic name")
-    if command.records and command.batches:
+    records = command.records
+    batches = command.batches
+    if records and batches:
         raise errors.InvalidRequestError("set either records or batches in a produce request, not both")
     if command.timeout_ms < 0:
         raise errors.InvalidRequestError(f"timeout_ms {command.timeout_ms} is negative")
-    for index, record in enumerate(command.records):
-        if record.partition is not None and record.partition < 0:
-            raise errors.InvalidRequestError(f"record {index} has negative partition {record.partition}")
+    if records:
+        for index, record in enumerate(records):
+            if record.partition is not None and record.partition < 0:
+                raise errors.InvalidRequestError(f"record {index} has negative partition {record.partition}")
+        return
+    if len(batches) == 1:  # the usual pre-encoded request: nothing can repeat
+        partition = batches[0][0]
+        if partition < 0:
+            raise errors.InvalidRequestError(f"batches for negative partition {partition}")
+        return
     seen: set[int] = set()
-    for partition, _ in command.batches:
+    for partition, _ in batches:
         if partition < 0:
             raise errors.InvalidRequestError(f"batches for negative partition {partition}")
         if partition in seen:
@@ -197,11 +210,21 @@ def plan_raw(command: ProduceCommand, partition_count: int) -> tuple[dict[int, P
 
     The bytes pass through untouched: the storage node validates them.
     """
+    batches = command.batches
+    if len(batches) == 1:  # the usual request: nothing to sort
+        ((partition, data),) = batches
+        if partition >= partition_count:
+            return {}, [partition]
+        return {partition: PartitionPayload(partition, data)}, []
     payloads: dict[int, PartitionPayload] = {}
     unknown: list[int] = []
-    for partition, data in sorted(command.batches, key=lambda item: item[0]):
+    for partition, data in sorted(batches, key=_partition_of):
         if partition >= partition_count:
             unknown.append(partition)
         else:
             payloads[partition] = PartitionPayload(partition, data)
     return payloads, unknown
+
+
+def _partition_of(batch: tuple[int, bytes | memoryview]) -> int:
+    return batch[0]

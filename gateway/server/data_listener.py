@@ -86,6 +86,7 @@ from services.acks import Acks
 from services.acls import ANONYMOUS
 from services.append_result import AppendResult
 from services.dataport import protocol as dp
+from services.records import Compression
 from services.tls import ReloadingSslContext
 
 log = logging.getLogger(__name__)
@@ -270,7 +271,9 @@ class _ListenerProtocol(asyncio.StreamReaderProtocol):
                 return
             connection.parked = False  # the stream holds bytes now: the reading loop takes them
             if served:
-                data = data[served:]
+                # the rest as a view: copied once, into the stream's buffer (bytearray.extend)
+                super().data_received(memoryview(data)[served:])  # type: ignore[arg-type]
+                return
         super().data_received(data)
 
 
@@ -362,13 +365,8 @@ class _Connection:
         (``append_queue.py``), their answers one write (:meth:`_write`)."""
         max_frame = self.listener.max_frame
         throttle = self.throttle
-        transport = self.writer.transport
         while True:
-            if not (
-                self._has_room()
-                and queues.has_room
-                and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
-            ):
+            if not self._room_to_read():
                 await self._wait_for_room()
             if throttle.muted_until:
                 await throttle.wait()
@@ -464,6 +462,8 @@ class _Connection:
             body = self._cut_frame(max_size, handshake=handshake)
             if body is not None:
                 return body
+            if parkable and not buffer and not self._room_to_read():
+                await self._wait_for_room()  # the frames _take_in served took the room
             midframe = handshake or bool(buffer)
             timeout = self.listener.stall_timeout_s if midframe else self.listener.max_idle_s
             self.parked = parkable and not midframe
@@ -494,7 +494,39 @@ class _Connection:
                     log.info("data connection %s ended inside a frame", self.peer)
                     raise _Closed
                 return None
-            buffer += chunk
+            if parkable:
+                self._take_in(chunk, max_size)
+            else:
+                buffer += chunk
+
+    def _take_in(self, chunk: bytes, max_size: int) -> None:
+        """A read of the reading loop: the frames in it that :meth:`serve_now` serves are served
+        at once, parsed in place (their records stay views into ``chunk``, immutable bytes);
+        the rest goes to the buffer, for :meth:`_cut_frame`. A frame begun in the buffer is
+        finished from ``chunk`` first (one copy, as the buffer's cut makes) and served the same
+        way, so the usual pipelining client -- its frames across read boundaries -- costs no
+        copy and no :meth:`_dispatch` per frame. What is not served is buffered as it came,
+        in order, and the reading loop takes it as it would have."""
+        buffer = self._buffer
+        view = memoryview(chunk)
+        if buffer:
+            if len(buffer) < dp.SIZE.size:
+                buffer += view
+                return
+            (size,) = dp.SIZE.unpack_from(buffer)
+            need = dp.SIZE.size + size - len(buffer)
+            if not dp.frame_size_ok(size, max_size) or need > len(view):
+                buffer += view  # a bad size (the cut refuses it) or still not whole
+                return
+            frame = b"".join((buffer, view[:need]))
+            if not self.serve_now(frame):
+                buffer += view  # the reading loop serves it, and then what came after it
+                return
+            buffer.clear()
+            view = view[need:]
+        served = self.serve_now(view)
+        if served < len(view):
+            buffer += view[served:]
 
     def _cut_frame(self, max_size: int, *, handshake: bool = False) -> bytes | None:
         """The next frame's body if the buffer holds all of it, else None (a size prefix out of
@@ -514,8 +546,9 @@ class _Connection:
         end = 4 + size
         if len(buffer) < end:
             return None
-        body = bytes(buffer[4:end])
-        del buffer[:end]  # O(1) at the front of a bytearray
+        with memoryview(buffer) as view:  # one copy (a bytearray slice, then bytes, made two)
+            body = bytes(view[4:end])
+        del buffer[:end]  # O(1) at the front of a bytearray (the view is released)
         return body
 
     async def _wait_for_room(self) -> None:
@@ -527,6 +560,15 @@ class _Connection:
             await self.queues.wait_for_room()
         if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH_WATER:
             await self.writer.drain()  # the write watch ends the connection if it never drains
+
+    def _room_to_read(self) -> bool:
+        """Whether the reading loop may take in more requests (else :meth:`_wait_for_room`)."""
+        queues = self.queues
+        return (
+            self._has_room()
+            and (queues is None or queues.has_room)
+            and self.writer.transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
+        )
 
     def _has_room(self) -> bool:
         listener = self.listener
@@ -645,12 +687,12 @@ class _Connection:
 
         task.add_done_callback(done)
 
-    def serve_now(self, data: bytes) -> int:
+    def serve_now(self, data: bytes | memoryview) -> int:
         """Serve the produce frames at the front of ``data`` -- bytes that arrived while the
-        reading loop waited with nothing buffered (``parked``) -- now, in the protocol's
-        callback: how many bytes were served. Only what :meth:`_dispatch` would serve with plain
-        calls (:meth:`_produce_now`), while the loop's conditions to read hold (room, no
-        throttle); the reading loop takes the rest (a frame not whole, a fetch, a request that
+        reading loop waited with nothing buffered (``parked``), or that it read
+        (:meth:`_take_in`) -- now: how many bytes were served. Only what :meth:`_dispatch`
+        would serve with plain calls (:meth:`_produce_now`), while the loop's conditions to read
+        hold (room, no throttle); the reading loop takes the rest (a frame not whole, a fetch, a request that
         needs the full path, bad input) in order after these, as it would have. The appends of
         the frames served join one round, started before this returns."""
         listener = self.listener
@@ -665,7 +707,11 @@ class _Connection:
             return 0
         transport = self.writer.transport
         max_frame = listener.max_frame
-        end = len(data)
+        frame_size_ok = dp.frame_size_ok
+        # Frames are parsed in place: a produce's records stay views into ``data`` (immutable
+        # bytes) all the way to the storage node's link, never copied here.
+        view = memoryview(data)
+        end = len(view)
         pos = 0
         queues.hold_rounds()
         try:
@@ -675,11 +721,11 @@ class _Connection:
                 and queues.has_room
                 and transport.get_write_buffer_size() <= _WRITE_HIGH_WATER
             ):
-                (size,) = dp.SIZE.unpack_from(data, pos)
+                (size,) = dp.SIZE.unpack_from(view, pos)
                 frame_end = pos + 4 + size
-                if not dp.MIN_FRAME <= size <= max_frame or frame_end > end:
-                    break
-                body = data[pos + 4 : frame_end]
+                if not frame_size_ok(size, max_frame) or frame_end > end:
+                    break  # a bad size: the reading loop's check_frame_size answers it
+                body = view[pos + 4 : frame_end]
                 if dp.decode_header(body)[0] != dp.PRODUCE_REQUEST:
                     break
                 try:
@@ -702,12 +748,15 @@ class _Connection:
         (its topic's route is not known yet)."""
         produce = self.listener.produce
         acks = _ACKS[request.acks]
+        # The records stay views into the frame (no copy): the frame's bytes are immutable.
         command = ProduceCommand(
-            topic=request.topic,
-            batches=[(partition, bytes(data)) for partition, data in request.partitions],
-            acks=acks,
-            timeout_ms=request.timeout_ms,
-            correlation_id=request.correlation_id,
+            request.topic,
+            (),
+            request.partitions,
+            acks,
+            request.timeout_ms,
+            Compression.NONE,
+            request.correlation_id,
         )
         try:
             self._authorize("Produce", request)
@@ -724,7 +773,7 @@ class _Connection:
                 log.info("acks=0 produce to %r from %s failed: %s", request.topic, self.peer, exc)
             return True
         if acks is Acks.NONE:  # queued, nobody to answer (no future either)
-            produce.submit_then(plan, deadline=deadline, queues=queues, done=_unanswered)
+            produce.submit_then(plan, deadline=deadline, queues=queues, done=None)
             return True
         self.in_flight_bytes += size
         self.in_flight_requests += 1
@@ -748,8 +797,8 @@ class _Connection:
         produce = self.listener.produce
         command = ProduceCommand(
             topic=request.topic,
-            batches=[(partition, bytes(data)) for partition, data in request.partitions],
-            acks=Acks(request.acks),
+            batches=request.partitions,  # views into the frame, as in _produce_now
+            acks=_ACKS[request.acks],
             timeout_ms=request.timeout_ms,
             correlation_id=request.correlation_id,
         )
@@ -957,10 +1006,6 @@ class _Connection:
     def _end_span(self, span, error) -> None:
         if span is not None:
             self.listener.telemetry.end_data_request(span, error)
-
-
-def _unanswered(_results: dict[int, AppendResult] | None) -> None:
-    """An acks=0 request's appends settled: nobody to tell."""
 
 
 def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:

@@ -344,7 +344,7 @@ class NodeAppends:
     async def append(
         self,
         topic: str,
-        payloads: Mapping[int, bytes],
+        payloads: Mapping[int, bytes | memoryview],
         *,
         acks: Acks,
         timeout_s: float,
@@ -382,7 +382,7 @@ class NodeAppends:
     def append_now(
         self,
         topic: str,
-        payloads: Mapping[int, bytes],
+        payloads: Mapping[int, bytes | memoryview],
         *,
         acks: Acks,
         timeout_s: float | None = None,
@@ -434,14 +434,14 @@ class NodeAppends:
         return True
 
     @staticmethod
-    def _frame_size(topic: str, payloads: Mapping[int, bytes]) -> int:
+    def _frame_size(topic: str, payloads: Mapping[int, bytes | memoryview]) -> int:
         return frames.REQUEST_FIXED_SIZE + sum(len(d) + len(topic) + 14 for d in payloads.values())
 
     @staticmethod
     def _request(
         correlation_id: int,
         topic: str,
-        payloads: Mapping[int, bytes],
+        payloads: Mapping[int, bytes | memoryview],
         acks: Acks,
         timeout_s: float,
         leader_epochs: Mapping[int, int] | None,
@@ -465,7 +465,7 @@ class NodeAppends:
 
     @staticmethod
     def _results(
-        topic: str, payloads: Mapping[int, bytes], response: frames.AppendResponse
+        topic: str, payloads: Mapping[int, bytes | memoryview], response: frames.AppendResponse
     ) -> dict[int, AppendResult]:
         """Each partition's result in the node's answer."""
         if response.error is not None:
@@ -484,7 +484,7 @@ class NodeAppends:
     async def _append(
         self,
         topic: str,
-        payloads: Mapping[int, bytes],
+        payloads: Mapping[int, bytes | memoryview],
         acks: Acks,
         timeout_s: float,
         leader_epochs: Mapping[int, int] | None,
@@ -614,7 +614,7 @@ class NodeAppends:
 
 
 def _all_failed(
-    topic: str, payloads: Mapping[int, bytes], error: errors.TributaryError
+    topic: str, payloads: Mapping[int, bytes | memoryview], error: errors.TributaryError
 ) -> dict[int, AppendResult]:
     """The same failure for every partition of an append."""
     return {p: AppendResult(topic, p, error=error) for p in payloads}

@@ -30,8 +30,7 @@ import functools
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.server import storage_calls
 from gateway.server.append_queue import AppendQueues
@@ -59,9 +58,8 @@ log = logging.getLogger(__name__)
 OFFLOAD_BUILD_BYTES = 4 << 20
 
 
-@dataclass(frozen=True, slots=True)
-class ProducePlan:
-    """A validated request with its batches built, ready to send."""
+class ProducePlan(NamedTuple):
+    """A validated request with its batches built, ready to send (a tuple: one per request)."""
 
     command: ProduceCommand
     #: Each typed record's partition, in request order (empty for pre-encoded batches).
@@ -71,9 +69,8 @@ class ProducePlan:
     failed: dict[int, AppendResult]
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceOutcome:
-    """The answer to one produce request."""
+class ProduceOutcome(NamedTuple):
+    """The answer to one produce request (a tuple: one per request)."""
 
     topic: str
     #: (partition, offset) per typed record, in request order; offset -1 when not known.
@@ -95,9 +92,13 @@ def _record_offsets(
     return list(zip(assignment, offsets, strict=True))
 
 
-def _payload_bytes(plan: ProducePlan) -> dict[int, bytes]:
+def _payload_bytes(plan: ProducePlan) -> dict[int, bytes | memoryview]:
     """Each partition's bytes of ``plan``."""
-    return {p: payload.data for p, payload in plan.payloads.items()}
+    payloads = plan.payloads
+    if len(payloads) == 1:  # the usual request: no comprehension to run
+        for partition, payload in payloads.items():
+            return {partition: payload.data}
+    return {p: payload.data for p, payload in payloads.items()}
 
 
 def _unacked_results(plan: ProducePlan) -> dict[int, AppendResult]:
@@ -255,11 +256,11 @@ class ProduceHandler:
         *,
         deadline: float,
         queues: AppendQueues,
-        done: Callable[[dict[int, AppendResult] | None], None],
+        done: Callable[[dict[int, AppendResult] | None], None] | None,
     ) -> None:
         """:meth:`submit` with a callback instead of a future (``AppendQueues.submit_then``):
         ``done`` hears the partitions' results in the turn of the loop they are settled (or
-        None if abandoned)."""
+        None if abandoned); ``done`` None: nobody does (acks=0)."""
         command = plan.command
         queues.submit_then(command.topic, _payload_bytes(plan), command.acks, deadline, done)
 
@@ -304,7 +305,7 @@ class ProduceHandler:
     async def _append_with_retries(
         self,
         topic: str,
-        data: dict[int, bytes],
+        data: dict[int, bytes | memoryview],
         acks: Acks,
         deadline: float,
         settled: Callable[[int, AppendResult], None] | None = None,
@@ -326,7 +327,7 @@ class ProduceHandler:
     def _append_now(
         self,
         topic: str,
-        data: dict[int, bytes],
+        data: dict[int, bytes | memoryview],
         acks: Acks,
         deadline: float,
         done: Callable[[dict[int, AppendResult]], None],
@@ -362,7 +363,7 @@ class ProduceHandler:
         return appends.append_now(topic, data, acks=acks, deadline=deadline, leader_epochs=epochs, done=done)
 
     async def _do_append_round(
-        self, topic: str, data: dict[int, bytes], acks: Acks, deadline: float
+        self, topic: str, data: dict[int, bytes | memoryview], acks: Acks, deadline: float
     ) -> dict[int, AppendResult]:
         """One append per leader node, concurrently (over its data port, else gRPC); a partition
         without a leader fails this round."""

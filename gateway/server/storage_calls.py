@@ -39,7 +39,7 @@ def _failed_call(exc: grpc.RpcError) -> errors.TributaryError:
 async def append(
     stub: storage_grpc.StorageNodeStub,
     topic: str,
-    payloads: dict[int, bytes],
+    payloads: dict[int, bytes | memoryview],
     *,
     acks: Acks,
     timeout_s: float,
@@ -62,7 +62,10 @@ async def append(
     add = request.partitions.add  # in place: the batch bytes are copied into the message once
     epochs = leader_epochs or {}
     for partition, data in payloads.items():
-        added = add(topic=topic, partition=partition, record_batches=data)
+        # protobuf takes bytes only: a view into a client's frame is copied here (the data
+        # port, the usual way, writes views as they are)
+        records = data if isinstance(data, bytes) else bytes(data)
+        added = add(topic=topic, partition=partition, record_batches=records)
         epoch = epochs.get(partition)
         if epoch is not None:
             added.leader_epoch = epoch

@@ -509,9 +509,16 @@ class _Reader:
             raise self.fail(f"has {len(self.view) - self.position} bytes after its end")
 
 
+def frame_size_ok(size: int, limit: int) -> bool:
+    """Whether a frame's size prefix is one a receiver takes (``MIN_FRAME..limit``): the one
+    check, for the readers that cut frames from a stream and those that serve them from a
+    callback alike."""
+    return MIN_FRAME <= size <= limit
+
+
 def check_frame_size(size: int, limit: int) -> None:
-    """Raise InvalidRequestError for a size prefix outside ``MIN_FRAME..limit``."""
-    if size < MIN_FRAME or size > limit:
+    """Raise InvalidRequestError for a size prefix :func:`frame_size_ok` refuses."""
+    if not frame_size_ok(size, limit):
         raise errors.InvalidRequestError(f"data frame size {size} outside {MIN_FRAME}..{limit}")
 
 

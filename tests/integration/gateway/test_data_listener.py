@@ -276,6 +276,52 @@ def test_frames_served_as_they_arrive_and_by_the_reading_loop_keep_arrival_order
     assert _read_all(cluster.gateway, topic, 6) == [b"mixed-%d" % i for i in range(6)]
 
 
+def test_frames_cut_across_reads_anywhere_keep_arrival_order(cluster, data_address, topic):
+    # The reading loop serves the frames of each read in place and finishes a frame begun in an
+    # earlier read from the next one: reads that end inside a size prefix, inside a frame, just
+    # after one, around a fetch (which the loop serves itself) all keep each request's place.
+    frames = []
+    for i in range(40):
+        acks = 0 if i % 4 == 0 else 1
+        frames.append(
+            dp.encode_produce_request(
+                dp.ProduceRequest(200 + i, acks, 10_000, topic, [(0, _batch(b"cut-%d" % i, b"x" * (i * 37)))])
+            )
+        )
+        if i == 17:
+            frames.append(
+                dp.encode_fetch_request(dp.FetchRequest(300, [dp.FetchPartition(topic, 0, 0)], max_wait_ms=0))
+            )
+    stream = b"".join(frames)
+    cuts = (2, 1, 5, 700, 3, 1500, 9, 64, 2, 4000, 1, 333)  # piece sizes, repeated to the end
+    position = 0
+    answered = {200 + i for i in range(40) if i % 4} | {300}
+    with _connect(data_address) as sock:
+        pieces = 0
+        while position < len(stream):
+            step = cuts[pieces % len(cuts)]
+            sock.sendall(stream[position : position + step])
+            position += step
+            pieces += 1
+            time.sleep(0.01)  # (not synchronisation: each piece tends to arrive in a read of its own)
+        answers = {}
+        while len(answers) < len(answered):
+            body = _read_frame(sock)
+            kind, correlation_id = dp.decode_header(body)
+            answers[correlation_id] = (
+                dp.decode_produce_response(body)
+                if kind == dp.PRODUCE_RESPONSE
+                else dp.decode_fetch_response(body)
+            )
+    assert set(answers) == answered
+    assert [answers[c].partitions[0].base_offset for c in sorted(answered - {300})] == [
+        2 * (c - 200) for c in sorted(answered - {300})
+    ]
+    assert answers[300].error_code == 0
+    expected = [v for i in range(40) for v in (b"cut-%d" % i, b"x" * (i * 37))]
+    assert _read_all(cluster.gateway, topic, len(expected)) == expected
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 
 

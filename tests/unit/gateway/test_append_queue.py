@@ -326,6 +326,26 @@ def test_submit_then_calls_back_with_every_partition_and_survives_a_failing_call
     assert log.values[0] == [b"a", b"d", b"e"]
 
 
+def test_requests_nobody_waits_for_are_appended_in_order_among_answered_ones():
+    async def scenario():
+        log = FakeLog()
+        queues = AppendQueues(log.append)
+        heard: list = []
+        frame = b"xx" + batch(b"b")  # a view into a request frame, as the data listener passes
+        queues.submit_then("t", {0: batch(b"a")}, Acks.NONE, FAR, None)
+        queues.submit_then("t", {0: memoryview(frame)[2:]}, Acks.NONE, FAR, None)
+        queues.submit_then("t", {0: batch(b"c")}, Acks.NONE, FAR, heard.append)
+        await queues.close()
+        # abandoned (cancelled with work left): nothing to tell, nothing raised
+        queues.submit_then("t", {0: batch(b"d")}, Acks.NONE, FAR, None)
+        queues._abandon(("t", 0), [])
+        return heard, log
+
+    heard, log = run(scenario())
+    assert log.values[0] == [b"a", b"b", b"c"]
+    assert [(r[0].error, r[0].record_count) for r in heard] == [(None, 3)]  # acks=0: shares unsplit
+
+
 class CallbackLog(FakeLog):
     """FakeLog with an ``append_now``: each round's first attempt is answered from a callback
     (``call_later``, no task), its first answer for a partition in ``refuse_first`` a retriable

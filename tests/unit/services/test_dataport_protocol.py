@@ -163,8 +163,16 @@ def test_long_messages_are_cut_on_a_character_boundary():
 
 @pytest.mark.parametrize("size", [-1, 0, 4, dp.MAX_REQUEST_FRAME + 1, 2**31 - 1])
 def test_frame_sizes_outside_the_limits_are_refused(size):
+    assert not dp.frame_size_ok(size, dp.MAX_REQUEST_FRAME)
     with pytest.raises(errors.InvalidRequestError):
         dp.check_frame_size(size, dp.MAX_REQUEST_FRAME)
+
+
+@pytest.mark.parametrize("size", [dp.MIN_FRAME, 1000, dp.MAX_REQUEST_FRAME])
+def test_frame_sizes_within_the_limits_are_taken(size):
+    # the predicate the listener's callback path uses, and the check its reading loop makes
+    assert dp.frame_size_ok(size, dp.MAX_REQUEST_FRAME)
+    dp.check_frame_size(size, dp.MAX_REQUEST_FRAME)
 
 
 def _produce_body(**changes) -> bytes:
