@@ -431,7 +431,13 @@ def test_a_new_controller_completes_a_commit_an_earlier_one_prepared(make_cluste
     cluster.coordinators[active].kill()
     successor = cluster.wait_active(exclude=active, timeout=TTL_S + 10)
     wait_for_state(cluster, tid, "COMPLETE_COMMIT")
-    assert committed(cluster, group, (topic, 0), via=successor) == {(topic, 0): 33}
+    # COMPLETE_COMMIT and the offsets are one etcd transaction; the group's memory follows it a
+    # moment later (``TransactionalOffsets.apply``), so an OffsetFetch right after may read -1.
+    wait_until(
+        lambda: committed(cluster, group, (topic, 0), via=successor) == {(topic, 0): 33},
+        timeout=10,
+        what="the successor to serve the committed offset",
+    )
     with pytest.raises(errors.InvalidTxnStateError):
         producer.end(commit=False)  # the other outcome of a completed commit
 
@@ -460,7 +466,13 @@ def test_coordinator_killed_between_prepare_and_complete_with_markers(make_clust
     assert stored_txn(cluster, tid)["state"] == "PREPARE_COMMIT"  # nothing to write the marker to yet
     cluster.storage[1].start(timeout=30)
     wait_for_state(cluster, tid, "COMPLETE_COMMIT", timeout=30)
-    assert committed(cluster, group, (topic, 0), via=successor) == {(topic, 0): 12}
+    # COMPLETE_COMMIT and the offsets are one etcd transaction; the group's memory follows it a
+    # moment later (``TransactionalOffsets.apply``), so an OffsetFetch right after may read -1.
+    wait_until(
+        lambda: committed(cluster, group, (topic, 0), via=successor) == {(topic, 0): 12},
+        timeout=10,
+        what="the successor to serve the committed offset",
+    )
     # Written by the new controller (its epoch is on the marker), once.
     assert markers_on_disk(cluster, topic, 0) == [
         (producer.producer_id, producer.epoch, True, first_epoch + 1)
