@@ -21,6 +21,14 @@ Phases (``--phases``, each on a fresh topic, one partition per connection):
     python bench/gateway_produce.py                                 # every phase, 1 connection
     python bench/gateway_produce.py --phases unbatched-acks0 --connections 2
     python bench/gateway_produce.py --profile /tmp/prof             # py-spy on gateway and node
+
+``--partitions N``: each phase's topic has N partitions and each connection sends its requests to
+them in turn (request i of connection c to partition (c + i) mod N), as ``bench/compare.py``'s
+partitions experiment does (batched-acks1 with ``--flush-ms 1000`` is that experiment's produce
+row, without the SDK): the node's per-request cost as the partitions a request may land on grow.
+An acks=0 phase then ends with one acks=1 request per partition, all answered.
+
+    python bench/gateway_produce.py --phases batched-acks1 --partitions 256 --flush-ms 1000
 """
 
 from __future__ import annotations
@@ -100,23 +108,31 @@ async def run_phase(phase: str, port: int, topic: str, args) -> int:
     requests = args.requests if batch == 1 else max(1, args.records_batched // batch)
     if phase == "unbatched-acks1":
         requests = args.lockstep
+    partitions = args.partitions or args.connections
     clients = [await RawClient.connect("127.0.0.1", port) for _ in range(args.connections)]
     data = batch_bytes(batch, args.value_size, 0)
 
+    def partition_of(index: int, i: int) -> int:
+        """The partition of connection ``index``'s request ``i``."""
+        return index if args.partitions is None else (index + i) % partitions
+
     async def drive(index: int, client: RawClient) -> None:
         if acks == 0:
-            blob = b"".join(produce_frame(topic, index, data, 0, i) for i in range(requests))
-            final = produce_frame(topic, index, data, 1, requests)
+            blob = b"".join(produce_frame(topic, partition_of(index, i), data, 0, i) for i in range(requests))
+            # One acks=1 request behind them on each partition this connection wrote: its answer
+            # means all before it on that partition were written.
+            mine = sorted({partition_of(index, i) for i in range(requests)})
+            finals = b"".join(produce_frame(topic, p, data, 1, requests + k) for k, p in enumerate(mine))
             writer = client.writer
             step = 1 << 16
             for start in range(0, len(blob), step):
                 writer.write(blob[start : start + step])
                 await writer.drain()
-            writer.write(final)
-            response = await client.answer()
-            assert response.partitions[0].base_offset == requests * batch, response
+            writer.write(finals)
+            for _ in mine:
+                await client.answer()
         else:
-            frames = [produce_frame(topic, index, data, 1, i) for i in range(requests)]
+            frames = [produce_frame(topic, partition_of(index, i), data, 1, i) for i in range(requests)]
             for frame in frames:
                 client.writer.write(frame)
                 await client.answer()
@@ -144,6 +160,16 @@ def main() -> int:
     parser.add_argument("--lockstep", type=int, default=3_000, help="acks=1 one-at-a-time requests")
     parser.add_argument("--batch", type=int, default=50)
     parser.add_argument("--value-size", type=int, default=200)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        help="partitions per topic, each connection's requests to them in turn "
+        "(default: one per connection, each connection to its own)",
+    )
+    parser.add_argument(
+        "--flush-ms", type=int, help="the topics' flush.ms (compare.py's topics have 1000); default: none"
+    )
+    parser.add_argument("--profile-rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--repeat", type=int, default=1, help="run each phase this many times")
     parser.add_argument("--profile", type=Path, help="py-spy each phase into this directory")
     args = parser.parse_args()
@@ -164,34 +190,44 @@ def main() -> int:
             for run in range(args.repeat):
                 for phase in args.phases.split(","):
                     topic = f"{phase}-{run}"
+                    count = args.partitions or args.connections
+                    configs = {} if args.flush_ms is None else {"flush.ms": str(args.flush_ms)}
                     admin.create_topics(
-                        [NewTopic(topic, args.connections), NewTopic(topic + "-warm", args.connections)]
+                        [NewTopic(topic, count, topic_configs=configs), NewTopic(topic + "-warm", count)]
                     )
-                    asyncio.run(run_phase(phase, port, topic + "-warm", _warm(args)))  # metadata, code paths
+                    # metadata, code paths; with --partitions, on the topic itself: every
+                    # partition's first append (its segment files) before the clock starts
+                    warm_topic = topic if args.partitions is not None else topic + "-warm"
+                    asyncio.run(run_phase(phase, port, warm_topic, _warm(args)))
                     profiler = None
                     if args.profile is not None:
                         from bench.profile_top import Profiler
 
-                        profiler = Profiler.start(args.profile, phase, cluster)
+                        profiler = Profiler.start(
+                            args.profile, f"{phase}-p{args.partitions or 1}", cluster, args.profile_rate
+                        )
                     gw0, node0 = cpu_seconds(gateway.pid), cpu_seconds(node.pid)
                     gw_sys0 = cpu_seconds(gateway.pid, slice(12, 13))
+                    node_sys0 = cpu_seconds(node.pid, slice(12, 13))
                     started = time.perf_counter()
                     records = asyncio.run(run_phase(phase, port, topic, args))
                     elapsed = time.perf_counter() - started
                     gw, nd = cpu_seconds(gateway.pid) - gw0, cpu_seconds(node.pid) - node0
                     gw_sys = cpu_seconds(gateway.pid, slice(12, 13)) - gw_sys0
+                    node_sys = cpu_seconds(node.pid, slice(12, 13)) - node_sys0
                     if profiler is not None:
                         profiler.stop()
                     requests = records / (1 if phase.startswith("unbatched") else args.batch)
                     per_conn_us = elapsed * 1e6 / requests * args.connections
                     sys_share = gw_sys / max(gw, 1e-9)
                     print(
-                        f"{phase:16s} x{args.connections}: {records / elapsed:10,.0f} rec/s "
+                        f"{phase:16s} x{args.connections} p{args.partitions or args.connections}: "
+                        f"{records / elapsed:10,.0f} rec/s "
                         f"({requests / elapsed:8,.0f} req/s, {per_conn_us:7.1f} "
                         f"us/req/conn)  gateway {gw * 1e6 / records:6.2f} us/rec "
                         f"{gw * 1e6 / requests:6.1f} us/req ({gw / elapsed:.2f} core, sys {sys_share:.0%})  "
                         f"node {nd * 1e6 / records:6.2f} us/rec {nd * 1e6 / requests:6.1f} us/req "
-                        f"({nd / elapsed:.2f} core)",
+                        f"({nd / elapsed:.2f} core, sys {node_sys / max(nd, 1e-9):.0%})",
                         flush=True,
                     )
             admin.close()
@@ -203,6 +239,9 @@ def main() -> int:
 def _warm(args):
     warm = argparse.Namespace(**vars(args))
     warm.requests, warm.records_batched, warm.lockstep = 100, 100 * args.batch, 20
+    if args.partitions is not None:  # every partition written before the clock (see main)
+        warm.requests = warm.lockstep = max(100, 2 * args.partitions)
+        warm.records_batched = warm.requests * args.batch
     return warm
 
 

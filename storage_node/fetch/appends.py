@@ -179,25 +179,14 @@ class AppendConnection:
 
     async def _take_frame(self) -> bool:
         """Read, decode and start one request; False when the connection must close."""
-        limits = self._limits
         await self._fill(SIZE.size, self._idle_timeout, at_frame_start=True)
         (size,) = SIZE.unpack_from(self._rbuf, self._rstart)
-        if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes:
-            return self._refuse(
-                errors.InvalidRequestError(
-                    f"append frame size {size} outside {frames.REQUEST_FIXED_SIZE}.."
-                    f"{limits.max_frame_bytes} (the node's message bound)"
-                )
-            )
+        if (refusal := self._size_refusal(size)) is not None:
+            return self._refuse(refusal)
         await self._fill(SIZE.size + 2, self._frame_timeout)
         version = frames.request_version(self._rview[self._rstart + SIZE.size :])
-        if version != frames.APPEND_VERSION:
-            return self._refuse(
-                errors.UnsupportedVersionError(
-                    f"version {version} on an append connection (appends are version "
-                    f"{frames.APPEND_VERSION}; fetches go on their own connections)"
-                )
-            )
+        if (refusal := self._version_refusal(version)) is not None:
+            return self._refuse(refusal)
         while not self._room.is_set():
             self._flush_before_waiting()
             await self._room.wait()
@@ -219,6 +208,27 @@ class AppendConnection:
         finally:
             self._reading = False
         return True
+
+    def _size_refusal(self, size: int) -> errors.TributaryError | None:
+        """The error refusing a frame that announces ``size`` bytes, or None when it may be read
+        (the one size check of both :meth:`_take_frame` and :meth:`_take_now`)."""
+        if frames.REQUEST_FIXED_SIZE <= size <= self._limits.max_frame_bytes:
+            return None
+        return errors.InvalidRequestError(
+            f"append frame size {size} outside {frames.REQUEST_FIXED_SIZE}.."
+            f"{self._limits.max_frame_bytes} (the node's message bound)"
+        )
+
+    @staticmethod
+    def _version_refusal(version: int) -> errors.TributaryError | None:
+        """The error refusing a frame of ``version``, or None for an append (the one version
+        check of both :meth:`_take_frame` and :meth:`_take_now`)."""
+        if version == frames.APPEND_VERSION:
+            return None
+        return errors.UnsupportedVersionError(
+            f"version {version} on an append connection (appends are version "
+            f"{frames.APPEND_VERSION}; fetches go on their own connections)"
+        )
 
     async def _fill(self, need: int, timeout: float, *, at_frame_start: bool = False) -> None:
         """Until the read buffer holds ``need`` unread bytes (at most its size); ``timeout`` s.
@@ -259,7 +269,6 @@ class AppendConnection:
         before returning. All served: the buffer is empty again and the wait goes on (the view
         and the idle deadline for it); else None, the unserved bytes left for the read loop (a
         frame not whole, bad input, no room), which resumes with them."""
-        limits = self._limits
         rview = self._rview
         pos = self._rend
         end = pos + got
@@ -268,9 +277,11 @@ class AppendConnection:
             while end - pos >= SIZE.size + 2 and self._room.is_set():
                 (size,) = SIZE.unpack_from(self._rbuf, pos)
                 frame_end = pos + SIZE.size + size
-                if not frames.REQUEST_FIXED_SIZE <= size <= limits.max_frame_bytes or frame_end > end:
+                # (a refused frame is left to the read loop, which makes the same checks and
+                # answers the refusal)
+                if self._size_refusal(size) is not None or frame_end > end:
                     break
-                if frames.request_version(rview[pos + SIZE.size :]) != frames.APPEND_VERSION:
+                if self._version_refusal(frames.request_version(rview[pos + SIZE.size :])) is not None:
                     break
                 try:
                     request = frames.decode_request_body(bytes(rview[pos + SIZE.size : frame_end]))

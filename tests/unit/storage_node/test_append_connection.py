@@ -455,3 +455,41 @@ async def test_frames_taken_at_once_up_to_the_end_of_the_read_buffer_leave_the_n
     assert appender.written[-1] == ("t", 0, b"last")
     writer.close()
     await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize(
+    ("bad_frame", "refusal"),
+    [
+        (struct.pack(">ih", 2, frames.APPEND_VERSION), errors.InvalidRequestError),  # below the fixed size
+        (struct.pack(">ih", 1 << 30, frames.APPEND_VERSION), errors.InvalidRequestError),  # beyond the bound
+        (struct.pack(">ih", 64, frames.APPEND_VERSION + 7) + bytes(62), errors.UnsupportedVersionError),
+    ],
+    ids=["too-small", "too-large", "other-version"],
+)
+@pytest.mark.parametrize("arrival", ["with-a-good-frame", "alone-while-the-loop-waits"])
+def test_a_bad_frame_is_refused_alike_by_the_read_loop_and_when_taken_at_once(bad_frame, refusal, arrival):
+    # Whole bad frames reach both readers: written behind a good frame, the read loop meets it;
+    # written alone while the loop waits with nothing buffered, the receiving callback
+    # (_take_now, plaintext) meets it first and must leave it, unwritten, to the read loop, whose
+    # refusal is the connection's answer (the two share _size_refusal/_version_refusal).
+    async def run():
+        appender = ImmediateAppender()
+        reader, writer, stats, task = await _start(appender)
+        good = _request(1, ("t", 0, b"good"), acks=Acks.LEADER)
+        if arrival == "with-a-good-frame":
+            writer.write(good + bad_frame)
+        else:
+            writer.write(good)
+            assert (await asyncio.wait_for(_read(reader), 5)).correlation_id == 1
+            await asyncio.sleep(0.05)  # the read loop waits for the next frame
+            writer.write(bad_frame)
+        answers = []
+        while (answer := await asyncio.wait_for(_read(reader), 5)).correlation_id != -1:
+            answers.append(answer.correlation_id)
+        assert answers == ([1] if arrival == "with-a-good-frame" else [])
+        assert isinstance(answer.error, refusal)
+        assert await reader.read() == b""
+        assert appender.written == [("t", 0, b"good")] and stats.append_errors == 1
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(run())

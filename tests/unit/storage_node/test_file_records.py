@@ -118,6 +118,23 @@ def test_handle_cache_keeps_the_most_recently_used_across_repeated_touches(tmp_p
     assert a.slice(0, 8).read_bytes() == b"a1a2a3a4" and len(cache) == 2
 
 
+def test_handle_cache_releases_the_least_recently_used_a_tenth_of_the_bound_at_once(tmp_path):
+    # Uses of members in turn (appends to many partitions) reorder nothing under a lock: each
+    # use stamps the file. An eviction must still release the least recently used by those
+    # stamps -- here the 10 files used only once, oldest first -- and a tenth of the bound at
+    # once, never a file in use.
+    cache = FileHandleCache(max_open=20)
+    files = [FileRecords.open(tmp_path / f"{i}.log", handle_cache=cache) for i in range(20)]
+    for round_ in range(3):
+        for records in files[:10]:  # the first ten used again, in turn
+            records.append(b"r%d" % round_)
+    newest = FileRecords.open(tmp_path / "20.log", handle_cache=cache)
+    assert [i for i, r in enumerate(files) if not r.has_open_handle] == [10, 11]
+    assert newest.has_open_handle and len(cache) == 19 and cache.evictions == 2
+    assert files[10].slice(0, 0).length == 0 and files[10].has_open_handle  # reopened on use
+    assert len(cache) == 20
+
+
 @pytest.mark.parametrize("walk", ["batch_headers", "batches"])
 def test_a_walk_keeps_reading_its_own_file_when_the_handle_is_released_or_deleted_meanwhile(tmp_path, walk):
     # A walk holds its descriptor across yields. The handle cache (another thread) or a delete
