@@ -861,6 +861,8 @@ class Sender:
             manager.settled(batch)
             if manager.transactional and not isinstance(error, TransactionAbortedError):
                 manager.fail_transaction(error)
+            elif isinstance(error, TransactionAbortedError):
+                manager.dropped(batch)  # a numbered retry aborted: the abort bumps the epoch
         self.accumulator.complete(batch)
         batch.result.complete(error=error)
         if self._held:

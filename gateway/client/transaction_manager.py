@@ -106,6 +106,9 @@ class TransactionManager:
         #: if not, commit and abort end it here, with no EndTxn (as Kafka's client).
         self._started = False
         self._failure: BaseException | None = None
+        #: A numbered batch of the open transaction was aborted unsent or failed (``dropped``):
+        #: the leader may or may not have its sequence, so the abort bumps the epoch (``end``).
+        self._sequence_unknown = False
 
     @property
     def transactional(self) -> bool:
@@ -230,6 +233,14 @@ class TransactionManager:
             unsettled.remove(batch)
         except ValueError:
             pass  # numbered in an epoch replaced since (or never numbered: prebuilt)
+
+    def dropped(self, batch) -> None:
+        """``batch`` failed for good without being written as far as we know (a transaction's
+        abort took it from the queue): if it was numbered, its partition's next sequence is
+        unknown -- the next transaction's first batch there would be refused as out of order
+        -- so the abort bumps the epoch (:meth:`end`)."""
+        if self.transactional and batch.base_sequence >= 0 and not batch.prebuilt:
+            self._sequence_unknown = True
 
     def follows_unsettled(self, batch) -> bool:
         """Whether a batch of ``batch``'s partition made before it is not settled yet (its answer
@@ -376,12 +387,14 @@ class TransactionManager:
             await self._call_checked(self._call_until_settled, "EndTxn", request)
         self._partitions.clear()
         self._started = False
-        if not commit and self._failure is not None:
-            # A batch of the aborted transaction failed: the leader may or may not have written
-            # it, so its partition's sequence is unknown. A new epoch starts every partition's
-            # sequence again at 0 (KIP-360's bump after an abortable error).
+        if not commit and (self._failure is not None or self._sequence_unknown):
+            # A batch of the aborted transaction failed, or was aborted after it was numbered (a
+            # retry waiting in the queue): the leader may or may not have written it, so its
+            # partition's sequence is unknown. A new epoch starts every partition's sequence
+            # again at 0 (KIP-360's bump after an abortable error).
             async with self._init_lock:
                 await self._call_checked(self._init_producer_id, self.producer_id, self.producer_epoch)
+            self._sequence_unknown = False
         self._failure = None
         self.state = TxnState.READY
 
