@@ -97,6 +97,9 @@ class TransactionManager:
         #: Per partition, the batches numbered in its epoch and not yet settled, in sequence
         #: order (they are numbered in the order they are sent).
         self._unsettled: dict[TopicPartition, deque] = {}
+        #: Per partition, batches of ``_unsettled`` settled while one before them was not: taken
+        #: off its front once they reach it (``settled``).
+        self._settled_early: dict[TopicPartition, set] = {}
         #: Partitions whose leader lost this producer's state (``lost_state``).
         self._lost: set[TopicPartition] = set()
         self._init_lock = asyncio.Lock()
@@ -150,6 +153,7 @@ class TransactionManager:
             self._partition_epochs.clear()
             self._next_sequence.clear()
             self._unsettled.clear()
+            self._settled_early.clear()
             self._lost.clear()
         log.info("producer id %d, epoch %d", self.producer_id, self.producer_epoch)
 
@@ -202,6 +206,7 @@ class TransactionManager:
         self._partition_epochs.pop(tp, None)
         self._next_sequence.pop(tp, None)
         self._unsettled.pop(tp, None)
+        self._settled_early.pop(tp, None)
         self._lost.discard(tp)
 
     def is_current(self, batch) -> bool:
@@ -223,16 +228,29 @@ class TransactionManager:
 
     def settled(self, batch) -> None:
         """``batch`` was acknowledged or failed for good: the batches behind it move up."""
-        unsettled = self._unsettled.get(batch.topic_partition)
+        tp = batch.topic_partition
+        unsettled = self._unsettled.get(tp)
         if not unsettled:
             return
         if unsettled[0] is batch:  # the common case: settled in sequence order
             unsettled.popleft()
+            early = self._settled_early.get(tp)
+            if early:
+                while unsettled and unsettled[0] in early:
+                    early.discard(unsettled.popleft())
+                if not early:
+                    del self._settled_early[tp]
             return
-        try:
-            unsettled.remove(batch)
-        except ValueError:
-            pass  # numbered in an epoch replaced since (or never numbered: prebuilt)
+        if (
+            batch.base_sequence >= 0
+            and not batch.prebuilt
+            and (batch.producer_id, batch.producer_epoch) == self._partition_epochs.get(tp)
+        ):
+            # Behind an unsettled one (acknowledged while an earlier batch is retried): marked,
+            # and taken off when it reaches the front -- not a walk of the deque per batch
+            # (quadratic: 2.3 s for the 15,000 batches of a 1 MiB request of one-record batches).
+            self._settled_early.setdefault(tp, set()).add(batch)
+        # (else numbered in an epoch replaced since, or never numbered: prebuilt)
 
     def dropped(self, batch) -> None:
         """``batch`` failed for good without being written as far as we know (a transaction's
