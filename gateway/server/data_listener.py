@@ -712,6 +712,12 @@ class _Connection:
         # bytes) all the way to the storage node's link, never copied here.
         view = memoryview(data)
         end = len(view)
+        # A frame smaller than half the read it came in is copied out of it: its records, queued
+        # for the storage node, would keep the whole read alive while the queues count only their
+        # own bytes (a 100-byte record behind which a refused frame, or a frame's start copied to
+        # the buffer, filled a 256 KiB read). A frame kept as a view is so at least half of what
+        # it keeps alive: the byte budgets hold within 2x.
+        keep_view_from = (len(view.obj) + 1) // 2  # type: ignore[arg-type]  # bytes (or a view's base)
         pos = 0
         queues.hold_rounds()
         try:
@@ -726,6 +732,8 @@ class _Connection:
                 if not frame_size_ok(size, max_frame) or frame_end > end:
                     break  # a bad size: the reading loop's check_frame_size answers it
                 body = view[pos + 4 : frame_end]
+                if size < keep_view_from:
+                    body = bytes(body)  # type: ignore[assignment]  # see keep_view_from
                 if dp.decode_header(body)[0] != dp.PRODUCE_REQUEST:
                     break
                 try:
