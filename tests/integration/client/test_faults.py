@@ -51,11 +51,15 @@ def test_gateway_restart_during_a_produce_loop_loses_nothing_acknowledged(cluste
     the killed gateway's connection breaks, unanswered requests are retried, and the producer
     reconnects to the restarted gateway (its data listener on a new port, from its metadata)."""
     topic = new_topic(cluster.gateway)
-    total = 20_000
     restarted = threading.Event()
+    futures: list = []
 
-    def restart_soon():
-        time.sleep(0.3)
+    def restart_while_flowing():
+        # Once records flow (some acknowledged), not after a fixed time: under load the whole
+        # loop once finished before a timed restart, which then interrupted nothing.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (len(futures) > 2_000 and futures[1_000].done()):
+            time.sleep(0.01)
         cluster.restart_gateway(0, kill=True)
         restarted.set()
 
@@ -67,20 +71,27 @@ def test_gateway_restart_during_a_produce_loop_loses_nothing_acknowledged(cluste
         delivery_timeout_ms=60_000,
         retry_backoff_ms=50,
     ) as producer:
-        restarter = threading.Thread(target=restart_soon)
-        futures = []
+        restarter = threading.Thread(target=restart_while_flowing)
         restarter.start()
-        for i in range(total):
+        # At least 20,000 records, and 2,000 more after the restart (bounded: 60 s).
+        deadline = time.monotonic() + 60
+        after_restart = 0
+        i = 0
+        while (i < 20_000 or after_restart < 2_000) and time.monotonic() < deadline:
             value = b"seq-%06d" % i
             key = b"k%d" % (i % 50)
             futures.append(producer.send(topic, value, key=key))
+            if restarted.is_set():
+                after_restart += 1
+            i += 1
             if i % 500 == 0:
                 time.sleep(0.02)  # keep the loop running across the restart
+        total = i
         restarter.join()
         producer.flush(timeout=90)
         metrics = producer.metrics()
         reconnects = producer._core.sender.transport.connections_opened - 1
-    assert restarted.is_set()
+    assert restarted.is_set() and after_restart >= 2_000, (restarted.is_set(), after_restart)
     for future in futures:
         future.get(0)  # raises if any record was not acknowledged
     # A request in flight at the kill is retried; one sent after it waits for the new connection.
