@@ -495,6 +495,30 @@ class DiskBatch(NamedTuple):
     data: bytes
 
 
+def high_watermarks(admin: Admin, topic: str, partitions: int) -> dict[int, int]:
+    """Each partition's high watermark (ListOffsets "latest")."""
+    tps = {TopicPartition(topic, p): "latest" for p in range(partitions)}
+    return {tp.partition: result.offset for tp, result in admin.list_offsets(tps).items()}
+
+
+def disk_replicas(cluster: LocalCluster, partition: int, topic: str, nodes: Iterable[int]) -> dict:
+    """Each node's batches of ``topic``-``partition``, read from its segment files."""
+    return {
+        node: replica_batches(cluster.data_dir / f"storage-{node}" / f"{topic}-{partition}") for node in nodes
+    }
+
+
+def logs_end_at_high_watermarks(
+    cluster: LocalCluster, admin: Admin, topic: str, partitions: int, nodes: Iterable[int]
+) -> bool:
+    """Whether every replica's log ends exactly at its partition's high watermark."""
+    for partition, hw in high_watermarks(admin, topic, partitions).items():
+        for batches in disk_replicas(cluster, partition, topic, nodes).values():
+            if (batches[-1].next_offset if batches else 0) != hw:
+                return False
+    return True
+
+
 def replica_batches(partition_dir: Path) -> list[DiskBatch]:
     """Every whole batch of one replica's segment files, in offset order."""
     batches = []

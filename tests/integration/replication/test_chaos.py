@@ -22,6 +22,7 @@ not what the replicas served, and the page cache shows a running node's writes t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import signal
@@ -30,8 +31,9 @@ from collections import Counter
 
 import pytest
 
-from gateway.client import Admin, NewTopic, TopicPartition
+from gateway.client import Admin, NewTopic
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from tests.integration.replication import _chaos as chaos
 from tests.integration.replication._chaos import (
     ConsumerLog,
     LeaderWatch,
@@ -50,7 +52,6 @@ from tests.integration.replication._chaos import (
     duplicates,
     quote,
     read_logs,
-    replica_batches,
 )
 from tests.support.wait import seconds_until
 
@@ -132,15 +133,9 @@ def chaos_cluster(tmp_path):
         local.stop()
 
 
-def high_watermarks(admin: Admin) -> dict[int, int]:
-    tps = {TopicPartition(TOPIC, p): "latest" for p in range(PARTITIONS)}
-    return {tp.partition: result.offset for tp, result in admin.list_offsets(tps).items()}
-
-
-def disk_replicas(cluster: LocalCluster, partition: int) -> dict:
-    return {
-        node: replica_batches(cluster.data_dir / f"storage-{node}" / f"{TOPIC}-{partition}") for node in NODES
-    }
+#: This module's topic in the shared checks.
+high_watermarks = functools.partial(chaos.high_watermarks, topic=TOPIC, partitions=PARTITIONS)
+disk_replicas = functools.partial(chaos.disk_replicas, topic=TOPIC, nodes=NODES)
 
 
 def converged(cluster: LocalCluster, admin: Admin) -> bool:
@@ -148,12 +143,7 @@ def converged(cluster: LocalCluster, admin: Admin) -> bool:
     states = describe(admin, TOPIC)
     if any(s.leader < 0 or len(s.isr) != REPLICAS for s in states.values()):
         return False
-    hws = high_watermarks(admin)
-    for partition, hw in hws.items():
-        for batches in disk_replicas(cluster, partition).values():
-            if (batches[-1].next_offset if batches else 0) != hw:
-                return False
-    return True
+    return chaos.logs_end_at_high_watermarks(cluster, admin, TOPIC, PARTITIONS, NODES)
 
 
 def log_counts(cluster: LocalCluster) -> dict[str, int]:

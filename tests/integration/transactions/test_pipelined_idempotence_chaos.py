@@ -39,6 +39,7 @@ import pytest
 
 from gateway.client import Admin, NewTopic, TopicPartition
 from launcher.local_cluster import LocalCluster, LocalClusterSpec
+from tests.integration.replication import _chaos as chaos
 from tests.integration.replication._chaos import (
     ProduceHistory,
     ProducerLoad,
@@ -51,7 +52,6 @@ from tests.integration.replication._chaos import (
     check_sent_partitions,
     duplicates,
     read_logs,
-    replica_batches,
 )
 from tests.integration.transactions._eos import ClusterFaults, full_isr, quote, wait_until
 
@@ -144,26 +144,16 @@ def _partition(partition: int, tps: list[TopicPartition]) -> TopicPartition:
     return next(tp for tp in tps if tp.partition == partition)
 
 
-def high_watermarks(admin: Admin) -> dict[int, int]:
-    tps = {TopicPartition(TOPIC, p): "latest" for p in range(PARTITIONS)}
-    return {tp.partition: result.offset for tp, result in admin.list_offsets(tps).items()}
-
-
-def disk_replicas(cluster: LocalCluster, partition: int) -> dict:
-    return {
-        node: replica_batches(cluster.data_dir / f"storage-{node}" / f"{TOPIC}-{partition}") for node in NODES
-    }
+#: This module's topic in the shared checks.
+high_watermarks = functools.partial(chaos.high_watermarks, topic=TOPIC, partitions=PARTITIONS)
+disk_replicas = functools.partial(chaos.disk_replicas, topic=TOPIC, nodes=NODES)
 
 
 def converged(cluster: LocalCluster, admin: Admin) -> bool:
     """Every ISR full, and every replica's log ends exactly at its leader's high watermark."""
     if not full_isr(admin, [TOPIC], REPLICAS):
         return False
-    for partition, hw in high_watermarks(admin).items():
-        for batches in disk_replicas(cluster, partition).values():
-            if (batches[-1].next_offset if batches else 0) != hw:
-                return False
-    return True
+    return chaos.logs_end_at_high_watermarks(cluster, admin, TOPIC, PARTITIONS, NODES)
 
 
 def check_log_order(logs: Mapping[int, list[Seen]]) -> list[str]:
