@@ -391,6 +391,30 @@ async def test_large_frames_sent_in_pieces_and_many_small_frames_in_one_write():
     await asyncio.wait_for(task, 5)
 
 
+@pytest.mark.parametrize("beyond", [1, 2, 3, 4, 100])
+def test_a_frame_just_beyond_the_read_buffer_takes_no_byte_of_the_next_frame(beyond):
+    # A frame a few bytes too large for the read buffer is received into a buffer of its own:
+    # that buffer must be exactly the frame's size, or the receive takes the next frame's first
+    # bytes into it too (its size prefix lost: the connection reads garbage from there on).
+    @run_async
+    async def run():
+        appender = ImmediateAppender()
+        reader, writer, _, task = await _start(appender)
+        empty = _request(1, ("t", 0, b""), acks=Acks.LEADER)
+        body_size = (64 << 10) - 4 + beyond  # the frame's size prefix plus body: beyond the buffer
+        value = bytes(range(256)) * (body_size // 256 + 1)
+        large = _request(1, ("t", 0, value[: body_size - (len(empty) - 4)]), acks=Acks.LEADER)
+        assert len(large) - 4 == body_size
+        writer.write(large + _request(2, ("t", 0, b"next"), acks=Acks.LEADER))
+        answers = [await asyncio.wait_for(_read(reader), 5) for _ in range(2)]
+        assert sorted(a.correlation_id for a in answers) == [1, 2]
+        assert [d for _, _, d in appender.written] == [value[: body_size - (len(empty) - 4)], b"next"]
+        writer.close()
+        await asyncio.wait_for(task, 5)
+
+    run()
+
+
 @run_async
 async def test_one_at_a_time_requests_are_served_as_they_arrive_and_the_idle_timeout_counts_from_the_last():
     # In plaintext, the frames that arrive whole while the read loop waits for the next one are
