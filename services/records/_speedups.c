@@ -977,7 +977,7 @@ crc32c_init(void)
 }
 
 static uint32_t
-crc32c_of(const unsigned char *p, Py_ssize_t n)
+crc32c_by_table(const unsigned char *p, Py_ssize_t n)
 {
     uint32_t crc = 0xFFFFFFFFu;
 
@@ -1001,6 +1001,74 @@ crc32c_of(const unsigned char *p, Py_ssize_t n)
     }
     return crc ^ 0xFFFFFFFFu;
 }
+
+/* The same CRC with the SSE 4.2 crc32 instruction (x86-64), 8 bytes a step: about three times
+ * the table's speed (a 50-record, 10 KB batch: 4.8 -> 1.4 us; the CRC was most of
+ * scan_producer_batches, which is a storage node's check of every append). Chosen at run time:
+ * a CPU without SSE 4.2 (or another architecture) uses the table. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define CRC32C_HARDWARE 1
+
+__attribute__((target("sse4.2"))) static uint32_t
+crc32c_by_instruction(const unsigned char *p, Py_ssize_t n)
+{
+    uint64_t crc = 0xFFFFFFFFu;
+
+    while (n > 0 && ((uintptr_t)p & 7) != 0) { /* to an 8-byte boundary */
+        crc = __builtin_ia32_crc32qi((uint32_t)crc, *p++);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t word;
+        memcpy(&word, p, 8); /* little-endian, as the reflected CRC consumes bytes */
+        crc = __builtin_ia32_crc32di(crc, word);
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) {
+        crc = __builtin_ia32_crc32qi((uint32_t)crc, *p++);
+    }
+    return (uint32_t)crc ^ 0xFFFFFFFFu;
+}
+
+/* 1: the CPU has the instruction, 0: it has not, -1: not asked yet. */
+static int crc32c_hardware = -1;
+#endif
+
+static uint32_t
+crc32c_of(const unsigned char *p, Py_ssize_t n)
+{
+#ifdef CRC32C_HARDWARE
+    if (crc32c_hardware < 0) {
+        __builtin_cpu_init();
+        crc32c_hardware = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    }
+    if (crc32c_hardware) {
+        return crc32c_by_instruction(p, n);
+    }
+#endif
+    return crc32c_by_table(p, n);
+}
+
+static PyObject *
+crc32c_table_py(PyObject *module, PyObject *data)
+{
+    Py_buffer view;
+    uint32_t crc;
+
+    (void)module;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    crc = crc32c_by_table((const unsigned char *)view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(crc32c_table_doc,
+"_crc32c_by_table(data)\n"
+"--\n\n"
+"crc32c(data) by the table alone, whatever the CPU has (so tests check both ways).");
 
 PyDoc_STRVAR(crc32c_doc,
 "crc32c(data)\n"
@@ -3114,6 +3182,7 @@ static PyMethodDef speedups_methods[] = {
     {"scan_producer_batches", (PyCFunction)(void (*)(void))scan_producer_batches,
      METH_FASTCALL | METH_KEYWORDS, scan_producer_batches_doc},
     {"crc32c", (PyCFunction)crc32c_py, METH_O, crc32c_doc},
+    {"_crc32c_by_table", (PyCFunction)crc32c_table_py, METH_O, crc32c_table_doc},
     {"encode_columns", (PyCFunction)(void (*)(void))encode_columns, METH_FASTCALL | METH_KEYWORDS,
      encode_columns_doc},
     {"partition_keys", (PyCFunction)(void (*)(void))partition_keys, METH_FASTCALL,

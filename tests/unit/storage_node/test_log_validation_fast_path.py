@@ -215,9 +215,20 @@ def test_the_fast_path_is_what_the_default_backend_runs(monkeypatch):
 
 
 @SETTINGS
-@given(data=st.binary(max_size=300))
-def test_the_c_crc32c_is_crc32c(data):
+@given(data=st.binary(max_size=300), skip=st.integers(0, 7))
+def test_the_c_crc32c_is_crc32c(data, skip):
+    # Both ways the extension computes it: the CPU's crc32 instruction where it has one (8 bytes
+    # a step from an 8-byte boundary: ``skip`` starts the bytes off it) and the table.
+    speedups = require_speedups()
+    view = memoryview(bytes(skip) + data)[skip:]
+    assert speedups.crc32c(view) == crc32c.crc32c(data)
+    assert speedups._crc32c_by_table(view) == crc32c.crc32c(data)
+
+
+def test_the_c_crc32c_of_a_batch_sized_buffer_is_crc32c():
+    data = bytes(range(256)) * 41 + b"tail"  # a 50-record batch's size, not a multiple of 8
     assert require_speedups().crc32c(data) == crc32c.crc32c(data)
+    assert require_speedups()._crc32c_by_table(data) == crc32c.crc32c(data)
 
 
 def test_a_buffer_the_fast_path_cannot_read_flat_is_left_to_the_reference(monkeypatch):
