@@ -57,13 +57,6 @@ DEFAULT_TIMEOUT_MS = 30_000
 #: Each connection's read buffer. Frames that fit are parsed out of it (one recv for many small
 #: frames, the body copied out once); larger ones are received in place into their own buffer.
 _READ_BUFFER_BYTES = 64 << 10
-#: A larger frame's buffer is made this large (or the frame's size, if smaller) at once, and
-#: doubled beyond it as bytes arrive: the gateway's merged appends (a few hundred KiB under
-#: acks=0 load) are received with no growth step -- growing from 64 KiB, zero-filling the new
-#: part and moving the old, was half of a node's samples on batched acks=0 -- while a sender that
-#: stalls in the middle of a frame holds at most this much more than it sent (until the frame
-#: timeout).
-_FIRST_LARGE_BUFFER_BYTES = 1 << 20
 #: Requests a connection serves before it lets the event loop take a turn (when every one was
 #: served at once, the socket never ran dry, and no bound stopped the reading).
 _FRAMES_PER_TURN = 128
@@ -307,13 +300,15 @@ class AppendConnection:
         return rview, self._taken_until
 
     async def _read_large(self, size: int) -> bytearray:
-        """A frame larger than the read buffer, received in place into its own buffer: at most
-        ``_FIRST_LARGE_BUFFER_BYTES`` at first, grown as bytes arrive (a stalled sender holds
-        little), never beyond the frame's size (a receive would take the next frame's bytes)."""
+        """A frame larger than the read buffer, received in place into its own buffer, which
+        grows as bytes arrive (a stalled sender holds little: a buffer made the frame's size,
+        or even 1 MiB, at once let a thousand connections that announce large frames and stall
+        hold a GiB; ``test_a_thousand_half_open_connections_do_not_stop_appends``) and is never
+        larger than the frame (a receive would take the next frame's first bytes into it)."""
         deadline = self._loop.time() + self._frame_timeout
         start = self._rstart + SIZE.size
         buffered = self._rend - start
-        buf = bytearray(max(buffered, min(size, _FIRST_LARGE_BUFFER_BYTES)))
+        buf = bytearray(min(size, max(buffered, _READ_BUFFER_BYTES)))
         buf[:buffered] = self._rview[start : self._rend]
         self._rstart = self._rend = 0
         got = buffered
