@@ -33,6 +33,13 @@ load, the CPU a record costs much less). ``TRIBUTARY_NO_EXTENSIONS=1`` measures 
     python bench/sdk_send.py                     # inproc, keyed, unbatched, decode
     python bench/sdk_send.py --cluster           # and the real cluster run
     python bench/sdk_send.py --only cluster --records 1000000
+    python bench/sdk_send.py --only sync --records 5000
+
+* **one acks=1 send at a time** (``sync``): a real local cluster as above, ``Producer(acks=1,
+  linger_ms=0)``, ``send(...).get()`` one record after the other (the issue's "sync acks=1"
+  target, 5,000/s): sends per second, the round trip's p50/p99, and the CPU each process spent
+  per send (the SDK's process, the gateway, the storage node; from /proc), which bounds the rate
+  as much as the hops do.
 """
 
 from __future__ import annotations
@@ -279,6 +286,56 @@ def bench_cluster(records: int, values: list[bytes]) -> dict[str, float]:
     return {"send_s": sent, "total_s": elapsed, "cpu_s": cpu}
 
 
+def _process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_sync(records: int, value: bytes) -> dict[str, float]:
+    """A real local cluster; one acks=1 ``send(...).get()`` at a time, ``records`` times."""
+    from gateway.client import Admin, NewTopic
+    from launcher.local_cluster import LocalCluster, LocalClusterSpec
+
+    quiet = ["--log-level", "WARNING"]
+    spec = LocalClusterSpec(storage_nodes=1, storage_args=quiet, gateway_args=quiet, coordinator_args=quiet)
+    with tempfile.TemporaryDirectory(prefix="sdk-sync-") as tmp:
+        cluster = LocalCluster(Path(tmp), spec)
+        try:
+            cluster.start()
+            with Admin(servers=cluster.gateway) as admin:
+                admin.create_topics([NewTopic(TOPIC, 1)])
+            pids = {
+                "sdk": os.getpid(),
+                "gateway": cluster.gateways[0].pid,
+                "node": next(iter(cluster.storage_nodes.values())).pid,
+            }
+            with Producer(servers=cluster.gateway, acks=1, linger_ms=0) as producer:
+                for _ in range(100):  # warm: metadata cached, connection open, code paths hot
+                    producer.send(TOPIC, value, partition=0).get(30)
+                cpu_before = {name: _process_cpu_s(pid) for name, pid in pids.items()}
+                round_trips = []
+                clock = time.perf_counter
+                started = clock()
+                for _ in range(records):
+                    sent = clock()
+                    producer.send(TOPIC, value, partition=0).get(30)
+                    round_trips.append(clock() - sent)
+                elapsed = clock() - started
+                cpu_after = {name: _process_cpu_s(pid) for name, pid in pids.items()}
+        finally:
+            cluster.stop()
+    round_trips.sort()
+    result = {
+        "rate": records / elapsed,
+        "p50_us": round_trips[len(round_trips) // 2] * 1e6,
+        "p99_us": round_trips[int(len(round_trips) * 0.99)] * 1e6,
+    }
+    for name in pids:
+        result[f"{name}_cpu_us"] = (cpu_after[name] - cpu_before[name]) / records * 1e6
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -289,7 +346,7 @@ def main() -> None:
     parser.add_argument("--drain-every", type=int, default=10_000)
     parser.add_argument("--decode-batch", type=int, default=1000, help="records per fetched batch")
     parser.add_argument("--cluster", action="store_true", help="also run against a local cluster")
-    parser.add_argument("--only", choices=("inproc", "keyed", "unbatched", "decode", "cluster"))
+    parser.add_argument("--only", choices=("inproc", "keyed", "unbatched", "decode", "cluster", "sync"))
     args = parser.parse_args()
     values = payloads(1000, args.value_size)
     backend = "C accelerator" if speedups_enabled() else "pure Python"
@@ -333,6 +390,14 @@ def main() -> None:
             print(
                 f"consumer decode:   {elapsed / count * 1e6:6.2f} us/record  "
                 f"{count / elapsed:12,.0f} records/s"
+            )
+        elif run == "sync":
+            result = bench_sync(args.records, values[0])
+            print(
+                f"one acks=1 send at a time: {result['rate']:8,.0f} sends/s; round trip p50 "
+                f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us; CPU per send: SDK "
+                f"{result['sdk_cpu_us']:.0f} us, gateway {result['gateway_cpu_us']:.0f} us, "
+                f"node {result['node_cpu_us']:.0f} us"
             )
         else:
             result = bench_cluster(args.records, values)
