@@ -4,7 +4,8 @@
   fetchable partition that has fewer than :data:`PREFETCH_DEPTH` chunks buffered, so the next
   chunk is on its way while the application processes the current one. Long poll:
   ``fetch_min_bytes`` / ``fetch_max_wait_ms``; size bounds ``max_partition_fetch_bytes`` and
-  ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up first (ListOffsets).
+  ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up (ListOffsets) in a
+  task of their own, while the partitions with a position are fetched.
 * A fetched chunk stays the bytes the storage node wrote (compressed once by the producer);
   :class:`PartitionRecords` walks its batches, checks their CRCs, and decodes records only as
   ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time --
@@ -365,6 +366,9 @@ class Fetcher:
         #: The written fetch the current fetch task awaits (its task may be cancelled before
         #: it starts: the fetch is abandoned here then).
         self._awaited: StartedFetch | None = None
+        #: The offset lookup of partitions awaiting a reset, running beside the fetches of the
+        #: partitions with a position (see ``_start_reset``); None when none runs.
+        self._resetting: asyncio.Task | None = None
         self._closed = False
         self._drain_start = 0
         self._confirming: set[TopicPartition] = set()
@@ -414,7 +418,7 @@ class Fetcher:
                 handler, self._awaited = sent
                 self._fetch_task = loop.create_task(self._do_fetch(handler, self._awaited))
             else:
-                await self._maybe_reset_offsets()
+                self._start_reset()
                 now = self.client.clock.monotonic()
                 offsets = self.fetch_candidates(now)
                 if not offsets:
@@ -423,6 +427,33 @@ class Fetcher:
                 self._fetch_task = loop.create_task(self._do_fetch(SendFetchHandler(self, offsets)))
             await asyncio.wait({self._fetch_task})  # never raises: a cancelled fetch is just dropped
             self._fetch_task = self._awaited = None
+
+    def _start_reset(self) -> None:
+        """Look up the offsets of the partitions awaiting a reset, in a task of its own: the
+        partitions with a position are fetched meanwhile (as Kafka's consumer does), so a lookup
+        made moot by the application's seeks -- ``assign`` then ``seek`` of each partition, the
+        usual start of a manually assigned consumer -- holds no fetch back. One lookup at a time;
+        when it ends the routine looks again (the partitions it positioned are fetched, and
+        those that came to await a reset meanwhile are looked up)."""
+        if self._resetting is not None or self._closed:
+            return
+        subscription, failed = self.subscription, self._errors
+        if not subscription.has_partitions_awaiting_reset():
+            return
+        awaiting = {tp: se for tp, se in subscription.partitions_awaiting_reset().items() if tp not in failed}
+        if not awaiting:
+            return
+        task = self._resetting = asyncio.get_running_loop().create_task(self.reset_offsets(awaiting))
+        self._background.add(task)
+        task.add_done_callback(self._reset_done)
+
+    def _reset_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if self._resetting is task:
+            self._resetting = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("offset reset failed: %r", task.exception())
+        self.wakeup()
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None) -> None:
         waiter = self._waiter
@@ -484,8 +515,10 @@ class Fetcher:
         and the application's work instead of following them (Kafka's consumer sends its next
         fetch as soon as it has parsed a response, too). Not when offsets are to be reset first
         or the connection cannot take it at once: the routine's next round fetches then."""
-        if self._closed or self._raw is None or self.subscription.partitions_awaiting_reset():
+        if self._closed or self._raw is None:
             return
+        if self._resetting is None and self.subscription.has_partitions_awaiting_reset():
+            return  # the routine's next round starts their lookup first
         offsets = self.fetch_candidates(self.client.clock.monotonic())
         if not offsets:
             return
@@ -600,15 +633,6 @@ class Fetcher:
         self._data_ready.set()
 
     # -- offset resets ---------------------------------------------------------------------
-
-    async def _maybe_reset_offsets(self) -> None:
-        awaiting = {
-            tp: se
-            for tp, se in self.subscription.partitions_awaiting_reset().items()
-            if tp not in self._errors
-        }
-        if awaiting:
-            await self.reset_offsets(awaiting)
 
     async def reset_offsets(self, awaiting: dict[TopicPartition, tuple[str, int]]) -> None:
         """Look up and apply ``{tp: (strategy, epoch)}``; 'none' and lookup failures become errors."""

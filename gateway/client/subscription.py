@@ -185,6 +185,11 @@ class SubscriptionState:
             if s.position is None and not s.awaiting_committed
         }
 
+    def has_partitions_awaiting_reset(self) -> bool:
+        """Whether ``partitions_awaiting_reset`` would name any (without building it: asked
+        before every fetch, over every assigned partition)."""
+        return any(s.position is None and not s.awaiting_committed for s in self._assignment.values())
+
     def partitions_awaiting_committed(self) -> dict[TopicPartition, int]:
         """``{tp: epoch}`` for every partition waiting for the group's committed offset."""
         return {tp: s.epoch for tp, s in self._assignment.items() if s.awaiting_committed}
