@@ -389,21 +389,17 @@ class Fetcher:
         # lookups bound, and the error and backoff tables asked only when they hold anything.
         candidates: dict[TopicPartition, int] = {}
         buffers, errors, backoff = self._buffers, self._errors, self._backoff_until
-        position = self.subscription.position
-        for tp in self.subscription.fetchable_partitions():
-            chunks = buffers.get(tp)
-            offset: int | None
-            if chunks:
-                last = chunks[-1]
-                if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
-                    continue
-                offset = last.next_fetch_offset
-            else:
-                offset = position(tp)
+        for tp, offset in self.subscription.fetchable_positions():
+            if buffers:
+                chunks = buffers.get(tp)
+                if chunks:
+                    last = chunks[-1]
+                    if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
+                        continue
+                    offset = last.next_fetch_offset
             if (errors and tp in errors) or (backoff and backoff.get(tp, 0.0) > now):
                 continue
-            if offset is not None:  # a fetchable partition has a position
-                candidates[tp] = offset
+            candidates[tp] = offset
         return candidates
 
     # -- the routine -----------------------------------------------------------------------
@@ -866,12 +862,14 @@ class SendFetchHandler:
         # offset moved (most of a many-partition consumer's partitions, fetch after fetch).
         known = f.raw_fetch_partitions
         max_bytes = f.max_partition_fetch_bytes
-        partitions = []
+        partitions: list[dp.FetchPartition] = []
+        get, append = known.get, partitions.append
         for tp, offset in self.offsets.items():
-            partition = known.get(tp)
-            if partition is None or partition.fetch_offset != offset:
-                partition = known[tp] = dp.FetchPartition(tp.topic, tp.partition, offset, max_bytes)
-            partitions.append(partition)
+            partition = get(tp)
+            # (fields by index: a NamedTuple's named access costs a call per partition)
+            if partition is None or partition[2] != offset or partition[3] != max_bytes:
+                partition = known[tp] = _new_tuple(dp.FetchPartition, (tp[0], tp[1], offset, max_bytes))
+            append(partition)
         return dp.FetchRequest(
             0,
             partitions,
