@@ -334,9 +334,13 @@ class Fetcher:
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
         data_ready: asyncio.Event | None = None,
+        fetch_before_poll: bool = True,
     ) -> None:
         """``data_ready``: the event to set while something is buffered or failed (the consumer
-        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default."""
+        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default.
+        ``fetch_before_poll`` false: the routine looks nothing up and fetches nothing until
+        :meth:`allow_fetching` (the consumer's first poll), opening only its data connection
+        meanwhile -- as Kafka's consumer, which does no fetching outside ``poll``."""
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -366,6 +370,10 @@ class Fetcher:
         #: The written fetch the current fetch task awaits (its task may be cancelled before
         #: it starts: the fetch is abandoned here then).
         self._awaited: StartedFetch | None = None
+        #: Fetching (and offset lookups) may start: see ``fetch_before_poll``.
+        self._may_fetch = fetch_before_poll
+        #: The data connection opened ahead of the first poll (None: not yet asked for).
+        self._warm_up: asyncio.Task | None = None
         #: The offset lookup of partitions awaiting a reset, running beside the fetches of the
         #: partitions with a position (see ``_start_reset``); None when none runs.
         self._resetting: asyncio.Task | None = None
@@ -409,6 +417,10 @@ class Fetcher:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._waiter = loop.create_future()
+            if not self._may_fetch:
+                self._open_ahead()
+                await self._sleep(loop, None)  # until allow_fetching (or close)
+                continue
             sent, self._next = self._next, None
             if sent is not None:
                 handler, self._awaited = sent
@@ -423,6 +435,34 @@ class Fetcher:
                 self._fetch_task = loop.create_task(self._do_fetch(SendFetchHandler(self, offsets)))
             await asyncio.wait({self._fetch_task})  # never raises: a cancelled fetch is just dropped
             self._fetch_task = self._awaited = None
+
+    def allow_fetching(self) -> None:
+        """Let the routine fetch (the consumer's first poll; see ``fetch_before_poll``).
+
+        Before it, an application's ``assign`` then ``seek`` of each of its partitions -- each
+        seek restarting the fetch in flight, so that it takes effect at once -- cost a
+        restarted fetch (or a lookup of the data listener, or of offsets) per partition."""
+        if not self._may_fetch:
+            self._may_fetch = True
+            self.wakeup()
+
+    def _open_ahead(self) -> None:
+        """Open the data connection while fetching waits for the first poll (once), in a task
+        that no seek restarts, so that the first poll's fetch finds it open."""
+        if self._warm_up is not None or self._raw is None or self._closed:
+            return
+        topic = next((tp.topic for tp in self.subscription.assigned_partitions()), None)
+        if topic is None:
+            return
+        task = self._warm_up = asyncio.get_running_loop().create_task(self._raw.open(topic))
+        self._background.add(task)
+        task.add_done_callback(self._opened_ahead)
+
+    def _opened_ahead(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the first fetch opens it (and reports what fails then)
+            log.debug("opening the data connection ahead of the first poll failed: %r", task.exception())
 
     def _start_reset(self) -> None:
         """Look up the offsets of the partitions awaiting a reset, in a task of its own: the

@@ -324,3 +324,43 @@ async def test_a_pending_offset_reset_holds_back_no_fetch_of_the_positioned_part
         await fetcher.close()
         routine.cancel()
         await asyncio.gather(routine, return_exceptions=True)
+
+
+@run_async
+async def test_a_consumers_fetcher_opens_its_connection_but_fetches_nothing_before_the_first_poll():
+    # assign() then a seek() per partition, before the first poll: each seek restarts the fetch
+    # in flight, so a fetcher already fetching made a request (or a lookup) per seek.
+    async with FetchGateway(records_from_offset) as gateway:
+        client = _Client(gateway.address)
+        lookups: list[str] = []
+        call_with_retry = client.call_with_retry
+
+        async def recording(method, request, **kwargs):
+            lookups.append(method)
+            return await call_with_retry(method, request, **kwargs)
+
+        client.call_with_retry = recording
+        subscription = SubscriptionState("earliest")
+        subscription.assign_from_user([TP, TopicPartition("t", 1)])  # both await a reset
+        fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0, fetch_before_poll=False)
+        routine = asyncio.ensure_future(fetcher.run())
+        try:
+            while fetcher._warm_up is None or not fetcher._warm_up.done():
+                await asyncio.sleep(0.01)
+            assert fetcher._raw._link.opened == 1, "the data connection is opened ahead"
+            subscription.seek(TP, 0)
+            fetcher.wakeup(restart_fetch=True)
+            subscription.seek(TopicPartition("t", 1), 4)
+            fetcher.wakeup(restart_fetch=True)
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert gateway.requests == [] and lookups == ["GetMetadata"], "no fetch, no ListOffsets"
+            fetcher.allow_fetching()
+            await gateway.wait_for_requests(1)
+            first = gateway.requests[0]
+            assert {(p.partition, p.fetch_offset) for p in first.partitions} == {(0, 0), (1, 4)}
+            assert lookups == ["GetMetadata"]
+        finally:
+            await fetcher.close()
+            routine.cancel()
+            await asyncio.gather(routine, return_exceptions=True)
