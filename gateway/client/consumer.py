@@ -393,8 +393,9 @@ class AsyncConsumer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the fetch routine on the running loop (connections open on first use), and
-        the group's heartbeat routine if subscribed."""
+        """Start the fetch routine on the running loop (it opens the data connection once
+        partitions are assigned, and fetches from the first ``poll`` on), and the group's
+        heartbeat routine if subscribed."""
         if self._closed:
             raise IllegalStateError("the consumer is closed")
         if self._fetch_task is None:
