@@ -364,6 +364,7 @@ class AsyncConsumer:
             key_deserializer=c.key_deserializer,
             value_deserializer=c.value_deserializer,
             data_ready=_Signal(self._poll_wake),
+            fetch_before_poll=False,  # opened by the first poll, as Kafka's consumer fetches
         )
         self._fetch_task: asyncio.Task | None = None
         self._closed = False
@@ -392,8 +393,9 @@ class AsyncConsumer:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the fetch routine on the running loop (connections open on first use), and
-        the group's heartbeat routine if subscribed."""
+        """Start the fetch routine on the running loop (it opens the data connection once
+        partitions are assigned, and fetches from the first ``poll`` on), and the group's
+        heartbeat routine if subscribed."""
         if self._closed:
             raise IllegalStateError("the consumer is closed")
         if self._fetch_task is None:
@@ -758,6 +760,7 @@ class AsyncConsumer:
         telemetry = self._telemetry
         started = telemetry.now() if telemetry is not None else 0
         await self.start()
+        self._fetcher.allow_fetching()
         coordinator = self._coordinator
         drain = drain or self._fetcher.drain
         if coordinator is None:
@@ -793,6 +796,7 @@ class AsyncConsumer:
             return None
         if self._subscription.subscription_type is SubscriptionType.NONE:
             return None
+        self._fetcher.allow_fetching()
         self._poll_wake.thread_signal = signal
         signal.clear()  # before looking: whatever is buffered after this sets it again
         records = self._fetcher.drain(max_records or self.config.max_poll_records)

@@ -685,6 +685,10 @@ class RawFetcher:
         self.full_fetches = 0
         self.incremental_fetches = 0
 
+    async def open(self, topic: str) -> None:
+        """Open the data connection now (if the gateway offers one), ahead of the first fetch."""
+        await self._link.connection(topic)
+
     def start(self, request: dp.FetchRequest) -> StartedFetch | None:
         """Write ``request`` now when the connection is open and nothing waits before it (see
         ``DataLink.connection_now``); its answer is awaited with ``fetch(..., started=...)``.

@@ -28,10 +28,12 @@ class FetchSessionState:
         self.session_id = dp.NO_SESSION_ID
         #: The epoch of the next fetch: ``INITIAL_EPOCH`` = a full fetch.
         self.epoch = dp.INITIAL_EPOCH
-        #: (topic, partition) -> (fetch offset, max bytes): the session as the gateway holds it.
-        self.positions: dict[tuple[str, int], tuple[int, int]] = {}
+        #: (topic, partition) -> the partition as the gateway holds it in the session (its fetch
+        #: offset and max bytes; a ``FetchPartition``: the fetcher passes the same tuple again
+        #: while the partition's offset holds, which makes the comparison an identity check).
+        self.positions: dict[tuple[str, int], dp.FetchPartition] = {}
         #: The picture once the request in flight is applied (None: nothing in flight).
-        self._pending: dict[tuple[str, int], tuple[int, int]] | None = None
+        self._pending: dict[tuple[str, int], dp.FetchPartition] | None = None
 
     @property
     def full(self) -> bool:
@@ -41,17 +43,26 @@ class FetchSessionState:
     def request(self, wanted: dp.FetchRequest) -> dp.FetchRequest:
         """``wanted`` (every partition the consumer fetches, at its offsets) as this session's
         next fetch: all of it for a full fetch, else only the difference from the session."""
-        pending = {(p.topic, p.partition): (p.fetch_offset, p.max_bytes) for p in wanted.partitions}
+        # One pass over every wanted partition (before each fetch of a consumer of hundreds).
+        pending: dict[tuple[str, int], dp.FetchPartition] = {}
         self._pending = pending
         if self.full:
+            for p in wanted.partitions:
+                pending[p[:2]] = p
             return wanted._replace(session_id=self.session_id, session_epoch=dp.INITIAL_EPOCH, forgotten=())
         positions = self.positions
-        changed = [
-            p
-            for p in wanted.partitions
-            if positions.get((p.topic, p.partition)) != pending[(p.topic, p.partition)]
-        ]
-        forgotten = tuple(key for key in positions if key not in pending)
+        get = positions.get
+        changed = []
+        for p in wanted.partitions:
+            key = p[:2]  # (topic, partition)
+            pending[key] = p
+            known = get(key)
+            if known is not p and known != p:
+                changed.append(p)
+        # Every partition of the session still wanted (the usual case): nothing is forgotten.
+        forgotten: tuple[tuple[str, int], ...] = ()
+        if len(pending) != len(positions) or len(changed):
+            forgotten = tuple(key for key in positions if key not in pending)
         return wanted._replace(
             partitions=changed, session_id=self.session_id, session_epoch=self.epoch, forgotten=forgotten
         )
@@ -74,8 +85,8 @@ class FetchSessionState:
         for p in response.partitions:
             key = (p.topic, p.partition)
             known = pending.get(key)
-            if known is not None:
-                pending[key] = (p.next_offset, known[1])
+            if known is not None and known.fetch_offset != p.next_offset:
+                pending[key] = known._replace(fetch_offset=p.next_offset)
         self.positions = pending
 
     def reset(self) -> None:

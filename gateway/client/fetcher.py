@@ -4,7 +4,8 @@
   fetchable partition that has fewer than :data:`PREFETCH_DEPTH` chunks buffered, so the next
   chunk is on its way while the application processes the current one. Long poll:
   ``fetch_min_bytes`` / ``fetch_max_wait_ms``; size bounds ``max_partition_fetch_bytes`` and
-  ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up first (ListOffsets).
+  ``fetch_max_bytes``. Partitions awaiting an offset reset are looked up (ListOffsets) in a
+  task of their own, while the partitions with a position are fetched.
 * A fetched chunk stays the bytes the storage node wrote (compressed once by the producer);
   :class:`PartitionRecords` walks its batches, checks their CRCs, and decodes records only as
   ``poll`` hands them out (aiokafka's ``PartitionRecords``), up to ``max_records`` at a time --
@@ -333,9 +334,13 @@ class Fetcher:
         key_deserializer: Callable | None = None,
         value_deserializer: Callable | None = None,
         data_ready: asyncio.Event | None = None,
+        fetch_before_poll: bool = True,
     ) -> None:
         """``data_ready``: the event to set while something is buffered or failed (the consumer
-        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default."""
+        passes one that also wakes its waiting poll); a new ``asyncio.Event`` by default.
+        ``fetch_before_poll`` false: the routine looks nothing up and fetches nothing until
+        :meth:`allow_fetching` (the consumer's first poll), opening only its data connection
+        meanwhile -- as Kafka's consumer, which does no fetching outside ``poll``."""
         if isolation_level not in _ISOLATION:
             raise ValueError(f"isolation_level must be one of {', '.join(_ISOLATION)}")
         self.client = client
@@ -365,6 +370,13 @@ class Fetcher:
         #: The written fetch the current fetch task awaits (its task may be cancelled before
         #: it starts: the fetch is abandoned here then).
         self._awaited: StartedFetch | None = None
+        #: Fetching (and offset lookups) may start: see ``fetch_before_poll``.
+        self._may_fetch = fetch_before_poll
+        #: The data connection opened ahead of the first poll (None: not yet asked for).
+        self._warm_up: asyncio.Task | None = None
+        #: The offset lookup of partitions awaiting a reset, running beside the fetches of the
+        #: partitions with a position (see ``_start_reset``); None when none runs.
+        self._resetting: asyncio.Task | None = None
         self._closed = False
         self._drain_start = 0
         self._confirming: set[TopicPartition] = set()
@@ -385,21 +397,17 @@ class Fetcher:
         # lookups bound, and the error and backoff tables asked only when they hold anything.
         candidates: dict[TopicPartition, int] = {}
         buffers, errors, backoff = self._buffers, self._errors, self._backoff_until
-        position = self.subscription.position
-        for tp in self.subscription.fetchable_partitions():
-            chunks = buffers.get(tp)
-            offset: int | None
-            if chunks:
-                last = chunks[-1]
-                if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
-                    continue
-                offset = last.next_fetch_offset
-            else:
-                offset = position(tp)
+        for tp, offset in self.subscription.fetchable_positions():
+            if buffers:
+                chunks = buffers.get(tp)
+                if chunks:
+                    last = chunks[-1]
+                    if len(chunks) >= PREFETCH_DEPTH or last.error is not None:
+                        continue
+                    offset = last.next_fetch_offset
             if (errors and tp in errors) or (backoff and backoff.get(tp, 0.0) > now):
                 continue
-            if offset is not None:  # a fetchable partition has a position
-                candidates[tp] = offset
+            candidates[tp] = offset
         return candidates
 
     # -- the routine -----------------------------------------------------------------------
@@ -409,12 +417,16 @@ class Fetcher:
         loop = asyncio.get_running_loop()
         while not self._closed:
             self._waiter = loop.create_future()
+            if not self._may_fetch:
+                self._open_ahead()
+                await self._sleep(loop, None)  # until allow_fetching (or close)
+                continue
             sent, self._next = self._next, None
             if sent is not None:
                 handler, self._awaited = sent
                 self._fetch_task = loop.create_task(self._do_fetch(handler, self._awaited))
             else:
-                await self._maybe_reset_offsets()
+                self._start_reset()
                 now = self.client.clock.monotonic()
                 offsets = self.fetch_candidates(now)
                 if not offsets:
@@ -423,6 +435,61 @@ class Fetcher:
                 self._fetch_task = loop.create_task(self._do_fetch(SendFetchHandler(self, offsets)))
             await asyncio.wait({self._fetch_task})  # never raises: a cancelled fetch is just dropped
             self._fetch_task = self._awaited = None
+
+    def allow_fetching(self) -> None:
+        """Let the routine fetch (the consumer's first poll; see ``fetch_before_poll``).
+
+        Before it, an application's ``assign`` then ``seek`` of each of its partitions -- each
+        seek restarting the fetch in flight, so that it takes effect at once -- cost a
+        restarted fetch (or a lookup of the data listener, or of offsets) per partition."""
+        if not self._may_fetch:
+            self._may_fetch = True
+            self.wakeup()
+
+    def _open_ahead(self) -> None:
+        """Open the data connection while fetching waits for the first poll (once), in a task
+        that no seek restarts, so that the first poll's fetch finds it open."""
+        if self._warm_up is not None or self._raw is None or self._closed:
+            return
+        topic = next((tp.topic for tp in self.subscription.assigned_partitions()), None)
+        if topic is None:
+            return
+        task = self._warm_up = asyncio.get_running_loop().create_task(self._raw.open(topic))
+        self._background.add(task)
+        task.add_done_callback(self._opened_ahead)
+
+    def _opened_ahead(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # the first fetch opens it (and reports what fails then)
+            log.debug("opening the data connection ahead of the first poll failed: %r", task.exception())
+
+    def _start_reset(self) -> None:
+        """Look up the offsets of the partitions awaiting a reset, in a task of its own: the
+        partitions with a position are fetched meanwhile (as Kafka's consumer does), so a lookup
+        made moot by the application's seeks -- ``assign`` then ``seek`` of each partition, the
+        usual start of a manually assigned consumer -- holds no fetch back. One lookup at a time;
+        when it ends the routine looks again (the partitions it positioned are fetched, and
+        those that came to await a reset meanwhile are looked up)."""
+        if self._resetting is not None or self._closed:
+            return
+        subscription, failed = self.subscription, self._errors
+        if not subscription.has_partitions_awaiting_reset():
+            return
+        awaiting = {tp: se for tp, se in subscription.partitions_awaiting_reset().items() if tp not in failed}
+        if not awaiting:
+            return
+        task = self._resetting = asyncio.get_running_loop().create_task(self.reset_offsets(awaiting))
+        self._background.add(task)
+        task.add_done_callback(self._reset_done)
+
+    def _reset_done(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if self._resetting is task:
+            self._resetting = None
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("offset reset failed: %r", task.exception())
+        self.wakeup()
 
     async def _sleep(self, loop: asyncio.AbstractEventLoop, delay: float | None) -> None:
         waiter = self._waiter
@@ -484,8 +551,10 @@ class Fetcher:
         and the application's work instead of following them (Kafka's consumer sends its next
         fetch as soon as it has parsed a response, too). Not when offsets are to be reset first
         or the connection cannot take it at once: the routine's next round fetches then."""
-        if self._closed or self._raw is None or self.subscription.partitions_awaiting_reset():
+        if self._closed or self._raw is None:
             return
+        if self._resetting is None and self.subscription.has_partitions_awaiting_reset():
+            return  # the routine's next round starts their lookup first
         offsets = self.fetch_candidates(self.client.clock.monotonic())
         if not offsets:
             return
@@ -600,15 +669,6 @@ class Fetcher:
         self._data_ready.set()
 
     # -- offset resets ---------------------------------------------------------------------
-
-    async def _maybe_reset_offsets(self) -> None:
-        awaiting = {
-            tp: se
-            for tp, se in self.subscription.partitions_awaiting_reset().items()
-            if tp not in self._errors
-        }
-        if awaiting:
-            await self.reset_offsets(awaiting)
 
     async def reset_offsets(self, awaiting: dict[TopicPartition, tuple[str, int]]) -> None:
         """Look up and apply ``{tp: (strategy, epoch)}``; 'none' and lookup failures become errors."""
@@ -842,12 +902,14 @@ class SendFetchHandler:
         # offset moved (most of a many-partition consumer's partitions, fetch after fetch).
         known = f.raw_fetch_partitions
         max_bytes = f.max_partition_fetch_bytes
-        partitions = []
+        partitions: list[dp.FetchPartition] = []
+        get, append = known.get, partitions.append
         for tp, offset in self.offsets.items():
-            partition = known.get(tp)
-            if partition is None or partition.fetch_offset != offset:
-                partition = known[tp] = dp.FetchPartition(tp.topic, tp.partition, offset, max_bytes)
-            partitions.append(partition)
+            partition = get(tp)
+            # (fields by index: a NamedTuple's named access costs a call per partition)
+            if partition is None or partition[2] != offset or partition[3] != max_bytes:
+                partition = known[tp] = _new_tuple(dp.FetchPartition, (tp[0], tp[1], offset, max_bytes))
+            append(partition)
         return dp.FetchRequest(
             0,
             partitions,

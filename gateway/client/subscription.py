@@ -185,6 +185,15 @@ class SubscriptionState:
             if s.position is None and not s.awaiting_committed
         }
 
+    def has_partitions_awaiting_reset(self) -> bool:
+        """Whether ``partitions_awaiting_reset`` would name any (without building it: asked
+        before every fetch, over every assigned partition)."""
+        # (a loop: ``any`` over a generator took 3x longer)
+        for s in self._assignment.values():  # noqa: SIM110
+            if s.position is None and not s.awaiting_committed:
+                return True
+        return False
+
     def partitions_awaiting_committed(self) -> dict[TopicPartition, int]:
         """``{tp: epoch}`` for every partition waiting for the group's committed offset."""
         return {tp: s.epoch for tp, s in self._assignment.items() if s.awaiting_committed}
@@ -225,6 +234,12 @@ class SubscriptionState:
     def is_fetchable(self, tp: TopicPartition) -> bool:
         state = self._assignment.get(tp)
         return state is not None and not state.paused and state.position is not None
+
+    def fetchable_positions(self) -> list[tuple[TopicPartition, int]]:
+        """``fetchable_partitions`` with their positions, in one pass (before every fetch)."""
+        return [
+            (tp, s.position) for tp, s in self._assignment.items() if not s.paused and s.position is not None
+        ]
 
     def fetchable_partitions(self) -> list[TopicPartition]:
         """Assigned, not paused, with a position: what the fetcher may ask for."""

@@ -1026,13 +1026,20 @@ def _partition_fetches(planned: SessionFetch) -> tuple[PartitionFetch, ...]:
             new(PartitionFetch, (p.topic, p.partition, p.offset, p.max_bytes, -1, -1))
             for p in planned.partitions
         )
-    return tuple(
-        new(
-            PartitionFetch,
-            (p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset),
-        )
-        for p in planned.partitions
-    )
+    # Each partition's tuple is kept on it while its fields hold (``SessionPartition.fetch``):
+    # the same tuples fetch after fetch, which also makes a read ahead's command compare equal
+    # to the next fetch's by identity (``fetch_ahead.py``).
+    fetches: list[PartitionFetch] = []
+    append = fetches.append
+    for p in planned.partitions:
+        fetch = p.fetch
+        if fetch is None:
+            fetch = p.fetch = new(
+                PartitionFetch,
+                (p.topic, p.partition, p.offset, p.max_bytes, p.high_watermark, p.log_start_offset),
+            )
+        append(fetch)
+    return tuple(fetches)
 
 
 class _Metered(NamedTuple):

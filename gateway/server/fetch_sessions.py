@@ -23,10 +23,13 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from services import errors
 from services.dataport import protocol as dp
+
+if TYPE_CHECKING:
+    from gateway.server.fetch import PartitionFetch
 
 #: Sessions one connection may hold (a consumer needs one; a few leave room for several
 #: fetchers sharing a connection).
@@ -48,9 +51,23 @@ class SessionPartition:
     high_watermark: int = -1
     last_stable_offset: int = -1
     log_start_offset: int = -1
+    #: What the gateway's fetch reads for the partition (made from the fields above), kept
+    #: while they hold: a wide session's every fetch, and the read ahead after it, pass every
+    #: partition on (``data_listener._partition_fetches``). Every change of the fields above
+    #: goes through ``moved`` or ``forget_answers``, which drop it.
+    fetch: PartitionFetch | None = field(default=None, compare=False, repr=False)
 
     def forget_answers(self) -> None:
         self.high_watermark = self.last_stable_offset = self.log_start_offset = -1
+        self.fetch = None
+
+    def moved(self, offset: int, high_watermark: int, last_stable_offset: int, log_start_offset: int) -> None:
+        """An answer moved the partition to ``offset`` and told these offsets."""
+        self.offset = offset
+        self.high_watermark = high_watermark
+        self.last_stable_offset = last_stable_offset
+        self.log_start_offset = log_start_offset
+        self.fetch = None
 
 
 @dataclass(slots=True)
@@ -202,7 +219,7 @@ class FetchSessions:
             else:
                 known.offset = p.fetch_offset
                 known.max_bytes = p.max_bytes or default_max_bytes
-                known.forget_answers()  # a changed partition is always answered
+                known.forget_answers()  # a changed partition is always answered (drops ``fetch``)
         session.epoch += 1
         session.busy = True
         self._sessions[session.id] = self._sessions.pop(session.id)  # most recently used
@@ -236,10 +253,12 @@ class FetchSessions:
                 continue
             answered.append(index)
             if live:
-                part.offset = result.next_offset
-                part.high_watermark = result.high_watermark
-                part.last_stable_offset = result.last_stable_offset
-                part.log_start_offset = result.log_start_offset
+                part.moved(
+                    result.next_offset,
+                    result.high_watermark,
+                    result.last_stable_offset,
+                    result.log_start_offset,
+                )
                 if brought:
                     rotate.append((part.topic, part.partition))
         if live:

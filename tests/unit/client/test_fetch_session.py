@@ -72,6 +72,29 @@ def test_a_max_bytes_change_is_sent():
     assert len(state.request(wanted({("a", 0): 5}, max_bytes=200)).partitions) == 1
 
 
+def test_a_partition_swapped_for_another_is_sent_and_the_old_one_forgotten():
+    # As many partitions wanted as the session holds, one of them another: the count alone
+    # must not pass for "nothing forgotten".
+    state = FetchSessionState()
+    state.request(wanted({("a", 0): 5, ("a", 1): 7}))
+    state.answered(answer(42, [("a", 0, 5), ("a", 1, 7)]))
+    swapped = state.request(wanted({("a", 0): 5, ("a", 2): 0}))
+    assert [(p.topic, p.partition) for p in swapped.partitions] == [("a", 2)]
+    assert swapped.forgotten == (("a", 1),)
+
+
+def test_an_unchanged_partition_passed_again_as_the_same_tuple_is_not_sent():
+    # The fetcher passes the very tuple it sent while the offset holds; an equal new one also counts.
+    state = FetchSessionState()
+    request = wanted({("a", 0): 5, ("a", 1): 7})
+    state.request(request)
+    state.answered(answer(42, [("a", 0, 9)]))
+    again = state.request(
+        request._replace(partitions=[dp.FetchPartition("a", 0, 9, 100), request.partitions[1]])
+    )
+    assert again.partitions == [] and again.forgotten == ()
+
+
 def test_random_walks_against_the_gateway_read_exactly_what_the_consumer_wants():
     """A consumer that seeks, drops and adds partitions at random, loses answers and reconnects:
     every fetch the gateway serves reads exactly the partitions and offsets the consumer asked

@@ -262,3 +262,105 @@ async def test_without_a_raw_data_path_the_fetcher_fetches_over_grpc():
     assert calls == ["Fetch"]
     assert [r.offset for r in fetcher.drain(10)[TP]] == [0, 1, 2]
     await fetcher.close()
+
+
+@run_async
+async def test_a_pending_offset_reset_holds_back_no_fetch_of_the_positioned_partitions():
+    # assign() then seek() of each partition: the lookup assign started (moot once the seeks
+    # came) must not keep the partitions with a position waiting, as it did when the routine
+    # awaited it before every fetch.
+    tp1 = TopicPartition("t", 1)
+    client = _Client("")
+    lookup_released = asyncio.Event()
+    fetched: list[dict[TopicPartition, int]] = []
+    fetched_once = asyncio.Event()
+
+    async def call_with_retry(method, request, **_):
+        if method == "GetMetadata":
+            return pb.GetMetadataResponse(data_address="")
+        assert method == "ListOffsets"
+        await lookup_released.wait()
+        return pb.ListOffsetsResponse(
+            partitions=[
+                pb.ListOffsetsPartitionResult(topic=p.topic, partition=p.partition, offset=5)
+                for p in request.partitions
+            ]
+        )
+
+    async def call(method, request, **_):
+        assert method == "Fetch"
+        fetched.append({TopicPartition(p.topic, p.partition): p.offset for p in request.partitions})
+        fetched_once.set()
+        return pb.FetchResponse(
+            partitions=[
+                pb.FetchPartitionResult(
+                    topic=p.topic,
+                    partition=p.partition,
+                    record_batches=batch(p.offset, 3),
+                    high_watermark=1_000,
+                    log_start_offset=0,
+                )
+                for p in request.partitions
+            ]
+        )
+
+    client.call_with_retry = call_with_retry
+    client.call = call
+    subscription = SubscriptionState("earliest")
+    subscription.assign_from_user([TP, tp1])
+    subscription.seek(TP, 0)  # tp1 awaits its reset
+    fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0, data_path="grpc")
+    routine = asyncio.ensure_future(fetcher.run())
+    try:
+        await asyncio.wait_for(fetched_once.wait(), 5)
+        assert fetched[0] == {TP: 0}, "the positioned partition is fetched while the lookup runs"
+        assert subscription.position(tp1) is None
+        lookup_released.set()
+        while not any(tp1 in f for f in fetched):
+            await asyncio.sleep(0.01)
+        assert subscription.position(tp1) == 5
+        assert next(f for f in fetched if tp1 in f)[tp1] == 5, "fetched from the looked-up offset"
+    finally:
+        await fetcher.close()
+        routine.cancel()
+        await asyncio.gather(routine, return_exceptions=True)
+
+
+@run_async
+async def test_a_consumers_fetcher_opens_its_connection_but_fetches_nothing_before_the_first_poll():
+    # assign() then a seek() per partition, before the first poll: each seek restarts the fetch
+    # in flight, so a fetcher already fetching made a request (or a lookup) per seek.
+    async with FetchGateway(records_from_offset) as gateway:
+        client = _Client(gateway.address)
+        lookups: list[str] = []
+        call_with_retry = client.call_with_retry
+
+        async def recording(method, request, **kwargs):
+            lookups.append(method)
+            return await call_with_retry(method, request, **kwargs)
+
+        client.call_with_retry = recording
+        subscription = SubscriptionState("earliest")
+        subscription.assign_from_user([TP, TopicPartition("t", 1)])  # both await a reset
+        fetcher = Fetcher(client, subscription, fetch_max_wait_ms=0, fetch_before_poll=False)
+        routine = asyncio.ensure_future(fetcher.run())
+        try:
+            while fetcher._warm_up is None or not fetcher._warm_up.done():
+                await asyncio.sleep(0.01)
+            assert fetcher._raw._link.opened == 1, "the data connection is opened ahead"
+            subscription.seek(TP, 0)
+            fetcher.wakeup(restart_fetch=True)
+            subscription.seek(TopicPartition("t", 1), 4)
+            fetcher.wakeup(restart_fetch=True)
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert gateway.requests == [] and lookups == ["GetMetadata"], "no fetch, no ListOffsets"
+            fetcher.allow_fetching()
+            await gateway.wait_for_requests(1)
+            first = gateway.requests[0]
+            assert {(p.partition, p.fetch_offset) for p in first.partitions} == {(0, 0), (1, 4)}
+            assert lookups == ["GetMetadata"]
+        finally:
+            await fetcher.close()
+            routine.cancel()
+            await asyncio.gather(routine, return_exceptions=True)

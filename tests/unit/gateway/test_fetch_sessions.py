@@ -208,3 +208,32 @@ def test_a_failed_fetch_closes_its_session_and_close_all_ends_every_session():
     assert second is not None
     sessions.close_all()
     assert len(sessions) == 0 and second.closed
+
+
+def test_the_reads_of_an_incremental_fetch_follow_every_move_and_reuse_what_holds():
+    # data_listener._partition_fetches keeps each partition's read on it while its fields hold:
+    # an answer's move, a client's change and a max_bytes change must each give a new read.
+    from gateway.server.data_listener import _partition_fetches
+
+    sessions = FetchSessions()
+    session = opened(sessions, ("a", 0, 5), ("a", 1, 7), ("a", 2, 9)).session
+    assert session is not None
+    first = sessions.begin(incremental(session.id, 1), 1000)
+    reads = _partition_fetches(first)
+    assert [(r.partition, r.offset, r.known_high_watermark, r.known_log_start_offset) for r in reads] == [
+        (0, 5, 100, 0),
+        (1, 7, 100, 0),
+        (2, 9, 100, 0),
+    ]
+    # a0 brings records (moves to 8, high watermark 120); the others are quiet (no result)
+    sessions.complete(first, [Result(8, high_watermark=120), None, None])
+    second = sessions.begin(incremental(session.id, 2, ("a", 1, 3)), 1000)  # a seek of a1
+    again = {r.partition: r for r in _partition_fetches(second)}
+    assert (again[0].offset, again[0].known_high_watermark) == (8, 120)
+    assert (again[1].offset, again[1].known_high_watermark) == (3, -1), "a changed partition is always read"
+    assert again[2] is reads[2], "a partition nothing moved keeps its read"
+    sessions.complete(second, [None, None, None])
+    third = sessions.begin(
+        dp.FetchRequest(1, [dp.FetchPartition("a", 2, 9, 50)], session_id=session.id, session_epoch=3), 1000
+    )
+    assert {r.partition: r.max_bytes for r in _partition_fetches(third)}[2] == 50
