@@ -378,7 +378,7 @@ class LogManager:
         if expire:
             self._last_expiration_check_ms = now
         for partition_log in list(self._logs.values()):
-            if partition_log.closed:
+            if partition_log.closed or partition_log.offline:  # offline: logged when it failed
                 continue
             try:
                 if expire:

@@ -321,6 +321,12 @@ class PartitionLog:
         return self._closed
 
     @property
+    def offline(self) -> bool:
+        """A disk error left the log unusable (a failed flush, or an append that could not be
+        rolled back): every operation raises KafkaStorageError until the node reopens it."""
+        return self._failure is not None
+
+    @property
     def clock(self) -> Clock:
         return self._clock
 
@@ -881,19 +887,37 @@ class PartitionLog:
                 end = self._next_offset
                 # Only what changed since the last flush is synced: a node closing thousands of
                 # idle (or new, empty) partitions spent its shutdown rewriting what was on disk.
-                segments = (
-                    self._segments.from_offset(self._recovery_point) if end > self._recovery_point else ()
-                )
+                # Indexes are looked at from the segment holding the last offset flushed before
+                # (``recovery point - 1``): the previous flush may have left its indexes unsynced.
+                moved = end > self._recovery_point
+                segments = self._segments.from_offset(self._recovery_point) if moved else ()
+                index_segments = self._segments.from_offset(self._recovery_point - 1) if moved else ()
                 dir_needs_fsync, self._dir_needs_fsync = self._dir_needs_fsync, False
             try:
+                # The segment holding the last offset this flush covers (``end - 1``) is where
+                # recovery after a crash starts (``loader.first_recovered_base``): its indexes are
+                # rebuilt from its log then, so they need no fsync until a later flush moves the
+                # recovery point past that segment. That saves one or two of a busy partition's
+                # three fsyncs per flush. Every segment before it must have durable indexes
+                # before the recovery point moves.
                 for segment in segments:
-                    segment.flush()
+                    segment.log.flush()
+                tail_base = max((s.base_offset for s in index_segments if s.base_offset < end), default=-1)
+                for segment in index_segments:
+                    if segment.base_offset < tail_base:
+                        segment.flush_indexes()
                 if dir_needs_fsync:
                     checkpoint.fsync_dir(self.directory)  # new segment files must survive too
                 # The epochs of the offsets about to fall below the recovery point must be on
                 # disk first: the loader relearns epochs from the batches above it only.
                 self._epochs.flush(below=end)
             except OSError as exc:
+                # The log goes offline (as Kafka takes a log dir whose flush failed offline): after
+                # a failed write-back Linux may mark the lost pages clean, so a retried fsync can
+                # succeed without them and move the recovery point past records no longer there.
+                with self._lock:
+                    self._failure = exc
+                log.error("Flush of %s failed; the log is now offline: %s", self.name, exc)
                 raise KafkaStorageError(f"flush of {self.name} failed: {exc}") from exc
             with self._lock:
                 if end > self._recovery_point:
@@ -1119,6 +1143,11 @@ class PartitionLog:
         if self._failure is None:
             self.flush()
         with self._flush_lock, self._lock:
+            if self._failure is None:
+                # The clean-shutdown marker vouches for every index, and flushes leave the indexes
+                # of the segment they end in unsynced.
+                for segment in self._segments:
+                    segment.flush_indexes()
             self._closed = True
             for segment in self._segments:
                 segment.close()
@@ -1135,6 +1164,11 @@ class PartitionLog:
         """Delete the partition: rename the directory to ``<name>.<id>-delete`` (the commit
         point; the log manager finishes such leftovers at load), then remove it."""
         with self._flush_lock, self._lock:
+            if self._failure is None:
+                # The clean-shutdown marker vouches for every index, and flushes leave the indexes
+                # of the segment they end in unsynced.
+                for segment in self._segments:
+                    segment.flush_indexes()
             self._closed = True
             for segment in self._segments:
                 segment.close()
