@@ -863,15 +863,21 @@ class PartitionLog:
         Appends pass ``by_time=False``: the time rule is the periodic tick's job, which runs off
         the event loop (measured: a due flush.ms fsync inside appends to 256 partitions cut
         produce from ~26k to ~17k msg/s)."""
+        if self.flush_due(by_time=by_time):
+            self.flush(policy=True)
+            return True
+        return False
+
+    def flush_due(self, *, by_time: bool = True) -> bool:
+        """Whether :meth:`maybe_flush` would flush now (the periodic tick asks every partition,
+        then flushes the due ones side by side)."""
         unflushed = self._next_offset - self._recovery_point
         if unflushed <= 0 or self._closed:
             return False
         config = self._config
-        flush_due = by_time and self._clock.time_ms() - self._last_flush_ms >= config.flush_ms
-        if unflushed >= config.flush_messages or flush_due:
-            self.flush(policy=True)
-            return True
-        return False
+        return unflushed >= config.flush_messages or (
+            by_time and self._clock.time_ms() - self._last_flush_ms >= config.flush_ms
+        )
 
     @_disk_errors_as_storage_errors
     def flush(self, *, policy: bool = False) -> None:
