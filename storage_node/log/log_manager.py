@@ -132,6 +132,7 @@ class LogManager:
             raise ValueError(f"flush threads must be >= 1, got {flush_threads}")
         self.flush_threads = flush_threads
         self._flush_pool: ThreadPoolExecutor | None = None  # made at the first tick with 2 due
+        self._closed = False  # no flush pool is made after close (a tick racing it runs inline)
         self._clock = clock
         self._default_config = dict(default_config or {})
         LogConfig.from_dict(self._default_config)  # fail now on a bad default, not at first use
@@ -418,13 +419,18 @@ class LogManager:
                 log.exception("Periodic flush failed for %s", partition_log.name)
                 return False
 
-        if len(due) < 2 or self.flush_threads == 1:
-            return [flush_one(partition_log) for partition_log in due]
-        with self._lock:
-            if self._flush_pool is None:
-                self._flush_pool = ThreadPoolExecutor(self.flush_threads, thread_name_prefix="log-flush")
-            pool = self._flush_pool
-        return list(pool.map(flush_one, due))
+        pool = None
+        if len(due) >= 2 and self.flush_threads > 1:
+            with self._lock:
+                if self._flush_pool is None and not self._closed:
+                    self._flush_pool = ThreadPoolExecutor(self.flush_threads, thread_name_prefix="log-flush")
+                pool = self._flush_pool
+        if pool is not None:
+            try:
+                return list(pool.map(flush_one, due))
+            except RuntimeError:  # shut down by a close racing this tick: the logs are closed
+                pass
+        return [flush_one(partition_log) for partition_log in due]
 
     def checkpoint_high_watermarks(self, *, force: bool = False) -> int:
         """Rewrite the high-watermark checkpoint of each log dir in which one moved since the
@@ -472,6 +478,7 @@ class LogManager:
             logs = list(self._logs.values())
             self._logs.clear()
             flush_pool, self._flush_pool = self._flush_pool, None
+            self._closed = True
         if flush_pool is not None:
             flush_pool.shutdown(wait=True)  # a tick's flushes in progress finish first
         errors = []
