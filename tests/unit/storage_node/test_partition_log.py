@@ -284,6 +284,7 @@ def test_flush_messages_policy_moves_and_checkpoints_the_recovery_point(log_dir,
     partition_log = open_log(log_dir, clock, config(flush_messages=5))
     partition_log.append(make_batch(3))
     assert partition_log.recovery_point == 0
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)  # the checkpoint's interval from the open
     partition_log.append(make_batch(3))
     assert partition_log.recovery_point == 6
     text = (log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE).read_text()
@@ -435,19 +436,24 @@ def test_an_idle_log_flushes_and_closes_without_syncing_anything(log_dir, clock,
 
 def test_policy_flushes_checkpoint_the_recovery_point_once_an_interval_and_close_always(log_dir, clock):
     """The flush policy's flushes rewrite the recovery-point checkpoint (two fsyncs) at most
-    every RECOVERY_CHECKPOINT_INTERVAL_MS; the data is flushed every time, and a direct flush
-    (close) writes the checkpoint whatever the interval."""
+    every RECOVERY_CHECKPOINT_INTERVAL_MS, counted from the open (which wrote it); the data is
+    flushed every time, and a direct flush (close) writes the checkpoint whatever the interval."""
     path = log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE
     partition_log = open_log(log_dir, clock, config(flush_ms=1000))
     partition_log.append(make_batch(1))
     clock.advance(1000)
     assert partition_log.maybe_flush()
-    assert path.read_text() == "0\n1\nt 0 1\n"  # the first policy flush writes it
-    partition_log.append(make_batch(2))
+    assert partition_log.recovery_point == 1  # flushed...
+    assert path.read_text() == "0\n1\nt 0 0\n"  # ...but the open's checkpoint stands for an interval
+    partition_log.append(make_batch(1))
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS - 1000)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 2\n"
+    partition_log.append(make_batch(1))
     clock.advance(1000)
     assert partition_log.maybe_flush()
-    assert partition_log.recovery_point == 3  # flushed...
-    assert path.read_text() == "0\n1\nt 0 1\n"  # ...but the checkpoint waits for its interval
+    assert partition_log.recovery_point == 3
+    assert path.read_text() == "0\n1\nt 0 2\n"
     partition_log.append(make_batch(1))
     clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)
     assert partition_log.maybe_flush()
@@ -467,7 +473,7 @@ def test_a_truncation_lowers_the_recovery_checkpoint_at_once_whatever_the_interv
     partition_log = open_log(log_dir, clock, config(flush_ms=1000))
     for _ in range(10):
         partition_log.append(make_batch(1))
-    clock.advance(1000)
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)
     assert partition_log.maybe_flush()
     assert path.read_text() == "0\n1\nt 0 10\n"
     partition_log.truncate_to(3)
