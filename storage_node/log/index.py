@@ -152,13 +152,16 @@ class FixedWidthIndex:
         del self._values[count:]
         os.truncate(self.path, count * self.ENTRY_SIZE)
         self._torn_bytes = 0
+        # The shorter file must reach the disk too: entries cut here and left there by a crash
+        # could point into batches appended after the truncation.
+        self._unsynced = True
 
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""
         self._truncate_to_entries(0)
 
     def flush(self) -> None:
-        """fsync the index file (only needed before writing a clean-shutdown marker)."""
+        """fsync the index file, if written or truncated since the last fsync."""
         if self._unsynced:
             try:
                 fd = os.open(self.path, os.O_RDONLY)  # fsync syncs the file, whichever descriptor

@@ -10,9 +10,9 @@
    recovered in pass 4 are sanity-checked, and one whose indexes are missing or corrupt is
    recovered (indexes rebuilt) now.
 4. Unless the clean-shutdown marker is present, recover every segment from the one holding the
-   recovery point onward: validate batch by batch, truncate at the first bad batch, and delete
-   all later segments (the log must stay contiguous). Then make sure one segment exists and
-   that the log start offset is not past the log end.
+   last flushed offset (the recovery point - 1) onward: validate batch by batch, truncate at the
+   first bad batch, and delete all later segments (the log must stay contiguous). Then make sure
+   one segment exists and that the log start offset is not past the log end.
 5. Bring the leader-epoch cache in line with the recovered log: forget epochs past its end,
    learn the epochs of the batches pass 4 recovered (or of every batch when the checkpoint was
    never written), and clamp the high watermark checkpoint to the log.
@@ -263,8 +263,7 @@ def _third_pass_load_segments(ctx: _Context, recovery_point: int, had_clean_shut
             log.warning("Deleting orphaned index file %s with no log file", path)
             path.unlink()
     bases.sort()
-    # Pass 4 recovers the segment holding the recovery point and every later one.
-    first_unflushed = max((b for b in bases if b <= recovery_point), default=0)
+    first_unflushed = first_recovered_base(bases, recovery_point)
     segments: list[Segment] = []
     try:
         for base_offset in bases:
@@ -276,6 +275,17 @@ def _third_pass_load_segments(ctx: _Context, recovery_point: int, had_clean_shut
         close_segments(segments)
         raise
     return segments
+
+
+def first_recovered_base(bases: list[int], recovery_point: int) -> int:
+    """The base offset of the first segment an unclean open recovers (sorted ``bases``): the one
+    holding the last flushed offset, ``recovery_point - 1``, not the one holding the recovery
+    point. A flush leaves the indexes of the segment it ends in unsynced (``PartitionLog.flush``:
+    rebuilding them here is cheaper than two more fsyncs per partition and flush), and a segment
+    rolled later may start exactly at the recovery point; only segments wholly before the
+    recovered one are trusted to have durable indexes (they are sanity-checked only)."""
+    last_flushed = recovery_point - 1
+    return max((b for b in bases if b <= last_flushed), default=bases[0] if bases else 0)
 
 
 def close_segments(segments: list[Segment]) -> None:
@@ -300,7 +310,8 @@ def _sanity_check_or_recover(segment: Segment) -> None:
 def _fourth_pass_recover(
     ctx: _Context, segments: list[Segment], recovery_point: int
 ) -> tuple[list[Segment], int]:
-    first_unflushed = max((i for i, s in enumerate(segments) if s.base_offset <= recovery_point), default=0)
+    first_base = first_recovered_base([s.base_offset for s in segments], recovery_point)
+    first_unflushed = next((i for i, s in enumerate(segments) if s.base_offset >= first_base), len(segments))
     for i in range(first_unflushed, len(segments)):
         segment = segments[i]
         log.info("Recovering unflushed segment %s", segment.log.path)

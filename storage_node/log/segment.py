@@ -513,6 +513,11 @@ class Segment:
     def flush(self) -> None:
         """fsync the log and both indexes."""
         self.log.flush()
+        self.flush_indexes()
+
+    def flush_indexes(self) -> None:
+        """fsync the offset and time indexes, if either was written since its last fsync (the
+        partition log defers this for the segment a flush ends in: see ``PartitionLog.flush``)."""
         self.offset_index.flush()
         self.time_index.flush()
 

@@ -232,7 +232,7 @@ def test_recovery_resumes_from_the_recovery_point(tmp_path, clock, monkeypatch):
 
     monkeypatch.setattr(Segment, "recover", recording_recover)
     reopened = open_log(log_dir, clock, config(**CFG))
-    floor = max(s.base_offset for s in reopened.segments if s.base_offset <= flushed)
+    floor = max(s.base_offset for s in reopened.segments if s.base_offset <= flushed - 1)
     assert recovered == [s.base_offset for s in reopened.segments if s.base_offset >= floor]
     assert len(recovered) < reopened.segment_count
     assert reopened.recovery_point == flushed
@@ -296,3 +296,44 @@ def test_a_malformed_checkpoint_means_full_recovery(tmp_path, clock):
     assert loaded.next_offset == appended[-1][-1] + 1
     for segment in loaded.segments:
         segment.close()
+
+
+@pytest.mark.parametrize("idle_roll", [False, True], ids=["active-tail", "rolled-at-the-recovery-point"])
+def test_a_crash_losing_the_indexes_a_flush_left_unsynced_rebuilds_them(tmp_path, clock, idle_roll):
+    """A flush leaves the indexes of the segment holding its last offset unsynced; a crash that
+    loses them (here: all of them, the shortest prefix a crash can leave) must not leave a short
+    index on a segment the next open trusts. With ``idle_roll``, a segment rolled after the flush
+    starts exactly at the recovery point, so the unsynced segment is no longer the one holding
+    the recovery point: the loader recovers from the one holding the last flushed offset."""
+    log_dir = tmp_path / "t-0"
+    partition_log, appended = _fill(log_dir, clock)
+    partition_log.flush()
+    if idle_roll:
+        partition_log.roll()
+        assert partition_log.segments[-1].base_offset == partition_log.recovery_point
+    index_files = {
+        index.path: index.path.read_bytes()
+        for segment in partition_log.segments
+        for index in (segment.offset_index, segment.time_index)
+    }
+    unsynced = [
+        index.path
+        for segment in partition_log.segments
+        for index in (segment.offset_index, segment.time_index)
+        if index._unsynced
+    ]
+    assert unsynced, "the flush left the last segment's indexes to recovery"
+    _crash(partition_log)
+    for path in unsynced:
+        path.write_bytes(b"")  # the disk lost every entry written since the file's last fsync
+    reopened = open_log(log_dir, clock, config(**CFG))
+    for path, before in index_files.items():
+        after = path.read_bytes()
+        if path.suffix == files.TIME_INDEX_FILE_SUFFIX and after != before:
+            # A recovered segment's time index ends with its largest timestamp, as a rolled one
+            # does; the live active segment's had not been given that closing entry yet.
+            assert after[: len(before)] == before and len(after) == len(before) + 12, path
+        else:
+            assert after == before, path
+    assert offsets_in(read_all(reopened)) == list(range(appended[-1][-1] + 1))
+    reopened.close()

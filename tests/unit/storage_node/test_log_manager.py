@@ -340,3 +340,45 @@ def test_a_batch_of_new_partitions_syncs_each_log_dir_once(dirs, clock, monkeypa
     reopened = _manager(dirs[:2], clock)
     assert sorted(p.partition for p in reopened.partitions() if p.topic == "new") == list(range(6))
     reopened.close()
+
+
+def test_tick_flushes_the_due_partitions_side_by_side_and_one_failure_spares_the_others(
+    dirs, clock, monkeypatch
+):
+    """A tick's due flushes run in the flush threads, several at once; a partition whose fsync
+    fails is counted, goes offline with its recovery point kept, and later ticks skip it while
+    the other partitions keep flushing."""
+    import threading
+
+    manager = _manager(dirs, clock, flush_threads=3)
+    logs = [manager.create_partition("t", p, {"flush.ms": "500"}) for p in range(6)]
+    broken = logs[4]
+    threads: set[str] = set()
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        threads.add(threading.current_thread().name)
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(broken.directory) + "/"):
+            raise OSError(errno.EIO, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    for partition_log in logs:
+        partition_log.append(make_batch(3))
+    clock.advance(500)
+    result = manager.tick()
+    assert (result.flushed, result.failed) == (5, 1)
+    assert [pl.recovery_point for pl in logs] == [3, 3, 3, 3, 0, 3]
+    assert broken.offline
+    assert threads and all(name.startswith("log-flush") for name in threads)
+    monkeypatch.undo()
+    for partition_log in logs:
+        if partition_log is not broken:
+            partition_log.append(make_batch(2))
+    clock.advance(500)
+    result = manager.tick()
+    assert (result.flushed, result.failed) == (5, 0)
+    assert [pl.recovery_point for pl in logs] == [5, 5, 5, 5, 0, 5]
+    manager.close()
+    marked = [(pl.directory / files.CLEAN_SHUTDOWN_FILE).exists() for pl in logs]
+    assert marked == [True, True, True, True, False, True]  # the offline log is recovered at open

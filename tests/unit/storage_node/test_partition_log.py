@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import errno
+import os
 import random
 import threading
 
@@ -9,6 +11,7 @@ from services.errors import (
     CorruptRecordError,
     InvalidRecordError,
     InvalidTimestampError,
+    KafkaStorageError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
 )
@@ -281,6 +284,7 @@ def test_flush_messages_policy_moves_and_checkpoints_the_recovery_point(log_dir,
     partition_log = open_log(log_dir, clock, config(flush_messages=5))
     partition_log.append(make_batch(3))
     assert partition_log.recovery_point == 0
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)  # the checkpoint's interval from the open
     partition_log.append(make_batch(3))
     assert partition_log.recovery_point == 6
     text = (log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE).read_text()
@@ -432,19 +436,24 @@ def test_an_idle_log_flushes_and_closes_without_syncing_anything(log_dir, clock,
 
 def test_policy_flushes_checkpoint_the_recovery_point_once_an_interval_and_close_always(log_dir, clock):
     """The flush policy's flushes rewrite the recovery-point checkpoint (two fsyncs) at most
-    every RECOVERY_CHECKPOINT_INTERVAL_MS; the data is flushed every time, and a direct flush
-    (close) writes the checkpoint whatever the interval."""
+    every RECOVERY_CHECKPOINT_INTERVAL_MS, counted from the open (which wrote it); the data is
+    flushed every time, and a direct flush (close) writes the checkpoint whatever the interval."""
     path = log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE
     partition_log = open_log(log_dir, clock, config(flush_ms=1000))
     partition_log.append(make_batch(1))
     clock.advance(1000)
     assert partition_log.maybe_flush()
-    assert path.read_text() == "0\n1\nt 0 1\n"  # the first policy flush writes it
-    partition_log.append(make_batch(2))
+    assert partition_log.recovery_point == 1  # flushed...
+    assert path.read_text() == "0\n1\nt 0 0\n"  # ...but the open's checkpoint stands for an interval
+    partition_log.append(make_batch(1))
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS - 1000)
+    assert partition_log.maybe_flush()
+    assert path.read_text() == "0\n1\nt 0 2\n"
+    partition_log.append(make_batch(1))
     clock.advance(1000)
     assert partition_log.maybe_flush()
-    assert partition_log.recovery_point == 3  # flushed...
-    assert path.read_text() == "0\n1\nt 0 1\n"  # ...but the checkpoint waits for its interval
+    assert partition_log.recovery_point == 3
+    assert path.read_text() == "0\n1\nt 0 2\n"
     partition_log.append(make_batch(1))
     clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)
     assert partition_log.maybe_flush()
@@ -464,7 +473,7 @@ def test_a_truncation_lowers_the_recovery_checkpoint_at_once_whatever_the_interv
     partition_log = open_log(log_dir, clock, config(flush_ms=1000))
     for _ in range(10):
         partition_log.append(make_batch(1))
-    clock.advance(1000)
+    clock.advance(RECOVERY_CHECKPOINT_INTERVAL_MS)
     assert partition_log.maybe_flush()
     assert path.read_text() == "0\n1\nt 0 10\n"
     partition_log.truncate_to(3)
@@ -478,3 +487,84 @@ def test_a_truncation_lowers_the_recovery_checkpoint_at_once_whatever_the_interv
     partition_log.truncate_fully_and_start_at(2)
     assert path.read_text() == "0\n1\nt 0 2\n"
     partition_log.close()
+
+
+def _record_segment_fsyncs(monkeypatch) -> list[str]:
+    """The paths of the segment files (``.log``, ``.index``, ``.timeindex``) fsynced from now on."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if path.endswith(files.SEGMENT_FILE_SUFFIXES):
+            synced.append(path)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    return synced
+
+
+def test_a_flush_leaves_the_indexes_of_the_segment_it_ends_in_to_recovery(log_dir, clock, monkeypatch):
+    """A flush fsyncs the logs it covers and the indexes of every segment before the one holding
+    its last offset: that one is where recovery after a crash starts, rebuilding its indexes. The
+    first flush past it syncs them, and so does close (the clean-shutdown marker skips recovery)."""
+    partition_log = open_log(log_dir, clock, config(segment_bytes=1500, index_interval_bytes=120))
+    while partition_log.segment_count < 3:
+        partition_log.append(make_batch(3, value_size=50))
+    for _ in range(2):
+        partition_log.append(make_batch(3, value_size=50))
+    first, second, tail = partition_log.segments
+    synced = _record_segment_fsyncs(monkeypatch)
+    partition_log.flush()
+    assert sorted(synced) == sorted(
+        [str(s.log.path) for s in (first, second, tail)]
+        + [str(s.offset_index.path) for s in (first, second)]
+        + [str(s.time_index.path) for s in (first, second)]  # rolled: closed by the max timestamp
+    )
+    assert tail.offset_index.entries, "the tail has index entries, left unsynced"
+    while partition_log.segment_count < 4:
+        partition_log.append(make_batch(3, value_size=50))
+    synced.clear()
+    partition_log.flush()
+    assert str(tail.offset_index.path) in synced and str(tail.time_index.path) in synced
+    new_tail = partition_log.segments[-1]
+    for _ in range(2):
+        partition_log.append(make_batch(3, value_size=50))
+    partition_log.flush()
+    assert new_tail.offset_index.entries and str(new_tail.offset_index.path) not in synced
+    synced.clear()
+    partition_log.close()
+    assert str(new_tail.offset_index.path) in synced
+    assert set(synced) <= {str(new_tail.offset_index.path), str(new_tail.time_index.path)}
+
+
+def test_a_failed_fsync_keeps_the_recovery_point_and_takes_the_log_offline(log_dir, clock, monkeypatch):
+    """After a failed write-back Linux may drop the lost pages' dirty state, so a retried fsync
+    can succeed without them: the recovery point (and its checkpoint) must never move past them,
+    so the log refuses every later flush and append (Kafka takes the log dir offline)."""
+    checkpoint_path = log_dir / files.RECOVERY_POINT_CHECKPOINT_FILE
+    partition_log = open_log(log_dir, clock)
+    partition_log.append(make_batch(3))
+    partition_log.flush()
+    checkpointed = checkpoint_path.read_text()
+    partition_log.append(make_batch(2))
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(KafkaStorageError, match="Input/output error"):
+        partition_log.flush()
+    assert partition_log.recovery_point == 3 and partition_log.offline
+    monkeypatch.undo()  # fsync works again, as a retry after a lost write-back would
+    with pytest.raises(KafkaStorageError, match="failed"):
+        partition_log.flush()
+    with pytest.raises(KafkaStorageError):
+        partition_log.append(make_batch(1))
+    assert partition_log.recovery_point == 3
+    assert checkpoint_path.read_text() == checkpointed
+    partition_log.close()  # no clean-shutdown marker: the next open recovers the tail
+    assert not (log_dir / files.CLEAN_SHUTDOWN_FILE).exists()
+    reopened = open_log(log_dir, clock)
+    assert reopened.recovery_point == 3 and not reopened.offline
+    reopened.close()
