@@ -1173,11 +1173,6 @@ class PartitionLog:
         """Delete the partition: rename the directory to ``<name>.<id>-delete`` (the commit
         point; the log manager finishes such leftovers at load), then remove it."""
         with self._flush_lock, self._lock:
-            if self._failure is None:
-                # The clean-shutdown marker vouches for every index, and flushes leave the indexes
-                # of the segment they end in unsynced.
-                for segment in self._segments:
-                    segment.flush_indexes()
             self._closed = True
             for segment in self._segments:
                 segment.close()
