@@ -172,7 +172,13 @@ def describe(admin: Admin, topics: Iterable[str]) -> dict[TopicPartition, Partit
 
 
 def full_isr(admin: Admin, topics: Iterable[str], replicas: int) -> bool:
-    return all(p.leader >= 0 and len(p.isr) == replicas for p in describe(admin, topics).values())
+    """Every partition of every topic led, with ``replicas`` in its ISR (a topic described without
+    partitions, as a just-started controller may answer, is not: a fault must have a pick)."""
+    topics = list(topics)
+    states = describe(admin, topics)
+    return {tp.topic for tp in states} == set(topics) and all(
+        p.leader >= 0 and len(p.isr) == replicas for p in states.values()
+    )
 
 
 def active_coordinator(cluster: LocalCluster, admin: Admin) -> int:

@@ -33,6 +33,7 @@ import os
 import random
 import threading
 import time
+import traceback
 from collections import Counter
 
 import pytest
@@ -187,7 +188,7 @@ class FaultRunner:
                 self.faults.leader(
                     kind, lambda tps: self.rng.choice([tp for tp in tps if tp.topic == OUTPUT])
                 )
-        except BaseException as exc:  # noqa: BLE001 -- reported by the test
+        except BaseException as exc:  # noqa: BLE001 -- reported by the test (with its traceback)
             self.errors.append(exc)
 
     def join(self, timeout_s: float) -> None:
@@ -386,7 +387,8 @@ def test_consume_transform_produce_is_exactly_once_under_kills(cluster: LocalClu
     print(f"exactly-once summary: {summary}")
 
     assert reader.error is None, f"the reader failed: {reader.error!r}"
-    assert not runner.errors, f"a cluster fault failed: {runner.errors!r}\nsummary: {summary}"
+    failures = "".join("".join(traceback.format_exception(error)) for error in runner.errors)
+    assert not runner.errors, f"a cluster fault failed: {runner.errors!r}\n{failures}summary: {summary}"
     checks = {
         "read_committed output = transformed input, once each, in order": check_output(committed),
         "the reader during the faults got a prefix of the final output": check_reader(reader.seen, committed),
