@@ -3170,6 +3170,23 @@ untrack(PyObject *module, PyObject *obj)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(track_doc,
+"track(obj)\n"
+"--\n\n"
+"Have the garbage collector track ``obj`` again (nothing if it is tracked, or not a container\n"
+"object); returns None. Undoes :func:`untrack` once ``obj`` may be part of a cycle again\n"
+"(gateway/client/futures.py: a record future someone hangs a callback on).");
+
+static PyObject *
+track(PyObject *module, PyObject *obj)
+{
+    (void)module;
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj)) {
+        PyObject_GC_Track(obj);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -3194,6 +3211,7 @@ static PyMethodDef speedups_methods[] = {
     {"encode_record_request", (PyCFunction)(void (*)(void))encode_record_request, METH_FASTCALL,
      encode_record_request_doc},
     {"untrack", (PyCFunction)untrack, METH_O, untrack_doc},
+    {"track", (PyCFunction)track, METH_O, track_doc},
     {NULL, NULL, 0, NULL},
 };
 
