@@ -67,7 +67,6 @@ import logging
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from time import time_ns
 from typing import Any
 
 from gateway.client.accumulator import RECORD_OVERHEAD, BufferExhausted, BufferPool, RecordAccumulator
@@ -95,9 +94,13 @@ from services.acks import Acks
 from services.clock import SYSTEM_CLOCK, Clock
 from services.partitioner import StickyPartitioner, partition_for_key
 from services.records import Compression
+from services.records.record import speedups as _speedups
 from services.tls import ClientTls
 
 log = logging.getLogger(__name__)
+
+#: The system clock in ms (C; None without the C module or with a stale build).
+_system_time_ms: Callable[[], int] | None = getattr(_speedups, "time_ms", None)
 
 
 @dataclass
@@ -286,9 +289,11 @@ class ProducerCore:
         #: ``send`` checks the transaction state first (a closed producer is refused either way).
         self.checks_state = config.transactional_id is not None
         self.sticky = StickyPartitioner()
-        self._time_ms = clock.time_ms
-        #: Read the system clock inline (``time_ns``), not through a method call: once a record.
-        self._system_clock = clock is SYSTEM_CLOCK
+        #: The clock in ms, read once a record: the system clock straight from the C module
+        #: (``time_ns() // 1_000_000`` in Python was ~5% of ``send``: a big integer divided).
+        self._time_ms = (
+            _system_time_ms if clock is SYSTEM_CLOCK and _system_time_ms is not None else clock.time_ms
+        )
         #: The metadata cache's partition counts (read-only here; one dict lookup a record).
         self.partition_counts = self.client.metadata.partition_counts
         #: Spans and metrics of the sends, on the application's OpenTelemetry SDK (None: off).
@@ -393,7 +398,7 @@ class ProducerCore:
                 f"the record is {size} bytes when serialized, larger than max_request_size "
                 f"({self.config.max_request_size})"
             )
-        now_ms = time_ns() // 1_000_000 if self._system_clock else self._time_ms()
+        now_ms = self._time_ms()
         return key, value, headers, now_ms if timestamp is None else timestamp, size, now_ms
 
     def cached_partition_count(self, topic: str, partition: int | None) -> int | None:
