@@ -303,6 +303,10 @@ class ProducerCore:
         self._sender_task: asyncio.Task | None = None
         self._wakeup_pending = False
         self._sendable_pending = False
+        #: Runs a function on the appending thread while the I/O loop waits for I/O (the thread
+        #: producer's ``IOThread.call_if_idle``): sendable records are then written there, not
+        #: handed to the loop thread. None: always hand over.
+        self.run_if_idle: Callable[..., bool] | None = None
         self._refreshing: set[str] = set()
         self._background: set[asyncio.Task] = set()
 
@@ -495,6 +499,14 @@ class ProducerCore:
         if self.loop is None:
             return
         if sendable and asyncio._get_running_loop() is not self.loop:
+            run_if_idle = self.run_if_idle
+            if (
+                run_if_idle is not None
+                and not self._wakeup_pending
+                and self.sender is not None
+                and run_if_idle(self.sender.send_here)
+            ):
+                return  # written here, on this thread, while the loop waited for I/O
             self._sendable_pending = True
         if self._wakeup_pending:
             return
@@ -770,13 +782,17 @@ class Producer:
     ) -> None:
         self.config = ProducerConfig.from_kwargs({"servers": servers, **settings})
         self._core = ProducerCore(self.config, clock=clock)
-        self._io = IOThread("tributary-producer")
+        self._io = IOThread("tributary-producer", idle_calls=True)
         self._closed = False
         try:
             self._io.run(self._core.start())
         except BaseException:
             self._io.stop()
             raise
+        if Acks.parse(self.config.acks) is not Acks.NONE:
+            # (At acks=0 a request is settled once written: its callbacks would run on the
+            # appending thread, and the records of a busy producer seldom find the loop idle.)
+            self._core.run_if_idle = self._io.call_if_idle
         # Like kafka-python: a producer still open when the interpreter exits sends what it holds
         # (its I/O thread is a daemon and would otherwise die with records unsent).
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
