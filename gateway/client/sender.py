@@ -426,6 +426,9 @@ class Sender:
             delay = context.run(self._send_ready, now_ms)
             if delay == 0:
                 delay = context.run(self._send_ready, now_ms)
+        except Exception:  # not the appender's to see: the routine's own pass meets it again
+            log.exception("sending from the appending thread failed; left to the sender routine")
+            delay = 0
         finally:
             self._in_pass = False
         if delay is not None:

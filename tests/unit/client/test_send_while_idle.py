@@ -88,7 +88,11 @@ def test_send_here_writes_and_leaves_the_routine_asleep_unless_it_has_work(acks)
     asyncio.run(asyncio.wait_for(_send_here_turns(acks), 30))
 
 
-async def _send_here_turns(acks: int) -> None:
+def test_a_pass_that_fails_here_is_left_to_the_routine():
+    asyncio.run(asyncio.wait_for(_send_here_turns(1, fail_once=True), 30))
+
+
+async def _send_here_turns(acks: int, fail_once: bool = False) -> None:
     gateway_log = LogGateway()
     async with ScriptedGateway(on_request=gateway_log) as gateway:
         client: Any = _SenderClient(f"127.0.0.1:{gateway.port}")  # the parts of a GatewayClient used
@@ -115,14 +119,19 @@ async def _send_here_turns(acks: int) -> None:
             value = b"v%d" % i
             values.append(value)
             future = append(value)
-            sender.send_here()
-            if acks:
+            if fail_once:
+                _break_the_next_pass(sender)
+                sender.send_here()  # neither raises nor loses the record
+                assert accumulator.has_queued() and waiter.done(), "the routine is woken to send it"
+            elif acks:
+                sender.send_here()
                 assert not accumulator.has_queued(), "drained and written here"
                 assert not waiter.done(), "its answer wakes the routine; nothing else had to"
                 assert not accumulator.sender_looks_by(SYSTEM_CLOCK.time_ms() + 10_000), (
                     "appenders are told to wake the routine"
                 )
             else:
+                sender.send_here()
                 # At acks=0 a request settles once written: left to the routine (its thread).
                 assert accumulator.has_queued() and waiter.done()
             metadata = await future
@@ -133,3 +142,14 @@ async def _send_here_turns(acks: int) -> None:
         await transport.close(1.0)
     while gateway_log.logs.get(0, []) != values:  # acks=0: written before close returned
         await asyncio.sleep(0.001)
+
+
+def _break_the_next_pass(sender: Sender) -> None:
+    """The sender's next pass raises (a bug); the one after runs as ever."""
+    passes = sender._send_ready
+
+    def broken(now_ms: int) -> int | None:
+        sender._send_ready = passes  # type: ignore[method-assign]
+        raise RuntimeError("a bug in the pass")
+
+    sender._send_ready = broken  # type: ignore[method-assign]
