@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.client.errors import IllegalStateError, RecordTooLargeError, RequestTimedOutError
-from gateway.client.futures import FutureRecordMetadata, ProduceResult
+from gateway.client.futures import FutureRecordMetadata, ProduceResult, untrack_new_future
 from gateway.client.sealed import RecordRequestSealer, batch_in
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder, read_batch_header
@@ -445,8 +445,11 @@ class RecordAccumulator:
                 if delta is not None:
                     if reserved:
                         self.pool.deallocate(reserved)  # another thread opened the batch meanwhile
+                    future = FutureRecordMetadata(batch.result, delta, timestamp)
+                    if untrack_new_future is not None:
+                        untrack_new_future(future)  # (see there: the collector need not walk it)
                     return (
-                        FutureRecordMetadata(batch.result, delta, timestamp),
+                        future,
                         len(queue) > 1 or batch.is_full,  # type: ignore[arg-type]
                         False,
                     )
@@ -511,12 +514,14 @@ class RecordAccumulator:
             if used >= batch._batch_size:
                 batch.is_full = True
             batch.record_count = 1
-        delta = 0
         queue.append(batch)
         self._incomplete.add(batch)
         if now_ms < self._oldest_created_ms:
             self._oldest_created_ms = now_ms
-        return FutureRecordMetadata(batch.result, delta, timestamp), len(queue) > 1 or batch.is_full, True
+        future = FutureRecordMetadata(batch.result, 0, timestamp)
+        if untrack_new_future is not None:
+            untrack_new_future(future)
+        return future, len(queue) > 1 or batch.is_full, True
 
     def batch_reservation(self, size: int) -> int:
         """Buffer memory a new batch takes for a first record of ``size`` bytes: what the batch

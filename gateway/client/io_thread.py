@@ -214,6 +214,44 @@ class IOThread:
                 if (len(ready), len(scheduled)) != queued:
                     loop.call_soon_threadsafe(_noop)
 
+    def call_if_idle(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run the plain function ``fn(*args)`` here, on the calling thread, if the loop waits for
+        I/O right now (needs ``idle_calls=True``); True if it ran. Never waits for the loop: busy
+        (or stopped, or not started, or asked from the loop thread), nothing runs and it returns
+        False -- the caller hands the work over instead.
+
+        As in :meth:`call_while_idle`, ``fn`` may read and change client state and schedule
+        callbacks on the loop (the loop is woken to run them). It runs with the loop set as this
+        thread's running loop, so code written for the loop (``asyncio.get_running_loop()``)
+        runs unchanged. The producer writes a request this way (``ProducerCore.wakeup_sender``):
+        no wakeup of the loop thread to write it, which was one thread handoff of the two of
+        every round trip of a record sent at a time.
+        """
+        lock = self._idle_lock
+        if lock is None or self.loop.get_debug() or self.in_loop_thread:
+            return False
+        if not lock.acquire(False):
+            return False  # the loop is running something (or another caller holds it)
+        try:
+            loop = self.loop
+            if not loop.is_running():
+                return False  # not started yet, or stopped
+            ready, scheduled = loop._ready, loop._scheduled  # type: ignore[attr-defined]
+            queued = len(ready), len(scheduled)
+            previous = asyncio._get_running_loop()
+            self._idle_caller = threading.get_ident()
+            asyncio._set_running_loop(loop)
+            try:
+                fn(*args)
+            finally:
+                asyncio._set_running_loop(previous)
+                self._idle_caller = None
+                if (len(ready), len(scheduled)) != queued:
+                    loop.call_soon_threadsafe(_noop)
+            return True
+        finally:
+            lock.release()
+
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a plain function on the loop thread (where client state lives) and return its result."""
 

@@ -398,6 +398,42 @@ class Sender:
                 self._in_pass = False
         self.wakeup()
 
+    def send_here(self) -> None:
+        """:meth:`wakeup_to_send` for a thread that holds the idle loop (``IOThread.call_if_idle``):
+        the pass writes the sendable requests now, and the routine is woken only when it has
+        something to do that the answers would not wake it for.
+
+        A pass that sent something returns 0 (look again now: more may be sendable) and leaves
+        the accumulator saying the routine looks now (``sender_looks_by``), so appenders would
+        not wake it: a second pass here looks instead. When that one finds nothing to send and
+        no timer to set (its partitions are muted until answered, or empty), the routine may
+        sleep on -- its answers wake it, and the accumulator now says appenders must."""
+        waiter = self._waiter
+        context = self._context
+        if (
+            waiter is None
+            or waiter.done()
+            or context is None
+            or self._in_pass
+            or self._stopping
+            or self._frame_acks == 0  # settled in the pass: callbacks would run on this thread
+        ):
+            self.wakeup()
+            return
+        self._in_pass = True
+        try:
+            now_ms = self.client.clock.time_ms()
+            delay = context.run(self._send_ready, now_ms)
+            if delay == 0:
+                delay = context.run(self._send_ready, now_ms)
+        except Exception:  # not the appender's to see: the routine's own pass meets it again
+            log.exception("sending from the appending thread failed; left to the sender routine")
+            delay = 0
+        finally:
+            self._in_pass = False
+        if delay is not None:
+            self.wakeup()
+
     # -- per-partition order: who may send -------------------------------------------------
 
     def _gates(self) -> tuple[set[TopicPartition], set[TopicPartition], bool]:

@@ -48,6 +48,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* services.records.record.Record and services.errors.CorruptRecordError, set by init(). */
 static PyTypeObject *record_type = NULL;
@@ -3170,6 +3171,42 @@ untrack(PyObject *module, PyObject *obj)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(time_ms_doc,
+"time_ms()\n"
+"--\n\n"
+"The system clock in whole milliseconds since the epoch: ``time.time_ns() // 1_000_000``\n"
+"(CLOCK_REALTIME, as ``time_ns``), without the nanoseconds' big integer and its division\n"
+"(~0.1-0.3 us in Python; the producer reads the clock once a record).");
+
+static PyObject *
+time_ms(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    (void)module;
+    struct timespec now;
+    if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    /* Floor division, as Python's: before 1970 tv_sec is negative and tv_nsec still >= 0. */
+    return PyLong_FromLongLong((long long)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+}
+
+PyDoc_STRVAR(track_doc,
+"track(obj)\n"
+"--\n\n"
+"Have the garbage collector track ``obj`` again (nothing if it is tracked, or not a container\n"
+"object); returns None. Undoes :func:`untrack` once ``obj`` may be part of a cycle again\n"
+"(gateway/client/futures.py: a record future someone hangs a callback on).");
+
+static PyObject *
+track(PyObject *module, PyObject *obj)
+{
+    (void)module;
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj)) {
+        PyObject_GC_Track(obj);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"init", (PyCFunction)(void (*)(void))init, METH_FASTCALL, init_doc},
     {"decode_records", (PyCFunction)(void (*)(void))decode_records, METH_FASTCALL | METH_KEYWORDS,
@@ -3194,6 +3231,8 @@ static PyMethodDef speedups_methods[] = {
     {"encode_record_request", (PyCFunction)(void (*)(void))encode_record_request, METH_FASTCALL,
      encode_record_request_doc},
     {"untrack", (PyCFunction)untrack, METH_O, untrack_doc},
+    {"track", (PyCFunction)track, METH_O, track_doc},
+    {"time_ms", (PyCFunction)time_ms, METH_NOARGS, time_ms_doc},
     {NULL, NULL, 0, NULL},
 };
 
