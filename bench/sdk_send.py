@@ -46,12 +46,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -65,6 +68,9 @@ from gateway.client.sender import Sender
 from gateway.client.structs import TopicPartition
 from services.records import RecordBatchBuilder
 from services.records.record import speedups_enabled
+
+if TYPE_CHECKING:  # imported where a cluster starts
+    from launcher.local_cluster import LocalCluster
 
 TOPIC = "bench-sdk-send"
 
@@ -254,35 +260,41 @@ def best_of(repeat: int, fn, *args):
     return best, result
 
 
-def bench_cluster(records: int, values: list[bytes]) -> dict[str, float]:
-    """A real local cluster; the default Producer sends ``records`` values then flushes."""
+@contextlib.contextmanager
+def one_node_cluster(prefix: str) -> Iterator[LocalCluster]:
+    """A quiet local cluster of one storage node with the one-partition topic ``TOPIC``."""
     from gateway.client import Admin, NewTopic
     from launcher.local_cluster import LocalCluster, LocalClusterSpec
 
     quiet = ["--log-level", "WARNING"]
     spec = LocalClusterSpec(storage_nodes=1, storage_args=quiet, gateway_args=quiet, coordinator_args=quiet)
-    with tempfile.TemporaryDirectory(prefix="sdk-send-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         cluster = LocalCluster(Path(tmp), spec)
         try:
             cluster.start()
             with Admin(servers=cluster.gateway) as admin:
                 admin.create_topics([NewTopic(TOPIC, 1)])
-            with Producer(servers=cluster.gateway) as producer:
-                producer.send(TOPIC, b"warm-up").get(30)  # metadata cached, stream open
-                n = len(values)
-                send = producer.send
-                cpu_started = time.process_time()
-                started = time.perf_counter()
-                for i in range(records):
-                    future = send(TOPIC, values[i % n])
-                sent = time.perf_counter() - started
-                producer.flush(timeout=600)
-                elapsed = time.perf_counter() - started
-                cpu = time.process_time() - cpu_started
-                last = future.get(0)
-            assert last.offset == records, f"last offset {last.offset}, expected {records}"
+            yield cluster
         finally:
             cluster.stop()
+
+
+def bench_cluster(records: int, values: list[bytes]) -> dict[str, float]:
+    """A real local cluster; the default Producer sends ``records`` values then flushes."""
+    with one_node_cluster("sdk-send-") as cluster, Producer(servers=cluster.gateway) as producer:
+        producer.send(TOPIC, b"warm-up").get(30)  # metadata cached, stream open
+        n = len(values)
+        send = producer.send
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        for i in range(records):
+            future = send(TOPIC, values[i % n])
+        sent = time.perf_counter() - started
+        producer.flush(timeout=600)
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+        last = future.get(0)
+    assert last.offset == records, f"last offset {last.offset}, expected {records}"
     return {"send_s": sent, "total_s": elapsed, "cpu_s": cpu}
 
 
@@ -294,37 +306,25 @@ def _process_cpu_s(pid: int) -> float:
 
 def bench_sync(records: int, value: bytes) -> dict[str, float]:
     """A real local cluster; one acks=1 ``send(...).get()`` at a time, ``records`` times."""
-    from gateway.client import Admin, NewTopic
-    from launcher.local_cluster import LocalCluster, LocalClusterSpec
-
-    quiet = ["--log-level", "WARNING"]
-    spec = LocalClusterSpec(storage_nodes=1, storage_args=quiet, gateway_args=quiet, coordinator_args=quiet)
-    with tempfile.TemporaryDirectory(prefix="sdk-sync-") as tmp:
-        cluster = LocalCluster(Path(tmp), spec)
-        try:
-            cluster.start()
-            with Admin(servers=cluster.gateway) as admin:
-                admin.create_topics([NewTopic(TOPIC, 1)])
-            pids = {
-                "sdk": os.getpid(),
-                "gateway": cluster.gateways[0].pid,
-                "node": next(iter(cluster.storage_nodes.values())).pid,
-            }
-            with Producer(servers=cluster.gateway, acks=1, linger_ms=0) as producer:
-                for _ in range(100):  # warm: metadata cached, connection open, code paths hot
-                    producer.send(TOPIC, value, partition=0).get(30)
-                cpu_before = {name: _process_cpu_s(pid) for name, pid in pids.items()}
-                round_trips = []
-                clock = time.perf_counter
-                started = clock()
-                for _ in range(records):
-                    sent = clock()
-                    producer.send(TOPIC, value, partition=0).get(30)
-                    round_trips.append(clock() - sent)
-                elapsed = clock() - started
-                cpu_after = {name: _process_cpu_s(pid) for name, pid in pids.items()}
-        finally:
-            cluster.stop()
+    with one_node_cluster("sdk-sync-") as cluster:
+        pids = {
+            "sdk": os.getpid(),
+            "gateway": cluster.gateways[0].pid,
+            "node": next(iter(cluster.storage_nodes.values())).pid,
+        }
+        with Producer(servers=cluster.gateway, acks=1, linger_ms=0) as producer:
+            for _ in range(100):  # warm: metadata cached, connection open, code paths hot
+                producer.send(TOPIC, value, partition=0).get(30)
+            cpu_before = {name: _process_cpu_s(pid) for name, pid in pids.items()}
+            round_trips = []
+            clock = time.perf_counter
+            started = clock()
+            for _ in range(records):
+                sent = clock()
+                producer.send(TOPIC, value, partition=0).get(30)
+                round_trips.append(clock() - sent)
+            elapsed = clock() - started
+            cpu_after = {name: _process_cpu_s(pid) for name, pid in pids.items()}
     round_trips.sort()
     result = {
         "rate": records / elapsed,
