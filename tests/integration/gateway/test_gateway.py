@@ -390,12 +390,14 @@ def test_produce_stream_pipelines_100_requests_in_order(stub):
         offsets = [r.offset for a in answers for r in a.records if r.partition == partition]
         assert offsets == list(range(125))
     # Pipelined: requests went out ahead of their answers. In lockstep (one answer before the
-    # next request is read) at most 11 requests would have been sent when the 10th answer came;
-    # here the stream reads on while answers are pending. (Not "all 100 before the 50th answer":
-    # with appends answered in rounds, half the answers can come back within the same
-    # milliseconds as the last requests.)
-    sent_before_tenth_answer = sum(1 for t in pulled if t < received[9])
-    assert sent_before_tenth_answer >= 20, f"{sent_before_tenth_answer} requests sent before the 10th answer"
+    # next request is read) at most one request would be unanswered when an answer came; here
+    # the stream reads on while answers are pending, so at some answer many were. (Not counted
+    # at a fixed answer, e.g. "20 sent before the 10th answer": under load the client's thread
+    # that pulls requests may run late at the start while the gateway answers at once; and not
+    # "all 100 before the 50th answer": appends answered in rounds return half the answers
+    # within the same milliseconds as the last requests.)
+    most_unanswered = max(sum(1 for t in pulled if t < at) - k for k, at in enumerate(received))
+    assert most_unanswered >= 5, f"at most {most_unanswered} requests were unanswered when an answer came"
     values = [c.value for c in read_partition(stub, topic, 2, until=125)]
     assert values == [f"{i}-{j}".encode() for i in range(2, 100, 4) for j in range(5)]
 
