@@ -20,6 +20,7 @@ a caller holding that lock may read and change the client's state on its own thr
 
 from __future__ import annotations
 
+import _signal  # type: ignore[import-not-found]  # C: ``signal.signal`` adds enums, ~3 us a call
 import asyncio
 import concurrent.futures
 import inspect
@@ -34,6 +35,7 @@ from gateway.client.errors import IllegalStateError, RequestTimedOutError
 T = TypeVar("T")
 
 _DONE = object()
+_MAIN_THREAD = threading.main_thread()
 
 
 async def call_directly(fn: Callable[..., Any], *args: Any) -> Any:
@@ -55,6 +57,29 @@ def _settle(waiter: asyncio.Future, result: Any, error: BaseException | None) ->
 
 def _noop() -> None:
     pass
+
+
+class _HeldInterrupt:
+    """A SIGINT handler that only notes the signal, for :meth:`IOThread.call_if_idle` on the
+    main thread: Python raises KeyboardInterrupt there at any bytecode, and one raised in the
+    middle of the producer's pass (records drained from the accumulator, not yet written) would
+    leave them in nobody's hands -- never sent nor failed. The application's handler runs once
+    the call is over."""
+
+    __slots__ = ("caught", "handler")
+
+    def __init__(self, handler: Callable[[int, Any], Any]) -> None:
+        self.handler = handler
+        self.caught: tuple[int, Any] | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.caught = (signum, frame)
+
+    def release(self) -> None:
+        """Put the application's handler back and run it for a SIGINT held meanwhile."""
+        _signal.signal(_signal.SIGINT, self.handler)
+        if self.caught is not None:
+            self.handler(*self.caught)
 
 
 class _LockReleasingSelector(selectors.DefaultSelector):
@@ -226,10 +251,27 @@ class IOThread:
         runs unchanged. The producer writes a request this way (``ProducerCore.wakeup_sender``):
         no wakeup of the loop thread to write it, which was one thread handoff of the two of
         every round trip of a record sent at a time.
+
+        On the main thread a SIGINT (Ctrl-C) is held while ``fn`` runs and handled (raised as
+        KeyboardInterrupt) once it returned: ``fn`` does the loop's work, which no interrupt
+        cuts in half on the loop's own thread (:class:`_HeldInterrupt`).
         """
         lock = self._idle_lock
         if lock is None or self.loop.get_debug() or self.in_loop_thread:
             return False
+        held = None
+        if threading.current_thread() is _MAIN_THREAD:
+            handler = _signal.getsignal(_signal.SIGINT)
+            if callable(handler):  # a Python handler (KeyboardInterrupt's): held during the call
+                held = _HeldInterrupt(handler)
+                _signal.signal(_signal.SIGINT, held)
+        try:
+            return self._call_if_idle(lock, fn, args)
+        finally:
+            if held is not None:
+                held.release()
+
+    def _call_if_idle(self, lock: threading.Lock, fn: Callable[..., Any], args: tuple) -> bool:
         if not lock.acquire(False):
             return False  # the loop is running something (or another caller holds it)
         try:

@@ -6,7 +6,9 @@ loop is handed the work as before; the routine is woken only when it has somethi
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -153,3 +155,63 @@ def _break_the_next_pass(sender: Sender) -> None:
         raise RuntimeError("a bug in the pass")
 
     sender._send_ready = broken  # type: ignore[method-assign]
+
+
+def test_a_ctrl_c_on_the_main_thread_during_its_pass_loses_no_record(idle_io):
+    """The pass now runs on the application's thread, often the main one, where Python raises
+    KeyboardInterrupt (SIGINT) at any bytecode: raised between the drain and the write, the
+    drained record was in nobody's hands -- never sent nor failed, its future never settled, a
+    close waiting for it in vain. The interrupt is held until the pass is over, then raised."""
+    assert threading.current_thread() is threading.main_thread(), "signals reach the main thread"
+    gateway_log = LogGateway()
+    gateway = ScriptedGateway(on_request=gateway_log)
+    accumulator = RecordAccumulator(batch_size=1, linger_ms=0)
+
+    async def start() -> tuple[Sender, RawTransport, asyncio.Task]:
+        await gateway.__aenter__()
+        client: Any = _SenderClient(f"127.0.0.1:{gateway.port}")
+        transport = RawTransport(client, _Fallback())
+        sender = Sender(
+            client=client, accumulator=accumulator, transport=transport, policy=RetryPolicy(), acks=1
+        )
+        return sender, transport, asyncio.get_running_loop().create_task(sender.run())
+
+    sender, transport, task = idle_io.run(start(), 10)
+
+    def append(value: bytes):
+        now_ms = SYSTEM_CLOCK.time_ms()
+        return accumulator.append(
+            "t", 0, now_ms, None, value, (), estimate_record_size(None, value, 0), now_ms
+        )[0]
+
+    try:
+        first = append(b"first")  # opens the connection (a task, on the loop)
+        idle_io.call_soon(sender.wakeup)
+        assert first.get(10).offset == 0
+        deadline = time.monotonic() + 10
+        while sender._waiter is None or sender._waiter.done():  # until the routine sleeps
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        second = append(b"second")
+        write = sender._write_direct
+
+        def interrupted(*args: Any) -> bool:
+            sender._write_direct = write
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C, drained but not yet written
+            return write(*args)
+
+        sender._write_direct = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            idle_io.call_if_idle(sender.send_here)
+        assert second.get(10).offset == 1, "the drained record is still sent"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+
+        async def stop() -> None:
+            accumulator.close()
+            sender.stop()
+            await asyncio.wait_for(task, 5)
+            await transport.close(1.0)
+            await gateway.__aexit__(None, None, None)
+
+        idle_io.run(stop(), 10)
