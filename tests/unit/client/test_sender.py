@@ -216,8 +216,10 @@ def test_a_request_failed_as_a_whole_is_answered_on_partition_minus_one():
 
 
 def test_retries_stop_at_the_delivery_timeout():
+    # 600 ms leaves room for the three attempts asserted even when the loop is starved: with
+    # 150 ms this failed once on a loaded machine (load 4-7, unit tests on two workers).
     transport = ScriptedTransport([NetworkError("down")] * 1000, delay=0.005)
-    policy = RetryPolicy(delivery_timeout_ms=150, retry_backoff_ms=5, retry_backoff_max_ms=10)
+    policy = RetryPolicy(delivery_timeout_ms=600, retry_backoff_ms=5, retry_backoff_max_ms=10)
     futures = asyncio.run(run_sender(transport, [b"a"], policy=policy))
     error = futures[0].exception
     assert isinstance(error, RequestTimedOutError)
