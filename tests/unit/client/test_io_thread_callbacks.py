@@ -169,13 +169,6 @@ def test_group_settings_are_validated(settings, message):
         Consumer(servers=NOWHERE, **settings)
 
 
-@pytest.fixture
-def idle_io():
-    thread = IOThread("test-idle-io", idle_calls=True)
-    yield thread
-    thread.stop()
-
-
 def test_an_idle_call_runs_on_the_calling_thread_while_the_loop_runs_nothing(idle_io):
     turns = [0]
 

@@ -233,6 +233,22 @@ async def test_the_fetcher_writes_its_next_fetch_in_the_turn_that_buffers_an_ans
         await fetcher.close()
 
 
+def _three_records_each(request: pb.FetchRequest) -> pb.FetchResponse:
+    """A gRPC fetch answer: three records from each asked partition's offset."""
+    return pb.FetchResponse(
+        partitions=[
+            pb.FetchPartitionResult(
+                topic=p.topic,
+                partition=p.partition,
+                record_batches=batch(p.offset, 3),
+                high_watermark=1_000,
+                log_start_offset=0,
+            )
+            for p in request.partitions
+        ]
+    )
+
+
 @run_async
 async def test_without_a_raw_data_path_the_fetcher_fetches_over_grpc():
     client = _Client("")  # the gateway offers no data listener
@@ -240,18 +256,7 @@ async def test_without_a_raw_data_path_the_fetcher_fetches_over_grpc():
 
     async def call(method, request, **_):
         calls.append(method)
-        p = request.partitions[0]
-        return pb.FetchResponse(
-            partitions=[
-                pb.FetchPartitionResult(
-                    topic=p.topic,
-                    partition=p.partition,
-                    record_batches=batch(p.offset, 3),
-                    high_watermark=1_000,
-                    log_start_offset=0,
-                )
-            ]
-        )
+        return _three_records_each(request)
 
     client.call = call
     subscription = SubscriptionState("earliest")
@@ -291,18 +296,7 @@ async def test_a_pending_offset_reset_holds_back_no_fetch_of_the_positioned_part
         assert method == "Fetch"
         fetched.append({TopicPartition(p.topic, p.partition): p.offset for p in request.partitions})
         fetched_once.set()
-        return pb.FetchResponse(
-            partitions=[
-                pb.FetchPartitionResult(
-                    topic=p.topic,
-                    partition=p.partition,
-                    record_batches=batch(p.offset, 3),
-                    high_watermark=1_000,
-                    log_start_offset=0,
-                )
-                for p in request.partitions
-            ]
-        )
+        return _three_records_each(request)
 
     client.call_with_retry = call_with_retry
     client.call = call

@@ -23,13 +23,6 @@ from services.clock import SYSTEM_CLOCK
 from .test_dataport import LogGateway, ScriptedGateway, _Fallback, _SenderClient
 
 
-@pytest.fixture
-def idle_io():
-    thread = IOThread("test-send-idle", idle_calls=True)
-    yield thread
-    thread.stop()
-
-
 def test_an_idle_loop_lets_the_caller_run_as_the_loop_on_its_own_thread(idle_io):
     seen = []
 
